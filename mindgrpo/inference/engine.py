@@ -1,0 +1,210 @@
+"""Rollout engine: prefill + one-token decode against a static KV cache, compiled per shape bucket.
+
+Prompts are left-padded to a bucketed length P, so every row writes its t-th new token to the
+same cache slot P + t; the cache holds C = P + max_tokens (bucketed) slots per row. The batch is
+padded to a bucketed B. A (B, P, C, sampler) bucket compiles once and is reused for every later
+call with the same bucket: no recompilation per step or per batch.
+
+Host work per decode step: B uniforms, a (B, C) mask and the stop check on B sampled ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from mindgrpo.inference.sampling import Sampler, SamplingParams
+from mindgrpo.models.qwen2 import NEG_INF, Qwen2ForCausalLM
+
+
+def _bucket(n: int, step: int) -> int:
+    return max(step, -(-n // step) * step)
+
+
+class KVCache(nn.Cell):
+    """Per layer k and v caches, each (B, nkv, C, d)."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, batch: int, capacity: int):
+        super().__init__()
+        cfg = lm.config
+        shape = (batch, cfg.num_key_value_heads, capacity, cfg.d)
+        n = cfg.num_hidden_layers
+        self.k = ms.ParameterTuple(
+            Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype), name=f"kv_cache.k.{i}", requires_grad=False)
+            for i in range(n))
+        self.v = ms.ParameterTuple(
+            Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype), name=f"kv_cache.v.{i}", requires_grad=False)
+            for i in range(n))
+        self.nbytes = 2 * n * int(np.prod(shape)) * (2 if lm.dtype != ms.float32 else 4)
+
+
+class PrefillGraph(nn.Cell):
+    """input_ids (B, P) left-padded, position_ids (B, P), key_mask (B, P), u (B,)
+    -> first sampled token (B,), its logits (B, V). Writes cache slots [0, P)."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, sampler: Sampler):
+        super().__init__()
+        self.lm, self.cache, self.sampler = lm, cache, sampler
+        self.n_layers = lm.config.num_hidden_layers
+
+    def construct(self, input_ids, position_ids, key_mask, u):
+        p = input_ids.shape[1]
+        causal = ops.arange(p).reshape(p, 1) >= ops.arange(p).reshape(1, p)  # (P, P)
+        allowed = ops.logical_and(causal.reshape(1, 1, p, p), key_mask.reshape(-1, 1, 1, p) > 0)
+        bias = ops.where(allowed, 0.0, NEG_INF).astype(ms.float32)  # (B, 1, P, P)
+        cos, sin = self.lm.rope(position_ids)
+        x = self.lm.model.tok_embeddings(input_ids).astype(self.lm.dtype)
+        for i in range(self.n_layers):
+            x = self.lm.model.layers[i].prefill(x, cos, sin, bias, self.cache.k[i], self.cache.v[i])
+        h = self.lm.model.norm_out(x[:, -1, :])  # (B, H): the last slot is real in every row
+        logits = self.lm.logits(h)
+        return self.sampler(logits, u), logits
+
+
+class DecodeGraph(nn.Cell):
+    """token (B,), position (B,), bias (B, C) additive, index (B*nkv, 3), u (B,)
+    -> next token (B,), its logits (B, V). Writes the cache slot named in `index`."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, sampler: Sampler):
+        super().__init__()
+        self.lm, self.cache, self.sampler = lm, cache, sampler
+        self.n_layers = lm.config.num_hidden_layers
+
+    def construct(self, token, position, bias, index, u):
+        b = token.shape[0]
+        cos, sin = self.lm.rope(position.reshape(b, 1))
+        x = self.lm.model.tok_embeddings(token.reshape(b, 1)).astype(self.lm.dtype)  # (B, 1, H)
+        bias = bias.reshape(b, 1, 1, -1)
+        for i in range(self.n_layers):
+            x = self.lm.model.layers[i].decode(x, cos, sin, bias, self.cache.k[i], self.cache.v[i], index)
+        h = self.lm.model.norm_out(x.reshape(b, -1))
+        logits = self.lm.logits(h)
+        return self.sampler(logits, u), logits
+
+
+@dataclass
+class Completion:
+    prompt_index: int  # which input prompt this sample answers
+    token_ids: List[int]  # generated ids, the stop id included when one was hit
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass
+class _Bucket:
+    cache: KVCache
+    prefill: PrefillGraph
+    decode: DecodeGraph
+
+
+class RolloutEngine:
+    """Generates with one Qwen2ForCausalLM's parameters (its weights are read at call time, so an
+    update to them is seen by the next call)."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, pad_token_id: int = 0, batch_step: int = 8,
+                 prompt_step: int = 32, tokens_step: int = 32, max_buckets: int = 4):
+        self.lm = lm
+        self.pad = pad_token_id
+        self.batch_step, self.prompt_step, self.tokens_step = batch_step, prompt_step, tokens_step
+        self.max_buckets = max_buckets
+        self._buckets: "OrderedDict[tuple, _Bucket]" = OrderedDict()
+        self.compiled_buckets = 0  # grows only when a new bucket is built
+        self.last_stats: dict = {}
+
+    def _get_bucket(self, b, p, c, params: SamplingParams) -> _Bucket:
+        key = (b, p, c, params.graph_key())
+        if key not in self._buckets:
+            if len(self._buckets) >= self.max_buckets:
+                self._buckets.popitem(last=False)  # frees the oldest cache
+            cache = KVCache(self.lm, b, c)
+            sampler = Sampler(params, self.lm.config.vocab_size)
+            self._buckets[key] = _Bucket(cache, PrefillGraph(self.lm, cache, sampler),
+                                         DecodeGraph(self.lm, cache, sampler))
+            self.compiled_buckets += 1
+        self._buckets.move_to_end(key)
+        return self._buckets[key]
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 return_logits: bool = False) -> List[Completion]:
+        """prompts: token ids per prompt. Returns len(prompts) * params.n completions, the n
+        samples of a prompt adjacent. With return_logits, each step's logits (B, V) are kept
+        in self.last_logits (tests only: it syncs and copies every step)."""
+        rows = [list(p) for p in prompts for _ in range(params.n)]
+        if any(len(r) == 0 for r in rows):
+            raise ValueError("empty prompt")
+        n_rows = len(rows)
+        b = _bucket(n_rows, self.batch_step)
+        p = _bucket(max(len(r) for r in rows), self.prompt_step)
+        c = p + _bucket(params.max_tokens, self.tokens_step)
+        bucket = self._get_bucket(b, p, c, params)
+        cfg = self.lm.config
+        if c > cfg.max_position_embeddings:
+            raise ValueError(f"prompt + max_tokens ({c}) exceeds max_position_embeddings")
+
+        ids = np.full((b, p), self.pad, np.int32)
+        lengths = np.ones(b, np.int32)
+        for i, r in enumerate(rows):
+            ids[i, p - len(r):] = r
+            lengths[i] = len(r)
+        for i in range(n_rows, b):  # filler rows: a one-token prompt, never returned
+            ids[i, -1] = self.pad
+        key_valid = np.zeros((b, c), np.float32)
+        key_valid[:, :p] = (np.arange(p)[None, :] >= (p - lengths)[:, None])
+        positions = np.maximum(np.arange(p)[None, :] - (p - lengths)[:, None], 0).astype(np.int32)
+
+        rng = np.random.default_rng(params.seed)
+        stop = np.array(sorted(params.stop_token_ids) or [-1], np.int64)
+        bh = np.stack(np.meshgrid(np.arange(b), np.arange(cfg.num_key_value_heads), indexing="ij"), -1)
+        bh = bh.reshape(-1, 2).astype(np.int32)
+
+        t0 = time.perf_counter()
+        tok, logits = bucket.prefill(Tensor(ids), Tensor(positions), Tensor(key_valid[:, :p]),
+                                     Tensor(rng.random(b, dtype=np.float32)))
+        self.last_logits = [logits.asnumpy()[:n_rows]] if return_logits else None
+        out = np.zeros((b, params.max_tokens), np.int64)
+        done = np.zeros(b, bool)
+        done[n_rows:] = True
+        finished_at = np.full(b, params.max_tokens)
+        steps = 0
+        for t in range(params.max_tokens):
+            tok_np = tok.asnumpy()  # (B,) host sync: needed for the stop check
+            out[:, t] = tok_np
+            steps = t + 1
+            if not params.ignore_stop:
+                hit = ~done & np.isin(tok_np, stop)
+                finished_at[hit] = t + 1
+                done |= hit
+                if done.all():
+                    break
+            if t + 1 == params.max_tokens:
+                break
+            slot = p + t
+            key_valid[:, slot] = 1.0
+            bias = np.where(key_valid > 0, 0.0, NEG_INF).astype(np.float32)
+            index = np.concatenate([bh, np.full((bh.shape[0], 1), slot, np.int32)], axis=1)
+            tok, logits = bucket.decode(tok, Tensor(lengths + t), Tensor(bias), Tensor(index),
+                                        Tensor(rng.random(b, dtype=np.float32)))
+            if return_logits:
+                self.last_logits.append(logits.asnumpy()[:n_rows])
+        elapsed = time.perf_counter() - t0
+
+        results = []
+        for i in range(n_rows):
+            stopped = bool(done[i]) and not params.ignore_stop
+            n_tok = int(finished_at[i]) if stopped else steps
+            reason = "stop" if stopped else "length"
+            results.append(Completion(i // params.n, out[i, :n_tok].tolist(), reason))
+        new_tokens = sum(len(r.token_ids) for r in results)
+        self.last_stats = {"rows": n_rows, "bucket": (b, p, c), "decode_steps": steps,
+                           "new_tokens": new_tokens, "seconds": elapsed,
+                           "tokens_per_s": new_tokens / max(elapsed, 1e-9)}
+        return results
+
+    def release(self):
+        """Drop every KV cache and compiled bucket (memory phase switch)."""
+        self._buckets.clear()

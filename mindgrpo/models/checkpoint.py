@@ -1,0 +1,93 @@
+"""MindSpore checkpoints of Qwen2 weights, and building a model from an HF directory or a checkpoint."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import mindspore as ms
+
+from mindgrpo.models.convert import (WeightError, atomic_path, bf16_to_f32, check_state, f32_to_bf16,
+                                     load_hf_model_state)
+from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+
+
+def save_ms_checkpoint(state: Dict[str, Tuple[str, np.ndarray]], path: str) -> None:
+    """state: name -> ("F32" | "BF16" | ..., array; BF16 as uint16 bits). Atomic."""
+    items = []
+    for name in sorted(state):
+        dtype, arr = state[name]
+        if dtype == "BF16":
+            t = ms.Tensor(bf16_to_f32(arr)).astype(ms.bfloat16)  # exact: bf16 values fit in fp32
+        else:
+            t = ms.Tensor(np.ascontiguousarray(arr))
+        items.append({"name": name, "data": t})
+    with atomic_path(path) as tmp:
+        os.remove(tmp)  # save_checkpoint appends .ckpt to names without it
+        ms.save_checkpoint(items, tmp + ".ckpt")
+        os.replace(tmp + ".ckpt", tmp)
+
+
+def read_ms_checkpoint(path: str) -> Dict[str, Tuple[str, np.ndarray]]:
+    """name -> (dtype string, array); bf16 tensors come back as their exact uint16 bits."""
+    if not os.path.isfile(path):
+        raise WeightError(f"{path}: no such checkpoint file")
+    try:
+        params = ms.load_checkpoint(path)
+    except Exception as e:  # MindSpore raises ValueError/RuntimeError with long texts
+        raise WeightError(f"{path}: cannot read MindSpore checkpoint ({str(e).splitlines()[0]})") from None
+    out = {}
+    for name, p in params.items():
+        if p.dtype == ms.bfloat16:
+            out[name] = ("BF16", f32_to_bf16(p.astype(ms.float32).asnumpy()))
+        elif p.dtype == ms.float16:
+            out[name] = ("F16", p.asnumpy())
+        else:
+            out[name] = ("F32", p.asnumpy().astype(np.float32, copy=False))
+    return out
+
+
+def load_state(lm: Qwen2ForCausalLM, state: Dict[str, np.ndarray]) -> None:
+    """Copy checked fp32 arrays (MindSpore names) into the model's parameters."""
+    params = {p.name: p for p in lm.get_parameters()}
+    for name, arr in state.items():
+        p = params[name]
+        p.set_data(ms.Tensor(np.ascontiguousarray(arr, np.float32)).astype(p.dtype))
+
+
+def model_state(lm: Qwen2ForCausalLM) -> Dict[str, np.ndarray]:
+    """The model's weights as fp32 numpy arrays, MindSpore names."""
+    return {p.name: p.astype(ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy()
+            for p in lm.get_parameters()}
+
+
+def find_config(path: str) -> str:
+    """The config beside a model: PATH/config.json for a directory, else config.json or
+    config.yaml next to the checkpoint file."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    for name in ("config.json", "config.yaml", "model.yaml"):
+        if os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    raise WeightError(f"{path}: no config.json or config.yaml beside the weights; pass a config")
+
+
+def load_model(path: str, config: Optional[str] = None, seed: int = 0, **overrides) -> Qwen2ForCausalLM:
+    """Build a model from an HF directory (config.json + safetensors) or a MindSpore .ckpt with
+    a config beside it (or given)."""
+    cfg = Qwen2Config.load(config or find_config(path), **overrides)
+    if os.path.isdir(path) and not any(f.endswith(".ckpt") for f in os.listdir(path)):
+        state = load_hf_model_state(path, cfg)
+    else:
+        ckpt = path
+        if os.path.isdir(path):
+            ckpts = sorted(f for f in os.listdir(path) if f.endswith(".ckpt"))
+            if len(ckpts) != 1:
+                raise WeightError(f"{path}: expected one .ckpt file, found {ckpts}")
+            ckpt = os.path.join(path, ckpts[0])
+        raw = read_ms_checkpoint(ckpt)
+        state = check_state({k: (bf16_to_f32(a) if d == "BF16" else a) for k, (d, a) in raw.items()},
+                            cfg, ckpt)
+    lm = Qwen2ForCausalLM(cfg, seed=seed)
+    load_state(lm, state)
+    return lm

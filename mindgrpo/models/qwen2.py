@@ -1,0 +1,346 @@
+"""Qwen2 / Qwen2.5 in MindSpore, top-down: config, RMSNorm, RoPE, attention, MLP, block, model.
+
+The module tree mirrors the MindSpore checkpoint names our users already have (MindFormers' Qwen2
+layout), so loading one of their checkpoints is a 1:1 map; the Hugging Face name table lives in
+`mindgrpo/models/convert.py`.
+
+One set of parameters serves two kinds of graph (see `mindgrpo/models/graphs.py`):
+  - training: `Qwen2ForCausalLM.hidden_states` on a right-padded batch, then the vocabulary
+    projection only at the scored positions (`Qwen2ForCausalLM.token_logprobs`);
+  - inference: `prefill` and `decode_step` against a static KV cache of fixed capacity C.
+Shapes use the vocabulary of `mindgrpo/__init__.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+NEG_INF = -1e9  # additive mask value; scores are fp32, so this never overflows
+
+_DTYPES = {"float32": ms.float32, "bfloat16": ms.bfloat16, "float16": ms.float16}
+
+
+@dataclass(frozen=True)
+class Qwen2Config:
+    vocab_size: int = 151936
+    hidden_size: int = 3584
+    intermediate_size: int = 18944
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 28
+    num_key_value_heads: int = 4
+    head_dim: Optional[int] = None  # hidden_size // num_attention_heads when None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1000000.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    compute_dtype: str = "float32"  # "bfloat16" on Ascend: fp32 master weights, bf16 matmuls
+    param_init_std: float = 0.02
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads and self.head_dim is None:
+            raise ValueError("hidden_size must be divisible by num_attention_heads (or set head_dim)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.compute_dtype not in _DTYPES:
+            raise ValueError(f"compute_dtype must be one of {sorted(_DTYPES)}, got {self.compute_dtype!r}")
+
+    @property
+    def d(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    # HF config.json keys we read; everything else in an HF config (architectures, torch_dtype,
+    # sliding-window switches that Qwen2 does not use, ...) is ignored on purpose.
+    HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+               "rope_theta", "max_position_embeddings", "tie_word_embeddings")
+
+    @classmethod
+    def from_hf_dict(cls, d: dict, **overrides) -> "Qwen2Config":
+        if d.get("model_type", "qwen2") != "qwen2":
+            raise ValueError(f"model_type is {d.get('model_type')!r}, expected 'qwen2'")
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in d]
+        if missing:
+            raise ValueError(f"HF config is missing {', '.join(missing)}")
+        kw = {k: d[k] for k in cls.HF_KEYS if k in d and d[k] is not None}
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}  # newer transformers nest it
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"rope scaling {rope} is not supported (only the default RoPE)")
+        if "rope_theta" in rope:
+            kw["rope_theta"] = rope["rope_theta"]
+        kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+        kw.update(overrides)
+        return cls(**kw)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "config") -> "Qwen2Config":
+        """Our own YAML/JSON format: exactly the dataclass fields; unknown keys are an error."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"{source}: unknown model config key(s) {unknown}; valid: {sorted(names)}")
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str, **overrides) -> "Qwen2Config":
+        """Read an HF `config.json` (has `model_type`/`architectures`) or our model YAML."""
+        import os
+        import yaml
+
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        with open(path) as f:
+            d = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: expected a mapping")
+        if "model_type" in d or "architectures" in d:
+            return cls.from_hf_dict(d, **overrides)
+        d = d.get("model", d)
+        return cls.from_dict({**d, **overrides}, source=path)
+
+    def to_hf_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.HF_KEYS}
+        d["head_dim"] = self.d
+        d.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_act="silu",
+                 torch_dtype="float32", use_sliding_window=False, attention_dropout=0.0)
+        return d
+
+    def num_params(self) -> int:
+        h, i, v, d = self.hidden_size, self.intermediate_size, self.vocab_size, self.d
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        layer = h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * i + 2 * h
+        return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
+
+
+def _normal(shape, std, rng):
+    return Tensor(rng.normal(0.0, std, size=shape).astype(np.float32))
+
+
+class Linear(nn.Cell):
+    """y = x W^T (+ b); W is (out, in) as in HF and MindFormers. Casts to the compute dtype."""
+
+    def __init__(self, in_dim, out_dim, bias, compute_dtype, std, rng):
+        super().__init__()
+        self.weight = Parameter(_normal((out_dim, in_dim), std, rng), name="weight")
+        self.has_bias = bias
+        if bias:
+            self.bias = Parameter(Tensor(np.zeros(out_dim, np.float32)), name="bias")
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.dtype = compute_dtype
+        self.cast_needed = compute_dtype != ms.float32
+
+    def construct(self, x):  # (..., in) -> (..., out)
+        lead = x.shape[:-1]
+        x = x.reshape(-1, x.shape[-1])
+        w = self.weight
+        if self.cast_needed:
+            x, w = x.astype(self.dtype), w.astype(self.dtype)
+        y = self.matmul(x, w)
+        if self.has_bias:
+            y = y + (self.bias.astype(self.dtype) if self.cast_needed else self.bias)
+        return y.reshape(lead + (y.shape[-1],))
+
+
+class RMSNorm(nn.Cell):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.ones(dim, np.float32)), name="weight")
+        self.eps = eps
+
+    def construct(self, x):  # statistics in fp32, like HF
+        dtype = x.dtype
+        x = x.astype(ms.float32)
+        x = x * ops.rsqrt(ops.mean(x * x, -1, keep_dims=True) + self.eps)
+        return (self.weight * x).astype(dtype)
+
+
+def rope_table(cfg: Qwen2Config, max_pos: int):
+    """cos, sin of shape (max_pos, d): HF's rotate-half convention (frequencies repeated twice)."""
+    d = cfg.d
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
+    freqs = np.outer(np.arange(max_pos, dtype=np.float32), inv_freq)  # (max_pos, d/2)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def apply_rope(x, cos, sin):
+    """x (B, n, S, d); cos/sin (B, 1, S, d)."""
+    half = x.shape[-1] // 2
+    rotated = ops.concat((-x[..., half:], x[..., :half]), axis=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Cell):
+    """Grouped-query attention with q/k/v bias. Query heads h*g .. h*g+g-1 share kv head h."""
+
+    def __init__(self, cfg: Qwen2Config, rng):
+        super().__init__()
+        h, d, dt, std = cfg.hidden_size, cfg.d, _DTYPES[cfg.compute_dtype], cfg.param_init_std
+        self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.g = self.nh // self.nkv
+        self.wq = Linear(h, self.nh * d, True, dt, std, rng)
+        self.wk = Linear(h, self.nkv * d, True, dt, std, rng)
+        self.wv = Linear(h, self.nkv * d, True, dt, std, rng)
+        self.wo = Linear(self.nh * d, h, False, dt, std, rng)
+        self.scale = 1.0 / math.sqrt(d)
+        self.qk = ops.BatchMatMul(transpose_b=True)
+        self.pv = ops.BatchMatMul()
+        self.scatter = ops.ScatterNdUpdate()
+
+    def _qkv(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.wq(x).reshape(b, s, self.nh, self.d).transpose(0, 2, 1, 3)  # (B, nh, S, d)
+        k = self.wk(x).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)  # (B, nkv, S, d)
+        v = self.wv(x).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)  # (B, nkv, S, d)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _attend(self, q, k, v, bias):
+        """q (B, nh, S, d), k/v (B, nkv, T, d), bias (B, 1, S, T) additive -> (B, S, nh*d)."""
+        b, _, s, d = q.shape
+        t = k.shape[2]
+        q = q.reshape(b, self.nkv, self.g * s, d)  # heads of one kv group side by side, no k/v repeat
+        scores = self.qk(q, k).reshape(b, self.nkv, self.g, s, t).astype(ms.float32)
+        scores = scores * self.scale + bias.reshape(b, 1, 1, s, t)
+        probs = ops.softmax(scores, -1).astype(v.dtype).reshape(b, self.nkv, self.g * s, t)
+        out = self.pv(probs, v).reshape(b, self.nh, s, d)  # (B, nh, S, d)
+        return out.transpose(0, 2, 1, 3).reshape(b, s, self.nh * d)
+
+    def construct(self, x, cos, sin, bias):
+        """Full sequence (training and reference scoring): x (B, S, H) -> (B, S, H)."""
+        q, k, v = self._qkv(x, cos, sin)
+        return self.wo(self._attend(q, k, v, bias))
+
+    def prefill(self, x, cos, sin, bias, k_cache, v_cache):
+        """Like construct, and writes k/v into cache slots [0, P). Caches (B, nkv, C, d)."""
+        q, k, v = self._qkv(x, cos, sin)
+        b, _, p, d = k.shape
+        pad = ops.zeros((b, self.nkv, k_cache.shape[2] - p, d), k_cache.dtype)
+        k = ops.depend(k, ops.assign(k_cache, ops.concat((k.astype(k_cache.dtype), pad), axis=2)))
+        v = ops.depend(v, ops.assign(v_cache, ops.concat((v.astype(v_cache.dtype), pad), axis=2)))
+        return self.wo(self._attend(q, k, v, bias))
+
+    def decode(self, x, cos, sin, bias, k_cache, v_cache, index):
+        """One new token per row at cache slot `index` (same slot for every row; left-padded
+        prompts make that so). x (B, 1, H); bias (B, 1, 1, C); index (B*nkv, 3) int32."""
+        q, k, v = self._qkv(x, cos, sin)
+        b = x.shape[0]
+        k_all = self.scatter(k_cache, index, k.reshape(b * self.nkv, self.d).astype(k_cache.dtype))
+        v_all = self.scatter(v_cache, index, v.reshape(b * self.nkv, self.d).astype(v_cache.dtype))
+        return self.wo(self._attend(q, k_all.astype(q.dtype), v_all.astype(q.dtype), bias))
+
+
+class MLP(nn.Cell):
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
+
+    def __init__(self, cfg: Qwen2Config, rng):
+        super().__init__()
+        h, i, dt, std = cfg.hidden_size, cfg.intermediate_size, _DTYPES[cfg.compute_dtype], cfg.param_init_std
+        self.w1 = Linear(h, i, False, dt, std, rng)
+        self.w3 = Linear(h, i, False, dt, std, rng)
+        self.w2 = Linear(i, h, False, dt, std, rng)
+
+    def construct(self, x):
+        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderLayer(nn.Cell):
+    def __init__(self, cfg: Qwen2Config, rng):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention = Attention(cfg, rng)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.feed_forward = MLP(cfg, rng)
+
+    def construct(self, x, cos, sin, bias):
+        x = x + self.attention(self.attention_norm(x), cos, sin, bias)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+    def prefill(self, x, cos, sin, bias, k_cache, v_cache):
+        x = x + self.attention.prefill(self.attention_norm(x), cos, sin, bias, k_cache, v_cache)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+    def decode(self, x, cos, sin, bias, k_cache, v_cache, index):
+        x = x + self.attention.decode(self.attention_norm(x), cos, sin, bias, k_cache, v_cache, index)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Embedding(nn.Cell):
+    def __init__(self, vocab, dim, std, rng):
+        super().__init__()
+        self.embedding_weight = Parameter(_normal((vocab, dim), std, rng), name="embedding_weight")
+
+    def construct(self, ids):  # (...) -> (..., H)
+        return ops.gather(self.embedding_weight, ids, 0)
+
+
+class Qwen2Model(nn.Cell):
+    def __init__(self, cfg: Qwen2Config, rng):
+        super().__init__()
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.param_init_std, rng)
+        self.layers = nn.CellList([DecoderLayer(cfg, rng) for _ in range(cfg.num_hidden_layers)])
+        self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Qwen2ForCausalLM(nn.Cell):
+    """Parameters and the shared pieces of every graph. Not called directly: the graph cells in
+    `mindgrpo/models/graphs.py` hold one of these and call its methods."""
+
+    def __init__(self, cfg: Qwen2Config, seed: int = 0, max_positions: Optional[int] = None):
+        super().__init__()
+        self.config = cfg
+        rng = np.random.default_rng(seed)
+        self.model = Qwen2Model(cfg, rng)
+        self.tied = cfg.tie_word_embeddings
+        if not self.tied:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, _DTYPES[cfg.compute_dtype],
+                                  cfg.param_init_std, rng)
+        cos, sin = rope_table(cfg, max_positions or cfg.max_position_embeddings)
+        self.rope_cos, self.rope_sin = Tensor(cos), Tensor(sin)  # constants, not parameters
+        self.dtype = _DTYPES[cfg.compute_dtype]
+        self.head_matmul = ops.MatMul(transpose_b=True)  # never `.T` in a graph: that copies V*H
+
+    def rope(self, position_ids):
+        """position_ids (B, S) -> cos, sin (B, 1, S, d)."""
+        cos = ops.gather(self.rope_cos, position_ids, 0).expand_dims(1).astype(self.dtype)
+        sin = ops.gather(self.rope_sin, position_ids, 0).expand_dims(1).astype(self.dtype)
+        return cos, sin
+
+    def hidden_states(self, input_ids, position_ids, bias):
+        """input_ids (B, S), bias (B, 1, S, S) additive -> hidden (B, S, H) before the final norm
+        (callers norm only the positions they project)."""
+        cos, sin = self.rope(position_ids)
+        x = self.model.tok_embeddings(input_ids).astype(self.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, bias)
+        return x
+
+    def logits(self, h):
+        """h (N, H) -> logits (N, V) in fp32."""
+        w = self.model.tok_embeddings.embedding_weight if self.tied else self.lm_head.weight
+        if self.dtype != ms.float32:
+            h, w = h.astype(self.dtype), w.astype(self.dtype)
+        return self.head_matmul(h, w).astype(ms.float32)
+
+    def token_logprobs(self, h, labels, with_entropy: bool):
+        """h (N, H), labels (N,) -> log p(label) (N,), entropy (N,) or zeros.
+
+        The vocabulary projection is done only for these N scored positions."""
+        logits = self.logits(h)  # (N, V)
+        m = logits.max(axis=-1, keepdims=True)
+        shifted = logits - m
+        lse = ops.log(ops.exp(shifted).sum(-1, keepdims=True))
+        logp_all = shifted - lse  # (N, V)
+        logp = ops.gather_elements(logp_all, 1, labels.reshape(-1, 1)).reshape(-1)
+        if with_entropy:
+            ent = -(ops.exp(logp_all) * logp_all).sum(-1)
+        else:
+            ent = ops.zeros_like(logp)
+        return logp, ent

@@ -1,0 +1,59 @@
+"""Training-side graphs over a Qwen2ForCausalLM: full logits (tests, parity) and per-token
+log-probs of given labels at the scored positions only (the GRPO training and reference graph)."""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from mindgrpo.models.qwen2 import NEG_INF, Qwen2ForCausalLM
+
+
+def causal_bias(s: int):
+    """(1, 1, S, S) additive: 0 where key <= query, NEG_INF after."""
+    causal = ops.arange(s).reshape(s, 1) >= ops.arange(s).reshape(1, s)
+    return ops.where(causal, 0.0, NEG_INF).astype(ms.float32).reshape(1, 1, s, s)
+
+
+class SequenceLogits(nn.Cell):
+    """input_ids (B, S), attention_mask (B, S) (left or right padding) -> logits (B, S, V).
+
+    Positions count only real tokens (cumsum of the mask - 1), as HF generate does."""
+
+    def __init__(self, lm: Qwen2ForCausalLM):
+        super().__init__()
+        self.lm = lm
+
+    def construct(self, input_ids, attention_mask):
+        b, s = input_ids.shape
+        mask = attention_mask.astype(ms.int32)
+        positions = ops.maximum(ops.cumsum(mask, 1) - 1, 0).astype(ms.int32)
+        keys = ops.where(mask > 0, 0.0, NEG_INF).astype(ms.float32).reshape(b, 1, 1, s)
+        h = self.lm.hidden_states(input_ids, positions, causal_bias(s) + keys)
+        h = self.lm.model.norm_out(h)
+        return self.lm.logits(h.reshape(b * s, -1)).reshape(b, s, -1)
+
+
+class TokenLogProbs(nn.Cell):
+    """Right-padded input_ids (B, S), score_pos (B, R), labels (B, R) -> logp (B, R), entropy (B, R).
+
+    score_pos[b, r] is the position whose output predicts labels[b, r] (for a response that
+    starts at position L, score_pos = L-1, L, ...). Padded entries may point anywhere: the
+    caller masks them. With right padding, causal attention alone keeps pads out of view of
+    real tokens, so no key mask is built. The vocabulary projection runs on B*R rows, not B*S."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True):
+        super().__init__()
+        self.lm = lm
+        self.with_entropy = with_entropy
+
+    def construct(self, input_ids, score_pos, labels):
+        b, s = input_ids.shape
+        r = score_pos.shape[1]
+        positions = ops.arange(s).astype(ms.int32).reshape(1, s).broadcast_to((b, s))
+        h = self.lm.hidden_states(input_ids, positions, causal_bias(s))  # (B, S, H)
+        flat = (ops.arange(b).astype(ms.int32).reshape(b, 1) * s + score_pos).reshape(-1)
+        h = ops.gather(h.reshape(b * s, -1), flat, 0)  # (B*R, H)
+        h = self.lm.model.norm_out(h)
+        logp, ent = self.lm.token_logprobs(h, labels.reshape(-1), self.with_entropy)
+        return logp.reshape(b, r), ent.reshape(b, r)
