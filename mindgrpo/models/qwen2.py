@@ -203,12 +203,12 @@ class Attention(nn.Cell):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _attend(self, q, k, v, bias):
-        """q (B, nh, S, d), k/v (B, nkv, T, d), bias (B, 1, S, T) additive -> (B, S, nh*d)."""
+        """q (B, nh, S, d), k/v (B, nkv, T, d), bias (B or 1, 1, S, T) additive -> (B, S, nh*d)."""
         b, _, s, d = q.shape
         t = k.shape[2]
         q = q.reshape(b, self.nkv, self.g * s, d)  # heads of one kv group side by side, no k/v repeat
         scores = self.qk(q, k).reshape(b, self.nkv, self.g, s, t).astype(ms.float32)
-        scores = scores * self.scale + bias.reshape(b, 1, 1, s, t)
+        scores = scores * self.scale + bias.reshape(bias.shape[0], 1, 1, s, t)
         probs = ops.softmax(scores, -1).astype(v.dtype).reshape(b, self.nkv, self.g * s, t)
         out = self.pv(probs, v).reshape(b, self.nh, s, d)  # (B, nh, S, d)
         return out.transpose(0, 2, 1, 3).reshape(b, s, self.nh * d)

@@ -1,0 +1,226 @@
+"""Prompt datasets in MindRecord: the writer shared by data_tools/rlhf_data.py and the synthetic task, and the
+trainer-side reader.
+
+One row per question, columns (PROMPT_SCHEMA):
+    prompt_ids     int32 (P,)  templated prompt token ids, right-padded with the pad id to P = max_prompt_length
+    prompt_length  int32       number of real tokens in prompt_ids
+    prompt         string      the templated prompt text
+    solution       string      the reference final answer (what `accuracy` compares against)
+    answer         string      the full reference solution text
+
+A MindRecord file's `.db` index records the data file's name, so the pair is written under its final names
+inside a temporary folder beside the output and then moved into place; a failed write leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+from mindgrpo.data.templates import get_template
+from mindgrpo.data.tokenizer import QwenTokenizer
+
+PROMPT_SCHEMA = {
+    "prompt_ids": {"type": "int32", "shape": [-1]},
+    "prompt_length": {"type": "int32"},
+    "prompt": {"type": "string"},
+    "solution": {"type": "string"},
+    "answer": {"type": "string"},
+}
+PROMPT_COLUMNS = tuple(PROMPT_SCHEMA)
+TRUNCATE_MODES = (None, "left", "right")
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    """One dataset example before templating."""
+
+    question: str
+    answer: str  # full reference solution
+    solution: str  # reference final answer
+
+
+@dataclass(frozen=True)
+class WriteSummary:
+    written: int
+    dropped: int  # over-long prompts left out (truncate=None)
+    truncated: int  # over-long prompts cut (truncate="left"/"right")
+    min_length: int
+    mean_length: float
+    max_length: int
+
+
+def index_path(path: str) -> str:
+    """The index file MindRecord keeps beside a data file."""
+    return path + ".db"
+
+
+def write_mindrecord(
+    path: str,
+    schema: Dict[str, dict],
+    batches: Iterable[List[dict]],
+    *,
+    overwrite: bool = False,
+    description: str = "mindgrpo",
+) -> int:
+    """Write `batches` of rows (dicts matching `schema`) as `path` + `path.db`, all or nothing; returns rows written.
+
+    Refuses an existing `path` or `path.db` unless `overwrite`. Raises ValueError when there is no row.
+    """
+    from mindspore.mindrecord import FileWriter  # heavy import, only when writing
+
+    path = os.path.abspath(path)
+    if not overwrite:
+        for existing in (path, index_path(path)):
+            if os.path.lexists(existing):
+                raise FileExistsError(f"{existing} already exists (pass overwrite=True / --overwrite to replace it)")
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    try:
+        tmp_path = os.path.join(tmp_dir, name)
+        writer = FileWriter(tmp_path, shard_num=1, overwrite=True)
+        writer.add_schema(schema, description)
+        rows = 0
+        for batch in batches:
+            if batch:
+                writer.write_raw_data(batch)
+                rows += len(batch)
+        if rows == 0:
+            raise ValueError(f"no rows to write to {path}")
+        writer.commit()
+        for src, dst in ((tmp_path, path), (index_path(tmp_path), index_path(path))):
+            os.chmod(src, 0o644)
+        os.replace(tmp_path, path)
+        try:
+            os.replace(index_path(tmp_path), index_path(path))
+        except BaseException:
+            os.unlink(path)  # never leave a data file paired with a stale or missing index
+            raise
+        return rows
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def encode_prompts(
+    prompts: Sequence[str],
+    tokenizer: QwenTokenizer,
+    max_prompt_length: int,
+    truncate: Optional[str] = None,
+):
+    """Tokenize and right-pad prompts.
+
+    Returns (ids (N', P) int32, lengths (N',) int32, kept: indices into `prompts`, truncated count). Prompts
+    longer than P are dropped when truncate is None; "left" cuts tokens from the left (keeps the end),
+    "right" cuts them from the right (keeps the start).
+    """
+    if truncate not in TRUNCATE_MODES:
+        raise ValueError(f"truncate must be one of {TRUNCATE_MODES}, got {truncate!r}")
+    encoded = tokenizer.encode_batch(prompts)
+    ids = np.full((len(encoded), max_prompt_length), tokenizer.pad_token_id, dtype=np.int32)  # (N, P)
+    lengths = np.zeros(len(encoded), dtype=np.int32)  # (N,)
+    kept, truncated = [], 0
+    for i, tokens in enumerate(encoded):
+        if len(tokens) > max_prompt_length:
+            if truncate is None:
+                continue
+            tokens = tokens[-max_prompt_length:] if truncate == "left" else tokens[:max_prompt_length]
+            truncated += 1
+        row = len(kept)
+        ids[row, : len(tokens)] = tokens
+        lengths[row] = len(tokens)
+        kept.append(i)
+    return ids[: len(kept)], lengths[: len(kept)], kept, truncated
+
+
+def write_prompt_dataset(
+    path: str,
+    rows: Sequence[PromptRow],
+    tokenizer: QwenTokenizer,
+    *,
+    template: str = "qwen_r1",
+    max_prompt_length: int = 512,
+    truncate: Optional[str] = None,
+    overwrite: bool = False,
+    chunk_size: int = 2048,
+    on_progress: Optional[Callable[[int], None]] = None,
+) -> WriteSummary:
+    """Template, tokenize (batched) and write `rows` as a prompt MindRecord at `path` (see PROMPT_SCHEMA).
+
+    `on_progress(n)` is called after every chunk with the number of input rows processed so far.
+    """
+    render = get_template(template)
+    counts = {"dropped": 0, "truncated": 0}
+    lengths_seen: List[np.ndarray] = []
+
+    def batches():
+        for start in range(0, len(rows), chunk_size):
+            chunk = rows[start : start + chunk_size]
+            prompts = [render(r.question) for r in chunk]
+            ids, lengths, kept, truncated = encode_prompts(prompts, tokenizer, max_prompt_length, truncate)
+            counts["dropped"] += len(chunk) - len(kept)
+            counts["truncated"] += truncated
+            lengths_seen.append(lengths)
+            yield [
+                {
+                    "prompt_ids": ids[j],
+                    "prompt_length": np.int32(lengths[j]),
+                    "prompt": prompts[i],
+                    "solution": chunk[i].solution,
+                    "answer": chunk[i].answer,
+                }
+                for j, i in enumerate(kept)
+            ]
+            if on_progress is not None:
+                on_progress(start + len(chunk))
+
+    written = write_mindrecord(
+        path, PROMPT_SCHEMA, batches(), overwrite=overwrite, description=f"mindgrpo prompts ({template})"
+    )
+    lengths = np.concatenate(lengths_seen)
+    return WriteSummary(
+        written=written,
+        dropped=counts["dropped"],
+        truncated=counts["truncated"],
+        min_length=int(lengths.min()),
+        mean_length=float(lengths.mean()),
+        max_length=int(lengths.max()),
+    )
+
+
+def load_prompt_dataset(path: str) -> Dict[str, object]:
+    """Read a prompt MindRecord in file order.
+
+    Returns {"prompt_ids": (N, P) int32, "prompt_length": (N,) int32, "prompt": [str], "solution": [str],
+    "answer": [str]}. Fails naming the file when it is missing or lacks a column.
+    """
+    import mindspore.dataset as ds  # heavy import, only when reading
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"prompt dataset {path} does not exist")
+    if not os.path.isfile(index_path(path)):
+        raise FileNotFoundError(f"prompt dataset {path} has no index file {index_path(path)}")
+    dataset = ds.MindDataset(path, shuffle=False)
+    present = dataset.get_col_names()
+    missing = [c for c in PROMPT_COLUMNS if c not in present]
+    if missing:
+        raise KeyError(f"{path}: missing column(s) {missing}; it has {sorted(present)}")
+    columns: Dict[str, list] = {c: [] for c in PROMPT_COLUMNS}
+    for row in dataset.create_dict_iterator(output_numpy=True, num_epochs=1):
+        for c in PROMPT_COLUMNS:
+            columns[c].append(row[c])
+    widths = {len(ids) for ids in columns["prompt_ids"]}
+    if len(widths) > 1:
+        raise ValueError(f"{path}: prompt_ids rows have different lengths {sorted(widths)}; expected right-padded rows")
+    return {
+        "prompt_ids": np.stack(columns["prompt_ids"]).astype(np.int32),
+        "prompt_length": np.array(columns["prompt_length"], dtype=np.int32),
+        "prompt": [str(s) for s in columns["prompt"]],
+        "solution": [str(s) for s in columns["solution"]],
+        "answer": [str(s) for s in columns["answer"]],
+    }

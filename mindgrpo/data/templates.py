@@ -1,0 +1,59 @@
+"""Prompt templates: how a dataset question becomes the text the policy continues.
+
+    render_prompt("qwen_r1", "What is 2 + 3?")   # -> chat-marked text ending in "<|im_start|>assistant\\n"
+
+Templates live in one registry; `get_template` fails listing the valid names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mindgrpo.data.tokenizer import IM_END, IM_START
+from mindgrpo.utils.registry import Registry
+
+TEMPLATES = Registry("prompt template")
+
+# Qwen2.5-Instruct's default system message.
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+R1_SYSTEM = (
+    "You are a careful math assistant. For every question, first reason step by step inside "
+    "<think> </think> tags. After the closing </think> tag, state the answer inside <answer> </answer> tags "
+    "and write the final result as \\boxed{...} there, e.g. <think> ... </think> <answer> \\boxed{42} </answer>."
+)
+
+
+def chat_markup(system: Optional[str], user: str) -> str:
+    """Qwen (ChatML) markup for one user turn, ending with the open assistant turn (generation prompt)."""
+    head = f"{IM_START}system\n{system}{IM_END}\n" if system is not None else ""
+    return f"{head}{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n"
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """`chat=False`: the question as is; `chat=True`: ChatML with `system` (None = no system turn)."""
+
+    name: str
+    system: Optional[str] = None
+    chat: bool = True
+
+    def __call__(self, question: str) -> str:
+        return chat_markup(self.system, question) if self.chat else question
+
+
+for _template in (
+    PromptTemplate("qwen_chat", QWEN_SYSTEM),
+    PromptTemplate("qwen_r1", R1_SYSTEM),
+    PromptTemplate("raw", chat=False),
+):
+    TEMPLATES.register(_template.name, _template)
+
+
+def get_template(name: str) -> PromptTemplate:
+    return TEMPLATES.get(name)
+
+
+def render_prompt(name: str, question: str) -> str:
+    return TEMPLATES.get(name)(question)
