@@ -1,0 +1,125 @@
+"""AdamW with gradient accumulation and global-norm clipping, as MindSpore graphs; LR schedules.
+
+The update is torch.optim.AdamW's (decoupled weight decay, bias-corrected moments); biases and
+norm weights get no weight decay. The host passes the step's learning rate and bias
+corrections as tensors, so the schedule is plain Python (`lr_at`) and nothing recompiles.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Sequence
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from mindgrpo.utils.registry import Registry
+
+LR_SCHEDULES = Registry("lr schedule")
+
+
+@LR_SCHEDULES.register("constant")
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+@LR_SCHEDULES.register("cosine")
+def _cosine(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
+@LR_SCHEDULES.register("linear")
+def _linear(progress: float) -> float:
+    return 1.0 - min(max(progress, 0.0), 1.0)
+
+
+def lr_at(step: int, base_lr: float, total_steps: int, warmup_steps: int = 0,
+          schedule: str = "constant", min_lr: float = 0.0) -> float:
+    """LR for optimizer step `step` (0-based): linear warmup to base_lr, then the schedule's
+    decay from base_lr to min_lr over the remaining steps."""
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    decay = LR_SCHEDULES.get(schedule)
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return min_lr + (base_lr - min_lr) * decay(progress)
+
+
+def no_decay(name: str) -> bool:
+    """Biases and norm weights are not decayed."""
+    return name.endswith(".bias") or "norm" in name.rsplit(".", 2)[-2]
+
+
+class GradBuffer(nn.Cell):
+    """fp32 accumulators, one per trainable parameter."""
+
+    def __init__(self, params: Sequence[Parameter], prefix: str = "accum"):
+        super().__init__()
+        self.bufs = ms.ParameterTuple(
+            Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"{prefix}.{p.name}", requires_grad=False)
+            for p in params)
+
+    def nbytes(self) -> int:
+        return sum(int(np.prod(b.shape)) * 4 for b in self.bufs)
+
+
+class AccumulateGrads(nn.Cell):
+    """bufs += grads, in one graph."""
+
+    def __init__(self, buffer: GradBuffer):
+        super().__init__()
+        self.bufs = buffer.bufs
+        self.n = len(buffer.bufs)
+
+    def construct(self, grads):
+        out = ()
+        for i in range(self.n):
+            out = out + (ops.assign_add(self.bufs[i], grads[i].astype(ms.float32)),)
+        return out
+
+
+class AdamW(nn.Cell):
+    """One optimizer step from the accumulated gradients (then zeroes them).
+
+    construct(lr, bias_correction1, bias_correction2, max_norm) -> pre-clip global grad norm.
+    max_norm <= 0 disables clipping."""
+
+    def __init__(self, params: Sequence[Parameter], buffer: GradBuffer, beta1=0.9, beta2=0.999,
+                 eps=1e-8, weight_decay=0.0):
+        super().__init__()
+        self.params = ms.ParameterTuple(params)
+        self.bufs = buffer.bufs
+        self.m = ms.ParameterTuple(Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_m.{p.name}",
+                                             requires_grad=False) for p in params)
+        self.v = ms.ParameterTuple(Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_v.{p.name}",
+                                             requires_grad=False) for p in params)
+        self.decay = [0.0 if no_decay(p.name) else float(weight_decay) for p in params]
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        self.n = len(params)
+
+    def state_parameters(self) -> List[Parameter]:
+        return list(self.m) + list(self.v)
+
+    def construct(self, lr, bias_correction1, bias_correction2, max_norm):
+        sq = ops.zeros((), ms.float32)
+        for i in range(self.n):
+            sq = sq + (self.bufs[i] * self.bufs[i]).sum()
+        norm = ops.sqrt(sq)
+        coef = ops.where(max_norm > 0, ops.minimum(max_norm / (norm + 1e-6), 1.0), 1.0)
+        out = ()
+        for i in range(self.n):
+            g = self.bufs[i] * coef
+            m = ops.assign(self.m[i], self.beta1 * self.m[i] + (1 - self.beta1) * g)
+            v = ops.assign(self.v[i], self.beta2 * self.v[i] + (1 - self.beta2) * g * g)
+            p = self.params[i].astype(ms.float32)
+            if self.decay[i] > 0:
+                p = p * (1 - lr * self.decay[i])
+            p = p - lr * (m / bias_correction1) / (ops.sqrt(v / bias_correction2) + self.eps)
+            done = ops.assign(self.params[i], p.astype(self.params[i].dtype))
+            out = out + (ops.depend(ops.assign(self.bufs[i], ops.zeros_like(self.bufs[i])), done),)
+        return ops.depend(norm, out)
+
+
+def adam_scalars(step: int, beta1: float, beta2: float):
+    """Bias corrections for optimizer step `step` (1-based), as tensors for AdamW.construct."""
+    return (Tensor(np.float32(1 - beta1 ** step)), Tensor(np.float32(1 - beta2 ** step)))

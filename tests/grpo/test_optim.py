@@ -1,0 +1,65 @@
+"""AdamW (+ accumulation, clipping, no decay on biases/norms) against torch.optim.AdamW."""
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Parameter, Tensor
+
+from mindgrpo.grpo.optim import AccumulateGrads, AdamW, GradBuffer, adam_scalars, lr_at, no_decay
+
+SHAPES = {"layers.0.attention.wq.weight": (6, 4), "layers.0.attention.wq.bias": (6,),
+          "layers.0.attention_norm.weight": (4,), "lm_head.weight": (5, 4)}
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.5])
+def test_adamw_matches_torch(max_norm):
+    import torch
+
+    rng = np.random.default_rng(0)
+    init = {k: rng.normal(size=s).astype(np.float32) for k, s in SHAPES.items()}
+    params = [Parameter(Tensor(v.copy()), name=k) for k, v in init.items()]
+    buf = GradBuffer(params)
+    acc, opt = AccumulateGrads(buf), AdamW(params, buf, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+
+    tparams = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in init.items()}
+    groups = [{"params": [p for k, p in tparams.items() if not no_decay(k)], "weight_decay": 0.1},
+              {"params": [p for k, p in tparams.items() if no_decay(k)], "weight_decay": 0.0}]
+    topt = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    for step in range(1, 4):
+        lr = lr_at(step - 1, 1e-2, total_steps=3, warmup_steps=1, schedule="cosine", min_lr=1e-3)
+        micro = [{k: rng.normal(size=s).astype(np.float32) for k, s in SHAPES.items()} for _ in range(2)]
+        for g in micro:
+            acc(tuple(Tensor(g[k]) for k in SHAPES))
+        bc1, bc2 = adam_scalars(step, 0.9, 0.95)
+        norm = opt(Tensor(np.float32(lr)), bc1, bc2, Tensor(np.float32(max_norm))).asnumpy()
+
+        for k, p in tparams.items():
+            p.grad = torch.tensor(micro[0][k] + micro[1][k])
+        ref_norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in tparams.values())).item()
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(list(tparams.values()), max_norm)
+        for group in topt.param_groups:
+            group["lr"] = lr
+        topt.step()
+        assert abs(float(norm) - ref_norm) <= 1e-5 * ref_norm
+        for p in params:
+            np.testing.assert_allclose(p.asnumpy(), tparams[p.name].detach().numpy(), rtol=0, atol=2e-6)
+        assert all(not b.asnumpy().any() for b in buf.bufs)  # zeroed after the step
+
+
+def test_no_decay_names():
+    assert no_decay("model.layers.3.attention.wq.bias")
+    assert no_decay("model.layers.3.attention_norm.weight") and no_decay("model.norm_out.weight")
+    assert not no_decay("model.layers.3.attention.wq.weight") and not no_decay("lm_head.weight")
+    assert not no_decay("model.tok_embeddings.embedding_weight")
+
+
+def test_lr_schedule_hand_values():
+    assert lr_at(0, 1.0, 10, warmup_steps=4) == 0.25
+    assert lr_at(3, 1.0, 10, warmup_steps=4) == 1.0
+    assert lr_at(4, 1.0, 10, warmup_steps=4, schedule="cosine") == 1.0
+    assert abs(lr_at(7, 1.0, 10, warmup_steps=4, schedule="cosine") - 0.5) < 1e-12  # half-way
+    assert lr_at(10, 1.0, 10, warmup_steps=4, schedule="cosine", min_lr=0.1) == pytest.approx(0.1)
+    with pytest.raises(KeyError, match="constant"):
+        lr_at(0, 1.0, 10, schedule="nope")
