@@ -1,0 +1,243 @@
+"""The GRPO config schema: every default, in sections shaped like mindrlhf's grpo_config.
+
+    python -m mindgrpo.train --config recipes/x.yaml rl_config.max_steps=1 actor_config.lr=2e-6
+
+Sections: rl_config (the algorithm and the loop), actor_config (policy model and optimiser),
+ref_config (reference model), generate_config (sampling), reward_config (verifiers).
+Names of registered variants (KL estimators, aggregation modes, advantage scales) are checked
+against their registries here, so a typo fails at start-up listing the valid names.
+
+Shape vocabulary: each step draws `rl_config.batch_size` prompts and samples G =
+`rl_config.num_generations` completions per prompt (TRL's name; mindrlhf's num_generations,
+verl's rollout.n), giving B = batch_size * G rollout rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from mindgrpo.config.loader import ConfigError, check
+from mindgrpo.grpo.algos import AGG_MODES, KL_ESTIMATORS, REWARD_SCALES
+
+
+def _check_name(registry, name: str, key: str) -> None:
+    check(name in registry, key, f"unknown {registry.kind} {name!r}; valid names: {', '.join(registry.names())}")
+
+
+def _check_positive(cfg, *keys: str) -> None:
+    for key in keys:
+        check(getattr(cfg, key) >= 1, key, f"must be >= 1, got {getattr(cfg, key)}")
+
+
+def _check_non_negative(cfg, *keys: str) -> None:
+    for key in keys:
+        check(getattr(cfg, key) >= 0, key, f"must be >= 0, got {getattr(cfg, key)}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    data_parallel: int = 1
+    model_parallel: int = 1
+    pipeline_stage: int = 1
+
+    def __post_init__(self):
+        _check_positive(self, "data_parallel", "model_parallel", "pipeline_stage")
+
+    @property
+    def world_size(self) -> int:
+        return self.data_parallel * self.model_parallel * self.pipeline_stage
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    seed: int = 42
+    max_steps: int = 1000
+    batch_size: int = 8  # prompts per step
+    num_generations: int = 8  # G, completions per prompt
+    num_iterations: int = 1  # policy updates per rollout batch (GRPO's mu)
+    num_mini_batches: int = 1  # optimiser steps per iteration; the B rows are split into this many
+    # loss
+    beta: float = 0.0  # KL coefficient; 0 skips the reference model
+    kl_kind: str = "low_var_kl"
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # 0.28 for DAPO's clip-higher
+    dual_clip: Optional[float] = None  # c > 1 bounds negative-advantage token losses at c * |A|
+    loss_agg_mode: str = "token-mean"
+    advantage_scale: str = "group"  # group | batch | none (Dr.GRPO)
+    advantage_eps: float = 1e-6
+    # reference model
+    ref_model_sync_steps: int = 0  # copy the policy into the reference every this many steps; 0 never
+    # DAPO
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, resample to refill
+    max_resample_times: int = 3  # rollout rounds per step before training on what was kept
+    overlong_filtering: bool = False  # mask out completions cut at max_tokens
+    # loop
+    val_interval: int = 0  # steps between validations; 0 never
+    val_size: int = 64  # validation prompts
+    save_interval: int = 0  # steps between checkpoints; 0 only at the end
+    keep_last_k: int = 2  # checkpoints kept
+    log_interval: int = 1
+    completions_interval: int = 10  # steps between logged sample completions; 0 never
+    swap: bool = True  # host-memory swap between phases (mindgrpo/memory/swap.py)
+    # data: None means the built-in synthetic arithmetic data
+    dataset_path: Optional[str] = None
+    val_dataset_path: Optional[str] = None
+    output_dir: str = "outputs/grpo"
+
+    def __post_init__(self):
+        _check_positive(self, "max_steps", "batch_size", "num_iterations", "num_mini_batches", "keep_last_k",
+                        "log_interval")
+        check(self.num_generations >= 2, "num_generations",
+              f"must be >= 2 (group advantages of one sample are 0), got {self.num_generations}")
+        _check_non_negative(self, "beta", "advantage_eps", "ref_model_sync_steps", "max_resample_times",
+                            "val_interval", "val_size", "save_interval", "completions_interval")
+        check(0 < self.clip_low < 1, "clip_low", f"must be in (0, 1), got {self.clip_low}")
+        check(self.clip_high > 0, "clip_high", f"must be > 0, got {self.clip_high}")
+        check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", f"must be > 1 or null, got {self.dual_clip}")
+        _check_name(KL_ESTIMATORS, self.kl_kind, "kl_kind")
+        _check_name(AGG_MODES, self.loss_agg_mode, "loss_agg_mode")
+        _check_name(REWARD_SCALES, self.advantage_scale, "advantage_scale")
+        check(self.val_interval == 0 or self.val_size >= 1, "val_size", "must be >= 1 when val_interval > 0")
+
+    @property
+    def rollout_rows(self) -> int:
+        """B = batch_size * G."""
+        return self.batch_size * self.num_generations
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    model: str = "qwen2.5-0.5b"  # preset name or path to a model config
+    load_checkpoint: Optional[str] = None  # HF directory or checkpoint to start from; None: random init
+    checkpoint_dir: Optional[str] = None  # None: <rl_config.output_dir>/checkpoints
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    lr: float = 1e-6
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    min_lr: float = 0.0  # cosine floor
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: Optional[float] = 1.0  # global grad-norm clip; None off
+    micro_batch_size: int = 4  # rows per forward/backward; gradients accumulate over a mini-batch
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
+        _check_non_negative(self, "warmup_steps", "weight_decay")
+        for key in ("adam_beta1", "adam_beta2"):
+            check(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
+        check(self.adam_eps > 0, "adam_eps", f"must be > 0, got {self.adam_eps}")
+        check(self.grad_clip is None or self.grad_clip > 0, "grad_clip", f"must be > 0 or null, got {self.grad_clip}")
+        _check_positive(self, "micro_batch_size")
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    model: Optional[str] = None  # None: actor_config.model
+    load_checkpoint: Optional[str] = None  # None: actor_config.load_checkpoint
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    max_prompt_length: int = 512  # P
+    max_tokens: int = 512  # R, completion tokens
+    temperature: float = 1.0  # 0 is greedy
+    top_k: int = 0  # 0 off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
+    seed: Optional[int] = None  # None: rl_config.seed
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        _check_positive(self, "max_prompt_length", "max_tokens")
+        _check_non_negative(self, "temperature", "top_k")
+        check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        check(0 <= self.min_p < 1, "min_p", f"must be in [0, 1), got {self.min_p}")
+
+
+@dataclass(frozen=True)
+class CosineRewardConfig:
+    """Length-scaled correctness reward (Yeo et al. 2025; open-r1's cosine_scaled)."""
+
+    min_value_wrong: float = -1.0
+    max_value_wrong: float = -0.5
+    min_value_correct: float = 0.5
+    max_value_correct: float = 1.0
+    max_len: Optional[int] = None  # None: generate_config.max_tokens
+
+
+@dataclass(frozen=True)
+class SoftOverlongConfig:
+    """DAPO's soft overlong punishment: linear penalty over the last buffer_len tokens."""
+
+    buffer_len: int = 128
+    penalty_factor: float = 1.0
+    max_len: Optional[int] = None  # None: generate_config.max_tokens
+
+    def __post_init__(self):
+        _check_positive(self, "buffer_len")
+        _check_non_negative(self, "penalty_factor")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    verifier_function: tuple[str, ...] = ("accuracy", "format")  # registered reward names
+    verifier_weight: tuple[float, ...] = (1.0, 1.0)  # one per verifier_function
+    reward_plugin: Optional[str] = None  # path to a .py file registering more reward functions
+    cosine: CosineRewardConfig = field(default_factory=CosineRewardConfig)
+    soft_overlong: SoftOverlongConfig = field(default_factory=SoftOverlongConfig)
+
+    def __post_init__(self):
+        check(len(self.verifier_function) >= 1, "verifier_function", "needs at least one reward function")
+        check(len(set(self.verifier_function)) == len(self.verifier_function), "verifier_function",
+              f"has duplicates: {list(self.verifier_function)}")
+        check(len(self.verifier_weight) == len(self.verifier_function), "verifier_weight",
+              f"has {len(self.verifier_weight)} weights for {len(self.verifier_function)} verifier_function entries")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """An optional supervised warm start on the dataset's reference solutions before GRPO."""
+
+    steps: int = 0  # 0: none
+    lr: float = 1e-3
+    batch_size: int = 32
+
+    def __post_init__(self):
+        _check_non_negative(self, "steps")
+        _check_positive(self, "batch_size")
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    rl_config: RLConfig = field(default_factory=RLConfig)
+    actor_config: ActorConfig = field(default_factory=ActorConfig)
+    ref_config: RefConfig = field(default_factory=RefConfig)
+    generate_config: GenerateConfig = field(default_factory=GenerateConfig)
+    reward_config: RewardConfig = field(default_factory=RewardConfig)
+    sft_config: SFTConfig = field(default_factory=SFTConfig)
+
+    def __post_init__(self):
+        rl, actor = self.rl_config, self.actor_config
+        check(rl.rollout_rows % rl.num_mini_batches == 0, "rl_config.num_mini_batches",
+              f"must divide batch_size * num_generations = {rl.rollout_rows}, got {rl.num_mini_batches}")
+        mini_batch_rows = rl.rollout_rows // rl.num_mini_batches
+        dp = actor.parallel_config.data_parallel
+        check(mini_batch_rows % (dp * actor.micro_batch_size) == 0, "actor_config.micro_batch_size",
+              f"micro_batch_size * actor_config.parallel_config.data_parallel = {actor.micro_batch_size} * {dp} "
+              f"must divide the {mini_batch_rows} rows of a mini-batch")
+        overlong = self.reward_config.soft_overlong
+        max_len = self.generate_config.max_tokens if overlong.max_len is None else overlong.max_len
+        check(overlong.buffer_len < max_len, "reward_config.soft_overlong.buffer_len",
+              f"must be < the overlong max_len {max_len}, got {overlong.buffer_len}")
+
+
+__all__ = ["ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "ParallelConfig",
+           "RLConfig", "RefConfig", "RewardConfig", "SFTConfig", "SoftOverlongConfig"]

@@ -1,0 +1,144 @@
+"""The GRPO config schema: defaults, a YAML that sets every key, CLI overrides, cross-field rules."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from mindgrpo.config import (
+    ActorConfig,
+    ConfigError,
+    CosineRewardConfig,
+    GenerateConfig,
+    GRPOConfig,
+    ParallelConfig,
+    RefConfig,
+    RewardConfig,
+    RLConfig,
+    SoftOverlongConfig,
+    load_config,
+    to_dict,
+    to_yaml,
+)
+from mindgrpo.grpo import algos
+
+FULL_YAML = Path(__file__).with_name("full_grpo.yaml")
+
+# full_grpo.yaml, written out by hand
+FULL = GRPOConfig(
+    rl_config=RLConfig(
+        seed=7, max_steps=20, batch_size=4, num_generations=6, num_iterations=2, num_mini_batches=3, beta=0.04,
+        kl_kind="k3", clip_low=0.1, clip_high=0.28, dual_clip=3.0, loss_agg_mode="seq-mean-token-sum-norm",
+        advantage_scale="batch", advantage_eps=1e-4, ref_model_sync_steps=5, dynamic_sampling=True,
+        max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, save_interval=5, keep_last_k=3,
+        log_interval=2, completions_interval=4, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
+        output_dir="/tmp/mindgrpo-run"),
+    actor_config=ActorConfig(
+        model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
+        dtype="bfloat16", lr=3e-6, lr_schedule="cosine", warmup_steps=3, min_lr=1e-7, adam_beta1=0.8, adam_beta2=0.95,
+        adam_eps=1e-6, weight_decay=0.01, grad_clip=None, micro_batch_size=2,
+        parallel_config=ParallelConfig(2, 2, 2)),
+    ref_config=RefConfig(model="qwen2.5-1.5b", load_checkpoint="/models/ref", parallel_config=ParallelConfig(4, 2, 3)),
+    generate_config=GenerateConfig(
+        max_prompt_length=256, max_tokens=1024, temperature=0.7, top_k=50, top_p=0.95, min_p=0.05,
+        stop_token_ids=(151643, 151645), seed=123, parallel_config=ParallelConfig(3, 4, 5)),
+    reward_config=RewardConfig(
+        verifier_function=("accuracy", "format", "soft_overlong"), verifier_weight=(1.0, 0.5, 2.0),
+        reward_plugin="plugins/my_rewards.py",
+        cosine=CosineRewardConfig(-2.0, -1.0, 0.25, 2.0, 800),
+        soft_overlong=SoftOverlongConfig(buffer_len=256, penalty_factor=0.5, max_len=900)),
+)
+
+
+def leaves(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def test_defaults_are_valid():
+    cfg = load_config(GRPOConfig)
+    assert cfg == GRPOConfig()
+    assert cfg.rl_config.beta == 0.0 and cfg.rl_config.kl_kind == "low_var_kl"
+    assert cfg.rl_config.loss_agg_mode == "token-mean" and cfg.rl_config.advantage_scale == "group"
+    assert cfg.rl_config.rollout_rows == cfg.rl_config.batch_size * cfg.rl_config.num_generations
+    assert cfg.reward_config.verifier_function == ("accuracy", "format")
+
+
+def test_yaml_that_sets_every_key():
+    cfg = load_config(GRPOConfig, FULL_YAML)
+    assert cfg == FULL
+    # the file really covers every key: each leaf differs from its default
+    defaults = dict(leaves(to_dict(GRPOConfig())))
+    loaded = dict(leaves(to_dict(cfg)))
+    assert loaded.keys() == defaults.keys()
+    same = [k for k in loaded if loaded[k] == defaults[k]]
+    assert same == [], f"full_grpo.yaml leaves these at their defaults: {same}"
+
+
+def test_cli_after_yaml():
+    cfg = load_config(GRPOConfig, FULL_YAML, ["rl_config.max_steps=1", "rl_config.seed=11", "actor_config.lr=2e-6",
+                                              "actor_config.parallel_config.data_parallel=1",
+                                              "reward_config.verifier_weight=[1, 1, 0.5]", "rl_config.dual_clip=null"])
+    assert (cfg.rl_config.max_steps, cfg.rl_config.seed, cfg.actor_config.lr) == (1, 11, 2e-6)
+    assert cfg.actor_config.parallel_config == ParallelConfig(1, 2, 2)
+    assert cfg.reward_config.verifier_weight == (1.0, 1.0, 0.5) and cfg.rl_config.dual_clip is None
+    assert cfg.rl_config.batch_size == 4  # from the YAML
+
+
+def test_nested_unknown_key():
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=["actor_config.parallel_config.foo=1"])
+    assert str(info.value) == ("config key 'actor_config.parallel_config.foo': unknown key; valid keys under "
+                               "'actor_config.parallel_config': data_parallel, model_parallel, pipeline_stage")
+
+
+@pytest.mark.parametrize("overrides,key,expected", [
+    (["reward_config.verifier_weight=[1.0]"], "reward_config.verifier_weight", "has 1 weights for 2"),
+    (["reward_config.verifier_function=[]", "reward_config.verifier_weight=[]"], "reward_config.verifier_function",
+     "at least one"),
+    (["reward_config.verifier_function=[a, a]"], "reward_config.verifier_function", "duplicates"),
+    (["rl_config.num_mini_batches=3"], "rl_config.num_mini_batches", "must divide batch_size * num_generations = 64"),
+    (["actor_config.micro_batch_size=3"], "actor_config.micro_batch_size", "must divide the 64 rows"),
+    (["actor_config.parallel_config.data_parallel=3"], "actor_config.micro_batch_size", "4 * 3"),
+    (["rl_config.clip_low=0"], "rl_config.clip_low", "must be in (0, 1)"),
+    (["rl_config.clip_high=-0.1"], "rl_config.clip_high", "must be > 0"),
+    (["rl_config.dual_clip=1"], "rl_config.dual_clip", "must be > 1"),
+    (["rl_config.num_generations=1"], "rl_config.num_generations", "must be >= 2"),
+    (["rl_config.beta=-1"], "rl_config.beta", "must be >= 0"),
+    (["rl_config.kl_kind=kl"], "rl_config.kl_kind", "valid names: k1, k2, k3, low_var_kl"),
+    (["rl_config.loss_agg_mode=sum"], "rl_config.loss_agg_mode",
+     "valid names: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"),
+    (["rl_config.advantage_scale=std"], "rl_config.advantage_scale", "valid names: batch, group, none"),
+    (["rl_config.val_interval=5", "rl_config.val_size=0"], "rl_config.val_size", "must be >= 1 when val_interval"),
+    (["actor_config.lr=0"], "actor_config.lr", "must be > 0"),
+    (["actor_config.min_lr=1e-3"], "actor_config.min_lr", "must be in [0, lr=1e-06]"),
+    (["actor_config.adam_beta2=1"], "actor_config.adam_beta2", "must be in [0, 1)"),
+    (["actor_config.lr_schedule=linear"], "actor_config.lr_schedule", "expected one of 'constant', 'cosine'"),
+    (["actor_config.dtype=float16"], "actor_config.dtype", "expected one of 'float32', 'bfloat16'"),
+    (["ref_config.parallel_config.pipeline_stage=0"], "ref_config.parallel_config.pipeline_stage", "must be >= 1"),
+    (["generate_config.top_p=0"], "generate_config.top_p", "must be in (0, 1]"),
+    (["generate_config.stop_token_ids=[1, eos]"], "generate_config.stop_token_ids[1]", "expected int"),
+    (["generate_config.max_tokens=100"], "reward_config.soft_overlong.buffer_len",
+     "must be < the overlong max_len 100"),
+    (["reward_config.soft_overlong.buffer_len=0"], "reward_config.soft_overlong.buffer_len", "must be >= 1"),
+])
+def test_cross_field_and_range_errors_name_the_key(overrides, key, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=overrides)
+    assert info.value.key == key and expected in info.value.message, str(info.value)
+
+
+@pytest.mark.parametrize("kind", algos.KL_ESTIMATORS.names())
+def test_every_registered_kl_estimator_is_accepted(kind):
+    assert load_config(GRPOConfig, overrides=[f"rl_config.kl_kind={kind}"]).rl_config.kl_kind == kind
+
+
+def test_round_trip_and_frozen(tmp_path):
+    path = tmp_path / "resolved.yaml"
+    path.write_text(to_yaml(FULL))
+    assert load_config(GRPOConfig, path) == FULL
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FULL.actor_config.parallel_config.data_parallel = 8
