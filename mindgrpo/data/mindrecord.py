@@ -60,6 +60,15 @@ def index_path(path: str) -> str:
     return path + ".db"
 
 
+def check_output_free(path: str, overwrite: bool) -> None:
+    """Raise FileExistsError when `path` or its index exists and `overwrite` is False."""
+    if overwrite:
+        return
+    for existing in (path, index_path(path)):
+        if os.path.lexists(existing):
+            raise FileExistsError(f"{existing} already exists (pass overwrite=True / --overwrite to replace it)")
+
+
 def write_mindrecord(
     path: str,
     schema: Dict[str, dict],
@@ -75,10 +84,7 @@ def write_mindrecord(
     from mindspore.mindrecord import FileWriter  # heavy import, only when writing
 
     path = os.path.abspath(path)
-    if not overwrite:
-        for existing in (path, index_path(path)):
-            if os.path.lexists(existing):
-                raise FileExistsError(f"{existing} already exists (pass overwrite=True / --overwrite to replace it)")
+    check_output_free(path, overwrite)
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
@@ -94,8 +100,8 @@ def write_mindrecord(
         if rows == 0:
             raise ValueError(f"no rows to write to {path}")
         writer.commit()
-        for src, dst in ((tmp_path, path), (index_path(tmp_path), index_path(path))):
-            os.chmod(src, 0o644)
+        for written in (tmp_path, index_path(tmp_path)):
+            os.chmod(written, 0o644)  # FileWriter creates 0600 files
         os.replace(tmp_path, path)
         try:
             os.replace(index_path(tmp_path), index_path(path))
@@ -216,7 +222,7 @@ def load_prompt_dataset(path: str) -> Dict[str, object]:
             columns[c].append(row[c])
     widths = {len(ids) for ids in columns["prompt_ids"]}
     if len(widths) > 1:
-        raise ValueError(f"{path}: prompt_ids rows have different lengths {sorted(widths)}; expected right-padded rows")
+        raise ValueError(f"{path}: prompt_ids rows have lengths {sorted(widths)}; expected right-padded rows")
     return {
         "prompt_ids": np.stack(columns["prompt_ids"]).astype(np.int32),
         "prompt_length": np.array(columns["prompt_length"], dtype=np.int32),

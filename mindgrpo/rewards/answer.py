@@ -87,9 +87,9 @@ _MIXED = re.compile(r"([-+]?)(\d+)\s+(\d+)\s*/\s*(\d+)")
 
 def normalize_answer(text: str) -> str:
     """Strip the surface form of a numeric answer: `$`, `%`, degrees, LaTeX spacing, \\text{}, thousands
-    separators, `x = `, trailing units and full stops; `\\frac{a}{b}` / `\\dfrac` / `\\frac12` become `a/b`,
-    `N\\frac{a}{b}` becomes the mixed number `N a/b`."""
-    s = text.strip().replace("−", "-")
+    separators (`1,000`, `1{,}000`), `x = `, trailing units and full stops. `\\frac{a}{b}`, `\\dfrac`,
+    `\\frac12` become `a/b`; `N\\frac{a}{b}` becomes the mixed number `N a/b`."""
+    s = text.strip().replace("−", "-").replace("{,}", ",")  # 1{,}000 is LaTeX for 1,000
     for _ in range(3):  # nested \text{\textbf{...}}
         s = _TEXT_MACRO.sub(r"\1", s)
     s = _SPACING.sub("", s)
@@ -106,7 +106,7 @@ def normalize_answer(text: str) -> str:
     unit = _UNIT_TAIL.match(s)
     if unit:
         s = unit.group(1).strip()
-    return s.replace("−", "-")
+    return s
 
 
 def parse_number(text: Union[str, int, float]) -> Optional[Fraction]:

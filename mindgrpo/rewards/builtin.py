@@ -82,9 +82,11 @@ def cosine_reward(
         if _solution_missing(sol):
             scores.append(None)
         elif is_correct(c, sol, accuracy_rel_tol):
-            scores.append(cosine_interpolate(n, cosine_max_len, cosine_min_len_value_correct, cosine_max_len_value_correct))
+            ends = (cosine_min_len_value_correct, cosine_max_len_value_correct)
+            scores.append(cosine_interpolate(n, cosine_max_len, *ends))
         else:
-            scores.append(cosine_interpolate(n, cosine_max_len, cosine_min_len_value_wrong, cosine_max_len_value_wrong))
+            ends = (cosine_min_len_value_wrong, cosine_max_len_value_wrong)
+            scores.append(cosine_interpolate(n, cosine_max_len, *ends))
     return scores
 
 
@@ -110,21 +112,22 @@ def repetition_reward(
 
 @register_reward("soft_overlong")
 def soft_overlong_reward(
-    completions, completion_length=None, *, soft_max_length: int, soft_cache_length: int, **kwargs
+    completions, completion_length=None, *, max_completion_length: int, soft_max_cache_length: int, **kwargs
 ) -> List[float]:
-    """DAPO's soft overlong punishment: 0 up to soft_max_length - soft_cache_length, then linear down to -1 at
-    soft_max_length, -1 beyond it. soft_max_length is the max completion length."""
-    if not 0 < soft_cache_length <= soft_max_length:
+    """DAPO's soft overlong punishment (L_max = max_completion_length, L_cache = soft_max_cache_length): 0 up to
+    L_max - L_cache, then linear down to -1 at L_max, -1 beyond it."""
+    if not 0 < soft_max_cache_length <= max_completion_length:
         raise ValueError(
-            f"need 0 < soft_cache_length <= soft_max_length, got {soft_cache_length} and {soft_max_length}"
+            "need 0 < soft_max_cache_length <= max_completion_length, "
+            f"got {soft_max_cache_length} and {max_completion_length}"
         )
-    free = soft_max_length - soft_cache_length
+    free = max_completion_length - soft_max_cache_length
     scores = []
     for n in _lengths(completions, completion_length):
         if n <= free:
             scores.append(0.0)
-        elif n <= soft_max_length:
-            scores.append((free - n) / soft_cache_length)
+        elif n <= max_completion_length:
+            scores.append((free - n) / soft_max_cache_length)
         else:
             scores.append(-1.0)
     return scores

@@ -104,7 +104,8 @@ class RewardSet:
     def names(self) -> List[str]:
         return list(self.fns)
 
-    def __call__(self, completions: Sequence[str], **columns) -> Tuple[np.ndarray, Dict[str, np.ndarray], Dict[str, float]]:
+    def __call__(self, completions: Sequence[str], **columns):
+        """(total (B,), {name: (B,)}, metrics) for `completions` (B,); see compute_rewards."""
         missing = [c for c in self.required_columns if c not in columns]
         if missing:
             raise KeyError(f"reward columns {missing} are missing; got {sorted(columns)}")

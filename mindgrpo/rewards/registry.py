@@ -40,7 +40,7 @@ def _parameters(fn: Callable) -> Dict[str, inspect.Parameter]:
 
 
 def reward_parameters(name: str) -> Dict[str, object]:
-    """The keyword-only parameters of a registered reward and their defaults (`inspect.Parameter.empty` if required)."""
+    """Keyword-only parameters of a registered reward and their defaults (`inspect.Parameter.empty`: required)."""
     return {n: p.default for n, p in _parameters(REWARDS.get(name)).items()}
 
 

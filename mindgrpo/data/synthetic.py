@@ -1,0 +1,214 @@
+"""The built-in tiny task: small-number arithmetic with a tiny byte-level BPE tokenizer, no files from outside.
+
+    train, val = arithmetic_rows(ArithmeticTask(seed=0))
+    tokenizer = ensure_tiny_tokenizer("runs/tiny_tokenizer")        # trained once, then loaded from the cache
+    write_arithmetic_dataset("runs/tiny_data", tokenizer)           # train.mindrecord, val.mindrecord
+
+Questions read "What is 23 + 45?" (or one of a few other phrasings); the reference solution ends with
+\\boxed{68} and the final answer is "68".
+The tokenizer uses Qwen2's pipeline and ChatML special tokens, so templates, rewards and QwenTokenizer.from_dir
+work on it exactly as on the real Qwen2.5 files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Tuple
+
+import numpy as np
+from tokenizers import Tokenizer, pre_tokenizers, trainers
+from tokenizers.models import BPE
+
+from mindgrpo.data.mindrecord import PromptRow, WriteSummary, write_prompt_dataset
+from mindgrpo.data.templates import TEMPLATES
+from mindgrpo.data.tokenizer import (
+    DEFAULT_SPECIAL_TOKENS,
+    AddedTokenSpec,
+    QwenTokenizer,
+    apply_qwen2_pipeline,
+)
+
+OPERATORS = ("+", "-", "*")
+
+
+@dataclass(frozen=True)
+class ArithmeticTask:
+    """Problem space and split. + and - use operands 0..max_operand (a >= b for -, so answers are >= 0);
+    * uses 0..max_mul_operand. Train and val are disjoint draws from the shuffled space."""
+
+    seed: int = 0
+    num_train: int = 2000
+    num_val: int = 200
+    max_operand: int = 50
+    max_mul_operand: int = 12
+    operators: Tuple[str, ...] = OPERATORS
+
+
+@dataclass(frozen=True)
+class TinyTokenizerSpec:
+    """What the cached tiny tokenizer is trained from; a different spec retrains it."""
+
+    vocab_size: int = 576  # BPE vocabulary + the 3 special tokens
+    task: ArithmeticTask = ArithmeticTask()
+    version: int = 1  # bump when the corpus recipe changes
+
+
+def _problem_space(task: ArithmeticTask) -> List[Tuple[int, str, int]]:
+    space = []
+    for op in task.operators:
+        if op not in OPERATORS:
+            raise ValueError(f"unknown operator {op!r}; valid: {OPERATORS}")
+        top = task.max_mul_operand if op == "*" else task.max_operand
+        space += [(a, op, b) for a in range(top + 1) for b in range(top + 1) if op != "-" or a >= b]
+    return space
+
+
+QUESTION_FORMS = (
+    "What is {a} {op} {b}?",
+    "Compute {a} {op} {b}.",
+    "Calculate {a} {op} {b}.",
+    "How much is {a} {op} {b}?",
+    "Find the value of {a} {op} {b}.",
+    "Work out {a} {op} {b}.",
+)
+STEP_FORMS = {
+    "+": "Adding {a} and {b} gives {value}.",
+    "-": "Subtracting {b} from {a} leaves {value}.",
+    "*": "Multiplying {a} by {b} gives {value}.",
+}
+
+
+def _row(a: int, op: str, b: int, form: int) -> PromptRow:
+    value = a + b if op == "+" else a - b if op == "-" else a * b
+    step = STEP_FORMS[op].format(a=a, b=b, value=value)
+    return PromptRow(
+        question=QUESTION_FORMS[form].format(a=a, op=op, b=b),
+        answer=f"{step} So {a} {op} {b} = {value}, and the final answer is \\boxed{{{value}}}.",
+        solution=str(value),
+    )
+
+
+def arithmetic_rows(task: ArithmeticTask = ArithmeticTask()) -> Tuple[List[PromptRow], List[PromptRow]]:
+    """(train, val) rows; deterministic in task.seed, no problem in both splits."""
+    space = _problem_space(task)
+    if task.num_train + task.num_val > len(space):
+        raise ValueError(f"asked for {task.num_train} + {task.num_val} problems, the space holds {len(space)}")
+    rng = np.random.default_rng(task.seed)
+    order = rng.permutation(len(space))[: task.num_train + task.num_val]
+    forms = rng.integers(0, len(QUESTION_FORMS), size=len(order))
+    rows = [_row(*space[i], form=int(f)) for i, f in zip(order, forms)]
+    return rows[: task.num_train], rows[task.num_train :]
+
+
+# ----------------------------------------------------------------------------------------------- tokenizer
+
+
+# Words a small policy may use while reasoning, so they get their own tokens.
+REASONING_PHRASES = (
+    "Let me think step by step. First, I read the question carefully. Next, I write down the numbers.",
+    "The sum of two numbers is their total; the difference is what remains; the product is repeated addition.",
+    "Then I carry the tens. Now I double check the result. Therefore, the result is correct.",
+    "Wait, that is wrong, so I try again. Hence the final answer follows. I am sure about this value.",
+    "To add, subtract or multiply, I combine the ones, then the tens, then the hundreds.",
+)
+
+
+def tokenizer_corpus(task: ArithmeticTask) -> List[str]:
+    """Training text: every templated prompt (special tokens cut out), answers in R1 and plain form, and a few
+    fixed reasoning phrases."""
+    train, val = arithmetic_rows(task)
+    texts = list(REASONING_PHRASES) * 20
+    for row in train + val:
+        for name in TEMPLATES.names():
+            prompt = TEMPLATES.get(name)(row.question)
+            for special in DEFAULT_SPECIAL_TOKENS:
+                prompt = prompt.replace(special, "\n")
+            texts.append(prompt)
+        texts.append(f"<think>\n{row.answer}\n</think>\n<answer>\n\\boxed{{{row.solution}}}\n</answer>")
+    return texts
+
+
+def train_tiny_tokenizer(spec: TinyTokenizerSpec = TinyTokenizerSpec()) -> QwenTokenizer:
+    """Train a byte-level BPE with Qwen2's pipeline on `tokenizer_corpus`; specials follow the vocabulary."""
+    bpe_size = spec.vocab_size - len(DEFAULT_SPECIAL_TOKENS)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if bpe_size <= len(alphabet):
+        least = len(alphabet) + len(DEFAULT_SPECIAL_TOKENS)
+        raise ValueError(f"vocab_size must exceed {least}, got {spec.vocab_size}")
+    tok = apply_qwen2_pipeline(Tokenizer(BPE()))
+    trainer = trainers.BpeTrainer(
+        vocab_size=bpe_size, initial_alphabet=alphabet, special_tokens=[], min_frequency=1, show_progress=False
+    )
+    tok.train_from_iterator(tokenizer_corpus(spec.task), trainer=trainer)
+    model = json.loads(tok.to_str())["model"]
+    vocab: Dict[str, int] = model["vocab"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    added = [AddedTokenSpec(len(vocab) + i, t) for i, t in enumerate(DEFAULT_SPECIAL_TOKENS)]
+    return QwenTokenizer(vocab, merges, added)
+
+
+_STAMP = "mindgrpo_tiny_tokenizer.json"
+
+
+def _is_cached(path: str, stamp: str) -> bool:
+    stamp_path = os.path.join(path, _STAMP)
+    if not os.path.isfile(stamp_path):
+        return False
+    with open(stamp_path, encoding="utf-8") as f:
+        return f.read() == stamp
+
+
+def ensure_tiny_tokenizer(path: str, spec: TinyTokenizerSpec = TinyTokenizerSpec()) -> QwenTokenizer:
+    """Load the tiny tokenizer cached at `path`, training and saving it first when absent or stale.
+
+    The folder holds vocab.json, merges.txt, tokenizer_config.json (QwenTokenizer.from_dir / transformers
+    format) and a stamp of the spec; it is written in a temporary folder and renamed into place.
+    """
+    stamp = json.dumps(asdict(spec), sort_keys=True)
+    if _is_cached(path, stamp):
+        return QwenTokenizer.from_dir(path)
+    tokenizer = train_tiny_tokenizer(spec)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    try:
+        tokenizer.save(tmp)
+        with open(os.path.join(tmp, _STAMP), "w", encoding="utf-8") as f:
+            f.write(stamp)
+        if os.path.isdir(path):
+            shutil.rmtree(path)  # stale cache
+        os.rename(tmp, path)
+    except OSError:
+        if not _is_cached(path, stamp):  # unless another process just wrote the same tokenizer
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return QwenTokenizer.from_dir(path)
+
+
+def write_arithmetic_dataset(
+    out_dir: str,
+    tokenizer: QwenTokenizer,
+    task: ArithmeticTask = ArithmeticTask(),
+    *,
+    template: str = "qwen_r1",
+    max_prompt_length: int = 128,
+    overwrite: bool = False,
+) -> Dict[str, WriteSummary]:
+    """Write the task as `out_dir`/train.mindrecord and `out_dir`/val.mindrecord with the rlhf_data.py writer."""
+    train, val = arithmetic_rows(task)
+    return {
+        split: write_prompt_dataset(
+            os.path.join(out_dir, f"{split}.mindrecord"),
+            rows,
+            tokenizer,
+            template=template,
+            max_prompt_length=max_prompt_length,
+            overwrite=overwrite,
+        )
+        for split, rows in (("train", train), ("val", val))
+    }

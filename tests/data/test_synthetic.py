@@ -1,0 +1,125 @@
+"""The tiny arithmetic task and its tokenizer."""
+
+import json
+import operator
+import os
+import re
+
+import pytest
+
+from mindgrpo.data import synthetic
+from mindgrpo.data.synthetic import (
+    ArithmeticTask,
+    TinyTokenizerSpec,
+    arithmetic_rows,
+    ensure_tiny_tokenizer,
+    train_tiny_tokenizer,
+    write_arithmetic_dataset,
+)
+from mindgrpo.data.templates import TEMPLATES, render_prompt
+from mindgrpo.data.tokenizer import QwenTokenizer
+from mindgrpo.rewards import get_reward
+
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+QUESTION = re.compile(r"\D*?(\d+) ([-+*]) (\d+)[?.]")
+
+
+def test_rows_are_correct_seeded_and_disjoint():
+    task = ArithmeticTask(seed=3, num_train=500, num_val=100)
+    train, val = arithmetic_rows(task)
+    assert (len(train), len(val)) == (500, 100)
+    assert arithmetic_rows(task) == (train, val)
+    assert arithmetic_rows(ArithmeticTask(seed=4, num_train=500, num_val=100))[0] != train
+    assert not {r.question for r in train} & {r.question for r in val}
+    assert len({r.question for r in train}) == 500
+    for row in train + val:
+        a, op, b = QUESTION.fullmatch(row.question).groups()
+        value = OPS[op](int(a), int(b))
+        assert row.solution == str(value) and value >= 0
+        assert row.answer.endswith(f"\\boxed{{{value}}}.")
+        if op == "*":
+            assert int(a) <= task.max_mul_operand and int(b) <= task.max_mul_operand
+        else:
+            assert int(a) <= task.max_operand and int(b) <= task.max_operand
+    # the reference solutions score full marks with the accuracy reward
+    accuracy = get_reward("accuracy")
+    assert accuracy([r.answer for r in train], solution=[r.solution for r in train]) == [1.0] * 500
+
+
+def test_too_many_problems_fail():
+    with pytest.raises(ValueError, match="space holds"):
+        arithmetic_rows(ArithmeticTask(num_train=10_000, num_val=10_000))
+
+
+def test_tiny_tokenizer_round_trips_and_keeps_special_tokens(tiny):
+    assert tiny.vocab_size == TinyTokenizerSpec().vocab_size
+    assert tiny.encode("<|endoftext|><|im_start|><|im_end|>") == [573, 574, 575]
+    assert tiny.stop_token_ids == [575, 573] and tiny.pad_token_id == 573
+    train, _ = arithmetic_rows(ArithmeticTask(num_train=50, num_val=0))
+    texts = [render_prompt(name, r.question) + r.answer + "<|im_end|>" for r in train for name in TEMPLATES.names()]
+    texts += ["unseen: \u00fcber \u4e2d\u6587 \U0001f600 \t\r\n tabs", "Z" * 50, ""]
+    for text, ids in zip(texts, tiny.encode_batch(texts)):
+        assert tiny.decode(ids) == text
+        assert all(0 <= i < tiny.vocab_size for i in ids)
+    # the corpus words became tokens: a templated R1 prompt is far shorter than its byte count
+    prompt = render_prompt("qwen_r1", "What is 23 + 45?")
+    assert len(tiny.encode(prompt)) < len(prompt.encode()) / 3
+
+
+def test_training_is_deterministic():
+    spec = TinyTokenizerSpec(vocab_size=400, task=ArithmeticTask(num_train=300, num_val=50))
+    a, b = train_tiny_tokenizer(spec), train_tiny_tokenizer(spec)
+    assert a.tokenizer_config() == b.tokenizer_config()
+    text = render_prompt("qwen_r1", "Compute 12 * 11.")
+    assert a.encode(text) == b.encode(text)
+    assert [a.id_to_token(i) for i in range(a.vocab_size)] == [b.id_to_token(i) for i in range(b.vocab_size)]
+
+
+def test_cache_is_reused_and_refreshed(tmp_path, monkeypatch):
+    spec = TinyTokenizerSpec(vocab_size=400, task=ArithmeticTask(num_train=300, num_val=50))
+    path = tmp_path / "tok"
+    first = ensure_tiny_tokenizer(str(path), spec)
+    assert sorted(os.listdir(path)) == sorted(
+        ["vocab.json", "merges.txt", "tokenizer_config.json", "mindgrpo_tiny_tokenizer.json"]
+    )
+    assert sorted(os.listdir(tmp_path)) == ["tok"]  # no temporary folder left
+
+    def no_training(_spec):
+        raise AssertionError("retrained although the cache is fresh")
+
+    monkeypatch.setattr(synthetic, "train_tiny_tokenizer", no_training)
+    again = ensure_tiny_tokenizer(str(path), spec)
+    assert again.encode("What is 2 + 2?") == first.encode("What is 2 + 2?")
+    assert QwenTokenizer.from_dir(str(path)).vocab_size == 400
+
+    monkeypatch.undo()
+    bigger = ensure_tiny_tokenizer(str(path), TinyTokenizerSpec(vocab_size=450, task=spec.task))
+    assert bigger.vocab_size == 450
+    assert json.loads((path / "mindgrpo_tiny_tokenizer.json").read_text())["vocab_size"] == 450
+
+
+def test_transformers_reads_the_saved_tiny_tokenizer(tiny, tiny_tokenizer_dir):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tiny_tokenizer_dir))
+    text = render_prompt("qwen_r1", "What is 7 * 8?") + "<think> 56 </think> <answer> \\boxed{56} </answer><|im_end|>"
+    assert hf.encode(text, add_special_tokens=False) == tiny.encode(text)
+    assert len(hf) == tiny.vocab_size
+
+
+def test_dataset_written_with_the_shared_writer(tiny, tmp_path):
+    import mindspore.dataset as ds
+
+    task = ArithmeticTask(num_train=64, num_val=16)
+    summaries = write_arithmetic_dataset(str(tmp_path), tiny, task)
+    assert {k: s.written for k, s in summaries.items()} == {"train": 64, "val": 16}
+    assert summaries["train"].dropped == 0 and summaries["train"].max_length <= 128
+    train, _ = arithmetic_rows(task)
+    records = list(
+        ds.MindDataset(str(tmp_path / "train.mindrecord"), shuffle=False).create_dict_iterator(
+            output_numpy=True, num_epochs=1
+        )
+    )
+    assert [str(r["solution"]) for r in records] == [r.solution for r in train]
+    first = records[0]
+    ids = tiny.encode(render_prompt("qwen_r1", train[0].question))
+    assert first["prompt_ids"][: int(first["prompt_length"])].tolist() == ids
