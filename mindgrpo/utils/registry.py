@@ -30,11 +30,10 @@ class Registry:
         return add if fn is None else add(fn)
 
     def get(self, name: str) -> Callable:
-        try:
-            return self._items[name]
-        except KeyError:
+        if name not in self._items:  # no try/except: MindSpore's graph parser rejects it
             valid = ", ".join(sorted(self._items)) or "(none)"
-            raise KeyError(f"unknown {self.kind} {name!r}; valid names: {valid}") from None
+            raise KeyError(f"unknown {self.kind} {name!r}; valid names: {valid}")
+        return self._items[name]
 
     def names(self) -> list:
         return sorted(self._items)

@@ -1,0 +1,135 @@
+"""Step timing, throughput and ETA for the training loop.
+
+    progress = Progress(total_steps=40, start_step=resume_step)
+    for step in range(resume_step + 1, 41):
+        with progress.phase("rollout"):
+            ...
+            progress.add_tokens("rollout", num_generated_tokens)
+        with progress.phase("update"):
+            logger.info(progress.line(step))    # step 3/40 | phase update | rollout 812 tok/s | 2.1 s/step | ETA 1m15s
+        metrics.update(progress.step_done(step))   # time/rollout, time/update, time/step, throughput/rollout
+
+Steps are counted from 1: `step_done(step)` means `step` of `total_steps` steps are done.
+A step's time runs from the end of the previous step (or, for the first step, from the
+start of its first phase) to `step_done`, so it includes work between phases. Phases
+of the same name within one step add up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, Dict, Iterator, List, Mapping, Optional
+
+
+def format_duration(seconds: float) -> str:
+    """45s, 1m15s, 2h03m, 3d04h."""
+    seconds = max(int(round(seconds)), 0)
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _format_number(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+class Progress:
+    """Times the phases of each step and estimates the time left from the mean step time."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, clock: Callable[[], float] = time.perf_counter):
+        self.total_steps = int(total_steps)
+        self.last_step = int(start_step)  # the last step done
+        self.clock = clock
+        self.step_times: List[float] = []  # seconds of each step done by this Progress
+        self.last_metrics: Dict[str, float] = {}  # step_done's result for the last step
+        self._step_start: Optional[float] = None
+        self._phase_seconds: Dict[str, float] = {}
+        self._phase_tokens: Dict[str, float] = {}
+        self._active: List[str] = []  # the phases running now, innermost last
+        self._last_phase: Optional[str] = None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as phase `name` of the current step (`time/<name>` in step_done)."""
+        start = self.clock()
+        if self._step_start is None:
+            self._step_start = start
+        self._active.append(name)
+        self._last_phase = name
+        try:
+            yield
+        finally:
+            self._active.pop()
+            self._phase_seconds[name] = self._phase_seconds.get(name, 0.0) + self.clock() - start
+
+    def add_tokens(self, phase: str, tokens: float) -> None:
+        """Count `tokens` processed in `phase` this step, for `throughput/<phase>` (tokens/s)."""
+        self._phase_tokens[phase] = self._phase_tokens.get(phase, 0.0) + float(tokens)
+
+    def step_done(self, step: int) -> Dict[str, float]:
+        """End step `step`; returns its `time/<phase>`, `time/step` and `throughput/<phase>` metrics."""
+        now = self.clock()
+        step_seconds = now - self._step_start if self._step_start is not None else 0.0
+        metrics = {f"time/{name}": secs for name, secs in self._phase_seconds.items()}
+        metrics["time/step"] = step_seconds
+        for name, tokens in self._phase_tokens.items():
+            secs = self._phase_seconds.get(name, 0.0)
+            if secs > 0:
+                metrics[f"throughput/{name}"] = tokens / secs
+
+        self.step_times.append(step_seconds)
+        self.last_step = int(step)
+        self.last_metrics = metrics
+        self._step_start = now
+        self._phase_seconds, self._phase_tokens = {}, {}
+        return dict(metrics)
+
+    @property
+    def mean_step_seconds(self) -> Optional[float]:
+        """Mean time of the steps done so far in this run, None before the first."""
+        return sum(self.step_times) / len(self.step_times) if self.step_times else None
+
+    def eta_seconds(self, step: Optional[int] = None) -> Optional[float]:
+        """Seconds left until `total_steps`, seen at `step` (default: the last step done).
+
+        If `step` is still running, its remaining time is the mean step time minus what it has
+        already taken.
+        """
+        mean = self.mean_step_seconds
+        if mean is None:
+            return None
+        step = self.last_step if step is None else int(step)
+        remaining = max(self.total_steps - step, 0) * mean
+        if step > self.last_step and self._step_start is not None:
+            remaining += max(mean - (self.clock() - self._step_start), 0.0)
+        return remaining
+
+    def line(self, step: int, extra: Optional[Mapping[str, object]] = None) -> str:
+        """`step 3/40 | phase update | rollout 812 tok/s | 2.1 s/step | ETA 1m15s`.
+
+        The phase is the innermost one running (or the last one run); throughputs are those of
+        the last step done; `extra` ({label: value}) adds `label value` fields before the timing.
+        """
+        parts = [f"step {step}/{self.total_steps}"]
+        phase = self._active[-1] if self._active else self._last_phase
+        if phase is not None:
+            parts.append(f"phase {phase}")
+        for key, value in self.last_metrics.items():
+            if key.startswith("throughput/"):
+                parts.append(f"{key[len('throughput/'):]} {_format_number(value)} tok/s")
+        for key, value in (extra or {}).items():
+            shown = _format_number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+            parts.append(f"{key} {shown}")
+        mean = self.mean_step_seconds
+        if mean is not None:
+            parts.append(f"{_format_number(mean)} s/step")
+            parts.append(f"ETA {format_duration(self.eta_seconds(step))}")
+        return " | ".join(parts)
