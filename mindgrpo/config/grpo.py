@@ -235,7 +235,8 @@ class GRPOConfig:
               f"must divide the {mini_batch_rows} rows of a mini-batch")
         overlong = self.reward_config.soft_overlong
         max_len = self.generate_config.max_tokens if overlong.max_len is None else overlong.max_len
-        check(overlong.buffer_len < max_len, "reward_config.soft_overlong.buffer_len",
+        check("soft_overlong" not in self.reward_config.verifier_function or overlong.buffer_len < max_len,
+              "reward_config.soft_overlong.buffer_len",
               f"must be < the overlong max_len {max_len}, got {overlong.buffer_len}")
 
 

@@ -1,0 +1,74 @@
+"""Rollouts packed into training arrays (pure numpy).
+
+Each sample is its prompt (without padding) followed by its response, right-padded to S; the
+response tokens are the labels, scored at the positions that predict them:
+
+    input_ids  [p0 p1 p2 r0 r1 r2 pad ...]           (B, S)
+    score_pos  [ 2  3  4  0 ...]                      (B, R): p2 predicts r0, r0 predicts r1, ...
+    labels     [r0 r1 r2 0 ...]                       (B, R)
+    mask       [ 1  1  1  0 ...]                      (B, R)
+
+S and R are rounded up to multiples of `step` so the training graph compiles for a few shapes
+only. Padded rows of score_pos point at position 0 and are masked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+
+def round_up(n: int, step: int) -> int:
+    return max(step, -(-n // step) * step)
+
+
+@dataclass
+class Experience:
+    input_ids: np.ndarray  # (B, S) int32
+    score_pos: np.ndarray  # (B, R) int32
+    labels: np.ndarray  # (B, R) int32
+    mask: np.ndarray  # (B, R) float32
+    advantages: np.ndarray  # (B,) float32
+    old_logp: Optional[np.ndarray] = None  # (B, R)
+    ref_logp: Optional[np.ndarray] = None  # (B, R)
+    extras: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: np.ndarray) -> "Experience":
+        pick = lambda a: None if a is None else a[rows]  # noqa: E731
+        return Experience(self.input_ids[rows], self.score_pos[rows], self.labels[rows], self.mask[rows],
+                          self.advantages[rows], pick(self.old_logp), pick(self.ref_logp),
+                          {k: v[rows] for k, v in self.extras.items()})
+
+
+def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], advantages: np.ndarray,
+         pad_id: int = 0, step: int = 32, loss_mask: Optional[np.ndarray] = None) -> Experience:
+    """loss_mask (B,) bool: rows to train on (False rows get an all-zero mask, e.g. overlong
+    filtering); default all."""
+    if len(prompts) != len(responses):
+        raise ValueError("prompts and responses differ in length")
+    b = len(prompts)
+    s = round_up(max(len(p) + len(r) for p, r in zip(prompts, responses)), step)
+    r_len = round_up(max(max(len(r) for r in responses), 1), step)
+    input_ids = np.full((b, s), pad_id, np.int32)
+    score_pos = np.zeros((b, r_len), np.int32)
+    labels = np.zeros((b, r_len), np.int32)
+    mask = np.zeros((b, r_len), np.float32)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        n_p, n_r = len(p), len(r)
+        input_ids[i, :n_p] = p
+        input_ids[i, n_p:n_p + n_r] = r
+        score_pos[i, :n_r] = np.arange(n_p - 1, n_p + n_r - 1)
+        labels[i, :n_r] = r
+        mask[i, :n_r] = 1.0
+    if loss_mask is not None:
+        mask *= np.asarray(loss_mask, np.float32)[:, None]
+    return Experience(input_ids, score_pos, labels, mask, np.asarray(advantages, np.float32))
+
+
+def micro_batches(n: int, size: int) -> List[np.ndarray]:
+    return [np.arange(i, min(i + size, n)) for i in range(0, n, size)]

@@ -1,0 +1,57 @@
+"""Prompt batches for the trainer: a seeded, epoch-shuffled walk over a prompt dataset.
+
+The position (epoch, index) is the whole state: saving it in a checkpoint and restoring it
+continues the same order, so a resumed run draws exactly the prompts a straight run would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+import numpy as np
+
+
+@dataclass
+class PromptBatch:
+    ids: List[List[int]]  # token ids per prompt, unpadded
+    columns: Dict[str, list]  # solution, answer, prompt: per prompt
+
+
+class PromptSource:
+    def __init__(self, data: Dict[str, object], seed: int, shuffle: bool = True):
+        self.ids = [row[:n].tolist() for row, n in zip(data["prompt_ids"], data["prompt_length"])]
+        self.columns = {k: list(data[k]) for k in ("solution", "answer", "prompt") if k in data}
+        if not self.ids:
+            raise ValueError("the prompt dataset is empty")
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch, self.index = 0, 0
+        self._order = self._epoch_order(0)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.ids))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.ids))
+
+    def next(self, n: int) -> PromptBatch:
+        picks = []
+        while len(picks) < n:
+            if self.index == len(self.ids):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._epoch_order(self.epoch)
+            picks.append(int(self._order[self.index]))
+            self.index += 1
+        return self.take(picks)
+
+    def take(self, rows) -> PromptBatch:
+        return PromptBatch([self.ids[i] for i in rows], {k: [v[i] for i in rows] for k, v in self.columns.items()})
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state(self, state: dict) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._order = self._epoch_order(self.epoch)

@@ -1,0 +1,67 @@
+"""The GRPO training graph: per-token log-probs, GRPO loss, backward, gradient accumulation.
+
+One call of `GRPOGradStep` handles one micro-batch: forward on the scored positions only, the
+loss normalised by the global token / sequence counts of the whole mini-batch (so the summed
+micro-batch gradients equal the full mini-batch gradient and the parallel layout does not
+change the loss), backward, and `grads` added into the accumulation buffers. The optimizer
+step (`optim.AdamW`) runs once per mini-batch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mindspore as ms
+from mindspore import Parameter, nn, ops
+
+from mindgrpo.grpo.ms_algos import GRPOLoss
+from mindgrpo.grpo.optim import AccumulateGrads, GradBuffer
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.models.scoring import TokenLogProbs
+
+METRIC_KEYS = ("pg_loss", "kl", "entropy", "clipfrac", "clipfrac_low", "clipfrac_high")
+
+
+class PolicyLoss(nn.Cell):
+    """(input_ids (B, S), score_pos (B, R), labels (B, R), mask (B, R), advantages (B,),
+    old_logp (B, R), ref_logp (B, R), global_tokens (), global_seqs ()) -> loss, metrics tuple.
+
+    detach_old: the TRL shortcut when each rollout is used for exactly one update: old log-probs
+    are the current ones with the gradient stopped (ratio 1), and old_logp is ignored.
+    use_ref: False when beta == 0 (the reference model is not run; ref_logp is ignored)."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, detach_old: bool, use_ref: bool,
+                 with_entropy: bool = True):
+        super().__init__()
+        self.scorer = TokenLogProbs(lm, with_entropy)
+        self.loss = loss
+        self.detach_old, self.use_ref = detach_old, use_ref
+
+    def construct(self, input_ids, score_pos, labels, mask, advantages, old_logp, ref_logp,
+                  global_tokens, global_seqs):
+        logp, ent = self.scorer(input_ids, score_pos, labels)
+        old = ops.stop_gradient(logp) if self.detach_old else old_logp
+        ref = ref_logp if self.use_ref else None
+        loss, m = self.loss(logp, old, ref, advantages, mask, global_tokens, global_seqs)
+        n = ops.maximum(mask.sum(), 1.0)
+        entropy = ops.stop_gradient((ent * mask).sum() / n)
+        kl = m["kl"] if self.use_ref else ops.zeros((), ms.float32)
+        metrics = (m["pg_loss"], kl, entropy, m["clipfrac"], m["clipfrac_low"], m["clipfrac_high"])
+        return loss, metrics
+
+
+class GRPOGradStep(nn.Cell):
+    """One micro-batch: loss and metrics out, gradients accumulated into `buffer`."""
+
+    def __init__(self, policy_loss: PolicyLoss, params: Sequence[Parameter], buffer: GradBuffer):
+        super().__init__()
+        self.policy_loss = policy_loss
+        self.weights = ms.ParameterTuple(params)
+        self.grad_fn = ms.value_and_grad(self.policy_loss, None, self.weights, has_aux=True)
+        self.accumulate = AccumulateGrads(buffer)
+
+    def construct(self, input_ids, score_pos, labels, mask, advantages, old_logp, ref_logp,
+                  global_tokens, global_seqs):
+        (loss, metrics), grads = self.grad_fn(input_ids, score_pos, labels, mask, advantages, old_logp,
+                                              ref_logp, global_tokens, global_seqs)
+        return ops.depend(loss, self.accumulate(grads)), metrics

@@ -1,0 +1,310 @@
+"""The one-stage GRPO loop: rollout, reward, advantage, reference, update, sync, log.
+
+The trainer is given its parts (see `mindgrpo/grpo/builder.py`): the policy being trained,
+the inference model that generates (its own copy of the weights, in its own layout), the
+reference model (None when beta == 0), a rollout engine, a weight sync, a swap manager, the
+reward set, the prompt sources and a metrics logger. Each step method below is one phase.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from mindgrpo.config.grpo import GRPOConfig
+from mindgrpo.grpo import algos, checkpointing
+from mindgrpo.grpo.actor import PolicyUpdater, Scorer
+from mindgrpo.grpo.experience import Experience, pack
+from mindgrpo.grpo.optim import lr_at
+from mindgrpo.grpo.prompts import PromptBatch, PromptSource
+from mindgrpo.inference.engine import Completion, RolloutEngine
+from mindgrpo.inference.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class Rollouts:
+    """The samples of one step: B = prompts * G rows, a prompt's G rows adjacent."""
+
+    def __init__(self, batch: PromptBatch, completions: List[Completion], texts: List[str], group: int):
+        self.batch, self.completions, self.texts, self.group = batch, completions, texts, group
+        self.prompt_ids = [batch.ids[c.prompt_index] for c in completions]
+        self.columns = {k: [v[c.prompt_index] for c in completions] for k, v in batch.columns.items()}
+        self.columns["completion_length"] = [len(c.token_ids) for c in completions]
+        self.rewards = np.zeros(len(completions), np.float32)
+        self.per_function: Dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def groups(self, keep: np.ndarray) -> "Rollouts":
+        """The rollouts of the groups where keep (prompts,) is True."""
+        rows = np.repeat(keep, self.group)
+        picked = [i for i, k in enumerate(rows) if k]
+        prompts = sorted({self.completions[i].prompt_index for i in picked})
+        remap = {p: j for j, p in enumerate(prompts)}
+        batch = PromptBatch([self.batch.ids[p] for p in prompts],
+                            {k: [v[p] for p in prompts] for k, v in self.batch.columns.items()})
+        comps = [Completion(remap[self.completions[i].prompt_index], self.completions[i].token_ids,
+                            self.completions[i].finish_reason) for i in picked]
+        out = Rollouts(batch, comps, [self.texts[i] for i in picked], self.group)
+        out.rewards = self.rewards[rows]
+        out.per_function = {k: v[rows] for k, v in self.per_function.items()}
+        return out
+
+    @staticmethod
+    def concat(parts: List["Rollouts"]) -> "Rollouts":
+        ids, cols, comps, texts, offset = [], {}, [], [], 0
+        for r in parts:
+            ids += r.batch.ids
+            for k, v in r.batch.columns.items():
+                cols.setdefault(k, []).extend(v)
+            comps += [Completion(c.prompt_index + offset, c.token_ids, c.finish_reason) for c in r.completions]
+            texts += r.texts
+            offset += len(r.batch.ids)
+        out = Rollouts(PromptBatch(ids, cols), comps, texts, parts[0].group)
+        out.rewards = np.concatenate([r.rewards for r in parts])
+        out.per_function = {k: np.concatenate([r.per_function[k] for r in parts]) for k in parts[0].per_function}
+        return out
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: GRPOConfig, *, policy, inference, reference, engine: RolloutEngine, sync,
+                 ref_sync, memory, rewards, tokenizer, train_prompts: PromptSource,
+                 val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
+                 rank: int = 0, grad_reducer=None):
+        self.cfg = cfg
+        rl, actor, gen = cfg.rl_config, cfg.actor_config, cfg.generate_config
+        self.policy, self.inference, self.reference = policy, inference, reference
+        self.engine, self.sync, self.ref_sync, self.memory = engine, sync, ref_sync, memory
+        self.rewards, self.tokenizer = rewards, tokenizer
+        self.train_prompts, self.val_prompts = train_prompts, val_prompts
+        self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
+        self.G = rl.num_generations
+        self.needs_old = rl.num_iterations > 1 or rl.num_mini_batches > 1
+        self.updater = PolicyUpdater(
+            policy, self._loss(), micro_batch_size=actor.micro_batch_size, detach_old=not self.needs_old,
+            use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
+            weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer)
+        self.ref_scorer = Scorer(reference, actor.micro_batch_size) if reference is not None else None
+        self.old_scorer = Scorer(policy, actor.micro_batch_size) if self.needs_old else None
+        self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches
+        self.stop_ids = tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))
+        self.sample_seed = rl.seed if gen.seed is None else gen.seed
+        self.step = 0
+        self.val_history: List[float] = []
+        memory.register("grads", extra_bytes=self.updater.buffer.nbytes())
+        memory.register("optimizer", self.updater.state_parameters())
+
+    def _loss(self):
+        from mindgrpo.grpo.ms_algos import GRPOLoss
+
+        rl = self.cfg.rl_config
+        return GRPOLoss(beta=rl.beta, kl_kind=rl.kl_kind, clip_low=rl.clip_low, clip_high=rl.clip_high,
+                        dual_clip=rl.dual_clip, agg_mode=rl.loss_agg_mode,
+                        max_len=self.cfg.generate_config.max_tokens)
+
+    # ------------------------------------------------------------------ phases
+    def sampling(self, n: int, seed: int, greedy: bool = False) -> SamplingParams:
+        g = self.cfg.generate_config
+        return SamplingParams(max_tokens=g.max_tokens, temperature=0.0 if greedy else g.temperature,
+                              top_k=g.top_k, top_p=g.top_p, min_p=g.min_p, n=n,
+                              stop_token_ids=self.stop_ids, seed=seed)
+
+    def rollout(self, batch: PromptBatch, seed: int) -> Rollouts:
+        with self.memory.phase("rollout"):
+            comps = self.engine.generate(batch.ids, self.sampling(self.G, seed))
+        texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
+        return Rollouts(batch, comps, texts, self.G)
+
+    def reward(self, r: Rollouts) -> Dict[str, float]:
+        total, per_fn, metrics = self.rewards(r.texts, **r.columns)
+        r.rewards, r.per_function = total.astype(np.float32), per_fn
+        return metrics
+
+    def collect(self) -> tuple:
+        """Rollout + reward, with DAPO's dynamic sampling when enabled: groups whose rewards are
+        all equal teach nothing and are replaced by fresh prompts, for up to max_resample_times
+        extra rounds; if still short, dropped groups fill the batch (their advantages are 0)."""
+        rl = self.cfg.rl_config
+        want = rl.batch_size
+        kept, dropped, metrics, rounds = [], [], {}, 0
+        while True:
+            batch = self.train_prompts.next(want if rounds == 0 else want - sum(len(k.batch.ids) for k in kept))
+            r = self.rollout(batch, seed=hash((self.sample_seed, self.step, rounds)) & 0x7FFFFFFF)
+            t0 = time.perf_counter()
+            m = self.reward(r)
+            self.progress.add("reward", time.perf_counter() - t0)
+            if rounds == 0:
+                metrics.update(m)
+                metrics.update(self.rollout_metrics(r))
+            if not rl.dynamic_sampling:
+                return r, metrics
+            informative = r.rewards.reshape(-1, self.G).std(-1) > 0
+            kept.append(r.groups(informative))
+            dropped.append(r.groups(~informative))
+            have = sum(len(k.batch.ids) for k in kept)
+            rounds += 1
+            if have >= want or rounds > rl.max_resample_times:
+                break
+        r = Rollouts.concat([k for k in kept + dropped if len(k)])
+        r = r.groups(np.arange(len(r.batch.ids)) < want)
+        metrics.update({"dynamic_sampling/rounds": rounds,
+                        "dynamic_sampling/kept_groups": float(min(have, want))})
+        return r, metrics
+
+    def rollout_metrics(self, r: Rollouts) -> Dict[str, float]:
+        lengths = np.array([len(c.token_ids) for c in r.completions])
+        clipped = np.array([c.finish_reason == "length" for c in r.completions])
+        out = {"reward_mean": float(r.rewards.mean()), "reward_std": float(r.rewards.std()),
+               "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
+               "response_length/clip_ratio": float(clipped.mean())}
+        if "accuracy" in r.per_function:
+            out["train/accuracy"] = float(np.nan_to_num(r.per_function["accuracy"]).mean())
+        stats = self.engine.last_stats
+        out["rollout/tokens_per_s"] = stats.get("tokens_per_s", 0.0)
+        return out
+
+    def advantages(self, r: Rollouts) -> tuple:
+        rl = self.cfg.rl_config
+        return algos.group_advantages(r.rewards, self.G, scale=rl.advantage_scale, eps=rl.advantage_eps)
+
+    def build_experience(self, r: Rollouts, adv: np.ndarray) -> Experience:
+        keep = None
+        if self.cfg.rl_config.overlong_filtering:
+            keep = np.array([c.finish_reason != "length" for c in r.completions])
+        return pack(r.prompt_ids, [c.token_ids for c in r.completions], adv,
+                    pad_id=self.tokenizer.pad_token_id, loss_mask=keep)
+
+    def reference_logprobs(self, exp: Experience) -> None:
+        if self.ref_scorer is not None:
+            with self.memory.phase("reference"):
+                exp.ref_logp = self.ref_scorer(exp)
+
+    def old_logprobs(self, exp: Experience) -> None:
+        if self.old_scorer is not None:
+            with self.memory.phase("old_logprobs"):
+                exp.old_logp = self.old_scorer(exp)
+
+    def update(self, exp: Experience) -> Dict[str, float]:
+        rl, actor = self.cfg.rl_config, self.cfg.actor_config
+        rows = len(exp) // rl.num_mini_batches
+        order = np.random.default_rng([rl.seed, self.step]).permutation(len(exp)) if rl.num_mini_batches > 1 \
+            else np.arange(len(exp))
+        results = []
+        with self.memory.phase("update"):
+            for _ in range(rl.num_iterations):
+                for k in range(rl.num_mini_batches):
+                    lr = lr_at(self.updater.optimizer_steps, actor.lr, self.total_optimizer_steps,
+                               actor.warmup_steps, actor.lr_schedule, actor.min_lr)
+                    results.append(self.updater.update(exp.select(np.sort(order[k * rows:(k + 1) * rows])), lr))
+        out = {k: float(np.mean([m[k] for m in results])) for k in results[0]}
+        out["lr"] = results[-1]["lr"]
+        return out
+
+    def sync_weights(self) -> Dict[str, float]:
+        with self.memory.phase("sync"):
+            m = self.sync()
+        every = self.cfg.rl_config.ref_model_sync_steps
+        if self.ref_sync is not None and every and (self.step + 1) % every == 0:
+            m.update({f"ref_{k}": v for k, v in self.ref_sync().items()})
+        return m
+
+    # ------------------------------------------------------------------ the step
+    def train_step(self) -> Dict[str, float]:
+        p = self.progress
+        with p.phase("rollout"):
+            r, metrics = self.collect()
+        with p.phase("advantage"):
+            adv, adv_metrics = self.advantages(r)
+            exp = self.build_experience(r, adv)
+        with p.phase("ref"):
+            self.reference_logprobs(exp)
+        with p.phase("old"):
+            self.old_logprobs(exp)
+        with p.phase("update"):
+            metrics.update(self.update(exp))
+        with p.phase("sync"):
+            metrics.update(self.sync_weights())
+        metrics.update({f"advantage/{k}": float(v) for k, v in adv_metrics.items()})
+        self.maybe_log_completions(r)
+        return metrics
+
+    def validate(self) -> Dict[str, float]:
+        if self.val_prompts is None:
+            return {}
+        n = min(self.cfg.rl_config.val_size, len(self.val_prompts))
+        batch = self.val_prompts.take(range(n))
+        with self.memory.phase("validate"):
+            comps = self.engine.generate(batch.ids, self.sampling(1, seed=0, greedy=True))
+        texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
+        _, per_fn, _ = self.rewards(texts, **batch.columns,
+                                    completion_length=[len(c.token_ids) for c in comps])
+        if "accuracy" not in per_fn:
+            from mindgrpo.rewards import get_reward
+            per_fn["accuracy"] = np.array(get_reward("accuracy")(texts, **batch.columns), np.float32)
+        acc = float(np.nan_to_num(np.asarray(per_fn["accuracy"], np.float32)).mean())
+        self.val_history.append(acc)
+        return {"val/accuracy": acc}
+
+    def maybe_log_completions(self, r: Rollouts) -> None:
+        every = self.cfg.rl_config.completions_interval
+        if not every or self.step % every:
+            return
+        rows = []
+        for i in range(min(len(r), 2 * self.G)):
+            rows.append({"step": self.step, "prompt": r.columns.get("prompt", [""] * len(r))[i],
+                         "completion": r.texts[i], "reward": float(r.rewards[i]),
+                         "solution": r.columns.get("solution", [""] * len(r))[i]})
+        self.log.log_completions(self.step, rows)
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_groups(self) -> Dict[str, list]:
+        groups = {"policy": list(self.policy.get_parameters()), "optimizer": self.updater.state_parameters()}
+        if self.reference is not None and self.cfg.rl_config.ref_model_sync_steps:
+            groups["reference"] = list(self.reference.get_parameters())
+        return groups
+
+    def save(self) -> str:
+        state = {"step": self.step, "optimizer_steps": self.updater.optimizer_steps,
+                 "train_prompts": self.train_prompts.state(), "val_history": self.val_history,
+                 "config": asdict(self.cfg)}
+        root = self.cfg.actor_config.checkpoint_dir or os.path.join(self.output_dir, "checkpoints")
+        return checkpointing.save(root, self.step, self.checkpoint_groups(), state,
+                                  self.policy.config.to_hf_dict(), self.cfg.rl_config.keep_last_k)
+
+    def resume(self, path: str) -> None:
+        state = checkpointing.load(path, self.checkpoint_groups())
+        self.step = int(state["step"])
+        self.updater.optimizer_steps = int(state["optimizer_steps"])
+        self.train_prompts.load_state(state["train_prompts"])
+        self.val_history = list(state.get("val_history", []))
+        self.sync()  # the inference copy follows the restored policy
+        logger.info("resumed from %s at step %d", path, self.step)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> Dict[str, float]:
+        rl = self.cfg.rl_config
+        last: Dict[str, float] = {}
+        if rl.val_interval and self.step == 0:
+            m = self.validate()
+            self.log.log(0, m)
+        while self.step < rl.max_steps:
+            self.progress.start_step()
+            metrics = self.train_step()
+            self.step += 1
+            if rl.val_interval and self.step % rl.val_interval == 0:
+                metrics.update(self.validate())
+            metrics.update(self.memory.step_metrics())
+            metrics.update(self.progress.step_done(self.step))
+            self.log.log(self.step, metrics)
+            logger.info(self.progress.line(self.step, metrics))
+            if (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps:
+                self.save()
+            last = metrics
+        return last

@@ -1,0 +1,73 @@
+"""One-stage GRPO: rollout, reward, reference, update and weight sync in one process group.
+
+    python scripts/grpo_one_stage.py                       # the built-in tiny default, on CPU
+    python scripts/grpo_one_stage.py --config CONFIG.yaml [--output_dir DIR] [key.sub=value ...]
+    msrun --worker_num=2 --local_worker_num=2 scripts/grpo_one_stage.py --use_parallel True --config ...
+
+With no --config the tiny recipe `model_configs/qwen_grpo/tiny/grpo_config.yaml` runs: a tiny
+Qwen2 learns small-number arithmetic (a short supervised warm start, then GRPO) with a
+tokenizer and data it makes itself. Dotted overrides such as `rl_config.max_steps=1` apply on
+top of the YAML. Our users' mindrlhf flags are accepted (see --help).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(REPO, "model_configs", "qwen_grpo", "tiny", "grpo_config.yaml")
+
+
+def str2bool(v: str) -> bool:
+    if v.lower() in ("true", "1", "yes"):
+        return True
+    if v.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {v!r}")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=DEFAULT_CONFIG, help="GRPO YAML (default: the tiny recipe)")
+    ap.add_argument("--output_dir", help="metrics, logs, checkpoints (default: rl_config.output_dir)")
+    ap.add_argument("--sft_path_train", help="policy weights: HF directory or MindSpore .ckpt")
+    ap.add_argument("--sft_path_infer", help="inference weights (default: the policy's)")
+    ap.add_argument("--ref_path", help="reference weights (default: the policy's)")
+    ap.add_argument("--vocab_path")
+    ap.add_argument("--merges_file_path")
+    ap.add_argument("--tokenizer_config")
+    ap.add_argument("--mind_dataset_dir", help="training prompts (MindRecord from data_tools/rlhf_data.py)")
+    ap.add_argument("--val_dataset", help="held-out prompts (MindRecord)")
+    ap.add_argument("--save_data_file", help="write each step's experience to this MindRecord")
+    ap.add_argument("--save_ckpt_dir", help="checkpoint folder (default: OUTPUT_DIR/checkpoints)")
+    ap.add_argument("--use_parallel", type=str2bool, default=False, help="run under msrun with collectives")
+    ap.add_argument("--load_sft_checkpoint_train", type=str2bool, default=True)
+    ap.add_argument("--load_sft_checkpoint_infer", type=str2bool, default=True)
+    ap.add_argument("--load_ref_checkpoint", type=str2bool, default=True)
+    ap.add_argument("--enable_compile_cache", type=str2bool, default=False)
+    ap.add_argument("--only_save_strategy", type=str2bool, default=False,
+                    help="write the training and inference strategy files and exit")
+    ap.add_argument("--resume", nargs="?", const="latest", default=None,
+                    help="continue from the latest checkpoint in the checkpoint folder, or from PATH")
+    ap.add_argument("--swap", type=str2bool, default=None, help="host-memory swap (default: rl_config.swap)")
+    ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from mindgrpo.config import ConfigError
+    from mindgrpo.grpo.run import run
+
+    try:
+        return run(args)
+    except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"grpo_one_stage: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
