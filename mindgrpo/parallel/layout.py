@@ -1,0 +1,153 @@
+"""Our tensor-parallel layout of Qwen2 (Megatron style), as data.
+
+World = dp * tp * pp ranks (pp = 1 for now). Rank r holds tensor-parallel piece `r % tp` and
+data-parallel replica `r // tp`: tensor-parallel groups are runs of consecutive ranks, and the
+dp replicas of a piece are identical.
+
+    column-parallel, split on dim 0:  wq/wk/wv weight and bias, w1 (gate), w3 (up),
+                                      the embedding (vocab-parallel), lm_head
+    row-parallel, split on dim 1:     wo, w2 (down)
+    replicated:                       the RMSNorm weights
+
+Each split is into tp contiguous, equal pieces. Optimizer moments (`adam_m.<name>`,
+`adam_v.<name>`, see `mindgrpo/grpo/optim.py`) follow their parameter. `mindgrpo.parallel.strategy`
+writes this layout as a MindSpore strategy file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.qwen2 import Qwen2Config
+
+# (pattern on the parameter name, split dim or None); the first match wins.
+SPLIT_RULES: Tuple[Tuple[str, Optional[int]], ...] = (
+    (r"model\.tok_embeddings\.embedding_weight", 0),
+    (r"model\.layers\.\d+\.attention\.w[qkv]\.(weight|bias)", 0),
+    (r"model\.layers\.\d+\.attention\.wo\.weight", 1),
+    (r"model\.layers\.\d+\.feed_forward\.w[13]\.weight", 0),
+    (r"model\.layers\.\d+\.feed_forward\.w2\.weight", 1),
+    (r"model\.layers\.\d+\.(attention_norm|ffn_norm)\.weight", None),
+    (r"model\.norm_out\.weight", None),
+    (r"lm_head\.weight", 0),
+)
+_RULES = tuple((re.compile(p + "$"), dim) for p, dim in SPLIT_RULES)
+OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.")  # moments of a parameter: same shape, same split
+
+
+class LayoutError(ValueError):
+    """A layout that does not fit the world or the model: the message names the culprit."""
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    dp: int = 1  # data_parallel
+    tp: int = 1  # model_parallel
+    pp: int = 1  # pipeline_stage; only 1 is supported
+
+    def __post_init__(self):
+        for key, value in (("data_parallel", self.dp), ("model_parallel", self.tp), ("pipeline_stage", self.pp)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise LayoutError(f"{key} must be an integer >= 1, got {value!r}")
+        if self.pp != 1:
+            raise LayoutError(f"pipeline_stage = {self.pp} is not supported yet; use 1")
+
+    @classmethod
+    def from_config(cls, parallel_config) -> "ParallelLayout":
+        """From a `mindgrpo.config.grpo.ParallelConfig` (or anything with its three fields)."""
+        pc = parallel_config
+        return cls(pc.data_parallel, pc.model_parallel, pc.pipeline_stage)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def check_world(self, world: int, where: str = "actor_config.parallel_config") -> None:
+        if world != self.world_size:
+            raise LayoutError(f"{where}: data_parallel*model_parallel*pipeline_stage = {self.world_size}, "
+                              f"but the world size is {world}")
+
+    # ------------------------------------------------------------------ ranks
+
+    def coords(self, rank: int) -> Tuple[int, int]:
+        """rank -> (dp_idx, tp_idx)."""
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank {rank} is outside the world of {self.world_size} ranks")
+        return rank // self.tp, rank % self.tp
+
+    def rank(self, dp_idx: int, tp_idx: int) -> int:
+        if not (0 <= dp_idx < self.dp and 0 <= tp_idx < self.tp):
+            raise LayoutError(f"(dp_idx, tp_idx) = ({dp_idx}, {tp_idx}) is outside dp={self.dp}, tp={self.tp}")
+        return dp_idx * self.tp + tp_idx
+
+    def tp_group(self, rank: int) -> List[int]:
+        """The ranks that together hold one full copy of the weights, rank's group."""
+        dp_idx, _ = self.coords(rank)
+        return [self.rank(dp_idx, t) for t in range(self.tp)]
+
+    def dp_group(self, rank: int) -> List[int]:
+        """The ranks holding the same tensor-parallel piece as rank."""
+        _, tp_idx = self.coords(rank)
+        return [self.rank(d, tp_idx) for d in range(self.dp)]
+
+    # ------------------------------------------------------------------ parameters
+
+    @staticmethod
+    def param_split(name: str) -> Optional[int]:
+        """The dim a parameter is split on (0 column-parallel, 1 row-parallel), or None if replicated."""
+        base = name
+        for prefix in OPTIMIZER_PREFIXES:
+            if base.startswith(prefix):
+                base = base[len(prefix):]
+                break
+        for pattern, dim in _RULES:
+            if pattern.match(base):
+                return dim
+        raise LayoutError(f"parameter {name!r} has no tensor-parallel rule (see SPLIT_RULES in {__name__})")
+
+    def shard_shape(self, name: str, shape: Sequence[int]) -> Tuple[int, ...]:
+        dim = self.param_split(name)
+        shape = tuple(int(s) for s in shape)
+        if dim is None:
+            return shape
+        if dim >= len(shape) or shape[dim] % self.tp:
+            raise LayoutError(f"parameter {name!r} of shape {list(shape)}: dim {dim} cannot be split "
+                              f"into model_parallel = {self.tp} equal pieces")
+        return shape[:dim] + (shape[dim] // self.tp,) + shape[dim + 1:]
+
+    def shard(self, name: str, full: np.ndarray, tp_idx: int) -> np.ndarray:
+        """Piece tp_idx of a full parameter (a view when the split is on dim 0)."""
+        if not 0 <= tp_idx < self.tp:
+            raise LayoutError(f"tp_idx {tp_idx} is outside model_parallel = {self.tp}")
+        local = self.shard_shape(name, full.shape)
+        dim = self.param_split(name)
+        if dim is None:
+            return full
+        n = local[dim]
+        index = (slice(None),) * dim + (slice(tp_idx * n, (tp_idx + 1) * n),)
+        return full[index]
+
+    def merge(self, name: str, shards: Sequence[np.ndarray]) -> np.ndarray:
+        """Inverse of shard: shards in tp order -> the full parameter."""
+        if len(shards) != self.tp:
+            raise LayoutError(f"parameter {name!r}: got {len(shards)} shards for model_parallel = {self.tp}")
+        dim = self.param_split(name)
+        if dim is None:
+            return shards[0]
+        shapes = {tuple(s.shape) for s in shards}
+        if len(shapes) != 1:
+            raise LayoutError(f"parameter {name!r}: shards have different shapes {sorted(shapes)}")
+        return np.concatenate(shards, axis=dim)
+
+    def check_divisible(self, cfg: Qwen2Config) -> None:
+        """Raise LayoutError naming the first head count or parameter that tp does not divide."""
+        for key in ("num_attention_heads", "num_key_value_heads"):
+            if getattr(cfg, key) % self.tp:
+                raise LayoutError(f"model_parallel = {self.tp} must divide {key} = {getattr(cfg, key)}")
+        for name, shape in expected_shapes(cfg).items():
+            self.shard_shape(name, shape)

@@ -1,0 +1,122 @@
+"""mindgrpo/parallel/layout.py: ranks, the split table, slicing by hand, round trips, clear errors."""
+
+import re
+
+import numpy as np
+import pytest
+
+from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.qwen2 import Qwen2Config
+from mindgrpo.parallel.layout import LayoutError, ParallelLayout
+
+SMALL = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2)
+
+
+def full_state(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in expected_shapes(cfg).items()}
+
+
+def test_world_and_rank_coordinates():
+    lay = ParallelLayout(dp=2, tp=4)
+    assert lay.world_size == 8
+    # tp groups are consecutive ranks
+    assert [lay.coords(r) for r in range(8)] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [lay.rank(*lay.coords(r)) for r in range(8)] == list(range(8))
+    assert lay.tp_group(5) == [4, 5, 6, 7]
+    assert lay.dp_group(5) == [1, 5]
+    with pytest.raises(LayoutError, match="rank 8 is outside the world of 8 ranks"):
+        lay.coords(8)
+
+
+def test_check_world_message():
+    ParallelLayout(2, 2).check_world(4)
+    with pytest.raises(LayoutError) as e:
+        ParallelLayout(2, 2).check_world(8)
+    assert str(e.value) == ("actor_config.parallel_config: data_parallel*model_parallel*pipeline_stage = 4, "
+                            "but the world size is 8")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dp=0, tp=1), "data_parallel must be an integer >= 1, got 0"),
+    (dict(dp=1, tp=-2), "model_parallel must be an integer >= 1, got -2"),
+    (dict(dp=1, tp=1.5), "model_parallel must be an integer >= 1, got 1.5"),
+    (dict(dp=1, tp=1, pp=2), "pipeline_stage = 2 is not supported yet"),
+])
+def test_invalid_layouts(kwargs, message):
+    with pytest.raises(LayoutError, match=re.escape(message)):
+        ParallelLayout(**kwargs)
+
+
+def test_from_parallel_config():
+    from mindgrpo.config.grpo import ParallelConfig
+
+    assert ParallelLayout.from_config(ParallelConfig(data_parallel=2, model_parallel=4)) == ParallelLayout(2, 4)
+
+
+def test_split_table():
+    split = ParallelLayout.param_split
+    expect = {
+        "model.tok_embeddings.embedding_weight": 0, "lm_head.weight": 0, "model.norm_out.weight": None,
+        "model.layers.3.attention_norm.weight": None, "model.layers.3.ffn_norm.weight": None,
+        "model.layers.3.attention.wq.weight": 0, "model.layers.3.attention.wq.bias": 0,
+        "model.layers.3.attention.wk.weight": 0, "model.layers.3.attention.wk.bias": 0,
+        "model.layers.3.attention.wv.weight": 0, "model.layers.3.attention.wv.bias": 0,
+        "model.layers.3.attention.wo.weight": 1, "model.layers.12.feed_forward.w1.weight": 0,
+        "model.layers.12.feed_forward.w3.weight": 0, "model.layers.12.feed_forward.w2.weight": 1,
+        "adam_m.model.layers.0.attention.wo.weight": 1, "adam_v.lm_head.weight": 0,
+    }
+    assert {name: split(name) for name in expect} == expect
+    with pytest.raises(LayoutError, match="'model.layers.0.attention.wo.bias' has no tensor-parallel rule"):
+        split("model.layers.0.attention.wo.bias")
+
+
+def test_shard_by_hand():
+    lay = ParallelLayout(dp=1, tp=2)
+    w = np.arange(12).reshape(4, 3)  # (out, in)
+    np.testing.assert_array_equal(lay.shard("model.layers.0.attention.wq.weight", w, 1), [[6, 7, 8], [9, 10, 11]])
+    w2 = np.arange(8).reshape(2, 4)
+    np.testing.assert_array_equal(lay.shard("model.layers.0.feed_forward.w2.weight", w2, 0), [[0, 1], [4, 5]])
+    np.testing.assert_array_equal(lay.shard("model.layers.0.attention.wk.bias", np.arange(4), 1), [2, 3])
+    norm = np.arange(3)
+    assert lay.shard("model.norm_out.weight", norm, 1) is norm
+    assert lay.shard_shape("model.layers.0.attention.wo.weight", (32, 16)) == (32, 8)
+
+
+@pytest.mark.parametrize("tp, kv_heads", [(1, 2), (2, 2), (4, 4)])
+def test_shard_then_merge_is_bit_exact(tp, kv_heads):
+    cfg = Qwen2Config(**{**SMALL, "num_key_value_heads": kv_heads})
+    lay = ParallelLayout(dp=2, tp=tp)
+    lay.check_divisible(cfg)
+    for name, full in full_state(cfg).items():
+        shards = [lay.shard(name, full, t) for t in range(tp)]
+        for s in shards:
+            assert s.shape == lay.shard_shape(name, full.shape)
+        back = lay.merge(name, shards)
+        assert back.dtype == full.dtype and back.tobytes() == full.tobytes()
+        if lay.param_split(name) is not None and tp > 1:
+            assert not np.array_equal(shards[0], shards[1])  # distinct pieces, not copies
+
+
+@pytest.mark.parametrize("overrides, tp, message", [
+    (dict(), 4, "model_parallel = 4 must divide num_key_value_heads = 2"),
+    (dict(num_attention_heads=2, num_key_value_heads=2, hidden_size=32), 4,
+     "model_parallel = 4 must divide num_attention_heads = 2"),
+    (dict(num_key_value_heads=4, intermediate_size=66), 4,
+     "'model.layers.0.feed_forward.w1.weight' of shape [66, 32]: dim 0"),
+    (dict(vocab_size=129), 2, "'model.tok_embeddings.embedding_weight' of shape [129, 32]: dim 0"),
+])
+def test_check_divisible_names_the_problem(overrides, tp, message):
+    cfg = Qwen2Config(**{**SMALL, **overrides})
+    with pytest.raises(LayoutError) as e:
+        ParallelLayout(1, tp).check_divisible(cfg)
+    assert message in str(e.value)
+
+
+def test_merge_rejects_wrong_shards():
+    lay = ParallelLayout(1, 2)
+    with pytest.raises(LayoutError, match="got 1 shards for model_parallel = 2"):
+        lay.merge("lm_head.weight", [np.zeros((2, 2))])
+    with pytest.raises(LayoutError, match="shards have different shapes"):
+        lay.merge("lm_head.weight", [np.zeros((2, 2)), np.zeros((3, 2))])

@@ -1,0 +1,353 @@
+"""scripts/transform_checkpoint.py: byte-identical to MindSpore's transform_checkpoints, bit-exact
+round trips, and bad input rejected with one line naming the parameter and nothing written."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore.parallel import transform_checkpoint_by_rank, transform_checkpoints
+
+from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.qwen2 import Qwen2Config
+from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.strategy import TensorLayout, layout_strategy, write_layouts, write_strategy_file
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "scripts", "transform_checkpoint.py")
+CFG = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2)
+SHAPES = expected_shapes(CFG)
+
+_spec = importlib.util.spec_from_file_location("transform_checkpoint", SCRIPT)
+tc = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tc)
+
+
+def random_state(shapes=SHAPES, seed=0):
+    rng = np.random.default_rng(seed)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+def save(state, path, dtype=None, fmt="ckpt"):
+    """Write with MindSpore itself; returns path."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    items = []
+    for k, v in state.items():
+        t = ms.Tensor(v)
+        items.append({"name": k, "data": t.astype(dtype) if dtype is not None and v.size > 1 else t})
+    ms.save_checkpoint(items, path, format=fmt)
+    return path
+
+
+def strategy(tmp_path, dp, tp, shapes=SHAPES, name=None):
+    return write_strategy_file(str(tmp_path / (name or f"dp{dp}tp{tp}.ckpt")), ParallelLayout(dp, tp), shapes)
+
+
+def run(capsys, *args):
+    """The script in-process: (exit code, stdout, stderr)."""
+    rc = tc.main([str(a) for a in args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def mindspore_transform(full_ckpt, out_dir, strategy_path, src_strategy=None):
+    """The oracle: MindSpore's transform_checkpoints on a rank_0/ source directory."""
+    if os.path.isfile(full_ckpt):
+        src = os.path.join(os.path.dirname(out_dir), os.path.basename(out_dir) + "_src")
+        os.makedirs(os.path.join(src, "rank_0"))
+        shutil.copyfile(full_ckpt, os.path.join(src, "rank_0", "full.ckpt"))
+        full_ckpt = src
+    transform_checkpoints(full_ckpt, out_dir, "checkpoint_", src_strategy, strategy_path)
+    return out_dir
+
+
+def rank_bytes(folder, ranks, ext="ckpt"):
+    return {r: open(os.path.join(folder, f"rank_{r}", f"checkpoint_{r}.{ext}"), "rb").read() for r in ranks}
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    d = tmp_path_factory.mktemp("full")
+    state = random_state()
+    return state, save(state, str(d / "full.ckpt"))
+
+
+@pytest.mark.parametrize("dp, tp", [(1, 2), (2, 2)])
+def test_slices_are_byte_identical_to_mindspore_transform(full, tmp_path, capsys, dp, tp):
+    state, src = full
+    lay = ParallelLayout(dp, tp)
+    s = strategy(tmp_path, dp, tp)
+    rc, out, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "out", "--dst_strategy", s)
+    assert rc == 0, err
+    ranks = range(lay.world_size)
+    assert sorted(os.listdir(tmp_path / "out")) == [f"rank_{r}" for r in ranks]
+    oracle = mindspore_transform(src, str(tmp_path / "ms"), s)
+    assert rank_bytes(tmp_path / "out", ranks) == rank_bytes(oracle, ranks)
+    for r in ranks:  # and they hold our layout's pieces
+        got = ms.load_checkpoint(str(tmp_path / "out" / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+        assert sorted(got) == sorted(state)
+        for name, arr in state.items():
+            assert got[name].asnumpy().tobytes() == lay.shard(name, arr, lay.coords(r)[1]).tobytes()
+    # progress per rank and a summary
+    assert f"[{lay.world_size}/{lay.world_size}] rank {lay.world_size - 1}:" in out
+    assert f"transformed {len(state)} parameters" in out and f"{lay.world_size} ranks" in out
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(s), "out", "ms", "ms_src"])  # no temp left
+
+
+def test_mindspore_engine_gives_the_same_bytes(full, tmp_path, capsys):
+    _, src = full
+    s = strategy(tmp_path, 2, 2)
+    for engine in ("numpy", "mindspore"):
+        rc, out, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / engine,
+                           "--dst_strategy", s, "--engine", engine)
+        assert rc == 0 and f", {engine}) ->" in out, err
+    assert rank_bytes(tmp_path / "numpy", range(4)) == rank_bytes(tmp_path / "mindspore", range(4))
+
+
+@pytest.mark.parametrize("engine", ["numpy", "mindspore"])
+def test_slice_then_merge_is_bit_exact(full, tmp_path, capsys, engine):
+    _, src = full
+    s = strategy(tmp_path, 2, 2)
+    assert run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "shards", "--dst_strategy", s)[0] == 0
+    rc, out, err = run(capsys, "--src_checkpoint", tmp_path / "shards", "--src_strategy", s,
+                       "--dst_checkpoint", tmp_path / "merged", "--engine", engine)
+    assert rc == 0, err
+    assert os.listdir(tmp_path / "merged") == ["rank_0"]
+    merged = tmp_path / "merged" / "rank_0" / "checkpoint_0.ckpt"
+    assert open(merged, "rb").read() == open(src, "rb").read()
+    # into a named file
+    rc, _, err = run(capsys, "--src_checkpoint", tmp_path / "shards", "--src_strategy", s,
+                     "--dst_checkpoint", tmp_path / "one" / "model.ckpt", "--engine", engine)
+    assert rc == 0, err
+    assert open(tmp_path / "one" / "model.ckpt", "rb").read() == open(src, "rb").read()
+
+
+def test_reslice_shards_equals_mindspore(full, tmp_path, capsys):
+    _, src = full
+    a, b = strategy(tmp_path, 2, 2), strategy(tmp_path, 1, 2)
+    assert run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "a", "--dst_strategy", a)[0] == 0
+    rc, _, err = run(capsys, "--src_checkpoint", tmp_path / "a", "--src_strategy", a, "--dst_strategy", b,
+                     "--dst_checkpoint", tmp_path / "b")
+    assert rc == 0, err
+    oracle = mindspore_transform(str(tmp_path / "a"), str(tmp_path / "ms"), b, src_strategy=a)
+    assert rank_bytes(tmp_path / "b", range(2)) == rank_bytes(oracle, range(2))
+
+
+@pytest.mark.parametrize("engine", ["numpy", "mindspore"])
+def test_one_rank(full, tmp_path, capsys, engine):
+    _, src = full
+    s = strategy(tmp_path, 2, 2)
+    rc, out, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "out", "--dst_strategy", s,
+                       "--rank_id", 3, "--world_size", 4, "--engine", engine)
+    assert rc == 0, err
+    assert os.listdir(tmp_path / "out") == ["rank_3"] and "1 ranks" in out
+    expected = tmp_path / "by_rank.ckpt"
+    transform_checkpoint_by_rank(3, {0: src}, str(expected), None, s)
+    assert rank_bytes(tmp_path / "out", [3])[3] == open(expected, "rb").read()
+
+
+def test_bf16_and_scalars_match_mindspore(tmp_path, capsys):
+    state = random_state(seed=1)
+    state["global_step"] = np.array([7], np.int32)  # in no strategy: copied to every rank, as MindSpore does
+    src = save(state, str(tmp_path / "bf16" / "full.ckpt"), dtype=ms.bfloat16)
+    s = strategy(tmp_path, 2, 2)
+    rc, _, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "out", "--dst_strategy", s)
+    assert rc == 0, err
+    oracle = mindspore_transform(src, str(tmp_path / "ms"), s)
+    assert rank_bytes(tmp_path / "out", range(4)) == rank_bytes(oracle, range(4))
+    got = ms.load_checkpoint(str(tmp_path / "out" / "rank_2" / "checkpoint_2.ckpt"))
+    assert got["model.layers.0.attention.wq.weight"].dtype == ms.bfloat16
+    assert got["global_step"].asnumpy().tolist() == [7]
+
+
+def test_safetensors_in_and_out(full, tmp_path, capsys):
+    state, src = full
+    s = strategy(tmp_path, 1, 2)
+    rc, _, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "st", "--dst_strategy", s,
+                     "--format", "safetensors")
+    assert rc == 0, err
+    lay = ParallelLayout(1, 2)
+    for r in range(2):
+        got = ms.load_checkpoint(str(tmp_path / "st" / f"rank_{r}" / f"checkpoint_{r}.safetensors"),
+                                 format="safetensors")
+        assert sorted(got) == sorted(state)
+        for name, arr in state.items():
+            assert got[name].asnumpy().tobytes() == lay.shard(name, arr, r).tobytes()
+    rc, _, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "st_ms", "--dst_strategy", s,
+                     "--format", "safetensors", "--engine", "mindspore")
+    assert rc == 0, err
+    assert rank_bytes(tmp_path / "st_ms", range(2), "safetensors") == rank_bytes(tmp_path / "st", range(2), "safetensors")
+    st_src = save(state, str(tmp_path / "src_st" / "full.safetensors"), fmt="safetensors")
+    rc, _, err = run(capsys, "--src_checkpoint", st_src, "--dst_checkpoint", tmp_path / "from_st", "--dst_strategy", s)
+    assert rc == 0, err
+    rc, _, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "from_ckpt", "--dst_strategy", s)
+    for r in range(2):  # same tensors; the order follows the source file, which differs
+        a = ms.load_checkpoint(str(tmp_path / "from_st" / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+        b = ms.load_checkpoint(str(tmp_path / "from_ckpt" / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+        assert {k: v.asnumpy().tobytes() for k, v in a.items()} == {k: v.asnumpy().tobytes() for k, v in b.items()}
+
+
+def test_strategy_directory_and_rerun_into_the_same_output(full, tmp_path, capsys):
+    _, src = full
+    s = strategy(tmp_path, 2, 2)
+    folder = tmp_path / "per_rank"
+    folder.mkdir()
+    for r in range(4):
+        shutil.copyfile(s, folder / f"ckpt_strategy_rank_{r}.ckpt")
+    assert run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "a", "--dst_strategy", s)[0] == 0
+    for _ in range(2):  # the second run replaces the first one's shards
+        rc, _, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "b", "--dst_strategy", folder)
+        assert rc == 0, err
+    rc, _, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "c", "--dst_strategy", folder,
+                     "--engine", "mindspore")  # MindSpore reads the directory merged by merge_pipeline_strategys
+    assert rc == 0, err
+    expected = rank_bytes(tmp_path / "a", range(4))
+    assert rank_bytes(tmp_path / "b", range(4)) == expected and rank_bytes(tmp_path / "c", range(4)) == expected
+    assert sorted(os.listdir(tmp_path / "b")) == [f"rank_{r}" for r in range(4)]
+
+
+def test_optimizer_sharded_strategy_goes_through_mindspore(full, tmp_path, capsys):
+    state, src = full
+    # tp 2 over dev (2, 2), and dim 0 of the split weights further split over the 2 dp replicas
+    # (optimizer parallel; MindSpore wants the step to be the model-parallel size)
+    entries = {k: TensorLayout(v.dev_matrix, v.tensor_map, opt_shard_step=2, opt_shard_size=-1)
+               if max(v.splits) > 1 else v for k, v in layout_strategy(ParallelLayout(2, 2), SHAPES).items()}
+    s = write_layouts(str(tmp_path / "opt.ckpt"), entries)
+    rc, out, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "out", "--dst_strategy", s)
+    assert rc == 0 and ", mindspore) ->" in out, err
+    got = ms.load_checkpoint(str(tmp_path / "out" / "rank_1" / "checkpoint_1.ckpt"))
+    assert got["lm_head.weight"].shape == (128 // 4, 32)  # 2 tp pieces x 2 optimizer pieces
+    assert got["model.layers.0.attention.wo.weight"].shape == (32 // 2, 32 // 2)
+    rc, _, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "np", "--dst_strategy", s,
+                     "--engine", "numpy")
+    assert rc == 1 and "use --engine mindspore" in err
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def _drop(name):
+    return {k: v for k, v in SHAPES.items() if k != name}
+
+
+BAD = {
+    "weight missing from the checkpoint": (
+        lambda t: dict(state=_drop("model.layers.1.ffn_norm.weight")),
+        "parameter 'model.layers.1.ffn_norm.weight' is in --dst_strategy but not in the checkpoint"),
+    "weight missing from the strategy": (
+        lambda t: dict(strategy_shapes=_drop("lm_head.weight")),
+        "parameter 'lm_head.weight' is in the checkpoint but not in --dst_strategy"),
+    "shape the layout cannot split": (
+        lambda t: dict(state={**SHAPES, "model.tok_embeddings.embedding_weight": (129, 32)}),
+        "parameter 'model.tok_embeddings.embedding_weight' of shape [129, 32]: dim 0 (size 129) cannot be split "
+        "into 2 equal pieces"),
+    "world size mismatch": (
+        lambda t: dict(extra=["--world_size", "8"]),
+        "--dst_strategy describes 4 devices, but --world_size is 8"),
+    "rank outside the world": (
+        lambda t: dict(extra=["--rank_id", "4", "--world_size", "4"]),
+        "--rank_id 4 is outside the world of 4 ranks"),
+    "rank without world size": (
+        lambda t: dict(extra=["--rank_id", "1"]),
+        "--rank_id needs --world_size and --dst_strategy"),
+    "strategy over mixed device counts": (
+        lambda t: dict(strategy_file=write_layouts(str(t / "mixed.ckpt"), {
+            **layout_strategy(ParallelLayout(2, 2), _drop("model.norm_out.weight")),
+            "model.norm_out.weight": TensorLayout((1, 2), (-1,))})),
+        "parameter 'model.norm_out.weight' is laid out over 2 devices"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_clear_line_and_writes_nothing(full, tmp_path, capsys, case):
+    make, message = BAD[case]
+    spec = make(tmp_path)
+    src = full[1]
+    if "state" in spec:
+        src = save(random_state(spec["state"]), str(tmp_path / "src" / "bad.ckpt"))
+    s = spec.get("strategy_file") or write_strategy_file(str(tmp_path / "s.ckpt"), ParallelLayout(2, 2),
+                                                         spec.get("strategy_shapes", SHAPES))
+    before = sorted(os.listdir(tmp_path))
+    rc, out, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "out", "--dst_strategy", s,
+                       *spec.get("extra", []))
+    assert rc == 1
+    assert err.count("\n") == 1 and err.startswith("transform_checkpoint: error: ") and message in err, err
+    assert sorted(os.listdir(tmp_path)) == before  # no output, no temporary directory
+
+
+def test_bad_sharded_sources(full, tmp_path, capsys):
+    _, src = full
+    s2, s4 = strategy(tmp_path, 1, 2), strategy(tmp_path, 2, 2)
+    assert run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "shards", "--dst_strategy", s4)[0] == 0
+    cases = [
+        (["--src_strategy", s2], "--src_strategy describes 2 devices, but"),
+        (["--dst_strategy", s2], "holds 4 rank shards: give --src_strategy"),
+    ]
+    for extra, message in cases:
+        rc, _, err = run(capsys, "--src_checkpoint", tmp_path / "shards", "--dst_checkpoint", tmp_path / "out", *extra)
+        assert rc == 1 and message in err, err
+    # a shard whose shape disagrees with the strategy
+    bad_rank = tmp_path / "shards" / "rank_2" / "checkpoint_2.ckpt"
+    shard = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(bad_rank)).items()}
+    shard["model.layers.0.attention.wo.weight"] = np.zeros((32, 32), np.float32)
+    os.remove(bad_rank)
+    save(shard, str(bad_rank))
+    rc, _, err = run(capsys, "--src_checkpoint", tmp_path / "shards", "--src_strategy", s4,
+                     "--dst_checkpoint", tmp_path / "out")
+    assert rc == 1 and "parameter 'model.layers.0.attention.wo.weight' of rank 2 has shape [32, 32]" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_command_line(full, tmp_path):
+    _, src = full
+    s = strategy(tmp_path, 1, 2)
+    ok = subprocess.run([sys.executable, SCRIPT, f"--src_checkpoint={src}", f"--dst_checkpoint={tmp_path / 'out'}",
+                         f"--dst_strategy={s}", "--prefix=qwen_"], capture_output=True, text=True, cwd=REPO)
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(os.listdir(tmp_path / "out" / "rank_1")) == ["qwen_1.ckpt"]
+    bad = subprocess.run([sys.executable, SCRIPT, f"--src_checkpoint={tmp_path / 'nope.ckpt'}",
+                          f"--dst_checkpoint={tmp_path / 'out2'}", f"--dst_strategy={s}"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 1 and "no such checkpoint file or directory" in bad.stderr
+
+
+# ---------------------------------------------------------------------------- the .ckpt reader and writer
+
+
+def test_ckpt_io_round_trip_is_byte_identical_to_mindspore(tmp_path):
+    rng = np.random.default_rng(3)
+    items = [{"name": "scalar", "data": ms.Tensor(np.float32(2.5))},
+             {"name": "bf16", "data": ms.Tensor(rng.standard_normal((3, 5)).astype(np.float32)).astype(ms.bfloat16)},
+             {"name": "fp16", "data": ms.Tensor(rng.standard_normal((4,)).astype(np.float16))},
+             {"name": "step", "data": ms.Tensor(np.array([11], np.int32))}]
+    src = str(tmp_path / "a.ckpt")
+    ms.save_checkpoint(items, src, append_dict={"epoch_num": 3, "note": "hello"})
+    state = tc.read_ckpt(src)
+    assert {k: (d, a.shape) for k, (d, a) in state.items()} == {
+        "scalar": ("Float32", ()), "bf16": ("BFloat16", (3, 5)), "fp16": ("Float16", (4,)), "step": ("Int32", (1,)),
+        "epoch_num": ("Int64", ()), "note": ("str", (20,))}
+    tc.write_ckpt(str(tmp_path / "b.ckpt"), [(k, d, a) for k, (d, a) in state.items()])
+    assert open(tmp_path / "b.ckpt", "rb").read() == open(src, "rb").read()
+
+
+def test_ckpt_io_large_tensors_in_chunks(tmp_path, monkeypatch):
+    import mindspore.train.serialization as serialization
+
+    big = np.random.default_rng(4).standard_normal((64, 48)).astype(np.float32)  # 12 KB
+    monkeypatch.setattr(serialization, "SLICE_SIZE", 1)  # MindSpore writes 1 KB chunks
+    ms.save_checkpoint([{"name": "big", "data": ms.Tensor(big)}], str(tmp_path / "ms.ckpt"))
+    with open(tmp_path / "ms.ckpt", "rb") as f:
+        assert f.read().count(b"\n\x03big") == 12  # the tag, once per chunk
+    assert tc.read_ckpt(str(tmp_path / "ms.ckpt"))["big"][1].tobytes() == big.tobytes()
+    monkeypatch.setattr(tc, "CHUNK_BYTES", 1001)  # ours: 13 chunks, borders inside floats
+    tc.write_ckpt(str(tmp_path / "ours.ckpt"), [("big", "Float32", big)])
+    assert ms.load_checkpoint(str(tmp_path / "ours.ckpt"))["big"].asnumpy().tobytes() == big.tobytes()
+    assert tc.read_ckpt(str(tmp_path / "ours.ckpt"))["big"][1].tobytes() == big.tobytes()
+    with pytest.raises(tc.WeightError, match="cannot parse as a MindSpore checkpoint"):
+        (tmp_path / "junk.ckpt").write_bytes(b"\x0a\xff\xff\xff\xff\x0f")
+        tc.read_ckpt(str(tmp_path / "junk.ckpt"))
