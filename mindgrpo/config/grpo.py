@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from mindgrpo.config.loader import ConfigError, check
+from mindgrpo.data.synthetic import ArithmeticTask
+from mindgrpo.data.templates import TEMPLATES
 from mindgrpo.grpo.algos import AGG_MODES, KL_ESTIMATORS, REWARD_SCALES
 
 
@@ -216,6 +218,17 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class SyntheticConfig:
+    """The built-in task, used when rl_config.dataset_path is null."""
+
+    template: str = "qwen_r1"  # prompt template (mindgrpo.data.templates)
+    task: ArithmeticTask = field(default_factory=ArithmeticTask)
+
+    def __post_init__(self):
+        _check_name(TEMPLATES, self.template, "template")
+
+
+@dataclass(frozen=True)
 class GRPOConfig:
     rl_config: RLConfig = field(default_factory=RLConfig)
     actor_config: ActorConfig = field(default_factory=ActorConfig)
@@ -223,6 +236,7 @@ class GRPOConfig:
     generate_config: GenerateConfig = field(default_factory=GenerateConfig)
     reward_config: RewardConfig = field(default_factory=RewardConfig)
     sft_config: SFTConfig = field(default_factory=SFTConfig)
+    synthetic_config: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __post_init__(self):
         rl, actor = self.rl_config, self.actor_config
@@ -241,4 +255,4 @@ class GRPOConfig:
 
 
 __all__ = ["ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "ParallelConfig",
-           "RLConfig", "RefConfig", "RewardConfig", "SFTConfig", "SoftOverlongConfig"]
+           "RLConfig", "RefConfig", "RewardConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig"]

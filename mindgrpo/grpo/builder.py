@@ -52,7 +52,7 @@ def resolve_model_config(name: str) -> str:
     raise FileNotFoundError(f"actor_config.model: {name!r} is neither a file nor a preset; presets: {presets}")
 
 
-def build_tokenizer(paths: Paths, cache_dir: str):
+def build_tokenizer(cfg: GRPOConfig, paths: Paths, cache_dir: str):
     from mindgrpo.data.tokenizer import QwenTokenizer
 
     if paths.vocab_path or paths.merges_file_path:
@@ -63,9 +63,10 @@ def build_tokenizer(paths: Paths, cache_dir: str):
             beside = os.path.join(os.path.dirname(os.path.abspath(paths.vocab_path)), "tokenizer_config.json")
             cfg = beside if os.path.exists(beside) else None
         return QwenTokenizer.from_files(paths.vocab_path, paths.merges_file_path, cfg)
-    from mindgrpo.data.synthetic import ensure_tiny_tokenizer
+    from mindgrpo.data.synthetic import TinyTokenizerSpec, ensure_tiny_tokenizer
 
-    return ensure_tiny_tokenizer(os.path.join(cache_dir, "tiny_tokenizer"))
+    return ensure_tiny_tokenizer(os.path.join(cache_dir, "tiny_tokenizer"),
+                                 TinyTokenizerSpec(task=cfg.synthetic_config.task))
 
 
 def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer, cache_dir: str):
@@ -75,11 +76,18 @@ def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer, cache_dir: str):
     train_path = paths.dataset or cfg.rl_config.dataset_path
     val_path = paths.val_dataset or cfg.rl_config.val_dataset_path
     if train_path is None:
+        import hashlib
+        import json as _json
+        from dataclasses import asdict
+
         from mindgrpo.data.synthetic import write_arithmetic_dataset
 
-        folder = os.path.join(cache_dir, "tiny_data")
+        syn = cfg.synthetic_config
+        key = _json.dumps([asdict(syn), cfg.generate_config.max_prompt_length], sort_keys=True)
+        folder = os.path.join(cache_dir, "tiny_data_" + hashlib.sha1(key.encode()).hexdigest()[:10])
         if not os.path.exists(os.path.join(folder, "val.mindrecord")):
-            write_arithmetic_dataset(folder, tokenizer, max_prompt_length=cfg.generate_config.max_prompt_length)
+            write_arithmetic_dataset(folder, tokenizer, syn.task, template=syn.template,
+                                     max_prompt_length=cfg.generate_config.max_prompt_length, overwrite=True)
         train_path = os.path.join(folder, "train.mindrecord")
         val_path = val_path or os.path.join(folder, "val.mindrecord")
     train = PromptSource(load_prompt_dataset(train_path), seed=cfg.rl_config.seed)
@@ -145,7 +153,7 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
     from mindgrpo.parallel.reshard import WeightSync
 
     rl = cfg.rl_config
-    tokenizer = build_tokenizer(paths, cache_dir)
+    tokenizer = build_tokenizer(cfg, paths, cache_dir)
     train, val = build_prompts(cfg, paths, tokenizer, cache_dir)
     policy = build_model(cfg, paths.sft_path_train, paths.load_sft_checkpoint_train, seed=rl.seed)
     if policy.config.vocab_size < tokenizer.vocab_size:

@@ -117,13 +117,15 @@ class GRPOTrainer:
                               stop_token_ids=self.stop_ids, seed=seed)
 
     def rollout(self, batch: PromptBatch, seed: int) -> Rollouts:
-        with self.memory.phase("rollout"):
+        with self.progress.phase("rollout"), self.memory.phase("rollout"):
             comps = self.engine.generate(batch.ids, self.sampling(self.G, seed))
+        self.progress.add_tokens("rollout", self.engine.last_stats["new_tokens"])
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
         return Rollouts(batch, comps, texts, self.G)
 
     def reward(self, r: Rollouts) -> Dict[str, float]:
-        total, per_fn, metrics = self.rewards(r.texts, **r.columns)
+        with self.progress.phase("reward"):
+            total, per_fn, metrics = self.rewards(r.texts, **r.columns)
         r.rewards, r.per_function = total.astype(np.float32), per_fn
         return metrics
 
@@ -136,10 +138,9 @@ class GRPOTrainer:
         kept, dropped, metrics, rounds = [], [], {}, 0
         while True:
             batch = self.train_prompts.next(want if rounds == 0 else want - sum(len(k.batch.ids) for k in kept))
-            r = self.rollout(batch, seed=hash((self.sample_seed, self.step, rounds)) & 0x7FFFFFFF)
-            t0 = time.perf_counter()
+            seed = int(np.random.SeedSequence([self.sample_seed, self.step, rounds]).generate_state(1)[0])
+            r = self.rollout(batch, seed)
             m = self.reward(r)
-            self.progress.add("reward", time.perf_counter() - t0)
             if rounds == 0:
                 metrics.update(m)
                 metrics.update(self.rollout_metrics(r))
@@ -168,6 +169,7 @@ class GRPOTrainer:
             out["train/accuracy"] = float(np.nan_to_num(r.per_function["accuracy"]).mean())
         stats = self.engine.last_stats
         out["rollout/tokens_per_s"] = stats.get("tokens_per_s", 0.0)
+        out["rollout/new_tokens"] = float(lengths.sum())
         return out
 
     def advantages(self, r: Rollouts) -> tuple:
@@ -218,8 +220,7 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ the step
     def train_step(self) -> Dict[str, float]:
         p = self.progress
-        with p.phase("rollout"):
-            r, metrics = self.collect()
+        r, metrics = self.collect()
         with p.phase("advantage"):
             adv, adv_metrics = self.advantages(r)
             exp = self.build_experience(r, adv)
@@ -240,7 +241,7 @@ class GRPOTrainer:
             return {}
         n = min(self.cfg.rl_config.val_size, len(self.val_prompts))
         batch = self.val_prompts.take(range(n))
-        with self.memory.phase("validate"):
+        with self.progress.phase("validate"), self.memory.phase("validate"):
             comps = self.engine.generate(batch.ids, self.sampling(1, seed=0, greedy=True))
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
         _, per_fn, _ = self.rewards(texts, **batch.columns,
@@ -295,7 +296,6 @@ class GRPOTrainer:
             m = self.validate()
             self.log.log(0, m)
         while self.step < rl.max_steps:
-            self.progress.start_step()
             metrics = self.train_step()
             self.step += 1
             if rl.val_interval and self.step % rl.val_interval == 0:
