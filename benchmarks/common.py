@@ -21,12 +21,13 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"
 
 
-def hf_model(name: str, seed: int = 0):
+def hf_model(name: str, seed: int = 0, overrides: dict = None):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(**CONFIGS[name], rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=4096)
+    cfg = Qwen2Config(**(overrides or CONFIGS[name]), rope_theta=1000000.0, rms_norm_eps=1e-6,
+                      max_position_embeddings=4096)
     return Qwen2ForCausalLM(cfg).eval()
 
 

@@ -4,8 +4,8 @@
     tokenizer = ensure_tiny_tokenizer("runs/tiny_tokenizer")        # trained once, then loaded from the cache
     write_arithmetic_dataset("runs/tiny_data", tokenizer)           # train.mindrecord, val.mindrecord
 
-Questions read "What is 23 + 45?" (or one of a few other phrasings); the reference solution ends with
-\\boxed{68} and the final answer is "68".
+Questions read "What is 23 + 45?" (or one of a few other phrasings); the reference solution is the
+equation "23 + 45 = 68" and the final answer is "68" (the warm start wraps them in the R1 format).
 The tokenizer uses Qwen2's pipeline and ChatML special tokens, so templates, rewards and QwenTokenizer.from_dir
 work on it exactly as on the real Qwen2.5 files.
 """
@@ -52,9 +52,9 @@ class ArithmeticTask:
 class TinyTokenizerSpec:
     """What the cached tiny tokenizer is trained from; a different spec retrains it."""
 
-    vocab_size: int = 576  # BPE vocabulary + the 3 special tokens
+    vocab_size: int = 512  # BPE vocabulary + the 3 special tokens
     task: ArithmeticTask = ArithmeticTask()
-    version: int = 1  # bump when the corpus recipe changes
+    version: int = 2  # bump when the corpus recipe changes
 
 
 def _problem_space(task: ArithmeticTask) -> List[Tuple[int, str, int]]:
@@ -75,19 +75,13 @@ QUESTION_FORMS = (
     "Find the value of {a} {op} {b}.",
     "Work out {a} {op} {b}.",
 )
-STEP_FORMS = {
-    "+": "Adding {a} and {b} gives {value}.",
-    "-": "Subtracting {b} from {a} leaves {value}.",
-    "*": "Multiplying {a} by {b} gives {value}.",
-}
 
 
 def _row(a: int, op: str, b: int, form: int) -> PromptRow:
     value = a + b if op == "+" else a - b if op == "-" else a * b
-    step = STEP_FORMS[op].format(a=a, b=b, value=value)
     return PromptRow(
         question=QUESTION_FORMS[form].format(a=a, op=op, b=b),
-        answer=f"{step} So {a} {op} {b} = {value}, and the final answer is \\boxed{{{value}}}.",
+        answer=f"{a} {op} {b} = {value}",
         solution=str(value),
     )
 

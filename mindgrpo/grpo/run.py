@@ -83,9 +83,10 @@ def run(args) -> int:
     except (ConfigError, OSError, KeyError, ValueError) as e:
         raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
 
-    metrics_log = MetricsLogger(out, rank=rank)
+    metrics_log = MetricsLogger(out, rank=rank, console=False)  # the progress line is the console view
     progress = Progress(rl.max_steps)
     trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out, rank, comm)
+    trainer.save_data_file = args.save_data_file
     resumed = False
     if args.resume:
         from mindgrpo.grpo import checkpointing

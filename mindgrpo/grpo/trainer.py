@@ -77,7 +77,7 @@ class GRPOTrainer:
     def __init__(self, cfg: GRPOConfig, *, policy, inference, reference, engine: RolloutEngine, sync,
                  ref_sync, memory, rewards, tokenizer, train_prompts: PromptSource,
                  val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
-                 rank: int = 0, grad_reducer=None):
+                 rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None):
         self.cfg = cfg
         rl, actor, gen = cfg.rl_config, cfg.actor_config, cfg.generate_config
         self.policy, self.inference, self.reference = policy, inference, reference
@@ -85,6 +85,7 @@ class GRPOTrainer:
         self.rewards, self.tokenizer = rewards, tokenizer
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
+        self.save_data_file = save_data_file
         self.G = rl.num_generations
         self.needs_old = rl.num_iterations > 1 or rl.num_mini_batches > 1
         self.updater = PolicyUpdater(
@@ -234,6 +235,8 @@ class GRPOTrainer:
             metrics.update(self.sync_weights())
         metrics.update({f"advantage/{k}": float(v) for k, v in adv_metrics.items()})
         self.maybe_log_completions(r)
+        if self.save_data_file and self.rank == 0:
+            self.save_experience(r, exp)
         return metrics
 
     def validate(self) -> Dict[str, float]:
@@ -263,6 +266,28 @@ class GRPOTrainer:
                          "completion": r.texts[i], "reward": float(r.rewards[i]),
                          "solution": r.columns.get("solution", [""] * len(r))[i]})
         self.log.log_completions(self.step, rows)
+
+    def save_experience(self, r: Rollouts, exp: Experience) -> str:
+        """This step's experience as MindRecord: `<save_data_file stem>_step<N>.mindrecord`."""
+        from mindgrpo.data.mindrecord import write_mindrecord
+
+        stem = self.save_data_file[:-len(".mindrecord")] if self.save_data_file.endswith(".mindrecord") \
+            else self.save_data_file
+        path = f"{stem}_step{self.step + 1:06d}.mindrecord"
+        schema = {"prompt_ids": {"type": "int32", "shape": [-1]}, "response_ids": {"type": "int32", "shape": [-1]},
+                  "reward": {"type": "float32"}, "advantage": {"type": "float32"},
+                  "loss_mask": {"type": "float32", "shape": [-1]}, "completion": {"type": "string"},
+                  "ref_logp": {"type": "float32", "shape": [-1]}}
+        rows = []
+        for i, c in enumerate(r.completions):
+            n = len(c.token_ids)
+            ref = exp.ref_logp[i, :n] if exp.ref_logp is not None else np.zeros(n, np.float32)
+            rows.append({"prompt_ids": np.asarray(r.prompt_ids[i], np.int32),
+                         "response_ids": np.asarray(c.token_ids, np.int32), "reward": float(r.rewards[i]),
+                         "advantage": float(exp.advantages[i]), "loss_mask": exp.mask[i, :n].astype(np.float32),
+                         "completion": r.texts[i], "ref_logp": ref.astype(np.float32)})
+        write_mindrecord(path, schema, [rows], overwrite=True, description="mindgrpo experience")
+        return path
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_groups(self) -> Dict[str, list]:
@@ -303,7 +328,9 @@ class GRPOTrainer:
             metrics.update(self.memory.step_metrics())
             metrics.update(self.progress.step_done(self.step))
             self.log.log(self.step, metrics)
-            logger.info(self.progress.line(self.step, metrics))
+            shown = {k: metrics[k] for k in ("reward_mean", "loss", "kl", "grad_norm", "response_length/mean",
+                                             "val/accuracy") if k in metrics}
+            logger.info(self.progress.line(self.step, shown))
             if (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps:
                 self.save()
             last = metrics

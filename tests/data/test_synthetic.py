@@ -36,7 +36,7 @@ def test_rows_are_correct_seeded_and_disjoint():
         a, op, b = QUESTION.fullmatch(row.question).groups()
         value = OPS[op](int(a), int(b))
         assert row.solution == str(value) and value >= 0
-        assert row.answer.endswith(f"\\boxed{{{value}}}.")
+        assert row.answer == f"{a} {op} {b} = {value}"
         if op == "*":
             assert int(a) <= task.max_mul_operand and int(b) <= task.max_mul_operand
         else:
@@ -53,8 +53,8 @@ def test_too_many_problems_fail():
 
 def test_tiny_tokenizer_round_trips_and_keeps_special_tokens(tiny):
     assert tiny.vocab_size == TinyTokenizerSpec().vocab_size
-    assert tiny.encode("<|endoftext|><|im_start|><|im_end|>") == [573, 574, 575]
-    assert tiny.stop_token_ids == [575, 573] and tiny.pad_token_id == 573
+    assert tiny.encode("<|endoftext|><|im_start|><|im_end|>") == [509, 510, 511]
+    assert tiny.stop_token_ids == [511, 509] and tiny.pad_token_id == 509
     train, _ = arithmetic_rows(ArithmeticTask(num_train=50, num_val=0))
     texts = [render_prompt(name, r.question) + r.answer + "<|im_end|>" for r in train for name in TEMPLATES.names()]
     texts += ["unseen: \u00fcber \u4e2d\u6587 \U0001f600 \t\r\n tabs", "Z" * 50, ""]

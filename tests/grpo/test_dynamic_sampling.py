@@ -1,0 +1,108 @@
+"""DAPO options in the trainer: dynamic sampling refills zero-variance groups; overlong filtering
+masks truncated samples. A scripted engine and reward stand in for the model."""
+
+from dataclasses import replace
+
+import numpy as np
+
+from mindgrpo.config import GRPOConfig
+from mindgrpo.config.loader import from_dict
+from mindgrpo.grpo.prompts import PromptSource
+from mindgrpo.grpo.trainer import GRPOTrainer
+from mindgrpo.inference.engine import Completion
+from mindgrpo.memory.swap import SwapManager
+from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.utils.progress import Progress
+
+G = 4
+
+
+class ScriptedEngine:
+    """Prompt k's samples answer `k` (right) or `k+1` (wrong) as `pattern(k)` says."""
+
+    def __init__(self, pattern):
+        self.pattern, self.calls, self.last_stats = pattern, [], {"new_tokens": 0, "tokens_per_s": 0.0}
+
+    def generate(self, prompts, params):
+        self.calls.append([p[0] for p in prompts])
+        out = []
+        for i, p in enumerate(prompts):
+            for j, right in enumerate(self.pattern(p[0])):
+                tokens = [p[0] if right else p[0] + 1] + ([7] * 3 if j == 0 else [])
+                out.append(Completion(i, tokens, "length" if j == 0 else "stop"))
+        self.last_stats = {"new_tokens": sum(len(c.token_ids) for c in out), "tokens_per_s": 1.0}
+        return out
+
+
+class Tok:
+    pad_token_id, stop_token_ids = 0, [1]
+
+    def decode_batch(self, ids, skip_special_tokens=True):
+        return [str(t[0]) for t in ids]
+
+
+def exact(completions, solution, **_):
+    return [float(c == s) for c, s in zip(completions, solution)]
+
+
+class Rewards:
+    def __call__(self, completions, **columns):
+        r = np.array(exact(completions, **columns), np.float32)
+        return r, {"accuracy": r}, {}
+
+
+class Log:
+    def log_completions(self, step, rows):
+        pass
+
+
+def make_trainer(pattern, **rl):
+    cfg = from_dict(GRPOConfig, {"rl_config": dict(batch_size=3, num_generations=G, **rl),
+                                 "actor_config": {"micro_batch_size": 4}})
+    data = {"prompt_ids": [np.array([k]) for k in range(10, 40)], "prompt_length": [1] * 30,
+            "solution": [str(k) for k in range(10, 40)], "answer": [""] * 30, "prompt": [""] * 30}
+    lm = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+    engine = ScriptedEngine(pattern)
+    trainer = GRPOTrainer(cfg, policy=lm, inference=lm, reference=None, engine=engine, sync=None, ref_sync=None,
+                          memory=SwapManager(enabled=False), rewards=Rewards(), tokenizer=Tok(),
+                          train_prompts=PromptSource(data, seed=0, shuffle=False), val_prompts=None,
+                          metrics_log=Log(), progress=Progress(1), output_dir="unused")
+    return trainer, engine
+
+
+def informative(k):  # even prompts: mixed rewards; odd prompts: all wrong
+    return [True, False, False, False] if k % 2 == 0 else [False] * G
+
+
+def test_dynamic_sampling_keeps_informative_groups_and_refills():
+    trainer, engine = make_trainer(informative, dynamic_sampling=True, max_resample_times=3)
+    r, metrics = trainer.collect()
+    # round 0 draws 10, 11, 12 (keeps 10, 12), round 1 draws one more prompt: 13 (all wrong), round 2: 14
+    assert engine.calls == [[10, 11, 12], [13], [14]]
+    assert r.batch.columns["solution"] == ["10", "12", "14"]
+    assert len(r) == 3 * G and r.rewards.reshape(3, G).std(-1).min() > 0
+    assert metrics["dynamic_sampling/rounds"] == 3
+
+
+def test_dynamic_sampling_fills_with_dropped_groups_when_rounds_run_out():
+    trainer, engine = make_trainer(lambda k: [False] * G, dynamic_sampling=True, max_resample_times=1)
+    r, metrics = trainer.collect()
+    assert len(engine.calls) == 2 and len(r) == 3 * G
+    assert metrics["dynamic_sampling/kept_groups"] == 0
+
+
+def test_without_dynamic_sampling_one_round():
+    trainer, engine = make_trainer(informative)
+    r, _ = trainer.collect()
+    assert engine.calls == [[10, 11, 12]] and len(r) == 3 * G
+
+
+def test_overlong_filtering_masks_truncated_rows():
+    trainer, _ = make_trainer(informative, overlong_filtering=True)
+    r, _ = trainer.collect()
+    adv, _ = trainer.advantages(r)
+    exp = trainer.build_experience(r, adv)
+    truncated = np.array([c.finish_reason == "length" for c in r.completions])
+    assert truncated.sum() == 3
+    assert exp.mask[truncated].sum() == 0 and exp.mask[~truncated].sum() == (~truncated).sum()
