@@ -2,7 +2,7 @@
 
     <dir>/step_00000004/policy.ckpt      policy weights (MindSpore names, loadable by load_model)
     <dir>/step_00000004/optimizer.ckpt   AdamW moments
-    <dir>/step_00000004/reference.ckpt   only when the reference model is synced from the policy
+    <dir>/step_00000004/reference.ckpt   the reference model, when there is one (beta > 0)
     <dir>/step_00000004/state.json       step, optimizer steps, data position, config
     <dir>/step_00000004/config.json      the model config (HF format), so policy.ckpt loads alone
 

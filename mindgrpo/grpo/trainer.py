@@ -292,7 +292,7 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_groups(self) -> Dict[str, list]:
         groups = {"policy": list(self.policy.get_parameters()), "optimizer": self.updater.state_parameters()}
-        if self.reference is not None and self.cfg.rl_config.ref_model_sync_steps:
+        if self.reference is not None:  # it may be the warm-started or a synced policy: not rebuildable
             groups["reference"] = list(self.reference.get_parameters())
         return groups
 
