@@ -49,23 +49,21 @@ def parse_args(argv=None):
     ap.add_argument("--enable_compile_cache", type=str2bool, default=False)
     ap.add_argument("--only_save_strategy", type=str2bool, default=False,
                     help="write the training and inference strategy files and exit")
-    ap.add_argument("--resume", nargs="?", const="latest", default=None,
-                    help="continue from the latest checkpoint in the checkpoint folder, or from PATH")
+    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the checkpoint folder")
+    ap.add_argument("--resume_from", metavar="PATH", help="continue from this checkpoint folder (step_N)")
     ap.add_argument("--swap", type=str2bool, default=None, help="host-memory swap (default: rl_config.swap)")
     ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    return ap.parse_args(argv)
+    return ap.parse_intermixed_args(argv)  # overrides may come before and after flags
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from mindgrpo.config import ConfigError
-    from mindgrpo.grpo.run import run
+    from mindgrpo.grpo.run import SetupError, run
 
     try:
         return run(args)
-    except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"grpo_one_stage: error: {msg}", file=sys.stderr)
+    except SetupError as e:
+        print(f"grpo_one_stage: error: {e}", file=sys.stderr)
         return 2
 
 

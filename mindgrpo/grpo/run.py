@@ -88,15 +88,15 @@ def run(args) -> int:
     trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out, rank, comm)
     trainer.save_data_file = args.save_data_file
     resumed = False
-    if args.resume:
+    if args.resume or args.resume_from:
         from mindgrpo.grpo import checkpointing
 
         root = cfg.actor_config.checkpoint_dir or os.path.join(out, "checkpoints")
-        path = checkpointing.latest(root) if args.resume == "latest" else args.resume
+        path = args.resume_from or checkpointing.latest(root)
         if path is None:
             raise SetupError(f"--resume: no checkpoint under {root}")
         trainer.resume(path)
-        metrics_log.truncate_after(trainer.step)
+        metrics_log.truncate_after(trainer.step + 1)  # keep what the checkpointed steps logged
         resumed = True
     if not resumed and cfg.sft_config.steps > 0:
         sft = cfg.sft_config
