@@ -9,7 +9,9 @@ from mindgrpo.config.grpo import (
     RefConfig,
     RewardConfig,
     RLConfig,
+    SFTConfig,
     SoftOverlongConfig,
+    SyntheticConfig,
 )
 from mindgrpo.config.loader import (
     ConfigError,
@@ -24,6 +26,6 @@ from mindgrpo.config.loader import (
 
 __all__ = [
     "ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "ParallelConfig",
-    "RLConfig", "RefConfig", "RewardConfig", "SoftOverlongConfig",
+    "RLConfig", "RefConfig", "RewardConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig",
     "check", "from_dict", "load_config", "load_yaml", "parse_overrides", "to_dict", "to_yaml",
 ]

@@ -15,11 +15,14 @@ from mindgrpo.config import (
     RefConfig,
     RewardConfig,
     RLConfig,
+    SFTConfig,
     SoftOverlongConfig,
+    SyntheticConfig,
     load_config,
     to_dict,
     to_yaml,
 )
+from mindgrpo.data.synthetic import ArithmeticTask
 from mindgrpo.grpo import algos
 
 FULL_YAML = Path(__file__).with_name("full_grpo.yaml")
@@ -31,7 +34,7 @@ FULL = GRPOConfig(
         kl_kind="k3", clip_low=0.1, clip_high=0.28, dual_clip=3.0, loss_agg_mode="seq-mean-token-sum-norm",
         advantage_scale="batch", advantage_eps=1e-4, ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, save_interval=5, keep_last_k=3,
-        log_interval=2, completions_interval=4, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
+        log_interval=2, completions_interval=4, swap=False, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
         output_dir="/tmp/mindgrpo-run"),
     actor_config=ActorConfig(
         model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
@@ -47,6 +50,9 @@ FULL = GRPOConfig(
         reward_plugin="plugins/my_rewards.py",
         cosine=CosineRewardConfig(-2.0, -1.0, 0.25, 2.0, 800),
         soft_overlong=SoftOverlongConfig(buffer_len=256, penalty_factor=0.5, max_len=900)),
+    sft_config=SFTConfig(steps=12, lr=5e-4, batch_size=8),
+    synthetic_config=SyntheticConfig(template="qwen_chat", task=ArithmeticTask(
+        seed=3, num_train=100, num_val=20, max_operand=30, max_mul_operand=9, operators=("+", "*"))),
 )
 
 
@@ -121,7 +127,8 @@ def test_nested_unknown_key():
     (["ref_config.parallel_config.pipeline_stage=0"], "ref_config.parallel_config.pipeline_stage", "must be >= 1"),
     (["generate_config.top_p=0"], "generate_config.top_p", "must be in (0, 1]"),
     (["generate_config.stop_token_ids=[1, eos]"], "generate_config.stop_token_ids[1]", "expected int"),
-    (["generate_config.max_tokens=100"], "reward_config.soft_overlong.buffer_len",
+    (["generate_config.max_tokens=100", "reward_config.verifier_function=[accuracy, soft_overlong]",
+      "reward_config.verifier_weight=[1, 1]"], "reward_config.soft_overlong.buffer_len",
      "must be < the overlong max_len 100"),
     (["reward_config.soft_overlong.buffer_len=0"], "reward_config.soft_overlong.buffer_len", "must be >= 1"),
 ])
