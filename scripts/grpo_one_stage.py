@@ -51,6 +51,8 @@ def parse_args(argv=None):
                     help="write the training and inference strategy files and exit")
     ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the checkpoint folder")
     ap.add_argument("--resume_from", metavar="PATH", help="continue from this checkpoint folder (step_N)")
+    ap.add_argument("--reward_plugin", help="a .py file that registers more reward functions "
+                                            "(same as reward_config.reward_plugin=PATH)")
     ap.add_argument("--swap", type=str2bool, default=None, help="host-memory swap (default: rl_config.swap)")
     ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     return ap.parse_intermixed_args(argv)  # overrides may come before and after flags

@@ -24,6 +24,8 @@ def load_run_config(args):
         overrides.append(f"rl_config.output_dir={args.output_dir}")
     if args.swap is not None:
         overrides.append(f"rl_config.swap={args.swap}")
+    if args.reward_plugin:
+        overrides.append(f"reward_config.reward_plugin={args.reward_plugin}")
     if args.save_ckpt_dir:
         overrides.append(f"actor_config.checkpoint_dir={args.save_ckpt_dir}")
     bad = [o for o in overrides if "=" not in o]

@@ -88,3 +88,17 @@ def test_bad_config_is_one_line_error(tmp_path, override, needle):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_reward_plugin_flag(tmp_path):
+    plugin = tmp_path / "my_rewards.py"
+    plugin.write_text("from mindgrpo.rewards import register_reward\n\n"
+                      "@register_reward('always_half')\n"
+                      "def always_half(completions, **_):\n"
+                      "    return [0.5 for _ in completions]\n")
+    out = tmp_path / "plugin"
+    run(out, "--reward_plugin", str(plugin), "rl_config.max_steps=1", "rl_config.val_interval=0",
+        "reward_config.verifier_function=[accuracy, always_half]", "reward_config.verifier_weight=[1, 2]")
+    row = metrics(out)[-1]
+    assert row["reward/always_half/mean"] == 0.5
+    assert abs(row["reward_mean"] - (row["reward/accuracy/mean"] + 1.0)) < 1e-6
