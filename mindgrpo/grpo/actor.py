@@ -42,14 +42,20 @@ class PolicyUpdater:
                  use_ref: bool, beta1: float, beta2: float, eps: float, weight_decay: float,
                  grad_clip: float, with_entropy: bool = True, grad_reducer=None):
         self.lm = lm
-        self.params = [p for p in lm.get_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
+        self.params = [p for _, p in named]
         self.buffer = GradBuffer(self.params)
         self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy),
                                        self.params, self.buffer)
-        self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay)
+        # under tensor parallelism the model's layer factory knows how to sum the pieces' norms
+        self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay,
+                           sq_norm=lm.layer_factory.grad_sq_norm([n for n, _ in named]))
         self.beta1, self.beta2, self.grad_clip = beta1, beta2, grad_clip
         self.micro = micro_batch_size
-        self.grad_reducer = grad_reducer  # data-parallel all-reduce of the buffers, when set
+        # data parallelism (mindgrpo.parallel.data_parallel.DataParallelGrads), when set:
+        # rows(n) picks this replica's rows, __call__(buffer) sums the gradients, sum(values)
+        # sums host numbers over the replicas
+        self.grad_reducer = grad_reducer
         self.optimizer_steps = 0
 
     def state_parameters(self) -> List[ms.Parameter]:
@@ -59,10 +65,14 @@ class PolicyUpdater:
     def update(self, exp: Experience, lr: float, global_tokens: Optional[float] = None,
                global_seqs: Optional[float] = None) -> Dict[str, float]:
         """One optimizer step on a mini-batch. Token/sequence normalisers default to this
-        mini-batch's own counts (the data-parallel caller passes global ones)."""
+        mini-batch's own counts. Under data parallelism every replica is given the whole
+        mini-batch and trains on its rows, so these counts are already the global ones."""
         n_tok = float(exp.mask.sum()) if global_tokens is None else global_tokens
         n_seq = float((exp.mask.sum(-1) > 0).sum()) if global_seqs is None else global_seqs
         g_tok, g_seq = Tensor(np.float32(n_tok)), Tensor(np.float32(n_seq))
+        dp = self.grad_reducer
+        if dp is not None:
+            exp = exp.select(dp.rows(len(exp)))
         zeros = np.zeros(exp.labels.shape, np.float32)
         old = exp.old_logp if exp.old_logp is not None else zeros
         ref = exp.ref_logp if exp.ref_logp is not None else zeros
@@ -77,8 +87,10 @@ class PolicyUpdater:
             values = np.array([float(m.asnumpy()) for m in metrics])
             sums += np.where(np.array(METRIC_KEYS) == "pg_loss", values, w * values)
             tok_sum += w
-        if self.grad_reducer is not None:
-            self.grad_reducer(self.buffer)
+        if dp is not None:
+            dp(self.buffer)
+            totals = dp.sum(np.concatenate([[loss_sum, tok_sum], sums]))
+            loss_sum, tok_sum, sums = float(totals[0]), float(totals[1]), totals[2:]
         self.optimizer_steps += 1
         bc1, bc2 = adam_scalars(self.optimizer_steps, self.beta1, self.beta2)
         norm = self.adamw(Tensor(np.float32(lr)), bc1, bc2, Tensor(np.float32(self.grad_clip)))

@@ -6,6 +6,7 @@ global. `build(cfg, paths)` is what `scripts/grpo_one_stage.py` calls.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -143,15 +144,22 @@ class Parts:
     engine: object
     sync: object
     ref_sync: Optional[object]
+    grad_reducer: Optional[object] = None  # data-parallel gradient sum (distributed build only)
 
 
 def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
     """Single-process parts (the distributed builder in mindgrpo/parallel swaps the models,
     the sync and the gradient reducer for their tensor-parallel versions)."""
+    import mindspore as ms
+
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.parallel.reshard import WeightSync
 
+    if comm is not None:
+        from mindgrpo.parallel.build import build_parallel
+
+        return build_parallel(cfg, paths, cache_dir, comm)
     rl = cfg.rl_config
     tokenizer = build_tokenizer(cfg, paths, cache_dir)
     train, val = build_prompts(cfg, paths, tokenizer, cache_dir)
@@ -167,7 +175,7 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
                                 paths.load_ref_checkpoint, seed=rl.seed)
         for p in reference.get_parameters():
             p.requires_grad = False
-    memory = SwapManager(enabled=rl.swap, device="CPU")
+    memory = SwapManager(enabled=rl.swap, device=ms.get_context("device_target"))  # real moves on Ascend
     memory.register("policy", policy.get_parameters())
     memory.register("inference", inference.get_parameters())
     if reference is not None:
@@ -187,8 +195,20 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str, rank: int = 0, comm=None):
     from mindgrpo.grpo.trainer import GRPOTrainer
 
-    return GRPOTrainer(cfg, policy=parts.policy, inference=parts.inference, reference=parts.reference,
-                       engine=parts.engine, sync=parts.sync, ref_sync=parts.ref_sync, memory=parts.memory,
-                       rewards=parts.rewards, tokenizer=parts.tokenizer, train_prompts=parts.train_prompts,
-                       val_prompts=parts.val_prompts, metrics_log=metrics_log, progress=progress,
-                       output_dir=output_dir, rank=rank)
+    make = GRPOTrainer
+    if comm is not None:  # the same trainer, with checkpoints sharded by rank
+        from mindgrpo.parallel.build import make_parallel_trainer
+
+        make = functools.partial(make_parallel_trainer, comm=comm)
+    return make(cfg, policy=parts.policy, inference=parts.inference, reference=parts.reference,
+                engine=parts.engine, sync=parts.sync, ref_sync=parts.ref_sync, memory=parts.memory,
+                rewards=parts.rewards, tokenizer=parts.tokenizer, train_prompts=parts.train_prompts,
+                val_prompts=parts.val_prompts, metrics_log=metrics_log, progress=progress,
+                output_dir=output_dir, rank=rank, grad_reducer=parts.grad_reducer)
+
+
+def save_strategies(cfg: GRPOConfig, out: str) -> list:
+    """Write the strategy files of cfg's training and inference layouts; returns their paths."""
+    from mindgrpo.parallel.build import save_strategies as write
+
+    return write(cfg, out)

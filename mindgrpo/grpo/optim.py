@@ -8,7 +8,7 @@ corrections as tensors, so the schedule is plain Python (`lr_at`) and nothing re
 from __future__ import annotations
 
 import math
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
@@ -82,11 +82,13 @@ class AdamW(nn.Cell):
     """One optimizer step from the accumulated gradients (then zeroes them).
 
     construct(lr, bias_correction1, bias_correction2, max_norm) -> pre-clip global grad norm.
-    max_norm <= 0 disables clipping."""
+    max_norm <= 0 disables clipping. sq_norm: a cell (buffers,) -> the squared norm of the whole
+    gradient when the buffers hold pieces of it (tensor parallelism); None: their own sum."""
 
     def __init__(self, params: Sequence[Parameter], buffer: GradBuffer, beta1=0.9, beta2=0.999,
-                 eps=1e-8, weight_decay=0.0):
+                 eps=1e-8, weight_decay=0.0, sq_norm: Optional[nn.Cell] = None):
         super().__init__()
+        self.sq_norm = sq_norm
         self.params = ms.ParameterTuple(params)
         self.bufs = buffer.bufs
         self.m = ms.ParameterTuple(Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_m.{p.name}",
@@ -101,9 +103,12 @@ class AdamW(nn.Cell):
         return list(self.m) + list(self.v)
 
     def construct(self, lr, bias_correction1, bias_correction2, max_norm):
-        sq = ops.zeros((), ms.float32)
-        for i in range(self.n):
-            sq = sq + (self.bufs[i] * self.bufs[i]).sum()
+        if self.sq_norm is None:
+            sq = ops.zeros((), ms.float32)
+            for i in range(self.n):
+                sq = sq + (self.bufs[i] * self.bufs[i]).sum()
+        else:
+            sq = self.sq_norm(self.bufs)
         norm = ops.sqrt(sq)
         coef = ops.where(max_norm > 0, ops.minimum(max_norm / (norm + 1e-6), 1.0), 1.0)
         out = ()

@@ -32,7 +32,7 @@ class PolicyLoss(nn.Cell):
 
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, detach_old: bool, use_ref: bool,
                  with_entropy: bool = True):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.scorer = TokenLogProbs(lm, with_entropy)
         self.loss = loss
         self.detach_old, self.use_ref = detach_old, use_ref
@@ -54,7 +54,7 @@ class GRPOGradStep(nn.Cell):
     """One micro-batch: loss and metrics out, gradients accumulated into `buffer`."""
 
     def __init__(self, policy_loss: PolicyLoss, params: Sequence[Parameter], buffer: GradBuffer):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.policy_loss = policy_loss
         self.weights = ms.ParameterTuple(params)
         self.grad_fn = ms.value_and_grad(self.policy_loss, None, self.weights, has_aux=True)

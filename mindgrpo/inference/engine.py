@@ -6,6 +6,10 @@ padded to a bucketed B. A (B, P, C, sampler) bucket compiles once and is reused 
 call with the same bucket: no recompilation per step or per batch.
 
 Host work per decode step: B uniforms, a (B, C) mask and the stop check on B sampled ids.
+
+Under tensor parallelism the model is one rank's piece (`Qwen2ForCausalLM(layers=...)`): the
+cache holds this rank's kv heads and `lm.logits` gathers the vocabulary slices, so every rank
+of the group samples the same token. Data-parallel replicas each generate a `BatchPart`.
 """
 
 from __future__ import annotations
@@ -27,13 +31,25 @@ def _bucket(n: int, step: int) -> int:
     return max(step, -(-n // step) * step)
 
 
+@dataclass(frozen=True)
+class BatchPart:
+    """The prompts given to `generate` are rows [offset, offset + their rows) of a batch of
+    `total_rows` rows whose longest prompt has `prompt_len` tokens (data-parallel generation:
+    each replica gets a part). The random numbers and the prompt padding are then those of the
+    whole batch, so each row gets the tokens a one-process run would give it."""
+
+    offset: int
+    total_rows: int
+    prompt_len: int
+
+
 class KVCache(nn.Cell):
-    """Per layer k and v caches, each (B, nkv, C, d)."""
+    """Per layer k and v caches, each (B, nkv, C, d); nkv is this rank's kv heads."""
 
     def __init__(self, lm: Qwen2ForCausalLM, batch: int, capacity: int):
         super().__init__()
         cfg = lm.config
-        shape = (batch, cfg.num_key_value_heads, capacity, cfg.d)
+        shape = (batch, lm.kv_heads, capacity, cfg.d)
         n = cfg.num_hidden_layers
         self.k = ms.ParameterTuple(
             Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype), name=f"kv_cache.k.{i}", requires_grad=False)
@@ -49,7 +65,7 @@ class PrefillGraph(nn.Cell):
     -> first sampled token (B,), its logits (B, V). Writes cache slots [0, P)."""
 
     def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, sampler: Sampler):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.lm, self.cache, self.sampler = lm, cache, sampler
         self.n_layers = lm.config.num_hidden_layers
 
@@ -72,7 +88,7 @@ class DecodeGraph(nn.Cell):
     -> next token (B,), its logits (B, V). Writes the cache slot named in `index`."""
 
     def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, sampler: Sampler):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.lm, self.cache, self.sampler = lm, cache, sampler
         self.n_layers = lm.config.num_hidden_layers
 
@@ -130,16 +146,19 @@ class RolloutEngine:
         return self._buckets[key]
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 return_logits: bool = False) -> List[Completion]:
+                 return_logits: bool = False, part: Optional[BatchPart] = None) -> List[Completion]:
         """prompts: token ids per prompt. Returns len(prompts) * params.n completions, the n
         samples of a prompt adjacent. With return_logits, each step's logits (B, V) are kept
-        in self.last_logits (tests only: it syncs and copies every step)."""
+        in self.last_logits (tests only: it syncs and copies every step). part: see BatchPart."""
         rows = [list(p) for p in prompts for _ in range(params.n)]
         if any(len(r) == 0 for r in rows):
             raise ValueError("empty prompt")
         n_rows = len(rows)
+        longest = max(len(r) for r in rows)
+        if part is not None and (part.prompt_len < longest or part.offset + n_rows > part.total_rows):
+            raise ValueError(f"{part} does not hold these {n_rows} rows (longest prompt {longest})")
         b = _bucket(n_rows, self.batch_step)
-        p = _bucket(max(len(r) for r in rows), self.prompt_step)
+        p = _bucket(longest if part is None else part.prompt_len, self.prompt_step)
         c = p + _bucket(params.max_tokens, self.tokens_step)
         bucket = self._get_bucket(b, p, c, params)
         cfg = self.lm.config
@@ -159,12 +178,16 @@ class RolloutEngine:
 
         rng = np.random.default_rng(params.seed)
         stop = np.array(sorted(params.stop_token_ids) or [-1], np.int64)
-        bh = np.stack(np.meshgrid(np.arange(b), np.arange(cfg.num_key_value_heads), indexing="ij"), -1)
+        bh = np.stack(np.meshgrid(np.arange(b), np.arange(self.lm.kv_heads), indexing="ij"), -1)
         bh = bh.reshape(-1, 2).astype(np.int32)
+        if part is None:
+            uniforms = lambda: Tensor(rng.random(b, dtype=np.float32))  # noqa: E731
+        else:  # the whole batch's draw, this part's rows
+            b_all, mine = _bucket(part.total_rows, self.batch_step), slice(part.offset, part.offset + n_rows)
+            uniforms = lambda: Tensor(np.pad(rng.random(b_all, dtype=np.float32)[mine], (0, b - n_rows)))  # noqa: E731
 
         t0 = time.perf_counter()
-        tok, logits = bucket.prefill(Tensor(ids), Tensor(positions), Tensor(key_valid[:, :p]),
-                                     Tensor(rng.random(b, dtype=np.float32)))
+        tok, logits = bucket.prefill(Tensor(ids), Tensor(positions), Tensor(key_valid[:, :p]), uniforms())
         self.last_logits = [logits.asnumpy()[:n_rows]] if return_logits else None
         out = np.zeros((b, params.max_tokens), np.int64)
         done = np.zeros(b, bool)
@@ -187,8 +210,7 @@ class RolloutEngine:
             key_valid[:, slot] = 1.0
             bias = np.where(key_valid > 0, 0.0, NEG_INF).astype(np.float32)
             index = np.concatenate([bh, np.full((bh.shape[0], 1), slot, np.int32)], axis=1)
-            tok, logits = bucket.decode(tok, Tensor(lengths + t), Tensor(bias), Tensor(index),
-                                        Tensor(rng.random(b, dtype=np.float32)))
+            tok, logits = bucket.decode(tok, Tensor(lengths + t), Tensor(bias), Tensor(index), uniforms())
             if return_logits:
                 self.last_logits.append(logits.asnumpy()[:n_rows])
         elapsed = time.perf_counter() - t0

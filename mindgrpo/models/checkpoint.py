@@ -50,7 +50,7 @@ def read_ms_checkpoint(path: str) -> Dict[str, Tuple[str, np.ndarray]]:
 
 def load_state(lm: Qwen2ForCausalLM, state: Dict[str, np.ndarray]) -> None:
     """Copy checked fp32 arrays (MindSpore names) into the model's parameters."""
-    params = {p.name: p for p in lm.get_parameters()}
+    params = dict(lm.parameters_and_names())
     for name, arr in state.items():
         p = params[name]
         p.set_data(ms.Tensor(np.ascontiguousarray(arr, np.float32)).astype(p.dtype))
@@ -58,8 +58,8 @@ def load_state(lm: Qwen2ForCausalLM, state: Dict[str, np.ndarray]) -> None:
 
 def model_state(lm: Qwen2ForCausalLM) -> Dict[str, np.ndarray]:
     """The model's weights as fp32 numpy arrays, MindSpore names."""
-    return {p.name: p.astype(ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy()
-            for p in lm.get_parameters()}
+    return {name: p.astype(ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy()
+            for name, p in lm.parameters_and_names()}
 
 
 def find_config(path: str) -> str:
@@ -72,22 +72,26 @@ def find_config(path: str) -> str:
     raise WeightError(f"{path}: no config.json or config.yaml beside the weights; pass a config")
 
 
+def read_model_state(path: str, cfg: Qwen2Config) -> Dict[str, np.ndarray]:
+    """Checked fp32 weights (MindSpore names) from an HF directory or a MindSpore .ckpt (or a
+    directory holding one)."""
+    if os.path.isdir(path) and not any(f.endswith(".ckpt") for f in os.listdir(path)):
+        return load_hf_model_state(path, cfg)
+    ckpt = path
+    if os.path.isdir(path):
+        ckpts = sorted(f for f in os.listdir(path) if f.endswith(".ckpt"))
+        if len(ckpts) != 1:
+            raise WeightError(f"{path}: expected one .ckpt file, found {ckpts}")
+        ckpt = os.path.join(path, ckpts[0])
+    raw = read_ms_checkpoint(ckpt)
+    return check_state({k: (bf16_to_f32(a) if d == "BF16" else a) for k, (d, a) in raw.items()}, cfg, ckpt)
+
+
 def load_model(path: str, config: Optional[str] = None, seed: int = 0, **overrides) -> Qwen2ForCausalLM:
     """Build a model from an HF directory (config.json + safetensors) or a MindSpore .ckpt with
     a config beside it (or given)."""
     cfg = Qwen2Config.load(config or find_config(path), **overrides)
-    if os.path.isdir(path) and not any(f.endswith(".ckpt") for f in os.listdir(path)):
-        state = load_hf_model_state(path, cfg)
-    else:
-        ckpt = path
-        if os.path.isdir(path):
-            ckpts = sorted(f for f in os.listdir(path) if f.endswith(".ckpt"))
-            if len(ckpts) != 1:
-                raise WeightError(f"{path}: expected one .ckpt file, found {ckpts}")
-            ckpt = os.path.join(path, ckpts[0])
-        raw = read_ms_checkpoint(ckpt)
-        state = check_state({k: (bf16_to_f32(a) if d == "BF16" else a) for k, (d, a) in raw.items()},
-                            cfg, ckpt)
+    state = read_model_state(path, cfg)
     lm = Qwen2ForCausalLM(cfg, seed=seed)
     load_state(lm, state)
     return lm

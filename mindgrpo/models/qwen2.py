@@ -1,13 +1,16 @@
-"""Qwen2 / Qwen2.5 in MindSpore, top-down: config, RMSNorm, RoPE, attention, MLP, block, model.
+"""Qwen2 / Qwen2.5 in MindSpore, top-down: config, layers (linear, embedding, log-probs and their
+factory), RMSNorm, RoPE, attention, MLP, block, model.
 
 The module tree mirrors the MindSpore checkpoint names our users already have (MindFormers' Qwen2
 layout), so loading one of their checkpoints is a 1:1 map; the Hugging Face name table lives in
 `mindgrpo/models/convert.py`.
 
-One set of parameters serves two kinds of graph (see `mindgrpo/models/graphs.py`):
+One set of parameters serves two kinds of graph (`models/scoring.py`, `inference/engine.py`):
   - training: `Qwen2ForCausalLM.hidden_states` on a right-padded batch, then the vocabulary
     projection only at the scored positions (`Qwen2ForCausalLM.token_logprobs`);
-  - inference: `prefill` and `decode_step` against a static KV cache of fixed capacity C.
+  - inference: `prefill` and `decode` against a static KV cache of fixed capacity C.
+Tensor parallelism plugs in through the layer factory (`DenseLayers` here, a rank's version in
+`mindgrpo/parallel/tp_layers.py`); this file never talks to other ranks itself.
 Shapes use the vocabulary of `mindgrpo/__init__.py`.
 """
 
@@ -120,19 +123,20 @@ class Qwen2Config:
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
 
 
-def _normal(shape, std, rng):
-    return Tensor(rng.normal(0.0, std, size=shape).astype(np.float32))
+def _normal(shape, std, rng) -> np.ndarray:
+    return rng.normal(0.0, std, size=shape).astype(np.float32)
 
 
 class Linear(nn.Cell):
-    """y = x W^T (+ b); W is (out, in) as in HF and MindFormers. Casts to the compute dtype."""
+    """y = x W^T (+ b); W is (out, in) as in HF and MindFormers. Casts to the compute dtype.
+    weight (out, in) and bias (out,) or None are the initial values."""
 
-    def __init__(self, in_dim, out_dim, bias, compute_dtype, std, rng):
+    def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray], compute_dtype):
         super().__init__()
-        self.weight = Parameter(_normal((out_dim, in_dim), std, rng), name="weight")
-        self.has_bias = bias
-        if bias:
-            self.bias = Parameter(Tensor(np.zeros(out_dim, np.float32)), name="bias")
+        self.weight = Parameter(Tensor(np.ascontiguousarray(weight, np.float32)), name="weight")
+        self.has_bias = bias is not None
+        if self.has_bias:
+            self.bias = Parameter(Tensor(np.ascontiguousarray(bias, np.float32)), name="bias")
         self.matmul = ops.MatMul(transpose_b=True)
         self.dtype = compute_dtype
         self.cast_needed = compute_dtype != ms.float32
@@ -147,6 +151,71 @@ class Linear(nn.Cell):
         if self.has_bias:
             y = y + (self.bias.astype(self.dtype) if self.cast_needed else self.bias)
         return y.reshape(lead + (y.shape[-1],))
+
+
+class Embedding(nn.Cell):
+    def __init__(self, weight: np.ndarray):
+        super().__init__()
+        self.embedding_weight = Parameter(Tensor(np.ascontiguousarray(weight, np.float32)), name="embedding_weight")
+
+    def construct(self, ids):  # (...) -> (..., H)
+        return ops.gather(self.embedding_weight, ids, 0)
+
+
+class LogProbs(nn.Cell):
+    """logits (N, V) fp32, labels (N,) -> log p(label) (N,), entropy (N,) or zeros."""
+
+    def construct(self, logits, labels, with_entropy: bool):
+        m = logits.max(axis=-1, keepdims=True)
+        shifted = logits - m
+        lse = ops.log(ops.exp(shifted).sum(-1, keepdims=True))
+        logp_all = shifted - lse  # (N, V)
+        logp = ops.gather_elements(logp_all, 1, labels.reshape(-1, 1)).reshape(-1)
+        if with_entropy:
+            ent = -(ops.exp(logp_all) * logp_all).sum(-1)
+        else:
+            ent = ops.zeros_like(logp)
+        return logp, ent
+
+
+class DenseLayers:
+    """How the blocks below make their weight-holding layers: here, whole, on one device.
+
+    Blocks draw every initial weight whole (so a seed gives the same model in any layout) and
+    hand it to these factories. `mindgrpo.parallel.tp_layers.TensorParallelLayers` has the same
+    methods and keeps one rank's piece (Megatron's split): blocks size their heads by `tp`.
+        column  output features split over the ranks (wq/wk/wv, w1/w3, lm_head)
+        row     input features split; the partial outputs summed over the ranks (wo, w2)
+        enter   where a replicated activation enters column layers (identity here)
+        embedding, logprobs, gather_vocab   vocabulary-split embedding and head
+        grad_sq_norm   the whole gradient's squared norm from a rank's pieces (for clipping)"""
+
+    tp = 1
+
+    def column(self, weight, bias, compute_dtype) -> nn.Cell:
+        return Linear(weight, bias, compute_dtype)
+
+    def row(self, weight, bias, compute_dtype) -> nn.Cell:
+        return Linear(weight, bias, compute_dtype)
+
+    def enter(self) -> nn.Cell:
+        return nn.Identity()
+
+    def embedding(self, weight) -> nn.Cell:
+        return Embedding(weight)
+
+    def logprobs(self, vocab_size: int) -> nn.Cell:
+        """(logits (N, V/tp), labels (N,), with_entropy) -> log p (N,), entropy (N,)."""
+        return LogProbs()
+
+    def gather_vocab(self) -> nn.Cell:
+        """logits (N, V/tp) -> (N, V)."""
+        return nn.Identity()
+
+    def grad_sq_norm(self, names) -> Optional[nn.Cell]:
+        """A cell: gradients of the named parameters (this rank's pieces) -> the squared norm of
+        the whole model's gradient; None when the local sum is the whole (one device)."""
+        return None
 
 
 class RMSNorm(nn.Cell):
@@ -179,17 +248,21 @@ def apply_rope(x, cos, sin):
 
 
 class Attention(nn.Cell):
-    """Grouped-query attention with q/k/v bias. Query heads h*g .. h*g+g-1 share kv head h."""
+    """Grouped-query attention with q/k/v bias. Query heads h*g .. h*g+g-1 share kv head h.
+    Under tensor parallelism a rank holds nh = heads/tp query and nkv = kv_heads/tp kv heads
+    (whole kv groups), so everything below is per rank and only wo sums over the ranks."""
 
-    def __init__(self, cfg: Qwen2Config, rng):
+    def __init__(self, cfg: Qwen2Config, rng, layers: DenseLayers):
         super().__init__()
         h, d, dt, std = cfg.hidden_size, cfg.d, _DTYPES[cfg.compute_dtype], cfg.param_init_std
-        self.nh, self.nkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.g = self.nh // self.nkv
-        self.wq = Linear(h, self.nh * d, True, dt, std, rng)
-        self.wk = Linear(h, self.nkv * d, True, dt, std, rng)
-        self.wv = Linear(h, self.nkv * d, True, dt, std, rng)
-        self.wo = Linear(self.nh * d, h, False, dt, std, rng)
+        nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.nh, self.nkv, self.d = nh // layers.tp, nkv // layers.tp, d  # heads on this rank
+        self.g = nh // nkv
+        self.enter = layers.enter()
+        self.wq = layers.column(_normal((nh * d, h), std, rng), np.zeros(nh * d, np.float32), dt)
+        self.wk = layers.column(_normal((nkv * d, h), std, rng), np.zeros(nkv * d, np.float32), dt)
+        self.wv = layers.column(_normal((nkv * d, h), std, rng), np.zeros(nkv * d, np.float32), dt)
+        self.wo = layers.row(_normal((h, nh * d), std, rng), None, dt)
         self.scale = 1.0 / math.sqrt(d)
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
@@ -197,6 +270,7 @@ class Attention(nn.Cell):
 
     def _qkv(self, x, cos, sin):
         b, s, _ = x.shape
+        x = self.enter(x)
         q = self.wq(x).reshape(b, s, self.nh, self.d).transpose(0, 2, 1, 3)  # (B, nh, S, d)
         k = self.wk(x).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)  # (B, nkv, S, d)
         v = self.wv(x).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)  # (B, nkv, S, d)
@@ -240,24 +314,26 @@ class Attention(nn.Cell):
 class MLP(nn.Cell):
     """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
 
-    def __init__(self, cfg: Qwen2Config, rng):
+    def __init__(self, cfg: Qwen2Config, rng, layers: DenseLayers):
         super().__init__()
         h, i, dt, std = cfg.hidden_size, cfg.intermediate_size, _DTYPES[cfg.compute_dtype], cfg.param_init_std
-        self.w1 = Linear(h, i, False, dt, std, rng)
-        self.w3 = Linear(h, i, False, dt, std, rng)
-        self.w2 = Linear(i, h, False, dt, std, rng)
+        self.enter = layers.enter()
+        self.w1 = layers.column(_normal((i, h), std, rng), None, dt)
+        self.w3 = layers.column(_normal((i, h), std, rng), None, dt)
+        self.w2 = layers.row(_normal((h, i), std, rng), None, dt)
 
     def construct(self, x):
+        x = self.enter(x)
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 
 class DecoderLayer(nn.Cell):
-    def __init__(self, cfg: Qwen2Config, rng):
+    def __init__(self, cfg: Qwen2Config, rng, layers: DenseLayers):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attention = Attention(cfg, rng)
+        self.attention = Attention(cfg, rng, layers)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.feed_forward = MLP(cfg, rng)
+        self.feed_forward = MLP(cfg, rng, layers)
 
     def construct(self, x, cos, sin, bias):
         x = x + self.attention(self.attention_norm(x), cos, sin, bias)
@@ -272,40 +348,48 @@ class DecoderLayer(nn.Cell):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class Embedding(nn.Cell):
-    def __init__(self, vocab, dim, std, rng):
-        super().__init__()
-        self.embedding_weight = Parameter(_normal((vocab, dim), std, rng), name="embedding_weight")
-
-    def construct(self, ids):  # (...) -> (..., H)
-        return ops.gather(self.embedding_weight, ids, 0)
-
-
 class Qwen2Model(nn.Cell):
-    def __init__(self, cfg: Qwen2Config, rng):
+    def __init__(self, cfg: Qwen2Config, rng, layers: DenseLayers):
         super().__init__()
-        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.param_init_std, rng)
-        self.layers = nn.CellList([DecoderLayer(cfg, rng) for _ in range(cfg.num_hidden_layers)])
+        self.tok_embeddings = layers.embedding(_normal((cfg.vocab_size, cfg.hidden_size), cfg.param_init_std, rng))
+        self.layers = nn.CellList([DecoderLayer(cfg, rng, layers) for _ in range(cfg.num_hidden_layers)])
         self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class Qwen2ForCausalLM(nn.Cell):
     """Parameters and the shared pieces of every graph. Not called directly: the graph cells in
-    `mindgrpo/models/graphs.py` hold one of these and call its methods."""
+    `mindgrpo/models/scoring.py` and `mindgrpo/inference/engine.py` hold one of these and call
+    its methods.
 
-    def __init__(self, cfg: Qwen2Config, seed: int = 0, max_positions: Optional[int] = None):
+    layers: DenseLayers() for one device, or a tensor-parallel rank's factories
+    (`mindgrpo.parallel.tp_layers.TensorParallelLayers`); parameter names are the same either
+    way, a rank's parameters hold its piece."""
+
+    def __init__(self, cfg: Qwen2Config, seed: int = 0, max_positions: Optional[int] = None,
+                 layers: Optional[DenseLayers] = None):
         super().__init__()
+        layers = layers or DenseLayers()
         self.config = cfg
+        self.tp = layers.tp
+        self.layer_factory = layers  # the optimizer asks it how to take the gradient's norm
+        self.kv_heads = cfg.num_key_value_heads // layers.tp  # on this rank (the KV cache's nkv)
         rng = np.random.default_rng(seed)
-        self.model = Qwen2Model(cfg, rng)
+        self.model = Qwen2Model(cfg, rng, layers)
         self.tied = cfg.tie_word_embeddings
         if not self.tied:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, _DTYPES[cfg.compute_dtype],
-                                  cfg.param_init_std, rng)
+            self.lm_head = layers.column(_normal((cfg.vocab_size, cfg.hidden_size), cfg.param_init_std, rng), None,
+                                         _DTYPES[cfg.compute_dtype])
+        self.head_enter = layers.enter()
+        self.vocab_logprobs = layers.logprobs(cfg.vocab_size)
+        self.gather_vocab = layers.gather_vocab()
         cos, sin = rope_table(cfg, max_positions or cfg.max_position_embeddings)
         self.rope_cos, self.rope_sin = Tensor(cos), Tensor(sin)  # constants, not parameters
         self.dtype = _DTYPES[cfg.compute_dtype]
         self.head_matmul = ops.MatMul(transpose_b=True)  # never `.T` in a graph: that copies V*H
+
+    def update_parameters_name(self, prefix="", recurse=True):
+        """Keep the checkpoint names when a graph cell wraps this model (MindSpore would prefix
+        them with the wrapper's attribute path, e.g. `lm.model.layers.0...`)."""
 
     def rope(self, position_ids):
         """position_ids (B, S) -> cos, sin (B, 1, S, d)."""
@@ -322,25 +406,21 @@ class Qwen2ForCausalLM(nn.Cell):
             x = layer(x, cos, sin, bias)
         return x
 
-    def logits(self, h):
-        """h (N, H) -> logits (N, V) in fp32."""
+    def local_logits(self, h):
+        """h (N, H) -> this rank's slice of the logits (N, V/tp) in fp32."""
+        h = self.head_enter(h)
         w = self.model.tok_embeddings.embedding_weight if self.tied else self.lm_head.weight
         if self.dtype != ms.float32:
             h, w = h.astype(self.dtype), w.astype(self.dtype)
         return self.head_matmul(h, w).astype(ms.float32)
 
+    def logits(self, h):
+        """h (N, H) -> logits (N, V) in fp32 (gathered over the ranks under tensor parallelism)."""
+        return self.gather_vocab(self.local_logits(h))
+
     def token_logprobs(self, h, labels, with_entropy: bool):
         """h (N, H), labels (N,) -> log p(label) (N,), entropy (N,) or zeros.
 
-        The vocabulary projection is done only for these N scored positions."""
-        logits = self.logits(h)  # (N, V)
-        m = logits.max(axis=-1, keepdims=True)
-        shifted = logits - m
-        lse = ops.log(ops.exp(shifted).sum(-1, keepdims=True))
-        logp_all = shifted - lse  # (N, V)
-        logp = ops.gather_elements(logp_all, 1, labels.reshape(-1, 1)).reshape(-1)
-        if with_entropy:
-            ent = -(ops.exp(logp_all) * logp_all).sum(-1)
-        else:
-            ent = ops.zeros_like(logp)
-        return logp, ent
+        The vocabulary projection is done only for these N scored positions, and under tensor
+        parallelism the (N, V) logits are never gathered."""
+        return self.vocab_logprobs(self.local_logits(h), labels, with_entropy)

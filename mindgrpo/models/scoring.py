@@ -21,7 +21,7 @@ class SequenceLogits(nn.Cell):
     Positions count only real tokens (cumsum of the mask - 1), as HF generate does."""
 
     def __init__(self, lm: Qwen2ForCausalLM):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.lm = lm
 
     def construct(self, input_ids, attention_mask):
@@ -43,7 +43,7 @@ class TokenLogProbs(nn.Cell):
     real tokens, so no key mask is built. The vocabulary projection runs on B*R rows, not B*S."""
 
     def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.lm = lm
         self.with_entropy = with_entropy
 

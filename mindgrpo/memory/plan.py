@@ -1,0 +1,131 @@
+"""Per-device memory of a GRPO config, phase by phase, with and without host-memory swap.
+
+The groups and phases are the SwapManager's (`mindgrpo/memory/swap.py`), sized from the model
+config and the layouts, for one rank (the largest pieces: every rank's are the same size):
+
+    policy      this rank's piece of the policy (training layout), fp32 master weights
+    grads       one fp32 accumulator per policy parameter
+    optimizer   AdamW's two fp32 moments
+    inference   the inference model's piece (inference layout), fp32 like the policy
+    reference   the reference model's piece (reference layout), when beta > 0
+    kv_cache    this replica's rows (batch * G / inference dp, bucketed by 8) x its kv heads x
+                C = bucket32(max_prompt_length) + bucket32(max_tokens) slots x layers x 2, in the
+                compute dtype: an upper bound (the engine buckets the actual prompts, often shorter)
+    transient   the largest resharding bucket during `sync` (its new piece and what it receives),
+                from the resharding plan itself
+The ledger of a run counts exactly these (tests/parallel/test_msrun.py compares). On top, the
+activation estimate of the training step (not in the ledger): Megatron's per-layer count for
+tensor parallelism without sequence parallelism or recomputation (Korthikanti et al. 2022,
+s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes for 16-bit activations; x2 for fp32), plus the scored
+positions' logits (b * R * V/t fp32, x3: logits, probabilities, their gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from mindgrpo.config.grpo import GRPOConfig
+from mindgrpo.memory.swap import PHASES
+from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.qwen2 import Qwen2Config
+from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.reshard import layer_buckets, plan_parameter
+
+ACTIVE_PHASES = ("rollout", "reference", "old_logprobs", "update", "sync")  # validate == rollout
+_TRAINING = ("update",)  # the backward pass keeps activations; scoring graphs are forward-only
+
+
+def _bucket(n: int, step: int) -> int:
+    return max(step, -(-n // step) * step)
+
+
+def piece_bytes(cfg: Qwen2Config, layout: ParallelLayout, itemsize: int = 4) -> int:
+    return sum(itemsize * int(np.prod(layout.shard_shape(n, s))) for n, s in expected_shapes(cfg).items())
+
+
+def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayout, rank: int = 0) -> int:
+    """Bytes of the largest resharding bucket on `rank`: its destination pieces + what it receives."""
+    shapes = expected_shapes(cfg)
+    best = 0
+    for names in layer_buckets(list(shapes)):
+        size = 0
+        for n in names:
+            plan = plan_parameter(n, shapes[n], 4, src, dst, rank)
+            size += 4 * int(np.prod(dst.shard_shape(n, shapes[n]))) + plan.received
+        best = max(best, size)
+    return best
+
+
+def activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, tp: int) -> int:
+    """Estimate for one micro-batch of the training graph (see the module docstring)."""
+    s = gcfg.generate_config.max_prompt_length + gcfg.generate_config.max_tokens
+    b, h, a, L = gcfg.actor_config.micro_batch_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers
+    width = 2 if cfg.compute_dtype != "float32" else 4
+    per_layer = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * width / 2
+    logits = 3 * b * gcfg.generate_config.max_tokens * cfg.vocab_size // tp * 4
+    return int(L * per_layer + logits)
+
+
+@dataclass
+class MemoryPlan:
+    groups: Dict[str, int]  # group -> bytes on this device when resident
+    phases: Dict[str, List[str]]  # phase -> resident groups with swap on
+    activations: int  # training step estimate, not in the ledger
+
+    def phase_bytes(self, phase: str, swap: bool) -> int:
+        """Ledger bytes during a phase (groups + the sync bucket), without activations."""
+        names = self.phases[phase] if swap else [g for g in self.groups if g != "transient"]
+        return sum(self.groups[g] for g in names) + (self.groups["transient"] if phase == "sync" else 0)
+
+    def total(self, phase: str, swap: bool) -> int:
+        return self.phase_bytes(phase, swap) + (self.activations if phase in _TRAINING else 0)
+
+    def peak(self, swap: bool) -> int:
+        return max(self.total(p, swap) for p in self.phases)
+
+
+def plan(gcfg: GRPOConfig, mcfg: Qwen2Config) -> MemoryPlan:
+    actor, gen, rl = gcfg.actor_config, gcfg.generate_config, gcfg.rl_config
+    train = ParallelLayout.from_config(actor.parallel_config)
+    infer = ParallelLayout.from_config(gen.parallel_config)
+    policy = piece_bytes(mcfg, train)
+    groups = {"policy": policy, "grads": policy, "optimizer": 2 * policy, "inference": piece_bytes(mcfg, infer)}
+    if rl.beta > 0:
+        groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config))
+    rows = _bucket(-(-rl.batch_size * rl.num_generations // infer.dp), 8)
+    capacity = _bucket(gen.max_prompt_length, 32) + _bucket(gen.max_tokens, 32)
+    width = 2 if mcfg.compute_dtype != "float32" else 4
+    groups["kv_cache"] = 2 * mcfg.num_hidden_layers * rows * (mcfg.num_key_value_heads // infer.tp) * capacity \
+        * mcfg.d * width
+    groups["transient"] = largest_sync_bucket(mcfg, train, infer)
+    phases = {p: [g for g in PHASES[p] if g in groups] for p in ACTIVE_PHASES}
+    if rl.beta == 0:
+        del phases["reference"]
+    if not (rl.num_iterations > 1 or rl.num_mini_batches > 1):
+        del phases["old_logprobs"]
+    return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train.tp))
+
+
+def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
+    unit, div = ("GiB", 2 ** 30) if p.peak(False) >= 2 ** 30 else ("MiB", 2 ** 20)
+    lines = [f"| group | {unit} on each device |", "|-------|--------------------|"]
+    lines += [f"| {g} | {b / div:.2f} |" for g, b in p.groups.items()]
+    lines += [f"| activations (update, estimate) | {p.activations / div:.2f} |", "",
+              f"| phase | resident with swap | {unit}, swap on | {unit}, swap off |",
+              "|-------|--------------------|--------------|---------------|"]
+    for phase, names in p.phases.items():
+        extra = " + activations" if phase in _TRAINING else ""
+        extra += " + sync bucket" if phase == "sync" else ""
+        lines.append(f"| {phase} | {', '.join(names)}{extra} | {p.total(phase, True) / div:.2f} | "
+                     f"{p.total(phase, False) / div:.2f} |")
+    lines.append(f"| **peak** | | **{p.peak(True) / div:.2f}** | **{p.peak(False) / div:.2f}** |")
+    if device_bytes:
+        lines.append("")
+        for swap in (True, False):
+            fits = p.peak(swap) <= device_bytes
+            lines.append(f"swap {'on' if swap else 'off'}: peak {p.peak(swap) / 2 ** 30:.1f} GiB "
+                         f"{'fits in' if fits else 'does NOT fit in'} {device_bytes / 2 ** 30:.0f} GiB per device")
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""Checkpoints of a distributed run: every rank writes its pieces, rank 0 the rest, one rename.
+
+    <root>/step_00000004/state.json                  rank 0: step, optimizer steps, data position, config
+    <root>/step_00000004/config.json                 rank 0: the model config (HF format)
+    <root>/step_00000004/train_strategy.ckpt         rank 0: the training layout (MindSpore strategy file)
+    <root>/step_00000004/policy/rank_<k>/policy.ckpt        every rank: its pieces
+    <root>/step_00000004/optimizer/rank_<k>/optimizer.ckpt  every rank: its AdamW moments
+    <root>/step_00000004/reference/rank_<k>/reference.ckpt  when the reference is synced
+
+Each group folder is MindSpore's sharded layout, so
+`scripts/transform_checkpoint.py --src_checkpoint STEP/policy --src_strategy STEP/train_strategy.ckpt
+--dst_checkpoint FULL.ckpt` merges the policy into one full checkpoint (loadable by load_model),
+and `build_parallel` loads `STEP/policy` as per-rank shards when the layout is the same.
+
+The step is written under `<root>/.step_00000004.tmp` and renamed by rank 0 once every rank is
+done (barriers around), so `checkpointing.latest` never sees a half-written step. Needs a file
+system every rank sees (as MindSpore's own checkpoints of a multi-node job do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Dict, Sequence
+
+import mindspore as ms
+
+from mindgrpo.grpo import checkpointing
+from mindgrpo.parallel.comm import Comm
+
+
+def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict,
+                 model_config: dict, keep_last: int, write_strategy) -> str:
+    """write_strategy(path): rank 0 writes the training layout's strategy file there."""
+    final = os.path.join(root, f"step_{step:08d}")
+    tmp = os.path.join(root, f".step_{step:08d}.tmp")
+    if comm.rank == 0:
+        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    comm.barrier()
+    for name, params in groups.items():
+        folder = os.path.join(tmp, name, f"rank_{comm.rank}")
+        os.makedirs(folder, exist_ok=True)
+        ms.save_checkpoint([{"name": p.name, "data": p} for p in params], os.path.join(folder, f"{name}.ckpt"))
+    comm.barrier()
+    if comm.rank == 0:
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump(state, f, indent=2, sort_keys=True)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(model_config, f, indent=2)
+        write_strategy(os.path.join(tmp, "train_strategy.ckpt"))
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in checkpointing.step_dirs(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    comm.barrier()
+    return final
+
+
+def load_sharded(comm: Comm, path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
+    """Load this rank's pieces of the named groups (same layout as when saved); returns state.json."""
+    for name, params in groups.items():
+        file = os.path.join(path, name, f"rank_{comm.rank}", f"{name}.ckpt")
+        if not os.path.exists(file):
+            raise FileNotFoundError(f"{path}: no {name}/rank_{comm.rank} (saved by a run with another world size?)")
+        saved = ms.load_checkpoint(file)
+        for p in params:
+            if p.name not in saved:
+                raise KeyError(f"{file}: missing parameter {p.name!r}")
+            if tuple(saved[p.name].shape) != tuple(p.shape):
+                raise ValueError(f"{file}: parameter {p.name!r} has shape {tuple(saved[p.name].shape)}, this rank's "
+                                 f"piece is {tuple(p.shape)} (saved in another layout?)")
+            p.set_data(saved[p.name].astype(p.dtype))
+    with open(os.path.join(path, "state.json")) as f:
+        return json.load(f)

@@ -1,0 +1,311 @@
+"""The process world of one msrun-launched stage, its groups, and the collectives as graph cells.
+
+This is the only module that imports `mindspore.communication`; the model, the algorithm and
+the trainer reach collectives through the cells and helpers here.
+
+    comm = init_parallel(cfg)          # init, check the layouts against the world, create the groups
+    comm.train_tp, comm.train_dp       # this rank's groups in the training layout (Group)
+    comm.infer_tp, comm.infer_dp       # ... and in the inference layout
+    AllReduce(group)(x)                # sum over the group, inside a graph
+    AllGather(group)(x)                # pieces concatenated on dim 0, in rank order
+    comm.host_sum(array, group)        # a small host array summed over a group (one tiny graph)
+
+MindSpore's CPU backend (mccl) has AllReduce(SUM) on any group but AllGather and Broadcast only on
+the world group, and no ReduceScatter, AlltoAll or Send/Receive. So on CPU, `AllGather` over a
+group smaller than the world is an AllReduce of a buffer where every other rank's slot holds
+-0.0: x + (-0.0) == x for every float x (+0.0 and -0.0 included), so the result is bit-exact
+(mccl flushes subnormal floats to zero on the way; weights are never subnormal). On Ascend
+the real HCCL AllGather runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindgrpo.parallel.layout import ParallelLayout
+
+logger = logging.getLogger(__name__)
+
+_CREATED: Dict[Tuple[int, ...], str] = {}  # rank set -> group name, once per process
+
+
+@dataclass(frozen=True)
+class Group:
+    """A set of world ranks as seen from one member. name is None for a group of one rank
+    (every collective over it is the identity) and MindSpore's world group name for all ranks."""
+
+    ranks: Tuple[int, ...]
+    rank: int  # this process's world rank
+    name: Optional[str]
+    world: bool = False  # the group is the whole world
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def index(self) -> int:
+        """This rank's position in the group (its piece, for a tensor-parallel group)."""
+        return self.ranks.index(self.rank)
+
+
+def single_group() -> Group:
+    """The group of a single-process run: one rank, no collectives."""
+    return Group((0,), 0, None, True)
+
+
+@dataclass
+class Comm:
+    rank: int
+    world: int
+    device: str  # "CPU" | "Ascend" | "GPU"
+    train: ParallelLayout
+    infer: ParallelLayout
+    ref: Optional[ParallelLayout] = None  # None when there is no reference model (beta == 0)
+    _host_graphs: Dict[tuple, nn.Cell] = field(default_factory=dict, repr=False)
+
+    def group(self, ranks: Sequence[int]) -> Group:
+        ranks = tuple(sorted(int(r) for r in ranks))
+        if self.rank not in ranks:
+            raise ValueError(f"rank {self.rank} is not in group {list(ranks)}")
+        if len(ranks) == 1:
+            return Group(ranks, self.rank, None)
+        if len(ranks) == self.world:
+            return Group(ranks, self.rank, _world_group_name(), True)
+        if ranks not in _CREATED:
+            raise RuntimeError(f"group {list(ranks)} was not created at start-up (init_parallel creates "
+                               "the tensor- and data-parallel groups of every layout)")
+        return Group(ranks, self.rank, _CREATED[ranks])
+
+    def tp_group(self, layout: ParallelLayout) -> Group:
+        return self.group(layout.tp_group(self.rank))
+
+    def dp_group(self, layout: ParallelLayout) -> Group:
+        return self.group(layout.dp_group(self.rank))
+
+    @property
+    def train_tp(self) -> Group:
+        return self.tp_group(self.train)
+
+    @property
+    def train_dp(self) -> Group:
+        return self.dp_group(self.train)
+
+    @property
+    def infer_tp(self) -> Group:
+        return self.tp_group(self.infer)
+
+    @property
+    def infer_dp(self) -> Group:
+        return self.dp_group(self.infer)
+
+    def host_sum(self, values: np.ndarray, group: Group) -> np.ndarray:
+        """values summed elementwise over the group's ranks (every member calls this with the
+        same shape). float32 on the wire: integers must stay below 2**24 to come back exact.
+        Compiles one tiny graph per padded size, so keep the sizes few."""
+        values = np.asarray(values)
+        if group.size == 1:
+            return values.copy()
+        flat = values.astype(np.float32).reshape(-1)
+        size = max(256, 1 << int(np.ceil(np.log2(max(flat.size, 1)))))  # few distinct shapes
+        key = (group.ranks, size)
+        if key not in self._host_graphs:
+            self._host_graphs[key] = AllReduce(group)
+        padded = np.zeros(size, np.float32)
+        padded[:flat.size] = flat
+        out = self._host_graphs[key](Tensor(padded)).asnumpy()[:flat.size]
+        return out.reshape(values.shape).astype(values.dtype)
+
+    def barrier(self) -> None:
+        """Every rank waits here for every other (a one-number sum over the world)."""
+        self.host_sum(np.zeros(1, np.float32), self.group(range(self.world)))
+
+
+def _world_group_name() -> str:
+    from mindspore.communication import GlobalComm
+
+    return GlobalComm.WORLD_COMM_GROUP
+
+
+def layouts_of(cfg) -> Tuple[ParallelLayout, ParallelLayout, Optional[ParallelLayout]]:
+    """(training, inference, reference or None) layouts of a GRPOConfig."""
+    train = ParallelLayout.from_config(cfg.actor_config.parallel_config)
+    infer = ParallelLayout.from_config(cfg.generate_config.parallel_config)
+    ref = ParallelLayout.from_config(cfg.ref_config.parallel_config) if cfg.rl_config.beta > 0 else None
+    return train, infer, ref
+
+
+def check_layouts(cfg, world: int) -> None:
+    """LayoutError naming the config section whose data_parallel*model_parallel*pipeline_stage
+    is not the world size."""
+    train, infer, ref = layouts_of(cfg)
+    train.check_world(world, "actor_config.parallel_config")
+    infer.check_world(world, "generate_config.parallel_config")
+    if ref is not None:
+        ref.check_world(world, "ref_config.parallel_config (the reference model runs when rl_config.beta > 0)")
+
+
+def world_size_from_env() -> Optional[int]:
+    """The world size msrun announces to its workers, before any communication starts."""
+    value = os.environ.get("MS_WORKER_NUM") or os.environ.get("RANK_SIZE")
+    return int(value) if value else None
+
+
+def init_parallel(cfg) -> Comm:
+    """Initialise communication for a GRPOConfig: its training, inference and (when beta > 0)
+    reference layouts must each cover the world; see `init_comm`."""
+    train, infer, ref = layouts_of(cfg)  # LayoutError on bad values, e.g. pipeline_stage > 1
+    world = world_size_from_env()
+    if world is not None:
+        check_layouts(cfg, world)  # fail before the cluster set-up when msrun told us the world
+    comm = init_comm(train, infer, ref)
+    check_layouts(cfg, comm.world)
+    return comm
+
+
+def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[ParallelLayout] = None) -> Comm:
+    """Initialise communication (once per process), check the layouts against the world, and
+    create every tensor- and data-parallel group they use, in one global order (HCCL needs every
+    member of a group to create it, and shared groups created in the same order everywhere)."""
+    from mindspore.communication import GlobalComm, create_group, get_group_size, get_rank, init
+
+    if not GlobalComm.INITED:
+        init()
+    rank, world = get_rank(), get_group_size()
+    layouts = [("actor_config.parallel_config", train), ("generate_config.parallel_config", infer)]
+    if ref is not None:
+        layouts.append(("ref_config.parallel_config", ref))
+    wanted = set()
+    for where, layout in layouts:
+        layout.check_world(world, where)
+        for r in range(world):
+            wanted.add(tuple(layout.tp_group(r)))
+            wanted.add(tuple(layout.dp_group(r)))
+    for ranks in sorted(wanted):
+        if 1 < len(ranks) < world and rank in ranks and ranks not in _CREATED:
+            name = "g" + "_".join(str(r) for r in ranks)
+            create_group(name, list(ranks))
+            _CREATED[ranks] = name
+    device = ms.get_context("device_target")
+    logger.info("rank %d of %d on %s: train %s, infer %s, ref %s", rank, world, device, train, infer, ref)
+    return Comm(rank, world, device, train, infer, ref)
+
+
+# ---------------------------------------------------------------------------------------
+# Collectives as graph cells
+# ---------------------------------------------------------------------------------------
+
+
+def _device() -> str:
+    return ms.get_context("device_target")
+
+
+# Elements per collective call on CPU: mccl's AllReduce segfaults on buffers of ~128 MB (MindSpore
+# 2.10, measured); larger tensors go through in pieces of this size (16 MB of fp32).
+CPU_CHUNK = 1 << 22
+
+
+def _chunk_size() -> int:
+    return CPU_CHUNK if _device() == "CPU" else 0
+
+
+class AllReduce(nn.Cell):
+    """Sum over the group; the identity for a group of one. Its gradient is MindSpore's
+    (the gradient all-reduced): use CopyToGroup / ReduceFromGroup for Megatron's semantics."""
+
+    def __init__(self, group: Group):
+        super().__init__()
+        self.single = group.size == 1
+        self.chunk = _chunk_size()
+        if not self.single:
+            self.reduce = ops.AllReduce(ops.ReduceOp.SUM, group.name)
+
+    def construct(self, x):
+        if self.single:
+            return x
+        n = x.size
+        if self.chunk == 0 or n <= self.chunk:
+            return self.reduce(x)
+        flat = x.reshape(-1)
+        parts = ()
+        for start in range(0, n, self.chunk):
+            parts = parts + (self.reduce(flat[start:min(start + self.chunk, n)]),)
+        return ops.concat(parts).reshape(x.shape)
+
+
+class AllGather(nn.Cell):
+    """x (n, ...) -> (size * n, ...): the members' pieces in group order. No gradient."""
+
+    def __init__(self, group: Group):
+        super().__init__()
+        self.size, self.index = group.size, group.index
+        self.native = group.size > 1 and (group.world or _device() != "CPU")
+        self.chunk = _chunk_size()
+        if self.native:
+            self.gather = ops.AllGather(group.name)
+        elif group.size > 1:
+            self.reduce = AllReduce(group)
+
+    def construct(self, x):
+        if self.size == 1:
+            return x
+        if self.native:
+            return self._gather(x)
+        n = x.shape[0]
+        rest = x.shape[1:]
+        parts = ()
+        if self.index > 0:
+            parts = parts + (ops.zeros((self.index * n,) + rest, x.dtype) * -1.0,)
+        parts = parts + (x,)
+        if self.index < self.size - 1:
+            parts = parts + (ops.zeros(((self.size - 1 - self.index) * n,) + rest, x.dtype) * -1.0,)
+        return self.reduce(ops.concat(parts, 0))  # -0.0 slots: the sum is x, bit for bit
+
+    def _gather(self, x):
+        width = x.size // x.shape[0]
+        if self.chunk == 0 or x.size <= self.chunk:
+            return self.gather(x)
+        flat = x.reshape(x.shape[0], width)
+        step = max(1, self.chunk // x.shape[0])
+        parts = ()
+        for start in range(0, width, step):
+            parts = parts + (self.gather(flat[:, start:min(start + step, width)]),)
+        return ops.concat(parts, 1).reshape((self.size * x.shape[0],) + x.shape[1:])
+
+
+class CopyToGroup(nn.Cell):
+    """Megatron's f: identity forward, gradient summed over the group backward. Sits where a
+    replicated activation enters column-parallel layers."""
+
+    def __init__(self, group: Group):
+        super().__init__()
+        self.single = group.size == 1
+        self.reduce = AllReduce(group)
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (self.reduce(dout),)
+
+
+class ReduceFromGroup(nn.Cell):
+    """Megatron's g: partial results summed over the group forward, gradient passed through
+    unchanged backward (every member already holds the full gradient of the sum)."""
+
+    def __init__(self, group: Group):
+        super().__init__()
+        self.reduce = AllReduce(group)
+
+    def construct(self, x):
+        return self.reduce(x)
+
+    def bprop(self, x, out, dout):
+        return (dout,)

@@ -1,0 +1,121 @@
+"""Data parallelism: replicas of the training layout split a mini-batch, replicas of the inference
+layout split the prompts.
+
+Every rank of the stage holds the whole step's data on the host (prompts, then the gathered
+completions, rewards and advantages; a few KB per row). So:
+
+  * `DataParallelGrads` (PolicyUpdater's `grad_reducer`): a replica trains on its contiguous share
+    of the mini-batch rows; the token / sequence counts that normalise the loss are those of
+    the whole mini-batch (the sum of the replicas' counts), so the summed gradients equal the
+    one-process gradient; the accumulated gradients and the logged sums are summed over the
+    data-parallel group before the optimizer step.
+  * `DataParallelEngine` (the trainer's rollout engine): a replica generates its share of the
+    prompts (`BatchPart`: the whole batch's random numbers and padding, so each row gets the
+    tokens of a one-process run), then the completions are summed into every rank's copy.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import List, Sequence
+
+import numpy as np
+from mindspore import nn, ops
+
+from mindgrpo.inference.engine import BatchPart, Completion, RolloutEngine
+from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.parallel.comm import AllReduce, Comm, Group
+
+
+def share(n: int, parts: int, index: int) -> np.ndarray:
+    """Rows of part `index` when n rows are cut into `parts` contiguous, near-equal parts."""
+    return np.array_split(np.arange(n), parts)[index]
+
+
+class _AllReduceBuffers(nn.Cell):
+    """Every gradient buffer <- its sum over the group, in one graph."""
+
+    def __init__(self, bufs, group: Group):
+        super().__init__(auto_prefix=False)
+        self.bufs = bufs
+        self.n = len(bufs)
+        self.reduce = AllReduce(group)
+
+    def construct(self):
+        out = ()
+        for i in range(self.n):
+            out = out + (ops.assign(self.bufs[i], self.reduce(self.bufs[i])),)
+        return out
+
+
+class DataParallelGrads:
+    """The data-parallel hook of `mindgrpo.grpo.actor.PolicyUpdater` (its `grad_reducer`)."""
+
+    def __init__(self, comm: Comm, group: Group):
+        self.comm, self.group = comm, group
+        self._graphs = {}
+
+    def rows(self, n: int) -> np.ndarray:
+        """This replica's rows of an n-row mini-batch that every replica holds."""
+        return share(n, self.group.size, self.group.index)
+
+    def __call__(self, buffer) -> None:
+        """Sum the accumulated gradients over the data-parallel group."""
+        if self.group.size == 1:
+            return
+        if id(buffer) not in self._graphs:
+            self._graphs[id(buffer)] = _AllReduceBuffers(buffer.bufs, self.group)
+        self._graphs[id(buffer)]()
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        """Host sums (loss, metric sums, token counts) over the data-parallel group."""
+        return self.comm.host_sum(np.asarray(values, np.float64), self.group)
+
+
+class DataParallelEngine:
+    """A RolloutEngine over one replica's tensor-parallel model, generating that replica's share
+    of the prompts; `generate` returns every prompt's completions on every rank."""
+
+    def __init__(self, engine: RolloutEngine, comm: Comm, group: Group):
+        self.engine, self.comm, self.group = engine, comm, group
+        self.last_stats: dict = {}
+
+    @property
+    def compiled_buckets(self) -> int:
+        return self.engine.compiled_buckets
+
+    def cache_bytes(self) -> int:
+        return sum(b.cache.nbytes for b in self.engine._buckets.values())
+
+    def release(self) -> None:
+        self.engine.release()
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 return_logits: bool = False) -> List[Completion]:
+        n = params.n
+        mine = share(len(prompts), self.group.size, self.group.index)
+        t0 = time.perf_counter()
+        local: List[Completion] = []
+        if len(mine):
+            part = BatchPart(offset=int(mine[0]) * n, total_rows=len(prompts) * n,
+                             prompt_len=max(len(p) for p in prompts))
+            local = self.engine.generate([prompts[i] for i in mine], params, return_logits, part)
+        # every row: [number of tokens, stopped, tokens...]; only this replica's rows are nonzero
+        rows = np.zeros((len(prompts) * n, params.max_tokens + 2), np.float32)
+        first = int(mine[0]) * n if len(mine) else 0
+        for k, c in enumerate(local):
+            rows[first + k, :2] = len(c.token_ids), c.finish_reason == "stop"
+            rows[first + k, 2:2 + len(c.token_ids)] = c.token_ids
+        rows = self.comm.host_sum(rows, self.group)  # token ids < 2**24 are exact in float32
+        out = []
+        for i, row in enumerate(rows):
+            length = int(row[0])
+            out.append(Completion(i // n, row[2:2 + length].astype(np.int64).tolist(),
+                                  "stop" if row[1] > 0 else "length"))
+        elapsed = time.perf_counter() - t0
+        new_tokens = int(rows[:, 0].sum())
+        self.last_stats = dict(self.engine.last_stats, rows=len(out), new_tokens=new_tokens, seconds=elapsed,
+                               tokens_per_s=new_tokens / max(elapsed, 1e-9))
+        if return_logits:
+            self.last_logits = self.engine.last_logits
+        return out

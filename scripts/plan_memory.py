@@ -1,0 +1,55 @@
+"""Per-device memory of a GRPO config, phase by phase, with and without host-memory swap.
+
+    python scripts/plan_memory.py --config model_configs/qwen_grpo/qwen2_5_7b/grpo_config.yaml [--device_gb 64]
+    python scripts/plan_memory.py --config CONFIG key.sub=value ...      # dotted overrides, as for training
+
+Groups: weights (policy, inference, reference), gradients, AdamW states, KV cache, the largest
+resharding bucket, and an activation estimate for the update (mindgrpo/memory/plan.py says how
+each is counted). The model comes from actor_config.model (a preset name or a file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="GRPO YAML")
+    ap.add_argument("--device_gb", type=float, default=64.0, help="device memory in GiB (default 64)")
+    ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    args = ap.parse_args(argv)
+
+    from mindgrpo.config import ConfigError, GRPOConfig, load_config
+    from mindgrpo.grpo.builder import resolve_model_config
+    from mindgrpo.memory.plan import plan, report
+    from mindgrpo.models.qwen2 import Qwen2Config
+    from mindgrpo.parallel.layout import ParallelLayout
+
+    try:
+        cfg = load_config(GRPOConfig, args.config, args.overrides)
+        mcfg = Qwen2Config.load(resolve_model_config(cfg.actor_config.model), compute_dtype=cfg.actor_config.dtype)
+        for section in ("actor_config", "generate_config"):
+            ParallelLayout.from_config(getattr(cfg, section).parallel_config).check_divisible(mcfg)
+    except (ConfigError, OSError, ValueError) as e:
+        print(f"plan_memory: error: {e}", file=sys.stderr)
+        return 2
+    actor, gen = cfg.actor_config.parallel_config, cfg.generate_config.parallel_config
+    print(f"# Memory plan: {args.config}\n")
+    print(f"Model {cfg.actor_config.model}: {mcfg.num_params() / 1e9:.2f} B parameters, compute dtype "
+          f"{mcfg.compute_dtype}; training dp{actor.data_parallel} x tp{actor.model_parallel}, inference "
+          f"dp{gen.data_parallel} x tp{gen.model_parallel} ({actor.world_size} devices); "
+          f"{cfg.rl_config.batch_size} prompts x {cfg.rl_config.num_generations} samples, prompt <= "
+          f"{cfg.generate_config.max_prompt_length}, response <= {cfg.generate_config.max_tokens} tokens, "
+          f"micro-batch {cfg.actor_config.micro_batch_size}.\n")
+    print(report(plan(cfg, mcfg), int(args.device_gb * 2 ** 30)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Launching msrun jobs from tests: a free port per job, a timeout, and the workers' logs on failure."""
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKERS = os.path.join(REPO, "tests", "parallel", "workers")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def msrun_path() -> str:
+    path = shutil.which("msrun") or os.path.join(os.path.dirname(sys.executable), "msrun")
+    if not os.path.exists(path):
+        pytest.skip("msrun is not installed")
+    return path
+
+
+def tail(path: str, lines: int = 40) -> str:
+    with open(path, errors="replace") as f:
+        kept = [ln for ln in f.read().splitlines() if not ln.startswith(("[WARNING]", "[INFO]"))]
+    return "\n".join(kept[-lines:])
+
+
+def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float = 300.0) -> None:
+    """Run `script` (a path, or a file in tests/parallel/workers) on `workers` msrun workers and
+    wait; on a non-zero exit or a timeout, fail with the tail of every worker's log."""
+    script = script if os.path.isabs(script) else os.path.join(WORKERS, script)
+    cmd = [msrun_path(), f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_port",
+           str(free_port()), "--log_dir", log_dir, "--join", "True", script, *map(str, args)]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    os.makedirs(log_dir, exist_ok=True)
+    with open(os.path.join(log_dir, "msrun.out"), "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own process group: killed whole on timeout
+        try:
+            failed, reason = proc.wait(timeout) != 0, f"exit code {proc.returncode}"
+        except subprocess.TimeoutExpired:  # msrun's SIGINT handler kills its workers (own sessions)
+            os.kill(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            failed, reason = True, f"timed out after {timeout:.0f}s"
+    if failed:
+        logs = "\n".join(f"--- {os.path.basename(p)}\n{tail(p)}"
+                         for p in sorted(glob.glob(os.path.join(log_dir, "worker_*.log"))))
+        pytest.fail(f"msrun {os.path.basename(script)} ({workers} workers): {reason}\n{logs}", pytrace=False)

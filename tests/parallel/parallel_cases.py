@@ -1,0 +1,45 @@
+"""Inputs shared by the msrun workers (tests/parallel/workers) and the tests that check them."""
+
+import numpy as np
+
+from mindgrpo.models.qwen2 import Qwen2Config
+
+# nh=4, nkv=2: tp=2 splits whole kv groups; untied so lm_head is vocabulary-parallel on its own;
+# one layer keeps the compile times of the msrun tier down (the four-rank case has two)
+CFG = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+# for four ranks: nkv=4 so tp=4 is possible; tied embeddings
+CFG4 = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=4, max_position_embeddings=128, tie_word_embeddings=True)
+SEED = 7  # the models' initial weights
+SHARD_SEED = 8  # the checkpoint sliced by scripts/transform_checkpoint.py
+
+
+def token_batch():
+    """ids (3, 10), attention mask (row 0 left-padded), score positions (3, 7), labels (3, 7)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 96, (3, 10)).astype(np.int32)
+    mask = np.ones((3, 10), np.int32)
+    mask[0, :3] = 0
+    pos = np.tile(np.arange(2, 9, dtype=np.int32), (3, 1))
+    labels = rng.integers(0, 96, (3, 7)).astype(np.int32)
+    return ids, mask, pos, labels
+
+
+def experience_arrays():
+    """(prompts, responses, advantages) of 8 rows of different lengths: the two data-parallel
+    halves hold different token counts, so only global normalisation gives the one-device loss."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, 96, n).tolist() for n in (3, 5, 4, 6, 3, 4, 5, 3)]
+    responses = [rng.integers(1, 96, n).tolist() for n in (9, 2, 7, 4, 12, 1, 3, 8)]
+    return prompts, responses, rng.standard_normal(8).astype(np.float32)
+
+
+def updater_kwargs():
+    # grad_clip small enough to clip: the clipping coefficient needs the whole gradient's norm
+    return dict(micro_batch_size=2, detach_old=True, use_ref=False, beta1=0.9, beta2=0.99, eps=1e-8,
+                weight_decay=0.01, grad_clip=0.05)
+
+
+def prompts():
+    return [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10]]

@@ -1,0 +1,80 @@
+"""mindgrpo/parallel/comm.py and friends without processes: layout checks against the world, groups,
+data-parallel shares, and the tensor-parallel layers at tp=1 against the one-device model."""
+
+import re
+
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from mindgrpo.config import GRPOConfig, load_config
+from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs
+from mindgrpo.parallel.comm import Comm, Group, check_layouts, layouts_of, single_group
+from mindgrpo.parallel.data_parallel import share
+from mindgrpo.parallel.layout import LayoutError, ParallelLayout
+from mindgrpo.parallel.tp_layers import TensorParallelLayers
+
+
+def config(*overrides):
+    return load_config(GRPOConfig, None, list(overrides))
+
+
+def test_layout_products_must_equal_the_world():
+    cfg = config("actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2")
+    check_layouts(cfg, 2)
+    with pytest.raises(LayoutError, match=re.escape("actor_config.parallel_config: data_parallel*model_parallel*"
+                                                    "pipeline_stage = 2, but the world size is 4")):
+        check_layouts(cfg, 4)
+    cfg = config("actor_config.parallel_config.model_parallel=2")
+    with pytest.raises(LayoutError, match="generate_config.parallel_config: .* = 1, but the world size is 2"):
+        check_layouts(cfg, 2)
+
+
+def test_reference_layout_is_checked_only_when_the_reference_runs():
+    both = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel_config.data_parallel=2"]
+    check_layouts(config(*both), 2)  # beta = 0: no reference model
+    assert layouts_of(config(*both))[2] is None
+    with pytest.raises(LayoutError, match="ref_config.parallel_config .*beta > 0"):
+        check_layouts(config(*both, "rl_config.beta=0.04"), 2)
+    check_layouts(config(*both, "rl_config.beta=0.04", "ref_config.parallel_config.model_parallel=2"), 2)
+
+
+def test_pipeline_stages_are_refused_clearly():
+    with pytest.raises(LayoutError, match="pipeline_stage = 2 is not supported yet"):
+        layouts_of(config("actor_config.parallel_config.pipeline_stage=2"))
+
+
+def test_groups_seen_from_a_rank():
+    comm = Comm(rank=5, world=8, device="CPU", train=ParallelLayout(2, 4), infer=ParallelLayout(4, 2))
+    assert comm.group([5]) == Group((5,), 5, None)
+    with pytest.raises(ValueError, match="rank 5 is not in group"):
+        comm.group([0, 1])
+    with pytest.raises(RuntimeError, match="was not created"):
+        comm.train_tp  # noqa: B018 - groups exist only after init_comm
+    assert Group((4, 5, 6, 7), 5, "g").index == 1 and single_group().size == 1
+
+
+def test_data_parallel_shares_are_contiguous_and_cover_everything():
+    assert [share(8, 2, i).tolist() for i in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [len(share(7, 3, i)) for i in range(3)] == [3, 2, 2]
+    assert np.concatenate([share(10, 4, i) for i in range(4)]).tolist() == list(range(10))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_tensor_parallel_layers_at_tp1_are_the_one_device_model(tied):
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied)
+    dense = Qwen2ForCausalLM(cfg, seed=3)
+    tp1 = Qwen2ForCausalLM(cfg, seed=3, layers=TensorParallelLayers(single_group()))
+    assert {n: p.shape for n, p in dense.parameters_and_names()} == {n: p.shape for n, p in tp1.parameters_and_names()}
+    rng = np.random.default_rng(0)
+    ids = Tensor(rng.integers(0, 64, (2, 6)).astype(np.int32))
+    mask = Tensor(np.ones((2, 6), np.int32))
+    np.testing.assert_allclose(SequenceLogits(tp1)(ids, mask).asnumpy(), SequenceLogits(dense)(ids, mask).asnumpy(),
+                               rtol=0, atol=1e-6)
+    pos = Tensor(np.tile(np.arange(5, dtype=np.int32), (2, 1)))
+    labels = Tensor(rng.integers(0, 64, (2, 5)).astype(np.int32))
+    (lp1, e1), (lp, e) = TokenLogProbs(tp1)(ids, pos, labels), TokenLogProbs(dense)(ids, pos, labels)
+    np.testing.assert_allclose(lp1.asnumpy(), lp.asnumpy(), rtol=0, atol=1e-5)  # the vocabulary-parallel formula
+    np.testing.assert_allclose(e1.asnumpy(), e.asnumpy(), rtol=0, atol=1e-5)

@@ -1,0 +1,268 @@
+"""The msrun tier: tensor and data parallelism, resharding and the distributed one-stage run on CPU.
+
+Three msrun jobs (module fixtures), each on a tiny model, each checked against an independent
+reference: the one-device model or run, and MindSpore's own `transform_checkpoints`.
+    two_ranks    tp=2 logits / log-probs / entropy, shards from scripts/transform_checkpoint.py,
+                 one GRPO update with tp=2 and with dp=2, rollouts, tp2 -> (dp2, tp1) resharding
+    four_ranks   (dp2, tp2) -> (dp4, tp1) and -> (dp1, tp4) resharding, tp=4 logits
+    one_stage    scripts/grpo_one_stage.py under msrun (swap on, then off) vs one process
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor
+from mindspore.parallel import transform_checkpoints
+
+from mindgrpo.config import GRPOConfig, load_config
+from mindgrpo.grpo.builder import resolve_model_config
+from mindgrpo.memory.plan import plan
+from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.scoring import SequenceLogits
+from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.strategy import write_strategy_file
+from msrun_util import REPO, run_msrun
+from parallel_cases import CFG, CFG4, SEED, SHARD_SEED, token_batch
+
+pytestmark = pytest.mark.msrun
+
+
+def load_results(folder, ranks):
+    return ([dict(np.load(os.path.join(folder, f"rank_{r}.npz"))) for r in range(ranks)],
+            [json.load(open(os.path.join(folder, f"rank_{r}.json"))) for r in range(ranks)])
+
+
+def save_sharded(pieces, folder):
+    """pieces[rank] = {name: array} -> MindSpore's sharded layout folder/rank_k/ck_k.ckpt."""
+    for rank, state in enumerate(pieces):
+        os.makedirs(os.path.join(folder, f"rank_{rank}"))
+        ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in state.items()],
+                           os.path.join(folder, f"rank_{rank}", f"ck_{rank}.ckpt"))
+    return folder
+
+
+def mindspore_slices(full, layout, cfg, work):
+    """MindSpore's transform_checkpoints of the full weights for every rank of layout."""
+    strategy = write_strategy_file(os.path.join(work, "dst_strategy.ckpt"), layout, expected_shapes(cfg))
+    transform_checkpoints(save_sharded([full], os.path.join(work, "full")), os.path.join(work, "out"), "ck_",
+                          None, strategy)
+    return [{k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(work, "out", f"rank_{r}",
+                                                                        f"ck_{r}.ckpt")).items()}
+            for r in range(layout.world_size)]
+
+
+def mindspore_merge(pieces, layout, cfg, work):
+    """MindSpore's transform_checkpoints of per-rank pieces back into the full weights."""
+    strategy = write_strategy_file(os.path.join(work, "src_strategy.ckpt"), layout, expected_shapes(cfg))
+    transform_checkpoints(save_sharded(pieces, os.path.join(work, "pieces")), os.path.join(work, "merged"), "ck_",
+                          strategy, None)
+    merged = ms.load_checkpoint(os.path.join(work, "merged", "rank_0", "ck_0.ckpt"))
+    return {k: v.asnumpy() for k, v in merged.items()}
+
+
+def prefixed(arrays, prefix):
+    return {k[len(prefix) + 1:]: v for k, v in arrays.items() if k.startswith(prefix + "/")}
+
+
+def full_logits(cfg, seed):
+    ids, mask, _, _ = token_batch()
+    return SequenceLogits(Qwen2ForCausalLM(cfg, seed=seed, max_positions=128))(Tensor(ids), Tensor(mask)).asnumpy()
+
+
+# ------------------------------------------------------------------------------ two ranks
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    work = tmp_path_factory.mktemp("two_ranks")
+    full = Qwen2ForCausalLM(CFG, seed=SHARD_SEED)
+    ms.save_checkpoint([{"name": n, "data": p} for n, p in full.parameters_and_names()], str(work / "full.ckpt"))
+    strategy = write_strategy_file(str(work / "tp2.ckpt"), ParallelLayout(dp=1, tp=2), expected_shapes(CFG))
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "transform_checkpoint.py"),
+                    f"--src_checkpoint={work / 'full.ckpt'}", f"--dst_checkpoint={work / 'shards'}",
+                    f"--dst_strategy={strategy}"], check=True, capture_output=True, timeout=120)
+    (work / "out").mkdir()
+    run_msrun("two_ranks.py", 2, str(work / "log"), [work / "out", work / "shards"], timeout=420)
+    arrays, metrics = load_results(str(work / "out"), 2)
+    return arrays, metrics, work
+
+
+def test_tp2_logits_logprobs_entropy_match_one_device(two_ranks):
+    arrays, _, _ = two_ranks
+    for a in arrays:
+        np.testing.assert_allclose(a["a/logits_tp"], a["a/logits_dense"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a["a/logp_tp"], a["a/logp_dense"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a["a/ent_tp"], a["a/ent_dense"], rtol=0, atol=1e-5)
+        assert np.abs(a["a/logits_dense"]).max() > 0.1  # not a degenerate comparison
+
+
+def test_tp2_shards_from_transform_checkpoint_give_the_full_model_logits(two_ranks):
+    arrays, _, _ = two_ranks
+    expected = full_logits(CFG, SHARD_SEED)
+    assert not np.allclose(expected, arrays[0]["a/logits_dense"])  # the shards really replaced the weights
+    for a in arrays:
+        np.testing.assert_allclose(a["a/shard_logits"], expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["tp", "dp"])
+def test_grpo_update_matches_one_device(two_ranks, layout):
+    arrays, metrics, _ = two_ranks
+    one = metrics[0]["update/dense"]
+    assert one["grad_norm"] > 0.05  # the clip (0.05) is active: it needs the whole gradient's norm
+    lay = ParallelLayout(dp=1, tp=2) if layout == "tp" else ParallelLayout(dp=2, tp=1)
+    for rank, (a, m) in enumerate(zip(arrays, metrics)):
+        got = m[f"update/{layout}"]
+        for key in ("loss", "pg_loss", "grad_norm", "entropy"):
+            assert got[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (rank, key)
+        dense, mine = prefixed(a, "b/dense"), prefixed(a, f"b/{layout}")
+        initial = Qwen2ForCausalLM(CFG, seed=SEED)
+        moved = max(np.abs(p.asnumpy() - dense[n]).max() for n, p in initial.parameters_and_names())
+        assert moved > 1e-4  # the update changed the weights
+        for name, full in dense.items():
+            np.testing.assert_allclose(mine[name], lay.shard(name, full, lay.coords(rank)[1]), rtol=0, atol=1e-5,
+                                       err_msg=name)
+
+
+def test_rollouts_tp2_sampled_and_greedy_after_resharding_match_one_device(two_ranks):
+    _, metrics, _ = two_ranks
+    for m in metrics:
+        assert m["rollout/sampled/tp"] == m["rollout/sampled/dense"]
+        assert m["rollout/greedy/resharded"] == m["rollout/greedy/dense"]
+        assert len(m["rollout/greedy/dense"]) == 6 and all(len(t) == 8 for t in m["rollout/greedy/dense"])
+
+
+def test_reshard_tp2_to_dp2_is_bit_identical_to_transform_checkpoints(two_ranks, tmp_path):
+    arrays, metrics, _ = two_ranks
+    train = ParallelLayout(dp=1, tp=2)
+    full = mindspore_merge([prefixed(a, "b/tp") for a in arrays], train, CFG, str(tmp_path))
+    expected = mindspore_slices(full, ParallelLayout(dp=2, tp=1), CFG, str(tmp_path))
+    for rank, a in enumerate(arrays):
+        got = prefixed(a, "c/infer")
+        assert sorted(got) == sorted(expected[rank])
+        for name, value in expected[rank].items():
+            assert got[name].dtype == value.dtype and got[name].tobytes() == value.tobytes(), (rank, name)
+        m = metrics[rank]["reshard"]
+        # tp2 -> tp1: a rank receives the other half of every split weight, the minimum
+        assert m["sync/bytes_received"] == m["sync/bytes_min"] > 0.4 * m["sync/bytes"]
+        assert metrics[rank]["reshard_again"]["sync/seconds"] < m["sync/seconds"]  # compiled once
+
+
+# ------------------------------------------------------------------------------ four ranks
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory):
+    work = tmp_path_factory.mktemp("four_ranks")
+    (work / "out").mkdir()
+    run_msrun("four_ranks.py", 4, str(work / "log"), [work / "out"], timeout=420)
+    return load_results(str(work / "out"), 4)
+
+
+@pytest.mark.parametrize("key, layout", [("dp4", ParallelLayout(dp=4, tp=1)), ("tp4", ParallelLayout(dp=1, tp=4))])
+def test_reshard_dp2tp2_is_bit_identical_to_transform_checkpoints(four_ranks, tmp_path, key, layout):
+    arrays, metrics = four_ranks
+    full = {n: p.asnumpy() for n, p in Qwen2ForCausalLM(CFG4, seed=SEED).parameters_and_names()}
+    train = ParallelLayout(dp=2, tp=2)
+    for rank, a in enumerate(arrays):  # the policy pieces are the seed's full weights, sliced
+        for name, piece in prefixed(a, "policy").items():
+            assert piece.tobytes() == train.shard(name, full[name], train.coords(rank)[1]).tobytes()
+    expected = mindspore_slices(full, layout, CFG4, str(tmp_path))
+    for rank, a in enumerate(arrays):
+        got = prefixed(a, key)
+        assert sorted(got) == sorted(expected[rank])
+        for name, value in expected[rank].items():
+            assert got[name].tobytes() == value.tobytes(), (key, rank, name)
+    received = [m[key]["sync/bytes_received"] for m in metrics]
+    minimum = [m[key]["sync/bytes_min"] for m in metrics]
+    if key == "tp4":  # ranks 0 and 3 hold their quarter already; 1 and 2 need one quarter
+        assert minimum[0] == minimum[3] == 0 and minimum[1] == minimum[2] > 0
+        assert received[1] == minimum[1] and received[0] == minimum[1]  # plus the AllGather's padding
+    else:
+        assert received == minimum
+
+
+def test_tp4_logits_match_one_device(four_ranks):
+    arrays, _ = four_ranks
+    expected = full_logits(CFG4, SEED)
+    for a in arrays:
+        np.testing.assert_allclose(a["logits_tp4"], expected, rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ the one-stage run
+
+ONE_STAGE = ["rl_config.max_steps=1", "sft_config.steps=0", "rl_config.val_interval=0",
+             "rl_config.batch_size=2", "rl_config.num_generations=4", "generate_config.max_tokens=16",
+             "actor_config.micro_batch_size=4", "rl_config.completions_interval=0",
+             "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]",
+             "reward_config.reward_plugin=" + os.path.join(REPO, "tests", "parallel", "workers", "text_length_reward.py")]
+LAYOUT = ["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"]
+
+
+def step1(folder):
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
+        return json.loads(f.readline())
+
+
+@pytest.fixture(scope="module")
+def one_stage(tmp_path_factory):
+    work = tmp_path_factory.mktemp("one_stage")
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--swap", "False",
+                    "--output_dir", str(work / "single"), *ONE_STAGE], check=True, capture_output=True, timeout=300)
+    run_msrun("one_stage_twice.py", 2, str(work / "log"), [work, *ONE_STAGE, *LAYOUT], timeout=600)
+    return work
+
+
+def test_one_stage_under_msrun_writes_the_single_process_step1_metrics(one_stage, tmp_path):
+    single, parallel = step1(one_stage / "single"), step1(one_stage / "swap_on")
+    assert single["reward_std"] > 0 and single["grad_norm"] > 0.1  # the step trained on something
+    for key in ("reward_mean", "reward_std", "response_length/mean", "rollout/new_tokens"):
+        assert parallel[key] == single[key], key
+    for key in ("grad_norm", "entropy"):
+        assert parallel[key] == pytest.approx(single[key], rel=1e-5), key
+    for key in ("loss", "pg_loss"):  # ~0: the group-normalised advantages sum to zero per group
+        assert parallel[key] == pytest.approx(single[key], abs=1e-6), key
+    # rank 0 alone writes metrics (one line for one step); every rank its log; sharded checkpoints
+    assert len(open(one_stage / "swap_on" / "metrics.jsonl").read().splitlines()) == 1
+    assert sorted(os.listdir(one_stage / "swap_on" / "logs")) == ["rank_0.log", "rank_1.log"]
+    step = one_stage / "swap_on" / "checkpoints" / "step_00000001"
+    assert sorted(os.listdir(step / "policy")) == ["rank_0", "rank_1"]
+    # the updated policy, merged by MindSpore from the shards and the run's strategy file
+    transform_checkpoints(str(step / "policy"), str(tmp_path / "merged"), "full_", str(step / "train_strategy.ckpt"),
+                          None)
+    merged = ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "full_0.ckpt"))
+    expected = ms.load_checkpoint(str(one_stage / "single" / "checkpoints" / "step_00000001" / "policy.ckpt"))
+    assert sorted(merged) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(merged[name].asnumpy(), value.asnumpy(), rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_swap_on_and_off_are_bit_identical_and_the_ledger_peak_is_one_phase(one_stage):
+    on, off = step1(one_stage / "swap_on"), step1(one_stage / "swap_off")
+    for key in ("loss", "pg_loss", "grad_norm", "entropy", "reward_mean", "response_length/mean"):
+        assert on[key] == off[key], key
+    phases = {k: v for k, v in on.items() if k.startswith("memory/peak_bytes/")}
+    assert {"memory/peak_bytes/rollout", "memory/peak_bytes/update", "memory/peak_bytes/sync"} <= set(phases)
+    assert on["memory/peak_bytes"] == max(phases.values())
+    # the policy's piece (tp=2) + its gradients + two AdamW moments, all fp32: the update phase
+    train = ParallelLayout(dp=1, tp=2)
+    cfg = Qwen2Config.load(resolve_model_config("tiny_qwen2"))
+    policy = sum(4 * int(np.prod(train.shard_shape(n, s))) for n, s in expected_shapes(cfg).items())
+    assert on["memory/peak_bytes/update"] == 4 * policy
+    # swap off: every model stays, the peak is the sum (policy, grads, optimizer, inference, cache)
+    assert off["memory/peak_bytes"] > on["memory/peak_bytes"] + 0.9 * policy
+    assert on["memory/swap_bytes"] > 0 and off["memory/swap_bytes"] == 0
+    # scripts/plan_memory.py's prediction for this config (the KV cache it plans is an upper bound)
+    gcfg = load_config(GRPOConfig, os.path.join(REPO, "model_configs", "qwen_grpo", "tiny", "grpo_config.yaml"),
+                       ONE_STAGE + LAYOUT)
+    predicted = plan(gcfg, cfg)
+    for phase in ("update", "sync"):
+        assert on[f"memory/peak_bytes/{phase}"] == pytest.approx(predicted.phase_bytes(phase, True), rel=0.05)
+    assert on["memory/peak_bytes/rollout"] <= predicted.phase_bytes("rollout", True)
+    assert on["memory/peak_bytes"] == pytest.approx(max(predicted.phase_bytes(p, True) for p in ("update", "sync")),
+                                                    rel=0.05)

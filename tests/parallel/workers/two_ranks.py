@@ -1,0 +1,108 @@
+"""msrun worker (2 ranks) for tests/parallel/test_msrun.py: the tensor- and data-parallel model,
+update, resharding and rollouts against the one-device model computed in the same process.
+
+    msrun --worker_num=2 ... two_ranks.py OUT_DIR SHARDS_DIR
+
+Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics); the test compares.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+ms.set_context(mode=ms.GRAPH_MODE)
+ms.set_device("CPU")
+
+from mindgrpo.grpo.actor import PolicyUpdater  # noqa: E402
+from mindgrpo.grpo.experience import pack  # noqa: E402
+from mindgrpo.grpo.ms_algos import GRPOLoss  # noqa: E402
+from mindgrpo.inference.engine import RolloutEngine  # noqa: E402
+from mindgrpo.inference.sampling import SamplingParams  # noqa: E402
+from mindgrpo.models.convert import expected_shapes  # noqa: E402
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
+from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs  # noqa: E402
+from mindgrpo.parallel.build import load_shard  # noqa: E402
+from mindgrpo.parallel.comm import init_comm  # noqa: E402
+from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads  # noqa: E402
+from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402
+from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
+from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from parallel_cases import (CFG, SEED, experience_arrays, prompts, token_batch, updater_kwargs)  # noqa: E402
+
+import time  # noqa: E402
+T0 = time.time()
+
+
+def mark(what):
+    print(f"[{time.time() - T0:6.1f}s] {what}", flush=True)
+
+
+out_dir, shards_dir = sys.argv[1], sys.argv[2]
+comm = init_comm(train=ParallelLayout(dp=1, tp=2), infer=ParallelLayout(dp=2, tp=1))
+rank = comm.rank
+mark("init")
+arrays, metrics = {}, {}
+
+
+def weights(lm, prefix):
+    for name, p in named_parameters(lm).items():
+        arrays[f"{prefix}/{name}"] = p.asnumpy()
+
+
+dense = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
+tp = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))
+
+# (a) logits, token log-probs and entropy
+ids, mask, pos, labels = (Tensor(a) for a in token_batch())
+tp_logits = SequenceLogits(tp)
+arrays["a/logits_dense"] = SequenceLogits(dense)(ids, mask).asnumpy()
+arrays["a/logits_tp"] = tp_logits(ids, mask).asnumpy()
+for key, lm in (("dense", dense), ("tp", tp)):
+    logp, ent = TokenLogProbs(lm)(ids, pos, labels)
+    arrays[f"a/logp_{key}"], arrays[f"a/ent_{key}"] = logp.asnumpy(), ent.asnumpy()
+
+mark("logits")
+# sampled rollouts of the tensor-parallel model (greedy ones after the update, below)
+engines = {"dense": RolloutEngine(dense), "tp": RolloutEngine(tp)}
+for key, engine in engines.items():
+    comps = engine.generate(prompts(), SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=3))
+    metrics[f"rollout/sampled/{key}"] = [c.token_ids for c in comps]
+
+mark("rollouts")
+# (b) one GRPO update: one device, training tp=2, training dp=2 (each rank a whole model)
+exp = pack(*experience_arrays())
+dp_model = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
+dp_comm = dataclasses.replace(comm, train=ParallelLayout(dp=2, tp=1))
+for key, lm, reducer in (("dense", dense, None), ("tp", tp, None),
+                         ("dp", dp_model, DataParallelGrads(dp_comm, dp_comm.train_dp))):
+    updater = PolicyUpdater(lm, GRPOLoss(agg_mode="token-mean"), grad_reducer=reducer, **updater_kwargs())
+    metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
+    weights(lm, f"b/{key}")
+
+mark("updates")
+# (c) resharding: training (dp1, tp2) -> inference (dp2, tp1), then greedy rollouts
+inference = Qwen2ForCausalLM(CFG, seed=SEED + 1, max_positions=128)  # other values until the sync
+sync = Reshard(tp, inference, comm.train, comm.infer, comm, expected_shapes(CFG))
+metrics["reshard"] = sync()
+metrics["reshard_again"] = sync()  # warm: no compile
+weights(inference, "c/infer")
+greedy = SamplingParams(max_tokens=8, temperature=0.0, n=2)
+metrics["rollout/greedy/dense"] = [c.token_ids for c in engines["dense"].generate(prompts(), greedy)]
+dp_engine = DataParallelEngine(RolloutEngine(inference), comm, comm.infer_dp)
+metrics["rollout/greedy/resharded"] = [c.token_ids for c in dp_engine.generate(prompts(), greedy)]
+
+mark("reshard+rollouts")
+# (a) shards written by scripts/transform_checkpoint.py, loaded into the tp=2 model
+load_shard(tp, os.path.join(shards_dir, f"rank_{rank}"))
+arrays["a/shard_logits"] = tp_logits(ids, mask).asnumpy()
+
+np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **arrays)
+with open(os.path.join(out_dir, f"rank_{rank}.json"), "w") as f:
+    json.dump(metrics, f)
