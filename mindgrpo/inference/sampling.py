@@ -3,13 +3,19 @@
 Sampling runs inside the compiled decode graph. The only randomness that comes from the host
 is one uniform number per row and step (B floats), drawn from a seeded numpy generator, so a
 run is reproducible bit for bit and no (B, V) noise is built on the host. A token is drawn by
-inverting the cumulative distribution of the filtered probabilities.
+inverting the cumulative distribution of the filtered probabilities, in two levels: sums of
+blocks of about sqrt(V) tokens pick the block, a cumulative sum inside it picks the token. With
+no top-k and no top-p the whole vocabulary takes one softmax and one block sum: no (B, V)
+cumulative sum (~10 ms at V=152k, B=16 on CPU) and no (B, V) comparison, and the cumulative
+sums are short enough to stay exact to fp32 rounding (one over 152k terms drifts by more than
+a token's probability).
 
 Filters apply in this order: temperature, top-k, top-p, min-p.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Tuple
 
@@ -53,6 +59,14 @@ class SamplingParams:
         return (self.temperature, self.top_k, self.top_p, self.min_p)
 
 
+def block_size(n: int) -> int:
+    """The divisor of n nearest to sqrt(n): blocks for the two-level draw (1 when n is prime,
+    which is then one level)."""
+    divisors = [k for k in range(1, int(math.isqrt(n)) + 1) if n % k == 0]
+    divisors += [n // k for k in divisors]
+    return min(divisors, key=lambda k: (abs(k - math.sqrt(n)), k))
+
+
 class Sampler(nn.Cell):
     """logits (B, V) fp32, u (B,) in [0, 1) -> token ids (B,) int32. Static config."""
 
@@ -64,28 +78,48 @@ class Sampler(nn.Cell):
         self.top_p = params.top_p
         self.min_p = params.min_p
         self.sort_needed = self.top_k == 0 and self.top_p < 1.0
+        self.whole_vocab = self.top_k == 0 and not self.sort_needed
+        n = vocab_size if self.whole_vocab else (self.top_k or vocab_size)
+        self.block = block_size(n)
 
     def construct(self, logits, u):
         if self.greedy:
             return ops.argmax(logits, -1).astype(ms.int32)
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        idx = None
+        if self.whole_vocab:
+            weights = ops.softmax(logits, -1)  # (B, V)
+            if self.min_p > 0.0:
+                keep = weights >= self.min_p * weights.max(axis=-1, keepdims=True)
+                weights = ops.where(keep, weights, ops.zeros_like(weights))
+            return self.draw(weights, u)
         if self.top_k > 0:
             logits, idx = ops.topk(logits, self.top_k)  # (B, K), sorted descending
-        elif self.sort_needed:
+        else:
             logits, idx = ops.sort(logits, -1, descending=True)
-        weights = ops.exp(logits - logits.max(axis=-1, keepdims=True))  # unnormalised probs
+        weights = ops.exp(logits - logits[:, :1])  # unnormalised probs; the max weight is exactly 1
         if self.top_p < 1.0:  # keep a token while the mass strictly before it is < top_p
             total = weights.sum(-1, keepdims=True)
             before = ops.cumsum(weights, -1) - weights
             weights = ops.where(before < self.top_p * total, weights, ops.zeros_like(weights))
-        if self.min_p > 0.0:  # the max weight is exactly 1 after the shift above
+        if self.min_p > 0.0:
             weights = ops.where(weights >= self.min_p, weights, ops.zeros_like(weights))
-        cdf = ops.cumsum(weights, -1)
-        threshold = u.reshape(-1, 1) * cdf[:, -1:]
-        pick = (cdf <= threshold).astype(ms.int32).sum(-1)
-        pick = ops.minimum(pick, weights.shape[-1] - 1)
-        if idx is not None:
-            pick = ops.gather_elements(idx, 1, pick.reshape(-1, 1)).reshape(-1)
-        return pick.astype(ms.int32)
+        pick = self.draw(weights, u)
+        return ops.gather_elements(idx, 1, pick.reshape(-1, 1)).reshape(-1).astype(ms.int32)
+
+    def draw(self, weights, u):
+        """weights (B, N) >= 0, not all zero per row -> the index i whose cumulative weight interval
+        [c_i - w_i, c_i) holds u * total (B,) int32. A threshold that rounds to the end of a block
+        or of the row takes its last nonzero token (`c < last`), never a zero-weight one."""
+        b, n = weights.shape
+        nb, blk = n // self.block, self.block
+        rows = weights.reshape(b * nb, blk)
+        sums = rows.sum(-1).reshape(b, nb)  # (B, nb) block sums
+        ends = ops.cumsum(sums, -1)
+        total = ends[:, -1:]
+        threshold = u.reshape(b, 1) * total
+        j = ops.logical_and(ends <= threshold, ends < total).astype(ms.int32).sum(-1)  # (B,) the block
+        start = ops.gather_elements(ends - sums, 1, j.reshape(b, 1))  # (B, 1) mass before the block
+        inner = start + ops.cumsum(ops.gather(rows, ops.arange(b, dtype=ms.int32) * nb + j, 0), -1)  # (B, blk)
+        i = ops.logical_and(inner <= threshold, inner < inner[:, -1:]).astype(ms.int32).sum(-1)
+        return j * blk + i
