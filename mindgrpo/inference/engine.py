@@ -7,9 +7,11 @@ call with the same bucket: no recompilation per step or per batch.
 
 Host work per decode step: B uniforms, a (B, C) mask and the stop check on B sampled ids.
 
-Under tensor parallelism the model is one rank's piece (`Qwen2ForCausalLM(layers=...)`): the
-cache holds this rank's kv heads and `lm.logits` gathers the vocabulary slices, so every rank
-of the group samples the same token. Data-parallel replicas each generate a `BatchPart`.
+Both graphs read the layer weights from `InferenceWeights`, the engine's own fused copies in
+(in, out) layout and the compute dtype (see `DecoderLayer.fused_weights`), remade from the
+model's parameters at the start of every `generate` call; the model's parameters, their names
+and the weight sync are untouched. They cost one more copy of the layer weights (not of the
+embedding) in the compute dtype, counted with the inference model's memory.
 """
 
 from __future__ import annotations
@@ -60,26 +62,82 @@ class KVCache(nn.Cell):
         self.nbytes = 2 * n * int(np.prod(shape)) * (2 if lm.dtype != ms.float32 else 4)
 
 
+class _FusedWeights(nn.Cell):
+    """() -> every layer's `fused_weights`, flattened: 5 tensors per layer."""
+
+    def __init__(self, lm: Qwen2ForCausalLM):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.lm = lm
+
+    def construct(self):
+        out = ()
+        for layer in self.lm.model.layers:
+            out = out + layer.fused_weights()
+        return out
+
+
+class _Refresh(nn.Cell):
+    """Assigns the model's current fused weights to the buffers."""
+
+    def __init__(self, fuse: _FusedWeights, buffers: ms.ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.fuse, self.buffers = fuse, buffers
+
+    def construct(self):
+        values = self.fuse()
+        out = ()
+        for i in range(len(self.buffers)):
+            out = out + (ops.assign(self.buffers[i], values[i]),)
+        return out
+
+
+class InferenceWeights(nn.Cell):
+    """The inference graphs' copies of the layer weights, per layer qkv, qkv_bias, wo, w13, w2
+    (`DecoderLayer.fused_weights`), in buffers of their own; `refresh()` remakes them from the
+    model's parameters."""
+
+    FIELDS = ("qkv", "qkv_bias", "wo", "w13", "w2")
+
+    def __init__(self, lm: Qwen2ForCausalLM):
+        super().__init__(auto_prefix=False)
+        fuse = _FusedWeights(lm)
+        values = fuse()
+        n = len(self.FIELDS)
+        self.buffers = ms.ParameterTuple(
+            Parameter(v, name=f"inference_weights.{i // n}.{self.FIELDS[i % n]}", requires_grad=False)
+            for i, v in enumerate(values))
+        self.per_layer = n
+        self._refresh = _Refresh(fuse, self.buffers)
+        self.nbytes = sum(int(np.prod(p.shape)) * p.itemsize for p in self.buffers)
+
+    def layer(self, i: int):
+        return tuple(self.buffers[i * self.per_layer + j] for j in range(self.per_layer))
+
+    def refresh(self) -> None:
+        self._refresh()
+
+
 class PrefillGraph(nn.Cell):
     """input_ids (B, P) left-padded, position_ids (B, P), key_mask (B, P), u (B,)
     -> first sampled token (B,), its logits (B, V). Writes cache slots [0, P)."""
 
-    def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, sampler: Sampler):
+    def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, weights: InferenceWeights, sampler: Sampler):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.lm, self.cache, self.sampler = lm, cache, sampler
+        self.lm, self.cache, self.weights, self.sampler = lm, cache, weights, sampler
         self.n_layers = lm.config.num_hidden_layers
 
     def construct(self, input_ids, position_ids, key_mask, u):
-        p = input_ids.shape[1]
+        b, p = input_ids.shape
         causal = ops.arange(p).reshape(p, 1) >= ops.arange(p).reshape(1, p)  # (P, P)
         allowed = ops.logical_and(causal.reshape(1, 1, p, p), key_mask.reshape(-1, 1, 1, p) > 0)
         bias = ops.where(allowed, 0.0, NEG_INF).astype(ms.float32)  # (B, 1, P, P)
-        cos, sin = self.lm.rope(position_ids)
-        x = self.lm.model.tok_embeddings(input_ids).astype(self.lm.dtype)
+        cos, sin = self.lm.fused_rope(position_ids.reshape(-1))  # (B*P*(nh+nkv), d)
+        x = self.lm.model.tok_embeddings(input_ids.reshape(-1)).astype(self.lm.dtype)  # (B*P, H)
         for i in range(self.n_layers):
-            x = self.lm.model.layers[i].prefill(x, cos, sin, bias, self.cache.k[i], self.cache.v[i])
-        h = self.lm.model.norm_out(x[:, -1, :])  # (B, H): the last slot is real in every row
-        logits = self.lm.logits(h)
+            x = self.lm.model.layers[i].prefill(x, cos, sin, bias, self.cache.k[i], self.cache.v[i],
+                                                self.weights.layer(i))
+        h = self.lm.model.norm_out(x.reshape(b, p, -1)[:, -1, :])  # (B, H): the last slot is real in every row
+        logits = self.lm.logits(h, few_rows=True)
         return self.sampler(logits, u), logits
 
 
@@ -87,20 +145,20 @@ class DecodeGraph(nn.Cell):
     """token (B,), position (B,), bias (B, C) additive, index (B*nkv, 3), u (B,)
     -> next token (B,), its logits (B, V). Writes the cache slot named in `index`."""
 
-    def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, sampler: Sampler):
+    def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, weights: InferenceWeights, sampler: Sampler):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.lm, self.cache, self.sampler = lm, cache, sampler
+        self.lm, self.cache, self.weights, self.sampler = lm, cache, weights, sampler
         self.n_layers = lm.config.num_hidden_layers
 
     def construct(self, token, position, bias, index, u):
         b = token.shape[0]
-        cos, sin = self.lm.rope(position.reshape(b, 1))
-        x = self.lm.model.tok_embeddings(token.reshape(b, 1)).astype(self.lm.dtype)  # (B, 1, H)
+        cos, sin = self.lm.fused_rope(position)  # (B*(nh+nkv), d)
+        x = self.lm.model.tok_embeddings(token).astype(self.lm.dtype)  # (B, H)
         bias = bias.reshape(b, 1, 1, -1)
         for i in range(self.n_layers):
-            x = self.lm.model.layers[i].decode(x, cos, sin, bias, self.cache.k[i], self.cache.v[i], index)
-        h = self.lm.model.norm_out(x.reshape(b, -1))
-        logits = self.lm.logits(h)
+            x = self.lm.model.layers[i].decode(x, cos, sin, bias, self.cache.k[i], self.cache.v[i], index,
+                                               self.weights.layer(i))
+        logits = self.lm.logits(self.lm.model.norm_out(x), few_rows=True)
         return self.sampler(logits, u), logits
 
 
@@ -131,6 +189,7 @@ class RolloutEngine:
         self._buckets: "OrderedDict[tuple, _Bucket]" = OrderedDict()
         self.compiled_buckets = 0  # grows only when a new bucket is built
         self.last_stats: dict = {}
+        self.weights = InferenceWeights(lm)
 
     def _get_bucket(self, b, p, c, params: SamplingParams) -> _Bucket:
         key = (b, p, c, params.graph_key())
@@ -139,8 +198,8 @@ class RolloutEngine:
                 self._buckets.popitem(last=False)  # frees the oldest cache
             cache = KVCache(self.lm, b, c)
             sampler = Sampler(params, self.lm.config.vocab_size)
-            self._buckets[key] = _Bucket(cache, PrefillGraph(self.lm, cache, sampler),
-                                         DecodeGraph(self.lm, cache, sampler))
+            self._buckets[key] = _Bucket(cache, PrefillGraph(self.lm, cache, self.weights, sampler),
+                                         DecodeGraph(self.lm, cache, self.weights, sampler))
             self.compiled_buckets += 1
         self._buckets.move_to_end(key)
         return self._buckets[key]
@@ -187,6 +246,7 @@ class RolloutEngine:
             uniforms = lambda: Tensor(np.pad(rng.random(b_all, dtype=np.float32)[mine], (0, b - n_rows)))  # noqa: E731
 
         t0 = time.perf_counter()
+        self.weights.refresh()  # the model's weights may have changed since the last call
         tok, logits = bucket.prefill(Tensor(ids), Tensor(positions), Tensor(key_valid[:, :p]), uniforms())
         self.last_logits = [logits.asnumpy()[:n_rows]] if return_logits else None
         out = np.zeros((b, params.max_tokens), np.int64)

@@ -37,7 +37,8 @@ def _piece(full: np.ndarray, dim: int, tp: int, index: int) -> np.ndarray:
 
 
 class RowParallelLinear(Linear):
-    """y = g(x_k W_k^T) + b: x_k (..., in/tp) is this rank's slice of the features, W_k (out, in/tp)."""
+    """y = g(x_k W_k^T) + b: x_k (..., in/tp) is this rank's slice of the features, W_k (out, in/tp).
+    `Linear.construct` does the matmul; `finish` the sum over the group and the bias."""
 
     def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray], compute_dtype, group: Group):
         super().__init__(weight, None, compute_dtype)
@@ -46,8 +47,8 @@ class RowParallelLinear(Linear):
         if self.has_row_bias:
             self.bias = Parameter(Tensor(np.ascontiguousarray(bias, np.float32)), name="bias")
 
-    def construct(self, x):  # (..., in/tp) -> (..., out)
-        y = self.reduce(super().construct(x))
+    def finish(self, y):  # (N, out) partial -> (N, out): summed over the group, then the bias
+        y = self.reduce(y)
         if self.has_row_bias:
             y = y + self.bias.astype(y.dtype)
         return y
