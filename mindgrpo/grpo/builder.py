@@ -176,11 +176,11 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
         for p in reference.get_parameters():
             p.requires_grad = False
     memory = SwapManager(enabled=rl.swap, device=ms.get_context("device_target"))  # real moves on Ascend
+    engine = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
     memory.register("policy", policy.get_parameters())
-    memory.register("inference", inference.get_parameters())
+    memory.register("inference", list(inference.get_parameters()) + engine.weights.buffer_list())  # + fused copies
     if reference is not None:
         memory.register("reference", reference.get_parameters())
-    engine = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
     memory.register("kv_cache", sizer=lambda: sum(b.cache.nbytes for b in engine._buckets.values()))
     sync = WeightSync(policy, inference, memory)
     if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):

@@ -108,7 +108,11 @@ class InferenceWeights(nn.Cell):
             for i, v in enumerate(values))
         self.per_layer = n
         self._refresh = _Refresh(fuse, self.buffers)
-        self.nbytes = sum(int(np.prod(p.shape)) * p.itemsize for p in self.buffers)
+
+    def buffer_list(self) -> list:
+        """The copies (Parameters), for the memory ledger (get_parameters would also list the
+        model's own, through the refresh graph)."""
+        return list(self.buffers)
 
     def layer(self, i: int):
         return tuple(self.buffers[i * self.per_layer + j] for j in range(self.per_layer))

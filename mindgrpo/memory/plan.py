@@ -6,7 +6,9 @@ config and the layouts, for one rank (the largest pieces: every rank's are the s
     policy      this rank's piece of the policy (training layout), fp32 master weights
     grads       one fp32 accumulator per policy parameter
     optimizer   AdamW's two fp32 moments
-    inference   the inference model's piece (inference layout), fp32 like the policy
+    inference   the inference model's piece (inference layout), fp32 like the policy, plus the
+                engine's fused copies of its layer weights (all but the norms) in the compute
+                dtype (`mindgrpo.inference.engine.InferenceWeights`)
     reference   the reference model's piece (reference layout), when beta > 0
     kv_cache    this replica's rows (batch * G / inference dp, bucketed by 8) x its kv heads x
                 C = bucket32(max_prompt_length) + bucket32(max_tokens) slots x layers x 2, in the
@@ -44,6 +46,14 @@ def _bucket(n: int, step: int) -> int:
 
 def piece_bytes(cfg: Qwen2Config, layout: ParallelLayout, itemsize: int = 4) -> int:
     return sum(itemsize * int(np.prod(layout.shard_shape(n, s))) for n, s in expected_shapes(cfg).items())
+
+
+def inference_copy_bytes(cfg: Qwen2Config, layout: ParallelLayout) -> int:
+    """The engine's fused copies of this rank's layer weights (every layer tensor but the two
+    norms), in the compute dtype."""
+    width = 2 if cfg.compute_dtype != "float32" else 4
+    return sum(width * int(np.prod(layout.shard_shape(n, s))) for n, s in expected_shapes(cfg).items()
+               if n.startswith("model.layers.") and "_norm." not in n)
 
 
 def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayout, rank: int = 0) -> int:
@@ -92,7 +102,8 @@ def plan(gcfg: GRPOConfig, mcfg: Qwen2Config) -> MemoryPlan:
     train = ParallelLayout.from_config(actor.parallel_config)
     infer = ParallelLayout.from_config(gen.parallel_config)
     policy = piece_bytes(mcfg, train)
-    groups = {"policy": policy, "grads": policy, "optimizer": 2 * policy, "inference": piece_bytes(mcfg, infer)}
+    groups = {"policy": policy, "grads": policy, "optimizer": 2 * policy,
+              "inference": piece_bytes(mcfg, infer) + inference_copy_bytes(mcfg, infer)}
     if rl.beta > 0:
         groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config))
     rows = _bucket(-(-rl.batch_size * rl.num_generations // infer.dp), 8)

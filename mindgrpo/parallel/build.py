@@ -125,11 +125,12 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
         for p in reference.get_parameters():
             p.requires_grad = False
     memory = SwapManager(enabled=rl.swap, device=comm.device)
+    rollout = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
     memory.register("policy", policy.get_parameters())
-    memory.register("inference", inference.get_parameters())
+    memory.register("inference", list(inference.get_parameters()) + rollout.weights.buffer_list())  # + fused copies
     if reference is not None:
         memory.register("reference", reference.get_parameters())
-    engine = DataParallelEngine(RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id), comm, comm.infer_dp)
+    engine = DataParallelEngine(rollout, comm, comm.infer_dp)
     memory.register("kv_cache", sizer=engine.cache_bytes)
     shapes = full_shapes(mcfg)
     sync = Reshard(policy, inference, train_layout, infer_layout, comm, shapes, memory)
