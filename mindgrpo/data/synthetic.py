@@ -37,8 +37,9 @@ OPERATORS = ("+", "-", "*")
 
 @dataclass(frozen=True)
 class ArithmeticTask:
-    """Problem space and split. + and - use operands 0..max_operand (a >= b for -, so answers are >= 0);
-    * uses 0..max_mul_operand. Train and val are disjoint draws from the shuffled space."""
+    """Problem space and split. A problem chains `num_operands` operands left to right; + and - use
+    operands 0..max_operand and keep every intermediate result >= 0; * (two operands only) uses
+    0..max_mul_operand. Train and val are disjoint draws from the shuffled space."""
 
     seed: int = 0
     num_train: int = 2000
@@ -46,6 +47,16 @@ class ArithmeticTask:
     max_operand: int = 50
     max_mul_operand: int = 12
     operators: Tuple[str, ...] = OPERATORS
+    num_operands: int = 2
+
+    def __post_init__(self):
+        for op in self.operators:
+            if op not in OPERATORS:
+                raise ValueError(f"unknown operator {op!r}; valid: {OPERATORS}")
+        if self.num_operands < 2:
+            raise ValueError(f"num_operands must be >= 2, got {self.num_operands}")
+        if self.num_operands > 2 and "*" in self.operators:
+            raise ValueError("operator '*' is only supported with num_operands 2")
 
 
 @dataclass(frozen=True)
@@ -57,33 +68,47 @@ class TinyTokenizerSpec:
     version: int = 2  # bump when the corpus recipe changes
 
 
-def _problem_space(task: ArithmeticTask) -> List[Tuple[int, str, int]]:
-    space = []
-    for op in task.operators:
-        if op not in OPERATORS:
-            raise ValueError(f"unknown operator {op!r}; valid: {OPERATORS}")
-        top = task.max_mul_operand if op == "*" else task.max_operand
-        space += [(a, op, b) for a in range(top + 1) for b in range(top + 1) if op != "-" or a >= b]
-    return space
+Problem = Tuple[Tuple[int, ...], Tuple[str, ...]]  # (operands, operators between them)
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def _problem_space(task: ArithmeticTask) -> List[Problem]:
+    """Every problem of the task in a fixed order."""
+    top = task.max_mul_operand
+    products = [((a, b), ("*",)) for a in range(top + 1) for b in range(top + 1)] if "*" in task.operators else []
+    chain_ops = tuple(op for op in task.operators if op != "*")
+    partial = [((a,), (), a) for a in range(task.max_operand + 1)]  # (operands, operators, value so far)
+    for _ in range(task.num_operands - 1):
+        partial = [(nums + (b,), ops + (op,), _apply(v, op, b))
+                   for nums, ops, v in partial for op in chain_ops for b in range(task.max_operand + 1)
+                   if _apply(v, op, b) >= 0]
+    chains = sorted(((nums, ops) for nums, ops, _ in partial), key=lambda p: (p[1], p[0])) if chain_ops else []
+    return chains + products
 
 
 QUESTION_FORMS = (
-    "What is {a} {op} {b}?",
-    "Compute {a} {op} {b}.",
-    "Calculate {a} {op} {b}.",
-    "How much is {a} {op} {b}?",
-    "Find the value of {a} {op} {b}.",
-    "Work out {a} {op} {b}.",
+    "What is {expr}?",
+    "Compute {expr}.",
+    "Calculate {expr}.",
+    "How much is {expr}?",
+    "Find the value of {expr}.",
+    "Work out {expr}.",
 )
 
 
-def _row(a: int, op: str, b: int, form: int) -> PromptRow:
-    value = a + b if op == "+" else a - b if op == "-" else a * b
-    return PromptRow(
-        question=QUESTION_FORMS[form].format(a=a, op=op, b=b),
-        answer=f"{a} {op} {b} = {value}",
-        solution=str(value),
-    )
+def _row(problem: Problem, form: int) -> PromptRow:
+    """The question, the worked solution (one equation per operator, "3 + 5 = 8, 8 + 4 = 12") and the value."""
+    nums, ops = problem
+    expr = " ".join([str(nums[0])] + [f"{op} {b}" for op, b in zip(ops, nums[1:])])
+    value, steps = nums[0], []
+    for op, b in zip(ops, nums[1:]):
+        new = _apply(value, op, b)
+        steps.append(f"{value} {op} {b} = {new}")
+        value = new
+    return PromptRow(question=QUESTION_FORMS[form].format(expr=expr), answer=", ".join(steps), solution=str(value))
 
 
 def arithmetic_rows(task: ArithmeticTask = ArithmeticTask()) -> Tuple[List[PromptRow], List[PromptRow]]:
@@ -94,7 +119,7 @@ def arithmetic_rows(task: ArithmeticTask = ArithmeticTask()) -> Tuple[List[Promp
     rng = np.random.default_rng(task.seed)
     order = rng.permutation(len(space))[: task.num_train + task.num_val]
     forms = rng.integers(0, len(QUESTION_FORMS), size=len(order))
-    rows = [_row(*space[i], form=int(f)) for i, f in zip(order, forms)]
+    rows = [_row(space[i], form=int(f)) for i, f in zip(order, forms)]
     return rows[: task.num_train], rows[task.num_train :]
 
 

@@ -6,13 +6,11 @@ global. `build(cfg, paths)` is what `scripts/grpo_one_stage.py` calls.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.grpo.prompts import PromptSource
@@ -195,16 +193,16 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str, rank: int = 0, comm=None):
     from mindgrpo.grpo.trainer import GRPOTrainer
 
-    make = GRPOTrainer
-    if comm is not None:  # the same trainer, with checkpoints sharded by rank
-        from mindgrpo.parallel.build import make_parallel_trainer
+    checkpoints = None  # one process: checkpointing.LocalCheckpoints
+    if comm is not None:
+        from mindgrpo.parallel.build import sharded_checkpoints
 
-        make = functools.partial(make_parallel_trainer, comm=comm)
-    return make(cfg, policy=parts.policy, inference=parts.inference, reference=parts.reference,
+        checkpoints = sharded_checkpoints(cfg, comm, output_dir, parts.policy.config)
+    return GRPOTrainer(cfg, policy=parts.policy, inference=parts.inference, reference=parts.reference,
                 engine=parts.engine, sync=parts.sync, ref_sync=parts.ref_sync, memory=parts.memory,
                 rewards=parts.rewards, tokenizer=parts.tokenizer, train_prompts=parts.train_prompts,
                 val_prompts=parts.val_prompts, metrics_log=metrics_log, progress=progress,
-                output_dir=output_dir, rank=rank, grad_reducer=parts.grad_reducer)
+                output_dir=output_dir, rank=rank, grad_reducer=parts.grad_reducer, checkpoints=checkpoints)
 
 
 def save_strategies(cfg: GRPOConfig, out: str) -> list:

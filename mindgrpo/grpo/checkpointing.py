@@ -77,3 +77,16 @@ def load(path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
             p.set_data(saved[p.name].astype(p.dtype))
     with open(os.path.join(path, "state.json")) as f:
         return json.load(f)
+
+
+class LocalCheckpoints:
+    """The trainer's checkpoint part for one process: every group in one file under root."""
+
+    def __init__(self, root: str, keep_last: int):
+        self.root, self.keep_last = root, keep_last
+
+    def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict) -> str:
+        return save(self.root, step, groups, state, model_config, self.keep_last)
+
+    def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
+        return load(path, groups)

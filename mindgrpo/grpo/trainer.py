@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import asdict
 from typing import Dict, List, Optional
 
@@ -77,7 +76,7 @@ class GRPOTrainer:
     def __init__(self, cfg: GRPOConfig, *, policy, inference, reference, engine: RolloutEngine, sync,
                  ref_sync, memory, rewards, tokenizer, train_prompts: PromptSource,
                  val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
-                 rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None):
+                 rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None, checkpoints=None):
         self.cfg = cfg
         rl, actor, gen = cfg.rl_config, cfg.actor_config, cfg.generate_config
         self.policy, self.inference, self.reference = policy, inference, reference
@@ -86,6 +85,8 @@ class GRPOTrainer:
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
         self.save_data_file = save_data_file
+        root = actor.checkpoint_dir or os.path.join(output_dir, "checkpoints")
+        self.checkpoints = checkpoints or checkpointing.LocalCheckpoints(root, rl.keep_last_k)
         self.G = rl.num_generations
         self.needs_old = rl.num_iterations > 1 or rl.num_mini_batches > 1
         self.updater = PolicyUpdater(
@@ -300,12 +301,10 @@ class GRPOTrainer:
         state = {"step": self.step, "optimizer_steps": self.updater.optimizer_steps,
                  "train_prompts": self.train_prompts.state(), "val_history": self.val_history,
                  "config": asdict(self.cfg)}
-        root = self.cfg.actor_config.checkpoint_dir or os.path.join(self.output_dir, "checkpoints")
-        return checkpointing.save(root, self.step, self.checkpoint_groups(), state,
-                                  self.policy.config.to_hf_dict(), self.cfg.rl_config.keep_last_k)
+        return self.checkpoints.save(self.step, self.checkpoint_groups(), state, self.policy.config.to_hf_dict())
 
     def resume(self, path: str) -> None:
-        state = checkpointing.load(path, self.checkpoint_groups())
+        state = self.checkpoints.load(path, self.checkpoint_groups())
         self.step = int(state["step"])
         self.updater.optimizer_steps = int(state["optimizer_steps"])
         self.train_prompts.load_state(state["train_prompts"])

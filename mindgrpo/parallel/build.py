@@ -161,36 +161,15 @@ def save_strategies(cfg: GRPOConfig, out_dir: str) -> List[str]:
     return [written["train"], written["infer"]]
 
 
-
-def make_parallel_trainer(cfg: GRPOConfig, comm: Comm, **kwargs):
-    """A GRPOTrainer whose checkpoints are sharded by rank (mindgrpo.parallel.checkpoint)."""
-    from dataclasses import asdict
-
-    from mindgrpo.grpo.trainer import GRPOTrainer
-    from mindgrpo.parallel.checkpoint import load_sharded, save_sharded
+def sharded_checkpoints(cfg: GRPOConfig, comm: Comm, output_dir: str, mcfg: Qwen2Config):
+    """The trainer's checkpoint part for this rank: its pieces of the policy, optimizer state and
+    reference, plus the training layout's strategy file (mindgrpo.parallel.checkpoint)."""
+    from mindgrpo.parallel.checkpoint import ShardedCheckpoints
     from mindgrpo.parallel.layout import OPTIMIZER_PREFIXES
     from mindgrpo.parallel.strategy import write_strategy_file
 
-    class DistributedGRPOTrainer(GRPOTrainer):
-        # TODO(lead): a `checkpoints` part of GRPOTrainer would replace these two overrides
-        def save(self) -> str:
-            state = {"step": self.step, "optimizer_steps": self.updater.optimizer_steps,
-                     "train_prompts": self.train_prompts.state(), "val_history": self.val_history,
-                     "config": asdict(self.cfg)}
-            root = self.cfg.actor_config.checkpoint_dir or os.path.join(self.output_dir, "checkpoints")
-            shapes = full_shapes(self.policy.config)
-            shapes.update({prefix + n: s for prefix in OPTIMIZER_PREFIXES for n, s in list(shapes.items())})
-            return save_sharded(comm, root, self.step, self.checkpoint_groups(), state,
-                                self.policy.config.to_hf_dict(), self.cfg.rl_config.keep_last_k,
-                                lambda path: write_strategy_file(path, comm.train, shapes))
-
-        def resume(self, path: str) -> None:
-            state = load_sharded(comm, path, self.checkpoint_groups())
-            self.step = int(state["step"])
-            self.updater.optimizer_steps = int(state["optimizer_steps"])
-            self.train_prompts.load_state(state["train_prompts"])
-            self.val_history = list(state["val_history"])
-            self.sync()
-            logger.info("resumed from %s at step %d", path, self.step)
-
-    return DistributedGRPOTrainer(cfg, **kwargs)
+    shapes = full_shapes(mcfg)
+    shapes.update({prefix + n: s for prefix in OPTIMIZER_PREFIXES for n, s in list(shapes.items())})
+    root = cfg.actor_config.checkpoint_dir or os.path.join(output_dir, "checkpoints")
+    return ShardedCheckpoints(comm, root, cfg.rl_config.keep_last_k,
+                              lambda path: write_strategy_file(path, comm.train, shapes))

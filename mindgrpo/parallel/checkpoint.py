@@ -76,3 +76,18 @@ def load_sharded(comm: Comm, path: str, groups: Dict[str, Sequence[ms.Parameter]
             p.set_data(saved[p.name].astype(p.dtype))
     with open(os.path.join(path, "state.json")) as f:
         return json.load(f)
+
+
+class ShardedCheckpoints:
+    """The trainer's checkpoint part under msrun: every rank its pieces, rank 0 the rest.
+    write_strategy(path) writes the training layout's strategy file (rank 0)."""
+
+    def __init__(self, comm: Comm, root: str, keep_last: int, write_strategy):
+        self.comm, self.root, self.keep_last, self.write_strategy = comm, root, keep_last, write_strategy
+
+    def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict) -> str:
+        return save_sharded(self.comm, self.root, step, groups, state, model_config, self.keep_last,
+                            self.write_strategy)
+
+    def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
+        return load_sharded(self.comm, path, groups)

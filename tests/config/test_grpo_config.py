@@ -52,7 +52,8 @@ FULL = GRPOConfig(
         soft_overlong=SoftOverlongConfig(buffer_len=256, penalty_factor=0.5, max_len=900)),
     sft_config=SFTConfig(steps=12, lr=5e-4, batch_size=8),
     synthetic_config=SyntheticConfig(template="qwen_chat", task=ArithmeticTask(
-        seed=3, num_train=100, num_val=20, max_operand=30, max_mul_operand=9, operators=("+", "*"))),
+        seed=3, num_train=100, num_val=20, max_operand=30, max_mul_operand=9, operators=("+", "-"),
+        num_operands=3)),
 )
 
 

@@ -123,3 +123,36 @@ def test_dataset_written_with_the_shared_writer(tiny, tmp_path):
     first = records[0]
     ids = tiny.encode(render_prompt("qwen_r1", train[0].question))
     assert first["prompt_ids"][: int(first["prompt_length"])].tolist() == ids
+
+
+CHAIN = re.compile(r"\D*?(\d+) ([-+]) (\d+) ([-+]) (\d+)[?.]")
+
+
+def test_three_operand_chains_show_every_step():
+    import itertools
+
+    task = ArithmeticTask(seed=1, operators=("+", "-"), num_operands=3, max_operand=9, num_train=600, num_val=100)
+    train, val = arithmetic_rows(task)
+    assert not {r.question for r in train} & {r.question for r in val}
+    for row in train + val:
+        a, op1, b, op2, c = CHAIN.fullmatch(row.question).groups()
+        x = OPS[op1](int(a), int(b))
+        y = OPS[op2](x, int(c))
+        assert x >= 0 and y >= 0 and row.solution == str(y)
+        assert row.answer == f"{a} {op1} {b} = {x}, {x} {op2} {c} = {y}"
+    # the space is every chain with non-negative intermediate results, counted independently
+    space = sum(1 for a, b, c in itertools.product(range(10), repeat=3)
+                for o1, o2 in itertools.product("+-", repeat=2)
+                if OPS[o1](a, b) >= 0 and OPS[o2](OPS[o1](a, b), c) >= 0)
+    arithmetic_rows(ArithmeticTask(operators=("+", "-"), num_operands=3, max_operand=9, num_train=space, num_val=0))
+    with pytest.raises(ValueError, match="space holds"):
+        arithmetic_rows(ArithmeticTask(operators=("+", "-"), num_operands=3, max_operand=9, num_train=space,
+                                       num_val=1))
+
+
+@pytest.mark.parametrize("kwargs, match", [({"num_operands": 1}, "num_operands"),
+                                           ({"num_operands": 3, "operators": ("*",)}, "only supported"),
+                                           ({"operators": ("/",)}, "unknown operator")])
+def test_bad_tasks_fail(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ArithmeticTask(**kwargs)
