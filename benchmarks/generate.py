@@ -2,13 +2,17 @@
 sampling settings, side by side in one run.
 
     .venv/bin/python benchmarks/generate.py [--configs tiny-qwen-vocab tiny-small-vocab] \
-        [--batch 16] [--new_tokens 64 128] [--repeats 3] [--output benchmarks/results/generate.json]
+        [--batch 16] [--new_tokens 64 128] [--repeats 5] [--output benchmarks/results/generate.json]
 
 Both sides sample with temperature 1, top_k=0, top_p=1 (transformers' default top_k=50 would cost
-it a sort per step) and generate exactly N new tokens (no early stop). Timing covers prefill and
-decode, median of --repeats runs after one warm-up run (our warm-up includes graph compilation,
-reported separately). Also prints our per-layer decode cost, from timing the same decode with
-the layer count varied.
+it a sort per step) and generate exactly N new tokens (no early stop). Timing covers everything a
+call does: prefill and decode, and on our side also remaking the fused weight copies. After one
+warm-up run per side (ours includes graph compilation, reported separately) the two sides
+alternate run by run, so that load from other jobs on the machine falls on both; the figures are
+the medians of --repeats runs each.
+
+Also prints our per-layer decode cost: decode steps only (from the first token on), timed with 1
+and with 4 layers (the two alternating), (t4 - t1) / 3 per layer and t1 - that outside the layers.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CONFIGS, hf_model, machine, ours_from_hf, timed  # noqa: E402
+from common import CONFIGS, hf_model, machine, ours_from_hf  # noqa: E402
 
 
 def run_hf(model, prompts, new_tokens):
@@ -44,21 +48,42 @@ def run_ours(engine, prompts, new_tokens):
     return out
 
 
-def per_layer_cost(name: str, batch: int, new_tokens: int, repeats: int) -> dict:
-    """ms per decode step with 2 and with 4 layers: the difference / 2 is one layer's cost."""
-    from mindgrpo.inference.engine import RolloutEngine
+def alternate(fns: dict, repeats: int) -> dict:
+    """name -> zero-argument callable; runs them in turn `repeats` times -> name -> seconds per run."""
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return times
 
-    steps = {}
-    for layers in (2, 4):
-        base = dict(CONFIGS[name], num_hidden_layers=layers)
-        hf = hf_model(name, overrides=base)
-        engine = RolloutEngine(ours_from_hf(hf))
-        prompts = [list(range(10, 42))] * batch
-        run_ours(engine, prompts, new_tokens)
-        secs, _ = timed(lambda: run_ours(engine, prompts, new_tokens), repeats)
-        steps[layers] = 1000 * secs / new_tokens
-    return {"ms_per_step_2_layers": steps[2], "ms_per_step_4_layers": steps[4],
-            "ms_per_layer": (steps[4] - steps[2]) / 2, "ms_outside_layers": steps[2] - (steps[4] - steps[2])}
+
+def per_layer_cost(name: str, batch: int, new_tokens: int, repeats: int) -> dict:
+    """Decode ms per step (first token excluded) with 1 and 4 layers, alternating."""
+    from mindgrpo.inference.engine import RolloutEngine
+    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+
+    prompts = [list(range(10, 42))] * batch
+    engines = {n: RolloutEngine(Qwen2ForCausalLM(Qwen2Config(**dict(CONFIGS[name], num_hidden_layers=n),
+                                                             max_position_embeddings=4096)))
+               for n in (1, 4)}
+    decode_ms = {n: [] for n in engines}
+
+    def run(n):
+        e = engines[n]
+        run_ours(e, prompts, new_tokens)
+        s = e.last_stats
+        decode_ms[n].append(1000 * (s["seconds"] - s["first_token_seconds"]) / (s["decode_steps"] - 1))
+
+    for n in engines:
+        run(n)  # compiles
+        decode_ms[n].clear()
+    alternate({n: (lambda n=n: run(n)) for n in engines}, repeats)
+    t1, t4 = (float(np.median(decode_ms[n])) for n in (1, 4))
+    per_layer = (t4 - t1) / 3
+    return {"decode_ms_per_step_1_layer": t1, "decode_ms_per_step_4_layers": t4, "ms_per_layer": per_layer,
+            "ms_outside_layers": t1 - per_layer}
 
 
 def main(argv=None) -> int:
@@ -67,7 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--prompt_len", type=int, default=32)
     ap.add_argument("--new_tokens", type=int, nargs="+", default=[64, 128])
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                      "generate.json"))
     args = ap.parse_args(argv)
@@ -79,8 +104,9 @@ def main(argv=None) -> int:
 
     ms.set_context(mode=ms.GRAPH_MODE)
     torch.manual_seed(0)
-    results = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "batch": args.batch,
-               "torch_threads": torch.get_num_threads(), "configs": {}}
+    results = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "batch": args.batch,
+               "prompt_len": args.prompt_len, "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
+               "load_average_start": os.getloadavg()[0], "configs": {}}
     rows = []
     for name in args.configs:
         hf = hf_model(name)
@@ -92,30 +118,41 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             run_ours(engine, prompts, n)  # compiles the bucket
             compile_s = time.perf_counter() - t0
-            ours_s, _ = timed(lambda: run_ours(engine, prompts, n), args.repeats)
             run_hf(hf, prompts, n)
-            hf_s, _ = timed(lambda: run_hf(hf, prompts, n), args.repeats)
+            times = alternate({"ours": lambda: run_ours(engine, prompts, n), "hf": lambda: run_hf(hf, prompts, n)},
+                              args.repeats)
+            ours_s, hf_s = float(np.median(times["ours"])), float(np.median(times["hf"]))
             tokens = args.batch * n
             per[n] = {"mindgrpo_tokens_per_s": tokens / ours_s, "transformers_tokens_per_s": tokens / hf_s,
                       "ratio": hf_s / ours_s, "mindgrpo_ms_per_step": 1000 * ours_s / n,
-                      "transformers_ms_per_step": 1000 * hf_s / n, "mindgrpo_first_call_s": compile_s}
+                      "transformers_ms_per_step": 1000 * hf_s / n, "mindgrpo_first_call_s": compile_s,
+                      "mindgrpo_runs_s": times["ours"], "transformers_runs_s": times["hf"]}
             rows.append((name, n, per[n]))
             print(f"{name:18s} {n:4d} new tokens: mindgrpo {per[n]['mindgrpo_tokens_per_s']:8.1f} tok/s, "
                   f"transformers {per[n]['transformers_tokens_per_s']:8.1f} tok/s, ratio {per[n]['ratio']:.2f}x",
                   flush=True)
         per["layers"] = per_layer_cost(name, args.batch, args.new_tokens[0], args.repeats)
         print(f"{name:18s} decode cost: {per['layers']['ms_per_layer']:.2f} ms per layer, "
-              f"{per['layers']['ms_outside_layers']:.2f} ms outside the layers (embedding, head, sampling)")
+              f"{per['layers']['ms_outside_layers']:.2f} ms outside the layers (embedding, head, sampling, host)",
+              flush=True)
         results["configs"][name] = per
+    results["load_average_end"] = os.getloadavg()[0]
 
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(results, f, indent=2)
-    print("\n| config | new tokens | mindgrpo tok/s | transformers tok/s | ratio |\n|---|---|---|---|---|")
+    print("\n| config | new tokens | mindgrpo tok/s | transformers tok/s | ratio | mindgrpo ms/step | "
+          "transformers ms/step |\n|---|---|---|---|---|---|---|")
     for name, n, r in rows:
         print(f"| {name} | {n} | {r['mindgrpo_tokens_per_s']:.0f} | {r['transformers_tokens_per_s']:.0f} | "
-              f"{r['ratio']:.2f}x |")
-    print(f"\nwritten {args.output}")
+              f"{r['ratio']:.2f}x | {r['mindgrpo_ms_per_step']:.1f} | {r['transformers_ms_per_step']:.1f} |")
+    print("\n| config | decode ms/step, 1 layer | 4 layers | ms per layer | ms outside the layers |\n|---|---|---|---|---|")
+    for name in args.configs:
+        c = results["configs"][name]["layers"]
+        print(f"| {name} | {c['decode_ms_per_step_1_layer']:.2f} | {c['decode_ms_per_step_4_layers']:.2f} | "
+              f"{c['ms_per_layer']:.2f} | {c['ms_outside_layers']:.2f} |")
+    print(f"\nload average {results['load_average_start']:.1f} -> {results['load_average_end']:.1f}; "
+          f"written {args.output}")
     return 0
 
 

@@ -258,8 +258,11 @@ class RolloutEngine:
         done[n_rows:] = True
         finished_at = np.full(b, params.max_tokens)
         steps = 0
+        first_token = 0.0
         for t in range(params.max_tokens):
             tok_np = tok.asnumpy()  # (B,) host sync: needed for the stop check
+            if t == 0:
+                first_token = time.perf_counter() - t0  # weight refresh + prefill
             out[:, t] = tok_np
             steps = t + 1
             if not params.ignore_stop:
@@ -287,7 +290,7 @@ class RolloutEngine:
             results.append(Completion(i // params.n, out[i, :n_tok].tolist(), reason))
         new_tokens = sum(len(r.token_ids) for r in results)
         self.last_stats = {"rows": n_rows, "bucket": (b, p, c), "decode_steps": steps,
-                           "new_tokens": new_tokens, "seconds": elapsed,
+                           "new_tokens": new_tokens, "seconds": elapsed, "first_token_seconds": first_token,
                            "tokens_per_s": new_tokens / max(elapsed, 1e-9)}
         return results
 

@@ -6,7 +6,7 @@ import pytest
 
 import mindspore as ms
 
-from mindgrpo.inference.sampling import Sampler, SamplingParams
+from mindgrpo.inference.sampling import Sampler, SamplingParams, block_size
 
 N = 4000  # uniforms; each token's share is exact to 1/N
 
@@ -45,6 +45,38 @@ def test_sampled_shares_equal_warped_probabilities(params):
     ref = hf_probs(logits, params)
     assert np.abs(share - ref).max() <= 1.0 / N + 1e-6
     assert set(np.nonzero(share)[0]) <= set(np.nonzero(ref > 0)[0])
+
+
+@pytest.mark.parametrize("n, block", [(151936, 128), (4096, 64), (50, 5), (4093, 1)])
+def test_block_size_is_the_divisor_nearest_sqrt(n, block):
+    assert block_size(n) == block
+
+
+@pytest.mark.parametrize("vocab", [4096, 4093, 151936])
+def test_whole_vocabulary_draw_is_the_exact_inverse_cdf(vocab):
+    """Against a float64 inverse CDF: the same token wherever the threshold is not within fp32
+    rounding of a boundary (the two-level sums are short; one cumsum over 152k terms is not)."""
+    rng = np.random.default_rng(vocab)
+    b = 8
+    logits = (rng.normal(size=(b, vocab)) * 3).astype(np.float32)
+    u = rng.random(b, dtype=np.float32)
+    picks = Sampler(SamplingParams(temperature=1.0), vocab)(ms.Tensor(logits), ms.Tensor(u)).asnumpy()
+    w = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
+    cdf = np.cumsum(w, -1) / w.sum(-1, keepdims=True)
+    exact = (cdf <= u[:, None].astype(np.float64)).sum(-1)
+    near_boundary = np.abs(cdf - u[:, None]).min(-1) < 1e-6
+    assert ((picks == exact) | near_boundary).all() and (~near_boundary).sum() >= b - 1
+
+
+def test_thresholds_at_the_top_never_draw_a_filtered_token():
+    """u next to 1 rounds the threshold onto the end of the distribution: the last token with
+    weight is drawn, not one that min-p (or an underflowing exp) gave weight 0."""
+    logits = np.full((4, 64), -1000.0, np.float32)  # exp underflows to exactly 0
+    logits[:, :5] = [1.0, 0.5, 0.2, 0.1, 0.0]
+    u = np.array([1 - 2 ** -24, 1 - 2 ** -23, 0.9999, 0.5], np.float32)
+    for params in (SamplingParams(temperature=1.0, min_p=0.5), SamplingParams(temperature=1.0)):
+        picks = Sampler(params, 64)(ms.Tensor(logits), ms.Tensor(u)).asnumpy()
+        assert picks.max() <= (1 if params.min_p else 4), picks
 
 
 def test_greedy_is_argmax():
