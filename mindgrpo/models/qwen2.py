@@ -8,7 +8,11 @@ layout), so loading one of their checkpoints is a 1:1 map; the Hugging Face name
 One set of parameters serves two kinds of graph (`models/scoring.py`, `inference/engine.py`):
   - training: `Qwen2ForCausalLM.hidden_states` on a right-padded batch, then the vocabulary
     projection only at the scored positions (`Qwen2ForCausalLM.token_logprobs`);
-  - inference: `prefill` and `decode` against a static KV cache of fixed capacity C.
+  - inference: `prefill` and `decode` against a static KV cache of fixed capacity C, on fused
+    copies of each layer's weights that the engine makes from the parameters
+    (`DecoderLayer.fused_weights`): one qkv and one gate/up matmul per layer, (in, out) layout,
+    norm weights and 1/sqrt(d) folded in, rows flattened to (N, H). On CPU the decode step is
+    bound by op count (~40 ops per layer at ~10-20 us of dispatch each) more than by FLOPs.
 Tensor parallelism plugs in through the layer factory (`DenseLayers` here, a rank's version in
 `mindgrpo/parallel/tp_layers.py`); this file never talks to other ranks itself.
 Shapes use the vocabulary of `mindgrpo/__init__.py`.
@@ -286,7 +290,7 @@ class Attention(nn.Cell):
         self.pv = ops.BatchMatMul()
         self.scatter = ops.ScatterNdUpdate()
         self.dtype = dt
-        self.matmul = ops.MatMul()  # decode: x (N, in) @ a fused (in, out) copy of the weights
+        self.matmul = ops.MatMul()  # inference: x (N, in) @ a fused (in, out) copy of the weights
         self.rotate = Tensor(rotate_half_matrix(d), dt)
 
     def _qkv(self, x, cos, sin):
