@@ -47,6 +47,11 @@ local_worker_num=${local_worker_num:-$worker_num}
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 msrun_bin="$(command -v msrun || true)"
+if [ -z "$msrun_bin" ] && [ -x "$here/../.venv/bin/msrun" ]; then
+  # the README's set-up, not activated: msrun starts the workers with the `python` on PATH
+  export PATH="$(cd "$here/../.venv/bin" && pwd):$PATH"
+  msrun_bin="$(command -v msrun)"
+fi
 [ -n "$msrun_bin" ] || { echo "run_grpo.sh: msrun not found (activate the environment with MindSpore)" >&2; exit 2; }
 
 cmd=("$msrun_bin" "--worker_num=$worker_num" "--local_worker_num=$local_worker_num" "--master_addr=$master_addr"

@@ -27,6 +27,12 @@ def msrun_path() -> str:
     return path
 
 
+def python_path() -> str:
+    """PATH with this interpreter's folder first: msrun starts its workers with the `python` on PATH,
+    which must be the test's (the venv need not be activated)."""
+    return os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
+
 def tail(path: str, lines: int = 40) -> str:
     with open(path, errors="replace") as f:
         kept = [ln for ln in f.read().splitlines() if not ln.startswith(("[WARNING]", "[INFO]"))]
@@ -39,7 +45,8 @@ def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float =
     script = script if os.path.isabs(script) else os.path.join(WORKERS, script)
     cmd = [msrun_path(), f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_port",
            str(free_port()), "--log_dir", log_dir, "--join", "True", script, *map(str, args)]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PATH=python_path())
     os.makedirs(log_dir, exist_ok=True)
     with open(os.path.join(log_dir, "msrun.out"), "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -7,7 +7,7 @@ import sys
 import pytest
 from mindspore.parallel import build_searched_strategy
 
-from msrun_util import REPO, free_port, msrun_path
+from msrun_util import REPO, free_port, msrun_path, python_path
 
 
 def test_only_save_strategy_writes_both_layouts(tmp_path):
@@ -32,7 +32,8 @@ def test_run_grpo_sh_exits_nonzero_with_the_failing_rank_error(tmp_path):
                            "--master_port", str(free_port()), "--log_dir", str(tmp_path / "log"), "--timeout", "240",
                            "--", "--output_dir", str(tmp_path / "out"),
                            "actor_config.parallel_config.model_parallel=3"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=dict(os.environ, PATH=python_path()))
     assert proc.returncode != 0
     assert "run_grpo.sh: rank 0 failed" in proc.stderr or "run_grpo.sh: rank 1 failed" in proc.stderr
     assert ("actor_config.parallel_config: data_parallel*model_parallel*pipeline_stage = 3, but the world size is 2"
