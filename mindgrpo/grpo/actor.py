@@ -25,8 +25,8 @@ from mindgrpo.models.scoring import TokenLogProbs
 class Scorer:
     """log p(labels) (B, R) of an Experience under `lm`, micro-batch by micro-batch."""
 
-    def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int):
-        self.graph = TokenLogProbs(lm, with_entropy=False)
+    def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0):
+        self.graph = TokenLogProbs(lm, with_entropy=False, temperature=temperature)
         self.micro = micro_batch_size
 
     def __call__(self, exp: Experience) -> np.ndarray:
@@ -40,12 +40,12 @@ class Scorer:
 class PolicyUpdater:
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, *, micro_batch_size: int, detach_old: bool,
                  use_ref: bool, beta1: float, beta2: float, eps: float, weight_decay: float,
-                 grad_clip: float, with_entropy: bool = True, grad_reducer=None):
+                 grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0):
         self.lm = lm
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
         self.buffer = GradBuffer(self.params)
-        self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy),
+        self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature),
                                        self.params, self.buffer)
         # under tensor parallelism the model's layer factory knows how to sum the pieces' norms
         self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay,

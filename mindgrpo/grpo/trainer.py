@@ -89,12 +89,15 @@ class GRPOTrainer:
         self.checkpoints = checkpoints or checkpointing.LocalCheckpoints(root, rl.keep_last_k)
         self.G = rl.num_generations
         self.needs_old = rl.num_iterations > 1 or rl.num_mini_batches > 1
+        # every log-prob is of the distribution the rollouts sample: softmax(logits / T)
+        temperature = gen.temperature if gen.temperature > 0 else 1.0
         self.updater = PolicyUpdater(
             policy, self._loss(), micro_batch_size=actor.micro_batch_size, detach_old=not self.needs_old,
             use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
-            weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer)
-        self.ref_scorer = Scorer(reference, actor.micro_batch_size) if reference is not None else None
-        self.old_scorer = Scorer(policy, actor.micro_batch_size) if self.needs_old else None
+            weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
+            temperature=temperature)
+        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature) if reference is not None else None
+        self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature) if self.needs_old else None
         self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches
         self.stop_ids = tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))
         self.sample_seed = rl.seed if gen.seed is None else gen.seed

@@ -40,12 +40,19 @@ class TokenLogProbs(nn.Cell):
     score_pos[b, r] is the position whose output predicts labels[b, r] (for a response that
     starts at position L, score_pos = L-1, L, ...). Padded entries may point anywhere: the
     caller masks them. With right padding, causal attention alone keeps pads out of view of
-    real tokens, so no key mask is built. The vocabulary projection runs on B*R rows, not B*S."""
+    real tokens, so no key mask is built. The vocabulary projection runs on B*R rows, not B*S.
 
-    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True):
+    temperature T: log-probs and entropy of softmax(logits / T), the distribution a rollout at
+    temperature T samples from (as TRL and verl score); the lm_head has no bias, so h / T before
+    it is logits / T without a (B*R, V) pass."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         self.lm = lm
         self.with_entropy = with_entropy
+        self.inv_temperature = 1.0 / temperature
 
     def construct(self, input_ids, score_pos, labels):
         b, s = input_ids.shape
@@ -55,5 +62,7 @@ class TokenLogProbs(nn.Cell):
         flat = (ops.arange(b).astype(ms.int32).reshape(b, 1) * s + score_pos).reshape(-1)
         h = ops.gather(h.reshape(b * s, -1), flat, 0)  # (B*R, H)
         h = self.lm.model.norm_out(h)
+        if self.inv_temperature != 1.0:
+            h = h * self.inv_temperature
         logp, ent = self.lm.token_logprobs(h, labels.reshape(-1), self.with_entropy)
         return logp.reshape(b, r), ent.reshape(b, r)

@@ -24,7 +24,9 @@ CFG = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidde
 PROMPTS = [[3, 4, 5], [7, 8], [9, 10, 11, 12], [20]]
 
 
-def nll_minus_entropy(samples, temperature):
+def nll_minus_entropy(samples, temperature, scored_at=None):
+    """E[-log p - H] per sequence for `samples` rollouts at `temperature`, scored at `scored_at`
+    (default: the same temperature, as the trainer scores)."""
     policy = Qwen2ForCausalLM(CFG, seed=1)
     inference = Qwen2ForCausalLM(CFG, seed=2)
     WeightSync(policy, inference)()
@@ -32,8 +34,8 @@ def nll_minus_entropy(samples, temperature):
         PROMPTS, SamplingParams(max_tokens=6, temperature=temperature, n=samples // len(PROMPTS), seed=7))
     exp = pack([PROMPTS[c.prompt_index] for c in comps], [c.token_ids for c in comps],
                np.zeros(len(comps), np.float32))
-    logp, ent = TokenLogProbs(policy, with_entropy=True)(Tensor(exp.input_ids), Tensor(exp.score_pos),
-                                                         Tensor(exp.labels))
+    scorer = TokenLogProbs(policy, with_entropy=True, temperature=scored_at or temperature)
+    logp, ent = scorer(Tensor(exp.input_ids), Tensor(exp.score_pos), Tensor(exp.labels))
     diff = ((-logp.asnumpy() - ent.asnumpy()) * exp.mask).sum(-1)  # (B,) per sequence
     return diff.mean(), diff.std() / np.sqrt(len(diff)), float((ent.asnumpy() * exp.mask).sum(-1).mean())
 
@@ -44,6 +46,11 @@ def test_samples_follow_the_scored_policy():
     assert abs(mean) < 4 * se, (mean, se)
 
 
+def test_samples_at_a_lower_temperature_follow_the_policy_scored_at_it():
+    mean, se, _ = nll_minus_entropy(512, temperature=0.7)
+    assert abs(mean) < 4 * se, (mean, se)
+
+
 def test_the_check_sees_a_different_distribution():
-    mean, se, _ = nll_minus_entropy(512, temperature=0.7)  # sharper than the scored policy
+    mean, se, _ = nll_minus_entropy(512, temperature=0.7, scored_at=1.0)  # sharper than the scored policy
     assert mean < -4 * se, (mean, se)
