@@ -322,14 +322,21 @@ class Worker:
 
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
+        self.target = target.__name__
         self.proc = ctx.Process(target=_serve, args=(child, target, *args))
         self.proc.start()
 
     def send(self, msg) -> None:
-        self.conn.send(msg)
+        try:
+            self.conn.send(msg)
+        except BrokenPipeError:
+            self.died()
 
     def recv(self):
-        msg = self.conn.recv()
+        try:
+            msg = self.conn.recv()
+        except EOFError:
+            self.died()
         if isinstance(msg, tuple) and msg and msg[0] == "error":
             self.proc.join()
             raise RuntimeError(f"{self.proc.name} failed:\n{msg[1]}")
@@ -341,6 +348,13 @@ class Worker:
 
     def join(self) -> None:
         self.proc.join()
+
+    def died(self):
+        """The child ended without a word: killed (the kernel's OOM killer sends SIGKILL) or crashed."""
+        self.proc.join(timeout=10)
+        code = self.proc.exitcode
+        why = " (SIGKILL: out of memory? see dmesg)" if code == -9 else ""
+        raise RuntimeError(f"{self.proc.name} ({self.target}) died with exit code {code}{why}")
 
 
 def _serve(conn, target, *args) -> None:
