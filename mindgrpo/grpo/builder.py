@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.grpo.prompts import PromptSource
 
@@ -176,7 +175,7 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
     memory = SwapManager(enabled=rl.swap, device=ms.get_context("device_target"))  # real moves on Ascend
     engine = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
     memory.register("policy", policy.get_parameters())
-    memory.register("inference", list(inference.get_parameters()) + engine.weights.buffer_list())  # + fused copies
+    memory.register("inference", engine.resident_parameters())
     if reference is not None:
         memory.register("reference", reference.get_parameters())
     memory.register("kv_cache", sizer=lambda: sum(b.cache.nbytes for b in engine._buckets.values()))

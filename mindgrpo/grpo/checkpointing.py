@@ -79,6 +79,11 @@ def load(path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
         return json.load(f)
 
 
+def checkpoint_root(cfg, output_dir: str) -> str:
+    """Where a run's checkpoints go: actor_config.checkpoint_dir, else <output_dir>/checkpoints."""
+    return cfg.actor_config.checkpoint_dir or os.path.join(output_dir, "checkpoints")
+
+
 class LocalCheckpoints:
     """The trainer's checkpoint part for one process: every group in one file under root."""
 

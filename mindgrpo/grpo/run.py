@@ -93,7 +93,7 @@ def run(args) -> int:
     if args.resume or args.resume_from:
         from mindgrpo.grpo import checkpointing
 
-        root = cfg.actor_config.checkpoint_dir or os.path.join(out, "checkpoints")
+        root = trainer.checkpoints.root
         path = args.resume_from or checkpointing.latest(root)
         if path is None:
             raise SetupError(f"--resume: no checkpoint under {root}")

@@ -9,7 +9,6 @@ reward set, the prompt sources and a metrics logger. Each step method below is o
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import asdict
 from typing import Dict, List, Optional
 
@@ -85,8 +84,8 @@ class GRPOTrainer:
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
         self.save_data_file = save_data_file
-        root = actor.checkpoint_dir or os.path.join(output_dir, "checkpoints")
-        self.checkpoints = checkpoints or checkpointing.LocalCheckpoints(root, rl.keep_last_k)
+        self.checkpoints = checkpoints or checkpointing.LocalCheckpoints(
+            checkpointing.checkpoint_root(cfg, output_dir), rl.keep_last_k)
         self.G = rl.num_generations
         self.needs_old = rl.num_iterations > 1 or rl.num_mini_batches > 1
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)

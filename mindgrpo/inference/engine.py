@@ -109,11 +109,6 @@ class InferenceWeights(nn.Cell):
         self.per_layer = n
         self._refresh = _Refresh(fuse, self.buffers)
 
-    def buffer_list(self) -> list:
-        """The copies (Parameters), for the memory ledger (get_parameters would also list the
-        model's own, through the refresh graph)."""
-        return list(self.buffers)
-
     def layer(self, i: int):
         return tuple(self.buffers[i * self.per_layer + j] for j in range(self.per_layer))
 
@@ -194,6 +189,11 @@ class RolloutEngine:
         self.compiled_buckets = 0  # grows only when a new bucket is built
         self.last_stats: dict = {}
         self.weights = InferenceWeights(lm)
+
+    def resident_parameters(self) -> list:
+        """What the rollout phase keeps on the device besides the KV cache: the inference model's
+        parameters and the fused copies made from them (for the memory ledger)."""
+        return list(self.lm.get_parameters()) + list(self.weights.buffers)
 
     def _get_bucket(self, b, p, c, params: SamplingParams) -> _Bucket:
         key = (b, p, c, params.graph_key())

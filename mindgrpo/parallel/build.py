@@ -127,7 +127,7 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
     memory = SwapManager(enabled=rl.swap, device=comm.device)
     rollout = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
     memory.register("policy", policy.get_parameters())
-    memory.register("inference", list(inference.get_parameters()) + rollout.weights.buffer_list())  # + fused copies
+    memory.register("inference", rollout.resident_parameters())
     if reference is not None:
         memory.register("reference", reference.get_parameters())
     engine = DataParallelEngine(rollout, comm, comm.infer_dp)
@@ -164,12 +164,12 @@ def save_strategies(cfg: GRPOConfig, out_dir: str) -> List[str]:
 def sharded_checkpoints(cfg: GRPOConfig, comm: Comm, output_dir: str, mcfg: Qwen2Config):
     """The trainer's checkpoint part for this rank: its pieces of the policy, optimizer state and
     reference, plus the training layout's strategy file (mindgrpo.parallel.checkpoint)."""
+    from mindgrpo.grpo.checkpointing import checkpoint_root
     from mindgrpo.parallel.checkpoint import ShardedCheckpoints
     from mindgrpo.parallel.layout import OPTIMIZER_PREFIXES
     from mindgrpo.parallel.strategy import write_strategy_file
 
     shapes = full_shapes(mcfg)
     shapes.update({prefix + n: s for prefix in OPTIMIZER_PREFIXES for n, s in list(shapes.items())})
-    root = cfg.actor_config.checkpoint_dir or os.path.join(output_dir, "checkpoints")
-    return ShardedCheckpoints(comm, root, cfg.rl_config.keep_last_k,
+    return ShardedCheckpoints(comm, checkpoint_root(cfg, output_dir), cfg.rl_config.keep_last_k,
                               lambda path: write_strategy_file(path, comm.train, shapes))
