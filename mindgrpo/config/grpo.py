@@ -210,11 +210,16 @@ class SFTConfig:
     steps: int = 0  # 0: none
     lr: float = 1e-3
     batch_size: int = 32
+    # A flawed teacher (built-in synthetic task only): each addition of a warm-start solution that carries
+    # out of the ones column forgets the carry with this probability (mindgrpo.data.synthetic.flawed_solution).
+    teacher_carry_error: float = 0.0
 
     def __post_init__(self):
         _check_non_negative(self, "steps")
         _check_positive(self, "batch_size")
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(0.0 <= self.teacher_carry_error <= 1.0, "teacher_carry_error",
+              f"must be in [0, 1], got {self.teacher_carry_error}")
 
 
 @dataclass(frozen=True)
@@ -247,6 +252,8 @@ class GRPOConfig:
         check(mini_batch_rows % (dp * actor.micro_batch_size) == 0, "actor_config.micro_batch_size",
               f"micro_batch_size * actor_config.parallel_config.data_parallel = {actor.micro_batch_size} * {dp} "
               f"must divide the {mini_batch_rows} rows of a mini-batch")
+        check(self.sft_config.teacher_carry_error == 0.0 or rl.dataset_path is None, "sft_config.teacher_carry_error",
+              "applies to the built-in synthetic task only; set it to 0 with rl_config.dataset_path")
         overlong = self.reward_config.soft_overlong
         max_len = self.generate_config.max_tokens if overlong.max_len is None else overlong.max_len
         check("soft_overlong" not in self.reward_config.verifier_function or overlong.buffer_len < max_len,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -121,6 +122,34 @@ def arithmetic_rows(task: ArithmeticTask = ArithmeticTask()) -> Tuple[List[Promp
     forms = rng.integers(0, len(QUESTION_FORMS), size=len(order))
     rows = [_row(space[i], form=int(f)) for i, f in zip(order, forms)]
     return rows[: task.num_train], rows[task.num_train :]
+
+
+_STEP = re.compile(r"^(\d+) ([-+*]) (\d+) = (-?\d+)$")
+
+
+def forgets_carry(a: int, b: int) -> bool:
+    """Whether a + b carries out of the ones column (8 + 5 does, 12 + 5 does not)."""
+    return a % 10 + b % 10 >= 10
+
+
+def flawed_solution(answer: str, rng: np.random.Generator, carry_error: float) -> Tuple[str, str]:
+    """A flawed teacher's version of a worked solution ("3 + 8 = 11, 11 + 5 = 16"): each addition that
+    carries out of the ones column forgets the carry with probability `carry_error` (3 + 8 = 1), and later
+    steps go on from the wrong value, as a student with that habit would. Returns (worked solution, final
+    value). Raises ValueError on a solution that is not such a chain."""
+    steps = answer.split(", ")
+    value, out = None, []
+    for text in steps:
+        m = _STEP.match(text)
+        if m is None:
+            raise ValueError(f"not a worked arithmetic step: {text!r} in {answer!r}")
+        a, op, b = int(m.group(1)) if value is None else value, m.group(2), int(m.group(3))
+        new = _apply(a, op, b)
+        if op == "+" and forgets_carry(a, b) and rng.random() < carry_error:
+            new -= 10
+        out.append(f"{a} {op} {b} = {new}")
+        value = new
+    return ", ".join(out), str(value)
 
 
 # ----------------------------------------------------------------------------------------------- tokenizer

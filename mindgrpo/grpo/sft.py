@@ -13,6 +13,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from mindgrpo.data.synthetic import flawed_solution
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.ms_algos import GRPOLoss
@@ -34,7 +35,11 @@ def sft_targets(answers: List[str], solutions: List[str], tokenizer) -> List[Lis
 
 
 def sft_warm_start(policy, prompts: PromptSource, tokenizer, *, steps: int, lr: float, batch_size: int,
-                   micro_batch_size: int, seed: int, log_every: int = 10) -> Dict[str, float]:
+                   micro_batch_size: int, seed: int, teacher_carry_error: float = 0.0,
+                   log_every: int = 10) -> Dict[str, float]:
+    """`steps` AdamW steps on `batch_size` prompts each, cosine lr from `lr` to lr / 10 after a 10% warmup.
+    With teacher_carry_error > 0 the targets come from a flawed teacher (synthetic chains only): each
+    solution is redrawn per use, so every carrying fact is seen both right and wrong."""
     if steps <= 0:
         return {}
     updater = PolicyUpdater(policy, GRPOLoss(beta=0.0, agg_mode="token-mean"), micro_batch_size=micro_batch_size,
@@ -43,10 +48,14 @@ def sft_warm_start(policy, prompts: PromptSource, tokenizer, *, steps: int, lr: 
     scorer = Scorer(policy, micro_batch_size)
     source = PromptSource({"prompt_ids": [np.array(i) for i in prompts.ids],
                            "prompt_length": [len(i) for i in prompts.ids], **prompts.columns}, seed=seed)
+    teacher_rng = np.random.default_rng([seed, 1])
     t0, nll = time.perf_counter(), float("nan")
     for step in range(steps):
         batch = source.next(batch_size)
-        targets = sft_targets(batch.columns["answer"], batch.columns["solution"], tokenizer)
+        answers, solutions = batch.columns["answer"], batch.columns["solution"]
+        if teacher_carry_error > 0:
+            answers, solutions = zip(*(flawed_solution(a, teacher_rng, teacher_carry_error) for a in answers))
+        targets = sft_targets(list(answers), list(solutions), tokenizer)
         exp = pack(batch.ids, targets, np.ones(len(targets), np.float32), pad_id=tokenizer.pad_token_id)
         updater.update(exp, lr_at(step, lr, steps, warmup_steps=max(1, steps // 10), schedule="cosine",
                                   min_lr=lr * 0.1))

@@ -156,3 +156,21 @@ def test_three_operand_chains_show_every_step():
 def test_bad_tasks_fail(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ArithmeticTask(**kwargs)
+
+
+def test_flawed_teacher_forgets_carries_and_carries_on_from_its_mistake():
+    import numpy as np
+
+    from mindgrpo.data.synthetic import flawed_solution
+
+    rng = np.random.default_rng(0)
+    # worked by hand: 7 + 8 carries (15 -> 5), then 5 + 9 carries too (14 -> 4); 2 - 5 is never touched
+    assert flawed_solution("7 + 8 = 15, 15 + 9 = 24", rng, 1.0) == ("7 + 8 = 5, 5 + 9 = 4", "4")
+    assert flawed_solution("7 + 8 = 15, 15 + 9 = 24", rng, 0.0) == ("7 + 8 = 15, 15 + 9 = 24", "24")
+    assert flawed_solution("12 + 5 = 17, 17 - 9 = 8", rng, 1.0) == ("12 + 5 = 17, 17 - 9 = 8", "8")
+    assert flawed_solution("3 + 8 = 11, 11 - 5 = 6", rng, 1.0) == ("3 + 8 = 1, 1 - 5 = -4", "-4")
+    # at rate p, about p of the carrying steps are wrong
+    wrong = sum(flawed_solution("9 + 9 = 18", rng, 0.6)[1] == "8" for _ in range(2000))
+    assert 0.55 < wrong / 2000 < 0.65
+    with pytest.raises(ValueError, match="not a worked arithmetic step"):
+        flawed_solution("Natalia sold 48 clips", rng, 0.5)
