@@ -42,6 +42,8 @@ class ParallelConfig:
     data_parallel: int = 1
     model_parallel: int = 1
     pipeline_stage: int = 1
+    # ZeRO-1 (training layout only): the AdamW moments are split across the data-parallel replicas
+    optimizer_shard: bool = False
 
     def __post_init__(self):
         _check_positive(self, "data_parallel", "model_parallel", "pipeline_stage")
@@ -252,6 +254,9 @@ class GRPOConfig:
         check(mini_batch_rows % (dp * actor.micro_batch_size) == 0, "actor_config.micro_batch_size",
               f"micro_batch_size * actor_config.parallel_config.data_parallel = {actor.micro_batch_size} * {dp} "
               f"must divide the {mini_batch_rows} rows of a mini-batch")
+        for section in ("ref_config", "generate_config"):
+            check(not getattr(self, section).parallel_config.optimizer_shard, f"{section}.parallel_config.optimizer_shard",
+                  "only the training layout has an optimizer; set actor_config.parallel_config.optimizer_shard")
         check(self.sft_config.teacher_carry_error == 0.0 or rl.dataset_path is None, "sft_config.teacher_carry_error",
               "applies to the built-in synthetic task only; set it to 0 with rl_config.dataset_path")
         overlong = self.reward_config.soft_overlong

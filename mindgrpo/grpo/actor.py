@@ -18,8 +18,10 @@ from mindgrpo.grpo.experience import Experience, micro_batches
 from mindgrpo.grpo.ms_algos import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
 from mindgrpo.grpo.train_graph import METRIC_KEYS, GRPOGradStep, PolicyLoss
+from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import TokenLogProbs
+from mindgrpo.parallel.layout import ParallelLayout
 
 
 class Scorer:
@@ -40,7 +42,8 @@ class Scorer:
 class PolicyUpdater:
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, *, micro_batch_size: int, detach_old: bool,
                  use_ref: bool, beta1: float, beta2: float, eps: float, weight_decay: float,
-                 grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0):
+                 grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
+                 optimizer_shard: bool = False):
         self.lm = lm
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
@@ -48,8 +51,13 @@ class PolicyUpdater:
         self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature),
                                        self.params, self.buffer)
         # under tensor parallelism the model's layer factory knows how to sum the pieces' norms
+        # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1)
+        shard = grad_reducer.group if optimizer_shard and grad_reducer is not None else None
+        layout = ParallelLayout(dp=1 if shard is None else shard.size, tp=lm.layer_factory.tp)
+        full = expected_shapes(lm.config)
         self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay,
-                           sq_norm=lm.layer_factory.grad_sq_norm([n for n, _ in named]))
+                           sq_norm=lm.layer_factory.grad_sq_norm([n for n, _ in named]), shard=shard,
+                           sharded=[layout.opt_shard_parts(n, full[n]) > 1 for n, _ in named])
         self.beta1, self.beta2, self.grad_clip = beta1, beta2, grad_clip
         self.micro = micro_batch_size
         # data parallelism (mindgrpo.parallel.data_parallel.DataParallelGrads), when set:

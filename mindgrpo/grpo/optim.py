@@ -14,6 +14,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindgrpo.parallel.comm import AllGather, Group
 from mindgrpo.utils.registry import Registry
 
 LR_SCHEDULES = Registry("lr schedule")
@@ -83,18 +84,37 @@ class AdamW(nn.Cell):
 
     construct(lr, bias_correction1, bias_correction2, max_norm) -> pre-clip global grad norm.
     max_norm <= 0 disables clipping. sq_norm: a cell (buffers,) -> the squared norm of the whole
-    gradient when the buffers hold pieces of it (tensor parallelism); None: their own sum."""
+    gradient when the buffers hold pieces of it (tensor parallelism); None: their own sum.
+
+    shard, sharded (ZeRO-1): the data-parallel group whose members hold the same parameters and the
+    same summed gradients, and which parameters to split (`ParallelLayout.opt_shard_parts`; their dim
+    0 must divide by the group's size). Member k keeps the moments of only the k-th of `size` equal
+    pieces of dim 0 of those parameters (MindSpore's optimizer-parallel layout), updates that piece,
+    and the pieces are gathered back into the whole parameter. The arithmetic per element is
+    unchanged, so the weights are bit-identical to the unsharded update while the moments take
+    about 1/size of the memory."""
 
     def __init__(self, params: Sequence[Parameter], buffer: GradBuffer, beta1=0.9, beta2=0.999,
-                 eps=1e-8, weight_decay=0.0, sq_norm: Optional[nn.Cell] = None):
+                 eps=1e-8, weight_decay=0.0, sq_norm: Optional[nn.Cell] = None, shard: Optional[Group] = None,
+                 sharded: Optional[Sequence[bool]] = None):
         super().__init__()
         self.sq_norm = sq_norm
         self.params = ms.ParameterTuple(params)
         self.bufs = buffer.bufs
-        self.m = ms.ParameterTuple(Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_m.{p.name}",
-                                             requires_grad=False) for p in params)
-        self.v = ms.ParameterTuple(Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_v.{p.name}",
-                                             requires_grad=False) for p in params)
+        parts = 1 if shard is None else shard.size
+        self.sharded = tuple(parts > 1 and bool(s) for s in (sharded or [True] * len(params)))
+        for p, s in zip(params, self.sharded):
+            if s and (len(p.shape) == 0 or p.shape[0] % parts):
+                raise ValueError(f"parameter {p.name!r} of shape {list(p.shape)}: dim 0 cannot be split into {parts}")
+        self.rows = tuple(p.shape[0] // parts if s else 0 for p, s in zip(params, self.sharded))
+        self.start = tuple(0 if shard is None else shard.index * r for r in self.rows)
+        shapes = [(r,) + tuple(p.shape[1:]) if s else p.shape for p, s, r in zip(params, self.sharded, self.rows)]
+        self.m = ms.ParameterTuple(Parameter(Tensor(np.zeros(s, np.float32)), name=f"adam_m.{p.name}",
+                                             requires_grad=False) for p, s in zip(params, shapes))
+        self.v = ms.ParameterTuple(Parameter(Tensor(np.zeros(s, np.float32)), name=f"adam_v.{p.name}",
+                                             requires_grad=False) for p, s in zip(params, shapes))
+        if shard is not None:
+            self.gather = AllGather(shard)
         self.decay = [0.0 if no_decay(p.name) else float(weight_decay) for p in params]
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
         self.n = len(params)
@@ -114,12 +134,17 @@ class AdamW(nn.Cell):
         out = ()
         for i in range(self.n):
             g = self.bufs[i] * coef
+            p = self.params[i].astype(ms.float32)
+            if self.sharded[i]:  # this member's rows of dim 0
+                g = g[self.start[i]:self.start[i] + self.rows[i]]
+                p = p[self.start[i]:self.start[i] + self.rows[i]]
             m = ops.assign(self.m[i], self.beta1 * self.m[i] + (1 - self.beta1) * g)
             v = ops.assign(self.v[i], self.beta2 * self.v[i] + (1 - self.beta2) * g * g)
-            p = self.params[i].astype(ms.float32)
             if self.decay[i] > 0:
                 p = p * (1 - lr * self.decay[i])
             p = p - lr * (m / bias_correction1) / (ops.sqrt(v / bias_correction2) + self.eps)
+            if self.sharded[i]:
+                p = self.gather(p)  # every member's rows, in member order
             done = ops.assign(self.params[i], p.astype(self.params[i].dtype))
             out = out + (ops.depend(ops.assign(self.bufs[i], ops.zeros_like(self.bufs[i])), done),)
         return ops.depend(norm, out)

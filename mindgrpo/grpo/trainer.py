@@ -94,7 +94,7 @@ class GRPOTrainer:
             policy, self._loss(), micro_batch_size=actor.micro_batch_size, detach_old=not self.needs_old,
             use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
-            temperature=temperature)
+            temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard)
         self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature) if reference is not None else None
         self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature) if self.needs_old else None
         self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches

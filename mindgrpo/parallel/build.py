@@ -157,7 +157,8 @@ def save_strategies(cfg: GRPOConfig, out_dir: str) -> List[str]:
     mcfg = model_config(cfg, None, False)
     folder = os.path.join(out_dir, "strategy")
     os.makedirs(folder, exist_ok=True)
-    written = write_layout_strategies(folder, mcfg, train_layout, infer_layout)
+    written = write_layout_strategies(folder, mcfg, train_layout, infer_layout,
+                                      optimizer_shard=cfg.actor_config.parallel_config.optimizer_shard)
     return [written["train"], written["infer"]]
 
 
@@ -172,4 +173,5 @@ def sharded_checkpoints(cfg: GRPOConfig, comm: Comm, output_dir: str, mcfg: Qwen
     shapes = full_shapes(mcfg)
     shapes.update({prefix + n: s for prefix in OPTIMIZER_PREFIXES for n, s in list(shapes.items())})
     return ShardedCheckpoints(comm, checkpoint_root(cfg, output_dir), cfg.rl_config.keep_last_k,
-                              lambda path: write_strategy_file(path, comm.train, shapes))
+                              lambda path: write_strategy_file(
+                                  path, comm.train, shapes, optimizer_shard=cfg.actor_config.parallel_config.optimizer_shard))

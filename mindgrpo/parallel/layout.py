@@ -120,6 +120,15 @@ class ParallelLayout:
                               f"into model_parallel = {self.tp} equal pieces")
         return shape[:dim] + (shape[dim] // self.tp,) + shape[dim + 1:]
 
+    def opt_shard_parts(self, name: str, shape: Sequence[int]) -> int:
+        """Pieces of dim 0 that a parameter's AdamW moments are split into under optimizer sharding
+        (ZeRO-1, `mindgrpo.grpo.optim.AdamW`): dp when dim 0 of this rank's piece divides by dp,
+        else 1. A parameter that tp does not split stays whole when tp > 1: MindSpore's strategy
+        format would put its optimizer pieces on the tp axis, which the dp group does not span."""
+        piece = self.shard_shape(name, shape)
+        split = self.tp == 1 or self.param_split(name) is not None
+        return self.dp if split and self.dp > 1 and len(piece) > 0 and piece[0] % self.dp == 0 else 1
+
     def shard(self, name: str, full: np.ndarray, tp_idx: int) -> np.ndarray:
         """Piece tp_idx of a full parameter (a view when the split is on dim 0)."""
         if not 0 <= tp_idx < self.tp:

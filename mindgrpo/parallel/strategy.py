@@ -131,14 +131,20 @@ class TensorLayout:
 # ---------------------------------------------------------------------------- writing
 
 
-def layout_strategy(layout: ParallelLayout, shapes: Mapping[str, Sequence[int]]) -> Dict[str, TensorLayout]:
-    """Our layout as per-parameter TensorLayouts; LayoutError naming a parameter tp cannot split."""
+def layout_strategy(layout: ParallelLayout, shapes: Mapping[str, Sequence[int]],
+                    optimizer_shard: bool = False) -> Dict[str, TensorLayout]:
+    """Our layout as per-parameter TensorLayouts; LayoutError naming a parameter tp cannot split.
+    optimizer_shard: the adam_m./adam_v. moments are split over the dp replicas as AdamW(shard=...)
+    keeps them (`ParallelLayout.opt_shard_parts`): MindSpore's opt_weight_shard_size = dp, step = tp
+    (the distance between the ranks of a dp group)."""
     out = {}
     for name, shape in shapes.items():
         layout.shard_shape(name, shape)
         dim = layout.param_split(name)
         tensor_map = tuple(0 if k == dim else -1 for k in range(len(shape)))
-        out[name] = TensorLayout((layout.dp, layout.tp), tensor_map)
+        opt = optimizer_shard and name.startswith(OPTIMIZER_PREFIXES) and layout.opt_shard_parts(name, shape) > 1
+        out[name] = TensorLayout((layout.dp, layout.tp), tensor_map, opt_shard_step=layout.tp if opt else 0,
+                                 opt_shard_size=layout.dp if opt else 0)
     return out
 
 
@@ -171,9 +177,9 @@ def _strategy_map(entries: Mapping[str, TensorLayout], stage: int) -> ParallelSt
 
 
 def write_strategy_file(path: str, layout: ParallelLayout, shapes: Mapping[str, Sequence[int]],
-                        stage: int = 0) -> str:
+                        stage: int = 0, optimizer_shard: bool = False) -> str:
     """Write our layout for these parameters (name -> full shape) as a strategy file. Atomic."""
-    return write_layouts(path, layout_strategy(layout, shapes), stage)
+    return write_layouts(path, layout_strategy(layout, shapes, optimizer_shard), stage)
 
 
 def write_layouts(path: str, entries: Mapping[str, TensorLayout], stage: int = 0) -> str:
@@ -189,10 +195,10 @@ def write_layouts(path: str, entries: Mapping[str, TensorLayout], stage: int = 0
 
 
 def write_layout_strategies(out_dir: str, cfg: Qwen2Config, train_layout: ParallelLayout,
-                            infer_layout: ParallelLayout) -> Dict[str, str]:
+                            infer_layout: ParallelLayout, optimizer_shard: bool = False) -> Dict[str, str]:
     """The strategy files of a run: out_dir/train_strategy.ckpt (the actor's layout, weights and
-    their adam_m./adam_v. moments) and out_dir/infer_strategy.ckpt (the generation layout,
-    weights). Both layouts are checked against the model before either file is written.
+    their adam_m./adam_v. moments, split over dp with optimizer_shard) and out_dir/infer_strategy.ckpt
+    (the generation layout, weights). Both layouts are checked against the model before either file is written.
     Returns {"train": path, "infer": path}."""
     train_layout.check_divisible(cfg)
     infer_layout.check_divisible(cfg)
@@ -200,7 +206,8 @@ def write_layout_strategies(out_dir: str, cfg: Qwen2Config, train_layout: Parall
     train_shapes = dict(shapes)
     for prefix in OPTIMIZER_PREFIXES:
         train_shapes.update({prefix + name: shape for name, shape in shapes.items()})
-    return {"train": write_strategy_file(os.path.join(out_dir, TRAIN_STRATEGY), train_layout, train_shapes),
+    return {"train": write_strategy_file(os.path.join(out_dir, TRAIN_STRATEGY), train_layout, train_shapes,
+                                         optimizer_shard=optimizer_shard),
             "infer": write_strategy_file(os.path.join(out_dir, INFER_STRATEGY), infer_layout, shapes)}
 
 

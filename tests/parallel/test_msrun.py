@@ -6,6 +6,7 @@ reference: the one-device model or run, and MindSpore's own `transform_checkpoin
                  one GRPO update with tp=2 and with dp=2, rollouts, tp2 -> (dp2, tp1) resharding
     four_ranks   (dp2, tp2) -> (dp4, tp1) and -> (dp1, tp4) resharding, tp=4 logits
     one_stage    scripts/grpo_one_stage.py under msrun (swap on, then off) vs one process
+    zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1)
 """
 
 import json
@@ -214,7 +215,7 @@ def one_stage(tmp_path_factory):
     work = tmp_path_factory.mktemp("one_stage")
     subprocess.run([sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--swap", "False",
                     "--output_dir", str(work / "single"), *ONE_STAGE], check=True, capture_output=True, timeout=300)
-    run_msrun("one_stage_twice.py", 2, str(work / "log"), [work, *ONE_STAGE, *LAYOUT], timeout=600)
+    run_msrun("one_stage_twice.py", 2, str(work / "log"), [work, "swap", *ONE_STAGE, *LAYOUT], timeout=600)
     return work
 
 
@@ -266,3 +267,63 @@ def test_swap_on_and_off_are_bit_identical_and_the_ledger_peak_is_one_phase(one_
     assert on["memory/peak_bytes/rollout"] <= predicted.phase_bytes("rollout", True)
     # the measured peak is the largest phase, and the plan's peak (full KV-cache capacity) bounds it
     assert on["memory/peak_bytes"] <= max(predicted.phase_bytes(p, True) for p in ("rollout", "update", "sync"))
+
+
+# ------------------------------------------------------------------------------ optimizer sharding (ZeRO-1)
+
+DP2 = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel_config.data_parallel=2",
+       "rl_config.max_steps=2"]  # two steps: the second update reads the moments of the first
+
+
+@pytest.fixture(scope="module")
+def zero1(tmp_path_factory):
+    work = tmp_path_factory.mktemp("zero1")
+    run_msrun("one_stage_twice.py", 2, str(work / "log"), [work, "optimizer_shard", *ONE_STAGE, *DP2], timeout=600)
+    return work
+
+
+def metrics(folder):
+    with open(os.path.join(folder, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_optimizer_shard_updates_bit_identically_and_keeps_half_the_moments(zero1, tmp_path):
+    whole, shard = metrics(zero1 / "opt_whole"), metrics(zero1 / "opt_shard")
+    assert len(whole) == len(shard) == 2 and whole[1]["grad_norm"] > 0
+    for a, b in zip(whole, shard):
+        for key in ("loss", "pg_loss", "grad_norm", "entropy", "reward_mean", "response_length/mean"):
+            assert a[key] == b[key], key
+    step = "checkpoints/step_00000002"
+    cfg = Qwen2Config.load(resolve_model_config("tiny_qwen2"))
+    layout, full = ParallelLayout(dp=2, tp=1), expected_shapes(cfg)
+    split = [n for n in full if layout.opt_shard_parts(n, full[n]) == 2]
+    assert len(split) > len(full) // 2  # most parameters split (a dim 0 of odd size would not)
+    moments = {}
+    for rank in (0, 1):
+        pw = ms.load_checkpoint(str(zero1 / "opt_whole" / step / "policy" / f"rank_{rank}" / "policy.ckpt"))
+        ps = ms.load_checkpoint(str(zero1 / "opt_shard" / step / "policy" / f"rank_{rank}" / "policy.ckpt"))
+        for name in full:  # the weights after two updates: bit for bit
+            np.testing.assert_array_equal(ps[name].asnumpy(), pw[name].asnumpy(), err_msg=name)
+        ow = ms.load_checkpoint(str(zero1 / "opt_whole" / step / "optimizer" / f"rank_{rank}" / "optimizer.ckpt"))
+        os_ = ms.load_checkpoint(str(zero1 / "opt_shard" / step / "optimizer" / f"rank_{rank}" / "optimizer.ckpt"))
+        for name in full:
+            for prefix in ("adam_m.", "adam_v."):
+                w = ow[prefix + name].asnumpy()
+                mine = w[rank * len(w) // 2:(rank + 1) * len(w) // 2] if name in split else w
+                np.testing.assert_array_equal(os_[prefix + name].asnumpy(), mine, err_msg=prefix + name)
+                moments[prefix + name] = w
+    assert max(np.abs(v).max() for k, v in moments.items() if k.startswith("adam_m.")) > 0
+    # MindSpore's transform_checkpoints merges the split moments by the run's strategy file
+    transform_checkpoints(str(zero1 / "opt_shard" / step / "optimizer"), str(tmp_path / "merged"), "full_",
+                          str(zero1 / "opt_shard" / step / "train_strategy.ckpt"), None)
+    merged = ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "full_0.ckpt"))
+    assert sorted(merged) == sorted(moments)
+    for name, value in moments.items():
+        np.testing.assert_array_equal(merged[name].asnumpy(), value, err_msg=name)
+    # the ledger's update phase holds half of the split moments, as scripts/plan_memory.py predicts
+    saved = sum(2 * 4 * int(np.prod(full[n])) // 2 for n in split)
+    assert whole[0]["memory/peak_bytes/update"] - shard[0]["memory/peak_bytes/update"] == saved
+    gcfg = load_config(GRPOConfig, os.path.join(REPO, "model_configs", "qwen_grpo", "tiny", "grpo_config.yaml"),
+                       ONE_STAGE + DP2 + ["actor_config.parallel_config.optimizer_shard=true"])
+    assert shard[0]["memory/peak_bytes/update"] == pytest.approx(plan(gcfg, cfg).phase_bytes("update", True),
+                                                                 rel=0.05)
