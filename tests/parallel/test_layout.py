@@ -120,3 +120,16 @@ def test_merge_rejects_wrong_shards():
         lay.merge("lm_head.weight", [np.zeros((2, 2))])
     with pytest.raises(LayoutError, match="shards have different shapes"):
         lay.merge("lm_head.weight", [np.zeros((2, 2)), np.zeros((3, 2))])
+
+
+def test_optimizer_shard_parts():
+    # dim 0 of this rank's piece must divide by dp; with tp > 1 only tp-split parameters are split
+    q, norm, o = "model.layers.0.attention.wq.weight", "model.layers.0.attention_norm.weight", \
+        "model.layers.0.attention.wo.weight"
+    assert ParallelLayout(dp=2, tp=1).opt_shard_parts(q, (32, 32)) == 2
+    assert ParallelLayout(dp=2, tp=1).opt_shard_parts(norm, (32,)) == 2
+    assert ParallelLayout(dp=2, tp=2).opt_shard_parts(q, (32, 32)) == 2  # piece (16, 32)
+    assert ParallelLayout(dp=2, tp=2).opt_shard_parts(o, (32, 32)) == 2  # piece (32, 16)
+    assert ParallelLayout(dp=2, tp=2).opt_shard_parts(norm, (32,)) == 1  # replicated over tp
+    assert ParallelLayout(dp=4, tp=2).opt_shard_parts(q, (12, 32)) == 1  # piece (6, 32): 6 % 4
+    assert ParallelLayout(dp=1, tp=2).opt_shard_parts(q, (32, 32)) == 1
