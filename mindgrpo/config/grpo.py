@@ -126,12 +126,15 @@ class ActorConfig:
     weight_decay: float = 0.0
     grad_clip: Optional[float] = 1.0  # global grad-norm clip; None off
     micro_batch_size: int = 4  # rows per forward/backward; gradients accumulate over a mini-batch
+    # > 0: the vocabulary projection + log-softmax of scoring and training run this many scored
+    # tokens at a time with a hand-written backward (mindgrpo/models/fused_head.py); 0: all at once
+    logprob_chunk_size: int = 0
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
-        _check_non_negative(self, "warmup_steps", "weight_decay")
+        _check_non_negative(self, "warmup_steps", "weight_decay", "logprob_chunk_size")
         for key in ("adam_beta1", "adam_beta2"):
             check(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
         check(self.adam_eps > 0, "adam_eps", f"must be > 0, got {self.adam_eps}")

@@ -27,8 +27,8 @@ from mindgrpo.parallel.layout import ParallelLayout
 class Scorer:
     """log p(labels) (B, R) of an Experience under `lm`, micro-batch by micro-batch."""
 
-    def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0):
-        self.graph = TokenLogProbs(lm, with_entropy=False, temperature=temperature)
+    def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0, chunk: int = 0):
+        self.graph = TokenLogProbs(lm, with_entropy=False, temperature=temperature, chunk=chunk)
         self.micro = micro_batch_size
 
     def __call__(self, exp: Experience) -> np.ndarray:
@@ -43,12 +43,12 @@ class PolicyUpdater:
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, *, micro_batch_size: int, detach_old: bool,
                  use_ref: bool, beta1: float, beta2: float, eps: float, weight_decay: float,
                  grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
-                 optimizer_shard: bool = False):
+                 optimizer_shard: bool = False, chunk: int = 0):
         self.lm = lm
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
         self.buffer = GradBuffer(self.params)
-        self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature),
+        self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature, chunk),
                                        self.params, self.buffer)
         # under tensor parallelism the model's layer factory knows how to sum the pieces' norms
         # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1)

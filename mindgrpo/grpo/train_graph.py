@@ -31,9 +31,9 @@ class PolicyLoss(nn.Cell):
     use_ref: False when beta == 0 (the reference model is not run; ref_logp is ignored)."""
 
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, detach_old: bool, use_ref: bool,
-                 with_entropy: bool = True, temperature: float = 1.0):
+                 with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.scorer = TokenLogProbs(lm, with_entropy, temperature)
+        self.scorer = TokenLogProbs(lm, with_entropy, temperature, chunk)
         self.loss = loss
         self.detach_old, self.use_ref = detach_old, use_ref
 

@@ -94,9 +94,12 @@ class GRPOTrainer:
             policy, self._loss(), micro_batch_size=actor.micro_batch_size, detach_old=not self.needs_old,
             use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
-            temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard)
-        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature) if reference is not None else None
-        self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature) if self.needs_old else None
+            temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard,
+            chunk=actor.logprob_chunk_size)
+        chunk = actor.logprob_chunk_size
+        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk) if reference is not None \
+            else None
+        self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk) if self.needs_old else None
         self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches
         self.stop_ids = tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))
         self.sample_seed = rl.seed if gen.seed is None else gen.seed

@@ -30,6 +30,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindgrpo.models.fused_head import HeadLogProbs
+
 NEG_INF = -1e9  # additive mask value; scores are fp32, so this never overflows
 
 _DTYPES = {"float32": ms.float32, "bfloat16": ms.bfloat16, "float16": ms.float16}
@@ -216,6 +218,11 @@ class DenseLayers:
     def logprobs(self, vocab_size: int) -> nn.Cell:
         """(logits (N, V/tp), labels (N,), with_entropy) -> log p (N,), entropy (N,)."""
         return LogProbs()
+
+    def head_logprobs(self, vocab_size: int, chunk: int, with_entropy: bool) -> nn.Cell:
+        """(h (N, H), head weight (V/tp, H), labels (N,)) -> log p, entropy, logsumexp (N,) each,
+        chunk rows at a time (`mindgrpo.models.fused_head`)."""
+        return HeadLogProbs(chunk, with_entropy)
 
     def gather_vocab(self) -> nn.Cell:
         """logits (N, V/tp) -> (N, V)."""
@@ -521,6 +528,11 @@ class Qwen2ForCausalLM(nn.Cell):
         if few_rows:
             return self.head_matmul(w, h).transpose(1, 0).astype(ms.float32)
         return self.head_matmul(h, w).astype(ms.float32)
+
+    def head_weight(self):
+        """This rank's (V/tp, H) output projection, in the compute dtype."""
+        w = self.model.tok_embeddings.embedding_weight if self.tied else self.lm_head.weight
+        return w.astype(self.dtype) if self.dtype != ms.float32 else w
 
     def logits(self, h, few_rows: bool = False):
         """h (N, H) -> logits (N, V) in fp32 (gathered over the ranks under tensor parallelism)."""

@@ -44,15 +44,22 @@ class TokenLogProbs(nn.Cell):
 
     temperature T: log-probs and entropy of softmax(logits / T), the distribution a rollout at
     temperature T samples from (as TRL and verl score); the lm_head has no bias, so h / T before
-    it is logits / T without a (B*R, V) pass."""
+    it is logits / T without a (B*R, V) pass.
 
-    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0):
+    chunk > 0: the projection and log-softmax run `chunk` rows at a time with a hand-written
+    backward (`mindgrpo.models.fused_head`): memory ~3 x (chunk, V) instead of a dozen (B*R, V)
+    tensors, for one more matmul in the backward pass. 0: MindSpore's autodiff over the whole."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.lm = lm
         self.with_entropy = with_entropy
         self.inv_temperature = 1.0 / temperature
+        self.chunk = chunk
+        if chunk > 0:
+            self.head = lm.layer_factory.head_logprobs(lm.config.vocab_size, chunk, with_entropy)
 
     def construct(self, input_ids, score_pos, labels):
         b, s = input_ids.shape
@@ -64,5 +71,8 @@ class TokenLogProbs(nn.Cell):
         h = self.lm.model.norm_out(h)
         if self.inv_temperature != 1.0:
             h = h * self.inv_temperature
-        logp, ent = self.lm.token_logprobs(h, labels.reshape(-1), self.with_entropy)
+        if self.chunk > 0:
+            logp, ent, _ = self.head(self.lm.head_enter(h), self.lm.head_weight(), labels.reshape(-1))
+        else:
+            logp, ent = self.lm.token_logprobs(h, labels.reshape(-1), self.with_entropy)
         return logp.reshape(b, r), ent.reshape(b, r)

@@ -26,6 +26,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindgrpo.models.fused_head import HeadLogProbs
 from mindgrpo.models.qwen2 import Embedding, Linear
 from mindgrpo.parallel.comm import AllGather, AllReduce, CopyToGroup, Group, ReduceFromGroup
 from mindgrpo.parallel.layout import ParallelLayout
@@ -113,6 +114,18 @@ class VocabParallelLogProbs(nn.Cell):
         return logp, ent
 
 
+class GroupMax(nn.Cell):
+    """x (N, 1) -> the elementwise max over the group (N, 1). No gradient."""
+
+    def __init__(self, group: Group):
+        super().__init__()
+        self.gather = AllGather(group)
+
+    def construct(self, x):
+        n = x.shape[0]
+        return self.gather(x.reshape(1, n)).max(axis=0).reshape(n, 1)  # (tp, N) -> (N, 1)
+
+
 class GatherVocab(nn.Cell):
     """logits (N, V/tp) -> (N, V): the ranks' slices side by side."""
 
@@ -172,6 +185,10 @@ class TensorParallelLayers:
     def logprobs(self, vocab_size: int) -> nn.Cell:
         rows = vocab_size // self.tp
         return VocabParallelLogProbs(self.group, self.index * rows, rows)
+
+    def head_logprobs(self, vocab_size: int, chunk: int, with_entropy: bool) -> nn.Cell:
+        rows = vocab_size // self.tp
+        return HeadLogProbs(chunk, with_entropy, self.index * rows, GroupMax(self.group), AllReduce(self.group))
 
     def gather_vocab(self) -> nn.Cell:
         return GatherVocab(self.group)

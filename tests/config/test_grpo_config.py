@@ -39,7 +39,7 @@ FULL = GRPOConfig(
     actor_config=ActorConfig(
         model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
         dtype="bfloat16", lr=3e-6, lr_schedule="cosine", warmup_steps=3, min_lr=1e-7, adam_beta1=0.8, adam_beta2=0.95,
-        adam_eps=1e-6, weight_decay=0.01, grad_clip=None, micro_batch_size=2,
+        adam_eps=1e-6, weight_decay=0.01, grad_clip=None, micro_batch_size=2, logprob_chunk_size=512,
         parallel_config=ParallelConfig(2, 2, 2, optimizer_shard=True)),
     ref_config=RefConfig(model="qwen2.5-1.5b", load_checkpoint="/models/ref", parallel_config=ParallelConfig(4, 2, 3)),
     generate_config=GenerateConfig(

@@ -67,9 +67,10 @@ def test_left_padded_logits_match_transformers(pair):
     assert np.abs(ours - ref)[mask.astype(bool)].max() <= 1e-4
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_token_logprobs_match_transformers(pair, temperature):
-    """Log-probs and entropy of softmax(logits / T): TRL's scoring of rollouts sampled at T."""
+@pytest.mark.parametrize("temperature, chunk", [(1.0, 0), (0.7, 0), (0.7, 4)])
+def test_token_logprobs_match_transformers(pair, temperature, chunk):
+    """Log-probs and entropy of softmax(logits / T): TRL's scoring of rollouts sampled at T
+    (chunk 4: the fused head, 33 scored rows in 9 chunks, the last one short)."""
     hf, lm = pair
     ids, mask = padded_batch(np.random.default_rng(3), 512, [16, 10, 7], 16)
     prompt_len = np.array([5, 3, 6])
@@ -82,7 +83,8 @@ def test_token_logprobs_match_transformers(pair, temperature):
         score_pos[i, :k] = np.arange(prompt_len[i] - 1, n - 1)
         labels[i, :k] = ids[i, prompt_len[i]:n]
         valid[i, :k] = True
-    logp, ent = TokenLogProbs(lm, temperature=temperature)(ms.Tensor(ids), ms.Tensor(score_pos), ms.Tensor(labels))
+    logp, ent = TokenLogProbs(lm, temperature=temperature, chunk=chunk)(ms.Tensor(ids), ms.Tensor(score_pos),
+                                                                         ms.Tensor(labels))
     ref_logits = hf_logits(hf, ids, mask).astype(np.float64) / temperature
     ref_logp_all = ref_logits - np.log(np.exp(ref_logits - ref_logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
         - ref_logits.max(-1, keepdims=True)

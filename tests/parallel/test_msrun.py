@@ -100,6 +100,8 @@ def test_tp2_logits_logprobs_entropy_match_one_device(two_ranks):
         np.testing.assert_allclose(a["a/logits_tp"], a["a/logits_dense"], rtol=0, atol=1e-5)
         np.testing.assert_allclose(a["a/logp_tp"], a["a/logp_dense"], rtol=0, atol=1e-5)
         np.testing.assert_allclose(a["a/ent_tp"], a["a/ent_dense"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a["a/logp_tp_chunked"], a["a/logp_dense"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a["a/ent_tp_chunked"], a["a/ent_dense"], rtol=0, atol=1e-5)
         assert np.abs(a["a/logits_dense"]).max() > 0.1  # not a degenerate comparison
 
 
@@ -111,12 +113,12 @@ def test_tp2_shards_from_transform_checkpoint_give_the_full_model_logits(two_ran
         np.testing.assert_allclose(a["a/shard_logits"], expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["tp", "dp"])
+@pytest.mark.parametrize("layout", ["tp", "dp", "tp_chunked"])
 def test_grpo_update_matches_one_device(two_ranks, layout):
     arrays, metrics, _ = two_ranks
     one = metrics[0]["update/dense"]
     assert one["grad_norm"] > 0.05  # the clip (0.05) is active: it needs the whole gradient's norm
-    lay = ParallelLayout(dp=1, tp=2) if layout == "tp" else ParallelLayout(dp=2, tp=1)
+    lay = ParallelLayout(dp=2, tp=1) if layout == "dp" else ParallelLayout(dp=1, tp=2)
     for rank, (a, m) in enumerate(zip(arrays, metrics)):
         got = m[f"update/{layout}"]
         for key in ("loss", "pg_loss", "grad_norm", "entropy"):

@@ -67,6 +67,8 @@ arrays["a/logits_tp"] = tp_logits(ids, mask).asnumpy()
 for key, lm in (("dense", dense), ("tp", tp)):
     logp, ent = TokenLogProbs(lm)(ids, pos, labels)
     arrays[f"a/logp_{key}"], arrays[f"a/ent_{key}"] = logp.asnumpy(), ent.asnumpy()
+logp, ent = TokenLogProbs(tp, chunk=5)(ids, pos, labels)  # the fused, chunked head over the vocab slice
+arrays["a/logp_tp_chunked"], arrays["a/ent_tp_chunked"] = logp.asnumpy(), ent.asnumpy()
 
 mark("logits")
 # sampled rollouts of the tensor-parallel model (greedy ones after the update, below)
@@ -80,9 +82,12 @@ mark("rollouts")
 exp = pack(*experience_arrays())
 dp_model = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
 dp_comm = dataclasses.replace(comm, train=ParallelLayout(dp=2, tp=1))
-for key, lm, reducer in (("dense", dense, None), ("tp", tp, None),
-                         ("dp", dp_model, DataParallelGrads(dp_comm, dp_comm.train_dp))):
-    updater = PolicyUpdater(lm, GRPOLoss(agg_mode="token-mean"), grad_reducer=reducer, **updater_kwargs())
+tp_chunked = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))
+for key, lm, reducer, chunk in (("dense", dense, None, 0), ("tp", tp, None, 0),
+                                ("dp", dp_model, DataParallelGrads(dp_comm, dp_comm.train_dp), 0),
+                                ("tp_chunked", tp_chunked, None, 3)):
+    updater = PolicyUpdater(lm, GRPOLoss(agg_mode="token-mean"), grad_reducer=reducer, chunk=chunk,
+                            **updater_kwargs())
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
 
