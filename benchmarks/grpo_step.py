@@ -199,7 +199,8 @@ def peak_shapes(work: "Workload", new_tokens: int, micro_batch: int) -> Dict[str
 class OurSide:
     """The project's trainer built by its builder; `step()` runs `train_step` and returns phase seconds."""
 
-    def __init__(self, work: Workload, folder: str, group: int, new_tokens: int, micro_batch: int):
+    def __init__(self, work: Workload, folder: str, group: int, new_tokens: int, micro_batch: int,
+                 logprob_chunk: int = 0):
         from mindgrpo.config.grpo import ActorConfig, GenerateConfig, GRPOConfig, RLConfig, RewardConfig
         from mindgrpo.grpo import builder
         from mindgrpo.rewards import register_reward
@@ -211,7 +212,8 @@ class OurSide:
         cfg = GRPOConfig(
             rl_config=RLConfig(seed=0, max_steps=1000, batch_size=len(work.texts), num_generations=group, beta=BETA,
                                kl_kind="k3", loss_agg_mode="token-mean", completions_interval=0, output_dir=folder),
-            actor_config=ActorConfig(lr=LR, micro_batch_size=micro_batch, grad_clip=1.0),
+            actor_config=ActorConfig(lr=LR, micro_batch_size=micro_batch, grad_clip=1.0,
+                                     logprob_chunk_size=logprob_chunk),
             generate_config=GenerateConfig(max_prompt_length=512, max_tokens=new_tokens, temperature=1.0, top_k=0,
                                            top_p=1.0),
             reward_config=RewardConfig(verifier_function=(REWARD,), verifier_weight=(1.0,)))
@@ -374,13 +376,13 @@ def peak_rss_gb() -> float:
 
 
 def ours_worker(conn, work: Workload, folder: str, group: int, new_tokens: int, micro_batch: int,
-                peaks: bool = False) -> None:
+                peaks: bool = False, logprob_chunk: int = 0) -> None:
     """Builds our side, says "ready", then runs a step per "step" until "stop"; with `peaks`, measures
     MindSpore's matmul GFLOP/s after each step."""
     import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    ours = OurSide(work, folder, group, new_tokens, micro_batch)
+    ours = OurSide(work, folder, group, new_tokens, micro_batch, logprob_chunk)
     conn.send("ready")
     while conn.recv() == "step":
         phases = ours.step()
