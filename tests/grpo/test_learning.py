@@ -1,10 +1,14 @@
-"""The built-in default, shortened, learns: the reward rises under GRPO.
+"""The built-in default learns.
 
-scripts/grpo_one_stage.py with the shipped tiny config (tiny Qwen2, synthetic task, built-in
-tokenizer), no warm start, few steps, and a dense rule reward from a plugin (the share of digit
-characters), so that an untrained model gets a signal in every group. If the loop's pieces did
-not fit (advantages, log-probs, the update, the weight sync into the inference copy), the reward
-would not move.
+test_reward_rises: scripts/grpo_one_stage.py with the shipped tiny config (tiny Qwen2, synthetic
+task, built-in tokenizer), no warm start, few steps, and a dense rule reward from a plugin (the
+share of digit characters), so that an untrained model gets a signal in every group. If the loop's
+pieces did not fit (advantages, log-probs, the update, the weight sync into the inference copy),
+the reward would not move.
+
+test_the_tiny_default_learns_to_carry: the shipped recipe itself (flawed-teacher warm start, then
+GRPO with the accuracy reward), cut to 20 GRPO steps: held-out greedy accuracy must rise by 0.25
+(it rose by 0.52 when measured). About 3 minutes.
 """
 
 import json
@@ -31,3 +35,16 @@ def test_reward_rises(tmp_path):
     assert len(rewards) == 16
     first, last = np.mean(rewards[:4]), np.mean(rewards[-4:])
     assert last > first + 0.1, rewards
+
+
+def test_the_tiny_default_learns_to_carry(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", str(out),
+           "rl_config.max_steps=20", "rl_config.val_interval=20", "rl_config.save_interval=0"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    val = {m["step"]: m["val/accuracy"] for m in rows if "val/accuracy" in m}
+    assert sorted(val) == [0, 20]
+    assert val[20] >= val[0] + 0.25, val
+    assert "final: val_accuracy start=" in r.stdout
