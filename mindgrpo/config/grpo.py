@@ -127,7 +127,7 @@ class ActorConfig:
     grad_clip: Optional[float] = 1.0  # global grad-norm clip; None off
     micro_batch_size: int = 4  # rows per forward/backward; gradients accumulate over a mini-batch
     # > 0: the vocabulary projection + log-softmax of scoring and training run this many scored
-    # tokens at a time with a hand-written backward (mindgrpo/models/fused_head.py); 0: all at once
+    # tokens at a time with a hand-written backward (mindgrpo/models/fused_head.py); 0: autodiff
     logprob_chunk_size: int = 0
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 

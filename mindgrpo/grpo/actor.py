@@ -50,8 +50,8 @@ class PolicyUpdater:
         self.buffer = GradBuffer(self.params)
         self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature, chunk),
                                        self.params, self.buffer)
+        # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1);
         # under tensor parallelism the model's layer factory knows how to sum the pieces' norms
-        # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1)
         shard = grad_reducer.group if optimizer_shard and grad_reducer is not None else None
         layout = ParallelLayout(dp=1 if shard is None else shard.size, tp=lm.layer_factory.tp)
         full = expected_shapes(lm.config)

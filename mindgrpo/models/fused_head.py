@@ -3,18 +3,20 @@ hand-written backward.
 
     HeadLogProbs(chunk)(h (N, H), w (V, H), labels (N,)) -> logp (N,), entropy (N,), lse (N,)
 
-Autodiff of `log_softmax(h @ w.T)[label]` keeps about a dozen (N, V) tensors alive between the
-forward and the backward pass (logits, shifted, exp, log-probs, their gradients): with Qwen's
-152k vocabulary that is ~0.6 GB per 64-token response on CPU. Here the forward pass makes the
-logits of `chunk` rows at a time and keeps only three numbers per row; the backward pass
-recomputes each chunk's logits (one extra matmul) and turns them straight into the gradients:
+Autodiff of `log_softmax(h @ w.T)[label]` makes about a dozen (N, V) tensors (logits, shifted,
+exp, log-probs, their gradients) and keeps several from the forward to the backward pass. Here the
+forward pass makes the logits of `chunk` rows at a time and keeps only three numbers per row; the
+backward pass recomputes each chunk's logits (one extra matmul) and turns them straight into the
+gradients:
 
     p      = exp(logits - lse)                            (chunk, V)
     dlogit = g * (onehot(label) - p)                      d logp / d logits, times the incoming g
     dh     = dlogit @ w,   dw += dlogit.T @ h
 
-so at most ~3 (chunk, V) tensors exist at once. The entropy output is for logging: it gets no
-gradient (the GRPO loss does not use it).
+so a chunk needs ~3 (chunk, V) tensors. Measured on MindSpore 2.10's CPU runtime
+(`benchmarks/fused_head.py`): faster at small micro-batches, but the process's peak memory does not
+drop with the chunk size (its buffers are not reused across the unrolled chunks there); on Ascend,
+untested. The entropy output is for logging: it gets no gradient (the GRPO loss does not use it).
 
 Under tensor parallelism w is this rank's vocabulary slice [vocab_start, vocab_start + V/tp):
 `max_over` and `sum_over` combine the per-row maxima and sums over the group (identity on one

@@ -47,8 +47,8 @@ class TokenLogProbs(nn.Cell):
     it is logits / T without a (B*R, V) pass.
 
     chunk > 0: the projection and log-softmax run `chunk` rows at a time with a hand-written
-    backward (`mindgrpo.models.fused_head`): memory ~3 x (chunk, V) instead of a dozen (B*R, V)
-    tensors, for one more matmul in the backward pass. 0: MindSpore's autodiff over the whole."""
+    backward (`mindgrpo.models.fused_head`; one more matmul in the backward pass, fewer passes over
+    the logits). 0: MindSpore's autodiff over the whole."""
 
     def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
