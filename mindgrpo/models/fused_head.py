@@ -15,8 +15,8 @@ gradients:
 
 so a chunk needs ~3 (chunk, V) tensors. Measured on MindSpore 2.10's CPU runtime
 (`benchmarks/fused_head.py`): faster at small micro-batches, but the process's peak memory does not
-drop with the chunk size (its buffers are not reused across the unrolled chunks there); on Ascend,
-untested. The entropy output is for logging: it gets no gradient (the GRPO loss does not use it).
+drop with the chunk size (why is not known yet; `ms.runtime.set_memory(optimize_level="O1")` does not
+change it); on Ascend, untested. The entropy output is for logging: it gets no gradient (the GRPO loss does not use it).
 
 Under tensor parallelism w is this rank's vocabulary slice [vocab_start, vocab_start + V/tp):
 `max_over` and `sum_over` combine the per-row maxima and sums over the group (identity on one
