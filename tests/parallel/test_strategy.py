@@ -160,3 +160,37 @@ def test_device_num_mismatch_names_the_parameter(tmp_path):
     path = write_layouts(str(tmp_path / "s.ckpt"), {"a": TensorLayout((1, 2), (0,)), "b": TensorLayout((2, 2), (0,))})
     with pytest.raises(StrategyError, match="parameter 'b' is laid out over 4 devices, but 'a' over 2"):
         device_num(read_strategy(path), "s.ckpt")
+
+
+@pytest.mark.parametrize("dp, tp", [(2, 2), (2, 1), (4, 2)])
+def test_mindspore_merges_optimizer_sharded_moments_by_our_strategy(tmp_path, dp, tp):
+    """With optimizer_shard, rank (d, t) holds rows [d*n/dp, (d+1)*n/dp) of dim 0 of its tp piece of each split
+    moment (mindgrpo.grpo.optim.AdamW); MindSpore's transform_checkpoints must put the pieces back together
+    from our strategy file alone."""
+    cfg = Qwen2Config(**SMALL)
+    layout = ParallelLayout(dp=dp, tp=tp)
+    weights = full_state(cfg, seed=1)
+    state = dict(weights, **{f"adam_{m}.{n}": v * (2 if m == "m" else 3) for m in "mv" for n, v in weights.items()})
+    shapes = {n: v.shape for n, v in state.items()}
+    strategy = write_strategy_file(str(tmp_path / "train.ckpt"), layout, shapes, optimizer_shard=True)
+    split = [n for n in state if n.startswith("adam_") and layout.opt_shard_parts(n, shapes[n]) > 1]
+    assert split  # moments only (by construction above); the tp-replicated norms stay whole when tp > 1
+    assert (tp > 1) != any("norm" in n for n in split)
+    assert all(layout.opt_shard_parts(n, shapes[n]) == dp for n in split)
+    for rank in range(layout.world_size):
+        d, t = layout.coords(rank)
+        pieces = {}
+        for name, full in state.items():
+            piece = layout.shard(name, full, t)
+            if name in split:
+                rows = piece.shape[0] // dp
+                piece = piece[d * rows:(d + 1) * rows]
+            pieces[name] = np.ascontiguousarray(piece)
+        os.makedirs(tmp_path / "src" / f"rank_{rank}")
+        ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in pieces.items()],
+                           str(tmp_path / "src" / f"rank_{rank}" / "x.ckpt"))
+    transform_checkpoints(str(tmp_path / "src"), str(tmp_path / "dst"), "full_", strategy, None)
+    merged = ms.load_checkpoint(str(tmp_path / "dst" / "rank_0" / "full_0.ckpt"))
+    assert sorted(merged) == sorted(state)
+    for name, full in state.items():
+        np.testing.assert_array_equal(merged[name].asnumpy(), full, err_msg=name)
