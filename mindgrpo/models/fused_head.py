@@ -13,10 +13,12 @@ gradients:
     dlogit = g * (onehot(label) - p)                      d logp / d logits, times the incoming g
     dh     = dlogit @ w,   dw += dlogit.T @ h
 
-so a chunk needs ~3 (chunk, V) tensors. Measured on MindSpore 2.10's CPU runtime
-(`benchmarks/fused_head.py`): faster at small micro-batches, but the process's peak memory does not
-drop with the chunk size (why is not known yet; `ms.runtime.set_memory(optimize_level="O1")` does not
-change it); on Ascend, untested. The entropy output is for logging: it gets no gradient (the GRPO loss does not use it).
+so a chunk needs ~3 (chunk, V) tensors, and chunk k waits for chunk k-1 (`ops.depend`). Measured on
+MindSpore 2.10's CPU runtime (`benchmarks/fused_head.py`): faster at small micro-batches, but the peak
+memory still grows with the number of chunks: the head alone (152k vocabulary, 128-row chunks) peaks
+at 1.02 GB for one chunk and 1.90 GB for four, forward only, so the runtime keeps ~4 (chunk, V) buffers
+per chunk instead of reusing them (why is not known yet; `set_memory(optimize_level="O1")` does not
+change it, and a plain chain of (N, V) ops does reuse). On Ascend, untested. The entropy output is for logging: it gets no gradient (the GRPO loss does not use it).
 
 Under tensor parallelism w is this rank's vocabulary slice [vocab_start, vocab_start + V/tp):
 `max_over` and `sum_over` combine the per-row maxima and sums over the group (identity on one
@@ -69,10 +71,14 @@ class HeadLogProbs(nn.Cell):
     def construct(self, h, w, labels):
         n = h.shape[0]
         logp, ent, lse = (), (), ()
+        done = ops.zeros((), ms.float32)
         for start in range(0, n, self.chunk):
             stop = min(start + self.chunk, n)
-            a, b, c = self._rows(h[start:stop], w, labels[start:stop])
+            # chunk k waits for chunk k-1: independent branches would otherwise run side by side, every
+            # chunk's (chunk, V) buffers alive at once
+            a, b, c = self._rows(ops.depend(h[start:stop], done), w, labels[start:stop])
             logp, ent, lse = logp + (a,), ent + (b,), lse + (c,)
+            done = c
         return ops.concat(logp), ops.concat(ent), ops.concat(lse)
 
     def bprop(self, h, w, labels, out, dout):
@@ -82,7 +88,7 @@ class HeadLogProbs(nn.Cell):
         for start in range(0, n, self.chunk):
             stop = start + self.chunk if start + self.chunk < n else n  # (no `min` in a bprop)
             hc = h[start:stop]
-            logits = self.project(hc, w).astype(ms.float32)  # (C, V), recomputed
+            logits = self.project(ops.depend(hc, dw), w).astype(ms.float32)  # (C, V), recomputed after chunk k-1
             gc = g[start:stop].reshape(-1, 1)
             dlogit = -gc * ops.exp(logits - lse[start:stop].reshape(-1, 1))
             index, mine = self._local(labels[start:stop], rows)
