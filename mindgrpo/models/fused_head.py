@@ -13,17 +13,19 @@ gradients:
     dlogit = g * (onehot(label) - p)                      d logp / d logits, times the incoming g
     dh     = dlogit @ w,   dw += dlogit.T @ h
 
-so a chunk needs ~3 (chunk, V) tensors, and chunk k waits for chunk k-1 (`ops.depend`). Measured on
-MindSpore 2.10's CPU runtime (`benchmarks/fused_head.py`): faster at small micro-batches, but the peak
-memory still grows with the number of chunks: the head alone (152k vocabulary, 128-row chunks) peaks
-at 1.02 GB for one chunk and 1.90 GB for four, forward only, so the runtime keeps ~4 (chunk, V) buffers
-per chunk instead of reusing them (why is not known yet; `set_memory(optimize_level="O1")` does not
-change it, and a plain chain of (N, V) ops does reuse). On Ascend, untested. The entropy output is for logging: it gets no gradient (the GRPO loss does not use it).
+so a chunk needs ~3 (chunk, V) tensors, and chunk k waits for chunk k-1 (`ops.depend`). With forward
+and backward, the head alone (152k vocabulary, 128-row chunks) still grows by ~0.2 GB per chunk on
+MindSpore 2.10's CPU runtime (0.98 GB at one chunk, 1.57 at four; autodiff 0.94 and 2.02): not yet
+found where. Figures for a whole GRPO step: `benchmarks/fused_head.py`. On Ascend, untested. The entropy output is for logging: it gets no gradient (the GRPO loss does not use it).
 
 Under tensor parallelism w is this rank's vocabulary slice [vocab_start, vocab_start + V/tp):
 `max_over` and `sum_over` combine the per-row maxima and sums over the group (identity on one
 device), lse is global, and dh is this rank's partial sum (the column-parallel entry `f` sums it).
 (`ops.zeros_like` inside a cell with a custom bprop fails to compile in MindSpore 2.10: `ops.zeros`.)
+
+Broadcasts against (chunk, V) tensors are written out with `ops.broadcast_to`: on MindSpore 2.10's CPU
+runtime an implicit (C, V) - (C, 1) keeps a chunk-sized buffer alive per call (the head alone, 128-row
+chunks, forward: 1.02 GB for one chunk and 1.90 GB for four; with broadcast_to 0.83 GB for both).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class HeadLogProbs(nn.Cell):
         """One chunk: h (C, H) -> logp (C,), entropy (C,), lse (C,)."""
         logits = self.project(h, w).astype(ms.float32)  # (C, V)
         m = self.max_over(logits.max(axis=-1, keepdims=True))  # (C, 1)
-        shifted = logits - m
+        shifted = logits - ops.broadcast_to(m, logits.shape)  # explicit: see the module docstring
         e = ops.exp(shifted)
         index, mine = self._local(labels, w.shape[0])
         picked = ops.gather_elements(shifted, 1, index.reshape(-1, 1)).reshape(-1)
@@ -90,7 +92,8 @@ class HeadLogProbs(nn.Cell):
             hc = h[start:stop]
             logits = self.project(ops.depend(hc, dw), w).astype(ms.float32)  # (C, V), recomputed after chunk k-1
             gc = g[start:stop].reshape(-1, 1)
-            dlogit = -gc * ops.exp(logits - lse[start:stop].reshape(-1, 1))
+            p = ops.exp(logits - ops.broadcast_to(lse[start:stop].reshape(-1, 1), logits.shape))
+            dlogit = -ops.broadcast_to(gc, logits.shape) * p
             index, mine = self._local(labels[start:stop], rows)
             hit = ops.stack((ops.arange(stop - start, dtype=ms.int32), index), axis=1)  # (C, 2)
             gc = gc.reshape(-1)

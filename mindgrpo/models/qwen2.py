@@ -178,9 +178,9 @@ class LogProbs(nn.Cell):
 
     def construct(self, logits, labels, with_entropy: bool):
         m = logits.max(axis=-1, keepdims=True)
-        shifted = logits - m
+        shifted = logits - ops.broadcast_to(m, logits.shape)  # explicit broadcasts: see models/fused_head.py
         lse = ops.log(ops.exp(shifted).sum(-1, keepdims=True))
-        logp_all = shifted - lse  # (N, V)
+        logp_all = shifted - ops.broadcast_to(lse, shifted.shape)  # (N, V)
         logp = ops.gather_elements(logp_all, 1, labels.reshape(-1, 1)).reshape(-1)
         if with_entropy:
             ent = -(ops.exp(logp_all) * logp_all).sum(-1)

@@ -94,7 +94,7 @@ class VocabParallelLogProbs(nn.Cell):
         local_max = logits.max(axis=-1, keepdims=True)  # (N, 1)
         m = self.gather(local_max.reshape(1, n)).max(axis=0).reshape(n, 1)  # (tp, N) -> (N, 1)
         m = ops.stop_gradient(m)
-        shifted = logits - m
+        shifted = logits - ops.broadcast_to(m, logits.shape)  # explicit broadcast: see models/fused_head.py
         e = ops.exp(shifted)
         local = labels.astype(ms.int32) - self.start
         mine = ops.logical_and(local >= 0, local < self.rows)
