@@ -5,8 +5,8 @@
     msrun --worker_num=2 --local_worker_num=2 scripts/grpo_one_stage.py --use_parallel True --config ...
 
 With no --config the tiny recipe `model_configs/qwen_grpo/tiny/grpo_config.yaml` runs: a tiny
-Qwen2 learns small-number arithmetic (a short supervised warm start, then GRPO) with a
-tokenizer and data it makes itself. Dotted overrides such as `rl_config.max_steps=1` apply on
+Qwen2 learns to add three single-digit numbers (a supervised warm start on a flawed teacher that
+forgets carries, then GRPO with the accuracy reward) with a tokenizer and data it makes itself. Dotted overrides such as `rl_config.max_steps=1` apply on
 top of the YAML. Our users' mindrlhf flags are accepted (see --help).
 """
 
