@@ -90,13 +90,12 @@ class GRPOTrainer:
         self.needs_old = rl.num_iterations > 1 or rl.num_mini_batches > 1
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)
         temperature = gen.temperature if gen.temperature > 0 else 1.0
+        chunk = actor.logprob_chunk_size
         self.updater = PolicyUpdater(
             policy, self._loss(), micro_batch_size=actor.micro_batch_size, detach_old=not self.needs_old,
             use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
-            temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard,
-            chunk=actor.logprob_chunk_size)
-        chunk = actor.logprob_chunk_size
+            temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk)
         self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk) if reference is not None \
             else None
         self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk) if self.needs_old else None

@@ -6,7 +6,7 @@ config and the layouts, for one rank (the largest pieces: every rank's are the s
     policy      this rank's piece of the policy (training layout), fp32 master weights
     grads       one fp32 accumulator per policy parameter
     optimizer   AdamW's two fp32 moments; with actor_config.parallel_config.optimizer_shard (ZeRO-1)
-                1/dp of dim 0 of every parameter whose dim 0 divides (`mindgrpo.grpo.optim.AdamW`)
+                1/dp of dim 0 of the parameters `ParallelLayout.opt_shard_parts` splits (`optim.AdamW`)
     inference   the inference model's piece (inference layout), fp32 like the policy, plus the
                 engine's fused copies of its layer weights (all but the norms) in the compute
                 dtype (`mindgrpo.inference.engine.InferenceWeights`)
