@@ -1,0 +1,126 @@
+"""Per-token log-probs from (N, V) logits, forward + backward, two ways in one run:
+
+    chain        max, shift, exp, sum, log, shift again (with explicit broadcasts), gather:
+                 the dense LogProbs of mindgrpo up to commit 939fc5e
+    log_softmax  one fused ops.log_softmax, gather: LogProbs now (`mindgrpo/models/qwen2.py`)
+
+    .venv/bin/python benchmarks/logprobs.py [--rows 256] [--vocab 151936] [--repeats 5]
+
+The loss is sum(w * log p(label)) + 0.01 * sum(entropy) or without the entropy term, differentiated
+with value_and_grad in graph mode; both are checked against float64 numpy (loss and d loss / d logits).
+The two alternate run by run; medians. 256 rows is one update micro-batch of the grpo_step benchmark
+(4 rows x 64 scored tokens) on the Qwen2.5 vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+
+def numpy_reference(x: np.ndarray, labels: np.ndarray, w: np.ndarray, ent_coef: float):
+    """float64 loss and gradient of sum(w * logp[label]) + ent_coef * sum(entropy)."""
+    x = x.astype(np.float64)
+    z = x - x.max(1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    p = np.exp(logp)
+    rows = np.arange(len(labels))
+    ent = -(p * logp).sum(1)
+    loss = (w * logp[rows, labels]).sum() + ent_coef * ent.sum()
+    grad = -p * w[:, None]
+    grad[rows, labels] += w
+    grad += ent_coef * (-p * (logp + ent[:, None]))  # d entropy / d logits
+    return loss, grad
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                     "logprobs.json"))
+    args = ap.parse_args(argv)
+
+    import mindspore as ms
+    from mindspore import Tensor, nn, ops
+
+    from mindgrpo.models.qwen2 import LogProbs
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+    class Chain(nn.Cell):
+        def construct(self, logits, labels, with_entropy: bool):
+            m = logits.max(axis=-1, keepdims=True)
+            shifted = logits - ops.broadcast_to(m, logits.shape)
+            lse = ops.log(ops.exp(shifted).sum(-1, keepdims=True))
+            logp_all = shifted - ops.broadcast_to(lse, shifted.shape)
+            logp = ops.gather_elements(logp_all, 1, labels.reshape(-1, 1)).reshape(-1)
+            ent = -(ops.exp(logp_all) * logp_all).sum(-1) if with_entropy else ops.zeros_like(logp)
+            return logp, ent
+
+    class Loss(nn.Cell):
+        def __init__(self, head, with_entropy):
+            super().__init__()
+            self.head, self.with_entropy = head, with_entropy
+
+        def construct(self, x, labels, w):
+            logp, ent = self.head(x, labels, self.with_entropy)
+            return (logp * w).sum() + 0.01 * ent.sum()
+
+    class Grad(nn.Cell):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def construct(self, x, labels, w):
+            return ms.value_and_grad(self.net, 0)(x, labels, w)
+
+    rng = np.random.default_rng(0)
+    x = (3 * rng.standard_normal((args.rows, args.vocab))).astype(np.float32)
+    labels = rng.integers(0, args.vocab, args.rows).astype(np.int32)
+    w = rng.standard_normal(args.rows).astype(np.float32)
+    inputs = (Tensor(x), Tensor(labels), Tensor(w))
+    results = {"rows": args.rows, "vocab": args.vocab, "repeats": args.repeats,
+               "date": time.strftime("%Y-%m-%d %H:%M"), "load_average_start": os.getloadavg()[0], "cases": {}}
+    print(f"(N, V) = ({args.rows}, {args.vocab}); forward + backward, median of {args.repeats}")
+    for with_entropy in (False, True):
+        want_loss, want_grad = numpy_reference(x, labels, w, 0.01 if with_entropy else 0.0)
+        nets = {"chain": Grad(Loss(Chain(), with_entropy)), "log_softmax": Grad(Loss(LogProbs(), with_entropy))}
+        errors = {}
+        for name, net in nets.items():
+            loss, grad = net(*inputs)  # compiles
+            errors[name] = (abs(float(loss.asnumpy()) - want_loss), float(np.abs(grad.asnumpy() - want_grad).max()))
+        times = {name: [] for name in nets}
+        for _ in range(args.repeats):
+            for name, net in nets.items():
+                t0 = time.perf_counter()
+                net(*inputs)[1].asnumpy()
+                times[name].append(time.perf_counter() - t0)
+        for name in nets:
+            ms_med = 1000 * float(np.median(times[name]))
+            key = f"{name}{' + entropy' if with_entropy else ''}"
+            results["cases"][key] = {"ms": ms_med, "loss_abs_error": errors[name][0],
+                                     "grad_max_abs_error": errors[name][1]}
+            print(f"{key:24s} {ms_med:7.1f} ms   |loss - float64| {errors[name][0]:.2e}   "
+                  f"max |grad - float64| {errors[name][1]:.2e}", flush=True)
+        ratio = np.median(times["chain"]) / np.median(times["log_softmax"])
+        print(f"  chain / log_softmax = {ratio:.2f}x")
+    results["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    results["load_average_end"] = os.getloadavg()[0]
+    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"load average {results['load_average_start']:.1f} -> {results['load_average_end']:.1f}; "
+          f"written {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
