@@ -8,7 +8,9 @@
 
 The loss is sum(w * log p(label)) + 0.01 * sum(entropy) or without the entropy term, differentiated
 with value_and_grad in graph mode; both are checked against float64 numpy (loss and d loss / d logits).
-The two alternate run by run; medians. 256 rows is one update micro-batch of the grpo_step benchmark
+The two alternate run by run; medians. Then the other ops of one micro-batch's vocabulary head, each
+alone at the same shape (hidden 256): the projection, its two gradients, the log-softmax forward and
+the entropy metric's forward. 256 rows is one update micro-batch of the grpo_step benchmark
 (4 rows x 64 scored tokens) on the Qwen2.5 vocabulary.
 """
 
@@ -43,6 +45,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--hidden", type=int, default=256, help="hidden size for the single-op matmul timings")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                      "logprobs.json"))
@@ -112,6 +115,47 @@ def main(argv=None) -> int:
                   f"max |grad - float64| {errors[name][1]:.2e}", flush=True)
         ratio = np.median(times["chain"]) / np.median(times["log_softmax"])
         print(f"  chain / log_softmax = {ratio:.2f}x")
+    # the rest of a micro-batch's vocabulary head, each op alone at the same shape (hidden --hidden)
+    h = Tensor(rng.standard_normal((args.rows, args.hidden)).astype(np.float32))
+    weight = Tensor((0.02 * rng.standard_normal((args.vocab, args.hidden))).astype(np.float32))
+    dlogits = Tensor(rng.standard_normal((args.rows, args.vocab)).astype(np.float32))
+
+    class Op(nn.Cell):
+        def __init__(self, ta, tb):
+            super().__init__()
+            self.mm = ops.MatMul(transpose_a=ta, transpose_b=tb)
+
+        def construct(self, a, b):
+            return self.mm(a, b)
+
+    class Entropy(nn.Cell):
+        def construct(self, logits):
+            logp_all = ops.log_softmax(logits, -1)
+            return -(ops.exp(logp_all) * logp_all).sum(-1)
+
+    class LogSoftmaxOnly(nn.Cell):
+        def construct(self, logits):
+            return ops.log_softmax(logits, -1)
+
+    flops = 2 * args.rows * args.hidden * args.vocab
+    single = {"logits = h W^T": (Op(False, True), (h, weight), flops),
+              "d h = dlogits W": (Op(False, False), (dlogits, weight), flops),
+              "d W = dlogits^T h": (Op(True, False), (dlogits, h), flops),
+              "log_softmax forward": (LogSoftmaxOnly(), (inputs[0],), 0),
+              "log_softmax + entropy forward": (Entropy(), (inputs[0],), 0)}
+    results["single_ops"] = {}
+    for name, (net, net_inputs, fl) in single.items():
+        net(*net_inputs).asnumpy()
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            net(*net_inputs).asnumpy()
+            times.append(time.perf_counter() - t0)
+        sec = float(np.median(times))
+        results["single_ops"][name] = {"ms": 1000 * sec, "gflops": fl / sec / 1e9 if fl else None}
+        rate = f"  {fl / sec / 1e9:6.1f} GFLOP/s" if fl else ""
+        print(f"{name:30s} {1000 * sec:7.1f} ms{rate}", flush=True)
+
     results["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     results["load_average_end"] = os.getloadavg()[0]
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
