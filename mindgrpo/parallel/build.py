@@ -167,11 +167,9 @@ def sharded_checkpoints(cfg: GRPOConfig, comm: Comm, output_dir: str, mcfg: Qwen
     reference, plus the training layout's strategy file (mindgrpo.parallel.checkpoint)."""
     from mindgrpo.grpo.checkpointing import checkpoint_root
     from mindgrpo.parallel.checkpoint import ShardedCheckpoints
-    from mindgrpo.parallel.layout import OPTIMIZER_PREFIXES
-    from mindgrpo.parallel.strategy import write_strategy_file
+    from mindgrpo.parallel.strategy import training_shapes, write_strategy_file
 
-    shapes = full_shapes(mcfg)
-    shapes.update({prefix + n: s for prefix in OPTIMIZER_PREFIXES for n, s in list(shapes.items())})
+    shapes = training_shapes(mcfg)
     return ShardedCheckpoints(comm, checkpoint_root(cfg, output_dir), cfg.rl_config.keep_last_k,
                               lambda path: write_strategy_file(
                                   path, comm.train, shapes, optimizer_shard=cfg.actor_config.parallel_config.optimizer_shard))

@@ -194,6 +194,12 @@ def write_layouts(path: str, entries: Mapping[str, TensorLayout], stage: int = 0
     return path
 
 
+def training_shapes(cfg: Qwen2Config) -> Dict[str, Tuple[int, ...]]:
+    """Full shapes of what the training layout holds: the weights and their adam_m./adam_v. moments."""
+    shapes = expected_shapes(cfg)
+    return {prefix + name: shape for prefix in ("",) + OPTIMIZER_PREFIXES for name, shape in shapes.items()}
+
+
 def write_layout_strategies(out_dir: str, cfg: Qwen2Config, train_layout: ParallelLayout,
                             infer_layout: ParallelLayout, optimizer_shard: bool = False) -> Dict[str, str]:
     """The strategy files of a run: out_dir/train_strategy.ckpt (the actor's layout, weights and
@@ -202,13 +208,9 @@ def write_layout_strategies(out_dir: str, cfg: Qwen2Config, train_layout: Parall
     Returns {"train": path, "infer": path}."""
     train_layout.check_divisible(cfg)
     infer_layout.check_divisible(cfg)
-    shapes = expected_shapes(cfg)
-    train_shapes = dict(shapes)
-    for prefix in OPTIMIZER_PREFIXES:
-        train_shapes.update({prefix + name: shape for name, shape in shapes.items()})
-    return {"train": write_strategy_file(os.path.join(out_dir, TRAIN_STRATEGY), train_layout, train_shapes,
+    return {"train": write_strategy_file(os.path.join(out_dir, TRAIN_STRATEGY), train_layout, training_shapes(cfg),
                                          optimizer_shard=optimizer_shard),
-            "infer": write_strategy_file(os.path.join(out_dir, INFER_STRATEGY), infer_layout, shapes)}
+            "infer": write_strategy_file(os.path.join(out_dir, INFER_STRATEGY), infer_layout, expected_shapes(cfg))}
 
 
 # ---------------------------------------------------------------------------- reading
