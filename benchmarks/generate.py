@@ -11,7 +11,8 @@ warm-up run per side (ours includes graph compilation, reported separately) the 
 alternate run by run, so that load from other jobs on the machine falls on both; the figures are
 the medians of --repeats runs each.
 
-Also prints our per-layer decode cost: decode steps only (from the first token on), timed with 1
+Also prints the decode graph's parts timed alone on the same bucket (the whole step, the layers, the
+final norm + head, the head + sampler) and our per-layer decode cost: decode steps only (from the first token on), timed with 1
 and with 4 layers (the two alternating), (t4 - t1) / 3 per layer and t1 - that outside the layers.
 """
 
@@ -86,6 +87,64 @@ def per_layer_cost(name: str, batch: int, new_tokens: int, repeats: int) -> dict
             "ms_outside_layers": t1 - per_layer}
 
 
+def decode_parts(name: str, batch: int, repeats: int, steps: int = 30) -> dict:
+    """ms per call of the decode graph and of its parts on the same bucket (no host loop):
+    the whole step, the layers alone, the final norm + head alone, the head + the sampler."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindgrpo.inference.engine import DecodeGraph, RolloutEngine
+    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+
+    class LayersOnly(DecodeGraph):
+        def construct(self, token, position, bias, index, u):
+            b = token.shape[0]
+            cos, sin = self.lm.fused_rope(position)
+            x = self.lm.model.tok_embeddings(token).astype(self.lm.dtype)
+            bias = bias.reshape(b, 1, 1, -1)
+            for i in range(self.n_layers):
+                x = self.lm.model.layers[i].decode(x, cos, sin, bias, self.cache.k[i], self.cache.v[i], index,
+                                                   self.weights.layer(i))
+            return x.sum(-1).astype(ms.int32), x
+
+    class HeadOnly(DecodeGraph):
+        def construct(self, token, position, bias, index, u):
+            x = self.lm.model.tok_embeddings(token).astype(self.lm.dtype)
+            logits = self.lm.logits(self.lm.model.norm_out(x), few_rows=True)
+            return logits[:, 0].astype(ms.int32), logits
+
+    class HeadAndSampler(DecodeGraph):
+        def construct(self, token, position, bias, index, u):
+            x = self.lm.model.tok_embeddings(token).astype(self.lm.dtype)
+            logits = self.lm.logits(self.lm.model.norm_out(x), few_rows=True)
+            return self.sampler(logits, u), logits
+
+    lm = Qwen2ForCausalLM(Qwen2Config(**CONFIGS[name], max_position_embeddings=4096))
+    engine = RolloutEngine(lm)
+    run_ours(engine, [list(range(10, 42))] * batch, 128)  # builds the bucket
+    bucket = next(iter(engine._buckets.values()))
+    cache, sampler = bucket.cache, bucket.decode.sampler
+    graphs = {"whole step": bucket.decode,
+              "layers only": LayersOnly(lm, cache, engine.weights, sampler),
+              "norm + head only": HeadOnly(lm, cache, engine.weights, sampler),
+              "norm + head + sampler": HeadAndSampler(lm, cache, engine.weights, sampler)}
+    b, c, slot = cache.k[0].shape[0], cache.k[0].shape[2], 40
+    bh = np.stack(np.meshgrid(np.arange(b), np.arange(lm.kv_heads), indexing="ij"), -1).reshape(-1, 2)
+    args = (Tensor(np.arange(b, dtype=np.int32)), Tensor(np.full(b, slot, np.int32)),
+            Tensor(np.zeros((b, c), np.float32)),
+            Tensor(np.concatenate([bh, np.full((len(bh), 1), slot)], 1).astype(np.int32)),
+            Tensor(np.full(b, 0.5, np.float32)))
+    for g in graphs.values():
+        g(*args)[0].asnumpy()  # compiles
+
+    def one(g):
+        for _ in range(steps):
+            g(*args)[0].asnumpy()
+
+    times = alternate({k: (lambda g=g: one(g)) for k, g in graphs.items()}, repeats)
+    return {k: 1000 * float(np.median(v)) / steps for k, v in times.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS))
@@ -135,6 +194,9 @@ def main(argv=None) -> int:
         print(f"{name:18s} decode cost: {per['layers']['ms_per_layer']:.2f} ms per layer, "
               f"{per['layers']['ms_outside_layers']:.2f} ms outside the layers (embedding, head, sampling, host)",
               flush=True)
+        per["parts_ms"] = decode_parts(name, args.batch, args.repeats)
+        print(f"{name:18s} decode graph parts (ms per call): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in per["parts_ms"].items()), flush=True)
         results["configs"][name] = per
     results["load_average_end"] = os.getloadavg()[0]
 
@@ -151,6 +213,12 @@ def main(argv=None) -> int:
         c = results["configs"][name]["layers"]
         print(f"| {name} | {c['decode_ms_per_step_1_layer']:.2f} | {c['decode_ms_per_step_4_layers']:.2f} | "
               f"{c['ms_per_layer']:.2f} | {c['ms_outside_layers']:.2f} |")
+    parts = list(results["configs"][args.configs[0]]["parts_ms"])
+    print("\nDecode graph parts, ms per call (same bucket, no host loop):\n\n| config | " + " | ".join(parts)
+          + " |\n" + "|---" * (len(parts) + 1) + "|")
+    for name in args.configs:
+        c = results["configs"][name]["parts_ms"]
+        print(f"| {name} | " + " | ".join(f"{c[k]:.2f}" for k in parts) + " |")
     print(f"\nload average {results['load_average_start']:.1f} -> {results['load_average_end']:.1f}; "
           f"written {args.output}")
     return 0
