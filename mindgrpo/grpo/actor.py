@@ -70,6 +70,10 @@ class PolicyUpdater:
         """What a checkpoint must hold besides the weights to resume exactly."""
         return self.adamw.state_parameters()
 
+    def resident_parameters(self) -> List[ms.Parameter]:
+        """What the optimizer keeps on the device (for the memory ledger)."""
+        return self.adamw.resident_parameters()
+
     def update(self, exp: Experience, lr: float, global_tokens: Optional[float] = None,
                global_seqs: Optional[float] = None) -> Dict[str, float]:
         """One optimizer step on a mini-batch. Token/sequence normalisers default to this

@@ -90,9 +90,18 @@ class AdamW(nn.Cell):
     same summed gradients, and which parameters to split (`ParallelLayout.opt_shard_parts`; their dim
     0 must divide by the group's size). Member k keeps the moments of only the k-th of `size` equal
     pieces of dim 0 of those parameters (MindSpore's optimizer-parallel layout), updates that piece,
-    and the pieces are gathered back into the whole parameter. The arithmetic per element is
-    unchanged, so the weights are bit-identical to the unsharded update while the moments take
-    about 1/size of the memory."""
+    and the pieces are gathered back into the whole parameter. The fused kernel below updates
+    weights in place, so a member keeps an fp32 copy of its piece (`adam_piece.<name>`, rewritten
+    every step, not saved). The arithmetic per element is unchanged, so the weights are
+    bit-identical to the unsharded update, while moments and piece take 3/size of the memory of
+    the two whole moments.
+
+    The update is MindSpore's fused AdamWeightDecay kernel, with the bias corrections folded into
+    its step size and epsilon: lr * m_hat / (sqrt(v_hat) + eps) = lr' * m / (sqrt(v) + eps') with
+    lr' = lr * sqrt(bc2) / bc1 and eps' = eps * sqrt(bc2), and the decoupled decay lr * wd * p
+    written as lr' * (wd * lr / lr') * p. One step of a (152k, 256) parameter takes about half the
+    time and a tenth of the transient memory of the same update written as tensor arithmetic,
+    which keeps a buffer per intermediate on the CPU (`python benchmarks/adamw.py`)."""
 
     def __init__(self, params: Sequence[Parameter], buffer: GradBuffer, beta1=0.9, beta2=0.999,
                  eps=1e-8, weight_decay=0.0, sq_norm: Optional[nn.Cell] = None, shard: Optional[Group] = None,
@@ -113,6 +122,15 @@ class AdamW(nn.Cell):
                                              requires_grad=False) for p, s in zip(params, shapes))
         self.v = ms.ParameterTuple(Parameter(Tensor(np.zeros(s, np.float32)), name=f"adam_v.{p.name}",
                                              requires_grad=False) for p, s in zip(params, shapes))
+        split = [i for i, s in enumerate(self.sharded) if s]
+        self.piece = ms.ParameterTuple(Parameter(Tensor(np.zeros(shapes[i], np.float32)),
+                                                 name=f"adam_piece.{params[i].name}", requires_grad=False)
+                                       for i in split)
+        self.piece_of = tuple(split.index(i) if s else -1 for i, s in enumerate(self.sharded))
+        for p in params:
+            if p.dtype != ms.float32:
+                raise ValueError(f"parameter {p.name!r} is {p.dtype}: AdamW updates fp32 master weights")
+        self.adam = ops.AdamWeightDecay()
         if shard is not None:
             self.gather = AllGather(shard)
         self.decay = [0.0 if no_decay(p.name) else float(weight_decay) for p in params]
@@ -120,7 +138,12 @@ class AdamW(nn.Cell):
         self.n = len(params)
 
     def state_parameters(self) -> List[Parameter]:
+        """What a checkpoint holds: the moments."""
         return list(self.m) + list(self.v)
+
+    def resident_parameters(self) -> List[Parameter]:
+        """What the optimizer keeps on the device: the moments and, under ZeRO-1, the pieces."""
+        return self.state_parameters() + list(self.piece)
 
     def construct(self, lr, bias_correction1, bias_correction2, max_norm):
         if self.sq_norm is None:
@@ -131,21 +154,22 @@ class AdamW(nn.Cell):
             sq = self.sq_norm(self.bufs)
         norm = ops.sqrt(sq)
         coef = ops.where(max_norm > 0, ops.minimum(max_norm / (norm + 1e-6), 1.0), 1.0)
+        root = ops.sqrt(bias_correction2)
+        step = lr * root / bias_correction1  # lr' and eps' of the class docstring
+        eps = self.eps * root
         out = ()
         for i in range(self.n):
             g = self.bufs[i] * coef
-            p = self.params[i].astype(ms.float32)
-            if self.sharded[i]:  # this member's rows of dim 0
-                g = g[self.start[i]:self.start[i] + self.rows[i]]
-                p = p[self.start[i]:self.start[i] + self.rows[i]]
-            m = ops.assign(self.m[i], self.beta1 * self.m[i] + (1 - self.beta1) * g)
-            v = ops.assign(self.v[i], self.beta2 * self.v[i] + (1 - self.beta2) * g * g)
-            if self.decay[i] > 0:
-                p = p * (1 - lr * self.decay[i])
-            p = p - lr * (m / bias_correction1) / (ops.sqrt(v / bias_correction2) + self.eps)
-            if self.sharded[i]:
-                p = self.gather(p)  # every member's rows, in member order
-            done = ops.assign(self.params[i], p.astype(self.params[i].dtype))
+            decay = lr * self.decay[i] / step
+            if self.sharded[i]:  # this member's rows of dim 0, updated in its piece, then gathered
+                piece = self.piece[self.piece_of[i]]
+                rows = slice(self.start[i], self.start[i] + self.rows[i])
+                loaded = ops.assign(piece, self.params[i][rows])
+                done = self.adam(piece, self.m[i], self.v[i], step, self.beta1, self.beta2, eps, decay,
+                                 ops.depend(g[rows], loaded))
+                done = ops.assign(self.params[i], self.gather(ops.depend(piece, done)))  # members in order
+            else:
+                done = self.adam(self.params[i], self.m[i], self.v[i], step, self.beta1, self.beta2, eps, decay, g)
             out = out + (ops.depend(ops.assign(self.bufs[i], ops.zeros_like(self.bufs[i])), done),)
         return ops.depend(norm, out)
 

@@ -105,7 +105,7 @@ class GRPOTrainer:
         self.step = 0
         self.val_history: List[float] = []
         memory.register("grads", extra_bytes=self.updater.buffer.nbytes())
-        memory.register("optimizer", self.updater.state_parameters())
+        memory.register("optimizer", self.updater.resident_parameters())
 
     def _loss(self):
         from mindgrpo.grpo.ms_algos import GRPOLoss

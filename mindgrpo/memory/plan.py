@@ -6,7 +6,8 @@ config and the layouts, for one rank (the largest pieces: every rank's are the s
     policy      this rank's piece of the policy (training layout), fp32 master weights
     grads       one fp32 accumulator per policy parameter
     optimizer   AdamW's two fp32 moments; with actor_config.parallel_config.optimizer_shard (ZeRO-1)
-                1/dp of dim 0 of the parameters `ParallelLayout.opt_shard_parts` splits (`optim.AdamW`)
+                1/dp of dim 0 of the parameters `ParallelLayout.opt_shard_parts` splits, and an fp32
+                copy of that 1/dp of the weights, which the fused update rewrites (`optim.AdamW`)
     inference   the inference model's piece (inference layout), fp32 like the policy, plus the
                 engine's fused copies of its layer weights (all but the norms) in the compute
                 dtype (`mindgrpo.inference.engine.InferenceWeights`)
@@ -49,12 +50,13 @@ def piece_bytes(cfg: Qwen2Config, layout: ParallelLayout, itemsize: int = 4) -> 
     return sum(itemsize * int(np.prod(layout.shard_shape(n, s))) for n, s in expected_shapes(cfg).items())
 
 
-def moment_bytes(cfg: Qwen2Config, layout: ParallelLayout, optimizer_shard: bool) -> int:
-    """One AdamW moment (fp32) of this rank's policy piece, split over the dp replicas when sharded."""
+def optimizer_bytes(cfg: Qwen2Config, layout: ParallelLayout, optimizer_shard: bool) -> int:
+    """AdamW's two fp32 moments of this rank's policy piece, split over the dp replicas when sharded,
+    plus then an fp32 copy of this replica's rows of each split parameter (`optim.AdamW`)."""
     total = 0
     for name, shape in expected_shapes(cfg).items():
         parts = layout.opt_shard_parts(name, shape) if optimizer_shard else 1
-        total += 4 * int(np.prod(layout.shard_shape(name, shape))) // parts
+        total += (2 if parts == 1 else 3) * 4 * int(np.prod(layout.shard_shape(name, shape))) // parts
     return total
 
 
@@ -112,7 +114,7 @@ def plan(gcfg: GRPOConfig, mcfg: Qwen2Config) -> MemoryPlan:
     train = ParallelLayout.from_config(actor.parallel_config)
     infer = ParallelLayout.from_config(gen.parallel_config)
     policy = piece_bytes(mcfg, train)
-    optimizer = 2 * moment_bytes(mcfg, train, actor.parallel_config.optimizer_shard)
+    optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard)
     groups = {"policy": policy, "grads": policy, "optimizer": optimizer,
               "inference": piece_bytes(mcfg, infer) + inference_copy_bytes(mcfg, infer)}
     if rl.beta > 0:

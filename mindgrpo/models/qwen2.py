@@ -182,7 +182,9 @@ class LogProbs(nn.Cell):
         logp_all = ops.log_softmax(logits, -1)  # (N, V)
         logp = ops.gather_elements(logp_all, 1, labels.reshape(-1, 1)).reshape(-1)
         if with_entropy:
-            ent = -(ops.exp(logp_all) * logp_all).sum(-1)
+            # p from the softmax kernel, not exp(logp_all): exp turns logp's absolute rounding into
+            # p's relative error (entropy error 1.9e-5 against 3.7e-6 at V=96, vs float64)
+            ent = -(ops.softmax(logits, -1) * logp_all).sum(-1)
         else:
             ent = ops.zeros_like(logp)
         return logp, ent
