@@ -7,7 +7,8 @@
 
     .venv/bin/python benchmarks/adamw.py [--steps 5] [--rows 151936] [--cols 256]
 
-Each way runs in its own process (peak RSS is per process): the RSS growth of the first step (the
+Also times the clipping norm's squared sum of the gradient, over all elements at once and rows first
+(`optim.squared_sum`). Each way runs in its own process (peak RSS is per process): the RSS growth of the first step (the
 transient buffers the runtime keeps), the median time of the following steps, and the largest
 difference from the same steps in float64 numpy (torch's AdamW formula: decay, then the step).
 """
@@ -95,7 +96,28 @@ def side(way: str, rows: int, cols: int, steps: int, conn) -> None:
         if t == 1:
             first = rss_gb()
     err = float(np.abs(param.asnumpy().astype(np.float64) - float64_steps(p0, grads)).max())
-    conn.send({"rss_growth_first_step_gb": first - start, "step_ms": 1000 * float(np.median(times[1:])),
+    extra = {}
+    if way == "fused":  # the clipping norm's reduction, over every element at once or rows first
+        from mindgrpo.grpo.optim import squared_sum
+
+        class Flat(nn.Cell):
+            def construct(self, x):
+                return (x * x).sum()
+
+        class Rows(nn.Cell):
+            def construct(self, x):
+                return squared_sum(x)
+
+        g = Tensor(grads[0])
+        for label, net in (("squared_sum_all_elements_ms", Flat()), ("squared_sum_rows_first_ms", Rows())):
+            net(g).asnumpy()
+            ts = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                net(g).asnumpy()
+                ts.append(time.perf_counter() - t0)
+            extra[label] = 1000 * float(np.median(ts))
+    conn.send({**extra, "rss_growth_first_step_gb": first - start, "step_ms": 1000 * float(np.median(times[1:])),
                "first_step_s": times[0], "max_abs_error_vs_float64": err})
 
 
@@ -119,6 +141,8 @@ def main(argv=None) -> int:
         print(f"{way:10s} step {r['step_ms']:7.1f} ms   RSS growth on the first step {r['rss_growth_first_step_gb']:.2f} GB"
               f"   max |p - float64| after {args.steps} steps {r['max_abs_error_vs_float64']:.1e}", flush=True)
     a, f = results["ways"]["arithmetic"], results["ways"]["fused"]
+    print(f"gradient squared sum for clipping: all elements at once {f['squared_sum_all_elements_ms']:.1f} ms, "
+          f"rows first (optim.squared_sum) {f['squared_sum_rows_first_ms']:.1f} ms")
     print(f"fused / arithmetic: time {f['step_ms'] / a['step_ms']:.2f}x, transient memory "
           f"{f['rss_growth_first_step_gb'] / max(a['rss_growth_first_step_gb'], 1e-9):.2f}x")
     results["load_average_end"] = os.getloadavg()[0]

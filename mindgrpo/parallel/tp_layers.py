@@ -26,6 +26,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindgrpo.grpo.optim import squared_sum
 from mindgrpo.models.fused_head import HeadLogProbs
 from mindgrpo.models.qwen2 import Embedding, Linear
 from mindgrpo.parallel.comm import AllGather, AllReduce, CopyToGroup, Group, ReduceFromGroup
@@ -153,7 +154,7 @@ class GradSqNorm(nn.Cell):
         pieces = ops.zeros((), ms.float32)
         whole = ops.zeros((), ms.float32)
         for i in range(self.n):
-            sq = (grads[i] * grads[i]).sum()
+            sq = squared_sum(grads[i])
             if self.split[i]:
                 pieces = pieces + sq
             else:
