@@ -3,7 +3,8 @@
 `Scorer` runs the no-grad log-prob graph over an Experience in micro-batches.
 `PolicyUpdater` owns the policy's gradient buffers and AdamW state and runs one optimizer step
 per mini-batch: micro-batches through `GRPOGradStep`, then `AdamW`. Graphs are cached per
-micro-batch shape (S and R are bucketed by `experience.pack`).
+micro-batch shape (S and R are bucketed by `experience.pack`). With pipeline stages both run
+their micro-batches through the stage's schedule (`mindgrpo.parallel.pipeline`).
 """
 
 from __future__ import annotations
@@ -17,46 +18,74 @@ from mindspore import Tensor
 from mindgrpo.grpo.experience import Experience, micro_batches
 from mindgrpo.grpo.ms_algos import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
-from mindgrpo.grpo.train_graph import METRIC_KEYS, GRPOGradStep, PolicyLoss
+from mindgrpo.grpo.train_graph import METRIC_KEYS, GRPOGradStep, PolicyLoss, StageGradStep
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
-from mindgrpo.models.scoring import TokenLogProbs
+from mindgrpo.models.scoring import StageHidden, TokenLogProbs
 from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.pipeline import Pipeline
+
+
+def hidden_shape(lm: Qwen2ForCausalLM, exp: Experience, batches: List[np.ndarray]):
+    """m -> the (B, S, H) hidden states micro-batch m passes between pipeline stages."""
+    return lambda m: (len(batches[m]), exp.input_ids.shape[1], lm.config.hidden_size)
 
 
 class Scorer:
-    """log p(labels) (B, R) of an Experience under `lm`, micro-batch by micro-batch."""
+    """log p(labels) (B, R) of an Experience under `lm`, micro-batch by micro-batch.
 
-    def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0, chunk: int = 0):
-        self.graph = TokenLogProbs(lm, with_entropy=False, temperature=temperature, chunk=chunk)
+    pipeline: lm's pipeline stage (`mindgrpo.parallel.pipeline.Pipeline`); default one stage.
+    Every stage returns the log-probs (the last computes them)."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0, chunk: int = 0,
+                 pipeline: Optional[Pipeline] = None):
+        self.lm = lm
+        self.pipe = pipeline or Pipeline()
+        if self.pipe.last:
+            self.graph = TokenLogProbs(lm, with_entropy=False, temperature=temperature, chunk=chunk)
+        else:
+            self.stage = StageHidden(lm)
         self.micro = micro_batch_size
 
     def __call__(self, exp: Experience) -> np.ndarray:
+        batches = micro_batches(len(exp), self.micro)
+
+        def last(m, x):
+            rows = batches[m]
+            return self.graph(x, Tensor(exp.score_pos[rows]), Tensor(exp.labels[rows]))[0].asnumpy()
+
+        logps = self.pipe.forward(len(batches), lambda m: Tensor(exp.input_ids[batches[m]]),
+                                  hidden_shape(self.lm, exp, batches), lambda x: self.stage(x), last)
         out = np.zeros(exp.labels.shape, np.float32)
-        for rows in micro_batches(len(exp), self.micro):
-            logp, _ = self.graph(Tensor(exp.input_ids[rows]), Tensor(exp.score_pos[rows]), Tensor(exp.labels[rows]))
-            out[rows] = logp.asnumpy()
-        return out * exp.mask
+        for rows, logp in zip(batches, logps):
+            out[rows] = logp
+        return self.pipe.from_last(out) * exp.mask
 
 
 class PolicyUpdater:
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, *, micro_batch_size: int, detach_old: bool,
                  use_ref: bool, beta1: float, beta2: float, eps: float, weight_decay: float,
                  grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
-                 optimizer_shard: bool = False, chunk: int = 0):
+                 optimizer_shard: bool = False, chunk: int = 0, pipeline: Optional[Pipeline] = None):
         self.lm = lm
+        self.pipe = pipe = pipeline or Pipeline()
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
         self.buffer = GradBuffer(self.params)
-        self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature, chunk),
-                                       self.params, self.buffer)
+        if pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
+            self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature,
+                                                      chunk), self.params, self.buffer, wrt_inputs=not pipe.first)
+        else:  # a stage before the last: its forward, and its backward from the next stage's gradient
+            self.stage = StageHidden(lm)
+            self.stage_grad = StageGradStep(StageHidden(lm), self.params, self.buffer, wrt_inputs=not pipe.first)
         # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1);
-        # under tensor parallelism the model's layer factory knows how to sum the pieces' norms
+        # under tensor parallelism the model's layer factory knows how to sum the pieces' norms, and
+        # the pipeline sums them over the stages
         shard = grad_reducer.group if optimizer_shard and grad_reducer is not None else None
         layout = ParallelLayout(dp=1 if shard is None else shard.size, tp=lm.layer_factory.tp)
         full = expected_shapes(lm.config)
-        self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay,
-                           sq_norm=lm.layer_factory.grad_sq_norm([n for n, _ in named]), shard=shard,
+        sq_norm = pipe.sq_norm(lm.layer_factory.grad_sq_norm([n for n, _ in named]), len(named))
+        self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay, sq_norm=sq_norm, shard=shard,
                            sharded=[layout.opt_shard_parts(n, full[n]) > 1 for n, _ in named])
         self.beta1, self.beta2, self.grad_clip = beta1, beta2, grad_clip
         self.micro = micro_batch_size
@@ -88,17 +117,26 @@ class PolicyUpdater:
         zeros = np.zeros(exp.labels.shape, np.float32)
         old = exp.old_logp if exp.old_logp is not None else zeros
         ref = exp.ref_logp if exp.ref_logp is not None else zeros
-        loss_sum, sums, tok_sum = 0.0, np.zeros(len(METRIC_KEYS)), 0.0
-        for rows in micro_batches(len(exp), self.micro):
-            loss, metrics = self.step_graph(
-                Tensor(exp.input_ids[rows]), Tensor(exp.score_pos[rows]), Tensor(exp.labels[rows]),
-                Tensor(exp.mask[rows]), Tensor(exp.advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]),
-                g_tok, g_seq)
+        batches = micro_batches(len(exp), self.micro)
+
+        def last_step(m, x):  # x: token ids, or the previous stage's hidden states
+            rows = batches[m]
+            out = self.step_graph(x, Tensor(exp.score_pos[rows]), Tensor(exp.labels[rows]), Tensor(exp.mask[rows]),
+                                  Tensor(exp.advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), g_tok, g_seq)
+            values = [float(out[0].asnumpy())] + [float(v.asnumpy()) for v in out[1]]
+            return values, (out[2] if len(out) == 3 else None)
+
+        results = self.pipe.train(len(batches), lambda m: Tensor(exp.input_ids[batches[m]]),
+                                  hidden_shape(self.lm, exp, batches), lambda x: self.stage(x),
+                                  lambda x, dy: self.stage_grad(x, dy), last_step)
+        totals = np.zeros(2 + len(METRIC_KEYS))  # loss, tokens, metric sums: on the last stage
+        for rows, values in zip(batches, results):
             w = float(exp.mask[rows].sum())
-            loss_sum += float(loss.asnumpy())  # already normalised globally: micro-batch losses add up
-            values = np.array([float(m.asnumpy()) for m in metrics])
-            sums += np.where(np.array(METRIC_KEYS) == "pg_loss", values, w * values)
-            tok_sum += w
+            totals[0] += values[0]  # already normalised globally: micro-batch losses add up
+            totals[1] += w
+            totals[2:] += np.where(np.array(METRIC_KEYS) == "pg_loss", values[1:], w * np.array(values[1:]))
+        totals = self.pipe.from_last(totals)
+        loss_sum, tok_sum, sums = float(totals[0]), float(totals[1]), totals[2:]
         if dp is not None:
             dp(self.buffer)
             totals = dp.sum(np.concatenate([[loss_sum, tok_sum], sums]))

@@ -142,6 +142,8 @@ class Parts:
     sync: object
     ref_sync: Optional[object]
     grad_reducer: Optional[object] = None  # data-parallel gradient sum (distributed build only)
+    pipeline: Optional[object] = None  # the policy's pipeline stage (mindgrpo.parallel.pipeline.Pipeline)
+    ref_pipeline: Optional[object] = None  # the reference model's
 
 
 def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
@@ -201,7 +203,8 @@ def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_di
                 engine=parts.engine, sync=parts.sync, ref_sync=parts.ref_sync, memory=parts.memory,
                 rewards=parts.rewards, tokenizer=parts.tokenizer, train_prompts=parts.train_prompts,
                 val_prompts=parts.val_prompts, metrics_log=metrics_log, progress=progress,
-                output_dir=output_dir, rank=rank, grad_reducer=parts.grad_reducer, checkpoints=checkpoints)
+                output_dir=output_dir, rank=rank, grad_reducer=parts.grad_reducer, checkpoints=checkpoints,
+                pipeline=parts.pipeline, ref_pipeline=parts.ref_pipeline)
 
 
 def save_strategies(cfg: GRPOConfig, out: str) -> list:

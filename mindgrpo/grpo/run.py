@@ -104,7 +104,8 @@ def run(args) -> int:
         sft = cfg.sft_config
         m = sft_warm_start(parts.policy, parts.train_prompts, parts.tokenizer, steps=sft.steps, lr=sft.lr,
                            batch_size=sft.batch_size, micro_batch_size=cfg.actor_config.micro_batch_size,
-                           seed=rl.seed, teacher_carry_error=sft.teacher_carry_error)
+                           seed=rl.seed, teacher_carry_error=sft.teacher_carry_error,
+                           grad_reducer=parts.grad_reducer, pipeline=parts.pipeline)
         trainer.sync()
         if parts.ref_sync is not None:
             parts.ref_sync()  # the reference is the warm-started policy

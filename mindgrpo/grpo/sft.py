@@ -36,16 +36,17 @@ def sft_targets(answers: List[str], solutions: List[str], tokenizer) -> List[Lis
 
 def sft_warm_start(policy, prompts: PromptSource, tokenizer, *, steps: int, lr: float, batch_size: int,
                    micro_batch_size: int, seed: int, teacher_carry_error: float = 0.0,
-                   log_every: int = 10) -> Dict[str, float]:
+                   log_every: int = 10, grad_reducer=None, pipeline=None) -> Dict[str, float]:
     """`steps` AdamW steps on `batch_size` prompts each, cosine lr from `lr` to lr / 10 after a 10% warmup.
     With teacher_carry_error > 0 the targets come from a flawed teacher (synthetic chains only): each
-    solution is redrawn per use, so every carrying fact is seen both right and wrong."""
+    solution is redrawn per use, so every carrying fact is seen both right and wrong.
+    grad_reducer, pipeline: the policy's data-parallel and pipeline parts (distributed runs)."""
     if steps <= 0:
         return {}
     updater = PolicyUpdater(policy, GRPOLoss(beta=0.0, agg_mode="token-mean"), micro_batch_size=micro_batch_size,
                             detach_old=True, use_ref=False, beta1=0.9, beta2=0.98, eps=1e-8, weight_decay=0.0,
-                            grad_clip=1.0, with_entropy=False)
-    scorer = Scorer(policy, micro_batch_size)
+                            grad_clip=1.0, with_entropy=False, grad_reducer=grad_reducer, pipeline=pipeline)
+    scorer = Scorer(policy, micro_batch_size, pipeline=pipeline)
     source = PromptSource({"prompt_ids": [np.array(i) for i in prompts.ids],
                            "prompt_length": [len(i) for i in prompts.ids], **prompts.columns}, seed=seed)
     teacher_rng = np.random.default_rng([seed, 1])

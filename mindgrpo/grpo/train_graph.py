@@ -51,17 +51,49 @@ class PolicyLoss(nn.Cell):
 
 
 class GRPOGradStep(nn.Cell):
-    """One micro-batch: loss and metrics out, gradients accumulated into `buffer`."""
+    """One micro-batch: loss and metrics out, gradients accumulated into `buffer`.
 
-    def __init__(self, policy_loss: PolicyLoss, params: Sequence[Parameter], buffer: GradBuffer):
+    wrt_inputs (the last of several pipeline stages, whose first input is the previous stage's
+    hidden states (B, S, H)): also returns the gradient of the loss with respect to them."""
+
+    def __init__(self, policy_loss: PolicyLoss, params: Sequence[Parameter], buffer: GradBuffer,
+                 wrt_inputs: bool = False):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.policy_loss = policy_loss
         self.weights = ms.ParameterTuple(params)
-        self.grad_fn = ms.value_and_grad(self.policy_loss, None, self.weights, has_aux=True)
+        self.wrt_inputs = wrt_inputs
+        self.grad_fn = ms.value_and_grad(self.policy_loss, 0 if wrt_inputs else None, self.weights, has_aux=True)
         self.accumulate = AccumulateGrads(buffer)
 
-    def construct(self, input_ids, score_pos, labels, mask, advantages, old_logp, ref_logp,
+    def construct(self, inputs, score_pos, labels, mask, advantages, old_logp, ref_logp,
                   global_tokens, global_seqs):
-        (loss, metrics), grads = self.grad_fn(input_ids, score_pos, labels, mask, advantages, old_logp,
+        (loss, metrics), grads = self.grad_fn(inputs, score_pos, labels, mask, advantages, old_logp,
                                               ref_logp, global_tokens, global_seqs)
+        if self.wrt_inputs:
+            d_inputs, grads = grads
+            return ops.depend(loss, self.accumulate(grads)), metrics, d_inputs
         return ops.depend(loss, self.accumulate(grads)), metrics
+
+
+class StageGradStep(nn.Cell):
+    """The backward pass of a pipeline stage before the last, for one micro-batch: its forward
+    (`stage`, recomputed here) differentiated against the gradient of its output that the next
+    stage sent (`sens`, (B, S, H)); the parameters' gradients are accumulated into `buffer`.
+    Returns the gradient with respect to the stage's input (B, S, H), or, on the first stage
+    (token ids in), zeros (1,)."""
+
+    def __init__(self, stage: nn.Cell, params: Sequence[Parameter], buffer: GradBuffer, wrt_inputs: bool):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.stage = stage
+        self.weights = ms.ParameterTuple(params)
+        self.wrt_inputs = wrt_inputs
+        self.grad = ops.GradOperation(get_all=wrt_inputs, get_by_list=True, sens_param=True)
+        self.accumulate = AccumulateGrads(buffer)
+
+    def construct(self, inputs, sens):
+        if self.wrt_inputs:
+            (d_inputs,), grads = self.grad(self.stage, self.weights)(inputs, sens)
+        else:
+            grads = self.grad(self.stage, self.weights)(inputs, sens)
+            d_inputs = ops.zeros((1,), ms.float32)
+        return ops.depend(d_inputs, self.accumulate(grads))

@@ -75,7 +75,8 @@ class GRPOTrainer:
     def __init__(self, cfg: GRPOConfig, *, policy, inference, reference, engine: RolloutEngine, sync,
                  ref_sync, memory, rewards, tokenizer, train_prompts: PromptSource,
                  val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
-                 rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None, checkpoints=None):
+                 rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None, checkpoints=None,
+                 pipeline=None, ref_pipeline=None):
         self.cfg = cfg
         rl, actor, gen = cfg.rl_config, cfg.actor_config, cfg.generate_config
         self.policy, self.inference, self.reference = policy, inference, reference
@@ -95,10 +96,12 @@ class GRPOTrainer:
             policy, self._loss(), micro_batch_size=actor.micro_batch_size, detach_old=not self.needs_old,
             use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
-            temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk)
-        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk) if reference is not None \
-            else None
-        self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk) if self.needs_old else None
+            temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
+            pipeline=pipeline)
+        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline) \
+            if reference is not None else None
+        self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline) \
+            if self.needs_old else None
         self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches
         self.stop_ids = tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))
         self.sample_seed = rl.seed if gen.seed is None else gen.seed

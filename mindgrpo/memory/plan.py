@@ -1,9 +1,11 @@
 """Per-device memory of a GRPO config, phase by phase, with and without host-memory swap.
 
 The groups and phases are the SwapManager's (`mindgrpo/memory/swap.py`), sized from the model
-config and the layouts, for one rank (the largest pieces: every rank's are the same size):
+config and the layouts, for one rank (`plan(..., rank=k)`; by default the rank whose peak is the
+largest: ranks differ only by pipeline stage, the first holding the embedding, the last the head):
 
-    policy      this rank's piece of the policy (training layout), fp32 master weights
+    policy      this rank's piece of the policy (training layout): its pipeline stage's
+                parameters, its tensor-parallel piece of each, fp32 master weights
     grads       one fp32 accumulator per policy parameter
     optimizer   AdamW's two fp32 moments; with actor_config.parallel_config.optimizer_shard (ZeRO-1)
                 1/dp of dim 0 of the parameters `ParallelLayout.opt_shard_parts` splits, and an fp32
@@ -20,8 +22,10 @@ config and the layouts, for one rank (the largest pieces: every rank's are the s
 The ledger of a run counts exactly these (tests/parallel/test_msrun.py compares). On top, the
 activation estimate of the training step (not in the ledger): Megatron's per-layer count for
 tensor parallelism without sequence parallelism or recomputation (Korthikanti et al. 2022,
-s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes for 16-bit activations; x2 for fp32), plus the scored
-positions' logits (b * R * V/t fp32, x3: logits, probabilities, their gradient).
+s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes for 16-bit activations; x2 for fp32) for this stage's
+layers of one micro-batch, plus on the last stage the scored positions' logits (b * R * V/t
+fp32, x3: logits, probabilities, their gradient) and, with pipeline stages, the inputs a stage
+keeps for every micro-batch of a mini-batch until its backward (s*b*h each; `parallel.pipeline`).
 """
 
 from __future__ import annotations
@@ -46,15 +50,24 @@ def _bucket(n: int, step: int) -> int:
     return max(step, -(-n // step) * step)
 
 
-def piece_bytes(cfg: Qwen2Config, layout: ParallelLayout, itemsize: int = 4) -> int:
-    return sum(itemsize * int(np.prod(layout.shard_shape(n, s))) for n, s in expected_shapes(cfg).items())
+def _stage_shapes(cfg: Qwen2Config, layout: ParallelLayout, rank: int) -> Dict[str, tuple]:
+    """Full shapes of the parameters rank's pipeline stage of `layout` holds."""
+    shapes = expected_shapes(cfg)
+    if layout.pp == 1:
+        return shapes
+    stage = layout.stage(rank)
+    return {n: s for n, s in shapes.items() if layout.param_stage(n, cfg.num_hidden_layers) == stage}
 
 
-def optimizer_bytes(cfg: Qwen2Config, layout: ParallelLayout, optimizer_shard: bool) -> int:
+def piece_bytes(cfg: Qwen2Config, layout: ParallelLayout, itemsize: int = 4, rank: int = 0) -> int:
+    return sum(itemsize * int(np.prod(layout.shard_shape(n, s))) for n, s in _stage_shapes(cfg, layout, rank).items())
+
+
+def optimizer_bytes(cfg: Qwen2Config, layout: ParallelLayout, optimizer_shard: bool, rank: int = 0) -> int:
     """AdamW's two fp32 moments of this rank's policy piece, split over the dp replicas when sharded,
     plus then an fp32 copy of this replica's rows of each split parameter (`optim.AdamW`)."""
     total = 0
-    for name, shape in expected_shapes(cfg).items():
+    for name, shape in _stage_shapes(cfg, layout, rank).items():
         parts = layout.opt_shard_parts(name, shape) if optimizer_shard else 1
         total += (2 if parts == 1 else 3) * 4 * int(np.prod(layout.shard_shape(name, shape))) // parts
     return total
@@ -75,20 +88,27 @@ def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayo
     for names in layer_buckets(list(shapes)):
         size = 0
         for n in names:
-            plan = plan_parameter(n, shapes[n], 4, src, dst, rank)
-            size += 4 * int(np.prod(dst.shard_shape(n, shapes[n]))) + plan.received
+            plan = plan_parameter(n, shapes[n], 4, src, dst, rank, cfg.num_hidden_layers)
+            size += (4 * int(np.prod(dst.shard_shape(n, shapes[n]))) if plan.needed else 0) + plan.received
         best = max(best, size)
     return best
 
 
-def activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, tp: int) -> int:
-    """Estimate for one micro-batch of the training graph (see the module docstring)."""
-    s = gcfg.generate_config.max_prompt_length + gcfg.generate_config.max_tokens
-    b, h, a, L = gcfg.actor_config.micro_batch_size, cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers
+def activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, layout: ParallelLayout, rank: int = 0) -> int:
+    """Estimate for one micro-batch of the training graph on rank's stage (see the module docstring)."""
+    gen, actor, rl = gcfg.generate_config, gcfg.actor_config, gcfg.rl_config
+    s = gen.max_prompt_length + gen.max_tokens
+    b, h, a, tp = actor.micro_batch_size, cfg.hidden_size, cfg.num_attention_heads, layout.tp
+    stage = layout.stage(rank)
+    layers = len(layout.stage_layers(stage, cfg.num_hidden_layers))
     width = 2 if cfg.compute_dtype != "float32" else 4
     per_layer = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * width / 2
-    logits = 3 * b * gcfg.generate_config.max_tokens * cfg.vocab_size // tp * 4
-    return int(L * per_layer + logits)
+    logits = 3 * b * gen.max_tokens * cfg.vocab_size // tp * 4 if stage == layout.pp - 1 else 0
+    kept = 0
+    if layout.pp > 1:  # every micro-batch's stage input, from its forward to its backward
+        rows = -(-rl.batch_size * rl.num_generations // (rl.num_mini_batches * layout.dp))
+        kept = -(-rows // b) * s * b * h * width
+    return int(layers * per_layer + logits + kept)
 
 
 @dataclass
@@ -96,6 +116,9 @@ class MemoryPlan:
     groups: Dict[str, int]  # group -> bytes on this device when resident
     phases: Dict[str, List[str]]  # phase -> resident groups with swap on
     activations: int  # training step estimate, not in the ledger
+    rank: int = 0  # the rank planned
+    stage: int = 0  # its pipeline stage in the training layout
+    stages: int = 1  # pipeline stages of the training layout
 
     def phase_bytes(self, phase: str, swap: bool) -> int:
         """Ledger bytes during a phase (groups + the sync bucket), without activations."""
@@ -109,33 +132,47 @@ class MemoryPlan:
         return max(self.total(p, swap) for p in self.phases)
 
 
-def plan(gcfg: GRPOConfig, mcfg: Qwen2Config) -> MemoryPlan:
+def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None) -> MemoryPlan:
+    """The plan of one rank; by default the rank with the largest peak (swap on)."""
+    train = ParallelLayout.from_config(gcfg.actor_config.parallel_config)
+    if rank is None:
+        candidates = [_plan_rank(gcfg, mcfg, s * train.stage_size) for s in range(train.pp)]
+        return max(candidates, key=lambda p: p.peak(True))
+    return _plan_rank(gcfg, mcfg, rank)
+
+
+def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int) -> MemoryPlan:
     actor, gen, rl = gcfg.actor_config, gcfg.generate_config, gcfg.rl_config
     train = ParallelLayout.from_config(actor.parallel_config)
     infer = ParallelLayout.from_config(gen.parallel_config)
-    policy = piece_bytes(mcfg, train)
-    optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard)
+    policy = piece_bytes(mcfg, train, rank=rank)
+    optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard, rank)
     groups = {"policy": policy, "grads": policy, "optimizer": optimizer,
               "inference": piece_bytes(mcfg, infer) + inference_copy_bytes(mcfg, infer)}
     if rl.beta > 0:
-        groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config))
+        groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config),
+                                          rank=rank)
     rows = _bucket(-(-rl.batch_size * rl.num_generations // infer.dp), 8)
     capacity = _bucket(gen.max_prompt_length, 32) + _bucket(gen.max_tokens, 32)
     width = 2 if mcfg.compute_dtype != "float32" else 4
     groups["kv_cache"] = 2 * mcfg.num_hidden_layers * rows * (mcfg.num_key_value_heads // infer.tp) * capacity \
         * mcfg.d * width
-    groups["transient"] = largest_sync_bucket(mcfg, train, infer)
+    groups["transient"] = largest_sync_bucket(mcfg, train, infer, rank)
     phases = {p: [g for g in PHASES[p] if g in groups] for p in ACTIVE_PHASES}
     if rl.beta == 0:
         del phases["reference"]
     if not (rl.num_iterations > 1 or rl.num_mini_batches > 1):
         del phases["old_logprobs"]
-    return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train.tp))
+    return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train, rank), rank, train.stage(rank), train.pp)
 
 
 def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
     unit, div = ("GiB", 2 ** 30) if p.peak(False) >= 2 ** 30 else ("MiB", 2 ** 20)
-    lines = [f"| group | {unit} on each device |", "|-------|--------------------|"]
+    lines = []
+    if p.stages > 1:
+        lines += [f"Rank {p.rank}, training pipeline stage {p.stage} of {p.stages} (the stage with the largest peak).",
+                  ""]
+    lines += [f"| group | {unit} on each device |", "|-------|--------------------|"]
     lines += [f"| {g} | {b / div:.2f} |" for g, b in p.groups.items()]
     lines += [f"| activations (update, estimate) | {p.activations / div:.2f} |", "",
               f"| phase | resident with swap | {unit}, swap on | {unit}, swap off |",

@@ -449,12 +449,36 @@ class DecoderLayer(nn.Cell):
         return self._mlp(x, w13, w2)
 
 
+@dataclass(frozen=True)
+class StageSpec:
+    """The part of the model one pipeline stage holds: decoder layers [first_layer, end_layer),
+    the embedding when `first`, the final norm and the lm_head when `last`. The default is the
+    whole model. `mindgrpo.parallel.layout.ParallelLayout` says which stage holds what."""
+
+    first_layer: int = 0
+    end_layer: Optional[int] = None  # None: through the last layer
+    first: bool = True
+    last: bool = True
+
+    def layer_ids(self, num_layers: int) -> tuple:
+        return tuple(range(self.first_layer, num_layers if self.end_layer is None else self.end_layer))
+
+
 class Qwen2Model(nn.Cell):
-    def __init__(self, cfg: Qwen2Config, rng, layers: DenseLayers):
+    """Every initial weight is drawn in checkpoint order whatever the stage holds, so a seed gives
+    the same weights in any layout; the layers of other stages are dropped (an empty cell keeps
+    the list's numbering, and so the checkpoint names)."""
+
+    def __init__(self, cfg: Qwen2Config, rng, layers: DenseLayers, stage: StageSpec):
         super().__init__()
-        self.tok_embeddings = layers.embedding(_normal((cfg.vocab_size, cfg.hidden_size), cfg.param_init_std, rng))
-        self.layers = nn.CellList([DecoderLayer(cfg, rng, layers) for _ in range(cfg.num_hidden_layers)])
-        self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        embedding = _normal((cfg.vocab_size, cfg.hidden_size), cfg.param_init_std, rng)
+        if stage.first:
+            self.tok_embeddings = layers.embedding(embedding)
+        mine = stage.layer_ids(cfg.num_hidden_layers)
+        blocks = [DecoderLayer(cfg, rng, layers) for _ in range(cfg.num_hidden_layers)]
+        self.layers = nn.CellList([b if i in mine else nn.Cell() for i, b in enumerate(blocks)])
+        if stage.last:
+            self.norm_out = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class Qwen2ForCausalLM(nn.Cell):
@@ -464,22 +488,32 @@ class Qwen2ForCausalLM(nn.Cell):
 
     layers: DenseLayers() for one device, or a tensor-parallel rank's factories
     (`mindgrpo.parallel.tp_layers.TensorParallelLayers`); parameter names are the same either
-    way, a rank's parameters hold its piece."""
+    way, a rank's parameters hold its piece.
+    stage: the pipeline stage's part of the model (default: all of it); a stage runs
+    `hidden_states` from token ids (first stage) or the previous stage's hidden states."""
 
     def __init__(self, cfg: Qwen2Config, seed: int = 0, max_positions: Optional[int] = None,
-                 layers: Optional[DenseLayers] = None):
+                 layers: Optional[DenseLayers] = None, stage: Optional[StageSpec] = None):
         super().__init__()
         layers = layers or DenseLayers()
+        stage = stage or StageSpec()
+        if cfg.tie_word_embeddings and not (stage.first and stage.last):
+            raise ValueError("a pipeline stage of a model with tied embeddings: the embedding and the lm_head "
+                             "would live on different stages (use tie_word_embeddings = false)")
         self.config = cfg
+        self.stage = stage
+        self.first_stage, self.last_stage = stage.first, stage.last
+        self.layer_ids = stage.layer_ids(cfg.num_hidden_layers)
         self.tp = layers.tp
         self.layer_factory = layers  # the optimizer asks it how to take the gradient's norm
         self.kv_heads = cfg.num_key_value_heads // layers.tp  # on this rank (the KV cache's nkv)
         rng = np.random.default_rng(seed)
-        self.model = Qwen2Model(cfg, rng, layers)
+        self.model = Qwen2Model(cfg, rng, layers, stage)
         self.tied = cfg.tie_word_embeddings
         if not self.tied:
-            self.lm_head = layers.column(_normal((cfg.vocab_size, cfg.hidden_size), cfg.param_init_std, rng), None,
-                                         _DTYPES[cfg.compute_dtype])
+            head = _normal((cfg.vocab_size, cfg.hidden_size), cfg.param_init_std, rng)
+            if stage.last:
+                self.lm_head = layers.column(head, None, _DTYPES[cfg.compute_dtype])
         self.head_enter = layers.enter()
         self.vocab_logprobs = layers.logprobs(cfg.vocab_size)
         self.gather_vocab = layers.gather_vocab()
@@ -507,13 +541,14 @@ class Qwen2ForCausalLM(nn.Cell):
         sin = ops.broadcast_to(ops.gather(self.rope_sin, positions, 0).reshape(n, 1, d), (n, heads, d))
         return cos.reshape(n * heads, d).astype(self.dtype), sin.reshape(n * heads, d).astype(self.dtype)
 
-    def hidden_states(self, input_ids, position_ids, bias):
-        """input_ids (B, S), bias (B, 1, S, S) additive -> hidden (B, S, H) before the final norm
-        (callers norm only the positions they project)."""
+    def hidden_states(self, inputs, position_ids, bias):
+        """inputs: token ids (B, S) on the first stage, else the previous stage's hidden states
+        (B, S, H); bias (B, 1, S, S) additive -> hidden (B, S, H) after this stage's layers, before
+        the final norm (callers norm only the positions they project)."""
         cos, sin = self.rope(position_ids)
-        x = self.model.tok_embeddings(input_ids).astype(self.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, bias)
+        x = self.model.tok_embeddings(inputs).astype(self.dtype) if self.first_stage else inputs
+        for i in self.layer_ids:
+            x = self.model.layers[i](x, cos, sin, bias)
         return x
 
     def local_logits(self, h, few_rows: bool = False):

@@ -15,6 +15,25 @@ def causal_bias(s: int):
     return ops.where(causal, 0.0, NEG_INF).astype(ms.float32).reshape(1, 1, s, s)
 
 
+def positions(b: int, s: int):
+    """(B, S) int32: 0 .. S-1 in every row (right padding: the real tokens come first)."""
+    return ops.arange(s).astype(ms.int32).reshape(1, s).broadcast_to((b, s))
+
+
+class StageHidden(nn.Cell):
+    """A pipeline stage before the last: inputs (token ids (B, S) on the first stage, else the
+    previous stage's (B, S, H)) -> hidden states (B, S, H) for the next stage. Right-padded rows,
+    positions 0 .. S-1, causal attention, as `TokenLogProbs`."""
+
+    def __init__(self, lm: Qwen2ForCausalLM):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.lm = lm
+
+    def construct(self, inputs):
+        b, s = inputs.shape[0], inputs.shape[1]
+        return self.lm.hidden_states(inputs, positions(b, s), causal_bias(s))
+
+
 class SequenceLogits(nn.Cell):
     """input_ids (B, S), attention_mask (B, S) (left or right padding) -> logits (B, S, V).
 
@@ -36,6 +55,7 @@ class SequenceLogits(nn.Cell):
 
 class TokenLogProbs(nn.Cell):
     """Right-padded input_ids (B, S), score_pos (B, R), labels (B, R) -> logp (B, R), entropy (B, R).
+    On the last of several pipeline stages the first input is the previous stage's (B, S, H).
 
     score_pos[b, r] is the position whose output predicts labels[b, r] (for a response that
     starts at position L, score_pos = L-1, L, ...). Padded entries may point anywhere: the
@@ -52,6 +72,8 @@ class TokenLogProbs(nn.Cell):
 
     def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
+        if not lm.last_stage:
+            raise ValueError("TokenLogProbs needs the last pipeline stage (the final norm and the lm_head)")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.lm = lm
@@ -61,11 +83,10 @@ class TokenLogProbs(nn.Cell):
         if chunk > 0:
             self.head = lm.layer_factory.head_logprobs(lm.config.vocab_size, chunk, with_entropy)
 
-    def construct(self, input_ids, score_pos, labels):
-        b, s = input_ids.shape
+    def construct(self, inputs, score_pos, labels):
+        b, s = inputs.shape[0], inputs.shape[1]  # inputs: ids (B, S), or (B, S, H) from the previous stage
         r = score_pos.shape[1]
-        positions = ops.arange(s).astype(ms.int32).reshape(1, s).broadcast_to((b, s))
-        h = self.lm.hidden_states(input_ids, positions, causal_bias(s))  # (B, S, H)
+        h = self.lm.hidden_states(inputs, positions(b, s), causal_bias(s))  # (B, S, H)
         flat = (ops.arange(b).astype(ms.int32).reshape(b, 1) * s + score_pos).reshape(-1)
         h = ops.gather(h.reshape(b * s, -1), flat, 0)  # (B*R, H)
         h = self.lm.model.norm_out(h)

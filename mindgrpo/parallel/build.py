@@ -2,10 +2,12 @@
 
 The parts are those of the one-process build, each model being this rank's piece of its layout:
 
-    policy      training layout (actor_config.parallel_config), TensorParallelLayers
+    policy      training layout (actor_config.parallel_config), TensorParallelLayers, this
+                rank's pipeline stage of it (with its `Pipeline`)
     inference   inference layout (generate_config.parallel_config), generating through a
                 DataParallelEngine (its replica's share of the prompts, gathered after)
-    reference   reference layout (ref_config.parallel_config), only when beta > 0
+    reference   reference layout (ref_config.parallel_config), only when beta > 0; pipeline
+                stages as the policy's
     sync        Reshard policy -> inference after every update; ref_sync policy -> reference
     grad_reducer  DataParallelGrads over the training data-parallel group
 
@@ -67,21 +69,25 @@ def load_shard(lm: Qwen2ForCausalLM, folder: str) -> None:
 
 def build_tp_model(cfg: GRPOConfig, mcfg: Qwen2Config, layout: ParallelLayout, comm: Comm, path: Optional[str],
                    load: bool, seed: int) -> Qwen2ForCausalLM:
-    """This rank's piece of the model in `layout`."""
+    """This rank's piece of the model in `layout`: its pipeline stage's parameters, its
+    tensor-parallel piece of each."""
     from mindgrpo.models.checkpoint import load_state, read_model_state
+    from mindgrpo.parallel.pipeline import stage_spec
     from mindgrpo.parallel.tp_layers import TensorParallelLayers
 
     group = comm.tp_group(layout)
     gen = cfg.generate_config
     max_pos = min(gen.max_prompt_length + gen.max_tokens + 64, mcfg.max_position_embeddings)
-    lm = Qwen2ForCausalLM(mcfg, seed=seed, max_positions=max_pos, layers=TensorParallelLayers(group))
+    stage = stage_spec(layout, layout.stage(comm.rank), mcfg.num_hidden_layers)
+    lm = Qwen2ForCausalLM(mcfg, seed=seed, max_positions=max_pos, layers=TensorParallelLayers(group), stage=stage)
     if path and load:
         shards = shard_dir(path, comm.rank)
         if shards:
             load_shard(lm, shards)
-        else:  # a full checkpoint: every rank reads it and keeps its piece
+        else:  # a full checkpoint: every rank reads it and keeps its piece of its stage
             state = read_model_state(path, mcfg)
-            load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items()})
+            mine = dict(lm.parameters_and_names())
+            load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items() if n in mine})
     return lm
 
 
@@ -96,6 +102,7 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
+    from mindgrpo.parallel.pipeline import Pipeline
     from mindgrpo.parallel.reshard import Reshard
 
     rl = cfg.rl_config
@@ -145,7 +152,9 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
                 "(minimum %.1f MB)", comm.rank, train_layout, infer_layout, ref_layout, sync.received / 2**20,
                 sync.minimum / 2**20)
     return Parts(tokenizer, policy, inference, reference, train, val, build_rewards(cfg), memory, engine, sync,
-                 ref_sync, grad_reducer=DataParallelGrads(comm, comm.train_dp))
+                 ref_sync, grad_reducer=DataParallelGrads(comm, comm.train_dp),
+                 pipeline=Pipeline(comm, train_layout, policy.dtype),
+                 ref_pipeline=Pipeline(comm, ref_layout, reference.dtype) if reference is not None else None)
 
 
 def save_strategies(cfg: GRPOConfig, out_dir: str) -> List[str]:

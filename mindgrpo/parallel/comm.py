@@ -29,7 +29,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.layout import LayoutError, ParallelLayout
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class Comm:
             return Group(ranks, self.rank, _world_group_name(), True)
         if ranks not in _CREATED:
             raise RuntimeError(f"group {list(ranks)} was not created at start-up (init_parallel creates "
-                               "the tensor- and data-parallel groups of every layout)")
+                               "the groups of every layout: see init_comm)")
         return Group(ranks, self.rank, _CREATED[ranks])
 
     def tp_group(self, layout: ParallelLayout) -> Group:
@@ -138,6 +138,9 @@ def layouts_of(cfg) -> Tuple[ParallelLayout, ParallelLayout, Optional[ParallelLa
     """(training, inference, reference or None) layouts of a GRPOConfig."""
     train = ParallelLayout.from_config(cfg.actor_config.parallel_config)
     infer = ParallelLayout.from_config(cfg.generate_config.parallel_config)
+    if infer.pp != 1:
+        raise LayoutError(f"generate_config.parallel_config.pipeline_stage = {infer.pp}: generation runs without "
+                          "pipeline stages (use data_parallel and model_parallel)")
     ref = ParallelLayout.from_config(cfg.ref_config.parallel_config) if cfg.rl_config.beta > 0 else None
     return train, infer, ref
 
@@ -161,7 +164,7 @@ def world_size_from_env() -> Optional[int]:
 def init_parallel(cfg) -> Comm:
     """Initialise communication for a GRPOConfig: its training, inference and (when beta > 0)
     reference layouts must each cover the world; see `init_comm`."""
-    train, infer, ref = layouts_of(cfg)  # LayoutError on bad values, e.g. pipeline_stage > 1
+    train, infer, ref = layouts_of(cfg)  # LayoutError on bad values, e.g. pipeline_stage = 0
     world = world_size_from_env()
     if world is not None:
         check_layouts(cfg, world)  # fail before the cluster set-up when msrun told us the world
@@ -170,11 +173,16 @@ def init_parallel(cfg) -> Comm:
     return comm
 
 
-def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[ParallelLayout] = None) -> Comm:
+def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[ParallelLayout] = None,
+              reshards: Sequence[Tuple[ParallelLayout, ParallelLayout]] = ()) -> Comm:
     """Initialise communication (once per process), check the layouts against the world, and
-    create every tensor- and data-parallel group they use, in one global order (HCCL needs every
-    member of a group to create it, and shared groups created in the same order everywhere)."""
+    create every group they use (tensor-, data- and pipeline-parallel, neighbouring stages, the
+    resharding exchanges), in one global order (HCCL needs every member of a group to
+    create it, and shared groups created in the same order everywhere). reshards: more
+    (source, destination) layout pairs to create resharding groups for (tests, benchmarks)."""
     from mindspore.communication import GlobalComm, create_group, get_group_size, get_rank, init
+
+    from mindgrpo.parallel.reshard import exchange_groups
 
     if not GlobalComm.INITED:
         init()
@@ -186,8 +194,12 @@ def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[Parall
     for where, layout in layouts:
         layout.check_world(world, where)
         for r in range(world):
-            wanted.add(tuple(layout.tp_group(r)))
-            wanted.add(tuple(layout.dp_group(r)))
+            chain = layout.pp_group(r)
+            wanted.update({tuple(layout.tp_group(r)), tuple(layout.dp_group(r)), tuple(chain)})
+            wanted.update((a, b) for a, b in zip(chain, chain[1:]))  # pipeline hand-offs
+    pairs = [(train, infer)] + ([(train, ref)] if ref is not None else []) + list(reshards)
+    for src, dst in pairs:  # resharding the policy into the inference and reference layouts
+        wanted.update(exchange_groups(src, dst))
     for ranks in sorted(wanted):
         if 1 < len(ranks) < world and rank in ranks and ranks not in _CREATED:
             name = "g" + "_".join(str(r) for r in ranks)

@@ -1,8 +1,13 @@
-"""Our tensor-parallel layout of Qwen2 (Megatron style), as data.
+"""Our parallel layout of Qwen2 (Megatron style: tensor, data and pipeline parallel), as data.
 
-World = dp * tp * pp ranks (pp = 1 for now). Rank r holds tensor-parallel piece `r % tp` and
-data-parallel replica `r // tp`: tensor-parallel groups are runs of consecutive ranks, and the
-dp replicas of a piece are identical.
+World = pp * dp * tp ranks, MindSpore's order: pipeline stage s holds ranks [s*dp*tp, (s+1)*dp*tp),
+and within a stage rank r holds tensor-parallel piece `r % tp` of data-parallel replica
+`(r // tp) % dp`. Tensor-parallel groups are runs of consecutive ranks, the dp replicas of a
+piece are identical, and the pp ranks with the same (dp, tp) coordinates pass activations on.
+
+Stage s holds the decoder layers `stage_layers(s, L)` (contiguous, near-equal runs, the
+earlier stages taking one more when pp does not divide L), stage 0 the embedding, the last
+stage the final norm and the lm_head (pipeline stages need untied embeddings).
 
     column-parallel, split on dim 0:  wq/wk/wv weight and bias, w1 (gate), w3 (up),
                                       the embedding (vocab-parallel), lm_head
@@ -48,14 +53,12 @@ class LayoutError(ValueError):
 class ParallelLayout:
     dp: int = 1  # data_parallel
     tp: int = 1  # model_parallel
-    pp: int = 1  # pipeline_stage; only 1 is supported
+    pp: int = 1  # pipeline_stage
 
     def __post_init__(self):
         for key, value in (("data_parallel", self.dp), ("model_parallel", self.tp), ("pipeline_stage", self.pp)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise LayoutError(f"{key} must be an integer >= 1, got {value!r}")
-        if self.pp != 1:
-            raise LayoutError(f"pipeline_stage = {self.pp} is not supported yet; use 1")
 
     @classmethod
     def from_config(cls, parallel_config) -> "ParallelLayout":
@@ -74,37 +77,83 @@ class ParallelLayout:
 
     # ------------------------------------------------------------------ ranks
 
+    @property
+    def stage_size(self) -> int:
+        """Ranks per pipeline stage."""
+        return self.dp * self.tp
+
     def coords(self, rank: int) -> Tuple[int, int]:
-        """rank -> (dp_idx, tp_idx)."""
+        """rank -> (dp_idx, tp_idx) within its pipeline stage."""
         if not 0 <= rank < self.world_size:
             raise LayoutError(f"rank {rank} is outside the world of {self.world_size} ranks")
-        return rank // self.tp, rank % self.tp
+        local = rank % self.stage_size
+        return local // self.tp, local % self.tp
 
-    def rank(self, dp_idx: int, tp_idx: int) -> int:
-        if not (0 <= dp_idx < self.dp and 0 <= tp_idx < self.tp):
-            raise LayoutError(f"(dp_idx, tp_idx) = ({dp_idx}, {tp_idx}) is outside dp={self.dp}, tp={self.tp}")
-        return dp_idx * self.tp + tp_idx
+    def stage(self, rank: int) -> int:
+        """rank -> its pipeline stage."""
+        self.coords(rank)
+        return rank // self.stage_size
+
+    def rank(self, dp_idx: int, tp_idx: int, stage: int = 0) -> int:
+        if not (0 <= dp_idx < self.dp and 0 <= tp_idx < self.tp and 0 <= stage < self.pp):
+            raise LayoutError(f"(dp_idx, tp_idx, stage) = ({dp_idx}, {tp_idx}, {stage}) is outside dp={self.dp}, "
+                              f"tp={self.tp}, pp={self.pp}")
+        return stage * self.stage_size + dp_idx * self.tp + tp_idx
 
     def tp_group(self, rank: int) -> List[int]:
-        """The ranks that together hold one full copy of the weights, rank's group."""
+        """The ranks that together hold one full copy of rank's stage of the weights."""
         dp_idx, _ = self.coords(rank)
-        return [self.rank(dp_idx, t) for t in range(self.tp)]
+        return [self.rank(dp_idx, t, self.stage(rank)) for t in range(self.tp)]
 
     def dp_group(self, rank: int) -> List[int]:
-        """The ranks holding the same tensor-parallel piece as rank."""
+        """The ranks holding the same tensor-parallel piece of the same stage as rank."""
         _, tp_idx = self.coords(rank)
-        return [self.rank(d, tp_idx) for d in range(self.dp)]
+        return [self.rank(d, tp_idx, self.stage(rank)) for d in range(self.dp)]
+
+    def pp_group(self, rank: int) -> List[int]:
+        """The ranks at rank's (dp, tp) coordinates in every stage, in stage order: the chain an
+        activation travels."""
+        dp_idx, tp_idx = self.coords(rank)
+        return [self.rank(dp_idx, tp_idx, s) for s in range(self.pp)]
+
+    def replica_group(self, rank: int) -> List[int]:
+        """The ranks of rank's data-parallel replica: every stage and tensor-parallel piece, which
+        together hold each weight exactly once (stage-major, then tp order)."""
+        dp_idx, _ = self.coords(rank)
+        return [self.rank(dp_idx, t, s) for s in range(self.pp) for t in range(self.tp)]
+
+    # ------------------------------------------------------------------ pipeline stages
+
+    def stage_layers(self, stage: int, num_layers: int) -> range:
+        """The decoder layers of a pipeline stage."""
+        if not 0 <= stage < self.pp:
+            raise LayoutError(f"stage {stage} is outside pipeline_stage = {self.pp}")
+        if num_layers < self.pp:
+            raise LayoutError(f"pipeline_stage = {self.pp} is more than the {num_layers} decoder layers")
+        runs = np.array_split(np.arange(num_layers), self.pp)[stage]
+        return range(int(runs[0]), int(runs[-1]) + 1)
+
+    def param_stage(self, name: str, num_layers: int) -> int:
+        """The pipeline stage holding a parameter (or its optimizer moments)."""
+        base = _strip_optimizer_prefix(name)
+        m = re.match(r"model\.layers\.(\d+)\.", base)
+        if m:
+            layer = int(m.group(1))
+            return next(s for s in range(self.pp) if layer in self.stage_layers(s, num_layers))
+        if base.startswith("model.tok_embeddings."):
+            return 0
+        return self.pp - 1  # final norm, lm_head
+
+    def stage_names(self, names: Sequence[str], stage: int, num_layers: int) -> List[str]:
+        """The names among `names` held by a pipeline stage, in their order."""
+        return [n for n in names if self.param_stage(n, num_layers) == stage]
 
     # ------------------------------------------------------------------ parameters
 
     @staticmethod
     def param_split(name: str) -> Optional[int]:
         """The dim a parameter is split on (0 column-parallel, 1 row-parallel), or None if replicated."""
-        base = name
-        for prefix in OPTIMIZER_PREFIXES:
-            if base.startswith(prefix):
-                base = base[len(prefix):]
-                break
+        base = _strip_optimizer_prefix(name)
         for pattern, dim in _RULES:
             if pattern.match(base):
                 return dim
@@ -154,9 +203,31 @@ class ParallelLayout:
         return np.concatenate(shards, axis=dim)
 
     def check_divisible(self, cfg: Qwen2Config) -> None:
-        """Raise LayoutError naming the first head count or parameter that tp does not divide."""
+        """Raise LayoutError naming the first head count or parameter that tp does not divide,
+        or the model setting that pipeline stages cannot serve."""
         for key in ("num_attention_heads", "num_key_value_heads"):
             if getattr(cfg, key) % self.tp:
                 raise LayoutError(f"model_parallel = {self.tp} must divide {key} = {getattr(cfg, key)}")
         for name, shape in expected_shapes(cfg).items():
             self.shard_shape(name, shape)
+        if self.pp > 1:
+            if cfg.num_hidden_layers < self.pp:
+                raise LayoutError(f"pipeline_stage = {self.pp} is more than num_hidden_layers = "
+                                  f"{cfg.num_hidden_layers}")
+            if cfg.tie_word_embeddings:
+                raise LayoutError(f"pipeline_stage = {self.pp} needs tie_word_embeddings = false: the first stage "
+                                  "holds the embedding and the last the lm_head")
+
+
+def num_layers_of(names: Sequence[str]) -> int:
+    """Decoder layers of a model, from its parameter names (optimizer moments included)."""
+    ids = [int(m.group(1)) for n in names for m in [re.match(r"model\.layers\.(\d+)\.", _strip_optimizer_prefix(n))]
+           if m]
+    return max(ids) + 1 if ids else 0
+
+
+def _strip_optimizer_prefix(name: str) -> str:
+    for prefix in OPTIMIZER_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name

@@ -6,18 +6,23 @@ moment is one bucket.
 
 `WeightSync`: the same layout on both sides (one process): a copy per bucket.
 
-`Reshard`: any two layouts over the same world (tp 2 -> 1 with dp 2, 1 -> 2, dp2 x tp2 -> tp4, ...).
-Along a parameter's split dim the two layouts cut the full tensor into tp_src and tp_dst
-pieces; their common refinement cuts it into lcm(tp_src, tp_dst) "atoms". A destination rank
-needs the atoms of its piece; those it does not hold already, its source tensor-parallel group
-(which holds every atom exactly once) sends: each member contributes the missing atoms it owns,
-padded to the same count, in one AllGather per bucket, and every member then picks its piece
-from what it holds and what arrived. Replicated parameters (norms) never move. The plan is
-plain numpy (`plan_parameter`), so it is tested for every pair of layouts without processes.
+`Reshard`: any two layouts over the same world (tp 2 -> 1 with dp 2, 1 -> 2, dp2 x tp2 -> tp4,
+pipeline stages on either side, ...). Along a parameter's split dim the two layouts cut the full
+tensor into tp_src and tp_dst pieces; their common refinement cuts it into lcm(tp_src, tp_dst)
+"atoms" (a parameter tensor parallelism replicates, such as a norm, is one atom). A destination
+rank needs the atoms of its piece when its destination stage holds the parameter. Its source
+replica (the ranks of its data-parallel replica over every stage and tensor-parallel piece)
+holds every atom exactly once; the atoms a rank lacks come from their holders in the replica.
+Givers and takers of a parameter form exchange groups (connected sets: `_Flow.group`): per
+bucket and group, each member contributes the missing atoms it owns, padded with zeros to the
+same count, in one AllGather, and then picks its piece from what it holds and what arrived.
+The plan is plain numpy (`plan_parameter`), so it is tested for every pair of layouts without
+processes; `exchange_groups` lists the groups, which `init_comm` creates at start-up.
 
 Bytes per rank are logged against the minimum the two layouts require (the atoms a rank needs
-and does not hold): tp2 -> tp1 and tp1 -> tp2 meet it; dp2 x tp2 -> tp4 meets it on the
-receivers, plus the padding the AllGather sends back.
+and does not hold): tp2 -> tp1, tp1 -> tp2 and pipeline stages to their tensor-parallel pieces
+(train tp4 x pp2 -> infer dp2 x tp4: each rank gets the other stage's half, pair by pair) meet
+it; dp2 x tp2 -> tp4 meets it on the receivers, plus the padding the AllGather sends back.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.memory.swap import nbytes
-from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.layout import ParallelLayout, num_layers_of
 
 
 def named_parameters(model: nn.Cell) -> Dict[str, Parameter]:
@@ -126,100 +131,211 @@ def _runs(indices: Sequence[int]) -> Tuple[Run, ...]:
 class ParamPlan:
     """How one rank makes its destination piece of one parameter; runs are [start, stop) along dim.
 
-    dim    the split dim (None: replicated in both layouts, copied as it is)
-    send   runs of this rank's source piece it contributes to the exchange, `slot` elements in
-           all (a member with less to send pads with copies of its first atom); () when slot == 0
+    dim    the dim pieces are cut along: the split dim, or 0 for a parameter both layouts
+           replicate over tensor parallelism (it moves whole, between pipeline stages)
+    send   runs of this rank's source piece it contributes to the exchange, then `pad` elements
+           of zeros, `slot` elements in all (every member contributes the same size); () when
+           this rank contributes only padding, or there is no exchange (slot == 0)
     take   the destination piece, in order, as (source, start, stop): source -1 is this rank's
-           source piece, j >= 0 the slot member j contributed
-    slot   elements along dim every member of the source group contributes (0: no exchange)
+           source piece, j >= 0 the slot member j of `group` contributed; () when the
+           destination stage of this rank does not hold the parameter
     received, minimum   bytes this rank receives, and the least it could (atoms it lacks)"""
 
     name: str
-    dim: Optional[int]
+    dim: int
     send: Tuple[Run, ...]
     take: Tuple[Tuple[int, int, int], ...]
     slot: int
-    group_size: int
+    group: Tuple[int, ...]  # the ranks exchanging this parameter with this one (itself included)
     received: int
     minimum: int
-    source_len: int = 0  # elements along dim of this rank's source piece
+    source_len: int = 0  # elements along dim of this rank's source piece (0: it holds none)
+    pad: int = 0
+    split: bool = True  # False: tensor parallelism replicates it
+
+    @property
+    def held(self) -> bool:
+        """This rank's source model has the parameter."""
+        return self.source_len > 0
+
+    @property
+    def needed(self) -> bool:
+        """This rank's destination model has the parameter."""
+        return bool(self.take)
 
     @property
     def is_copy(self) -> bool:
         """The destination piece is this rank's source piece, unchanged."""
-        return self.dim is None or (self.slot == 0 and self.take == ((-1, 0, self.source_len),))
+        return self.take == ((-1, 0, self.source_len),)
+
+
+@dataclass(frozen=True)
+class _Flow:
+    """Who holds and who needs which atoms of a parameter placed on (stage_src, stage_dst), for
+    one source replica: ranks only, no shapes."""
+
+    src: ParallelLayout
+    dst: ParallelLayout
+    dp_idx: int  # the source replica
+    stage_src: int
+    stage_dst: int
+    split: bool  # False: tensor parallelism replicates the parameter (one atom)
+
+    @property
+    def n_atoms(self) -> int:
+        return math.lcm(self.src.tp, self.dst.tp) if self.split else 1
+
+    @property
+    def per_src(self) -> int:
+        return self.n_atoms // self.src.tp if self.split else 1
+
+    @property
+    def per_dst(self) -> int:
+        return self.n_atoms // self.dst.tp if self.split else 1
+
+    @property
+    def members(self) -> List[int]:
+        return self.src.replica_group(self.src.rank(self.dp_idx, 0))
+
+    def needed(self, r: int) -> List[int]:
+        if self.dst.pp > 1 and self.dst.stage(r) != self.stage_dst:
+            return []
+        j = self.dst.coords(r)[1] if self.split else 0
+        return list(range(j * self.per_dst, (j + 1) * self.per_dst))
+
+    def has(self, r: int, atom: int) -> bool:
+        return self.src.stage(r) == self.stage_src and (not self.split or self.src.coords(r)[1] == atom // self.per_src)
+
+    def owner(self, atom: int) -> int:
+        """The rank that contributes the atom."""
+        return self.src.rank(self.dp_idx, atom // self.per_src if self.split else 0, self.stage_src)
+
+    def group(self, rank: int) -> List[int]:
+        """The ranks rank exchanges this parameter with: its connected set of givers and takers
+        (a rank that neither gives nor takes stays alone), so an AllGather over it sends no
+        member's slot to ranks that do not need it."""
+        parent = {r: r for r in self.members}
+
+        def root(r):
+            while parent[r] != r:
+                parent[r] = parent[parent[r]]
+                r = parent[r]
+            return r
+
+        for r in self.members:
+            for a in self.needed(r):
+                if not self.has(r, a):
+                    parent[root(r)] = root(self.owner(a))
+        return sorted(m for m in self.members if root(m) == root(rank))
+
+
+def _flow(src: ParallelLayout, dst: ParallelLayout, rank: int, stage_src: int, stage_dst: int, split: bool) -> _Flow:
+    return _Flow(src, dst, src.coords(rank)[0], stage_src, stage_dst, split)
+
+
+def exchange_groups(src: ParallelLayout, dst: ParallelLayout) -> List[Tuple[int, ...]]:
+    """Every group of more than one rank that resharding src -> dst may exchange over, for any
+    model: `init_comm` creates them at start-up."""
+    if src.world_size != dst.world_size:
+        raise ValueError(f"resharding needs one world: {src} has {src.world_size} ranks, {dst} {dst.world_size}")
+    out = set()
+    for rank in range(src.world_size):
+        for stage_src in range(src.pp):
+            for stage_dst in range(dst.pp):
+                for split in (True, False):
+                    group = tuple(_flow(src, dst, rank, stage_src, stage_dst, split).group(rank))
+                    if len(group) > 1:
+                        out.add(group)
+    return sorted(out)
 
 
 def plan_parameter(name: str, shape: Sequence[int], itemsize: int, src: ParallelLayout, dst: ParallelLayout,
-                   rank: int) -> ParamPlan:
-    """The plan of parameter `name` (full shape `shape`) for `rank` (see the module docstring)."""
+                   rank: int, num_layers: Optional[int] = None) -> ParamPlan:
+    """The plan of parameter `name` (full shape `shape`) for `rank` (see the module docstring).
+    num_layers (the model's decoder layers) places parameters on pipeline stages; needed when
+    either layout has more than one."""
     if src.world_size != dst.world_size:
         raise ValueError(f"resharding needs one world: {src} has {src.world_size} ranks, {dst} {dst.world_size}")
-    dim = src.param_split(name)
+    if num_layers is None and (src.pp > 1 or dst.pp > 1):
+        raise ValueError("resharding between layouts with pipeline stages needs num_layers")
     dst.shard_shape(name, shape)  # LayoutError if the destination cannot split it
     src.shard_shape(name, shape)
-    if dim is None:
-        return ParamPlan(name, None, (), (), 0, 1, 0, 0)
+    split_dim = src.param_split(name)
+    dim = 0 if split_dim is None else split_dim
+    flow = _flow(src, dst, rank, src.param_stage(name, num_layers) if src.pp > 1 else 0,
+                 dst.param_stage(name, num_layers) if dst.pp > 1 else 0, split_dim is not None)
     full = int(shape[dim])
     rest = int(np.prod([s for k, s in enumerate(shape) if k != dim]))
-    n_atoms = math.lcm(src.tp, dst.tp)
-    unit = full // n_atoms
-    per_src, per_dst = n_atoms // src.tp, n_atoms // dst.tp
-    group = src.tp_group(rank)  # ranks in tp order: member j owns atoms [j*per_src, (j+1)*per_src)
-
-    def needed(r):
-        j = dst.coords(r)[1]
-        return list(range(j * per_dst, (j + 1) * per_dst))
-
-    def owner(atom):
-        return atom // per_src
-
-    wanted = sorted({a for m in group for a in needed(m) if owner(a) != group.index(m)})
-    contrib = [[a for a in wanted if owner(a) == j] for j in range(len(group))]
+    unit = full // flow.n_atoms
+    group = flow.group(rank)
+    wanted = sorted({a for m in group for a in flow.needed(m) if not flow.has(m, a)})
+    contrib = [[a for a in wanted if flow.owner(a) == m] for m in group]
     slot_atoms = max(len(c) for c in contrib)
     me = group.index(rank)
+    holds = src.stage(rank) == flow.stage_src
+    first_atom = src.coords(rank)[1] * flow.per_src if flow.split else 0
 
-    def elements(atom):  # the atom's elements in its owner's piece
-        start = (atom - owner(atom) * per_src) * unit
+    def elements(atom):  # the atom's elements in this rank's piece
+        start = (atom - first_atom) * unit
         return range(start, start + unit)
 
     send = [i for a in contrib[me] for i in elements(a)]
-    send += list(range(unit)) * (slot_atoms - len(contrib[me]))  # padding: the same size for everyone
     take: List[Tuple[int, int, int]] = []
-    for a in needed(rank):
-        j = owner(a)
-        source, start = (-1, elements(a).start) if j == me else (j, contrib[j].index(a) * unit)
+    for a in flow.needed(rank):
+        if flow.has(rank, a):
+            source, start = -1, elements(a).start
+        else:
+            j = group.index(flow.owner(a))
+            source, start = j, contrib[j].index(a) * unit
         if take and take[-1][0] == source and take[-1][2] == start:
             take[-1] = (source, take[-1][1], start + unit)
         else:
             take.append((source, start, start + unit))
-    missing = sum(1 for a in needed(rank) if owner(a) != me)
+    missing = sum(1 for a in flow.needed(rank) if not flow.has(rank, a))
     slot = slot_atoms * unit
-    return ParamPlan(name, dim, _runs(send), tuple(take), slot, len(group), (len(group) - 1) * slot * rest * itemsize,
-                     missing * unit * rest * itemsize, per_src * unit)
+    return ParamPlan(name, dim, _runs(send), tuple(take), slot, tuple(group),
+                     (len(group) - 1) * slot * rest * itemsize, missing * unit * rest * itemsize,
+                     flow.per_src * unit if holds else 0, slot - len(send), flow.split)
 
 
 def _cut(x, dim: int, start: int, stop: int):
     return x[start:stop] if dim == 0 else x[:, start:stop]
 
 
-def apply_plans(plans: Sequence[Sequence[ParamPlan]], pieces: Sequence[Sequence[np.ndarray]]) -> List[List[np.ndarray]]:
-    """numpy twin of `_ReshardBucket`, for tests: pieces[m][i] is member m's source piece of
-    parameter i, for the members of one source group in tp order, and plans[m][i] their plans.
-    Returns every member's destination pieces."""
-    out = []
-    for m, member_plans in enumerate(plans):
+def apply_plans(plans: Dict[int, Sequence[ParamPlan]], pieces: Dict[int, Sequence[Optional[np.ndarray]]],
+                shapes: Sequence[Sequence[int]]) -> Dict[int, List[Optional[np.ndarray]]]:
+    """numpy twin of the bucket graphs, for tests: for every rank of a source replica group,
+    plans[r][i] is its plan of parameter i, pieces[r][i] its source piece (None where its stage
+    does not hold it), shapes[i] the full shapes. Returns every rank's destination pieces (None
+    where its destination stage does not hold the parameter)."""
+    out = {}
+    for r, rank_plans in plans.items():
         row = []
-        for i, p in enumerate(member_plans):
-            if p.is_copy:
-                row.append(pieces[m][i].copy())
-                continue
-            slots = [np.concatenate([_cut(pieces[j][i], p.dim, a, b) for a, b in plans[j][i].send], axis=p.dim)
-                     if p.slot else None for j in range(len(plans))]
-            parts = [_cut(pieces[m][i] if source < 0 else slots[source], p.dim, a, b) for source, a, b in p.take]
-            row.append(np.concatenate(parts, axis=p.dim))
-        out.append(row)
+        for i, p in enumerate(rank_plans):
+            if not p.needed:
+                row.append(None)
+            elif p.is_copy:
+                row.append(pieces[r][i].copy())
+            else:
+                parts = []
+                for source, a, b in p.take:
+                    if source < 0:
+                        whole = pieces[r][i]
+                    else:
+                        giver = p.group[source]
+                        whole = _slot(plans[giver][i], pieces[giver][i], shapes[i])
+                    parts.append(_cut(whole, p.dim, a, b))
+                row.append(np.concatenate(parts, axis=p.dim))
+        out[r] = row
     return out
+
+
+def _slot(plan: ParamPlan, piece: Optional[np.ndarray], full_shape: Sequence[int]) -> np.ndarray:
+    """A member's contribution of one parameter: its send runs, then `pad` zeros, along dim."""
+    pad_shape = list(full_shape)
+    pad_shape[plan.dim] = plan.pad
+    parts = [_cut(piece, plan.dim, a, b) for a, b in plan.send] + [np.zeros(pad_shape, np.float32)]
+    return np.concatenate(parts, axis=plan.dim)
 
 
 # ---------------------------------------------------------------------------------------
@@ -227,58 +343,86 @@ def apply_plans(plans: Sequence[Sequence[ParamPlan]], pieces: Sequence[Sequence[
 # ---------------------------------------------------------------------------------------
 
 
-class _Contribution(nn.Cell):
-    """This rank's part of a bucket's exchange: its send runs, flattened into one (1, n) row."""
+def _slot_layout(plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]]):
+    """Where each parameter's slot sits in a member's contribution row, and the slot's shape (the
+    full shape with `dim` cut to the slot: tensor parallelism splits one dim, the others are
+    whole). The same on every member of the group."""
+    offsets, slot_shapes, at = [], [], 0
+    for p, full in zip(plans, shapes):
+        shape = [int(v) for v in full]
+        shape[p.dim] = p.slot
+        size = int(np.prod(shape))
+        offsets.append((at, at + size))
+        slot_shapes.append(tuple(shape))
+        at += size
+    return tuple(offsets), tuple(slot_shapes)
 
-    def __init__(self, plans: Sequence[ParamPlan]):
+
+class _Contribution(nn.Cell):
+    """This rank's part of one exchange, a (1, n) row: per parameter its send runs and zeros up to
+    the slot, cut along dim, then flattened. src: this rank's held parameters of the bucket;
+    index[i]: parameter i's position there (-1: not held)."""
+
+    def __init__(self, plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]], index: Sequence[int]):
         super().__init__(auto_prefix=False)
         self.n = len(plans)
-        self.dims = tuple(0 if p.dim is None else p.dim for p in plans)
+        self.index = tuple(index)
+        self.dims = tuple(p.dim for p in plans)
         self.send = tuple(p.send for p in plans)
+        pads = []
+        for p, full in zip(plans, shapes):
+            shape = [int(v) for v in full]
+            shape[p.dim] = p.pad
+            pads.append(tuple(shape))
+        self.pads = tuple(pads)
+        self.has_pad = tuple(p.pad > 0 for p in plans)
 
     def construct(self, src):
         parts = ()
         for i in range(self.n):
+            runs = ()
             for run in self.send[i]:
-                parts = parts + (_cut(src[i], self.dims[i], run[0], run[1]).reshape(-1),)
+                runs = runs + (_cut(src[self.index[i]], self.dims[i], run[0], run[1]),)
+            if self.has_pad[i]:
+                runs = runs + (ops.zeros(self.pads[i], ms.float32),)
+            whole = runs[0] if len(runs) == 1 else ops.concat(runs, self.dims[i])
+            parts = parts + (whole.reshape(-1),)
         return ops.concat(parts).reshape(1, -1)
 
 
 class _Assemble(nn.Cell):
-    """A bucket's destination pieces from this rank's source pieces and the gathered slots
-    (got: (g, contribution), one row per source-group member), assigned to the parameters.
-    Only slices and concatenations along the split dim: no element gathers."""
+    """A bucket's destination pieces from this rank's held source pieces (src) and the gathered
+    exchanges (gots[e]: (g, contribution), one row per member of exchange e's group), assigned
+    to the parameters this rank's destination stage holds (dst). Only slices and
+    concatenations along dim: no element gathers.
 
-    def __init__(self, dst: Sequence[Parameter], plans: Sequence[ParamPlan]):
+    For needed parameter i: src_index[i] (its position in src, -1: not held), exchange[i]
+    (which of gots, -1: none) and offsets[i] (where its slot sits in that exchange's rows)."""
+
+    def __init__(self, dst: Sequence[Parameter], plans: Sequence[ParamPlan], src_index, exchange, offsets,
+                 slot_shapes):
         super().__init__(auto_prefix=False)
         self.dst = ms.ParameterTuple(dst)
         self.n = len(plans)
+        self.src_index, self.exchange = tuple(src_index), tuple(exchange)
+        self.offsets, self.slot_shapes = tuple(offsets), tuple(slot_shapes)
         self.copy = tuple(p.is_copy for p in plans)
-        self.dims = tuple(0 if p.dim is None else p.dim for p in plans)
+        self.dims = tuple(p.dim for p in plans)
         self.take = tuple(p.take for p in plans)
-        # where parameter i's slot sits in a member's contribution row, and the slot's shape
-        offsets, shapes, at = [], [], 0
-        for p, d in zip(plans, dst):
-            shape = (1,)
-            if p.slot:
-                shape = [int(s) for s in d.shape]  # all dims but `dim` are whole in both pieces
-                shape[p.dim] = p.slot
-            size = int(np.prod(shape)) if p.slot else 0
-            offsets.append((at, at + size))
-            shapes.append(tuple(shape))
-            at += size
-        self.offsets, self.slot_shapes = tuple(offsets), tuple(shapes)
 
-    def construct(self, src, got):
+    def construct(self, src, gots):
         out = ()
         for i in range(self.n):
             if self.copy[i]:
-                value = src[i]
+                value = src[self.src_index[i]]
             else:
                 lo, hi = self.offsets[i]
                 pieces = ()
                 for source, start, stop in self.take[i]:
-                    whole = src[i] if source < 0 else got[source, lo:hi].reshape(self.slot_shapes[i])
+                    if source < 0:
+                        whole = src[self.src_index[i]]
+                    else:
+                        whole = gots[self.exchange[i]][source, lo:hi].reshape(self.slot_shapes[i])
                     pieces = pieces + (_cut(whole, self.dims[i], start, stop),)
                 value = pieces[0] if len(pieces) == 1 else ops.concat(pieces, self.dims[i])
             out = out + (ops.assign(self.dst[i], value.astype(self.dst[i].dtype)),)
@@ -286,46 +430,77 @@ class _Assemble(nn.Cell):
 
 
 class _Bucket:
-    """One bucket on one rank: contribution, one AllGather over the source tensor-parallel group
-    (when any member lacks something), assembly. Three graphs, not one: with the collective
-    inside a larger graph, mccl (MindSpore 2.10's CPU collectives) crashed on ~30 MB buffers
-    of four ranks; fed from a graph output it does not."""
+    """One bucket on one rank: per exchange group its plans use (in one global order), a
+    contribution and an AllGather over the group; then the assembly. Separate graphs: with the
+    collective inside a larger graph, mccl (MindSpore 2.10's CPU collectives) crashed on ~30 MB
+    buffers of four ranks; fed from a graph output it does not. A rank takes part in the
+    exchanges of its groups whether or not its stages hold the bucket's parameters.
 
-    def __init__(self, dst: Sequence[Parameter], plans: Sequence[ParamPlan], gather: Optional[nn.Cell]):
-        self.exchange = gather is not None
-        self.contribution = _Contribution(plans) if self.exchange else None
-        self.gather = gather
-        self.assemble = _Assemble(dst, plans)
-        self.none = Tensor(np.zeros((1, 1), np.float32))
+    plans, shapes: every parameter of the bucket; dst: the destination parameters of those this
+    rank needs, in order; group_of(ranks) -> the comm Group."""
 
-    def __call__(self, src) -> None:
-        got = self.gather(self.contribution(src)) if self.exchange else self.none
-        self.assemble(src, got)
+    def __init__(self, dst: Sequence[Parameter], plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]],
+                 group_of):
+        from mindgrpo.parallel.comm import AllGather
+
+        held = [p.held for p in plans]
+        src_index = [sum(held[:i]) if held[i] else -1 for i in range(len(plans))]
+        groups = sorted({p.group for p in plans if p.slot > 0})
+        self.exchanges = []  # (contribution graph, gather)
+        where = {}  # parameter index -> (exchange, offsets, slot shape)
+        for e, group in enumerate(groups):
+            idx = [i for i, p in enumerate(plans) if p.slot > 0 and p.group == group]
+            offsets, slot_shapes = _slot_layout([plans[i] for i in idx], [shapes[i] for i in idx])
+            for k, i in enumerate(idx):
+                where[i] = (e, offsets[k], slot_shapes[k])
+            self.exchanges.append((_Contribution([plans[i] for i in idx], [shapes[i] for i in idx],
+                                                 [src_index[i] for i in idx]), AllGather(group_of(group))))
+        mine = [i for i, p in enumerate(plans) if p.needed]
+        self.assemble = _Assemble(dst, [plans[i] for i in mine], [src_index[i] for i in mine],
+                                  [where.get(i, (-1, (0, 0), (1,)))[0] for i in mine],
+                                  [where.get(i, (-1, (0, 0), (1,)))[1] for i in mine],
+                                  [where.get(i, (-1, (0, 0), (1,)))[2] for i in mine]) if mine else None
+        self.none = (Tensor(np.zeros((1, 1), np.float32)),)
+
+    def __call__(self, src: tuple) -> None:
+        # never an empty tuple: MindSpore 2.10 then drops the first assignment of the graph (a rank
+        # holding none of a bucket's parameters kept its old value of the first one; measured)
+        src = ms.mutable(tuple(src) + self.none)  # inputs, not constants: no recompiling
+        gots = tuple(gather(contribution(src)) for contribution, gather in self.exchanges) or self.none
+        if self.assemble is not None:
+            self.assemble(src, gots)
 
 
 class Reshard:
     """Policy (src_layout) -> inference or reference model (dst_layout), bucket by bucket.
 
     src and dst are this rank's pieces of the two models (tensor-parallel models of the two
-    layouts); comm gives the source tensor-parallel group. Calling it returns per-rank metrics:
-    seconds, bytes received, the minimum bytes, the largest bucket."""
+    layouts, holding their pipeline stage's parameters); comm gives the exchange groups.
+    Calling it returns per-rank metrics: seconds, bytes received, the minimum bytes, the largest
+    bucket."""
 
     def __init__(self, src: nn.Cell, dst: nn.Cell, src_layout: ParallelLayout, dst_layout: ParallelLayout,
                  comm, full_shapes: Dict[str, Tuple[int, ...]], memory=None, prefix: str = "sync"):
-        from mindgrpo.parallel.comm import AllGather
-
         src_p, dst_p = named_parameters(src), named_parameters(dst)
-        _check_same_names(src_p, dst_p)
-        group = comm.tp_group(src_layout)
+        for side, params in (("source", src_p), ("destination", dst_p)):
+            unknown = sorted(set(params) - set(full_shapes))
+            if unknown:
+                raise ValueError(f"weight sync: the {side} model has parameters outside the full shapes: {unknown[:5]}")
+        num_layers = num_layers_of(list(full_shapes))
         self.buckets = []
         self.received = self.minimum = 0
-        for names in layer_buckets(list(src_p)):
-            plans = [plan_parameter(n, full_shapes[n], src_p[n].itemsize, src_layout, dst_layout, comm.rank)
+        for names in layer_buckets(list(full_shapes)):
+            plans = [plan_parameter(n, full_shapes[n], 4, src_layout, dst_layout, comm.rank, num_layers)
                      for n in names]
-            exchange = any(p.slot for p in plans)
-            graph = _Bucket([dst_p[n] for n in names], plans, AllGather(group) if exchange else None)
-            size = nbytes([dst_p[n] for n in names]) + sum(p.received for p in plans)
-            self.buckets.append((graph, tuple(src_p[n] for n in names), size))
+            for n, p in zip(names, plans):
+                if p.held != (n in src_p) or p.needed != (n in dst_p):
+                    raise ValueError(f"weight sync: parameter {n!r} is {'' if n in src_p else 'not '}in the source "
+                                     f"and {'' if n in dst_p else 'not '}in the destination model, which does not "
+                                     f"match {src_layout} -> {dst_layout} on rank {comm.rank}")
+            dst_b = [dst_p[n] for n, p in zip(names, plans) if p.needed]
+            graph = _Bucket(dst_b, plans, [full_shapes[n] for n in names], comm.group)
+            size = nbytes(dst_b) + sum(p.received for p in plans)
+            self.buckets.append((graph, tuple(src_p[n] for n, p in zip(names, plans) if p.held), size))
             self.received += sum(p.received for p in plans)
             self.minimum += sum(p.minimum for p in plans)
         self.memory, self.prefix = memory, prefix
@@ -336,8 +511,9 @@ class Reshard:
         t0 = time.perf_counter()
         for graph, src, size in self.buckets:
             with self.memory.transient(size) if self.memory is not None else nullcontext():
-                graph(ms.mutable(tuple(p.value() for p in src)))  # inputs, not constants: no recompiling
+                graph(tuple(p.value() for p in src))
         k = self.prefix
         return {f"{k}/seconds": time.perf_counter() - t0, f"{k}/bytes": float(self.total_bytes),
                 f"{k}/bytes_received": float(self.received), f"{k}/bytes_min": float(self.minimum),
                 f"{k}/max_bucket_bytes": float(self.max_bucket_bytes)}
+

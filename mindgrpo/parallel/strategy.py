@@ -15,8 +15,10 @@ r % tp, and the dp replicas (axis m = 1, never in a tensor map) hold the same pi
 column-parallel weight is tensor_map (0, -1), a row-parallel one (-1, 0), a norm (-1,).
 
 MindSpore writes one strategy file per rank (identical when there is one pipeline stage) and
-`merge_pipeline_strategys` merges them, prefixing names with "<stage>-". We write one file per
-layout; `read_strategy` and `strategy_file` accept a file or a directory of per-rank files.
+`merge_pipeline_strategys` merges them, prefixing names with "<stage>-"; a stage's dev_matrix
+covers its own devices, and rank r is on stage r // (devices per stage). We write one file per
+layout, in the merged form when it has several stages; `read_strategy` and `strategy_file`
+accept a file or a directory of per-rank files.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from mindspore.train.node_strategy_pb2 import ParallelStrategyMap
 
 from mindgrpo.models.convert import atomic_path, expected_shapes
 from mindgrpo.models.qwen2 import Qwen2Config
-from mindgrpo.parallel.layout import OPTIMIZER_PREFIXES, ParallelLayout
+from mindgrpo.parallel.layout import OPTIMIZER_PREFIXES, ParallelLayout, num_layers_of
 
 TRAIN_STRATEGY = "train_strategy.ckpt"  # actor (training) layout, with the Adam moments
 INFER_STRATEGY = "infer_strategy.ckpt"  # generation (inference) layout, weights only
@@ -136,22 +138,28 @@ def layout_strategy(layout: ParallelLayout, shapes: Mapping[str, Sequence[int]],
     """Our layout as per-parameter TensorLayouts; LayoutError naming a parameter tp cannot split.
     optimizer_shard: the adam_m./adam_v. moments are split over the dp replicas as AdamW(shard=...)
     keeps them (`ParallelLayout.opt_shard_parts`): MindSpore's opt_weight_shard_size = dp, step = tp
-    (the distance between the ranks of a dp group)."""
+    (the distance between the ranks of a dp group). With pipeline stages each parameter is laid
+    out over its stage's dp x tp devices, on the stage `ParallelLayout.param_stage` gives."""
+    num_layers = num_layers_of(list(shapes))
     out = {}
     for name, shape in shapes.items():
         layout.shard_shape(name, shape)
         dim = layout.param_split(name)
         tensor_map = tuple(0 if k == dim else -1 for k in range(len(shape)))
         opt = optimizer_shard and name.startswith(OPTIMIZER_PREFIXES) and layout.opt_shard_parts(name, shape) > 1
+        stage = layout.param_stage(name, num_layers) if layout.pp > 1 else 0
         out[name] = TensorLayout((layout.dp, layout.tp), tensor_map, opt_shard_step=layout.tp if opt else 0,
-                                 opt_shard_size=layout.dp if opt else 0)
+                                 opt_shard_size=layout.dp if opt else 0, stages=(stage,))
     return out
 
 
-def _strategy_map(entries: Mapping[str, TensorLayout], stage: int) -> ParallelStrategyMap:
+def _strategy_map(entries: Mapping[str, TensorLayout]) -> ParallelStrategyMap:
+    """One file for every stage: with several stages in MindSpore's merged form (what
+    `merge_pipeline_strategys` makes of the per-stage files), layout names "<stage>-<name>"."""
     smap = ParallelStrategyMap()
     smap.current_stage = 1
-    for name in sorted(entries):
+    merged = len({s for tl in entries.values() for s in tl.stages}) > 1
+    for stage, name in sorted((s, n) for n, tl in entries.items() for s in tl.stages):
         tl = entries[name]
         # MindSpore lists operator strategies here; only the stage is ever read back, so we
         # list one "operator" per parameter with its split counts.
@@ -160,7 +168,7 @@ def _strategy_map(entries: Mapping[str, TensorLayout], stage: int) -> ParallelSt
         item.parallel_strategys.stage = stage
         item.parallel_strategys.parallel_strategy.add().dim.extend(tl.splits)
         layout_item = smap.parallel_layout_item.add()
-        layout_item.param_name = name
+        layout_item.param_name = f"{stage}-{name}" if merged else name
         pl = layout_item.parallel_layouts
         pl.dev_matrix.add().dim.extend(tl.dev_matrix)
         if any(isinstance(m, tuple) for m in tl.tensor_map):  # one entry per tensor dim
@@ -177,14 +185,15 @@ def _strategy_map(entries: Mapping[str, TensorLayout], stage: int) -> ParallelSt
 
 
 def write_strategy_file(path: str, layout: ParallelLayout, shapes: Mapping[str, Sequence[int]],
-                        stage: int = 0, optimizer_shard: bool = False) -> str:
-    """Write our layout for these parameters (name -> full shape) as a strategy file. Atomic."""
-    return write_layouts(path, layout_strategy(layout, shapes, optimizer_shard), stage)
+                        optimizer_shard: bool = False) -> str:
+    """Write our layout for these parameters (name -> full shape) as a strategy file (merged over
+    the pipeline stages when there are several). Atomic."""
+    return write_layouts(path, layout_strategy(layout, shapes, optimizer_shard))
 
 
-def write_layouts(path: str, entries: Mapping[str, TensorLayout], stage: int = 0) -> str:
-    """Write any per-parameter layouts as a strategy file of one pipeline stage. Atomic."""
-    data = _strategy_map(entries, stage).SerializeToString()
+def write_layouts(path: str, entries: Mapping[str, TensorLayout]) -> str:
+    """Write any per-parameter layouts (each on its `stages`) as one strategy file. Atomic."""
+    data = _strategy_map(entries).SerializeToString()
     umask = os.umask(0)
     os.umask(umask)
     with atomic_path(path) as tmp:

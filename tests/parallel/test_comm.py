@@ -40,9 +40,13 @@ def test_reference_layout_is_checked_only_when_the_reference_runs():
     check_layouts(config(*both, "rl_config.beta=0.04", "ref_config.parallel_config.model_parallel=2"), 2)
 
 
-def test_pipeline_stages_are_refused_clearly():
-    with pytest.raises(LayoutError, match="pipeline_stage = 2 is not supported yet"):
-        layouts_of(config("actor_config.parallel_config.pipeline_stage=2"))
+def test_pipeline_stages_train_but_do_not_generate():
+    train, infer, _ = layouts_of(config("actor_config.parallel_config.pipeline_stage=2",
+                                        "generate_config.parallel_config.data_parallel=2"))
+    assert train == ParallelLayout(1, 1, 2) and infer == ParallelLayout(2, 1, 1)
+    with pytest.raises(LayoutError, match="generate_config.parallel_config.pipeline_stage = 2: generation runs "
+                                          "without pipeline stages"):
+        layouts_of(config("generate_config.parallel_config.pipeline_stage=2"))
 
 
 def test_groups_seen_from_a_rank():

@@ -30,6 +30,43 @@ def test_world_and_rank_coordinates():
         lay.coords(8)
 
 
+def test_pipeline_stages_are_the_outer_axis():
+    """MindSpore's order: stage s holds ranks [s*dp*tp, (s+1)*dp*tp), (dp, tp) inside a stage as without stages."""
+    lay = ParallelLayout(dp=2, tp=2, pp=2)
+    assert lay.world_size == 8 and lay.stage_size == 4
+    assert [lay.stage(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [lay.coords(r) for r in range(4, 8)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [lay.rank(*lay.coords(r), lay.stage(r)) for r in range(8)] == list(range(8))
+    assert lay.tp_group(6) == [6, 7] and lay.dp_group(6) == [4, 6]
+    assert lay.pp_group(6) == [2, 6] and lay.replica_group(6) == [2, 3, 6, 7]
+
+
+def test_stage_layers_and_parameter_stages():
+    lay = ParallelLayout(pp=3)
+    assert [list(lay.stage_layers(s, 7)) for s in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert lay.param_stage("model.tok_embeddings.embedding_weight", 7) == 0
+    assert lay.param_stage("model.layers.3.attention.wq.weight", 7) == 1
+    assert lay.param_stage("adam_v.model.layers.6.ffn_norm.weight", 7) == 2
+    assert lay.param_stage("model.norm_out.weight", 7) == lay.param_stage("lm_head.weight", 7) == 2
+    cfg = Qwen2Config(**SMALL)
+    names = list(expected_shapes(cfg))
+    two = ParallelLayout(pp=2)
+    first, last = two.stage_names(names, 0, 2), two.stage_names(names, 1, 2)
+    assert sorted(first + last) == sorted(names) and not set(first) & set(last)
+    assert "model.norm_out.weight" in last and "model.layers.1.ffn_norm.weight" in last
+    assert first == [n for n in names if n.startswith(("model.tok_embeddings.", "model.layers.0."))]
+    with pytest.raises(LayoutError, match="pipeline_stage = 3 is more than the 2 decoder layers"):
+        lay.stage_layers(0, 2)
+
+
+def test_pipeline_stages_need_untied_embeddings_and_enough_layers():
+    ParallelLayout(pp=2).check_divisible(Qwen2Config(**SMALL))
+    with pytest.raises(LayoutError, match="pipeline_stage = 2 needs tie_word_embeddings = false"):
+        ParallelLayout(pp=2).check_divisible(Qwen2Config(**{**SMALL, "tie_word_embeddings": True}))
+    with pytest.raises(LayoutError, match="pipeline_stage = 4 is more than num_hidden_layers = 2"):
+        ParallelLayout(pp=4).check_divisible(Qwen2Config(**SMALL))
+
+
 def test_check_world_message():
     ParallelLayout(2, 2).check_world(4)
     with pytest.raises(LayoutError) as e:
@@ -42,7 +79,7 @@ def test_check_world_message():
     (dict(dp=0, tp=1), "data_parallel must be an integer >= 1, got 0"),
     (dict(dp=1, tp=-2), "model_parallel must be an integer >= 1, got -2"),
     (dict(dp=1, tp=1.5), "model_parallel must be an integer >= 1, got 1.5"),
-    (dict(dp=1, tp=1, pp=2), "pipeline_stage = 2 is not supported yet"),
+    (dict(dp=1, tp=1, pp=0), "pipeline_stage must be an integer >= 1, got 0"),
 ])
 def test_invalid_layouts(kwargs, message):
     with pytest.raises(LayoutError, match=re.escape(message)):

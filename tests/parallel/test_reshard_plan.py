@@ -1,6 +1,7 @@
-"""mindgrpo/parallel/reshard.py's plan, in numpy: for every pair of layouts of worlds up to 8 ranks,
-executing every rank's plan gives each destination rank exactly ParallelLayout.shard of the full
-weights; bytes received never fall below the minimum, and meet it where the plan says so."""
+"""mindgrpo/parallel/reshard.py's plan, in numpy: for every pair of layouts of worlds up to 8 ranks
+(pipeline stages included), executing every rank's plan gives each destination rank exactly
+ParallelLayout.shard of the full weights its stage holds; bytes received never fall below the
+minimum, and meet it where the plan says so."""
 
 import itertools
 
@@ -10,32 +11,46 @@ import pytest
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
 from mindgrpo.parallel.reshard import apply_plans, layer_buckets, plan_parameter
 
-SHAPES = {"model.tok_embeddings.embedding_weight": (48, 8), "model.layers.0.attention.wq.weight": (24, 8),
-          "model.layers.0.attention.wq.bias": (24,), "model.layers.0.attention.wo.weight": (8, 24),
-          "model.layers.0.attention_norm.weight": (8,), "model.layers.0.feed_forward.w2.weight": (8, 48)}
+LAYER = {"attention.wq.weight": (24, 8), "attention.wq.bias": (24,), "attention.wo.weight": (8, 24),
+         "attention_norm.weight": (8,), "feed_forward.w2.weight": (8, 48)}
+SHAPES = {"model.tok_embeddings.embedding_weight": (48, 8),
+          **{f"model.layers.{i}.{k}": s for i in range(2) for k, s in LAYER.items()},
+          "model.norm_out.weight": (8,), "lm_head.weight": (48, 8)}
+LAYERS = 2
 
 
 def layouts(world):
-    return [ParallelLayout(world // tp, tp) for tp in range(1, world + 1) if world % tp == 0 and 24 % tp == 0]
+    return [ParallelLayout(world // (tp * pp), tp, pp) for pp in (1, 2) for tp in range(1, world + 1)
+            if world % (tp * pp) == 0 and 24 % tp == 0]
+
+
+def held(layout, rank, name):
+    return layout.param_stage(name, LAYERS) == layout.stage(rank)
 
 
 def run_all(src, dst, full):
-    """Every source group's plans executed; returns (pieces by rank, plans by rank)."""
+    """Every source replica group's plans executed; returns (pieces by rank, plans by rank)."""
     names = list(SHAPES)
     out, plans_of = {}, {}
     for d in range(src.dp):
-        group = src.tp_group(src.rank(d, 0))
-        plans = [[plan_parameter(n, SHAPES[n], 4, src, dst, r) for n in names] for r in group]
-        pieces = [[src.shard(n, full[n], src.coords(r)[1]) for n in names] for r in group]
-        for r, row, p in zip(group, apply_plans(plans, pieces), plans):
-            out[r], plans_of[r] = dict(zip(names, row)), p
+        group = src.replica_group(src.rank(d, 0))
+        plans = {r: [plan_parameter(n, SHAPES[n], 4, src, dst, r, LAYERS) for n in names] for r in group}
+        for r in group:  # every plan's exchange group lies inside the replica and knows its members alike
+            for i, p in enumerate(plans[r]):
+                assert r in p.group and set(p.group) <= set(group)
+                assert all(plans[m][i].group == p.group and plans[m][i].slot == p.slot for m in p.group)
+        pieces = {r: [src.shard(n, full[n], src.coords(r)[1]) if held(src, r, n) else None for n in names]
+                  for r in group}
+        for r, row in apply_plans(plans, pieces, [SHAPES[n] for n in names]).items():
+            out[r], plans_of[r] = dict(zip(names, row)), plans[r]
     return out, plans_of
 
 
 CASES = [(w, a, b) for w in (1, 2, 3, 4, 6, 8) for a, b in itertools.product(layouts(w), layouts(w))]
 
 
-@pytest.mark.parametrize("world, src, dst", CASES, ids=[f"{a.dp}x{a.tp}->{b.dp}x{b.tp}" for _, a, b in CASES])
+@pytest.mark.parametrize("world, src, dst", CASES,
+                         ids=[f"{a.dp}x{a.tp}x{a.pp}->{b.dp}x{b.tp}x{b.pp}" for _, a, b in CASES])
 def test_every_rank_gets_its_destination_piece(world, src, dst):
     rng = np.random.default_rng(world)
     full = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
@@ -43,13 +58,36 @@ def test_every_rank_gets_its_destination_piece(world, src, dst):
     assert sorted(out) == list(range(world))
     for r in range(world):
         for name in SHAPES:
-            assert np.array_equal(out[r][name], dst.shard(name, full[name], dst.coords(r)[1])), (r, name)
+            if held(dst, r, name):
+                assert np.array_equal(out[r][name], dst.shard(name, full[name], dst.coords(r)[1])), (r, name)
+            else:
+                assert out[r][name] is None, (r, name)
         for p in plans[r]:
             assert p.received >= p.minimum
-            if src.tp == dst.tp and src.dp == dst.dp:
-                assert p.is_copy and p.received == 0
-            if dst.tp == 1 or dst.tp % src.tp == 0 and src.tp == 1:  # a whole copy, or a piece of what is held
-                assert p.received == p.minimum
+            assert p.held == held(src, r, p.name) and p.needed == held(dst, r, p.name)
+            if src == dst:
+                assert p.is_copy == p.held and p.received == 0
+            if src.pp == dst.pp == 1 and (dst.tp == 1 or dst.tp % src.tp == 0 and src.tp == 1):
+                assert p.received == p.minimum  # a whole copy, or a piece of what is held
+            if dst.pp == 1 and dst.tp == src.tp and dst.dp == src.dp * src.pp and p.split:
+                # stages to tensor-parallel pieces: pair by pair (the giver gets the taker's padding back)
+                assert len(p.group) <= 2 and (p.minimum == 0 or p.received == p.minimum)
+
+
+def test_pipeline_stages_to_tensor_parallel_pieces_move_the_minimum():
+    """The 7B layouts in small: train (tp4, pp2) -> infer (dp2, tp4). Rank t of stage 0 and rank 4+t of stage 1
+    swap their stage's piece t: each split parameter moves between two ranks only, and the taker receives the
+    least the layouts need (the giver, as many bytes of padding: an AllGather of two)."""
+    src, dst = ParallelLayout(1, 4, 2), ParallelLayout(2, 4, 1)
+    for r in range(8):
+        for name in ("model.layers.0.attention.wq.weight", "model.layers.1.feed_forward.w2.weight", "lm_head.weight"):
+            p = plan_parameter(name, SHAPES[name], 4, src, dst, r, LAYERS)
+            taker = src.stage(r) != src.param_stage(name, LAYERS)
+            assert p.group == tuple(sorted((r % 4, r % 4 + 4))) and p.received > 0
+            assert p.minimum == (p.received if taker else 0)
+        norm = plan_parameter("model.layers.1.ffn_norm.weight", (8,), 4, src, dst, r, LAYERS)
+        # held by every stage-1 rank; its tp 0 (rank 4) gives it to stage 0, the other holders stay out
+        assert norm.group == ((0, 1, 2, 3, 4) if r <= 4 else (r,))
 
 
 def test_hand_computed_tp2_to_tp4_plan():
@@ -58,15 +96,31 @@ def test_hand_computed_tp2_to_tp4_plan():
     src, dst = ParallelLayout(2, 2), ParallelLayout(1, 4)
     p0, p1 = (plan_parameter("model.layers.0.attention.wq.weight", (24, 8), 4, src, dst, r) for r in (0, 1))
     assert p0.slot == p1.slot == 6
-    assert p0.send == ((6, 12),)  # rows 6..11 of its piece (rows 0..11)
-    assert p1.send == ((0, 6),)  # nothing anyone lacks: padding of the same size
+    assert p0.send == ((6, 12),) and p0.pad == 0  # rows 6..11 of its piece (rows 0..11)
+    assert p1.send == () and p1.pad == 6  # nothing anyone lacks: zeros of the same size
     assert p0.take == ((-1, 0, 6),) and p1.take == ((0, 0, 6),)  # its own rows 0..5; rank 0's slot
     assert (p0.minimum, p1.minimum) == (0, 6 * 8 * 4)
     assert p1.received == 6 * 8 * 4 and p0.received == 6 * 8 * 4  # rank 0 gets rank 1's padding
     norm = plan_parameter("model.layers.0.attention_norm.weight", (8,), 4, src, dst, 1)
-    assert norm.dim is None and norm.is_copy and norm.received == 0
+    assert not norm.split and norm.is_copy and norm.received == 0 and norm.slot == 0
+    assert p0.group == p1.group == (0, 1)
     wo = plan_parameter("model.layers.0.attention.wo.weight", (8, 24), 4, ParallelLayout(1, 2), ParallelLayout(2, 1), 1)
     assert wo.dim == 1 and wo.send == ((0, 12),) and wo.take == ((0, 0, 12), (-1, 0, 12))  # columns: 0's, then own
+
+
+def test_hand_computed_pipeline_to_one_stage_plan():
+    """(tp1, pp2) -> (dp2, tp1), 2 layers: rank 1 (stage 1) holds layer 1 and the head, rank 0
+    layer 0 and the embedding; each sends the other what it holds, whole, and takes the rest."""
+    src, dst = ParallelLayout(1, 1, 2), ParallelLayout(2, 1, 1)
+    w0 = [plan_parameter("model.layers.0.attention.wq.weight", (24, 8), 4, src, dst, r, 2) for r in (0, 1)]
+    assert [p.held for p in w0] == [True, False] and [p.needed for p in w0] == [True, True]
+    assert w0[0].send == ((0, 24),) and w0[0].take == ((-1, 0, 24),) and w0[0].is_copy
+    assert w0[1].send == () and w0[1].pad == 24 and w0[1].take == ((0, 0, 24),)
+    assert w0[1].minimum == w0[1].received == 24 * 8 * 4
+    norm = plan_parameter("model.norm_out.weight", (8,), 4, src, dst, 0, 2)  # replicated: moves whole
+    assert not norm.split and not norm.held and norm.take == ((1, 0, 8),) and norm.minimum == 32
+    with pytest.raises(ValueError, match="needs num_layers"):
+        plan_parameter("model.norm_out.weight", (8,), 4, src, dst, 0)
 
 
 def test_layouts_of_different_worlds_or_unsplittable_shapes_fail():
@@ -77,7 +131,6 @@ def test_layouts_of_different_worlds_or_unsplittable_shapes_fail():
 
 
 def test_layer_buckets():
-    assert layer_buckets(list(SHAPES)) == [
-        ["model.tok_embeddings.embedding_weight"],
-        ["model.layers.0.attention.wq.weight", "model.layers.0.attention.wq.bias", "model.layers.0.attention.wo.weight",
-         "model.layers.0.attention_norm.weight", "model.layers.0.feed_forward.w2.weight"]]
+    names = ["model.tok_embeddings.embedding_weight"] + [f"model.layers.0.{k}" for k in LAYER] + ["lm_head.weight"]
+    assert layer_buckets(names) == [["model.tok_embeddings.embedding_weight"],
+                                    [f"model.layers.0.{k}" for k in LAYER], ["lm_head.weight"]]

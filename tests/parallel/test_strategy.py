@@ -162,13 +162,38 @@ def test_device_num_mismatch_names_the_parameter(tmp_path):
         device_num(read_strategy(path), "s.ckpt")
 
 
-@pytest.mark.parametrize("dp, tp", [(2, 2), (2, 1), (4, 2)])
-def test_mindspore_merges_optimizer_sharded_moments_by_our_strategy(tmp_path, dp, tp):
-    """With optimizer_shard, rank (d, t) holds rows [d*n/dp, (d+1)*n/dp) of dim 0 of its tp piece of each split
-    moment (mindgrpo.grpo.optim.AdamW); MindSpore's transform_checkpoints must put the pieces back together
-    from our strategy file alone."""
+@pytest.mark.parametrize("dp, tp, pp", [(1, 2, 2), (2, 1, 2), (1, 1, 2)])
+def test_mindspore_slices_and_merges_pipeline_stages_by_our_strategy(tmp_path, dp, tp, pp):
+    """With pipeline stages, rank r holds its tp piece of the parameters of stage r // (dp*tp) only;
+    MindSpore's transform_checkpoints must cut a full checkpoint that way, and merge it back."""
     cfg = Qwen2Config(**SMALL)
-    layout = ParallelLayout(dp=dp, tp=tp)
+    layout = ParallelLayout(dp=dp, tp=tp, pp=pp)
+    full = full_state(cfg, seed=2)
+    names = list(full)
+    strategy = write_strategy_file(str(tmp_path / "pp.ckpt"), layout, expected_shapes(cfg))
+    assert {tl.stages for tl in read_strategy(strategy).values()} == {(0,), (1,)}
+    transform_checkpoints(save_full(full, str(tmp_path / "full")), str(tmp_path / "out"), "ck_", None, strategy)
+    for rank in range(layout.world_size):
+        got = ms.load_checkpoint(str(tmp_path / "out" / f"rank_{rank}" / f"ck_{rank}.ckpt"))
+        mine = layout.stage_names(names, layout.stage(rank), cfg.num_hidden_layers)
+        assert sorted(got) == sorted(mine), rank
+        for name in mine:
+            expected = layout.shard(name, full[name], layout.coords(rank)[1])
+            assert got[name].asnumpy().tobytes() == np.ascontiguousarray(expected).tobytes(), (rank, name)
+    transform_checkpoints(str(tmp_path / "out"), str(tmp_path / "merged"), "m_", strategy, None)
+    merged = ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "m_0.ckpt"))
+    assert sorted(merged) == sorted(full)
+    for name, value in full.items():
+        np.testing.assert_array_equal(merged[name].asnumpy(), value, err_msg=name)
+
+
+@pytest.mark.parametrize("dp, tp, pp", [(2, 2, 1), (2, 1, 1), (4, 2, 1), (2, 1, 2)])
+def test_mindspore_merges_optimizer_sharded_moments_by_our_strategy(tmp_path, dp, tp, pp):
+    """With optimizer_shard, rank (d, t) holds rows [d*n/dp, (d+1)*n/dp) of dim 0 of its tp piece of each split
+    moment (mindgrpo.grpo.optim.AdamW), of its pipeline stage's parameters; MindSpore's transform_checkpoints
+    must put the pieces back together from our strategy file alone."""
+    cfg = Qwen2Config(**SMALL)
+    layout = ParallelLayout(dp=dp, tp=tp, pp=pp)
     weights = full_state(cfg, seed=1)
     state = dict(weights, **{f"adam_{m}.{n}": v * (2 if m == "m" else 3) for m in "mv" for n, v in weights.items()})
     shapes = {n: v.shape for n, v in state.items()}
@@ -181,6 +206,8 @@ def test_mindspore_merges_optimizer_sharded_moments_by_our_strategy(tmp_path, dp
         d, t = layout.coords(rank)
         pieces = {}
         for name, full in state.items():
+            if layout.param_stage(name, cfg.num_hidden_layers) != layout.stage(rank):
+                continue
             piece = layout.shard(name, full, t)
             if name in split:
                 rows = piece.shape[0] // dp

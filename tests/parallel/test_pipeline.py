@@ -1,0 +1,117 @@
+"""Pipeline stages under msrun (4 CPU workers, tests/parallel/workers/pipeline_ranks.py): log-probs and one
+GRPO update equal to one device, and resharding out of the stages bit-identical to MindSpore's
+transform_checkpoints (merge by our pipeline strategy file, slice by the inference one)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Tensor
+from mindspore.parallel import transform_checkpoints
+
+from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.strategy import write_strategy_file
+from msrun_util import run_msrun
+from parallel_cases import CFG_PP, SEED
+
+pytestmark = pytest.mark.msrun
+
+TP_PP, DP_PP = ParallelLayout(dp=1, tp=2, pp=2), ParallelLayout(dp=2, tp=1, pp=2)
+DP4, DP2_TP2 = ParallelLayout(dp=4, tp=1), ParallelLayout(dp=2, tp=2)
+LAYOUTS = {"tp_pp": TP_PP, "dp_pp": DP_PP}
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    work = tmp_path_factory.mktemp("pipeline")
+    (work / "out").mkdir()
+    run_msrun("pipeline_ranks.py", 4, str(work / "log"), [work / "out"], timeout=480)
+    arrays = [dict(np.load(os.path.join(work, "out", f"rank_{r}.npz"))) for r in range(4)]
+    metrics = [json.load(open(os.path.join(work, "out", f"rank_{r}.json"))) for r in range(4)]
+    return arrays, metrics
+
+
+def prefixed(arrays, prefix):
+    return {k[len(prefix) + 1:]: v for k, v in arrays.items() if k.startswith(prefix + "/")}
+
+
+def test_stages_hold_their_layers_and_start_from_the_one_device_weights(ranks):
+    arrays, _ = ranks
+    full = {n: p.asnumpy() for n, p in Qwen2ForCausalLM(CFG_PP, seed=SEED).parameters_and_names()}
+    for key, layout in LAYOUTS.items():
+        for rank, a in enumerate(arrays):
+            mine = prefixed(a, f"a/initial_{key}")
+            stage = layout.stage(rank)
+            assert sorted(mine) == sorted(layout.stage_names(list(full), stage, CFG_PP.num_hidden_layers))
+            assert any(".layers.2." in n for n in mine) == (stage == 1)  # layers 0-1 | 2
+            for name, piece in mine.items():
+                assert piece.tobytes() == layout.shard(name, full[name], layout.coords(rank)[1]).tobytes(), name
+
+
+@pytest.mark.parametrize("key", LAYOUTS)
+def test_pipeline_logprobs_match_one_device_on_every_stage(ranks, key):
+    arrays, _ = ranks
+    for a in arrays:
+        assert np.abs(a["a/logp_dense"]).max() > 1.0
+        np.testing.assert_allclose(a[f"a/logp_{key}"], a["a/logp_dense"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("key", LAYOUTS)
+def test_pipeline_grpo_update_matches_one_device(ranks, key):
+    """Four micro-batches through two stages (GPipe, the first stage recomputing its forward), the clip
+    active (it needs the norm summed over the stages and tensor-parallel pieces)."""
+    arrays, metrics = ranks
+    layout = LAYOUTS[key]
+    one = metrics[0]["update/dense"]
+    assert one["grad_norm"] > 0.05
+    for rank, (a, m) in enumerate(zip(arrays, metrics)):
+        got = m[f"update/{key}"]
+        for k in ("loss", "pg_loss", "grad_norm", "entropy"):
+            assert got[k] == pytest.approx(one[k], rel=1e-5, abs=1e-6), (rank, k)
+        dense, mine = prefixed(a, "b/dense"), prefixed(a, f"b/{key}")
+        initial = prefixed(a, f"a/initial_{key}")
+        assert max(np.abs(mine[n] - initial[n]).max() for n in mine) > 1e-4  # the update moved this stage
+        for name, piece in mine.items():
+            np.testing.assert_allclose(piece, layout.shard(name, dense[name], layout.coords(rank)[1]), rtol=0,
+                                       atol=1e-5, err_msg=name)
+
+
+def save_pieces(pieces, folder):
+    for rank, state in enumerate(pieces):
+        os.makedirs(os.path.join(folder, f"rank_{rank}"))
+        ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in state.items()],
+                           os.path.join(folder, f"rank_{rank}", f"ck_{rank}.ckpt"))
+    return folder
+
+
+@pytest.mark.parametrize("key, src, dst", [("tp_pp_to_dp4", TP_PP, DP4), ("tp_pp_to_dp2tp2", TP_PP, DP2_TP2),
+                                           ("dp_pp_to_dp4", DP_PP, DP4)])
+def test_reshard_out_of_stages_is_bit_identical_to_transform_checkpoints(ranks, tmp_path, key, src, dst):
+    arrays, metrics = ranks
+    shapes = expected_shapes(CFG_PP)
+    src_key = "dp_pp" if src == DP_PP else "tp_pp"
+    src_strategy = write_strategy_file(str(tmp_path / "src.ckpt"), src, shapes)
+    dst_strategy = write_strategy_file(str(tmp_path / "dst.ckpt"), dst, shapes)
+    transform_checkpoints(save_pieces([prefixed(a, f"b/{src_key}") for a in arrays], str(tmp_path / "pieces")),
+                          str(tmp_path / "out"), "ck_", src_strategy, dst_strategy)
+    for rank, a in enumerate(arrays):
+        expected = ms.load_checkpoint(str(tmp_path / "out" / f"rank_{rank}" / f"ck_{rank}.ckpt"))
+        got = prefixed(a, f"c/{key}")
+        assert sorted(got) == sorted(expected)
+        for name, value in expected.items():
+            assert got[name].tobytes() == value.asnumpy().tobytes(), (rank, name)
+        m = metrics[rank][f"reshard/{key}"]
+        assert m["sync/bytes_received"] >= m["sync/bytes_min"] > 0  # every rank lacks the other stage
+
+
+def test_rollouts_after_resharding_out_of_stages_match_one_device(ranks):
+    _, metrics = ranks
+    for m in metrics:
+        dense = m["rollout/greedy/dense"]
+        assert len(dense) == 6 and all(len(t) == 8 for t in dense)
+        for key in ("tp_pp_to_dp4", "tp_pp_to_dp2tp2", "dp_pp_to_dp4"):
+            assert m[f"rollout/greedy/{key}"] == dense, key
