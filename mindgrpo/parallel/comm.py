@@ -179,7 +179,8 @@ def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[Parall
     create every group they use (tensor-, data- and pipeline-parallel, neighbouring stages, the
     resharding exchanges), in one global order (HCCL needs every member of a group to
     create it, and shared groups created in the same order everywhere). reshards: more
-    (source, destination) layout pairs to create resharding groups for (tests, benchmarks)."""
+    (source, destination) layout pairs, whose layouts' groups and resharding groups are created
+    too (tests, benchmarks)."""
     from mindspore.communication import GlobalComm, create_group, get_group_size, get_rank, init
 
     from mindgrpo.parallel.reshard import exchange_groups
@@ -190,6 +191,7 @@ def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[Parall
     layouts = [("actor_config.parallel_config", train), ("generate_config.parallel_config", infer)]
     if ref is not None:
         layouts.append(("ref_config.parallel_config", ref))
+    layouts += [("reshards", layout) for pair in reshards for layout in pair]
     wanted = set()
     for where, layout in layouts:
         layout.check_world(world, where)

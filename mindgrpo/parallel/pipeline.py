@@ -9,14 +9,16 @@ to its own counterpart.
 
     scoring (forward only)   per micro-batch: receive, run the stage, send; the last stage
                              computes the log-probs, which every stage then gets (`from_last`)
-    training (GPipe)         the forwards of all micro-batches, then their backwards in the same
-                             order; a stage before the last keeps only its input per micro-batch
-                             and recomputes its forward inside the backward graph (activation
-                             recomputation), the last stage runs forward and backward in one graph
+    training (1F1B)          stage s runs the forwards of stages - s - 1 micro-batches, then one
+                             forward and one backward at a time, then the last backwards; it
+                             keeps only the inputs of the micro-batches in flight (at most
+                             stages - s) and recomputes its forward inside the backward graph
+                             (activation recomputation); the last stage runs forward and backward
+                             in one graph. In the steady state a stage passes an activation on
+                             and takes a gradient back in one exchange
 
-Every rank issues the hand-offs it takes part in in one global order (micro-batch, then stage;
-backwards after forwards), so the blocking exchanges always meet. With one stage both schedules
-are the plain micro-batch loop.
+The two ranks of a link issue their exchanges in the same order (Megatron's 1F1B order), so the
+blocking exchanges always meet. With one stage both schedules are the plain micro-batch loop.
 
 A hand-off is a sum over the two ranks' group where the receiver contributes -0.0: x + (-0.0)
 is x bit for bit. MindSpore 2.10's CPU collectives have no Send/Receive; the sum works on every
@@ -66,6 +68,27 @@ class _Take(nn.Cell):
         return self.sum(ops.zeros(shape, self.dtype) * -1.0)
 
 
+class _Swap(nn.Cell):
+    """Both sides of a hand-off each way at once (1F1B's steady state): the earlier stage gives an
+    activation and takes a gradient, the later the reverse. One sum of [activation | gradient],
+    each side filling in its own part. construct(mine, theirs_shape, mine_first) -> theirs."""
+
+    def __init__(self, group: Group, dtype):
+        super().__init__()
+        self.sum = AllReduce(group)
+        self.dtype = dtype
+
+    def construct(self, mine, theirs_shape, mine_first):
+        size = 1
+        for d in theirs_shape:
+            size = size * d
+        blank = ops.zeros((size,), self.dtype) * -1.0
+        flat = mine.reshape(-1)
+        if mine_first:
+            return self.sum(ops.concat((flat, blank)))[flat.shape[0]:].reshape(theirs_shape)
+        return self.sum(ops.concat((blank, flat)))[:size].reshape(theirs_shape)
+
+
 class ChainSqNorm(nn.Cell):
     """Gradient buffers of this stage -> the squared norm of the whole model's gradient: the
     stage's own (its tensor-parallel pieces summed by `inner`, or a local sum) summed over the
@@ -105,10 +128,10 @@ class Pipeline:
             self.chain = comm.group(chain)
             if not self.first:
                 pair = comm.group((chain[self.stage - 1], rank))
-                self._take_prev, self._give_prev = _Take(pair, dtype), _Give(pair)
+                self._take_prev, self._give_prev, self._swap_prev = _Take(pair, dtype), _Give(pair), _Swap(pair, dtype)
             if not self.last:
                 pair = comm.group((rank, chain[self.stage + 1]))
-                self._take_next, self._give_next = _Take(pair, dtype), _Give(pair)
+                self._take_next, self._give_next, self._swap_next = _Take(pair, dtype), _Give(pair), _Swap(pair, dtype)
         self.comm = comm
 
     # ------------------------------------------------------------------ hand-offs
@@ -124,6 +147,14 @@ class Pipeline:
 
     def recv_next(self, shape: Tuple[int, ...]):
         return self._take_next(tuple(shape))
+
+    def send_next_recv_next(self, y, shape: Tuple[int, ...]):
+        """Give the next stage an activation and take a gradient of that shape from it."""
+        return self._swap_next(y, tuple(shape), True)
+
+    def send_prev_recv_prev(self, dx, shape: Tuple[int, ...]):
+        """Give the previous stage a gradient and take an activation of that shape from it."""
+        return self._swap_prev(dx, tuple(shape), False)
 
     def from_last(self, values: np.ndarray) -> np.ndarray:
         """A host array computed on the last stage, on every stage (float32 on the wire)."""
@@ -158,23 +189,41 @@ class Pipeline:
     def train(self, n: int, first_inputs: Callable[[int], Any], hidden_shape: Callable[[int], Sequence[int]],
               stage: Callable[[Any], Any], stage_backward: Callable[[Any, Any], Any],
               last_step: Callable[[int, Any], Tuple[Any, Any]]) -> List[Any]:
-        """GPipe: every micro-batch forward, then every micro-batch backward. stage(x) -> output;
-        stage_backward(x, d_out) -> d_x (accumulating the stage's gradients); last_step(m, x) ->
-        (result, d_x) (forward, loss and backward at once). Returns the last stage's results."""
-        kept = []
-        for m in range(n):
-            x = first_inputs(m) if self.first else self.recv_prev(hidden_shape(m))
-            kept.append(x)
-            if not self.last:
-                self.send_next(stage(x))
-        out = []
-        for m in range(n):
-            if self.last:
-                result, dx = last_step(m, kept[m])
+        """1F1B (PipeDream-flush, as Megatron): stage s runs the forwards of the first
+        min(stages - s - 1, n) micro-batches, then alternates one forward and one backward, then
+        the remaining backwards; so it keeps at most stages - s inputs at a time. stage(x) ->
+        output; stage_backward(x, d_out) -> d_x (accumulating the stage's gradients);
+        last_step(m, x) -> (result, d_x) (forward, loss and backward at once). Returns the last
+        stage's results, in micro-batch order."""
+        warm = min(self.stages - self.stage - 1, n)
+        steady = n - warm
+        kept, out = {}, []
+
+        def take_input(m):
+            return first_inputs(m) if self.first else self.recv_prev(hidden_shape(m))
+
+        for f in range(warm):  # only stages before the last warm up
+            kept[f] = take_input(f)
+            self.send_next(stage(kept[f]))
+        x = take_input(warm) if steady else None
+        for i in range(steady):
+            f, b = warm + i, i  # this step's forward and backward micro-batches
+            kept[f] = x
+            if self.last:  # warm == 0, so f == b: forward and backward in one graph
+                result, dx = last_step(f, kept.pop(f))
                 out.append(result)
             else:
-                dx = stage_backward(kept[m], self.recv_next(hidden_shape(m)))
+                dy = self.send_next_recv_next(stage(x), hidden_shape(b))
+                dx = stage_backward(kept.pop(b), dy)
+            more = i + 1 < steady
+            if self.first:
+                x = first_inputs(f + 1) if more else None
+            elif more:
+                x = self.send_prev_recv_prev(dx, hidden_shape(f + 1))
+            else:
+                self.send_prev(dx)
+        for b in range(steady, n):
+            dx = stage_backward(kept.pop(b), self.recv_next(hidden_shape(b)))
             if not self.first:
                 self.send_prev(dx)
-            kept[m] = None
         return out

@@ -13,16 +13,20 @@ tensor into tp_src and tp_dst pieces; their common refinement cuts it into lcm(t
 rank needs the atoms of its piece when its destination stage holds the parameter. Its source
 replica (the ranks of its data-parallel replica over every stage and tensor-parallel piece)
 holds every atom exactly once; the atoms a rank lacks come from their holders in the replica.
-Givers and takers of a parameter form exchange groups (connected sets: `_Flow.group`): per
-bucket and group, each member contributes the missing atoms it owns, padded with zeros to the
-same count, in one AllGather, and then picks its piece from what it holds and what arrived.
-The plan is plain numpy (`plan_parameter`), so it is tested for every pair of layouts without
-processes; `exchange_groups` lists the groups, which `init_comm` creates at start-up.
+Givers and takers of a parameter form exchange groups (connected sets: `_Flow.group`). Per
+bucket and group, one collective moves the lacking atoms: an AllGather of every member's slot
+when the givers give about equally, or the sum of one buffer that only the givers fill in when
+few give to many (`_exchange_mode`); each member then picks its piece from what it holds and
+what arrived. The plan is plain numpy (`plan_parameter`), so it is tested for every pair of
+layouts without processes; `exchange_groups` lists the groups, which `init_comm` creates at
+start-up.
 
 Bytes per rank are logged against the minimum the two layouts require (the atoms a rank needs
-and does not hold): tp2 -> tp1, tp1 -> tp2 and pipeline stages to their tensor-parallel pieces
-(train tp4 x pp2 -> infer dp2 x tp4: each rank gets the other stage's half, pair by pair) meet
-it; dp2 x tp2 -> tp4 meets it on the receivers, plus the padding the AllGather sends back.
+and does not hold): tp2 -> tp1 and tp1 -> tp2 meet it, and so do the takers when stages go to
+their tensor-parallel pieces (train tp4 x pp2 -> infer dp2 x tp4 goes pair by pair); dp2 x tp2
+-> tp4 meets it on the receivers, plus the padding an AllGather sends back, and a giver receives
+the buffer of a sum. (MindSpore 2.10's CPU collectives have no Send/Receive, and AllGather and
+Broadcast only over the whole world: within a group they run as sums.)
 """
 
 from __future__ import annotations
@@ -131,26 +135,31 @@ def _runs(indices: Sequence[int]) -> Tuple[Run, ...]:
 class ParamPlan:
     """How one rank makes its destination piece of one parameter; runs are [start, stop) along dim.
 
-    dim    the dim pieces are cut along: the split dim, or 0 for a parameter both layouts
-           replicate over tensor parallelism (it moves whole, between pipeline stages)
-    send   runs of this rank's source piece it contributes to the exchange, then `pad` elements
-           of zeros, `slot` elements in all (every member contributes the same size); () when
-           this rank contributes only padding, or there is no exchange (slot == 0)
-    take   the destination piece, in order, as (source, start, stop): source -1 is this rank's
-           source piece, j >= 0 the slot member j of `group` contributed; () when the
-           destination stage of this rank does not hold the parameter
+    dim     the dim pieces are cut along: the split dim, or 0 for a parameter both layouts
+            replicate over tensor parallelism (it moves whole, between pipeline stages)
+    mode    how `group` exchanges the atoms some member lacks (`_exchange_mode`):
+              "gather"  every member contributes a slot of `width` elements with the atoms it
+                        gives (padded), AllGather: row j of the result is member j's slot
+              "sum"     one buffer of `width` elements with every lacking atom at its place;
+                        each member fills in the atoms it gives and -0.0 elsewhere, AllReduce
+                        (x + (-0.0) is x, bit for bit): one row, every atom
+    width   elements along dim of this rank's contribution (0: no exchange)
+    give    (contribution start, piece start, length) runs this rank copies from its source piece
+    take    the destination piece, in order, as (source, start, stop): source -1 is this rank's
+            source piece, j >= 0 row j of the exchange's result; () when the destination stage
+            of this rank does not hold the parameter
     received, minimum   bytes this rank receives, and the least it could (atoms it lacks)"""
 
     name: str
     dim: int
-    send: Tuple[Run, ...]
+    mode: str
+    give: Tuple[Tuple[int, int, int], ...]
     take: Tuple[Tuple[int, int, int], ...]
-    slot: int
+    width: int
     group: Tuple[int, ...]  # the ranks exchanging this parameter with this one (itself included)
     received: int
     minimum: int
     source_len: int = 0  # elements along dim of this rank's source piece (0: it holds none)
-    pad: int = 0
     split: bool = True  # False: tensor parallelism replicates it
 
     @property
@@ -167,6 +176,27 @@ class ParamPlan:
     def is_copy(self) -> bool:
         """The destination piece is this rank's source piece, unchanged."""
         return self.take == ((-1, 0, self.source_len),)
+
+    def fill(self) -> Tuple[Tuple[int, int], ...]:
+        """This rank's contribution, in order, as (piece start, length) segments; piece start -1
+        is a run of -0.0 (padding, or the atoms other members give)."""
+        out, at = [], 0
+        for b, a, n in self.give:
+            if b > at:
+                out.append((-1, b - at))
+            out.append((a, n))
+            at = b + n
+        if self.width > at:
+            out.append((-1, self.width - at))
+        return tuple(out)
+
+
+def _exchange_mode(members: int, slot_atoms: int, wanted_atoms: int) -> str:
+    """The cheaper collective by the ring cost model (an AllGather of T bytes moves T (g-1)/g per
+    rank, an AllReduce 2 T (g-1)/g): slots for every member when the givers give about equally
+    (tp2 -> tp1), one shared buffer when few give to many (a stage's tensor-parallel pieces to
+    every data-parallel replica)."""
+    return "gather" if members * slot_atoms <= 2 * wanted_atoms else "sum"
 
 
 @dataclass(frozen=True)
@@ -212,8 +242,8 @@ class _Flow:
 
     def group(self, rank: int) -> List[int]:
         """The ranks rank exchanges this parameter with: its connected set of givers and takers
-        (a rank that neither gives nor takes stays alone), so an AllGather over it sends no
-        member's slot to ranks that do not need it."""
+        (a rank that neither gives nor takes stays alone), so the exchange reaches no rank that
+        has no part in it."""
         parent = {r: r for r in self.members}
 
         def root(r):
@@ -271,31 +301,37 @@ def plan_parameter(name: str, shape: Sequence[int], itemsize: int, src: Parallel
     wanted = sorted({a for m in group for a in flow.needed(m) if not flow.has(m, a)})
     contrib = [[a for a in wanted if flow.owner(a) == m] for m in group]
     slot_atoms = max(len(c) for c in contrib)
+    mode = _exchange_mode(len(group), slot_atoms, len(wanted))
     me = group.index(rank)
-    holds = src.stage(rank) == flow.stage_src
     first_atom = src.coords(rank)[1] * flow.per_src if flow.split else 0
 
-    def elements(atom):  # the atom's elements in this rank's piece
-        start = (atom - first_atom) * unit
-        return range(start, start + unit)
+    def place(a):  # (row, start) of a lacking atom in the exchange's result
+        if mode == "gather":
+            j = group.index(flow.owner(a))
+            return j, contrib[j].index(a) * unit
+        return 0, wanted.index(a) * unit
 
-    send = [i for a in contrib[me] for i in elements(a)]
+    give: List[Tuple[int, int, int]] = []
+    for a in contrib[me]:
+        b, piece = place(a)[1], (a - first_atom) * unit
+        if give and give[-1][0] + give[-1][2] == b and give[-1][1] + give[-1][2] == piece:
+            give[-1] = (give[-1][0], give[-1][1], give[-1][2] + unit)
+        else:
+            give.append((b, piece, unit))
     take: List[Tuple[int, int, int]] = []
     for a in flow.needed(rank):
-        if flow.has(rank, a):
-            source, start = -1, elements(a).start
-        else:
-            j = group.index(flow.owner(a))
-            source, start = j, contrib[j].index(a) * unit
+        source, start = (-1, (a - first_atom) * unit) if flow.has(rank, a) else place(a)
         if take and take[-1][0] == source and take[-1][2] == start:
             take[-1] = (source, take[-1][1], start + unit)
         else:
             take.append((source, start, start + unit))
     missing = sum(1 for a in flow.needed(rank) if not flow.has(rank, a))
-    slot = slot_atoms * unit
-    return ParamPlan(name, dim, _runs(send), tuple(take), slot, tuple(group),
-                     (len(group) - 1) * slot * rest * itemsize, missing * unit * rest * itemsize,
-                     flow.per_src * unit if holds else 0, slot - len(send), flow.split)
+    width = (slot_atoms if mode == "gather" else len(wanted)) * unit
+    rows_received = len(group) - 1 if mode == "gather" else 1
+    holds = src.stage(rank) == flow.stage_src
+    return ParamPlan(name, dim, mode, tuple(give), tuple(take), width, tuple(group),
+                     rows_received * width * rest * itemsize if wanted else 0, missing * unit * rest * itemsize,
+                     flow.per_src * unit if holds else 0, flow.split)
 
 
 def _cut(x, dim: int, start: int, stop: int):
@@ -317,24 +353,25 @@ def apply_plans(plans: Dict[int, Sequence[ParamPlan]], pieces: Dict[int, Sequenc
             elif p.is_copy:
                 row.append(pieces[r][i].copy())
             else:
-                parts = []
-                for source, a, b in p.take:
-                    if source < 0:
-                        whole = pieces[r][i]
-                    else:
-                        giver = p.group[source]
-                        whole = _slot(plans[giver][i], pieces[giver][i], shapes[i])
-                    parts.append(_cut(whole, p.dim, a, b))
+                rows = [_contribution(plans[m][i], pieces[m][i], shapes[i]) for m in p.group] if p.width else []
+                if p.mode == "sum" and rows:
+                    rows = [sum(rows)]
+                parts = [_cut(pieces[r][i] if source < 0 else rows[source], p.dim, a, b) for source, a, b in p.take]
                 row.append(np.concatenate(parts, axis=p.dim))
         out[r] = row
     return out
 
 
-def _slot(plan: ParamPlan, piece: Optional[np.ndarray], full_shape: Sequence[int]) -> np.ndarray:
-    """A member's contribution of one parameter: its send runs, then `pad` zeros, along dim."""
-    pad_shape = list(full_shape)
-    pad_shape[plan.dim] = plan.pad
-    parts = [_cut(piece, plan.dim, a, b) for a, b in plan.send] + [np.zeros(pad_shape, np.float32)]
+def _contribution(plan: ParamPlan, piece: Optional[np.ndarray], full_shape: Sequence[int]) -> np.ndarray:
+    """A member's contribution to the exchange of one parameter (numpy): its given runs, -0.0 elsewhere."""
+    parts = []
+    for start, n in plan.fill():
+        if start < 0:
+            shape = list(full_shape)
+            shape[plan.dim] = n
+            parts.append(np.full(shape, -0.0, np.float32))
+        else:
+            parts.append(_cut(piece, plan.dim, start, start + n))
     return np.concatenate(parts, axis=plan.dim)
 
 
@@ -343,74 +380,76 @@ def _slot(plan: ParamPlan, piece: Optional[np.ndarray], full_shape: Sequence[int
 # ---------------------------------------------------------------------------------------
 
 
-def _slot_layout(plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]]):
-    """Where each parameter's slot sits in a member's contribution row, and the slot's shape (the
-    full shape with `dim` cut to the slot: tensor parallelism splits one dim, the others are
-    whole). The same on every member of the group."""
-    offsets, slot_shapes, at = [], [], 0
+def _row_layout(plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]]):
+    """Where each parameter's contribution sits in an exchange's flat row, and its shape (the full
+    shape with `dim` cut to the width: tensor parallelism splits one dim, the others are whole).
+    The same on every member of the group."""
+    offsets, buffer_shapes, at = [], [], 0
     for p, full in zip(plans, shapes):
         shape = [int(v) for v in full]
-        shape[p.dim] = p.slot
+        shape[p.dim] = p.width
         size = int(np.prod(shape))
         offsets.append((at, at + size))
-        slot_shapes.append(tuple(shape))
+        buffer_shapes.append(tuple(shape))
         at += size
-    return tuple(offsets), tuple(slot_shapes)
+    return tuple(offsets), tuple(buffer_shapes)
 
 
 class _Contribution(nn.Cell):
-    """This rank's part of one exchange, a (1, n) row: per parameter its send runs and zeros up to
-    the slot, cut along dim, then flattened. src: this rank's held parameters of the bucket;
-    index[i]: parameter i's position there (-1: not held)."""
+    """This rank's part of one exchange, a (1, n) row: per parameter the runs it gives from its
+    piece and -0.0 elsewhere, along dim, flattened. src: this rank's held parameters of the
+    bucket; index[i]: parameter i's position there (-1: not held)."""
 
     def __init__(self, plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]], index: Sequence[int]):
         super().__init__(auto_prefix=False)
         self.n = len(plans)
         self.index = tuple(index)
         self.dims = tuple(p.dim for p in plans)
-        self.send = tuple(p.send for p in plans)
-        pads = []
+        segments = []
         for p, full in zip(plans, shapes):
-            shape = [int(v) for v in full]
-            shape[p.dim] = p.pad
-            pads.append(tuple(shape))
-        self.pads = tuple(pads)
-        self.has_pad = tuple(p.pad > 0 for p in plans)
+            row = []
+            for start, length in p.fill():
+                shape = [int(v) for v in full]
+                shape[p.dim] = length
+                row.append((start, start + length, tuple(shape)))  # start -1: -0.0 of that shape
+            segments.append(tuple(row))
+        self.segments = tuple(segments)
 
     def construct(self, src):
         parts = ()
         for i in range(self.n):
             runs = ()
-            for run in self.send[i]:
-                runs = runs + (_cut(src[self.index[i]], self.dims[i], run[0], run[1]),)
-            if self.has_pad[i]:
-                runs = runs + (ops.zeros(self.pads[i], ms.float32),)
+            for start, stop, shape in self.segments[i]:
+                if start < 0:
+                    runs = runs + (ops.zeros(shape, ms.float32) * -1.0,)  # x + (-0.0) == x, bit for bit
+                else:
+                    runs = runs + (_cut(src[self.index[i]], self.dims[i], start, stop),)
             whole = runs[0] if len(runs) == 1 else ops.concat(runs, self.dims[i])
             parts = parts + (whole.reshape(-1),)
-        return ops.concat(parts).reshape(1, -1)
+        return (parts[0] if self.n == 1 else ops.concat(parts)).reshape(1, -1)
 
 
 class _Assemble(nn.Cell):
-    """A bucket's destination pieces from this rank's held source pieces (src) and the gathered
-    exchanges (gots[e]: (g, contribution), one row per member of exchange e's group), assigned
-    to the parameters this rank's destination stage holds (dst). Only slices and
-    concatenations along dim: no element gathers.
+    """A bucket's destination pieces from this rank's held source pieces (src) and the exchanges'
+    results (rows[e]: (members, n) gathered or (1, n) summed), assigned to the parameters this
+    rank's destination stage holds (dst). Only slices and concatenations along dim: no element
+    gathers.
 
     For needed parameter i: src_index[i] (its position in src, -1: not held), exchange[i]
-    (which of gots, -1: none) and offsets[i] (where its slot sits in that exchange's rows)."""
+    (which of rows, -1: none) and offsets[i] (where its contribution sits in a row)."""
 
     def __init__(self, dst: Sequence[Parameter], plans: Sequence[ParamPlan], src_index, exchange, offsets,
-                 slot_shapes):
+                 buffer_shapes):
         super().__init__(auto_prefix=False)
         self.dst = ms.ParameterTuple(dst)
         self.n = len(plans)
         self.src_index, self.exchange = tuple(src_index), tuple(exchange)
-        self.offsets, self.slot_shapes = tuple(offsets), tuple(slot_shapes)
+        self.offsets, self.buffer_shapes = tuple(offsets), tuple(buffer_shapes)
         self.copy = tuple(p.is_copy for p in plans)
         self.dims = tuple(p.dim for p in plans)
         self.take = tuple(p.take for p in plans)
 
-    def construct(self, src, gots):
+    def construct(self, src, rows):
         out = ()
         for i in range(self.n):
             if self.copy[i]:
@@ -422,7 +461,7 @@ class _Assemble(nn.Cell):
                     if source < 0:
                         whole = src[self.src_index[i]]
                     else:
-                        whole = gots[self.exchange[i]][source, lo:hi].reshape(self.slot_shapes[i])
+                        whole = rows[self.exchange[i]][source, lo:hi].reshape(self.buffer_shapes[i])
                     pieces = pieces + (_cut(whole, self.dims[i], start, stop),)
                 value = pieces[0] if len(pieces) == 1 else ops.concat(pieces, self.dims[i])
             out = out + (ops.assign(self.dst[i], value.astype(self.dst[i].dtype)),)
@@ -430,8 +469,8 @@ class _Assemble(nn.Cell):
 
 
 class _Bucket:
-    """One bucket on one rank: per exchange group its plans use (in one global order), a
-    contribution and an AllGather over the group; then the assembly. Separate graphs: with the
+    """One bucket on one rank: per exchange (group and mode, in one global order) a contribution
+    and an AllGather or a sum over the group; then the assembly. Separate graphs: with the
     collective inside a larger graph, mccl (MindSpore 2.10's CPU collectives) crashed on ~30 MB
     buffers of four ranks; fed from a graph output it does not. A rank takes part in the
     exchanges of its groups whether or not its stages hold the bucket's parameters.
@@ -441,34 +480,35 @@ class _Bucket:
 
     def __init__(self, dst: Sequence[Parameter], plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]],
                  group_of):
-        from mindgrpo.parallel.comm import AllGather
+        from mindgrpo.parallel.comm import AllGather, AllReduce
 
         held = [p.held for p in plans]
         src_index = [sum(held[:i]) if held[i] else -1 for i in range(len(plans))]
-        groups = sorted({p.group for p in plans if p.slot > 0})
-        self.exchanges = []  # (contribution graph, gather)
-        where = {}  # parameter index -> (exchange, offsets, slot shape)
-        for e, group in enumerate(groups):
-            idx = [i for i, p in enumerate(plans) if p.slot > 0 and p.group == group]
-            offsets, slot_shapes = _slot_layout([plans[i] for i in idx], [shapes[i] for i in idx])
+        keys = sorted({(p.group, p.mode) for p in plans if p.width > 0})
+        self.exchanges = []  # (contribution graph, collective)
+        where = {}  # parameter index -> (exchange, offsets, contribution shape)
+        for e, (group, mode) in enumerate(keys):
+            idx = [i for i, p in enumerate(plans) if p.width > 0 and (p.group, p.mode) == (group, mode)]
+            offsets, shapes_e = _row_layout([plans[i] for i in idx], [shapes[i] for i in idx])
             for k, i in enumerate(idx):
-                where[i] = (e, offsets[k], slot_shapes[k])
+                where[i] = (e, offsets[k], shapes_e[k])
+            collective = AllGather(group_of(group)) if mode == "gather" else AllReduce(group_of(group))
             self.exchanges.append((_Contribution([plans[i] for i in idx], [shapes[i] for i in idx],
-                                                 [src_index[i] for i in idx]), AllGather(group_of(group))))
+                                                 [src_index[i] for i in idx]), collective))
         mine = [i for i, p in enumerate(plans) if p.needed]
+        none = (-1, (0, 0), (1,))
         self.assemble = _Assemble(dst, [plans[i] for i in mine], [src_index[i] for i in mine],
-                                  [where.get(i, (-1, (0, 0), (1,)))[0] for i in mine],
-                                  [where.get(i, (-1, (0, 0), (1,)))[1] for i in mine],
-                                  [where.get(i, (-1, (0, 0), (1,)))[2] for i in mine]) if mine else None
+                                  [where.get(i, none)[0] for i in mine], [where.get(i, none)[1] for i in mine],
+                                  [where.get(i, none)[2] for i in mine]) if mine else None
         self.none = (Tensor(np.zeros((1, 1), np.float32)),)
 
     def __call__(self, src: tuple) -> None:
         # never an empty tuple: MindSpore 2.10 then drops the first assignment of the graph (a rank
         # holding none of a bucket's parameters kept its old value of the first one; measured)
         src = ms.mutable(tuple(src) + self.none)  # inputs, not constants: no recompiling
-        gots = tuple(gather(contribution(src)) for contribution, gather in self.exchanges) or self.none
+        rows = tuple(collective(contribution(src)) for contribution, collective in self.exchanges) or self.none
         if self.assemble is not None:
-            self.assemble(src, gots)
+            self.assemble(src, rows)
 
 
 class Reshard:

@@ -11,9 +11,9 @@ CFG = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidde
 # for four ranks: nkv=4 so tp=4 is possible; tied embeddings
 CFG4 = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=4, max_position_embeddings=128, tie_word_embeddings=True)
-# for pipeline stages: untied (the embedding and the head live on different stages), three layers
-# so that two stages hold different numbers (layers 0-1 and 2)
-CFG_PP = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+# for pipeline stages: untied (the embedding and the head live on different stages), four layers
+# (two stages hold two each, four stages one)
+CFG_PP = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
 SEED = 7  # the models' initial weights
 SHARD_SEED = 8  # the checkpoint sliced by scripts/transform_checkpoint.py

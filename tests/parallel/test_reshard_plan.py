@@ -38,7 +38,8 @@ def run_all(src, dst, full):
         for r in group:  # every plan's exchange group lies inside the replica and knows its members alike
             for i, p in enumerate(plans[r]):
                 assert r in p.group and set(p.group) <= set(group)
-                assert all(plans[m][i].group == p.group and plans[m][i].slot == p.slot for m in p.group)
+                assert all((plans[m][i].group, plans[m][i].mode, plans[m][i].width) == (p.group, p.mode, p.width)
+                           for m in p.group)
         pieces = {r: [src.shard(n, full[n], src.coords(r)[1]) if held(src, r, n) else None for n in names]
                   for r in group}
         for r, row in apply_plans(plans, pieces, [SHAPES[n] for n in names]).items():
@@ -92,35 +93,54 @@ def test_pipeline_stages_to_tensor_parallel_pieces_move_the_minimum():
 
 def test_hand_computed_tp2_to_tp4_plan():
     """(dp2, tp2) -> (dp1, tp4) of wq (24, 8): rank 1 holds rows 12..23 and needs rows 6..11, which
-    rank 0 holds; rank 0 holds what it needs (rows 0..5) and sends rows 6..11."""
+    rank 0 holds; rank 0 holds what it needs (rows 0..5) and gives rows 6..11."""
     src, dst = ParallelLayout(2, 2), ParallelLayout(1, 4)
     p0, p1 = (plan_parameter("model.layers.0.attention.wq.weight", (24, 8), 4, src, dst, r) for r in (0, 1))
-    assert p0.slot == p1.slot == 6
-    assert p0.send == ((6, 12),) and p0.pad == 0  # rows 6..11 of its piece (rows 0..11)
-    assert p1.send == () and p1.pad == 6  # nothing anyone lacks: zeros of the same size
+    assert p0.group == p1.group == (0, 1) and p0.mode == p1.mode == "gather"  # 2 slots of 1 atom <= 2 x 1 atom
+    assert p0.width == p1.width == 6
+    assert p0.give == ((0, 6, 6),) and p0.fill() == ((6, 6),)  # rows 6..11 of its piece (rows 0..11)
+    assert p1.give == () and p1.fill() == ((-1, 6),)  # nothing anyone lacks: -0.0 of the same size
     assert p0.take == ((-1, 0, 6),) and p1.take == ((0, 0, 6),)  # its own rows 0..5; rank 0's slot
     assert (p0.minimum, p1.minimum) == (0, 6 * 8 * 4)
     assert p1.received == 6 * 8 * 4 and p0.received == 6 * 8 * 4  # rank 0 gets rank 1's padding
     norm = plan_parameter("model.layers.0.attention_norm.weight", (8,), 4, src, dst, 1)
-    assert not norm.split and norm.is_copy and norm.received == 0 and norm.slot == 0
-    assert p0.group == p1.group == (0, 1)
+    assert not norm.split and norm.is_copy and norm.received == 0 and norm.width == 0
     wo = plan_parameter("model.layers.0.attention.wo.weight", (8, 24), 4, ParallelLayout(1, 2), ParallelLayout(2, 1), 1)
-    assert wo.dim == 1 and wo.send == ((0, 12),) and wo.take == ((0, 0, 12), (-1, 0, 12))  # columns: 0's, then own
+    assert wo.dim == 1 and wo.mode == "gather" and wo.give == ((0, 0, 12),)
+    assert wo.take == ((0, 0, 12), (-1, 0, 12))  # columns: rank 0's slot, then its own
 
 
 def test_hand_computed_pipeline_to_one_stage_plan():
     """(tp1, pp2) -> (dp2, tp1), 2 layers: rank 1 (stage 1) holds layer 1 and the head, rank 0
-    layer 0 and the embedding; each sends the other what it holds, whole, and takes the rest."""
+    layer 0 and the embedding; each gives the other what it holds, whole, and takes the rest."""
     src, dst = ParallelLayout(1, 1, 2), ParallelLayout(2, 1, 1)
     w0 = [plan_parameter("model.layers.0.attention.wq.weight", (24, 8), 4, src, dst, r, 2) for r in (0, 1)]
     assert [p.held for p in w0] == [True, False] and [p.needed for p in w0] == [True, True]
-    assert w0[0].send == ((0, 24),) and w0[0].take == ((-1, 0, 24),) and w0[0].is_copy
-    assert w0[1].send == () and w0[1].pad == 24 and w0[1].take == ((0, 0, 24),)
+    assert w0[0].mode == "gather" and w0[0].give == ((0, 0, 24),) and w0[0].is_copy
+    assert w0[1].give == () and w0[1].take == ((0, 0, 24),)
     assert w0[1].minimum == w0[1].received == 24 * 8 * 4
     norm = plan_parameter("model.norm_out.weight", (8,), 4, src, dst, 0, 2)  # replicated: moves whole
     assert not norm.split and not norm.held and norm.take == ((1, 0, 8),) and norm.minimum == 32
     with pytest.raises(ValueError, match="needs num_layers"):
         plan_parameter("model.norm_out.weight", (8,), 4, src, dst, 0)
+
+
+def test_few_givers_to_many_takers_sum_one_buffer():
+    """(tp2, pp2) -> (dp4, tp1): layer 1's wq is held by ranks 2 and 3 (rows 0..11, 12..23); ranks 0 and 1 lack
+    all of it, ranks 2 and 3 half. Four slots of one atom cost as much as summing a buffer of two: gather. With
+    four stages of one layer each, (tp1, pp4) -> (dp4, tp1), one rank gives layer 3 to three: four slots of
+    one atom against a buffer of one, so the holder fills in a (24, 8) buffer that the four sum."""
+    src, dst = ParallelLayout(1, 2, 2), ParallelLayout(4, 1, 1)
+    plans = [plan_parameter("model.layers.1.attention.wq.weight", (24, 8), 4, src, dst, r, 2) for r in range(4)]
+    assert {p.mode for p in plans} == {"gather"} and {p.group for p in plans} == {(0, 1, 2, 3)}
+    assert [p.give for p in plans] == [(), (), ((0, 0, 12),), ((0, 0, 12),)]
+    assert plans[0].take == ((2, 0, 12), (3, 0, 12)) and plans[2].take == ((-1, 0, 12), (3, 0, 12))
+    src = ParallelLayout(1, 1, 4)
+    plans = [plan_parameter("model.layers.3.attention.wq.weight", (24, 8), 4, src, dst, r, 4) for r in range(4)]
+    assert {p.mode for p in plans} == {"sum"} and {p.group for p in plans} == {(0, 1, 2, 3)}
+    assert [p.give for p in plans] == [(), (), (), ((0, 0, 24),)] and plans[0].fill() == ((-1, 24),)
+    assert [p.take for p in plans] == [((0, 0, 24),)] * 3 + [((-1, 0, 24),)]
+    assert all(p.received == 24 * 8 * 4 for p in plans) and plans[0].minimum == 24 * 8 * 4 and plans[3].minimum == 0
 
 
 def test_layouts_of_different_worlds_or_unsplittable_shapes_fail():
