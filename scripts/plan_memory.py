@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     print(f"# Memory plan: {args.config}\n")
     print(f"Model {cfg.actor_config.model}: {mcfg.num_params() / 1e9:.2f} B parameters, compute dtype "
           f"{mcfg.compute_dtype}; training dp{actor.data_parallel} x tp{actor.model_parallel}"
+          f"{f' x pp{actor.pipeline_stage}' if actor.pipeline_stage > 1 else ''}"
           f"{' (AdamW moments split over dp)' if actor.optimizer_shard else ''}, inference "
           f"dp{gen.data_parallel} x tp{gen.model_parallel} ({actor.world_size} devices); "
           f"{cfg.rl_config.batch_size} prompts x {cfg.rl_config.num_generations} samples, prompt <= "

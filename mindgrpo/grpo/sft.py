@@ -2,7 +2,8 @@
 
 With advantage 1 on every token and old log-probs equal to the current ones (ratio 1, gradient
 stopped), the GRPO surrogate -ratio * A has the gradient of the negative log-likelihood, so the
-same compiled graph serves both. The reported loss is the NLL from a separate no-grad pass.
+same compiled graph serves both. The reported loss is the graph's NLL metric of each batch before
+its update (the surrogate's own value is constant).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Dict, List
 import numpy as np
 
 from mindgrpo.data.synthetic import flawed_solution
-from mindgrpo.grpo.actor import PolicyUpdater, Scorer
+from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.ms_algos import GRPOLoss
 from mindgrpo.grpo.optim import lr_at
@@ -46,7 +47,6 @@ def sft_warm_start(policy, prompts: PromptSource, tokenizer, *, steps: int, lr: 
     updater = PolicyUpdater(policy, GRPOLoss(beta=0.0, agg_mode="token-mean"), micro_batch_size=micro_batch_size,
                             detach_old=True, use_ref=False, beta1=0.9, beta2=0.98, eps=1e-8, weight_decay=0.0,
                             grad_clip=1.0, with_entropy=False, grad_reducer=grad_reducer, pipeline=pipeline)
-    scorer = Scorer(policy, micro_batch_size, pipeline=pipeline)
     source = PromptSource({"prompt_ids": [np.array(i) for i in prompts.ids],
                            "prompt_length": [len(i) for i in prompts.ids], **prompts.columns}, seed=seed)
     teacher_rng = np.random.default_rng([seed, 1])
@@ -58,10 +58,9 @@ def sft_warm_start(policy, prompts: PromptSource, tokenizer, *, steps: int, lr: 
             answers, solutions = zip(*(flawed_solution(a, teacher_rng, teacher_carry_error) for a in answers))
         targets = sft_targets(list(answers), list(solutions), tokenizer)
         exp = pack(batch.ids, targets, np.ones(len(targets), np.float32), pad_id=tokenizer.pad_token_id)
-        updater.update(exp, lr_at(step, lr, steps, warmup_steps=max(1, steps // 10), schedule="cosine",
-                                  min_lr=lr * 0.1))
+        m = updater.update(exp, lr_at(step, lr, steps, warmup_steps=max(1, steps // 10), schedule="cosine",
+                                      min_lr=lr * 0.1))
+        nll = m["nll"]  # of this batch, before its update
         if (step + 1) % log_every == 0 or step + 1 == steps:
-            logp = scorer(exp)
-            nll = float(-(logp * exp.mask).sum() / exp.mask.sum())
             logger.info("sft warm start %d/%d | nll %.3f | %.1fs", step + 1, steps, nll, time.perf_counter() - t0)
     return {"sft/nll": nll, "sft/seconds": time.perf_counter() - t0}

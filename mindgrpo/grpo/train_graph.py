@@ -19,7 +19,9 @@ from mindgrpo.grpo.optim import AccumulateGrads, GradBuffer
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import TokenLogProbs
 
-METRIC_KEYS = ("pg_loss", "kl", "entropy", "clipfrac", "clipfrac_low", "clipfrac_high")
+# per-micro-batch metrics of the training graph; all but pg_loss are token means (nll: -log p of the
+# scored tokens under the policy before the update, free with the forward pass)
+METRIC_KEYS = ("pg_loss", "kl", "entropy", "clipfrac", "clipfrac_low", "clipfrac_high", "nll")
 
 
 class PolicyLoss(nn.Cell):
@@ -45,8 +47,9 @@ class PolicyLoss(nn.Cell):
         loss, m = self.loss(logp, old, ref, advantages, mask, global_tokens, global_seqs)
         n = ops.maximum(mask.sum(), 1.0)
         entropy = ops.stop_gradient((ent * mask).sum() / n)
+        nll = ops.stop_gradient(-(logp * mask).sum() / n)
         kl = m["kl"] if self.use_ref else ops.zeros((), ms.float32)
-        metrics = (m["pg_loss"], kl, entropy, m["clipfrac"], m["clipfrac_low"], m["clipfrac_high"])
+        metrics = (m["pg_loss"], kl, entropy, m["clipfrac"], m["clipfrac_low"], m["clipfrac_high"], nll)
         return loss, metrics
 
 

@@ -24,8 +24,8 @@ activation estimate of the training step (not in the ledger): Megatron's per-lay
 tensor parallelism without sequence parallelism or recomputation (Korthikanti et al. 2022,
 s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes for 16-bit activations; x2 for fp32) for this stage's
 layers of one micro-batch, plus on the last stage the scored positions' logits (b * R * V/t
-fp32, x3: logits, probabilities, their gradient) and, with pipeline stages, the inputs a stage
-keeps for every micro-batch of a mini-batch until its backward (s*b*h each; `parallel.pipeline`).
+fp32, x3: logits, probabilities, their gradient) and, with pipeline stages, the inputs stage s
+keeps of the pp - s micro-batches 1F1B has in flight (s*b*h each; `parallel.pipeline`).
 """
 
 from __future__ import annotations
@@ -105,9 +105,9 @@ def activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, layout: ParallelLayout,
     per_layer = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * width / 2
     logits = 3 * b * gen.max_tokens * cfg.vocab_size // tp * 4 if stage == layout.pp - 1 else 0
     kept = 0
-    if layout.pp > 1:  # every micro-batch's stage input, from its forward to its backward
+    if layout.pp > 1:  # 1F1B: the inputs of the micro-batches in flight, from forward to backward
         rows = -(-rl.batch_size * rl.num_generations // (rl.num_mini_batches * layout.dp))
-        kept = -(-rows // b) * s * b * h * width
+        kept = min(layout.pp - stage, -(-rows // b)) * s * b * h * width
     return int(layers * per_layer + logits + kept)
 
 

@@ -5,7 +5,7 @@ reference: the one-device model or run, and MindSpore's own `transform_checkpoin
     two_ranks    tp=2 logits / log-probs / entropy, shards from scripts/transform_checkpoint.py,
                  one GRPO update with tp=2 and with dp=2, rollouts, tp2 -> (dp2, tp1) resharding
     four_ranks   (dp2, tp2) -> (dp4, tp1) and -> (dp1, tp4) resharding, tp=4 logits
-    one_stage    scripts/grpo_one_stage.py under msrun (swap on, then off) vs one process
+    one_stage    scripts/grpo_one_stage.py under msrun (tp2 swap on, then off; two pipeline stages) vs one process
     zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1)
 """
 
@@ -21,7 +21,6 @@ from mindspore import Tensor
 from mindspore.parallel import transform_checkpoints
 
 from mindgrpo.config import GRPOConfig, load_config
-from mindgrpo.grpo.builder import resolve_model_config
 from mindgrpo.memory.plan import plan
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
@@ -199,12 +198,14 @@ def test_tp4_logits_match_one_device(four_ranks):
 
 # ------------------------------------------------------------------------------ the one-stage run
 
+MICRO = os.path.join(REPO, "tests", "parallel", "workers", "micro_untied.yaml")  # untied: pipeline stages
 ONE_STAGE = ["rl_config.max_steps=1", "sft_config.steps=0", "rl_config.val_interval=0",
              "rl_config.batch_size=2", "rl_config.num_generations=4", "generate_config.max_tokens=16",
-             "actor_config.micro_batch_size=4", "rl_config.completions_interval=0",
+             "actor_config.micro_batch_size=2", "rl_config.completions_interval=0", f"actor_config.model={MICRO}",
              "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]",
              "reward_config.reward_plugin=" + os.path.join(REPO, "tests", "parallel", "workers", "text_length_reward.py")]
-LAYOUT = ["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"]
+TP2 = ["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"]
+PP2 = ["actor_config.parallel_config.pipeline_stage=2", "generate_config.parallel_config.data_parallel=2"]
 
 
 def step1(folder):
@@ -214,16 +215,26 @@ def step1(folder):
 
 @pytest.fixture(scope="module")
 def one_stage(tmp_path_factory):
+    """One GRPO step: one process; under msrun training tp2 with swap on and off, and training in two
+    pipeline stages (both generating in dp2)."""
     work = tmp_path_factory.mktemp("one_stage")
     subprocess.run([sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--swap", "False",
                     "--output_dir", str(work / "single"), *ONE_STAGE], check=True, capture_output=True, timeout=300)
-    run_msrun("one_stage_twice.py", 2, str(work / "log"), [work, "swap", *ONE_STAGE, *LAYOUT], timeout=600)
+    run_msrun("one_stage_runs.py", 2, str(work / "log"), [work, "layouts", *ONE_STAGE], timeout=600)
     return work
 
 
-def test_one_stage_under_msrun_writes_the_single_process_step1_metrics(one_stage, tmp_path):
-    single, parallel = step1(one_stage / "single"), step1(one_stage / "swap_on")
-    assert single["reward_std"] > 0 and single["grad_norm"] > 0.1  # the step trained on something
+def merged_policy(step, tmp_path):
+    """The run's policy pieces merged by MindSpore with the run's strategy file."""
+    transform_checkpoints(str(step / "policy"), str(tmp_path / "merged"), "full_", str(step / "train_strategy.ckpt"),
+                          None)
+    return ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "full_0.ckpt"))
+
+
+@pytest.mark.parametrize("run", ["swap_on", "pp2"])
+def test_one_stage_under_msrun_writes_the_single_process_step1_metrics(one_stage, tmp_path, run):
+    single, parallel = step1(one_stage / "single"), step1(one_stage / run)
+    assert single["reward_std"] > 0 and single["grad_norm"] > 0.01  # the step trained on something
     for key in ("reward_mean", "reward_std", "response_length/mean", "rollout/new_tokens"):
         assert parallel[key] == single[key], key
     for key in ("grad_norm", "entropy"):
@@ -231,14 +242,13 @@ def test_one_stage_under_msrun_writes_the_single_process_step1_metrics(one_stage
     for key in ("loss", "pg_loss"):  # ~0: the group-normalised advantages sum to zero per group
         assert parallel[key] == pytest.approx(single[key], abs=1e-6), key
     # rank 0 alone writes metrics (one line for one step); every rank its log; sharded checkpoints
-    assert len(open(one_stage / "swap_on" / "metrics.jsonl").read().splitlines()) == 1
-    assert sorted(os.listdir(one_stage / "swap_on" / "logs")) == ["rank_0.log", "rank_1.log"]
-    step = one_stage / "swap_on" / "checkpoints" / "step_00000001"
+    assert len(open(one_stage / run / "metrics.jsonl").read().splitlines()) == 1
+    assert sorted(os.listdir(one_stage / run / "logs")) == ["rank_0.log", "rank_1.log"]
+    step = one_stage / run / "checkpoints" / "step_00000001"
     assert sorted(os.listdir(step / "policy")) == ["rank_0", "rank_1"]
-    # the updated policy, merged by MindSpore from the shards and the run's strategy file
-    transform_checkpoints(str(step / "policy"), str(tmp_path / "merged"), "full_", str(step / "train_strategy.ckpt"),
-                          None)
-    merged = ms.load_checkpoint(str(tmp_path / "merged" / "rank_0" / "full_0.ckpt"))
+    # the updated policy, merged by MindSpore: with pipeline stages
+    # each rank's file holds its stage's parameters only, and the strategy file is MindSpore's pipeline form
+    merged = merged_policy(step, tmp_path)
     expected = ms.load_checkpoint(str(one_stage / "single" / "checkpoints" / "step_00000001" / "policy.ckpt"))
     assert sorted(merged) == sorted(expected)
     for name, value in expected.items():
@@ -254,7 +264,7 @@ def test_swap_on_and_off_are_bit_identical_and_the_ledger_peak_is_one_phase(one_
     assert on["memory/peak_bytes"] == max(phases.values())
     # the policy's piece (tp=2) + its gradients + two AdamW moments, all fp32: the update phase
     train = ParallelLayout(dp=1, tp=2)
-    cfg = Qwen2Config.load(resolve_model_config("tiny_qwen2"))
+    cfg = Qwen2Config.load(MICRO)
     policy = sum(4 * int(np.prod(train.shard_shape(n, s))) for n, s in expected_shapes(cfg).items())
     assert on["memory/peak_bytes/update"] == 4 * policy
     # swap off: every model stays, the peak is the sum (policy, grads, optimizer, inference, cache)
@@ -262,13 +272,28 @@ def test_swap_on_and_off_are_bit_identical_and_the_ledger_peak_is_one_phase(one_
     assert on["memory/swap_bytes"] > 0 and off["memory/swap_bytes"] == 0
     # scripts/plan_memory.py's prediction for this config (the KV cache it plans is an upper bound)
     gcfg = load_config(GRPOConfig, os.path.join(REPO, "model_configs", "qwen_grpo", "tiny", "grpo_config.yaml"),
-                       ONE_STAGE + LAYOUT)
+                       ONE_STAGE + TP2)
     predicted = plan(gcfg, cfg)
     for phase in ("update", "sync"):
         assert on[f"memory/peak_bytes/{phase}"] == pytest.approx(predicted.phase_bytes(phase, True), rel=0.05)
     assert on["memory/peak_bytes/rollout"] <= predicted.phase_bytes("rollout", True)
     # the measured peak is the largest phase, and the plan's peak (full KV-cache capacity) bounds it
     assert on["memory/peak_bytes"] <= max(predicted.phase_bytes(p, True) for p in ("rollout", "update", "sync"))
+
+
+def test_pipeline_ledger_matches_the_memory_plan_of_its_stage(one_stage):
+    """Rank 0 (stage 0: the embedding, layers 0-1) writes the metrics: its update phase holds its stage's
+    policy, gradients and moments, as scripts/plan_memory.py predicts for rank 0."""
+    pp = step1(one_stage / "pp2")
+    cfg = Qwen2Config.load(MICRO)
+    layout = ParallelLayout(pp=2)
+    stage0 = sum(4 * int(np.prod(s)) for n, s in expected_shapes(cfg).items() if layout.param_stage(n, 3) == 0)
+    assert pp["memory/peak_bytes/update"] == 4 * stage0
+    gcfg = load_config(GRPOConfig, os.path.join(REPO, "model_configs", "qwen_grpo", "tiny", "grpo_config.yaml"),
+                       ONE_STAGE + PP2)
+    predicted = plan(gcfg, cfg, rank=0)
+    for phase in ("update", "sync"):
+        assert pp[f"memory/peak_bytes/{phase}"] == pytest.approx(predicted.phase_bytes(phase, True), rel=0.05)
 
 
 # ------------------------------------------------------------------------------ optimizer sharding (ZeRO-1)
@@ -280,7 +305,7 @@ DP2 = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel
 @pytest.fixture(scope="module")
 def zero1(tmp_path_factory):
     work = tmp_path_factory.mktemp("zero1")
-    run_msrun("one_stage_twice.py", 2, str(work / "log"), [work, "optimizer_shard", *ONE_STAGE, *DP2], timeout=600)
+    run_msrun("one_stage_runs.py", 2, str(work / "log"), [work, "optimizer_shard", *ONE_STAGE, *DP2], timeout=600)
     return work
 
 
@@ -296,7 +321,7 @@ def test_optimizer_shard_updates_bit_identically_and_keeps_half_the_moments(zero
         for key in ("loss", "pg_loss", "grad_norm", "entropy", "reward_mean", "response_length/mean"):
             assert a[key] == b[key], key
     step = "checkpoints/step_00000002"
-    cfg = Qwen2Config.load(resolve_model_config("tiny_qwen2"))
+    cfg = Qwen2Config.load(MICRO)
     layout, full = ParallelLayout(dp=2, tp=1), expected_shapes(cfg)
     split = [n for n in full if layout.opt_shard_parts(n, full[n]) == 2]
     assert len(split) > len(full) // 2  # most parameters split (a dim 0 of odd size would not)

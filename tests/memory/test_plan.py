@@ -1,0 +1,88 @@
+"""mindgrpo/memory/plan.py and scripts/plan_memory.py on the shipped real configs: the layouts our users run
+(7B training tp4 x pp2, 32B tp8 x pp4), parameter bytes of a stage counted by hand from the model's shapes,
+and the plans fit 64 GiB devices with swap. (The ledger of real runs is compared in tests/parallel.)"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mindgrpo.config import GRPOConfig, load_config
+from mindgrpo.grpo.builder import resolve_model_config
+from mindgrpo.memory.plan import plan
+from mindgrpo.models.qwen2 import Qwen2Config
+from mindgrpo.parallel.layout import ParallelLayout
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(REPO, "model_configs", "qwen_grpo")
+GiB = 2 ** 30
+
+
+def load(name, *overrides):
+    cfg = load_config(GRPOConfig, os.path.join(CONFIGS, name, "grpo_config.yaml"), list(overrides))
+    return cfg, Qwen2Config.load(resolve_model_config(cfg.actor_config.model), compute_dtype=cfg.actor_config.dtype)
+
+
+def layer_params(m: Qwen2Config, tp: int) -> int:
+    """One decoder layer's parameters on a tensor-parallel rank, by hand: q/k/v (with bias), o, the
+    SwiGLU's three matrices split tp ways; the two RMSNorm weights whole."""
+    h, i, d = m.hidden_size, m.intermediate_size, m.d
+    q, kv = m.num_attention_heads * d, m.num_key_value_heads * d
+    return (h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * i) // tp + 2 * h
+
+
+def test_7b_trains_in_two_stages_and_the_last_stage_is_the_largest():
+    cfg, m = load("qwen2_5_7b")
+    train = ParallelLayout.from_config(cfg.actor_config.parallel_config)
+    assert train == ParallelLayout(dp=1, tp=4, pp=2)
+    assert ParallelLayout.from_config(cfg.generate_config.parallel_config) == ParallelLayout(dp=2, tp=4)
+    train.check_divisible(m)
+    stage0 = 4 * (m.vocab_size * m.hidden_size // 4 + 14 * layer_params(m, 4))  # embedding + layers 0-13
+    stage1 = 4 * (14 * layer_params(m, 4) + m.hidden_size + m.vocab_size * m.hidden_size // 4)  # + norm, head
+    p0, p1 = plan(cfg, m, rank=0), plan(cfg, m, rank=4)
+    assert (p0.stage, p1.stage) == (0, 1)
+    assert p0.groups["policy"] == stage0 and p1.groups["policy"] == stage1
+    assert p1.groups["optimizer"] == 2 * stage1 and p1.groups["reference"] == stage1  # reference: same stages
+    assert plan(cfg, m).rank == 4  # the head's logits make the last stage the largest
+    assert plan(cfg, m).peak(True) < 64 * GiB
+
+
+def test_7b_sync_bucket_is_a_piece_and_what_it_lacks():
+    """tp4 x pp2 -> dp2 x tp4: the largest bucket is the embedding (or head): its tp4 piece, received whole
+    from the other stage's rank of the same piece."""
+    cfg, m = load("qwen2_5_7b")
+    piece = 4 * m.vocab_size * m.hidden_size // 4
+    for rank in (0, 4):
+        assert plan(cfg, m, rank=rank).groups["transient"] == 2 * piece
+
+
+def test_32b_trains_in_four_stages_and_fits_with_swap_only():
+    cfg, m = load("qwen2_5_32b")
+    train = ParallelLayout.from_config(cfg.actor_config.parallel_config)
+    assert train == ParallelLayout(dp=1, tp=8, pp=4)
+    train.check_divisible(m)
+    p = plan(cfg, m)
+    assert p.stages == 4 and p.peak(True) < 64 * GiB < p.peak(False)
+    middle = plan(cfg, m, rank=8)  # stage 1: 16 layers, no embedding nor head
+    assert middle.groups["policy"] == 4 * 16 * layer_params(m, 8)
+
+
+def test_plan_memory_script_prints_the_stage_and_refuses_a_bad_layout():
+    script = os.path.join(REPO, "scripts", "plan_memory.py")
+    out = subprocess.run([sys.executable, script, "--config", os.path.join(CONFIGS, "qwen2_5_7b", "grpo_config.yaml")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "training dp1 x tp4 x pp2" in out and "Rank 4, training pipeline stage 1 of 2" in out
+    bad = subprocess.run([sys.executable, script, "--config", os.path.join(CONFIGS, "qwen2_5_7b", "grpo_config.yaml"),
+                          "actor_config.parallel_config.pipeline_stage=29", "actor_config.parallel_config.model_parallel=1"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "pipeline_stage = 29 is more than num_hidden_layers = 28" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_7b", "qwen2_5_32b"])
+def test_every_stage_of_the_real_configs_fits(name):
+    cfg, m = load(name)
+    train = ParallelLayout.from_config(cfg.actor_config.parallel_config)
+    for stage in range(train.pp):
+        assert plan(cfg, m, rank=stage * train.stage_size).peak(True) < 64 * GiB, stage
