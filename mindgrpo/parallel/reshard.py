@@ -508,7 +508,7 @@ class _Bucket:
         src = ms.mutable(tuple(src) + self.none)  # inputs, not constants: no recompiling
         rows = tuple(collective(contribution(src)) for contribution, collective in self.exchanges) or self.none
         if self.assemble is not None:
-            self.assemble(src, rows)
+            self.assemble(src, ms.mutable(rows))  # a plain tuple of tensors would be constants: a compile per call
 
 
 class Reshard:
