@@ -1,11 +1,12 @@
 """Online resharding (mindgrpo.parallel.reshard.Reshard) against the disk path, under msrun on CPU.
 
-    python benchmarks/reshard.py [--workers 2] [--repeats 3] [--layers 4] [--workdir /tmp]
+    python benchmarks/reshard.py [--case tp2-to-dp2] [--repeats 3] [--layers 4] [--workdir /tmp]
 
-launches itself on `--workers` msrun workers (the source and destination layouts below), and
-times, for the same model and weights:
+launches itself on msrun workers for one case of CASES (source and destination layouts; pipeline
+stages on the source side as the 7B config trains), and times, for the same model and weights:
   online     Reshard(policy -> inference) after its warm-up call (which compiles the bucket
              graphs): collectives, bucket by bucket, no host copy
+  transport  the online path's collectives alone, on the contributions it sends (its floor)
   disk, ms   every rank saves its policy piece; rank 0 runs mindspore.parallel.transform_checkpoints
              (training strategy -> inference strategy); every rank loads its new piece
   disk, ours the same with scripts/transform_checkpoint.py (numpy engine) for the middle step
@@ -34,7 +35,9 @@ sys.path.insert(0, str(REPO))
 # vocab 32000, hidden 1024, 16 heads / 8 kv heads, untied: 113 M parameters, 453 MB fp32 with 4 layers
 CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
               num_key_value_heads=8, tie_word_embeddings=False, max_position_embeddings=512)
-LAYOUTS = {2: ((1, 2), (2, 1)), 4: ((2, 2), (1, 4))}  # workers -> (train (dp, tp), inference (dp, tp))
+# case -> (train (dp, tp, pp), inference (dp, tp, pp)); workers = their world size
+CASES = {"tp2-to-dp2": ((1, 2, 1), (2, 1, 1)), "pp2-to-dp2": ((1, 1, 2), (2, 1, 1)),
+         "dp2tp2-to-tp4": ((2, 2, 1), (1, 4, 1)), "tp2pp2-to-dp2tp2": ((1, 2, 2), (2, 2, 1))}
 
 
 def worker(args) -> None:
@@ -49,17 +52,18 @@ def worker(args) -> None:
     from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
     from mindgrpo.parallel.comm import init_comm
     from mindgrpo.parallel.layout import ParallelLayout
+    from mindgrpo.parallel.pipeline import stage_spec
     from mindgrpo.parallel.reshard import Reshard, named_parameters
     from mindgrpo.parallel.strategy import write_strategy_file
     from mindgrpo.parallel.tp_layers import TensorParallelLayers
 
-    (tdp, ttp), (idp, itp) = LAYOUTS[args.workers]
-    train, infer = ParallelLayout(tdp, ttp), ParallelLayout(idp, itp)
+    train, infer = (ParallelLayout(*t) for t in CASES[args.case])
     comm = init_comm(train, infer)
     rank, work = comm.rank, Path(args.workdir)
     cfg = Qwen2Config(num_hidden_layers=args.layers, **CONFIG)
     shapes = expected_shapes(cfg)
-    policy = Qwen2ForCausalLM(cfg, seed=1, max_positions=64, layers=TensorParallelLayers(comm.train_tp))
+    stage = stage_spec(train, train.stage(rank), cfg.num_hidden_layers)
+    policy = Qwen2ForCausalLM(cfg, seed=1, max_positions=64, layers=TensorParallelLayers(comm.train_tp), stage=stage)
     inference = Qwen2ForCausalLM(cfg, seed=2, max_positions=64, layers=TensorParallelLayers(comm.infer_tp))
     if rank == 0:
         write_strategy_file(str(work / "train.ckpt"), train, shapes)
@@ -108,31 +112,30 @@ def worker(args) -> None:
             shutil.rmtree(dst)
         return seconds, same
 
-    # the transport's floor: one bare AllGather over the source group of what each rank contributes
-    from mindgrpo.parallel.comm import AllGather
-    from mindspore import Tensor
+    # the transport's floor: the online path's collectives alone, each on the contribution it sends
+    sends = [(collective, contribution(ms.mutable(tuple(p.value() for p in src) + graph.none)))
+             for graph, src, _ in sync.buckets for contribution, collective in graph.exchanges]
 
-    group = comm.tp_group(train)
-    floor = None
-    if group.size > 1 and sync.received:
-        contribution = Tensor(np.zeros((1, sync.received // (group.size - 1) // 4), np.float32))
-        bare = AllGather(group)
-        bare(contribution)
-        floor = statistics.median(timed(lambda: bare(contribution).asnumpy()) for _ in range(args.repeats))
+    def transport():
+        for collective, x in sends:
+            collective(x).asnumpy()
+
+    floor = statistics.median(timed(transport) for _ in range(args.repeats)) if sends else 0.0
 
     ms_seconds, ms_same = disk("mindspore")
     ours_seconds, ours_same = disk("ours")
-    result = dict(rank=rank, train=[tdp, ttp], infer=[idp, itp], params=cfg.num_params(),
+    result = dict(rank=rank, train=list(CASES[args.case][0]), infer=list(CASES[args.case][1]), params=cfg.num_params(),
                   model_bytes=4 * cfg.num_params(), first_call_s=first, online_s=online,
                   disk_mindspore_s=ms_seconds, disk_ours_s=ours_seconds, disk_results_equal=ms_same and ours_same,
                   bytes_received=sync.received, bytes_min=sync.minimum, max_bucket_bytes=sync.max_bucket_bytes,
-                  bare_allgather_s=floor)
+                  transport_s=floor)
     with open(work / f"result_{rank}.json", "w") as f:
         json.dump(result, f)
 
 
 def launch(args) -> None:
     from benchmarks.common import machine
+    from mindgrpo.parallel.layout import ParallelLayout
 
     work = Path(tempfile.mkdtemp(prefix="reshard_bench_", dir=args.workdir))
     try:
@@ -140,16 +143,19 @@ def launch(args) -> None:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         msrun = shutil.which("msrun") or str(Path(sys.executable).parent / "msrun")
-        cmd = [msrun, f"--worker_num={args.workers}", f"--local_worker_num={args.workers}", "--master_port",
-               str(port), "--log_dir", str(work / "log"), "--join", "True", __file__, "--role", "worker", "--workers",
-               str(args.workers), "--repeats", str(args.repeats), "--layers", str(args.layers), "--workdir", str(work)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        workers = ParallelLayout(*CASES[args.case][0]).world_size
+        cmd = [msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_port",
+               str(port), "--log_dir", str(work / "log"), "--join", "True", __file__, "--role", "worker", "--case",
+               args.case, "--repeats", str(args.repeats), "--layers", str(args.layers), "--workdir", str(work)]
+        # msrun starts its workers with the `python` on PATH: this interpreter's, venv activated or not
+        path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO), PATH=path))
         if proc.returncode:
             logs = "".join("\n".join(ln for ln in p.read_text().splitlines()
                                      if not ln.startswith(("[WARNING]", "[INFO]")))[-3000:]
                            for p in sorted((work / "log").glob("worker_*.log")))
             raise SystemExit(f"msrun failed ({proc.returncode}):\n{logs}")
-        results = [json.loads((work / f"result_{r}.json").read_text()) for r in range(args.workers)]
+        results = [json.loads((work / f"result_{r}.json").read_text()) for r in range(workers)]
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -158,8 +164,11 @@ def launch(args) -> None:
     disk_ms = max(r["disk_mindspore_s"] for r in results)
     disk_ours = max(r["disk_ours_s"] for r in results)
     mb = 2 ** 20
-    print(f"# Online resharding vs the disk path: train dp{r0['train'][0]} x tp{r0['train'][1]} -> "
-          f"infer dp{r0['infer'][0]} x tp{r0['infer'][1]}, {args.workers} msrun workers on CPU\n")
+    def name(t):
+        return f"dp{t[0]} x tp{t[1]}" + (f" x pp{t[2]}" if t[2] > 1 else "")
+
+    print(f"## Online resharding vs the disk path: train {name(r0['train'])} -> infer {name(r0['infer'])}, "
+          f"{workers} msrun workers on CPU\n")
     print(f"Model: {r0['params'] / 1e6:.1f} M parameters ({r0['model_bytes'] / mb:.0f} MB fp32), "
           f"{args.layers} layers; {args.repeats} online repeats. Machine: {machine()}\n")
     print("| path | seconds (slowest rank) | time / online's |")
@@ -167,10 +176,8 @@ def launch(args) -> None:
     print(f"| online `Reshard` (warm; median) | {online:.3f} | 1.0x |")
     print(f"| online, first call (compiles {args.layers + 3} bucket graphs) | "
           f"{max(r['first_call_s'] for r in results):.2f} | |")
-    floors = [r["bare_allgather_s"] for r in results if r["bare_allgather_s"] is not None]
-    if floors:
-        print(f"| (floor) one bare AllGather of the bytes each rank contributes | {max(floors):.3f} | "
-              f"{max(floors) / online:.2f}x |")
+    floor = max(r["transport_s"] for r in results)
+    print(f"| (floor) its collectives alone, on what each rank sends | {floor:.3f} | {floor / online:.2f}x |")
     print(f"| disk: save pieces + `mindspore.parallel.transform_checkpoints` + load | {disk_ms:.2f} | "
           f"{disk_ms / online:.1f}x |")
     print(f"| disk: save pieces + scripts/transform_checkpoint.py (numpy) + load | {disk_ours:.2f} | "
@@ -185,7 +192,7 @@ def launch(args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, default=2, choices=sorted(LAYOUTS))
+    ap.add_argument("--case", default="tp2-to-dp2", choices=sorted(CASES))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--workdir", default=tempfile.gettempdir())

@@ -246,17 +246,31 @@ def _is_scalar(dtype: str, arr: np.ndarray) -> bool:
 
 def check_transform(src: Dict[int, State], src_strategy: Optional[Dict[str, TensorLayout]],
                     dst_strategy: Optional[Dict[str, TensorLayout]], src_name: str) -> Dict[str, tuple]:
-    """Everything that can be wrong with the inputs, named; returns name -> full shape."""
-    first = src[min(src)]
-    for rank, state in src.items():
-        if set(state) != set(first):
-            diff = sorted(set(state) ^ set(first))[0]
-            raise TransformError(f"{src_name}: parameter {diff!r} is in some rank checkpoints but not in rank {rank}'s")
+    """Everything that can be wrong with the inputs, named; returns name -> full shape. With
+    pipeline stages in --src_strategy a rank holds the parameters of its stage only (rank r is on
+    stage r // devices per stage)."""
     if src_strategy is not None:
         n = device_num(src_strategy, "--src_strategy")
         if sorted(src) != list(range(n)):
             raise TransformError(f"--src_strategy describes {n} devices, but {src_name} has shards for ranks "
                                  f"{sorted(src)}")
+    names = set().union(*src.values())
+
+    def held(rank, name):
+        tl = (src_strategy or {}).get(name)
+        return tl is None or rank // tl.device_num in tl.stages
+
+    for rank, state in src.items():
+        expected = {n for n in names if held(rank, n)}
+        if set(state) != expected:
+            diff = sorted(set(state) ^ expected)[0]
+            raise TransformError(f"{src_name}: parameter {diff!r} is in some rank checkpoints but not in rank {rank}'s"
+                                 if diff not in state else
+                                 f"{src_name}: rank {rank} holds parameter {diff!r}, which --src_strategy puts on "
+                                 "another pipeline stage")
+    first = {}  # every parameter from the first rank holding it, in file order (the output keeps it)
+    for state in src.values():
+        first.update({n: v for n, v in state.items() if n not in first})
     full = {}
     for name, (dtype, arr) in first.items():
         shape, scalar = arr.shape, _is_scalar(dtype, arr)
@@ -264,7 +278,7 @@ def check_transform(src: Dict[int, State], src_strategy: Optional[Dict[str, Tens
             tl = src_strategy[name]
             shape = tl.full_shape(arr.shape)
             for rank, state in src.items():
-                if tuple(state[name][1].shape) != tl.local_shape(name, shape):
+                if name in state and tuple(state[name][1].shape) != tl.local_shape(name, shape):
                     raise TransformError(f"{src_name}: parameter {name!r} of rank {rank} has shape "
                                          f"{list(state[name][1].shape)}, but --src_strategy gives "
                                          f"{list(tl.local_shape(name, shape))}")

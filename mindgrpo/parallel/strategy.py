@@ -78,9 +78,9 @@ class TensorLayout:
 
     @property
     def is_plain(self) -> bool:
-        """What `rank_slices` handles: flat tensor map, no optimizer sharding, one stage."""
+        """What `rank_slices` handles: flat tensor map, no optimizer sharding, no pipeline stages."""
         return (all(isinstance(m, int) for m in self.tensor_map) and self.opt_shard_size == 0
-                and len(self.stages) == 1)
+                and self.stages == (0,))
 
     def local_shape(self, name: str, full: Sequence[int]) -> Tuple[int, ...]:
         """A rank's piece of a full shape; StrategyError naming the parameter if it does not divide."""

@@ -228,6 +228,40 @@ def test_optimizer_sharded_strategy_goes_through_mindspore(full, tmp_path, capsy
     assert rc == 1 and "use --engine mindspore" in err
 
 
+def test_pipeline_stages_go_through_mindspore_both_ways(full, tmp_path, capsys):
+    """full -> (tp2, pp2): rank r holds its stage's parameters only; the stages' shards -> (dp2, tp2) and
+    -> full again, each equal to MindSpore's transform_checkpoints; a rank holding another stage's
+    parameter is one clear line."""
+    state, src = full
+    pp = write_strategy_file(str(tmp_path / "pp.ckpt"), ParallelLayout(1, 2, 2), SHAPES)
+    rc, out, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "stages", "--dst_strategy", pp)
+    assert rc == 0 and ", mindspore) ->" in out, err
+    lay = ParallelLayout(1, 2, 2)
+    for r in range(4):
+        got = ms.load_checkpoint(str(tmp_path / "stages" / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+        assert sorted(got) == sorted(lay.stage_names(list(SHAPES), lay.stage(r), 2))
+    dst = strategy(tmp_path, 2, 2)
+    rc, _, err = run(capsys, "--src_checkpoint", tmp_path / "stages", "--src_strategy", pp, "--dst_strategy", dst,
+                     "--dst_checkpoint", tmp_path / "dp2tp2")
+    assert rc == 0, err
+    oracle = mindspore_transform(str(tmp_path / "stages"), str(tmp_path / "ms"), dst, src_strategy=pp)
+    assert rank_bytes(tmp_path / "dp2tp2", range(4)) == rank_bytes(oracle, range(4))
+    rc, _, err = run(capsys, "--src_checkpoint", tmp_path / "stages", "--src_strategy", pp,
+                     "--dst_checkpoint", tmp_path / "merged" / "model.ckpt")
+    assert rc == 0, err
+    merged = ms.load_checkpoint(str(tmp_path / "merged" / "model.ckpt"))
+    assert all(merged[k].asnumpy().tobytes() == v.tobytes() for k, v in state.items())
+    stray = tmp_path / "stages" / "rank_3" / "checkpoint_3.ckpt"  # stage 1 with a stage-0 weight
+    saved = ms.load_checkpoint(str(stray))
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in saved.items()] +
+                       [{"name": "model.tok_embeddings.embedding_weight", "data": ms.Tensor(np.zeros((64, 32), np.float32))}],
+                       str(stray))
+    rc, _, err = run(capsys, "--src_checkpoint", tmp_path / "stages", "--src_strategy", pp,
+                     "--dst_checkpoint", tmp_path / "never")
+    assert rc == 1 and len(err.strip().splitlines()) == 1
+    assert "rank 3 holds parameter 'model.tok_embeddings.embedding_weight'" in err and not (tmp_path / "never").exists()
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
