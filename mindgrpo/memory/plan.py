@@ -40,7 +40,7 @@ from mindgrpo.memory.swap import PHASES
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.parallel.layout import ParallelLayout
-from mindgrpo.parallel.reshard import layer_buckets, plan_parameter
+from mindgrpo.parallel.reshard import exchange_bytes, plan_parameter, sync_buckets
 
 ACTIVE_PHASES = ("rollout", "reference", "old_logprobs", "update", "sync")  # validate == rollout
 _TRAINING = ("update",)  # the backward pass keeps activations; scoring graphs are forward-only
@@ -85,12 +85,10 @@ def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayo
     """Bytes of the largest resharding bucket on `rank`: its destination pieces + what it receives."""
     shapes = expected_shapes(cfg)
     best = 0
-    for names in layer_buckets(list(shapes)):
-        size = 0
-        for n in names:
-            plan = plan_parameter(n, shapes[n], 4, src, dst, rank, cfg.num_hidden_layers)
-            size += (4 * int(np.prod(dst.shard_shape(n, shapes[n]))) if plan.needed else 0) + plan.received
-        best = max(best, size)
+    for names in sync_buckets(shapes, src):
+        plans = [plan_parameter(n, shapes[n], 4, src, dst, rank, cfg.num_hidden_layers) for n in names]
+        size = sum(4 * int(np.prod(dst.shard_shape(n, shapes[n]))) for n, p in zip(names, plans) if p.needed)
+        best = max(best, size + exchange_bytes(plans, [shapes[n] for n in names]))
     return best
 
 

@@ -138,17 +138,21 @@ class ParamPlan:
     dim     the dim pieces are cut along: the split dim, or 0 for a parameter both layouts
             replicate over tensor parallelism (it moves whole, between pipeline stages)
     mode    how `group` exchanges the atoms some member lacks (`_exchange_mode`):
-              "gather"  every member contributes a slot of `width` elements with the atoms it
-                        gives (padded), AllGather: row j of the result is member j's slot
+              "gather"  every member contributes the atoms it gives (`gives` elements along dim,
+                        its block), AllGather: each member's row packs its blocks of a bucket's
+                        parameters one after another (`_Bucket`), so rows carry data both ways
               "sum"     one buffer of `width` elements with every lacking atom at its place;
                         each member fills in the atoms it gives and -0.0 elsewhere, AllReduce
                         (x + (-0.0) is x, bit for bit): one row, every atom
-    width   elements along dim of this rank's contribution (0: no exchange)
+    gives   elements along dim each member of `group` gives (gather)
+    width   elements along dim of this rank's contribution: its block (gather), the buffer (sum)
     give    (contribution start, piece start, length) runs this rank copies from its source piece
     take    the destination piece, in order, as (source, start, stop): source -1 is this rank's
-            source piece, j >= 0 row j of the exchange's result; () when the destination stage
-            of this rank does not hold the parameter
-    received, minimum   bytes this rank receives, and the least it could (atoms it lacks)"""
+            source piece, j >= 0 member j's block (gather) or the buffer (sum, j = 0); () when the
+            destination stage of this rank does not hold the parameter
+    received, minimum   bytes of this parameter that reach this rank (the other members' blocks,
+            or the buffer; a bucket's AllGather also pads each row to the longest:
+            `exchange_bytes`), and the least it could receive (atoms it lacks)"""
 
     name: str
     dim: int
@@ -161,6 +165,12 @@ class ParamPlan:
     minimum: int
     source_len: int = 0  # elements along dim of this rank's source piece (0: it holds none)
     split: bool = True  # False: tensor parallelism replicates it
+    gives: Tuple[int, ...] = ()
+
+    @property
+    def exchanged(self) -> bool:
+        """The group runs an exchange for this parameter (this rank takes part, giving or not)."""
+        return sum(self.gives) > 0 if self.mode == "gather" else self.width > 0
 
     @property
     def held(self) -> bool:
@@ -326,12 +336,51 @@ def plan_parameter(name: str, shape: Sequence[int], itemsize: int, src: Parallel
         else:
             take.append((source, start, start + unit))
     missing = sum(1 for a in flow.needed(rank) if not flow.has(rank, a))
-    width = (slot_atoms if mode == "gather" else len(wanted)) * unit
-    rows_received = len(group) - 1 if mode == "gather" else 1
+    gives = tuple(len(c) * unit for c in contrib) if mode == "gather" else ()
+    width = gives[me] if mode == "gather" else len(wanted) * unit
+    received = sum(gives) - gives[me] if mode == "gather" else width
     holds = src.stage(rank) == flow.stage_src
-    return ParamPlan(name, dim, mode, tuple(give), tuple(take), width, tuple(group),
-                     rows_received * width * rest * itemsize if wanted else 0, missing * unit * rest * itemsize,
-                     flow.per_src * unit if holds else 0, flow.split)
+    return ParamPlan(name, dim, mode, tuple(give), tuple(take), width, tuple(group), received * rest * itemsize,
+                     missing * unit * rest * itemsize, flow.per_src * unit if holds else 0, flow.split, gives)
+
+
+def sync_buckets(shapes: Dict[str, Sequence[int]], src: ParallelLayout) -> List[List[str]]:
+    """The buckets resharding moves one at a time: a decoder layer (or the embedding, the final
+    norm, the head). With pipeline stages on the source side, one bucket of every stage together,
+    largest with largest (the embedding with the head, layer with layer), so that each exchange
+    carries data both ways (a stage gives what it holds and takes the other stages' share) instead
+    of a pair's one-way traffic padded back."""
+    buckets = layer_buckets(list(shapes))
+    if src.pp == 1:
+        return buckets
+    num_layers = num_layers_of(list(shapes))
+
+    def size(bucket):
+        return sum(int(np.prod(shapes[n])) for n in bucket)
+
+    per_stage = [sorted((b for b in buckets if src.param_stage(b[0], num_layers) == s), key=size, reverse=True)
+                 for s in range(src.pp)]
+    rounds = max(len(b) for b in per_stage)
+    return [[n for stage in per_stage if k < len(stage) for n in stage[k]] for k in range(rounds)]
+
+
+def _rest(p: ParamPlan, shape: Sequence[int]) -> int:
+    """Elements per index along the plan's dim."""
+    return int(np.prod([v for k, v in enumerate(shape) if k != p.dim]))
+
+
+def exchange_bytes(plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]], itemsize: int = 4) -> int:
+    """Bytes one rank receives in a bucket's exchanges: an AllGather brings every other member's
+    row (each padded to the longest), a sum the whole buffer."""
+    total = 0
+    for key in sorted({(p.group, p.mode) for p in plans if p.exchanged}):
+        mine = [(p, shape) for p, shape in zip(plans, shapes) if p.exchanged and (p.group, p.mode) == key]
+        if key[1] == "gather":
+            rows = [sum(p.gives[j] * _rest(p, shape) for p, shape in mine) for j in range(len(key[0]))]
+            total += (len(key[0]) - 1) * max(rows)
+        else:
+            total += sum(p.width * _rest(p, shape) for p, shape in mine)
+    return total * itemsize
 
 
 def _cut(x, dim: int, start: int, stop: int):
@@ -358,10 +407,13 @@ def apply_plans(plans: Dict[int, Sequence[ParamPlan]], pieces: Dict[int, Sequenc
             elif p.is_copy:
                 row.append(pieces[r][i].copy())
             else:
-                rows = [_contribution(plans[m][i], pieces[m][i], shapes[i]) for m in p.group] if p.width else []
-                if p.mode == "sum" and rows:
-                    rows = [sum(rows)]
-                parts = [_cut(pieces[r][i] if source < 0 else rows[source], p.dim, a, b) for source, a, b in p.take]
+                def block(j):  # member j's block (gather), or the summed buffer (sum)
+                    if p.mode == "sum":
+                        return sum(_contribution(plans[m][i], pieces[m][i], shapes[i]) for m in p.group)
+                    giver = p.group[j]
+                    return _contribution(plans[giver][i], pieces[giver][i], shapes[i])
+
+                parts = [_cut(pieces[r][i] if source < 0 else block(source), p.dim, a, b) for source, a, b in p.take]
                 row.append(np.concatenate(parts, axis=p.dim))
         out[r] = row
     return out
@@ -385,32 +437,18 @@ def _contribution(plan: ParamPlan, piece: Optional[np.ndarray], full_shape: Sequ
 # ---------------------------------------------------------------------------------------
 
 
-def _row_layout(plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]]):
-    """Where each parameter's contribution sits in an exchange's flat row, and its shape (the full
-    shape with `dim` cut to the width: tensor parallelism splits one dim, the others are whole).
-    The same on every member of the group."""
-    offsets, buffer_shapes, at = [], [], 0
-    for p, full in zip(plans, shapes):
-        shape = [int(v) for v in full]
-        shape[p.dim] = p.width
-        size = int(np.prod(shape))
-        offsets.append((at, at + size))
-        buffer_shapes.append(tuple(shape))
-        at += size
-    return tuple(offsets), tuple(buffer_shapes)
-
-
 class _Contribution(nn.Cell):
-    """This rank's part of one exchange, a (1, n) row: per parameter the runs it gives from its
-    piece and -0.0 elsewhere, along dim, flattened. src: this rank's held parameters of the
-    bucket; index[i]: parameter i's position there (-1: not held)."""
+    """This rank's row of one exchange, (1, width): its blocks of the exchange's parameters (the
+    runs it gives from its piece, -0.0 elsewhere, along dim), flattened one after another, then
+    -0.0 up to the row's width (gather: the longest member's row). src: this rank's held
+    parameters of the bucket; index[i]: parameter i's position there (-1: not held)."""
 
-    def __init__(self, plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]], index: Sequence[int]):
+    def __init__(self, plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]], index: Sequence[int],
+                 width: int):
         super().__init__(auto_prefix=False)
-        self.n = len(plans)
         self.index = tuple(index)
         self.dims = tuple(p.dim for p in plans)
-        segments = []
+        segments, used = [], 0
         for p, full in zip(plans, shapes):
             row = []
             for start, length in p.fill():
@@ -418,7 +456,10 @@ class _Contribution(nn.Cell):
                 shape[p.dim] = length
                 row.append((start, start + length, tuple(shape)))  # start -1: -0.0 of that shape
             segments.append(tuple(row))
+            used += p.width * _rest(p, full)
         self.segments = tuple(segments)
+        self.n = len(plans)
+        self.pad = width - used
 
     def construct(self, src):
         parts = ()
@@ -429,46 +470,41 @@ class _Contribution(nn.Cell):
                     runs = runs + (ops.zeros(shape, ms.float32) * -1.0,)  # x + (-0.0) == x, bit for bit
                 else:
                     runs = runs + (_cut(src[self.index[i]], self.dims[i], start, stop),)
-            whole = runs[0] if len(runs) == 1 else ops.concat(runs, self.dims[i])
-            parts = parts + (whole.reshape(-1),)
-        return (parts[0] if self.n == 1 else ops.concat(parts)).reshape(1, -1)
+            if runs:
+                whole = runs[0] if len(runs) == 1 else ops.concat(runs, self.dims[i])
+                parts = parts + (whole.reshape(-1),)
+        if self.pad > 0:
+            parts = parts + (ops.zeros((self.pad,), ms.float32) * -1.0,)
+        return (parts[0] if len(parts) == 1 else ops.concat(parts)).reshape(1, -1)
 
 
 class _Assemble(nn.Cell):
     """A bucket's destination pieces from this rank's held source pieces (src) and the exchanges'
-    results (rows[e]: (members, n) gathered or (1, n) summed), assigned to the parameters this
-    rank's destination stage holds (dst). Only slices and concatenations along dim: no element
-    gathers.
+    results (rows[e]: (members, width) gathered or (1, width) summed), assigned to the parameters
+    this rank's destination stage holds (dst). Only slices and concatenations along dim: no
+    element gathers.
 
-    For needed parameter i: src_index[i] (its position in src, -1: not held), exchange[i]
-    (which of rows, -1: none) and offsets[i] (where its contribution sits in a row)."""
+    takes[i]: the pieces of needed parameter i in order, each (-1, src index, start, stop) from
+    this rank's source piece or (e, row, lo, hi, block shape, start, stop): the block at [lo, hi)
+    of row `row` of exchange e, reshaped, then cut [start, stop) along dim."""
 
-    def __init__(self, dst: Sequence[Parameter], plans: Sequence[ParamPlan], src_index, exchange, offsets,
-                 buffer_shapes):
+    def __init__(self, dst: Sequence[Parameter], dims: Sequence[int], takes):
         super().__init__(auto_prefix=False)
         self.dst = ms.ParameterTuple(dst)
-        self.n = len(plans)
-        self.src_index, self.exchange = tuple(src_index), tuple(exchange)
-        self.offsets, self.buffer_shapes = tuple(offsets), tuple(buffer_shapes)
-        self.copy = tuple(p.is_copy for p in plans)
-        self.dims = tuple(p.dim for p in plans)
-        self.take = tuple(p.take for p in plans)
+        self.n = len(dst)
+        self.dims, self.takes = tuple(dims), tuple(takes)
 
     def construct(self, src, rows):
         out = ()
         for i in range(self.n):
-            if self.copy[i]:
-                value = src[self.src_index[i]]
-            else:
-                lo, hi = self.offsets[i]
-                pieces = ()
-                for source, start, stop in self.take[i]:
-                    if source < 0:
-                        whole = src[self.src_index[i]]
-                    else:  # ops.slice: rows[e][source, lo:hi] (an integer index) is ~50x slower on CPU
-                        whole = ops.slice(rows[self.exchange[i]], (source, lo), (1, hi - lo)).reshape(self.buffer_shapes[i])
-                    pieces = pieces + (_cut(whole, self.dims[i], start, stop),)
-                value = pieces[0] if len(pieces) == 1 else ops.concat(pieces, self.dims[i])
+            pieces = ()
+            for t in self.takes[i]:
+                if t[0] < 0:
+                    pieces = pieces + (_cut(src[t[1]], self.dims[i], t[2], t[3]),)
+                else:  # ops.slice: rows[e][row, lo:hi] (an integer index) is ~50x slower on CPU
+                    block = ops.slice(rows[t[0]], (t[1], t[2]), (1, t[3] - t[2])).reshape(t[4])
+                    pieces = pieces + (_cut(block, self.dims[i], t[5], t[6]),)
+            value = pieces[0] if len(pieces) == 1 else ops.concat(pieces, self.dims[i])
             out = out + (ops.assign(self.dst[i], value.astype(self.dst[i].dtype)),)
         return out
 
@@ -489,22 +525,37 @@ class _Bucket:
 
         held = [p.held for p in plans]
         src_index = [sum(held[:i]) if held[i] else -1 for i in range(len(plans))]
-        keys = sorted({(p.group, p.mode) for p in plans if p.width > 0})
+        keys = sorted({(p.group, p.mode) for p in plans if p.exchanged})
         self.exchanges = []  # (contribution graph, collective)
-        where = {}  # parameter index -> (exchange, offsets, contribution shape)
+        blocks = {}  # (parameter, member) -> (exchange, row, lo, hi, block shape)
         for e, (group, mode) in enumerate(keys):
-            idx = [i for i, p in enumerate(plans) if p.width > 0 and (p.group, p.mode) == (group, mode)]
-            offsets, shapes_e = _row_layout([plans[i] for i in idx], [shapes[i] for i in idx])
-            for k, i in enumerate(idx):
-                where[i] = (e, offsets[k], shapes_e[k])
+            idx = [i for i, p in enumerate(plans) if p.exchanged and (plans[i].group, plans[i].mode) == (group, mode)]
+            lengths = [0] * len(group)
+            for i in idx:
+                p, shape = plans[i], shapes[i]
+                for j in range(len(group)):
+                    along = p.gives[j] if mode == "gather" else p.width
+                    block_shape = [int(v) for v in shape]
+                    block_shape[p.dim] = along
+                    size = along * _rest(p, shape)
+                    blocks[(i, j)] = (e, j if mode == "gather" else 0, lengths[j], lengths[j] + size, tuple(block_shape))
+                    lengths[j] += size
+            width = max(lengths) if mode == "gather" else lengths[0]
             collective = AllGather(group_of(group)) if mode == "gather" else AllReduce(group_of(group))
             self.exchanges.append((_Contribution([plans[i] for i in idx], [shapes[i] for i in idx],
-                                                 [src_index[i] for i in idx]), collective))
-        mine = [i for i, p in enumerate(plans) if p.needed]
-        none = (-1, (0, 0), (1,))
-        self.assemble = _Assemble(dst, [plans[i] for i in mine], [src_index[i] for i in mine],
-                                  [where.get(i, none)[0] for i in mine], [where.get(i, none)[1] for i in mine],
-                                  [where.get(i, none)[2] for i in mine]) if mine else None
+                                                 [src_index[i] for i in idx], width), collective))
+        takes = []
+        for i, p in enumerate(plans):
+            if not p.needed:
+                continue
+            row = []
+            for source, start, stop in p.take:
+                if source < 0:
+                    row.append((-1, src_index[i], start, stop))
+                else:
+                    row.append(blocks[(i, source)] + (start, stop))
+            takes.append(tuple(row))
+        self.assemble = _Assemble(dst, [p.dim for p in plans if p.needed], takes) if dst else None
         self.none = (Tensor(np.zeros((1, 1), np.float32)),)
 
     def __call__(self, src: tuple) -> None:
@@ -534,7 +585,7 @@ class Reshard:
         num_layers = num_layers_of(list(full_shapes))
         self.buckets = []
         self.received = self.minimum = 0
-        for names in layer_buckets(list(full_shapes)):
+        for names in sync_buckets(full_shapes, src_layout):
             plans = [plan_parameter(n, full_shapes[n], 4, src_layout, dst_layout, comm.rank, num_layers)
                      for n in names]
             for n, p in zip(names, plans):
@@ -543,10 +594,12 @@ class Reshard:
                                      f"and {'' if n in dst_p else 'not '}in the destination model, which does not "
                                      f"match {src_layout} -> {dst_layout} on rank {comm.rank}")
             dst_b = [dst_p[n] for n, p in zip(names, plans) if p.needed]
-            graph = _Bucket(dst_b, plans, [full_shapes[n] for n in names], comm.group)
-            size = nbytes(dst_b) + sum(p.received for p in plans)
+            shapes = [full_shapes[n] for n in names]
+            graph = _Bucket(dst_b, plans, shapes, comm.group)
+            received = exchange_bytes(plans, shapes)
+            size = nbytes(dst_b) + received
             self.buckets.append((graph, tuple(src_p[n] for n, p in zip(names, plans) if p.held), size))
-            self.received += sum(p.received for p in plans)
+            self.received += received
             self.minimum += sum(p.minimum for p in plans)
         self.memory, self.prefix = memory, prefix
         self.max_bucket_bytes = max(b for _, _, b in self.buckets)

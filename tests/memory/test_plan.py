@@ -49,12 +49,13 @@ def test_7b_trains_in_two_stages_and_the_last_stage_is_the_largest():
 
 
 def test_7b_sync_bucket_is_a_piece_and_what_it_lacks():
-    """tp4 x pp2 -> dp2 x tp4: the largest bucket is the embedding (or head): its tp4 piece, received whole
-    from the other stage's rank of the same piece."""
+    """tp4 x pp2 -> dp2 x tp4: the largest bucket is the embedding (stage 0) with the head (stage 1), whose
+    destination pieces a rank holds both of, and of which it receives one whole from the other stage's rank
+    of the same tensor-parallel piece."""
     cfg, m = load("qwen2_5_7b")
     piece = 4 * m.vocab_size * m.hidden_size // 4
     for rank in (0, 4):
-        assert plan(cfg, m, rank=rank).groups["transient"] == 2 * piece
+        assert plan(cfg, m, rank=rank).groups["transient"] == 3 * piece
 
 
 def test_32b_trains_in_four_stages_and_fits_with_swap_only():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
-from mindgrpo.parallel.reshard import apply_plans, layer_buckets, plan_parameter
+from mindgrpo.parallel.reshard import apply_plans, exchange_bytes, layer_buckets, plan_parameter, sync_buckets
 
 LAYER = {"attention.wq.weight": (24, 8), "attention.wq.bias": (24,), "attention.wo.weight": (8, 24),
          "attention_norm.weight": (8,), "feed_forward.w2.weight": (8, 48)}
@@ -38,8 +38,9 @@ def run_all(src, dst, full):
         for r in group:  # every plan's exchange group lies inside the replica and knows its members alike
             for i, p in enumerate(plans[r]):
                 assert r in p.group and set(p.group) <= set(group)
-                assert all((plans[m][i].group, plans[m][i].mode, plans[m][i].width) == (p.group, p.mode, p.width)
+                assert all((plans[m][i].group, plans[m][i].mode, plans[m][i].gives) == (p.group, p.mode, p.gives)
                            for m in p.group)
+                assert p.mode == "gather" or all(plans[m][i].width == p.width for m in p.group)
         pieces = {r: [src.shard(n, full[n], src.coords(r)[1]) if held(src, r, n) else None for n in names]
                   for r in group}
         for r, row in apply_plans(plans, pieces, [SHAPES[n] for n in names]).items():
@@ -78,14 +79,14 @@ def test_every_rank_gets_its_destination_piece(world, src, dst):
 def test_pipeline_stages_to_tensor_parallel_pieces_move_the_minimum():
     """The 7B layouts in small: train (tp4, pp2) -> infer (dp2, tp4). Rank t of stage 0 and rank 4+t of stage 1
     swap their stage's piece t: each split parameter moves between two ranks only, and the taker receives the
-    least the layouts need (the giver, as many bytes of padding: an AllGather of two)."""
+    least the layouts need (`exchange_bytes`: how buckets pair the stages so that the giver's row is not padding)."""
     src, dst = ParallelLayout(1, 4, 2), ParallelLayout(2, 4, 1)
     for r in range(8):
         for name in ("model.layers.0.attention.wq.weight", "model.layers.1.feed_forward.w2.weight", "lm_head.weight"):
             p = plan_parameter(name, SHAPES[name], 4, src, dst, r, LAYERS)
             taker = src.stage(r) != src.param_stage(name, LAYERS)
-            assert p.group == tuple(sorted((r % 4, r % 4 + 4))) and p.received > 0
-            assert p.minimum == (p.received if taker else 0)
+            assert p.group == tuple(sorted((r % 4, r % 4 + 4)))
+            assert p.minimum == p.received and (p.minimum > 0) == taker
         norm = plan_parameter("model.layers.1.ffn_norm.weight", (8,), 4, src, dst, r, LAYERS)
         # held by every stage-1 rank; its tp 0 (rank 4) gives it to stage 0, the other holders stay out
         assert norm.group == ((0, 1, 2, 3, 4) if r <= 4 else (r,))
@@ -97,14 +98,15 @@ def test_hand_computed_tp2_to_tp4_plan():
     src, dst = ParallelLayout(2, 2), ParallelLayout(1, 4)
     p0, p1 = (plan_parameter("model.layers.0.attention.wq.weight", (24, 8), 4, src, dst, r) for r in (0, 1))
     assert p0.group == p1.group == (0, 1) and p0.mode == p1.mode == "gather"  # 2 slots of 1 atom <= 2 x 1 atom
-    assert p0.width == p1.width == 6
+    assert p0.gives == p1.gives == (6, 0) and (p0.width, p1.width) == (6, 0)
     assert p0.give == ((0, 6, 6),) and p0.fill() == ((6, 6),)  # rows 6..11 of its piece (rows 0..11)
-    assert p1.give == () and p1.fill() == ((-1, 6),)  # nothing anyone lacks: -0.0 of the same size
-    assert p0.take == ((-1, 0, 6),) and p1.take == ((0, 0, 6),)  # its own rows 0..5; rank 0's slot
-    assert (p0.minimum, p1.minimum) == (0, 6 * 8 * 4)
-    assert p1.received == 6 * 8 * 4 and p0.received == 6 * 8 * 4  # rank 0 gets rank 1's padding
+    assert p1.give == () and p1.fill() == ()  # nothing anyone lacks
+    assert p0.take == ((-1, 0, 6),) and p1.take == ((0, 0, 6),)  # its own rows 0..5; rank 0's block
+    assert (p0.minimum, p1.minimum) == (0, 6 * 8 * 4) and (p0.received, p1.received) == (0, 6 * 8 * 4)
+    # alone in a bucket, the AllGather pads rank 1's empty row: rank 0 receives as many bytes of padding
+    assert exchange_bytes([p0], [(24, 8)]) == exchange_bytes([p1], [(24, 8)]) == 6 * 8 * 4
     norm = plan_parameter("model.layers.0.attention_norm.weight", (8,), 4, src, dst, 1)
-    assert not norm.split and norm.is_copy and norm.received == 0 and norm.width == 0
+    assert not norm.split and norm.is_copy and norm.received == 0 and not norm.exchanged
     wo = plan_parameter("model.layers.0.attention.wo.weight", (8, 24), 4, ParallelLayout(1, 2), ParallelLayout(2, 1), 1)
     assert wo.dim == 1 and wo.mode == "gather" and wo.give == ((0, 0, 12),)
     assert wo.take == ((0, 0, 12), (-1, 0, 12))  # columns: rank 0's slot, then its own
@@ -117,7 +119,7 @@ def test_hand_computed_pipeline_to_one_stage_plan():
     w0 = [plan_parameter("model.layers.0.attention.wq.weight", (24, 8), 4, src, dst, r, 2) for r in (0, 1)]
     assert [p.held for p in w0] == [True, False] and [p.needed for p in w0] == [True, True]
     assert w0[0].mode == "gather" and w0[0].give == ((0, 0, 24),) and w0[0].is_copy
-    assert w0[1].give == () and w0[1].take == ((0, 0, 24),)
+    assert w0[1].give == () and w0[1].take == ((0, 0, 24),) and w0[1].gives == (24, 0)
     assert w0[1].minimum == w0[1].received == 24 * 8 * 4
     norm = plan_parameter("model.norm_out.weight", (8,), 4, src, dst, 0, 2)  # replicated: moves whole
     assert not norm.split and not norm.held and norm.take == ((1, 0, 8),) and norm.minimum == 32
@@ -133,14 +135,34 @@ def test_few_givers_to_many_takers_sum_one_buffer():
     src, dst = ParallelLayout(1, 2, 2), ParallelLayout(4, 1, 1)
     plans = [plan_parameter("model.layers.1.attention.wq.weight", (24, 8), 4, src, dst, r, 2) for r in range(4)]
     assert {p.mode for p in plans} == {"gather"} and {p.group for p in plans} == {(0, 1, 2, 3)}
-    assert [p.give for p in plans] == [(), (), ((0, 0, 12),), ((0, 0, 12),)]
+    assert [p.give for p in plans] == [(), (), ((0, 0, 12),), ((0, 0, 12),)] and plans[0].gives == (0, 0, 12, 12)
     assert plans[0].take == ((2, 0, 12), (3, 0, 12)) and plans[2].take == ((-1, 0, 12), (3, 0, 12))
     src = ParallelLayout(1, 1, 4)
     plans = [plan_parameter("model.layers.3.attention.wq.weight", (24, 8), 4, src, dst, r, 4) for r in range(4)]
     assert {p.mode for p in plans} == {"sum"} and {p.group for p in plans} == {(0, 1, 2, 3)}
     assert [p.give for p in plans] == [(), (), (), ((0, 0, 24),)] and plans[0].fill() == ((-1, 24),)
     assert [p.take for p in plans] == [((0, 0, 24),)] * 3 + [((-1, 0, 24),)]
-    assert all(p.received == 24 * 8 * 4 for p in plans) and plans[0].minimum == 24 * 8 * 4 and plans[3].minimum == 0
+    assert all(p.received == p.width * 8 * 4 == 24 * 8 * 4 for p in plans)
+    assert plans[0].minimum == 24 * 8 * 4 and plans[3].minimum == 0
+
+
+def test_stages_share_buckets_so_rows_carry_data_both_ways():
+    """(tp4, pp2) -> (dp2, tp4), the 7B layouts: a bucket of each stage go together, largest with largest, and
+    in each pair's AllGather rank t sends its stage-0 piece while rank 4+t sends its stage-1 piece: a rank
+    receives the minimum when the two buckets are the same size (layer with layer, embedding with head)."""
+    src, dst = ParallelLayout(1, 4, 2), ParallelLayout(2, 4, 1)
+    names = list(SHAPES)
+    buckets = sync_buckets(SHAPES, src)  # layers (1928 elements) > embedding = head (384) > norm
+    assert buckets == [[f"model.layers.0.{k}" for k in LAYER] + [f"model.layers.1.{k}" for k in LAYER],
+                       ["model.tok_embeddings.embedding_weight", "lm_head.weight"], ["model.norm_out.weight"]]
+    assert sorted(n for b in buckets for n in b) == sorted(names)
+    emb_head = [plan_parameter(n, SHAPES[n], 4, src, dst, 0, LAYERS) for n in buckets[1]]
+    assert exchange_bytes(emb_head, [SHAPES[n] for n in buckets[1]]) == sum(p.minimum for p in emb_head) == 12 * 8 * 4
+    layers = [f"model.layers.{i}.{k}" for i in (0, 1) for k in LAYER if not k.endswith("norm.weight")]
+    for r in range(8):
+        plans = [plan_parameter(n, SHAPES[n], 4, src, dst, r, LAYERS) for n in layers]
+        assert exchange_bytes(plans, [SHAPES[n] for n in layers]) == sum(p.minimum for p in plans) > 0
+    assert sync_buckets(SHAPES, ParallelLayout(2, 1)) == layer_buckets(names)
 
 
 def test_layouts_of_different_worlds_or_unsplittable_shapes_fail():
