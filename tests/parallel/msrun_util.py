@@ -1,6 +1,8 @@
-"""Launching msrun jobs from tests: a free port per job, a timeout, and the workers' logs on failure."""
+"""Launching msrun jobs from tests (a free port per job, a timeout, the workers' logs on failure) and
+the files they exchange with the tests (per-rank results, MindSpore's sharded checkpoint layout)."""
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -65,3 +67,22 @@ def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float =
         logs = "\n".join(f"--- {os.path.basename(p)}\n{tail(p)}"
                          for p in sorted(glob.glob(os.path.join(log_dir, "worker_*.log"))))
         pytest.fail(f"msrun {os.path.basename(script)} ({workers} workers): {reason}\n{logs}", pytrace=False)
+
+
+def load_results(folder, ranks):
+    """The workers' OUT_DIR/rank_<k>.npz (arrays) and rank_<k>.json (metrics), in rank order."""
+    import numpy as np
+
+    return ([dict(np.load(os.path.join(folder, f"rank_{r}.npz"))) for r in range(ranks)],
+            [json.load(open(os.path.join(folder, f"rank_{r}.json"))) for r in range(ranks)])
+
+
+def save_sharded(pieces, folder):
+    """pieces[rank] = {name: array} -> MindSpore's sharded layout folder/rank_k/ck_k.ckpt."""
+    import mindspore as ms
+
+    for rank, state in enumerate(pieces):
+        os.makedirs(os.path.join(folder, f"rank_{rank}"))
+        ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in state.items()],
+                           os.path.join(folder, f"rank_{rank}", f"ck_{rank}.ckpt"))
+    return folder

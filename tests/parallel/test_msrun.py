@@ -27,24 +27,10 @@ from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.models.scoring import SequenceLogits
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import write_strategy_file
-from msrun_util import REPO, run_msrun
+from msrun_util import REPO, load_results, run_msrun, save_sharded
 from parallel_cases import CFG, CFG4, SEED, SHARD_SEED, token_batch
 
 pytestmark = pytest.mark.msrun
-
-
-def load_results(folder, ranks):
-    return ([dict(np.load(os.path.join(folder, f"rank_{r}.npz"))) for r in range(ranks)],
-            [json.load(open(os.path.join(folder, f"rank_{r}.json"))) for r in range(ranks)])
-
-
-def save_sharded(pieces, folder):
-    """pieces[rank] = {name: array} -> MindSpore's sharded layout folder/rank_k/ck_k.ckpt."""
-    for rank, state in enumerate(pieces):
-        os.makedirs(os.path.join(folder, f"rank_{rank}"))
-        ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in state.items()],
-                           os.path.join(folder, f"rank_{rank}", f"ck_{rank}.ckpt"))
-    return folder
 
 
 def mindspore_slices(full, layout, cfg, work):

@@ -3,13 +3,10 @@ stages bit-identical to MindSpore's transform_checkpoints (merge by our pipeline
 inference one), on 4 CPU workers (tests/parallel/workers/pipeline_ranks.py). scripts/grpo_one_stage.py in two
 stages is in test_msrun.py (the one-stage run)."""
 
-import json
-import os
 
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor
 from mindspore.parallel import transform_checkpoints
 
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
@@ -21,7 +18,7 @@ from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import write_strategy_file
-from msrun_util import run_msrun
+from msrun_util import load_results, run_msrun, save_sharded
 from parallel_cases import CFG_PP, SEED, experience_arrays, prompts, updater_kwargs
 
 pytestmark = pytest.mark.msrun
@@ -37,9 +34,7 @@ def ranks(tmp_path_factory):
     work = tmp_path_factory.mktemp("pipeline")
     (work / "out").mkdir()
     run_msrun("pipeline_ranks.py", 4, str(work / "log"), [work / "out"], timeout=480)
-    arrays = [dict(np.load(os.path.join(work, "out", f"rank_{r}.npz"))) for r in range(4)]
-    metrics = [json.load(open(os.path.join(work, "out", f"rank_{r}.json"))) for r in range(4)]
-    return arrays, metrics
+    return load_results(str(work / "out"), 4)
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +97,6 @@ def test_pipeline_grpo_update_matches_one_device(ranks, one_device, key):
                                        atol=1e-5, err_msg=name)
 
 
-def save_pieces(pieces, folder):
-    for rank, state in enumerate(pieces):
-        os.makedirs(os.path.join(folder, f"rank_{rank}"))
-        ms.save_checkpoint([{"name": k, "data": Tensor(v)} for k, v in state.items()],
-                           os.path.join(folder, f"rank_{rank}", f"ck_{rank}.ckpt"))
-    return folder
-
-
 @pytest.mark.parametrize("key, src, dst", RESHARDS)
 def test_reshard_out_of_stages_is_bit_identical_to_transform_checkpoints(ranks, tmp_path, key, src, dst):
     arrays, metrics = ranks
@@ -117,7 +104,7 @@ def test_reshard_out_of_stages_is_bit_identical_to_transform_checkpoints(ranks, 
     src_key = key.split("_to_")[0]
     src_strategy = write_strategy_file(str(tmp_path / "src.ckpt"), src, shapes)
     dst_strategy = write_strategy_file(str(tmp_path / "dst.ckpt"), dst, shapes)
-    transform_checkpoints(save_pieces([prefixed(a, f"b/{src_key}") for a in arrays], str(tmp_path / "pieces")),
+    transform_checkpoints(save_sharded([prefixed(a, f"b/{src_key}") for a in arrays], str(tmp_path / "pieces")),
                           str(tmp_path / "out"), "ck_", src_strategy, dst_strategy)
     for rank, a in enumerate(arrays):
         expected = ms.load_checkpoint(str(tmp_path / "out" / f"rank_{rank}" / f"ck_{rank}.ckpt"))
