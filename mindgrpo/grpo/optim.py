@@ -72,17 +72,17 @@ class GradBuffer(nn.Cell):
 
 
 class AccumulateGrads(nn.Cell):
-    """bufs += grads, in one graph."""
+    """bufs[which[j]] += grads[j], in one graph (which: default every buffer, in order)."""
 
-    def __init__(self, buffer: GradBuffer):
+    def __init__(self, buffer: GradBuffer, which: Optional[Sequence[int]] = None):
         super().__init__()
         self.bufs = buffer.bufs
-        self.n = len(buffer.bufs)
+        self.which = tuple(range(len(buffer.bufs)) if which is None else which)
 
     def construct(self, grads):
         out = ()
-        for i in range(self.n):
-            out = out + (ops.assign_add(self.bufs[i], grads[i].astype(ms.float32)),)
+        for j, i in enumerate(self.which):
+            out = out + (ops.assign_add(self.bufs[i], grads[j].astype(ms.float32)),)
         return out
 
 
