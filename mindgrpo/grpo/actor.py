@@ -20,7 +20,7 @@ from mindgrpo.grpo.ms_algos import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
 from mindgrpo.grpo.train_graph import METRIC_KEYS, GRPOGradStep, PolicyLoss, StageGradStep
 from mindgrpo.models.convert import expected_shapes
-from mindgrpo.models.qwen2 import Embedding, Qwen2ForCausalLM
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import StageHidden, TokenLogProbs
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.pipeline import Pipeline
@@ -73,9 +73,8 @@ class PolicyUpdater:
         self.params = [p for _, p in named]
         self.buffer = GradBuffer(self.params)
         if pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
-            # the one-device embedding's gradient goes into its buffer as rows (see GRPOGradStep)
-            embedding = lm.model.tok_embeddings if pipe.first and isinstance(
-                getattr(lm.model, "tok_embeddings", None), Embedding) else None
+            # the embedding's gradient goes into its buffer as rows (see GRPOGradStep)
+            embedding = lm.model.tok_embeddings if pipe.first else None
             policy_loss = PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature, chunk,
                                      embedded=embedding is not None)
             self.step_graph = GRPOGradStep(policy_loss, self.params, self.buffer, wrt_inputs=not pipe.first,

@@ -172,6 +172,11 @@ class Embedding(nn.Cell):
     def construct(self, ids):  # (...) -> (..., H)
         return ops.gather(self.embedding_weight, ids, 0)
 
+    def row_grads(self, ids, d):
+        """ids (N,), d (N, H) the gradient of the looked-up rows -> (rows of this table (N,), their
+        gradients (N, H)), to be added where they point (the gradient of the table, row by row)."""
+        return ids, d
+
 
 class LogProbs(nn.Cell):
     """logits (N, V) fp32, labels (N,) -> log p(label) (N,), entropy (N,) or zeros."""

@@ -1,0 +1,236 @@
+"""Where the update phase's time goes: the update of benchmarks/grpo_step.py's workload (same model
+config, prompt lengths, group, forced response length, beta, micro-batches, entropy logging) under
+MindSpore's profiler, by kind of op, set against the fp32 matmul peak measured in the same process.
+
+    python benchmarks/update_profile.py                                  # tiny-qwen-vocab
+    python benchmarks/update_profile.py --config tiny-small-vocab --output /tmp/p.json
+
+The update is timed as the trainer runs it (`PolicyUpdater.update`: micro-batch graphs, then AdamW),
+then its parts on their own: the micro-batch graphs (forward, loss, backward, accumulation) and the
+AdamW graph; what is left is host work (batching, tensors in and out). One round of the micro-batch
+graphs per measured step runs again under the profiler, whose per-op times are grouped:
+
+    matmul        MatMul and BatchMatMul (every useful FLOP of the update is one of these)
+    vocabulary    other ops with a vocabulary-sized input, e.g. (B*R, V): log-softmax and its
+                  gradient, the entropy's softmax and sums, the label gather's gradient
+    accumulation  AssignAdd / ScatterAdd into the gradient buffers
+    other         the rest: the layers' norms, RoPE, SwiGLU, attention softmax, reshapes, their gradients
+
+"matmul only" is the update's useful FLOPs (benchmarks/grpo_step.py's count) over the matmul time
+alone: the rate the update would reach if everything but its matmuls took no time, so the bound on
+"% of the matmul peak" that faster non-matmul ops could buy; below it, the matmul kernels themselves.
+Token ids are random (the cost depends on shapes only). Writes benchmarks/results/update_profile.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from typing import Dict, List
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, REPO)
+from common import CONFIGS, machine  # noqa: E402
+from grpo_step import BETA, EXTRA_CONFIGS, LR, code_version, matmul_gflops, update_flops  # noqa: E402
+
+ALL_CONFIGS = {**CONFIGS, **EXTRA_CONFIGS}
+# the Qwen2.5 token counts of the first 4 GSM8K test questions in the qwen_r1 template (benchmarks/grpo_step.py)
+GSM8K_PROMPT_LENS = [157, 118, 149, 127]
+KINDS = ("matmul", "vocabulary", "accumulation", "other")
+
+
+def op_kind(op_type: str, shapes: List[tuple], vocab_size: int) -> str:
+    if op_type in ("MatMul", "BatchMatMul"):
+        return "matmul"
+    if op_type in ("AssignAdd", "ScatterAdd"):
+        return "accumulation"
+    if any(vocab_size in s for s in shapes):
+        return "vocabulary"
+    return "other"
+
+
+def read_profile(folder: str, vocab_size: int) -> Dict[str, float]:
+    """MindSpore's CPU profile under `folder` -> total ms per kind of op."""
+    framework = glob.glob(os.path.join(folder, "**", "cpu_framework_*.txt"), recursive=True)
+    details = glob.glob(os.path.join(folder, "**", "cpu_op_detail_info_*.csv"), recursive=True)
+    if not framework or not details:
+        raise RuntimeError(f"no CPU profile under {folder}")
+    shapes = {}  # op name (e.g. MatMul-op3) -> its input shapes
+    with open(framework[0]) as f:
+        for line in f:
+            fields = line.strip().split(";")
+            if len(fields) >= 2:
+                shapes[fields[1]] = [tuple(int(x) for x in re.findall(r"\d+", m))
+                                     for m in re.findall(r"input_\d+:\[([^\]]*)\]", line)]
+    totals = defaultdict(float)
+    with open(details[0]) as f:
+        for row in csv.DictReader(f):
+            kind = op_kind(row["op_type"], shapes.get(row["op_name"], []), vocab_size)
+            totals[kind] += float(row["op_total_time(ms)"])
+    return {k: totals.get(k, 0.0) for k in KINDS}
+
+
+def build(model: dict, micro_batch: int, group: int, new_tokens: int, prompt_lens: List[int], seed: int = 0):
+    """The policy, its updater as the trainer builds it (grpo_step's settings) and one rollout batch."""
+    from mindgrpo.config.grpo import ActorConfig
+    from mindgrpo.grpo.actor import PolicyUpdater
+    from mindgrpo.grpo.experience import pack
+    from mindgrpo.grpo.ms_algos import GRPOLoss
+    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+
+    lm = Qwen2ForCausalLM(Qwen2Config(**model, rope_theta=1000000.0, rms_norm_eps=1e-6), seed=seed,
+                          max_positions=4096)
+    actor = ActorConfig()
+    updater = PolicyUpdater(lm, GRPOLoss(beta=BETA, kl_kind="k3", agg_mode="token-mean"), micro_batch_size=micro_batch,
+                            detach_old=True, use_ref=True, beta1=actor.adam_beta1, beta2=actor.adam_beta2,
+                            eps=actor.adam_eps, weight_decay=actor.weight_decay, grad_clip=1.0)
+    rng = np.random.default_rng(seed)
+    vocab = model["vocab_size"]
+    prompts = [rng.integers(0, vocab, n).tolist() for n in prompt_lens for _ in range(group)]
+    responses = [rng.integers(0, vocab, new_tokens).tolist() for _ in prompts]
+    exp = pack(prompts, responses, rng.standard_normal(len(prompts)).astype(np.float32))
+    exp.ref_logp = np.where(exp.mask > 0, -np.log(vocab) + 0.1 * rng.standard_normal(exp.mask.shape), 0.0)
+    exp.ref_logp = exp.ref_logp.astype(np.float32)
+    return updater, exp
+
+
+def graph_inputs(updater, exp) -> List[tuple]:
+    """The micro-batch graph's inputs, as `PolicyUpdater.update` makes them."""
+    from mindspore import Tensor
+
+    from mindgrpo.grpo.experience import micro_batches
+
+    g_tok, g_seq = Tensor(np.float32(exp.mask.sum())), Tensor(np.float32((exp.mask.sum(-1) > 0).sum()))
+    zeros = np.zeros(exp.labels.shape, np.float32)
+    return [tuple(Tensor(a[rows]) for a in (exp.input_ids, exp.score_pos, exp.labels, exp.mask, exp.advantages,
+                                            zeros, exp.ref_logp)) + (g_tok, g_seq)
+            for rows in micro_batches(len(exp), updater.micro)]
+
+
+def timed(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def measure(args) -> dict:
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindgrpo.grpo.optim import adam_scalars
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    model = ALL_CONFIGS[args.config]
+    prompt_lens = GSM8K_PROMPT_LENS[:args.prompts]
+    updater, exp = build(model, args.micro_batch, args.group, args.new_tokens, prompt_lens)
+    inputs = graph_inputs(updater, exp)
+
+    def graphs():
+        for x in inputs:
+            updater.step_graph(*x)[0].asnumpy()
+
+    bc1, bc2 = adam_scalars(2, updater.beta1, updater.beta2)
+    adamw = lambda: updater.adamw(Tensor(np.float32(LR)), bc1, bc2, Tensor(np.float32(1.0))).asnumpy()  # noqa: E731
+    for _ in range(2):  # compile and warm up
+        updater.update(exp, LR)
+    update_s = timed(lambda: updater.update(exp, LR), args.steps)
+    graphs_s = timed(graphs, args.steps)
+    adamw_s = timed(adamw, args.steps)
+    with tempfile.TemporaryDirectory() as folder:
+        prof = ms.Profiler(output_path=folder)
+        for _ in range(args.steps):
+            graphs()
+        prof.stop()
+        prof.analyse()
+        kinds = {k: v / 1000 / args.steps for k, v in read_profile(folder, model["vocab_size"]).items()}
+    s = max(prompt_lens) + args.new_tokens
+    peak = matmul_gflops("mindspore", {
+        "square 1024": (1024, 1024, 1024), "square 2048": (2048, 2048, 2048),
+        "MLP up (B*S, H) @ (H, I)": (args.micro_batch * s, model["hidden_size"], model["intermediate_size"]),
+        "vocab head (B*R, H) @ (H, V)": (args.micro_batch * args.new_tokens, model["hidden_size"], model["vocab_size"])})
+    flops = update_flops(model, [n for n in prompt_lens for _ in range(args.group)], args.new_tokens)
+    return {"update_s": update_s, "graphs_s": graphs_s, "adamw_s": adamw_s,
+            "host_s": update_s - graphs_s - adamw_s, "profiled_ops_s": kinds,
+            "between_ops_s": graphs_s - sum(kinds.values()), "update_gflop": flops / 1e9,
+            "matmul_gflops": peak, "update_gflops_per_s": flops / update_s / 1e9,
+            "matmul_only_gflops_per_s": flops / kinds["matmul"] / 1e9,
+            "update_pct_of_peak": 100 * flops / update_s / 1e9 / peak["peak"],
+            "matmul_only_pct_of_peak": 100 * flops / kinds["matmul"] / 1e9 / peak["peak"],
+            "micro_batches": len(inputs), "shape": list(exp.input_ids.shape), "scored": list(exp.labels.shape)}
+
+
+def markdown(res: dict) -> str:
+    r = res["result"]
+    rows = [("update (as the trainer runs it)", r["update_s"]),
+            ("micro-batch graphs: matmuls", r["profiled_ops_s"]["matmul"]),
+            ("micro-batch graphs: vocabulary-sized passes", r["profiled_ops_s"]["vocabulary"]),
+            ("micro-batch graphs: gradient accumulation", r["profiled_ops_s"]["accumulation"]),
+            ("micro-batch graphs: other ops (layers)", r["profiled_ops_s"]["other"]),
+            ("micro-batch graphs: between ops (graph wall - profiled ops)", r["between_ops_s"]),
+            ("AdamW (clip, update, zero the buffers)", r["adamw_s"]),
+            ("host (batching, tensors in and out)", r["host_s"])]
+    peak = r["matmul_gflops"]
+    lines = ["# Where the update phase's time goes", "", "Command (from the repo root):", "",
+             f"    {res['command']}", "",
+             f"Date {res['date']}, {res['code']}; machine: {res['machine']}; load average {res['load_average']}.", "",
+             f"Config `{res['config']}` ({res['model']}); {res['prompts']} prompts of GSM8K lengths "
+             f"{res['prompt_lens']} x G={res['group']} x {res['new_tokens']} forced new tokens; {r['micro_batches']} "
+             f"micro-batches of {res['micro_batch']} rows (inputs {r['shape']}, scored {r['scored']}); beta 0.04 "
+             f"(k3), entropy logged; {res['steps']} measured steps after 2 warm-up updates, medians; op times from "
+             "MindSpore's profiler over the same micro-batch graphs.", "",
+             "| part | s per update | share |", "|---|---|---|"]
+    for name, sec in rows:
+        lines.append(f"| {name} | {sec:.3f} | {100 * sec / r['update_s']:.0f}% |")
+    lines += ["", f"Useful work {r['update_gflop']:.1f} GFLOP. MindSpore fp32 matmul in the same process: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in peak.items() if k != "peak") + f" GFLOP/s; peak {peak['peak']:.1f}.",
+              "", f"- update: {r['update_gflops_per_s']:.1f} GFLOP/s, {r['update_pct_of_peak']:.0f}% of the peak",
+              f"- its matmuls alone: {r['matmul_only_gflops_per_s']:.1f} GFLOP/s, {r['matmul_only_pct_of_peak']:.0f}% "
+              "of the peak: the most that making every other op free could reach", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="tiny-qwen-vocab", choices=sorted(ALL_CONFIGS))
+    ap.add_argument("--prompts", type=int, default=4, choices=range(1, len(GSM8K_PROMPT_LENS) + 1))
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--new_tokens", type=int, default=64)
+    ap.add_argument("--micro_batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--output", default=os.path.join(HERE, "results", "update_profile.json"))
+    args = ap.parse_args(argv)
+    result = measure(args)
+    model = ALL_CONFIGS[args.config]
+    res = {"command": "python benchmarks/update_profile.py" + "".join(f" {a}" for a in (argv or sys.argv[1:])),
+           "date": time.strftime("%Y-%m-%d"), "code": code_version(), "machine": machine(),
+           "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()), "config": args.config,
+           "model": ", ".join(f"{k} {v}" for k, v in model.items()), "prompts": args.prompts,
+           "prompt_lens": GSM8K_PROMPT_LENS[:args.prompts], "group": args.group, "new_tokens": args.new_tokens,
+           "micro_batch": args.micro_batch, "steps": args.steps, "result": result}
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    for path, text in ((args.output, json.dumps(res, indent=1)),
+                       (os.path.splitext(args.output)[0] + ".md", markdown(res))):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
