@@ -73,12 +73,8 @@ class PolicyUpdater:
         self.params = [p for _, p in named]
         self.buffer = GradBuffer(self.params)
         if pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
-            # the embedding's gradient goes into its buffer as rows (see GRPOGradStep)
-            embedding = lm.model.tok_embeddings if pipe.first else None
-            policy_loss = PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature, chunk,
-                                     embedded=embedding is not None)
-            self.step_graph = GRPOGradStep(policy_loss, self.params, self.buffer, wrt_inputs=not pipe.first,
-                                           embedding=embedding)
+            self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature,
+                                                      chunk), self.params, self.buffer, wrt_inputs=not pipe.first)
         else:  # a stage before the last: its forward, and its backward from the next stage's gradient
             self.stage = StageHidden(lm)
             self.stage_grad = StageGradStep(StageHidden(lm), self.params, self.buffer, wrt_inputs=not pipe.first)

@@ -72,17 +72,17 @@ class GradBuffer(nn.Cell):
 
 
 class AccumulateGrads(nn.Cell):
-    """bufs[which[j]] += grads[j], in one graph (which: default every buffer, in order)."""
+    """bufs += grads, in one graph."""
 
-    def __init__(self, buffer: GradBuffer, which: Optional[Sequence[int]] = None):
+    def __init__(self, buffer: GradBuffer):
         super().__init__()
         self.bufs = buffer.bufs
-        self.which = tuple(range(len(buffer.bufs)) if which is None else which)
+        self.n = len(buffer.bufs)
 
     def construct(self, grads):
         out = ()
-        for j, i in enumerate(self.which):
-            out = out + (ops.assign_add(self.bufs[i], grads[j].astype(ms.float32)),)
+        for i in range(self.n):
+            out = out + (ops.assign_add(self.bufs[i], grads[i].astype(ms.float32)),)
         return out
 
 

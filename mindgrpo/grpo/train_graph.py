@@ -9,7 +9,7 @@ step (`optim.AdamW`) runs once per mini-batch.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import mindspore as ms
 from mindspore import Parameter, nn, ops
@@ -30,13 +30,12 @@ class PolicyLoss(nn.Cell):
 
     detach_old: the TRL shortcut when each rollout is used for exactly one update: old log-probs
     are the current ones with the gradient stopped (ratio 1), and old_logp is ignored.
-    use_ref: False when beta == 0 (the reference model is not run; ref_logp is ignored).
-    embedded: the first input is the embeddings (B, S, H) of the first stage's token ids."""
+    use_ref: False when beta == 0 (the reference model is not run; ref_logp is ignored)."""
 
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, detach_old: bool, use_ref: bool,
-                 with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0, embedded: bool = False):
+                 with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.scorer = TokenLogProbs(lm, with_entropy, temperature, chunk, embedded)
+        self.scorer = TokenLogProbs(lm, with_entropy, temperature, chunk)
         self.loss = loss
         self.detach_old, self.use_ref = detach_old, use_ref
 
@@ -58,54 +57,24 @@ class GRPOGradStep(nn.Cell):
     """One micro-batch: loss and metrics out, gradients accumulated into `buffer`.
 
     wrt_inputs (the last of several pipeline stages, whose first input is the previous stage's
-    hidden states (B, S, H)): also returns the gradient of the loss with respect to them.
-
-    embedding (the first stage's embedding, whose PolicyLoss is `embedded`): the lookup runs outside
-    the differentiated function and its gradient, one row per token, is added into the embedding's
-    buffer where the tokens point (`ops.scatter_add`; `row_grads` maps them to a tensor-parallel
-    rank's rows). Autodiff would make a
-    dense (V, H) gradient per micro-batch (a zero fill and a scatter), add it to the tied head's
-    gradient and accumulate the sum: ~27 ms per micro-batch of 4 x 224 tokens at V = 152k here."""
+    hidden states (B, S, H)): also returns the gradient of the loss with respect to them."""
 
     def __init__(self, policy_loss: PolicyLoss, params: Sequence[Parameter], buffer: GradBuffer,
-                 wrt_inputs: bool = False, embedding: Optional[nn.Cell] = None):
+                 wrt_inputs: bool = False):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.policy_loss = policy_loss
+        self.weights = ms.ParameterTuple(params)
         self.wrt_inputs = wrt_inputs
-        self.sparse = embedding is not None
-        which = list(range(len(params)))
-        if self.sparse:
-            if wrt_inputs:
-                raise ValueError("the embedding belongs to the first pipeline stage, whose inputs are token ids")
-            weight = embedding.embedding_weight
-            at = [i for i, p in enumerate(params) if p is weight]
-            if not at:
-                raise ValueError(f"the embedding weight {weight.name!r} is not among the trained parameters")
-            self.embedding, self.embedding_buf = embedding, buffer.bufs[at[0]]
-            # untied: the weight's whole gradient is the rows; tied: the head's dense gradient too
-            which = [i for i in which if i != at[0] or policy_loss.scorer.lm.tied]
-        self.weights = ms.ParameterTuple([params[i] for i in which])
-        by_input = 0 if wrt_inputs or self.sparse else None
-        self.grad_fn = ms.value_and_grad(self.policy_loss, by_input, self.weights, has_aux=True)
-        self.accumulate = AccumulateGrads(buffer, which)
-        self.dtype = policy_loss.scorer.lm.dtype
+        self.grad_fn = ms.value_and_grad(self.policy_loss, 0 if wrt_inputs else None, self.weights, has_aux=True)
+        self.accumulate = AccumulateGrads(buffer)
 
     def construct(self, inputs, score_pos, labels, mask, advantages, old_logp, ref_logp,
                   global_tokens, global_seqs):
-        ids = inputs
-        if self.sparse:
-            inputs = self.embedding(ids).astype(self.dtype)  # (B, S, H), outside the gradient
         (loss, metrics), grads = self.grad_fn(inputs, score_pos, labels, mask, advantages, old_logp,
                                               ref_logp, global_tokens, global_seqs)
         if self.wrt_inputs:
             d_inputs, grads = grads
             return ops.depend(loss, self.accumulate(grads)), metrics, d_inputs
-        if self.sparse:
-            d_inputs, grads = grads
-            done = self.accumulate(grads)
-            at, rows = self.embedding.row_grads(ids.reshape(-1), d_inputs.reshape(-1, d_inputs.shape[-1]))
-            done = (done, ops.scatter_add(self.embedding_buf, at, rows.astype(ms.float32)))  # rows (B*S, H)
-            return ops.depend(loss, done), metrics
         return ops.depend(loss, self.accumulate(grads)), metrics
 
 

@@ -172,11 +172,6 @@ class Embedding(nn.Cell):
     def construct(self, ids):  # (...) -> (..., H)
         return ops.gather(self.embedding_weight, ids, 0)
 
-    def row_grads(self, ids, d):
-        """ids (N,), d (N, H) the gradient of the looked-up rows -> (rows of this table (N,), their
-        gradients (N, H)), to be added where they point (the gradient of the table, row by row)."""
-        return ids, d
-
 
 class LogProbs(nn.Cell):
     """logits (N, V) fp32, labels (N,) -> log p(label) (N,), entropy (N,) or zeros."""
@@ -546,17 +541,12 @@ class Qwen2ForCausalLM(nn.Cell):
         sin = ops.broadcast_to(ops.gather(self.rope_sin, positions, 0).reshape(n, 1, d), (n, heads, d))
         return cos.reshape(n * heads, d).astype(self.dtype), sin.reshape(n * heads, d).astype(self.dtype)
 
-    def embed(self, input_ids):
-        """(B, S) -> (B, S, H) in the compute dtype (the first stage)."""
-        return self.model.tok_embeddings(input_ids).astype(self.dtype)
-
-    def hidden_states(self, inputs, position_ids, bias, embedded: bool = False):
+    def hidden_states(self, inputs, position_ids, bias):
         """inputs: token ids (B, S) on the first stage, else the previous stage's hidden states
         (B, S, H); bias (B, 1, S, S) additive -> hidden (B, S, H) after this stage's layers, before
-        the final norm (callers norm only the positions they project). embedded: the first stage's
-        inputs are already the embeddings (B, S, H) (the training step takes their gradient)."""
+        the final norm (callers norm only the positions they project)."""
         cos, sin = self.rope(position_ids)
-        x = self.embed(inputs) if self.first_stage and not embedded else inputs
+        x = self.model.tok_embeddings(inputs).astype(self.dtype) if self.first_stage else inputs
         for i in self.layer_ids:
             x = self.model.layers[i](x, cos, sin, bias)
         return x

@@ -68,12 +68,9 @@ class TokenLogProbs(nn.Cell):
 
     chunk > 0: the projection and log-softmax run `chunk` rows at a time with a hand-written
     backward (`mindgrpo.models.fused_head`; one more matmul in the backward pass, fewer passes over
-    the logits). 0: MindSpore's autodiff over the whole.
+    the logits). 0: MindSpore's autodiff over the whole."""
 
-    embedded: the first input is the first stage's embeddings (B, S, H), looked up by the caller."""
-
-    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0,
-                 embedded: bool = False):
+    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         if not lm.last_stage:
             raise ValueError("TokenLogProbs needs the last pipeline stage (the final norm and the lm_head)")
@@ -83,14 +80,13 @@ class TokenLogProbs(nn.Cell):
         self.with_entropy = with_entropy
         self.inv_temperature = 1.0 / temperature
         self.chunk = chunk
-        self.embedded = embedded
         if chunk > 0:
             self.head = lm.layer_factory.head_logprobs(lm.config.vocab_size, chunk, with_entropy)
 
     def construct(self, inputs, score_pos, labels):
         b, s = inputs.shape[0], inputs.shape[1]  # inputs: ids (B, S), or (B, S, H) from the previous stage
         r = score_pos.shape[1]
-        h = self.lm.hidden_states(inputs, positions(b, s), causal_bias(s), self.embedded)  # (B, S, H)
+        h = self.lm.hidden_states(inputs, positions(b, s), causal_bias(s))  # (B, S, H)
         flat = (ops.arange(b).astype(ms.int32).reshape(b, 1) * s + score_pos).reshape(-1)
         h = ops.gather(h.reshape(b * s, -1), flat, 0)  # (B*R, H)
         h = self.lm.model.norm_out(h)

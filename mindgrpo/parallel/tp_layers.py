@@ -71,13 +71,6 @@ class VocabParallelEmbedding(Embedding):
         x = ops.where(mine.expand_dims(-1), x, ops.zeros_like(x))
         return self.reduce(x)
 
-    def row_grads(self, ids, d):
-        """As Embedding.row_grads, for this rank's rows: ids of other ranks add zeros to row 0 (the
-        all-reduce's backward is the identity, so d is every rank's whole gradient)."""
-        local = ids - self.start
-        mine = ops.logical_and(local >= 0, local < self.rows)
-        return ops.where(mine, local, ops.zeros_like(local)), ops.where(mine.expand_dims(-1), d, ops.zeros_like(d))
-
 
 class VocabParallelLogProbs(nn.Cell):
     """logits (N, V/tp) fp32 (this rank's vocabulary slice), labels (N,) -> log p(label) (N,),

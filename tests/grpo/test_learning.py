@@ -7,12 +7,11 @@ pieces did not fit (advantages, log-probs, the update, the weight sync into the 
 the reward would not move.
 
 test_the_tiny_default_learns_to_carry: the shipped recipe itself (flawed-teacher warm start, then
-GRPO with the accuracy reward), cut to 20 GRPO steps: held-out greedy accuracy (100 problems) must
-rise by 0.15. The rise at step 20 depends on the trajectory, which any change of rounding moves (the
-warm start is 1000 steps): 0.52, 0.58 and 0.51 for seeds 1-3 on 2026-11-23; 0.19, 0.60 and 0.55 once
-the embedding's gradient was summed in another order (2026-11-24). 0.15 is over two standard errors
-of a difference of two 100-problem accuracies; a run that does not learn rises by about 0. About 4
-minutes.
+GRPO with the accuracy reward), cut to 20 GRPO steps: held-out greedy accuracy must rise by 0.25
+(it rose by 0.52 when measured). About 3 minutes. The outcome depends on the whole trajectory,
+which any change of rounding moves: with the embedding's gradient summed in another order (tried
+2026-11-24, correct to 1e-6, then reverted) seed 1 rose only 0.28 -> 0.47 by step 20 and stalled
+at 0.45 through step 100, while seeds 2 and 3 rose by 0.60 and 0.55; this test is what caught it.
 """
 
 import json
@@ -50,5 +49,5 @@ def test_the_tiny_default_learns_to_carry(tmp_path):
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     val = {m["step"]: m["val/accuracy"] for m in rows if "val/accuracy" in m}
     assert sorted(val) == [0, 20]
-    assert val[20] >= val[0] + 0.15, val
+    assert val[20] >= val[0] + 0.25, val
     assert "final: val_accuracy start=" in r.stdout
