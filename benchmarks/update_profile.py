@@ -146,11 +146,25 @@ def measure(args) -> dict:
 
     bc1, bc2 = adam_scalars(2, updater.beta1, updater.beta2)
     adamw = lambda: updater.adamw(Tensor(np.float32(LR)), bc1, bc2, Tensor(np.float32(1.0))).asnumpy()  # noqa: E731
+    s = max(prompt_lens) + args.new_tokens
+    shapes = {"square 1024": (1024, 1024, 1024), "square 2048": (2048, 2048, 2048),
+              "MLP up (B*S, H) @ (H, I)": (args.micro_batch * s, model["hidden_size"], model["intermediate_size"]),
+              "vocab head (B*R, H) @ (H, V)": (args.micro_batch * args.new_tokens, model["hidden_size"],
+                                               model["vocab_size"])}
+    flops = update_flops(model, [n for n in prompt_lens for _ in range(args.group)], args.new_tokens)
     for _ in range(2):  # compile and warm up
         updater.update(exp, LR)
-    update_s = timed(lambda: updater.update(exp, LR), args.steps)
-    graphs_s = timed(graphs, args.steps)
-    adamw_s = timed(adamw, args.steps)
+    # this machine's speed drifts (other jobs): each round times the update, its parts and the matmul
+    # peak side by side, and the figures below are medians over the rounds of per-round values
+    rounds = []
+    for _ in range(args.steps):
+        r = {"update": timed(lambda: updater.update(exp, LR), 1), "graphs": timed(graphs, 1),
+             "adamw": timed(adamw, 1), "peak": matmul_gflops("mindspore", shapes)}
+        r["host"] = r["update"] - r["graphs"] - r["adamw"]
+        r["pct"] = 100 * flops / r["update"] / 1e9 / r["peak"]["peak"]
+        rounds.append(r)
+    med = lambda key: float(np.median([r[key] for r in rounds]))  # noqa: E731
+    peak = {k: float(np.median([r["peak"][k] for r in rounds])) for k in rounds[0]["peak"]}
     with tempfile.TemporaryDirectory() as folder:
         prof = ms.Profiler(output_path=folder)
         for _ in range(args.steps):
@@ -158,19 +172,13 @@ def measure(args) -> dict:
         prof.stop()
         prof.analyse()
         kinds = {k: v / 1000 / args.steps for k, v in read_profile(folder, model["vocab_size"]).items()}
-    s = max(prompt_lens) + args.new_tokens
-    peak = matmul_gflops("mindspore", {
-        "square 1024": (1024, 1024, 1024), "square 2048": (2048, 2048, 2048),
-        "MLP up (B*S, H) @ (H, I)": (args.micro_batch * s, model["hidden_size"], model["intermediate_size"]),
-        "vocab head (B*R, H) @ (H, V)": (args.micro_batch * args.new_tokens, model["hidden_size"], model["vocab_size"])})
-    flops = update_flops(model, [n for n in prompt_lens for _ in range(args.group)], args.new_tokens)
-    return {"update_s": update_s, "graphs_s": graphs_s, "adamw_s": adamw_s,
-            "host_s": update_s - graphs_s - adamw_s, "profiled_ops_s": kinds,
-            "between_ops_s": graphs_s - sum(kinds.values()), "update_gflop": flops / 1e9,
-            "matmul_gflops": peak, "update_gflops_per_s": flops / update_s / 1e9,
-            "matmul_only_gflops_per_s": flops / kinds["matmul"] / 1e9,
-            "update_pct_of_peak": 100 * flops / update_s / 1e9 / peak["peak"],
+    update_s = med("update")
+    return {"update_s": update_s, "graphs_s": med("graphs"), "adamw_s": med("adamw"), "host_s": med("host"),
+            "profiled_ops_s": kinds, "between_ops_s": med("graphs") - sum(kinds.values()),
+            "update_gflop": flops / 1e9, "matmul_gflops": peak, "update_gflops_per_s": flops / update_s / 1e9,
+            "matmul_only_gflops_per_s": flops / kinds["matmul"] / 1e9, "update_pct_of_peak": med("pct"),
             "matmul_only_pct_of_peak": 100 * flops / kinds["matmul"] / 1e9 / peak["peak"],
+            "rounds": [{k: v for k, v in r.items()} for r in rounds],
             "micro_batches": len(inputs), "shape": list(exp.input_ids.shape), "scored": list(exp.labels.shape)}
 
 
@@ -191,8 +199,10 @@ def markdown(res: dict) -> str:
              f"Config `{res['config']}` ({res['model']}); {res['prompts']} prompts of GSM8K lengths "
              f"{res['prompt_lens']} x G={res['group']} x {res['new_tokens']} forced new tokens; {r['micro_batches']} "
              f"micro-batches of {res['micro_batch']} rows (inputs {r['shape']}, scored {r['scored']}); beta 0.04 "
-             f"(k3), entropy logged; {res['steps']} measured steps after 2 warm-up updates, medians; op times from "
-             "MindSpore's profiler over the same micro-batch graphs.", "",
+             f"(k3), entropy logged; 2 warm-up updates, then {res['steps']} rounds, each timing the update, its "
+             "parts and the matmul peak side by side (this machine's speed drifts); medians over the rounds. Op "
+             "times: MindSpore's profiler over the same micro-batch graphs, after the rounds. Per-round % of the "
+             "peak: " + ", ".join(f"{x['pct']:.0f}%" for x in r["rounds"]) + ".", "",
              "| part | s per update | share |", "|---|---|---|"]
     for name, sec in rows:
         lines.append(f"| {name} | {sec:.3f} | {100 * sec / r['update_s']:.0f}% |")

@@ -30,7 +30,8 @@ def test_update_profile_accounts_for_the_update(tmp_path):
     assert set(ops) == {"matmul", "vocabulary", "accumulation", "other"}
     assert ops["matmul"] > 0 and ops["vocabulary"] > 0 and ops["accumulation"] > 0 and ops["other"] > 0
     assert res["micro_batches"] == 2 and res["scored"] == [4, 32]
-    parts = res["graphs_s"] + res["adamw_s"] + res["host_s"]
-    assert abs(parts - res["update_s"]) < 1e-9
+    for r in res["rounds"]:  # each round's parts add up to its update
+        assert abs(r["graphs"] + r["adamw"] + r["host"] - r["update"]) < 1e-9
+        assert r["peak"]["peak"] == max(v for k, v in r["peak"].items() if k != "peak")
     assert res["matmul_only_gflops_per_s"] > res["update_gflops_per_s"] > 0
     assert "| update (as the trainer runs it) |" in (tmp_path / "update_profile.md").read_text()
