@@ -2,13 +2,14 @@
 config, prompt lengths, group, forced response length, beta, micro-batches, entropy logging) under
 MindSpore's profiler, by kind of op, set against the fp32 matmul peak measured in the same process.
 
-    python benchmarks/update_profile.py                                  # tiny-qwen-vocab
+    python benchmarks/update_profile.py --steps 7                        # tiny-qwen-vocab (results/)
     python benchmarks/update_profile.py --config tiny-small-vocab --output /tmp/p.json
 
-The update is timed as the trainer runs it (`PolicyUpdater.update`: micro-batch graphs, then AdamW),
-then its parts on their own: the micro-batch graphs (forward, loss, backward, accumulation) and the
-AdamW graph; what is left is host work (batching, tensors in and out). One round of the micro-batch
-graphs per measured step runs again under the profiler, whose per-op times are grouped:
+Each of --steps rounds times the update as the trainer runs it (`PolicyUpdater.update`: micro-batch
+graphs, then AdamW), then its parts on their own: the micro-batch graphs (forward, loss, backward,
+accumulation) and the AdamW graph (what is left is host work: batching, tensors in and out), then the
+matmul peak; medians over the rounds. After the rounds the micro-batch graphs run --steps more times
+under the profiler, whose per-op times are grouped:
 
     matmul        MatMul and BatchMatMul (every useful FLOP of the update is one of these)
     vocabulary    other ops with a vocabulary-sized input, e.g. (B*R, V): log-softmax and its
