@@ -369,18 +369,32 @@ def _rest(p: ParamPlan, shape: Sequence[int]) -> int:
     return int(np.prod([v for k, v in enumerate(shape) if k != p.dim]))
 
 
+def _exchanges(plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]]):
+    """A bucket's exchanges, one per (group, mode) in one global order, and how their rows are laid
+    out: yields group, mode, the indices of its parameters, blocks {(i, j): (row, lo, hi, block
+    shape)} (member j's block of parameter i sits at [lo, hi) of row `row`: member j's row of an
+    AllGather, the one buffer of a sum) and the row width (gather: the longest member's row). The
+    same on every member of the group."""
+    for group, mode in sorted({(p.group, p.mode) for p in plans if p.exchanged}):
+        idx = [i for i, p in enumerate(plans) if p.exchanged and (p.group, p.mode) == (group, mode)]
+        lengths, blocks = [0] * len(group), {}
+        for i in idx:
+            p, shape = plans[i], shapes[i]
+            for j in range(len(group)):
+                along = p.gives[j] if mode == "gather" else p.width
+                block_shape = [int(v) for v in shape]
+                block_shape[p.dim] = along
+                size = along * _rest(p, shape)
+                blocks[(i, j)] = (j if mode == "gather" else 0, lengths[j], lengths[j] + size, tuple(block_shape))
+                lengths[j] += size
+        yield group, mode, idx, blocks, max(lengths) if mode == "gather" else lengths[0]
+
+
 def exchange_bytes(plans: Sequence[ParamPlan], shapes: Sequence[Sequence[int]], itemsize: int = 4) -> int:
     """Bytes one rank receives in a bucket's exchanges: an AllGather brings every other member's
     row (each padded to the longest), a sum the whole buffer."""
-    total = 0
-    for key in sorted({(p.group, p.mode) for p in plans if p.exchanged}):
-        mine = [(p, shape) for p, shape in zip(plans, shapes) if p.exchanged and (p.group, p.mode) == key]
-        if key[1] == "gather":
-            rows = [sum(p.gives[j] * _rest(p, shape) for p, shape in mine) for j in range(len(key[0]))]
-            total += (len(key[0]) - 1) * max(rows)
-        else:
-            total += sum(p.width * _rest(p, shape) for p, shape in mine)
-    return total * itemsize
+    return itemsize * sum((len(group) - 1) * width if mode == "gather" else width
+                          for group, mode, _, _, width in _exchanges(plans, shapes))
 
 
 def _cut(x, dim: int, start: int, stop: int):
@@ -525,22 +539,10 @@ class _Bucket:
 
         held = [p.held for p in plans]
         src_index = [sum(held[:i]) if held[i] else -1 for i in range(len(plans))]
-        keys = sorted({(p.group, p.mode) for p in plans if p.exchanged})
         self.exchanges = []  # (contribution graph, collective)
         blocks = {}  # (parameter, member) -> (exchange, row, lo, hi, block shape)
-        for e, (group, mode) in enumerate(keys):
-            idx = [i for i, p in enumerate(plans) if p.exchanged and (plans[i].group, plans[i].mode) == (group, mode)]
-            lengths = [0] * len(group)
-            for i in idx:
-                p, shape = plans[i], shapes[i]
-                for j in range(len(group)):
-                    along = p.gives[j] if mode == "gather" else p.width
-                    block_shape = [int(v) for v in shape]
-                    block_shape[p.dim] = along
-                    size = along * _rest(p, shape)
-                    blocks[(i, j)] = (e, j if mode == "gather" else 0, lengths[j], lengths[j] + size, tuple(block_shape))
-                    lengths[j] += size
-            width = max(lengths) if mode == "gather" else lengths[0]
+        for e, (group, mode, idx, where, width) in enumerate(_exchanges(plans, shapes)):
+            blocks.update({key: (e,) + at for key, at in where.items()})
             collective = AllGather(group_of(group)) if mode == "gather" else AllReduce(group_of(group))
             self.exchanges.append((_Contribution([plans[i] for i in idx], [shapes[i] for i in idx],
                                                  [src_index[i] for i in idx], width), collective))
