@@ -187,9 +187,9 @@ def matmul_gflops(framework: str, shapes: Dict[str, tuple], repeats: int = 3) ->
     return out
 
 
-def peak_shapes(work: "Workload", new_tokens: int, micro_batch: int) -> Dict[str, tuple]:
-    """Square matmuls and the update's two largest matmuls of one micro-batch."""
-    m, s = work.model, max(map(len, work.prompt_ids)) + new_tokens
+def peak_shapes(m: dict, s: int, new_tokens: int, micro_batch: int) -> Dict[str, tuple]:
+    """Square matmuls and the update's two largest matmuls of one micro-batch of model config m,
+    sequences of s tokens (prompt + response)."""
     return {"square 1024": (1024, 1024, 1024), "square 2048": (2048, 2048, 2048),
             "MLP up (B*S, H) @ (H, I)": (micro_batch * s, m["hidden_size"], m["intermediate_size"]),
             "vocab head (B*R, H) @ (H, V)": (micro_batch * new_tokens, m["hidden_size"], m["vocab_size"])}
@@ -387,7 +387,7 @@ def ours_worker(conn, work: Workload, folder: str, group: int, new_tokens: int, 
     while conn.recv() == "step":
         phases = ours.step()
         if peaks:  # right after the step, under the same machine load
-            phases["matmul_gflops"] = matmul_gflops("mindspore", peak_shapes(work, new_tokens, micro_batch))
+            phases["matmul_gflops"] = matmul_gflops("mindspore", peak_shapes(work.model, max(map(len, work.prompt_ids)) + new_tokens, new_tokens, micro_batch))
         conn.send(phases)
 
 
@@ -403,7 +403,7 @@ def trl_worker(conn, work: Workload, folder: str, group: int, new_tokens: int, m
 
     def after_step(phases: dict) -> None:
         phases["torch_threads"] = float(torch.get_num_threads())
-        phases["matmul_gflops"] = matmul_gflops("torch", peak_shapes(work, new_tokens, micro_batch))
+        phases["matmul_gflops"] = matmul_gflops("torch", peak_shapes(work.model, max(map(len, work.prompt_ids)) + new_tokens, new_tokens, micro_batch))
         conn.send(phases)
         conn.recv()
 

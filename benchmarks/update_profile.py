@@ -43,10 +43,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
-from common import CONFIGS, machine  # noqa: E402
-from grpo_step import BETA, EXTRA_CONFIGS, LR, code_version, matmul_gflops, update_flops  # noqa: E402
+from common import machine, timed  # noqa: E402
+from grpo_step import (ALL_CONFIGS, BETA, LR, code_version, matmul_gflops, peak_shapes,  # noqa: E402
+                       update_flops)
 
-ALL_CONFIGS = {**CONFIGS, **EXTRA_CONFIGS}
 # the Qwen2.5 token counts of the first 4 GSM8K test questions in the qwen_r1 template (benchmarks/grpo_step.py)
 GSM8K_PROMPT_LENS = [157, 118, 149, 127]
 KINDS = ("matmul", "vocabulary", "accumulation", "other")
@@ -120,15 +120,6 @@ def graph_inputs(updater, exp) -> List[tuple]:
             for rows in micro_batches(len(exp), updater.micro)]
 
 
-def timed(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def measure(args) -> dict:
     import mindspore as ms
     from mindspore import Tensor
@@ -147,11 +138,7 @@ def measure(args) -> dict:
 
     bc1, bc2 = adam_scalars(2, updater.beta1, updater.beta2)
     adamw = lambda: updater.adamw(Tensor(np.float32(LR)), bc1, bc2, Tensor(np.float32(1.0))).asnumpy()  # noqa: E731
-    s = max(prompt_lens) + args.new_tokens
-    shapes = {"square 1024": (1024, 1024, 1024), "square 2048": (2048, 2048, 2048),
-              "MLP up (B*S, H) @ (H, I)": (args.micro_batch * s, model["hidden_size"], model["intermediate_size"]),
-              "vocab head (B*R, H) @ (H, V)": (args.micro_batch * args.new_tokens, model["hidden_size"],
-                                               model["vocab_size"])}
+    shapes = peak_shapes(model, max(prompt_lens) + args.new_tokens, args.new_tokens, args.micro_batch)
     flops = update_flops(model, [n for n in prompt_lens for _ in range(args.group)], args.new_tokens)
     for _ in range(2):  # compile and warm up
         updater.update(exp, LR)
@@ -159,8 +146,8 @@ def measure(args) -> dict:
     # peak side by side, and the figures below are medians over the rounds of per-round values
     rounds = []
     for _ in range(args.steps):
-        r = {"update": timed(lambda: updater.update(exp, LR), 1), "graphs": timed(graphs, 1),
-             "adamw": timed(adamw, 1), "peak": matmul_gflops("mindspore", shapes)}
+        r = {"update": timed(lambda: updater.update(exp, LR), 1)[0], "graphs": timed(graphs, 1)[0],
+             "adamw": timed(adamw, 1)[0], "peak": matmul_gflops("mindspore", shapes)}
         r["host"] = r["update"] - r["graphs"] - r["adamw"]
         r["pct"] = 100 * flops / r["update"] / 1e9 / r["peak"]["peak"]
         rounds.append(r)
@@ -179,7 +166,7 @@ def measure(args) -> dict:
             "update_gflop": flops / 1e9, "matmul_gflops": peak, "update_gflops_per_s": flops / update_s / 1e9,
             "matmul_only_gflops_per_s": flops / kinds["matmul"] / 1e9, "update_pct_of_peak": med("pct"),
             "matmul_only_pct_of_peak": 100 * flops / kinds["matmul"] / 1e9 / peak["peak"],
-            "rounds": [{k: v for k, v in r.items()} for r in rounds],
+            "rounds": rounds,
             "micro_batches": len(inputs), "shape": list(exp.input_ids.shape), "scored": list(exp.labels.shape)}
 
 
