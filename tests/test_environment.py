@@ -1,0 +1,30 @@
+"""The installed environment runs MindSpore's eager (PyNative) mode, not only graph mode.
+
+MindSpore 2.10.0's eager ops are built against NumPy 1.x: with NumPy 2 installed (pip picks it when
+nothing pins it) every eager op fails with "SystemError: <method '__mul__' of 'TensorPy' objects>
+returned a result with an exception set", while graph mode keeps working, so the rest of the suite
+would not notice. requirements.txt pins numpy<2 for that. This runs in a fresh process because the
+suite itself is in graph mode (conftest.py).
+"""
+
+import subprocess
+import sys
+
+EAGER = """
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+np.testing.assert_allclose(((x * 0.5) @ x.T).asnumpy(), (np.arange(6).reshape(2, 3) * 0.5) @ np.arange(6).reshape(2, 3).T)
+from mindgrpo.inference.engine import RolloutEngine
+from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+RolloutEngine(Qwen2ForCausalLM(cfg))  # makes its fused weight copies eagerly
+print("ok")
+"""
+
+
+def test_eager_mode_works_in_the_installed_environment():
+    run = subprocess.run([sys.executable, "-c", EAGER], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
