@@ -1,0 +1,185 @@
+"""What bounds the vocabulary head of a decode step on this machine: reading its weight, or the matmul.
+
+    python benchmarks/decode_bound.py                          # tiny-qwen-vocab's head, batch 16 (results/)
+    python benchmarks/decode_bound.py --vocab 4096 --output /tmp/decode_bound.json
+
+A decode step's head reads the (V, H) fp32 weight once and does 2*B*V*H FLOPs. The machine's speed
+drifts, so each of --rounds rounds measures these side by side, and the figures are medians:
+
+    read, 1 core      numpy sums the (V, H) weight in one process (GB/s)
+    read, 2 cores     two processes each sum half of it at the same time (aggregate GB/s)
+    mindspore head    W h^T as the decode graph runs it (MatMul with transpose_b), graph mode
+    torch head        F.linear(h, W), 2 threads
+    mindspore peak    the best fp32 GFLOP/s of square matmuls (grpo_step.matmul_gflops)
+
+From them, two floors for the head: the read floor (bytes over the 2-core rate) and the matmul floor
+(FLOPs over MindSpore's peak). The head sits on whichever is higher. Writes
+benchmarks/results/decode_bound.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import machine  # noqa: E402
+
+
+def _reader(conn, barrier, rows: int, cols: int, calls: int) -> None:
+    """Holds a (rows, cols) fp32 array. For each True it receives, it waits for the other readers
+    and then sends the median seconds of `calls` full sums. It stops on False."""
+    a = np.ones((rows, cols), np.float32)
+    while conn.recv():
+        barrier.wait()
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            a.sum()
+            times.append(time.perf_counter() - t0)
+        conn.send(float(np.median(times)))
+
+
+class Readers:
+    """n processes that each hold rows // n rows of a (rows, cols) fp32 array and sum them at the same time."""
+
+    def __init__(self, n: int, rows: int, cols: int, calls: int):
+        ctx = mp.get_context("spawn")  # no fork of a process that runs MindSpore's threads
+        self.barrier = ctx.Barrier(n)  # kept: the children unpickle it after this returns
+        self.bytes = n * (rows // n) * cols * 4
+        self.conns, self.procs = [], []
+        for _ in range(n):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=_reader, args=(theirs, self.barrier, rows // n, cols, calls), daemon=True)
+            p.start()
+            self.conns.append(mine)
+            self.procs.append(p)
+
+    def gbps(self) -> float:
+        for c in self.conns:
+            c.send(True)
+        return self.bytes / max(c.recv() for c in self.conns) / 1e9
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.send(False)
+        for p in self.procs:
+            p.join()
+
+
+def median_ms(fn, calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * float(np.median(times))
+
+
+def measure(vocab: int, hidden: int, batch: int, rounds: int, calls: int) -> dict:
+    import mindspore as ms
+    import torch
+    from mindspore import nn, ops
+
+    from grpo_step import matmul_gflops
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    torch.set_num_threads(2)
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((vocab, hidden), dtype=np.float32) * 0.02)
+    h = rng.standard_normal((batch, hidden), dtype=np.float32)
+
+    class Head(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = ms.Parameter(ms.Tensor(w), name="w")
+            self.matmul = ops.MatMul(transpose_b=True)
+
+        def construct(self, x):
+            return self.matmul(self.w, x)[:1]  # (V, B) as in decode; only a row leaves the graph
+
+    head, hx = Head(), ms.Tensor(h)
+    tw, th = torch.from_numpy(w), torch.from_numpy(h)
+    one, two = Readers(1, vocab, hidden, calls), Readers(2, vocab, hidden, calls)
+    head(hx).asnumpy()  # compiles
+    squares = {"square 1024": (1024, 1024, 1024), "square 2048": (2048, 2048, 2048)}
+    out = []
+    try:
+        with torch.no_grad():
+            for _ in range(rounds):
+                out.append({"read_1_core_gbps": one.gbps(), "read_2_cores_gbps": two.gbps(),
+                            "mindspore_head_ms": median_ms(lambda: head(hx).asnumpy(), calls),
+                            "torch_head_ms": median_ms(lambda: torch.nn.functional.linear(th, tw), calls),
+                            "mindspore_peak_gflops": matmul_gflops("mindspore", squares)["peak"]})
+    finally:
+        one.close()
+        two.close()
+    med = {k: float(np.median([r[k] for r in out])) for k in out[0]}
+    nbytes, flops = vocab * hidden * 4, 2 * batch * vocab * hidden
+    med.update({
+        "head_mbytes": nbytes / 1e6, "head_gflop": flops / 1e9,
+        "read_floor_ms": nbytes / med["read_2_cores_gbps"] / 1e6,
+        "matmul_floor_ms": flops / med["mindspore_peak_gflops"] / 1e6,
+        "mindspore_head_gbps": nbytes / med["mindspore_head_ms"] / 1e6,
+        "mindspore_head_gflops": flops / med["mindspore_head_ms"] / 1e6,
+    })
+    med["mindspore_head_pct_of_peak"] = 100 * med["mindspore_head_gflops"] / med["mindspore_peak_gflops"]
+    return {"medians": med, "rounds": out}
+
+
+def markdown(res: dict) -> str:
+    m = res["medians"]
+    bound = "the matmul" if m["matmul_floor_ms"] > m["read_floor_ms"] else "the read"
+    return "\n".join([
+        "# What bounds the decode step's vocabulary head", "",
+        f"    {res['command']}", "",
+        f"Date {res['date']}; {res['machine']}; load average {res['load_average']}. Head (V={res['vocab']}, "
+        f"H={res['hidden']}) fp32, batch {res['batch']}: {m['head_mbytes']:.0f} MB read, {m['head_gflop']:.2f} GFLOP "
+        f"per step. Medians of {res['n_rounds']} rounds of {res['calls']} calls, each round measuring everything below.",
+        "",
+        "| measure | value |", "|---|---|",
+        f"| read, 1 core (numpy sum) | {m['read_1_core_gbps']:.1f} GB/s |",
+        f"| read, 2 cores at once | {m['read_2_cores_gbps']:.1f} GB/s |",
+        f"| MindSpore fp32 matmul peak (square 1024/2048) | {m['mindspore_peak_gflops']:.0f} GFLOP/s |",
+        f"| read floor (bytes / 2-core rate) | {m['read_floor_ms']:.1f} ms |",
+        f"| matmul floor (FLOPs / MindSpore peak) | {m['matmul_floor_ms']:.1f} ms |",
+        f"| MindSpore head, W h^T as in decode | {m['mindspore_head_ms']:.1f} ms ({m['mindspore_head_gbps']:.1f} GB/s, "
+        f"{m['mindspore_head_gflops']:.0f} GFLOP/s, {m['mindspore_head_pct_of_peak']:.0f}% of the peak) |",
+        f"| torch head, F.linear | {m['torch_head_ms']:.1f} ms |", "",
+        f"The higher floor is {bound}'s.", ""])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--output", default=os.path.join(HERE, "results", "decode_bound.json"))
+    args = ap.parse_args(argv)
+    res = {"command": "python benchmarks/decode_bound.py" + "".join(f" {a}" for a in (argv or sys.argv[1:])),
+           "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+           "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+           "vocab": args.vocab, "hidden": args.hidden, "batch": args.batch, "n_rounds": args.rounds, "calls": args.calls}
+    res.update(measure(args.vocab, args.hidden, args.batch, args.rounds, args.calls))
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    for path, text in ((args.output, json.dumps(res, indent=1)),
+                       (os.path.splitext(args.output)[0] + ".md", markdown(res))):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
