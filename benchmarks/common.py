@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -52,3 +53,14 @@ def timed(fn, repeats: int = 3):
         out = fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times)), out
+
+
+def write_results(json_path: str, res: dict, markdown: str) -> None:
+    """res to json_path and markdown beside it (same name, .md), each through a temporary file and a
+    rename, so an interrupted run leaves the previous results whole."""
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    for path, text in ((json_path, json.dumps(res, indent=1)), (os.path.splitext(json_path)[0] + ".md", markdown)):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)

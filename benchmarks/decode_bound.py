@@ -30,7 +30,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import machine  # noqa: E402
+from common import machine, write_results  # noqa: E402
 
 
 def _reader(conn, barrier, rows: int, cols: int, calls: int) -> None:
@@ -170,13 +170,7 @@ def main(argv=None) -> int:
            "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
            "vocab": args.vocab, "hidden": args.hidden, "batch": args.batch, "n_rounds": args.rounds, "calls": args.calls}
     res.update(measure(args.vocab, args.hidden, args.batch, args.rounds, args.calls))
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    for path, text in ((args.output, json.dumps(res, indent=1)),
-                       (os.path.splitext(args.output)[0] + ".md", markdown(res))):
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+    write_results(args.output, res, markdown(res))
     print(markdown(res))
     return 0
 

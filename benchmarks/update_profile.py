@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
-from common import machine, timed  # noqa: E402
+from common import machine, timed, write_results  # noqa: E402
 from grpo_step import (ALL_CONFIGS, BETA, LR, code_version, matmul_gflops, peak_shapes,  # noqa: E402
                        update_flops)
 
@@ -220,13 +220,7 @@ def main(argv=None):
            "model": ", ".join(f"{k} {v}" for k, v in model.items()), "prompts": args.prompts,
            "prompt_lens": GSM8K_PROMPT_LENS[:args.prompts], "group": args.group, "new_tokens": args.new_tokens,
            "micro_batch": args.micro_batch, "steps": args.steps, "result": result}
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    for path, text in ((args.output, json.dumps(res, indent=1)),
-                       (os.path.splitext(args.output)[0] + ".md", markdown(res))):
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+    write_results(args.output, res, markdown(res))
     print(markdown(res))
 
 
