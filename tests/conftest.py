@@ -8,8 +8,9 @@ SHARED = os.path.join(os.path.dirname(REPO), "shared")
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
 
-# The slowest modules (1.5 to 4.5 minutes each in a serial run on 2 cores), collected first so that under
-# the README's `-n 2 --dist loadfile` both workers start on them and the short modules fill in behind.
+# The slowest modules (1.5 to 4.5 minutes each in a serial run on 2 cores), collected first: under the
+# README's `-n 2` the workers take whole files in collection order (pyproject.toml), so both start on
+# these and the short modules fill in behind.
 # Order within a module is kept.
 SLOW_FIRST = ("grpo/test_learning.py", "parallel/test_pipeline.py", "parallel/test_msrun.py",
               "grpo/test_trainer_run.py")
