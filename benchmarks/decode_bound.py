@@ -13,14 +13,13 @@ drifts, so each of --rounds rounds measures these side by side, and the figures 
     mindspore peak    the best fp32 GFLOP/s of square matmuls (grpo_step.matmul_gflops)
 
 From them, two floors for the head: the read floor (bytes over the 2-core rate) and the matmul floor
-(FLOPs over MindSpore's peak). The head sits on whichever is higher. Writes
-benchmarks/results/decode_bound.{json,md}.
+(FLOPs over MindSpore's peak). A head at the higher floor is bound by it; a head well above both is
+bound by its matmul kernel at this shape. Writes benchmarks/results/decode_bound.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import sys
