@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 
 import numpy as np
@@ -53,6 +54,16 @@ def timed(fn, repeats: int = 3):
         out = fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times)), out
+
+
+def run_stamp(script: str, argv=None) -> dict:
+    """What a results file records about its run: the command that reproduces it (`script` is the
+    benchmark's __file__, argv its arguments, sys.argv[1:] when None), the date, the machine and the
+    load average."""
+    args = sys.argv[1:] if argv is None else argv
+    return {"command": f"python benchmarks/{os.path.basename(script)}" + "".join(f" {a}" for a in args),
+            "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+            "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg())}
 
 
 def write_results(json_path: str, res: dict, markdown: str) -> None:

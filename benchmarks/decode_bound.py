@@ -29,7 +29,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import machine, write_results  # noqa: E402
+from common import run_stamp, timed, write_results  # noqa: E402
 
 
 def _reader(conn, barrier, rows: int, cols: int, calls: int) -> None:
@@ -73,15 +73,6 @@ class Readers:
             p.join()
 
 
-def median_ms(fn, calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * float(np.median(times))
-
-
 def measure(vocab: int, hidden: int, batch: int, rounds: int, calls: int) -> dict:
     import mindspore as ms
     import torch
@@ -114,8 +105,8 @@ def measure(vocab: int, hidden: int, batch: int, rounds: int, calls: int) -> dic
         with torch.no_grad():
             for _ in range(rounds):
                 out.append({"read_1_core_gbps": one.gbps(), "read_2_cores_gbps": two.gbps(),
-                            "mindspore_head_ms": median_ms(lambda: head(hx).asnumpy(), calls),
-                            "torch_head_ms": median_ms(lambda: torch.nn.functional.linear(th, tw), calls),
+                            "mindspore_head_ms": 1000 * timed(lambda: head(hx).asnumpy(), calls)[0],
+                            "torch_head_ms": 1000 * timed(lambda: torch.nn.functional.linear(th, tw), calls)[0],
                             "mindspore_peak_gflops": matmul_gflops("mindspore", squares)["peak"]})
     finally:
         one.close()
@@ -165,13 +156,12 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--output", default=os.path.join(HERE, "results", "decode_bound.json"))
     args = ap.parse_args(argv)
-    res = {"command": "python benchmarks/decode_bound.py" + "".join(f" {a}" for a in (argv or sys.argv[1:])),
-           "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-           "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-           "vocab": args.vocab, "hidden": args.hidden, "batch": args.batch, "n_rounds": args.rounds, "calls": args.calls}
+    res = dict(run_stamp(__file__, argv), vocab=args.vocab, hidden=args.hidden, batch=args.batch,
+               n_rounds=args.rounds, calls=args.calls)
     res.update(measure(args.vocab, args.hidden, args.batch, args.rounds, args.calls))
-    write_results(args.output, res, markdown(res))
-    print(markdown(res))
+    text = markdown(res)
+    write_results(args.output, res, text)
+    print(text)
     return 0
 
 

@@ -48,7 +48,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from common import CONFIGS, hf_model, machine  # noqa: E402
+from common import CONFIGS, hf_model, run_stamp  # noqa: E402
 from grpo_step_report import PHASES, plot_compare, plot_scaling, scaling_sentence, write_markdown  # noqa: E402
 
 SHARED = os.path.join(os.path.dirname(REPO), "shared")  # GSM8K and the Qwen2.5 tokenizer, when present
@@ -548,11 +548,9 @@ def main(argv=None) -> int:
     if args.mode != "all" and os.path.exists(args.output):
         with open(args.output) as f:
             res = json.load(f)  # one mode keeps the other's last results (each part records its own date)
-    command = "python benchmarks/grpo_step.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    stamp = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "command": command, "code": code_version(),
-             "load_average": "%.1f %.1f %.1f" % os.getloadavg(),
-             "versions": f"mindspore {ms.__version__}, torch {torch.__version__} ({args.torch_threads} threads on "
-                         f"TRL's side), transformers {transformers.__version__}, trl {trl.__version__}"}
+    stamp = dict(run_stamp(__file__, argv), code=code_version(),
+                 versions=f"mindspore {ms.__version__}, torch {torch.__version__} ({args.torch_threads} threads on "
+                          f"TRL's side), transformers {transformers.__version__}, trl {trl.__version__}")
     folder = tempfile.mkdtemp(prefix="grpo_step_")
     try:
         if args.mode in ("compare", "all"):
@@ -574,7 +572,7 @@ def main(argv=None) -> int:
             res.setdefault("settings", "")
             base = "tiny-qwen-vocab" if "tiny-qwen-vocab" in args.configs else args.configs[0]
             res["scaling"] = scaling(base, folder, args)
-            res["scaling"].update(date=stamp["date"], command=command, load_average=stamp["load_average"],
+            res["scaling"].update(date=stamp["date"], command=stamp["command"], load_average=stamp["load_average"],
                                   code=stamp["code"], settings=(
                 f"{args.prompts} prompts, G={args.group} and {args.new_tokens} new tokens unless varied; micro-batch "
                 f"rows scaled so a micro-batch holds {args.micro_batch} x {args.new_tokens} response tokens; "

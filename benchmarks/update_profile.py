@@ -32,7 +32,6 @@ import os
 import re
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from typing import Dict, List
 
@@ -42,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
-from common import machine, timed, write_results  # noqa: E402
+from common import run_stamp, timed, write_results  # noqa: E402
 from grpo_step import (ALL_CONFIGS, BETA, LR, code_version, matmul_gflops, peak_shapes,  # noqa: E402
                        update_flops)
 
@@ -213,14 +212,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     result = measure(args)
     model = ALL_CONFIGS[args.config]
-    res = {"command": "python benchmarks/update_profile.py" + "".join(f" {a}" for a in (argv or sys.argv[1:])),
-           "date": time.strftime("%Y-%m-%d"), "code": code_version(), "machine": machine(),
-           "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()), "config": args.config,
-           "model": ", ".join(f"{k} {v}" for k, v in model.items()), "prompts": args.prompts,
-           "prompt_lens": GSM8K_PROMPT_LENS[:args.prompts], "group": args.group, "new_tokens": args.new_tokens,
-           "micro_batch": args.micro_batch, "steps": args.steps, "result": result}
-    write_results(args.output, res, markdown(res))
-    print(markdown(res))
+    res = dict(run_stamp(__file__, argv), code=code_version(), config=args.config,
+               model=", ".join(f"{k} {v}" for k, v in model.items()), prompts=args.prompts,
+               prompt_lens=GSM8K_PROMPT_LENS[:args.prompts], group=args.group, new_tokens=args.new_tokens,
+               micro_batch=args.micro_batch, steps=args.steps, result=result)
+    text = markdown(res)
+    write_results(args.output, res, text)
+    print(text)
 
 
 if __name__ == "__main__":
