@@ -128,6 +128,16 @@ def build_rewards(cfg: GRPOConfig):
     return RewardSet(rc.verifier_function, rc.verifier_weight, params)
 
 
+def build_engine(cfg: GRPOConfig, inference, pad_token_id: int):
+    """The rollout engine of one inference replica, sized by generate_config."""
+    from mindgrpo.inference.engine import RolloutEngine
+
+    gen = cfg.generate_config
+    return RolloutEngine(inference, pad_token_id=pad_token_id, max_num_seqs=gen.max_num_seqs,
+                         max_num_batched_tokens=gen.max_num_batched_tokens,
+                         max_model_len=gen.max_prompt_length + gen.max_tokens)
+
+
 @dataclass
 class Parts:
     tokenizer: object
@@ -151,7 +161,6 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
     the sync and the gradient reducer for their tensor-parallel versions)."""
     import mindspore as ms
 
-    from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.parallel.reshard import WeightSync
 
@@ -175,12 +184,12 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
         for p in reference.get_parameters():
             p.requires_grad = False
     memory = SwapManager(enabled=rl.swap, device=ms.get_context("device_target"))  # real moves on Ascend
-    engine = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
+    engine = build_engine(cfg, inference, tokenizer.pad_token_id)
     memory.register("policy", policy.get_parameters())
     memory.register("inference", engine.resident_parameters())
     if reference is not None:
         memory.register("reference", reference.get_parameters())
-    memory.register("kv_cache", sizer=lambda: sum(b.cache.nbytes for b in engine._buckets.values()))
+    memory.register("kv_cache", sizer=engine.cache_bytes)
     sync = WeightSync(policy, inference, memory)
     if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
         sync()  # start the inference copy from the policy's weights

@@ -98,8 +98,7 @@ def full_shapes(mcfg: Qwen2Config) -> Dict[str, tuple]:
 
 
 def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
-    from mindgrpo.grpo.builder import Parts, build_prompts, build_rewards, build_tokenizer
-    from mindgrpo.inference.engine import RolloutEngine
+    from mindgrpo.grpo.builder import Parts, build_engine, build_prompts, build_rewards, build_tokenizer
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
     from mindgrpo.parallel.pipeline import Pipeline
@@ -132,7 +131,7 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
         for p in reference.get_parameters():
             p.requires_grad = False
     memory = SwapManager(enabled=rl.swap, device=comm.device)
-    rollout = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
+    rollout = build_engine(cfg, inference, tokenizer.pad_token_id)
     memory.register("policy", policy.get_parameters())
     memory.register("inference", rollout.resident_parameters())
     if reference is not None:

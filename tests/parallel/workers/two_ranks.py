@@ -100,8 +100,15 @@ metrics["reshard_again"] = sync()  # warm: no compile
 weights(inference, "c/infer")
 greedy = SamplingParams(max_tokens=8, temperature=0.0, n=2)
 metrics["rollout/greedy/dense"] = [c.token_ids for c in engines["dense"].generate(prompts(), greedy)]
-dp_engine = DataParallelEngine(RolloutEngine(inference), comm, comm.infer_dp)
+dp_engine = DataParallelEngine(RolloutEngine(inference, max_num_seqs=2), comm, comm.infer_dp)
 metrics["rollout/greedy/resharded"] = [c.token_ids for c in dp_engine.generate(prompts(), greedy)]
+# sampled on the resharded weights: inference dp2 (each replica its share of the prompts) against one
+# process with every prompt (its own streams: the same tokens, log-probs gathered with them)
+sampled = SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=5)
+for key, engine in (("dp2", dp_engine), ("dp1", RolloutEngine(inference, max_num_seqs=3))):
+    comps = engine.generate(prompts(), sampled)
+    metrics[f"rollout/sampled_resharded/{key}"] = [c.token_ids for c in comps]
+    arrays[f"c/sampled_logp_{key}"] = np.concatenate([c.logprobs for c in comps])
 
 mark("reshard+rollouts")
 # (a) shards written by scripts/transform_checkpoint.py, loaded into the tp=2 model
