@@ -163,7 +163,7 @@ class RolloutEngine:
         prefix = int(lengths.max()) - 1  # prefill and copy move this call's prompts in one length bucket
         p_len = pow2_bucket(prefix, PROMPT_STEP, capacity)
 
-        temperature = np.full(slots, params.temperature, np.float32)  # per row; 0: greedy
+        temperature = np.full(slots + 1, params.temperature, np.float32)  # per row; 0: greedy
         sched = SlotScheduler(n_prompts, group, slots)
         token = np.zeros(slots + 1, np.int64)  # per slot (and the trash slot): the next input token
         position = np.zeros(slots + 1, np.int64)  # its position
@@ -201,23 +201,28 @@ class RolloutEngine:
                 break
             n_live = live.size
             b = halving_bucket(n_live, slots, MIN_BATCH)
-            rows = np.concatenate([live, np.full(b - n_live, trash, np.int64)])
             length = halving_bucket(int(position[live].max()) + 1, capacity, LENGTH_STEP)
+            # every slot and every position: read the cache in place (not worth a trash row below 8 slots)
+            whole = b == slots >= MIN_BATCH and length == capacity
+            if whole:  # the rows are the slots in order, the trash slot last; free slots idle at position 0
+                rows, mine = np.arange(slots + 1), live
+            else:  # the live slots, then the trash slot for padding
+                rows, mine = np.concatenate([live, np.full(b - n_live, trash, np.int64)]), np.arange(n_live)
             req = sched.request[live]
             prompt_of = req // group
-            u = np.zeros(b, np.float32)
+            u = np.zeros(rows.size, np.float32)
             if not params.greedy:
-                u[:n_live] = uniforms(params.seed, keys[prompt_of], req % group, count[live])
-            graph = self._graph(("decode", b, length, sampler_key), lambda: DecodeGraph(
-                self.model, cache, Sampler(params, vocab), length))
+                u[mine] = uniforms(params.seed, keys[prompt_of], req % group, count[live])
+            graph = self._graph(("decode", rows.size, length, sampler_key), lambda: DecodeGraph(
+                self.model, cache, Sampler(params, vocab), length, whole))
             out, logits = graph(Tensor(token[rows].astype(np.int32)), Tensor(position[rows].astype(np.int32)),
-                                Tensor(rows.astype(np.int32)), Tensor(u), Tensor(temperature[:b]))
-            res = out.asnumpy()[:n_live]  # (n_live, 3) host sync: the stop check needs the tokens
+                                Tensor(rows.astype(np.int32)), Tensor(u), Tensor(temperature[:rows.size]))
+            res = out.asnumpy()[mine]  # (n_live, 3) host sync: the stop check needs the tokens
             new = res[:, 0].astype(np.int64)
             c = count[live]
             out_tok[req, c], out_sampled[req, c], out_scaled[req, c] = new, res[:, 1], res[:, 2]
             if return_logits:
-                for r, row in zip(req, logits.asnumpy()[:n_live]):
+                for r, row in zip(req, logits.asnumpy()[mine]):
                     logits_rows[r].append(row)
             count[live] += 1
             position[live] += 1
@@ -226,9 +231,10 @@ class RolloutEngine:
             done = hit | (count[live] >= limit[prompt_of])
             stopped[req[done]] = hit[done]
             n_out[req[done]] = count[live][done]
+            position[live[done]] = token[live[done]] = 0  # a free slot idles at position 0 (it may ride along)
             sched.finish(live[done])
             steps += 1
-            row_steps += b
+            row_steps += rows.size
             decode_s += time.perf_counter() - t2
         elapsed = time.perf_counter() - t0
 

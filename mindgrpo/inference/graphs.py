@@ -18,7 +18,8 @@ tokens, a copy's padding) is masked until the row overwrites it.
     CopyGraph    (n, P)   positions [0, P) of n source slots -> n destination slots
     DecodeGraph  (B, L)   one token for each of B slots at its own position: writes its k/v,
                           attends over positions [0, L) of its slot (L, a length bucket, covers
-                          every row's position), samples -> (B, 3): token, its log-prob under the
+                          every row's position; all slots and all positions: read in place),
+                          samples -> (B, 3): token, its log-prob under the
                           sampled distribution, its log-prob under softmax(logits / T); and the
                           logits (B, V)
 """
@@ -123,14 +124,25 @@ class CopyGraph(nn.Cell):
 
 class DecodeGraph(nn.Cell):
     """token, position, slot (B,) int32, u, temperature (B,) fp32 -> (B, 3) fp32 [token, sampled
-    log-prob, scaled log-prob] and the logits (B, V). Attends over positions [0, L) of each row's slot."""
+    log-prob, scaled log-prob] and the logits (B, V). Attends over positions [0, L) of each row's slot.
 
-    def __init__(self, model: InferenceModel, cache: KVCache, sampler: Sampler, length: int):
+    whole: the rows are every slot of the cache in order (B = S + 1, the trash slot last) and L = C,
+    so attention reads the cache as it lies; otherwise it gathers the B slots' first L positions
+    (a copy of what it reads)."""
+
+    def __init__(self, model: InferenceModel, cache: KVCache, sampler: Sampler, length: int, whole: bool = False):
         super().__init__(auto_prefix=False)
-        self.model, self.cache, self.sampler, self.length = model, cache, sampler, length
+        self.model, self.cache, self.sampler, self.length, self.whole = model, cache, sampler, length, whole
         self.write = ops.ScatterUpdate()
 
     def construct(self, token, position, slot, u, temperature):
+        logits = self.model.logits(self.hidden(token, position, slot))
+        tok, sampled, scaled = self.sampler(logits, u, temperature)
+        return ops.stack((tok.astype(ms.float32), sampled, scaled), 1), logits
+
+    def hidden(self, token, position, slot):
+        """The layers: writes each row's k/v at its position, attends over [0, L) of its slot
+        -> the last residual (B, H)."""
         m = self.model
         b, length = token.shape[0], self.length
         nh, nkv, g, d = m.nh, m.nkv, m.g, m.d
@@ -146,10 +158,11 @@ class DecodeGraph(nn.Cell):
             q, k, v = m.qkv(i, x, cos, sin)  # (B, nh or nkv, d)
             kc = self.write(self.cache.k[i], write, k.reshape(b * nkv, d).astype(self.cache.k[i].dtype))
             vc = self.write(self.cache.v[i], write, v.reshape(b * nkv, d).astype(self.cache.v[i].dtype))
-            keys = ops.gather(kc, read, 0).reshape(b, nkv, length, d)
-            values = ops.gather(vc, read, 0).reshape(b, nkv, length, d)
+            if self.whole:
+                keys, values = kc.reshape(b, nkv, length, d), vc.reshape(b, nkv, length, d)
+            else:
+                keys = ops.gather(kc, read, 0).reshape(b, nkv, length, d)
+                values = ops.gather(vc, read, 0).reshape(b, nkv, length, d)
             out = _attend(q.reshape(b, nkv, g, d), keys, values, bias)  # (B, nkv, g, d)
             x = m.mlp(i, m.attention_out(i, x, out.reshape(b, nh * d)))
-        logits = m.logits(x)
-        tok, sampled, scaled = self.sampler(logits, u, temperature)
-        return ops.stack((tok.astype(ms.float32), sampled, scaled), 1), logits
+        return x

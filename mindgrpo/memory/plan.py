@@ -12,7 +12,7 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
                 copy of that 1/dp of the weights, which the fused update rewrites (`optim.AdamW`)
     inference   the inference model's piece (inference layout), fp32 like the policy, plus the
                 engine's fused copies of its layer weights (all but the norms) in the compute
-                dtype (`mindgrpo.inference.engine.InferenceWeights`)
+                dtype (`mindgrpo.inference.layers.InferenceWeights`)
     reference   the reference model's piece (reference layout), when beta > 0
     kv_cache    the rollout engine's cache, sized from generate_config as the engine sizes it
                 (`mindgrpo.inference.engine`): S = max_num_seqs slots, fewer if the budget

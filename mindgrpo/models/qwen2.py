@@ -375,7 +375,7 @@ class Qwen2Model(nn.Cell):
 
 class Qwen2ForCausalLM(nn.Cell):
     """Parameters and the shared pieces of every graph. Not called directly: the graph cells in
-    `mindgrpo/models/scoring.py` and `mindgrpo/inference/engine.py` hold one of these and call
+    `mindgrpo/models/scoring.py` and `mindgrpo/inference/layers.py` hold one of these and call
     its methods.
 
     layers: DenseLayers() for one device, or a tensor-parallel rank's factories

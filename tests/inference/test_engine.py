@@ -19,7 +19,9 @@ CFG = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidde
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   param_init_std=0.3)
 PROMPTS = [[3, 4, 5], [7], [9, 10, 11, 12, 13, 14], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]]
-SLOTS = (2, 5, 64)  # refill with one prompt's samples split over slots, refill by whole prompts, all at once
+# refill with one prompt's samples split over slots; refill with the cache read in place (8 slots
+# all live, every position: the whole-cache decode graph); all at once
+SLOTS = (2, 8, 64)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,7 @@ def test_sampled_tokens_and_logprobs_do_not_depend_on_the_slots(engines):
             np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
             np.testing.assert_allclose(a.sampling_logprobs, b.sampling_logprobs, rtol=0, atol=1e-5)
     assert {c.finish_reason for c in runs[2]} == {"stop", "length"}  # the stops cut some samples short
+    assert ("decode", 9, 32, p.graph_key()) in engines[8]._graphs  # 8 slots + the trash slot, in place
     stats = engines[2].last_stats
     assert stats["slots"] == 2 and stats["prefilled_prompts"] == len(PROMPTS)
     # 15 samples through 2 slots: refill, and slots handed from sample to sample of a prompt
@@ -52,7 +55,7 @@ def test_sampled_tokens_and_logprobs_do_not_depend_on_the_slots(engines):
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(engines):
-    e = engines[5]
+    e = engines[8]
     p = SamplingParams(max_tokens=12, temperature=1.0, seed=5)
     a, b = tokens(e.generate(PROMPTS, p)), tokens(e.generate(PROMPTS, p))
     c = tokens(e.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=1.0, seed=6)))
@@ -60,7 +63,7 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(engines):
 
 
 def test_n_samples_are_adjacent_and_differ(engines):
-    out = engines[5].generate(PROMPTS[:3], SamplingParams(max_tokens=10, temperature=1.0, n=3, seed=0))
+    out = engines[8].generate(PROMPTS[:3], SamplingParams(max_tokens=10, temperature=1.0, n=3, seed=0))
     assert [c.prompt_index for c in out] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert len({tuple(c.token_ids) for c in out[:3]}) > 1
 
@@ -84,13 +87,14 @@ def test_stop_ids_and_per_prompt_max_tokens_end_each_sample(engines):
     assert tokens(forced) == tokens(free)
 
 
-def test_decode_logits_and_logprobs_equal_the_training_graph(lm, engines):
-    """Through refill and slot hand-over (2 slots): each token's logits equal a full re-forward of
+@pytest.mark.parametrize("slots", [2, 8])
+def test_decode_logits_and_logprobs_equal_the_training_graph(lm, engines, slots):
+    """Through refill and slot hand-over (2 slots; 8 read in place): each token's logits equal a full re-forward of
     its sequence, and its log-prob under softmax(logits / T) equals the training graph's (T = 0.7).
     d = 8: 1/sqrt(d) is not a power of two, so folding it into the fused wq rounds differently
     from the training graph's scaling of the scores."""
-    e = engines[2]
-    out = e.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0.7, n=2, seed=2), return_logits=True)
+    e = engines[slots]
+    out = e.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.7, n=3, seed=2), return_logits=True)
     full = SequenceLogits(lm)
     for r, c in enumerate(out):
         p = PROMPTS[c.prompt_index]
@@ -157,9 +161,9 @@ def test_useful_fraction_counts_the_rows_each_step_computes(engines):
 def test_rejects_empty_prompts(engines):
     for bad in ([[]], []):
         with pytest.raises(ValueError):
-            engines[5].generate(bad, SamplingParams(max_tokens=2))
+            engines[8].generate(bad, SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="one value >= 1 per prompt"):
-        engines[5].generate(PROMPTS, SamplingParams(max_tokens=2), max_tokens=[2, 2])
+        engines[8].generate(PROMPTS, SamplingParams(max_tokens=2), max_tokens=[2, 2])
 
 
 def greedy_by_reforward(lm, prompts, steps):
@@ -182,7 +186,7 @@ def test_generate_sees_updated_weights(lm, engines):
     """The engine's fused weight copies are remade from the model's parameters at every call."""
     from mindgrpo.models.checkpoint import load_state, model_state
 
-    e, p = engines[5], SamplingParams(max_tokens=10, temperature=0.0)
+    e, p = engines[8], SamplingParams(max_tokens=10, temperature=0.0)
     before = tokens(e.generate(PROMPTS, p))
     saved = model_state(lm)
     try:
