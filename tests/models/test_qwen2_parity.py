@@ -132,10 +132,12 @@ def test_kv_cache_decode_equals_full_reforward(pair):
     prompts = [rng.integers(1, 512, n).tolist() for n in (9, 2, 5)]
     engine = RolloutEngine(lm, pad_token_id=0, max_num_seqs=2)
     out = engine.generate(prompts, SamplingParams(max_tokens=20, n=2, temperature=1.0, seed=7), return_logits=True)
-    full = SequenceLogits(lm)
+    seqs = [prompts[c.prompt_index] + c.token_ids for c in out]  # right-padded into one batch
+    ids, mask = np.zeros((len(seqs), max(map(len, seqs))), np.int32), np.zeros((len(seqs), max(map(len, seqs))), np.int32)
+    for i, q in enumerate(seqs):
+        ids[i, :len(q)], mask[i, :len(q)] = q, 1
+    ref = SequenceLogits(lm)(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
     for r, c in enumerate(out):
         p = prompts[c.prompt_index]
-        seq = np.array([p + c.token_ids], np.int32)
-        ref = full(ms.Tensor(seq), ms.Tensor(np.ones_like(seq))).asnumpy()[0]
-        np.testing.assert_allclose(engine.last_logits[r], ref[len(p) - 1:len(p) - 1 + len(c.token_ids)],
+        np.testing.assert_allclose(engine.last_logits[r], ref[r, len(p) - 1:len(p) - 1 + len(c.token_ids)],
                                    atol=1e-5, rtol=0)
