@@ -112,7 +112,10 @@ def run(args) -> int:
         logger.info("sft warm start done: %s", json.dumps(m))
 
     t0 = time.perf_counter()
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:
+        parts.rewards.close()  # the reward workers (also stopped at exit)
     hist = trainer.val_history
     if hist:
         logger.info("final: val_accuracy start=%.3f end=%.3f", hist[0], hist[-1])

@@ -82,6 +82,10 @@ class GRPOTrainer:
         self.policy, self.inference, self.reference = policy, inference, reference
         self.engine, self.sync, self.ref_sync, self.memory = engine, sync, ref_sync, memory
         self.rewards, self.tokenizer = rewards, tokenizer
+        # the columns every reward call gets (Rollouts.columns, validate): a reward that needs another fails now
+        rewards.check_columns([*train_prompts.columns, "completion_length"], "the training prompts")
+        if val_prompts is not None:
+            rewards.check_columns([*val_prompts.columns, "completion_length"], "the validation prompts")
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
         self.save_data_file = save_data_file
