@@ -58,9 +58,11 @@ def run(args) -> int:
     rank = 0
     if args.use_parallel:
         from mindgrpo.parallel.comm import init_parallel
+        from mindgrpo.parallel.watchdog import guard_rank
 
         comm = init_parallel(cfg)
         rank = comm.rank
+        guard_rank(rank, rl.collective_timeout_s, rl.compile_timeout_s)  # no hang, no orphan
     if args.only_save_strategy:
         from mindgrpo.grpo.builder import save_strategies
 

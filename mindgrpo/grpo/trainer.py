@@ -22,6 +22,7 @@ from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.inference.engine import Completion, RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -342,6 +343,7 @@ class GRPOTrainer:
                                              "val/accuracy") if k in metrics}
             logger.info(self.progress.line(self.step, shown))
             if (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps:
-                self.save()
+                with heartbeat.phase("save"):  # barriers under msrun: the watchdog names this phase
+                    self.save()
             last = metrics
         return last

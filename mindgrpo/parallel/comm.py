@@ -30,6 +30,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
+from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class Comm:
         padded = np.zeros(size, np.float32)
         padded[:flat.size] = flat
         out = self._host_graphs[key](Tensor(padded)).asnumpy()[:flat.size]
+        heartbeat.beat()
         return out.reshape(values.shape).astype(values.dtype)
 
     def barrier(self) -> None:

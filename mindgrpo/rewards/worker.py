@@ -22,6 +22,8 @@ import struct
 import sys
 from typing import Optional
 
+from mindgrpo.utils.process import die_with_parent
+
 _HEADER = struct.Struct(">Q")  # frame length in bytes
 
 
@@ -52,19 +54,6 @@ def recv_frame(fd: int):
     return None if data is None else pickle.loads(data)
 
 
-def die_with_parent(parent: int) -> None:
-    """SIGKILL this process when `parent` exits (Linux's PR_SET_PDEATHSIG; elsewhere a no-op)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
-
-
 def _load(spec: dict) -> dict:
     """{name: bound reward function} from the set-up message."""
     import importlib
@@ -83,7 +72,7 @@ def _load(spec: dict) -> dict:
 
 def main(argv) -> int:
     tasks, results, parent = (int(a) for a in argv)
-    die_with_parent(parent)
+    die_with_parent(parent, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from mindgrpo.rewards.scoring import call_reward
 
