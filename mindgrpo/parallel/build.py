@@ -27,6 +27,7 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.parallel.comm import Comm, layouts_of
 from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ def build_tp_model(cfg: GRPOConfig, mcfg: Qwen2Config, layout: ParallelLayout, c
             state = read_model_state(path, mcfg)
             mine = dict(lm.parameters_and_names())
             load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items() if n in mine})
+    heartbeat.beat()  # progress for the collective watchdog: building a big model takes a while
     return lm
 
 

@@ -17,7 +17,8 @@ phase has finished once, the bound is `compile_timeout_s`.
 
 `guard_rank` starts it for an msrun rank and also ties the rank to msrun (the rank gets SIGTERM when msrun
 dies), so that no rank outlives a launcher that was killed. Tests make a rank stall with the environment
-variable MINDGRPO_TEST_STALL="<rank>:<phase>:<run>" (see heartbeat.stall_at).
+variable MINDGRPO_TEST_STALL="<rank>:<phase>:<run>": on the run-th entry into the phase (heartbeat.stall_at),
+or at once for the phase "start-up" (before the initial weight sync, the first collective of a run).
 """
 
 from __future__ import annotations
@@ -72,14 +73,27 @@ class Watchdog:
     def _fire(self, phase: str, idle: float) -> None:
         message = (f"rank {self.rank}: no progress in phase {phase} for {idle:.0f} s "
                    "(a collective is waiting on another rank?)")
-        logger.error(message)
-        print(f"watchdog: {message}", file=sys.stderr, flush=True)
+        where = f"rank {self.rank} is stuck at {main_thread_location()}"
+        logger.error("%s; %s", message, where)
+        print(f"watchdog: {message}\nwatchdog: {where}", file=sys.stderr, flush=True)
         for handler in logging.getLogger().handlers:  # the rank's log file, before the hard exit
             handler.flush()
         self.exit(EXIT_CODE)
 
 
 _GUARD: Optional[Watchdog] = None  # one per process, like the heartbeat it reads
+
+
+def main_thread_location() -> str:
+    """`mindgrpo/<module>.py:<line> (<function>)` of the innermost mindgrpo frame the main thread is in."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if path.startswith(os.path.join(package, "mindgrpo") + os.sep):
+            return f"{os.path.relpath(path, package)}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return "an unknown place (outside mindgrpo)"
 
 
 def guard_rank(rank: int, timeout_s: float, compile_timeout_s: float) -> None:
@@ -92,10 +106,12 @@ def guard_rank(rank: int, timeout_s: float, compile_timeout_s: float) -> None:
         _GUARD.stop()
         _GUARD = None
     heartbeat.reset()
+    if timeout_s > 0:
+        _GUARD = Watchdog(rank, timeout_s, compile_timeout_s).start()
     stall = os.environ.get(STALL_ENV)
     if stall:
         who, phase, run = stall.split(":")
+        if int(who) == rank and phase == "start-up":
+            heartbeat.hang()
         if int(who) == rank:
             heartbeat.stall_at(phase, int(run))
-    if timeout_s > 0:
-        _GUARD = Watchdog(rank, timeout_s, compile_timeout_s).start()

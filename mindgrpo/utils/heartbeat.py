@@ -41,7 +41,7 @@ def phase(name: str) -> Iterator[None]:
     """The block runs as phase `name` (the innermost phase is the one a watchdog names)."""
     _runs[name] = _runs.get(name, 0) + 1
     if _stall == (name, _runs[name]):
-        _hang()
+        hang()
     _active.append(name)
     beat()
     try:
@@ -70,13 +70,14 @@ def reset() -> None:
 
 
 def stall_at(name: str, run: int) -> None:
-    """Tests only: the `run`-th entry into phase `name` hangs this process for good, as a rank stuck
-    outside any collective would; its own watchdog ignores it, so the other ranks' watchdogs must act."""
+    """Tests only: the `run`-th entry into phase `name` hangs this process (see hang)."""
     global _stall
     _stall = (name, int(run))
 
 
-def _hang() -> None:
+def hang() -> None:
+    """Tests only: hang this process for good, as a rank stuck outside any collective would; its own
+    watchdog ignores it, so the other ranks' watchdogs must act."""
     global _stalled
     _stalled = True
     while True:

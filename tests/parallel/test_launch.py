@@ -126,17 +126,20 @@ def test_stopping_run_grpo_sh_ends_every_process_of_the_job(tmp_path, sig, code)
 @pytest.mark.msrun
 def test_a_rank_stalled_before_a_collective_ends_the_job_naming_phase_and_rank(tmp_path):
     msrun_path()
-    # rank 0 hangs on entering the second rollout; rank 1 waits for it in the rollout's gather
-    proc, out = start_job(tmp_path, "rl_config.max_steps=3", "rl_config.collective_timeout_s=5",
-                          "rl_config.compile_timeout_s=600", env={"MINDGRPO_TEST_STALL": "0:rollout:2"})
+    # rank 0 hangs at start-up; rank 1 builds its models and waits for rank 0 in the initial weight sync
+    # (training tp2 -> inference dp2: an exchange), a first run: compile_timeout_s applies
+    proc, out = start_job(tmp_path, "actor_config.parallel_config.data_parallel=1",
+                          "actor_config.parallel_config.model_parallel=2", "rl_config.collective_timeout_s=5",
+                          "rl_config.compile_timeout_s=15", env={"MINDGRPO_TEST_STALL": "0:start-up:1"})
     try:
-        _, stderr = proc.communicate(timeout=400)
+        _, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
         left = wait_until_gone(out)
     assert proc.returncode != 0
     assert "run_grpo.sh: rank 1 failed" in stderr, stderr[-3000:]
-    assert re.search(r"watchdog: rank 1: no progress in phase rollout for \d+ s \(a collective is waiting on "
+    assert re.search(r"watchdog: rank 1: no progress in phase start-up for 1\d s \(a collective is waiting on "
                      r"another rank\?\)", stderr), stderr[-3000:]
+    assert re.search(r"watchdog: rank 1 is stuck at mindgrpo/parallel/reshard.py:\d+", stderr), stderr[-3000:]
     assert not left, left
