@@ -91,6 +91,7 @@ def run(args) -> int:
     progress = Progress(rl.max_steps)
     trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out, rank, comm)
     trainer.save_data_file = args.save_data_file
+    parts.rewards.start()  # the reward workers start while the first rollout compiles
     resumed = False
     if args.resume or args.resume_from:
         from mindgrpo.grpo import checkpointing

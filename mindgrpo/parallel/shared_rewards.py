@@ -37,6 +37,10 @@ class SharedRewards:
     def check_columns(self, available: Iterable[str], where: str) -> None:
         self.rewards.check_columns(available, where)
 
+    def start(self) -> None:
+        if self.comm.rank == self.scorer:
+            self.rewards.start()
+
     def close(self) -> None:
         self.rewards.close()
 

@@ -217,6 +217,11 @@ class RewardSet:
         """(total (B,), {name: (B,)}, metrics) for `completions` (B,)."""
         return self.combine(self.score(completions, **columns))
 
+    def start(self) -> None:
+        """Start the worker pool, if any, now rather than at the first call (it starts in the background)."""
+        if self.pool is not None:
+            self.pool.start()
+
     def close(self) -> None:
         """Stop the worker pool, if any (a closed set starts a new pool at its next call)."""
         if self.pool is not None:
