@@ -51,7 +51,10 @@ class _Worker:
         self.ready = False
         self.call: Optional[int] = None  # index of the call it is running
         self.deadline = time.monotonic() + START_TIMEOUT_S
-        send_frame(self.tasks, setup)  # small: fits the pipe's buffer while the worker starts
+        try:
+            send_frame(self.tasks, setup)  # small: fits the pipe's buffer while the worker starts
+        except OSError:  # it died at once: RewardPool.run reads its end of file and reports it
+            pass
 
     def stop(self, grace_s: float = 0.0) -> None:
         """Close the pipes (the worker exits at end of file); SIGKILL it if it is still there after grace_s."""
@@ -110,6 +113,7 @@ class RewardPool:
         self.close()
 
     def _replace(self, worker: _Worker) -> None:
+        logger.info("reward worker %d stopped (a call timed out or it died); starting another", worker.proc.pid)
         worker.stop()
         self.workers[self.workers.index(worker)] = _Worker(self.setup)
         self.replaced += 1
