@@ -77,19 +77,27 @@ def score_batch(run: Runner, names: Sequence[str], batch: int) -> Scores:
             nonfinite[call.name].append(f"{shown} for completion {call.rows[j]}")
         return True
 
+    failed: Dict[str, List[Tuple[int, Outcome]]] = defaultdict(list)
+
+    def fail(call: Call, outcome: Outcome) -> None:  # a call on one completion: it scores None
+        counts = timeouts if outcome.kind == "timeout" else errors
+        counts[call.name] += 1
+        failed[call.name].append((call.rows[0], outcome))
+
     calls = [Call(n, tuple(range(batch))) for n in names]
     retry = []
     for call, outcome in zip(calls, run(calls)):
-        if not record(call, outcome):
-            logger.warning("reward %r %s on the batch of %d completions; scoring them one at a time",
-                           call.name, _what(outcome), batch)
-            retry += [Call(call.name, (i,)) for i in range(batch)]
-    failed: Dict[str, List[Tuple[int, Outcome]]] = defaultdict(list)
+        if record(call, outcome):
+            continue
+        if batch == 1:
+            fail(call, outcome)
+            continue
+        logger.warning("reward %r %s on the batch of %d completions; scoring them one at a time",
+                       call.name, _what(outcome), batch)
+        retry += [Call(call.name, (i,)) for i in range(batch)]
     for call, outcome in zip(retry, run(retry)):
         if not record(call, outcome):
-            counts = timeouts if outcome.kind == "timeout" else errors
-            counts[call.name] += 1
-            failed[call.name].append((call.rows[0], outcome))
+            fail(call, outcome)
     for name, fails in failed.items():
         row, outcome = fails[0]
         logger.warning("reward %r failed on %d of %d completions, scored None (completion %d %s)",

@@ -45,7 +45,8 @@ class _Worker:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mindgrpo.rewards.worker", str(child_tasks), str(child_results), str(os.getpid())],
-            pass_fds=(child_tasks, child_results), stdin=subprocess.DEVNULL, stdout=2, env=env)  # prints go to our stderr
+            pass_fds=(child_tasks, child_results), stdin=subprocess.DEVNULL,
+            stdout=2, env=env)  # the reward functions' prints go to our stderr
         os.close(child_tasks)
         os.close(child_results)
         self.ready = False

@@ -215,3 +215,14 @@ def test_missing_dataset_columns_are_named_before_any_call():
     with pytest.raises(RewardError, match=r"reward 'accuracy' needs the column\(s\) \['solution'\], which the "
                                           r"training prompts do not have \(columns: completion_length, prompt\)"):
         rewards.check_columns(["prompt", "completion_length"], "the training prompts")
+
+
+def test_a_failed_call_on_one_completion_is_not_repeated():
+    calls = []
+
+    def fragile(completions, **kwargs):
+        calls.append(len(completions))
+        raise ValueError("no")
+
+    _, per_function, metrics = compute_rewards({"fragile": fragile}, [1.0], ["only"], {})
+    assert calls == [1] and np.isnan(per_function["fragile"][0]) and metrics["reward/fragile/errors"] == 1
