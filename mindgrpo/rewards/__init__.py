@@ -9,7 +9,7 @@ per-call timeout: mindgrpo/rewards/pool.py (imported by RewardSet when num_worke
 
 from mindgrpo.rewards import builtin  # noqa: F401  (registers the built-ins)
 from mindgrpo.rewards.answer import extract_answer, is_correct, last_boxed, normalize_answer, parse_number
-from mindgrpo.rewards.combine import RewardSet, Scores, combine, compute_rewards
+from mindgrpo.rewards.combine import RewardSet, Scores, compute_rewards
 from mindgrpo.rewards.registry import (
     REWARDS,
     get_reward,
@@ -26,7 +26,6 @@ __all__ = [
     "RewardError",
     "RewardSet",
     "Scores",
-    "combine",
     "compute_rewards",
     "extract_answer",
     "get_reward",
