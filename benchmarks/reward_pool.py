@@ -88,7 +88,7 @@ def main(argv=None) -> int:
              f"`{res['stamp']['command']}` on {res['cpu']} ({res['stamp']['machine']}), {res['stamp']['date']}, "
              f"load average {res['stamp']['load_average']}.", "",
              f"Start-up of a 2-worker pool until its first call returns: {res['pool_start_s']:.2f} s "
-             f"(median of {args.rounds}); once per run, while the models are built.", "",
+             f"(median of {args.rounds}); once per run, started after the build, before the first rollout.", "",
              "| rows | in process | pool (2 workers) | pool / in process |", "|---:|---:|---:|---:|"]
     for rows, r in res["rows"].items():
         lines.append(f"| {rows} | {r['in_process_s'] * 1e3:.1f} ms | {r['pool_s'] * 1e3:.1f} ms | "
