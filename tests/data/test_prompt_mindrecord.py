@@ -149,3 +149,27 @@ def test_reader_names_file_and_missing_column(tmp_path):
     os.unlink(path + ".db")
     with pytest.raises(FileNotFoundError, match="no index file"):
         load_prompt_dataset(path)
+
+
+def test_next_write_removes_the_folder_of_a_killed_one(tiny, tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "p.mindrecord"
+    # a writer that dies after staging part of its output (its folder stays, its process is gone)
+    died = f"""
+import os
+from mindgrpo.utils.staging import staging_dir
+stage = staging_dir({str(path)!r})
+open(os.path.join(stage, "p.mindrecord"), "wb").write(b"partial")
+os._exit(9)
+"""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert subprocess.run([sys.executable, "-c", died], env=dict(os.environ, PYTHONPATH=repo)).returncode == 9
+    (left,) = os.listdir(tmp_path)
+    assert left.startswith(".p.mindrecord.tmp-")
+    head, _, rand = left.rsplit("-", 2)
+    running = tmp_path / f"{head}-{os.getpid()}-{rand}"  # a live writer's: kept
+    running.mkdir()
+    write_prompt_dataset(str(path), ROWS, tiny, template="raw", max_prompt_length=64)
+    assert sorted(os.listdir(tmp_path)) == sorted(["p.mindrecord", "p.mindrecord.db", running.name])
