@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset_type", default="gsm8k", choices=["gsm8k", "math", "auto"])
     p.add_argument("--map_keys", type=parse_key_map, default={}, help="question=FIELD,answer=FIELD[,solution=FIELD]")
     p.add_argument("--truncate", choices=["left", "right"], default=None,
-                   help="cut over-long prompts from this side (default: drop them and count them)")
+                   help="cut the question of an over-long prompt from this side, keeping the template whole "
+                   "(default: drop such prompts and count them)")
     p.add_argument("--skip_invalid", action="store_true", help="skip and count bad rows instead of stopping")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--limit", type=int, default=None, help="convert only the first N valid rows")
