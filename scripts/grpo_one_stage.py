@@ -61,10 +61,11 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from mindgrpo.grpo.run import SetupError, run
+    from mindgrpo.rewards import RewardError
 
     try:
         return run(args)
-    except SetupError as e:
+    except (SetupError, RewardError) as e:  # RewardError: a reward function broke its contract
         print(f"grpo_one_stage: error: {e}", file=sys.stderr)
         return 2
 

@@ -84,6 +84,11 @@ class RLConfig:
     log_interval: int = 1
     completions_interval: int = 10  # steps between logged sample completions; 0 never
     swap: bool = True  # host-memory swap between phases (mindgrpo/memory/swap.py)
+    # msrun runs: a rank with no progress (a blocking call such as a collective that does not return) for
+    # this many seconds ends the job naming the phase and the rank (mindgrpo/parallel/watchdog.py); the
+    # first run of each phase, which compiles its graphs, gets compile_timeout_s instead. 0: no watchdog
+    collective_timeout_s: float = 1800.0  # HCCL's own execution timeout
+    compile_timeout_s: float = 3600.0
     # data: None means the built-in synthetic arithmetic data
     dataset_path: Optional[str] = None
     val_dataset_path: Optional[str] = None
@@ -103,6 +108,10 @@ class RLConfig:
         _check_name(AGG_MODES, self.loss_agg_mode, "loss_agg_mode")
         _check_name(REWARD_SCALES, self.advantage_scale, "advantage_scale")
         check(self.val_interval == 0 or self.val_size >= 1, "val_size", "must be >= 1 when val_interval > 0")
+        _check_non_negative(self, "collective_timeout_s")
+        check(self.collective_timeout_s == 0 or self.compile_timeout_s >= self.collective_timeout_s,
+              "compile_timeout_s", f"must be >= collective_timeout_s = {self.collective_timeout_s}, "
+              f"got {self.compile_timeout_s}")
 
     @property
     def rollout_rows(self) -> int:
@@ -197,6 +206,11 @@ class RewardConfig:
     verifier_function: tuple[str, ...] = ("accuracy", "format")  # registered reward names
     verifier_weight: tuple[float, ...] = (1.0, 1.0)  # one per verifier_function
     reward_plugin: Optional[str] = None  # path to a .py file registering more reward functions
+    # reward functions run in this many worker processes, each call bounded by timeout_s seconds (a call
+    # that times out scores None for its completions, counted in reward/<name>/timeouts); 0 runs them in
+    # the trainer's process, without a timeout (mindgrpo/rewards/pool.py)
+    num_workers: int = 2
+    timeout_s: float = 10.0
     cosine: CosineRewardConfig = field(default_factory=CosineRewardConfig)
     soft_overlong: SoftOverlongConfig = field(default_factory=SoftOverlongConfig)
 
@@ -206,6 +220,8 @@ class RewardConfig:
               f"has duplicates: {list(self.verifier_function)}")
         check(len(self.verifier_weight) == len(self.verifier_function), "verifier_weight",
               f"has {len(self.verifier_weight)} weights for {len(self.verifier_function)} verifier_function entries")
+        _check_non_negative(self, "num_workers")
+        check(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,8 @@ def build_rewards(cfg: GRPOConfig):
             s = rc.soft_overlong
             params[name] = {k: v for k, v in dict(
                 soft_max_cache_length=s.buffer_len, max_completion_length=s.max_len or max_len).items() if k in known}
-    return RewardSet(rc.verifier_function, rc.verifier_weight, params)
+    return RewardSet(rc.verifier_function, rc.verifier_weight, params, num_workers=rc.num_workers,
+                     timeout_s=rc.timeout_s)
 
 
 @dataclass

@@ -73,9 +73,11 @@ def run(args) -> int:
     rank = 0
     if args.use_parallel:
         from mindgrpo.parallel.comm import init_parallel
+        from mindgrpo.parallel.watchdog import guard_rank
 
         comm = init_parallel(cfg)
         rank = comm.rank
+        guard_rank(rank, rl.collective_timeout_s, rl.compile_timeout_s)  # no hang, no orphan
     if args.only_save_strategy:
         from mindgrpo.grpo.builder import save_strategies
 
@@ -104,6 +106,7 @@ def run(args) -> int:
     progress = Progress(rl.max_steps)
     trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out, rank, comm)
     trainer.save_data_file = args.save_data_file
+    parts.rewards.start()  # the reward workers start while the first rollout compiles
     resumed = False
     if args.resume or args.resume_from:
         from mindgrpo.grpo import checkpointing
@@ -127,7 +130,10 @@ def run(args) -> int:
         logger.info("sft warm start done: %s", json.dumps(m))
 
     t0 = time.perf_counter()
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:
+        parts.rewards.close()  # the reward workers (also stopped at exit)
     hist = trainer.val_history
     if hist:
         logger.info("final: val_accuracy start=%.3f end=%.3f", hist[0], hist[-1])

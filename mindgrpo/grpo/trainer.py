@@ -22,6 +22,7 @@ from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.inference.engine import Completion, RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,10 @@ class GRPOTrainer:
         self.policy, self.inference, self.reference = policy, inference, reference
         self.engine, self.sync, self.ref_sync, self.memory = engine, sync, ref_sync, memory
         self.rewards, self.tokenizer = rewards, tokenizer
+        # the columns every reward call gets (Rollouts.columns, validate): a reward that needs another fails now
+        rewards.check_columns([*train_prompts.columns, "completion_length"], "the training prompts")
+        if val_prompts is not None:
+            rewards.check_columns([*val_prompts.columns, "completion_length"], "the validation prompts")
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
         self.save_data_file = save_data_file
@@ -338,6 +343,7 @@ class GRPOTrainer:
                                              "val/accuracy") if k in metrics}
             logger.info(self.progress.line(self.step, shown))
             if (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps:
-                self.save()
+                with heartbeat.phase("save"):  # barriers under msrun: the watchdog names this phase
+                    self.save()
             last = metrics
         return last

@@ -27,6 +27,7 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.parallel.comm import Comm, layouts_of
 from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ def build_tp_model(cfg: GRPOConfig, mcfg: Qwen2Config, layout: ParallelLayout, c
             state = read_model_state(path, mcfg)
             mine = dict(lm.parameters_and_names())
             load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items() if n in mine})
+    heartbeat.beat()  # progress for the collective watchdog: building a big model takes a while
     return lm
 
 
@@ -104,6 +106,7 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
     from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
     from mindgrpo.parallel.pipeline import Pipeline
     from mindgrpo.parallel.reshard import Reshard
+    from mindgrpo.parallel.shared_rewards import SharedRewards
 
     rl = cfg.rl_config
     train_layout, infer_layout, ref_layout = layouts_of(cfg)
@@ -151,7 +154,8 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
     logger.info("rank %d: policy %s, inference %s, reference %s; resharding receives %.1f MB per sync "
                 "(minimum %.1f MB)", comm.rank, train_layout, infer_layout, ref_layout, sync.received / 2**20,
                 sync.minimum / 2**20)
-    return Parts(tokenizer, policy, inference, reference, train, val, build_rewards(cfg), memory, engine, sync,
+    rewards = SharedRewards(build_rewards(cfg), comm)  # rank 0 scores, every rank gets its scores
+    return Parts(tokenizer, policy, inference, reference, train, val, rewards, memory, engine, sync,
                  ref_sync, grad_reducer=DataParallelGrads(comm, comm.train_dp),
                  pipeline=Pipeline(comm, train_layout, policy.dtype),
                  ref_pipeline=Pipeline(comm, ref_layout, reference.dtype) if reference is not None else None)

@@ -34,7 +34,7 @@ FULL = GRPOConfig(
         kl_kind="k3", clip_low=0.1, clip_high=0.28, dual_clip=3.0, loss_agg_mode="seq-mean-token-sum-norm",
         advantage_scale="batch", advantage_eps=1e-4, ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, save_interval=5, keep_last_k=3,
-        log_interval=2, completions_interval=4, swap=False, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
+        log_interval=2, completions_interval=4, swap=False, collective_timeout_s=600.0, compile_timeout_s=1200.5, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
         output_dir="/tmp/mindgrpo-run"),
     actor_config=ActorConfig(
         model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
@@ -47,7 +47,7 @@ FULL = GRPOConfig(
         stop_token_ids=(151643, 151645), seed=123, parallel_config=ParallelConfig(3, 4, 5)),
     reward_config=RewardConfig(
         verifier_function=("accuracy", "format", "soft_overlong"), verifier_weight=(1.0, 0.5, 2.0),
-        reward_plugin="plugins/my_rewards.py",
+        reward_plugin="plugins/my_rewards.py", num_workers=4, timeout_s=2.5,
         cosine=CosineRewardConfig(-2.0, -1.0, 0.25, 2.0, 800),
         soft_overlong=SoftOverlongConfig(buffer_len=256, penalty_factor=0.5, max_len=900)),
     sft_config=SFTConfig(steps=12, lr=5e-4, batch_size=8, teacher_carry_error=0.0),
@@ -141,6 +141,11 @@ def test_nested_unknown_key():
     (["generate_config.parallel_config.optimizer_shard=true"], "generate_config.parallel_config.optimizer_shard",
      "only the training layout"),
     (["sft_config.teacher_carry_error=1.5"], "sft_config.teacher_carry_error", "must be in [0, 1]"),
+    (["reward_config.num_workers=-1"], "reward_config.num_workers", "must be >= 0"),
+    (["reward_config.timeout_s=0"], "reward_config.timeout_s", "must be > 0"),
+    (["rl_config.collective_timeout_s=-5"], "rl_config.collective_timeout_s", "must be >= 0"),
+    (["rl_config.collective_timeout_s=600", "rl_config.compile_timeout_s=60"], "rl_config.compile_timeout_s",
+     "must be >= collective_timeout_s = 600"),
     (["sft_config.teacher_carry_error=0.5", "rl_config.dataset_path=data/train.mindrecord"],
      "sft_config.teacher_carry_error", "built-in synthetic task only"),
 ])

@@ -102,3 +102,20 @@ def test_reward_plugin_flag(tmp_path):
     row = metrics(out)[-1]
     assert row["reward/always_half/mean"] == 0.5
     assert abs(row["reward_mean"] - (row["reward/accuracy/mean"] + 1.0)) < 1e-6
+
+
+
+def test_a_reward_needing_a_missing_column_stops_the_run_in_one_line(tmp_path):
+    plugin = tmp_path / "rewards.py"
+    plugin.write_text("from mindgrpo.rewards import register_reward\n\n"
+                      "@register_reward('by_difficulty')\n"
+                      "def by_difficulty(completions, difficulty, **_):\n"
+                      "    return [float(d) for d in difficulty]\n")
+    r = run(tmp_path / "out", "--reward_plugin", str(plugin), "rl_config.max_steps=1", "sft_config.steps=0",
+            "reward_config.verifier_function=[accuracy, by_difficulty]", "reward_config.verifier_weight=[1, 1]",
+            check=False)
+    assert r.returncode == 2
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["grpo_one_stage: error: reward 'by_difficulty' needs the column(s) ['difficulty'], which the "
+                      "training prompts do not have (columns: answer, completion_length, prompt, solution)"], \
+        r.stderr[-3000:]
