@@ -45,6 +45,10 @@ class ConfigError(ValueError):
         return ConfigError(_join(prefix, self.key), self.message)
 
 
+class _BadValue(ConfigError):
+    """The value has the field's type but is not allowed (a non-finite float)."""
+
+
 def check(condition: bool, key: str, message: str) -> None:
     """For `__post_init__`: raise ConfigError(key, message) unless condition holds."""
     if not condition:
@@ -199,7 +203,7 @@ def _convert(value, tp, key: str):
                 return _convert(value, arm, key)
             except ConfigError as e:
                 errors.append(e)
-        if len(errors) == 1 and errors[0].key != key:
+        if len(errors) == 1 and (errors[0].key != key or isinstance(errors[0], _BadValue)):
             raise errors[0]  # the value has the right shape but something inside it is wrong
         raise _mismatch(value, tp, key)
     if origin is typing.Literal:
@@ -253,7 +257,7 @@ def _convert(value, tp, key: str):
         else:
             raise _mismatch(value, tp, key)
         if not math.isfinite(number):  # nan or inf anywhere silently ruins a run (temperature=inf: no gradient)
-            raise ConfigError(key, f"must be a finite number, got {value}")
+            raise _BadValue(key, f"must be a finite number, got {value}")
         return number
     if tp is str:
         if isinstance(value, str):

@@ -43,7 +43,7 @@ def last_checkpoint(out, name="policy"):
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
-    run(out, "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2")
+    run(out, "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2", "rl_config.log_interval=3")
     return out
 
 
@@ -59,6 +59,9 @@ def test_metrics_and_outputs(straight):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(straight, "tensorboard")))
     assert open(os.path.join(straight, "training.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir(os.path.join(straight, "checkpoints"))) == ["step_00000002", "step_00000004"]
+    # rl_config.log_interval=3: a progress line at step 3 and at the last step; metrics.jsonl has every step
+    log = open(os.path.join(straight, "logs", "rank_0.log")).read()
+    assert [s for s in range(1, 5) if f"step {s}/4 |" in log] == [3, 4]
 
 
 def test_resume_continues_exactly(straight, tmp_path):
