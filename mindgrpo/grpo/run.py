@@ -58,6 +58,18 @@ def load_run_config(args):
     return cfg
 
 
+def run_paths(cfg, args):
+    """The builder's paths: weights and data from the config (the flags are folded in), the rest from flags."""
+    from mindgrpo.grpo.builder import Paths
+
+    return Paths(output_dir=cfg.rl_config.output_dir, sft_path_train=cfg.actor_config.load_checkpoint,
+                 sft_path_infer=args.sft_path_infer, ref_path=cfg.ref_config.load_checkpoint,
+                 vocab_path=args.vocab_path, merges_file_path=args.merges_file_path,
+                 tokenizer_config=args.tokenizer_config, dataset=cfg.rl_config.dataset_path,
+                 val_dataset=cfg.rl_config.val_dataset_path, load_sft_checkpoint_train=args.load_sft_checkpoint_train,
+                 load_sft_checkpoint_infer=args.load_sft_checkpoint_infer, load_ref_checkpoint=args.load_ref_checkpoint)
+
+
 def _overrides(args) -> list:
     overrides = list(args.overrides)
     if args.output_dir:
@@ -136,14 +148,7 @@ def run(args) -> int:
     ms.set_seed(rl.seed)
     cache = os.path.join(out, "cache")
     try:
-        parts = builder.build(cfg, builder.Paths(
-            output_dir=out, sft_path_train=cfg.actor_config.load_checkpoint, sft_path_infer=args.sft_path_infer,
-            ref_path=cfg.ref_config.load_checkpoint, vocab_path=args.vocab_path,
-            merges_file_path=args.merges_file_path, tokenizer_config=args.tokenizer_config,
-            dataset=rl.dataset_path, val_dataset=rl.val_dataset_path,
-            load_sft_checkpoint_train=args.load_sft_checkpoint_train,
-            load_sft_checkpoint_infer=args.load_sft_checkpoint_infer,
-            load_ref_checkpoint=args.load_ref_checkpoint), cache, comm=comm)
+        parts = builder.build(cfg, run_paths(cfg, args), cache, comm=comm)
     except (ConfigError, OSError, KeyError, ValueError) as e:
         raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
 
