@@ -174,12 +174,13 @@ class GenerateConfig:
 
 @dataclass(frozen=True)
 class CosineRewardConfig:
-    """Length-scaled correctness reward (Yeo et al. 2025; open-r1's cosine_scaled)."""
+    """Length-scaled correctness reward (Yeo et al. 2025; open-r1's cosine_scaled): short correct
+    answers earn the most, short wrong ones lose the most; in between along half a cosine."""
 
-    min_value_wrong: float = -1.0
-    max_value_wrong: float = -0.5
-    min_value_correct: float = 0.5
-    max_value_correct: float = 1.0
+    min_value_wrong: float = -1.0  # a wrong answer of length 0
+    max_value_wrong: float = -0.5  # a wrong answer of max_len tokens or more
+    min_value_correct: float = 0.5  # a correct answer of max_len tokens or more
+    max_value_correct: float = 1.0  # a correct answer of length 0
     max_len: Optional[int] = None  # None: generate_config.max_tokens
 
 

@@ -128,7 +128,7 @@ def build_rewards(cfg: GRPOConfig):
             c = rc.cosine
             params[name] = {k: v for k, v in dict(
                 cosine_min_len_value_wrong=c.min_value_wrong, cosine_max_len_value_wrong=c.max_value_wrong,
-                cosine_min_len_value_correct=c.min_value_correct, cosine_max_len_value_correct=c.max_value_correct,
+                cosine_min_len_value_correct=c.max_value_correct, cosine_max_len_value_correct=c.min_value_correct,
                 cosine_max_len=c.max_len or max_len).items() if k in known}
         elif name == "soft_overlong":
             s = rc.soft_overlong
