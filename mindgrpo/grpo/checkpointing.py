@@ -119,6 +119,12 @@ def save_params(params: Sequence[ms.Parameter], path: str) -> None:
     ms.save_checkpoint([{"name": p.name, "data": p} for p in params], path)
 
 
+def largest_first(groups: Dict[str, Sequence[ms.Parameter]]) -> List[str]:
+    """The order to write groups in: the largest first, so that hashing it overlaps the writing of
+    the others and only the smallest one's hash is left at the end."""
+    return sorted(groups, key=lambda name: -sum(p.size * p.itemsize for p in groups[name]))
+
+
 class Recorder:
     """Flushes and hashes written files on a worker thread while the next file is being written."""
 
@@ -344,8 +350,8 @@ def save(root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state:
     begin_folder(tmp)
     record = Recorder(tmp)
     try:
-        for name, params in groups.items():
-            save_params(params, os.path.join(tmp, f"{name}.ckpt"))
+        for name in largest_first(groups):
+            save_params(groups[name], os.path.join(tmp, f"{name}.ckpt"))
             record.add(f"{name}.ckpt")
             crash_point(step, f"{name}.ckpt")
         write_json(os.path.join(tmp, "state.json"), state, indent=2, sort_keys=True)

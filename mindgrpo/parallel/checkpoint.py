@@ -52,10 +52,10 @@ def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms
         ckpt.begin_folder(tmp)
     comm.barrier()
     record = ckpt.Recorder(tmp)
-    for name, params in groups.items():
+    for name in ckpt.largest_first(groups):
         rel = os.path.join(name, f"rank_{comm.rank}", f"{name}.ckpt")
         os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
-        ckpt.save_params(params, os.path.join(tmp, rel))
+        ckpt.save_params(groups[name], os.path.join(tmp, rel))
         record.add(rel)
         ckpt.crash_point(step, f"{name}.ckpt")
     ckpt.write_json(os.path.join(tmp, rank_part(comm.rank)), record.entries())
