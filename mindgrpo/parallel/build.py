@@ -100,7 +100,8 @@ def full_shapes(mcfg: Qwen2Config) -> Dict[str, tuple]:
 
 
 def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
-    from mindgrpo.grpo.builder import Parts, build_prompts, build_rewards, build_tokenizer
+    from mindgrpo.grpo.builder import Parts, build_prompts, build_rewards, build_tokenizer, model_source
+    from mindgrpo.grpo.prompts import check_vocabulary
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
@@ -123,6 +124,8 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
     if mcfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"the model's vocab_size {mcfg.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size}")
+    check_vocabulary(mcfg.vocab_size, model_source(cfg, paths.sft_path_train, paths.load_sft_checkpoint_train),
+                     train, val)
     policy = build_tp_model(cfg, mcfg, train_layout, comm, paths.sft_path_train, paths.load_sft_checkpoint_train,
                             rl.seed)
     inference = build_tp_model(cfg, mcfg, infer_layout, comm, paths.sft_path_infer or paths.sft_path_train,
