@@ -1,4 +1,4 @@
-"""msrun worker (4 ranks) for tests/parallel/test_msrun.py: resharding from the training layout
+"""msrun worker (4 ranks) for tests/parallel/test_pipeline.py: resharding from the training layout
 (dp2, tp2) to (dp4, tp1) and to (dp1, tp4), and the tp=4 model's logits.
 
     msrun --worker_num=4 ... four_ranks.py OUT_DIR
