@@ -14,8 +14,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-ms.set_context(mode=ms.GRAPH_MODE)
-ms.set_device("CPU")
+ms.set_context(mode=ms.GRAPH_MODE)  # the CPU device is the default; several.py runs this after a script that set it
 
 from mindgrpo.models.convert import expected_shapes  # noqa: E402
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
