@@ -42,6 +42,7 @@ from mindgrpo.inference.sampling import Sampler, SamplingParams
 from mindgrpo.inference.scheduler import SlotScheduler, halving_bucket, pow2_bucket
 from mindgrpo.inference.streams import uniforms
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.utils import heartbeat
 
 LENGTH_STEP = 32  # capacities are multiples of this; decode length buckets stop halving near it
 PROMPT_STEP = 16  # the smallest prefill / copy length bucket
@@ -90,7 +91,7 @@ class RolloutEngine:
         self.model = InferenceModel(lm)
         self.pad = pad_token_id
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.fixed_capacity = None if max_model_len is None else slot_capacity(max_model_len, 1)
+        self.fixed_capacity = None if max_model_len is None else min(slot_capacity(max_model_len, 1), self.max_positions)
         if self.fixed_capacity is not None:
             kv_slots(self.fixed_capacity, max_num_seqs, max_num_batched_tokens)  # fails early on a tiny budget
         self.cache: Optional[KVCache] = None
@@ -98,6 +99,12 @@ class RolloutEngine:
         self.compiled_graphs = 0  # grows only when a new graph shape is built
         self.last_stats: dict = {}
         self.last_logits: Optional[List[np.ndarray]] = None
+
+    @property
+    def max_positions(self) -> int:
+        """The model's context: positions it has RoPE rows for (at most max_position_embeddings). A prompt's
+        length + max_tokens may not exceed it."""
+        return int(self.lm.rope_cos.shape[0])
 
     # ---------------------------------------------------------------- memory
     def resident_parameters(self) -> list:
@@ -113,16 +120,15 @@ class RolloutEngine:
         self._graphs.clear()
 
     def _ensure_cache(self, need: int) -> KVCache:
+        """need: the cache positions the call's longest sample writes (at most max_positions - 1).
+        A slot never holds more positions than the model has (the rounding stops there)."""
         capacity = self.fixed_capacity
         if capacity is None:
             capacity = max(slot_capacity(need, 1), self.cache.capacity if self.cache is not None else 0)
         elif need > capacity:
             raise ValueError(f"a prompt + its max_tokens needs {need} cache positions; max_model_len allows "
                              f"{capacity}")
-        table = self.lm.rope_cos.shape[0]
-        if capacity > table:
-            raise ValueError(f"prompt + max_tokens ({capacity} positions) exceeds the model's position table "
-                             f"({table})")
+        capacity = min(capacity, self.max_positions)
         if self.cache is None or self.cache.capacity != capacity:
             self.release()
             slots = kv_slots(capacity, self.max_num_seqs, self.max_num_batched_tokens)
@@ -152,6 +158,11 @@ class RolloutEngine:
             else np.asarray(max_tokens, np.int64)
         if limit.shape != (len(prompts),) or (limit < 1).any():
             raise ValueError(f"max_tokens must give one value >= 1 per prompt, got {list(limit)}")
+        too_long = np.flatnonzero(lengths + limit > self.max_positions)
+        if too_long.size:
+            i = int(too_long[0])
+            raise ValueError(f"a prompt of {lengths[i]} tokens + max_tokens {limit[i]} = {lengths[i] + limit[i]} "
+                             f"positions, more than the model's {self.max_positions}")
         keys = np.arange(len(prompts)) if prompt_index is None else np.asarray(prompt_index, np.int64)
         cache = self._ensure_cache(int((lengths + limit - 1).max()))
         call = _Call(prompts, params, limit, keys, cache.slots, self.lm.config.vocab_size, return_logits)
@@ -202,6 +213,7 @@ class RolloutEngine:
                             Tensor(rows.astype(np.int32)), Tensor(u), Tensor(call.temperature[:rows.size]))
         res = out.asnumpy()[mine]  # (live, 3) host sync: the stop check needs the tokens
         call.record(live, res, logits.asnumpy()[mine] if call.logits else None)
+        heartbeat.beat()  # a decode step (its collectives, under tensor parallelism) came back
         call.stats["decode_steps"] += 1
         call.stats["rows_computed"] += rows.size
 

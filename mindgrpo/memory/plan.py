@@ -17,8 +17,9 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
     kv_cache    the rollout engine's cache, sized from generate_config as the engine sizes it
                 (`mindgrpo.inference.engine`): S = max_num_seqs slots, fewer if the budget
                 max_num_batched_tokens cannot hold S x C tokens, C = max_prompt_length + max_tokens
-                (rounded up to 32), plus one trash slot; x this rank's kv heads x d x layers x 2
-                (k and v), in the compute dtype. Exact: the engine allocates it at its first call
+                (rounded up to 32, at most max_position_embeddings), plus one trash slot; x this
+                rank's kv heads x d x layers x 2 (k and v), in the compute dtype. Exact: the engine
+                allocates it at its first call
     transient   the largest resharding bucket during `sync` (its new piece and what it receives),
                 from the resharding plan itself
 The ledger of a run counts exactly these (tests/parallel/test_msrun.py compares). On top, the
@@ -82,7 +83,7 @@ def inference_copy_bytes(cfg: Qwen2Config, layout: ParallelLayout) -> int:
 
 def kv_cache_bytes(cfg: Qwen2Config, gen, layout: ParallelLayout) -> int:
     """The rollout engine's KV cache on one rank of the inference layout (gen: generate_config)."""
-    capacity = slot_capacity(gen.max_prompt_length, gen.max_tokens)
+    capacity = min(slot_capacity(gen.max_prompt_length, gen.max_tokens), cfg.max_position_embeddings)
     slots = kv_slots(capacity, gen.max_num_seqs, gen.max_num_batched_tokens)
     width = 2 if cfg.compute_dtype != "float32" else 4
     return 2 * cfg.num_hidden_layers * (slots + 1) * (cfg.num_key_value_heads // layout.tp) * capacity * cfg.d * width

@@ -129,31 +129,26 @@ def test_greedy_is_the_same_for_every_slot_count_and_its_sampled_logprob_is_zero
     assert all((c.sampling_logprobs == 0).all() and (c.logprobs < 0).all() for c in out[0])
 
 
-def test_graphs_compile_once_per_shape_within_the_stated_bound(lm):
-    e = RolloutEngine(lm, max_num_seqs=4, max_model_len=64)
-    p = SamplingParams(max_tokens=20, temperature=1.0, n=2, seed=1, stop_token_ids=(6, 17, 40))
-    e.generate(PROMPTS, p)
-    first = e.compiled_graphs
-    e.generate(PROMPTS[::-1], p)
-    e.generate(PROMPTS, p)
-    assert e.compiled_graphs == first  # the same shapes again: nothing new to compile
-    # the engine's bound for 4 slots of 64 positions and one prompt-length bucket (16): decode 1 batch
-    # bucket (4 < 8) x 2 length buckets (64, 32); prefill 3 batch buckets (4, 2, 1); copy 1 (4)
-    assert first <= 2 + 3 + 1
-    assert {k[0] for k in e._graphs} == {"decode", "prefill", "copy"}
-    assert {k[1] for k in e._graphs if k[0] == "decode"} == {4}  # fewer than 8 slots: one batch bucket
-    assert {k[2] for k in e._graphs if k[0] == "decode"} <= {32, 64}
-
-
-def test_the_kv_budget_sets_the_slots_and_the_memory_plan_counts_the_cache(lm):
+def test_the_kv_budget_sets_the_slots_and_graphs_compile_once_per_shape_within_the_bound(lm):
     gen = GenerateConfig(max_prompt_length=30, max_tokens=16, max_num_seqs=8, max_num_batched_tokens=200)
     e = RolloutEngine(lm, max_num_seqs=gen.max_num_seqs, max_num_batched_tokens=gen.max_num_batched_tokens,
                       max_model_len=gen.max_prompt_length + gen.max_tokens)
-    out = e.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=1.0, n=2, seed=4))
+    p = SamplingParams(max_tokens=16, temperature=1.0, n=2, seed=4, stop_token_ids=(6, 17, 40))
+    out = e.generate(PROMPTS, p)
     assert len(out) == 10
     assert e.last_stats["slots"] == 200 // 64 == 3  # capacity 30 + 16 - 1 rounded up to 64 positions
     # k and v, 2 layers, 3 slots + the trash slot, 2 kv heads, 64 positions, d 8, fp32
     assert e.cache_bytes() == 2 * 2 * 4 * 2 * 64 * 8 * 4 == kv_cache_bytes(CFG, gen, ParallelLayout())
+    first = e.compiled_graphs
+    e.generate(PROMPTS[::-1], p)
+    e.generate(PROMPTS, p)
+    assert e.compiled_graphs == first  # the same shapes again: nothing new to compile
+    # the engine's bound for 3 slots of 64 positions and one prompt-length bucket (16): decode 1 batch
+    # bucket (3 < 8) x 2 length buckets (64, 32); prefill 3 batch buckets (3, 2, 1); copy 1 (3)
+    assert first <= 2 + 3 + 1
+    assert {k[0] for k in e._graphs} == {"decode", "prefill", "copy"}
+    assert {k[1] for k in e._graphs if k[0] == "decode"} == {3}  # fewer than 8 slots: one batch bucket
+    assert {k[2] for k in e._graphs if k[0] == "decode"} <= {32, 64}
     with pytest.raises(ValueError, match="max_model_len allows 64"):
         e.generate([[1] * 60], SamplingParams(max_tokens=8))
     with pytest.raises(ValueError, match="cannot hold one sequence of 64 tokens"):
@@ -208,3 +203,17 @@ def test_generate_sees_updated_weights(lm, engines):
         load_state(lm, saved)
     assert after != before
     assert tokens(e.generate(PROMPTS, p)) == before
+
+
+def test_the_limit_is_the_models_context_not_the_cache_bucket(lm):
+    # 40 positions (the weights of lm): a 30-token prompt + 10 new tokens fits, though capacities
+    # round up to 32-position steps (the slot holds 40)
+    short = RolloutEngine(Qwen2ForCausalLM(CFG, seed=1, max_positions=40), max_num_seqs=1)
+    assert short.max_positions == 40
+    p = SamplingParams(max_tokens=10, temperature=0.0)
+    prompt = [[(7 * i) % 60 + 1 for i in range(30)]]
+    assert tokens(short.generate(prompt, p)) == greedy_by_reforward(lm, prompt, 10)
+    assert short.last_stats["capacity"] == 40
+    with pytest.raises(ValueError, match=r"a prompt of 31 tokens \+ max_tokens 10 = 41 positions, more than the "
+                                         r"model's 40"):
+        short.generate([[5] * 31], p)
