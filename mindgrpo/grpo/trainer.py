@@ -27,7 +27,8 @@ from mindgrpo.utils import heartbeat
 logger = logging.getLogger(__name__)
 
 # the engine's per-call figures logged as rollout/<key> (mindgrpo.inference.engine.RolloutEngine.last_stats)
-ROLLOUT_STATS = ("useful_fraction", "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps")
+ROLLOUT_STATS = ("useful_fraction", "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps",
+                 "compiled_graphs")
 
 
 class TrainingStopped(Exception):

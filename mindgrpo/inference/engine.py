@@ -12,13 +12,13 @@ do not depend on the slots, the admission order or the data-parallel split.
 
 Graphs are compiled once per shape and kept for later calls (top-k, top-p and min-p are part of
 the decode graph's key; the temperature is an input, so greedy validation and sampled rollouts
-share graphs). Batch and
-length buckets halve from the cap (S slots, C positions per slot) down to about 8 rows and 32
-positions, so a call can compile at most
-    decode   (log2(S / 8) + 2) batch buckets x (log2(C / 32) + 2) length buckets
-    prefill  (log2 S + 2) prompt-batch buckets, copy (log2(S / 8) + 2) batch buckets, each for
-             the call's prompt-length bucket (a power of two from 16 to C)
-(S = 64, C = 544: at most 20 decode, 8 prefill and 5 copy shapes per prompt-length bucket; one
+share graphs). Batch and length buckets halve from the cap (S slots, C positions per slot) down to
+about 8 rows and 32 positions, so a run compiles at most (`graph_bound`)
+    decode   len(halving_buckets(S, 8)) x len(halving_buckets(C, 32)) shapes
+    prefill  len(halving_buckets(S, 1)) prompt-batch buckets and copy len(halving_buckets(S, 8))
+             batch buckets, for each prompt-length bucket a call's longest prompt picks (a power
+             of two from 16 to C)
+(S = 64, C = 544: at most 20 decode, 7 prefill and 4 copy shapes per prompt-length bucket; one
 call of 64 prompts x 8 samples compiles about 8, 2 and 3). Prefill and copy graphs touch only
 the rows they write and compile faster than a decode graph.
 
@@ -39,7 +39,7 @@ from mindspore import Tensor
 from mindgrpo.inference.graphs import CopyGraph, DecodeGraph, KVCache, PrefillGraph
 from mindgrpo.inference.layers import InferenceModel
 from mindgrpo.inference.sampling import Sampler, SamplingParams
-from mindgrpo.inference.scheduler import SlotScheduler, halving_bucket, pow2_bucket
+from mindgrpo.inference.scheduler import SlotScheduler, halving_bucket, halving_buckets, pow2_bucket
 from mindgrpo.inference.streams import uniforms
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils import heartbeat
@@ -68,6 +68,18 @@ def kv_slots(capacity: int, max_num_seqs: int, max_num_batched_tokens: Optional[
         raise ValueError(f"max_num_batched_tokens {max_num_batched_tokens} cannot hold one sequence of "
                          f"{capacity} tokens (prompt + max_tokens)")
     return slots
+
+
+def graph_bound(slots: int, capacity: int, max_prompt_length: Optional[int] = None) -> dict:
+    """The most graphs an engine with these slots and per-slot capacity compiles in a run, per
+    setting of top-k / top-p / min-p: decode shapes, and prefill and copy shapes per prompt-length
+    bucket (a call's longest prompt picks one; `prompt_buckets` of them for prompts up to
+    max_prompt_length tokens, default the capacity)."""
+    longest = capacity if max_prompt_length is None else max_prompt_length
+    prompt_buckets = len({pow2_bucket(n, PROMPT_STEP, capacity) for n in range(longest)})
+    return {"decode": len(halving_buckets(slots, MIN_BATCH)) * len(halving_buckets(capacity, LENGTH_STEP)),
+            "prefill_per_prompt_bucket": len(halving_buckets(slots, 1)),
+            "copy_per_prompt_bucket": len(halving_buckets(slots, MIN_BATCH)), "prompt_buckets": prompt_buckets}
 
 
 def slot_capacity(max_prompt_length: int, max_tokens: int) -> int:

@@ -36,6 +36,14 @@ def pow2_bucket(n: int, low: int, high: int) -> int:
     return min(b, high)
 
 
+def halving_buckets(cap: int, low: int) -> List[int]:
+    """Every bucket `halving_bucket(., cap, low)` can return, largest first."""
+    out = [cap]
+    while -(-out[-1] // 2) >= max(low, 1) and -(-out[-1] // 2) < out[-1]:
+        out.append(-(-out[-1] // 2))
+    return out
+
+
 def halving_bucket(n: int, cap: int, low: int) -> int:
     """The smallest of cap, ceil(cap / 2), ceil(cap / 4), ... that is >= n, none below low
     (cap itself may be): at most log2(cap / low) + 2 buckets, each at most twice what it holds."""

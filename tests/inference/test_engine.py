@@ -8,7 +8,7 @@ import mindspore as ms
 
 from mindgrpo.config import GenerateConfig
 from mindgrpo.grpo.experience import pack
-from mindgrpo.inference.engine import RolloutEngine
+from mindgrpo.inference.engine import RolloutEngine, graph_bound
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.memory.plan import kv_cache_bytes
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
@@ -145,6 +145,8 @@ def test_the_kv_budget_sets_the_slots_and_graphs_compile_once_per_shape_within_t
     assert e.compiled_graphs == first  # the same shapes again: nothing new to compile
     # the engine's bound for 3 slots of 64 positions and one prompt-length bucket (16): decode 1 batch
     # bucket (3 < 8) x 2 length buckets (64, 32); prefill 3 batch buckets (3, 2, 1); copy 1 (3)
+    bound = graph_bound(3, 64, gen.max_prompt_length)
+    assert bound == {"decode": 2, "prefill_per_prompt_bucket": 3, "copy_per_prompt_bucket": 1, "prompt_buckets": 2}
     assert first <= 2 + 3 + 1
     assert {k[0] for k in e._graphs} == {"decode", "prefill", "copy"}
     assert {k[1] for k in e._graphs if k[0] == "decode"} == {3}  # fewer than 8 slots: one batch bucket

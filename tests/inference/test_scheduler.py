@@ -5,7 +5,7 @@ while requests wait."""
 import numpy as np
 import pytest
 
-from mindgrpo.inference.scheduler import SlotScheduler, halving_bucket, pow2_bucket
+from mindgrpo.inference.scheduler import SlotScheduler, halving_bucket, halving_buckets, pow2_bucket
 
 
 def simulate(prompts, group, slots, seed):
@@ -80,3 +80,10 @@ def test_pow2_bucket(n, low, high, expected):
                                                    (1, 100, 8, 13), (14, 100, 8, 25)])
 def test_halving_bucket(n, cap, low, expected):
     assert halving_bucket(n, cap, low) == expected
+
+
+@pytest.mark.parametrize("cap, low, expected", [(64, 8, [64, 32, 16, 8]), (100, 8, [100, 50, 25, 13]),
+                                                (544, 32, [544, 272, 136, 68, 34]), (3, 8, [3]), (5, 1, [5, 3, 2, 1])])
+def test_halving_buckets_are_every_bucket_halving_bucket_returns(cap, low, expected):
+    assert halving_buckets(cap, low) == expected
+    assert sorted({halving_bucket(n, cap, low) for n in range(cap + 1)}, reverse=True) == expected
