@@ -11,11 +11,7 @@ each is counted). The model comes from actor_config.model (a preset name or a fi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 
 def main(argv=None) -> int:

@@ -108,7 +108,7 @@ class AdamW(nn.Cell):
     lr' = lr * sqrt(bc2) / bc1 and eps' = eps * sqrt(bc2), and the decoupled decay lr * wd * p
     written as lr' * (wd * lr / lr') * p. One step of a (152k, 256) parameter takes about half the
     time and a tenth of the transient memory of the same update written as tensor arithmetic,
-    which keeps a buffer per intermediate on the CPU (`python benchmarks/adamw.py`)."""
+    which keeps a buffer per intermediate on the CPU (`python -m benchmarks.adamw`)."""
 
     def __init__(self, params: Sequence[Parameter], buffer: GradBuffer, beta1=0.9, beta2=0.999,
                  eps=1e-8, weight_decay=0.0, sq_norm: Optional[nn.Cell] = None, shard: Optional[Group] = None,

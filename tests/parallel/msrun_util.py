@@ -47,8 +47,9 @@ def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float =
     script = script if os.path.isabs(script) else os.path.join(WORKERS, script)
     cmd = [msrun_path(), f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_port",
            str(free_port()), "--log_dir", log_dir, "--join", "True", script, *map(str, args)]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PATH=python_path())
+    # the repo (mindgrpo, scripts) and tests/parallel (the workers' shared cases)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
+                                                       os.environ.get("PYTHONPATH", "")]), PATH=python_path())
     os.makedirs(log_dir, exist_ok=True)
     with open(os.path.join(log_dir, "msrun.out"), "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,

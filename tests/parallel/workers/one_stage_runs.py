@@ -8,10 +8,7 @@ with the given key=value settings plus each run's own, into folders of OUT_DIR:
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-
-import grpo_one_stage  # noqa: E402
+from scripts import grpo_one_stage
 
 TP2 = ["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"]
 PP2 = ["actor_config.parallel_config.pipeline_stage=2", "generate_config.parallel_config.data_parallel=2"]
