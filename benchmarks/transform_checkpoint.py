@@ -7,21 +7,20 @@ temporary directory that is removed at the end. Peers: a plain `shutil.copyfile`
 checkpoint (the bar: the transform should reach at least half of its MB/s), and MindSpore's own
 `transform_checkpoints` (the script's `--engine mindspore`), timed once. Every run starts with the
 source in the page cache, as the copy does, and with no dirty pages left from the run before
-(`os.sync()` between runs, untimed). Seconds are the wall time of the whole command (read,
-check, slice, write, rename), run in-process after a warm-up; MB/s is given both for the
-checkpoint's bytes and for the bytes written (twice the checkpoint with two dp replicas), and the
-last column compares the latter with the copy's MB/s.
+(`os.sync()` between runs, untimed). Seconds are the wall time of the whole transform (read,
+check, slice, write, rename: `mindgrpo.parallel.transform`, which the script runs), in-process
+after a warm-up; MB/s is given both for the checkpoint's bytes and for the bytes written (twice the
+checkpoint with two dp replicas), and the last column compares the latter with the copy's MB/s.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import dataclasses
 import os
 import shutil
 import statistics
 import tempfile
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +65,7 @@ def main() -> None:
     from mindgrpo.parallel.layout import ParallelLayout
     from mindgrpo.parallel.strategy import write_strategy_file
 
-    from scripts import transform_checkpoint as script
+    from mindgrpo.parallel.transform import TransformRequest, transform
 
     work = tempfile.mkdtemp(prefix="transform_bench.", dir=args.workdir)
     try:
@@ -90,16 +89,15 @@ def main() -> None:
         for label, (dp, tp) in LAYOUTS.items():
             strategy = write_strategy_file(os.path.join(work, f"{label.replace(' ', '')}.ckpt"),
                                            ParallelLayout(dp, tp), shapes)
-            argv = ["--src_checkpoint", src, "--dst_checkpoint", out, "--dst_strategy", strategy]
-            with redirect_stdout(io.StringIO()):
-                script.main(argv)  # warm-up
-                med, times = seconds(lambda: script.main(argv), rm_out, args.repeats)
-                script.main(argv)
+            request = TransformRequest(src, out, dst_strategy=strategy)  # what the script runs for these options
+            transform(request)  # warm-up
+            med, times = seconds(lambda: transform(request), rm_out, args.repeats)
+            transform(request)
             written = sum(os.path.getsize(f) for f in Path(out).glob("rank_*/*.ckpt"))
             rows.append((f"transform_checkpoint.py {label} (numpy engine)", med, times, written))
             if label == "tp8" and not args.skip_mindspore:
-                with redirect_stdout(io.StringIO()):
-                    med, times = seconds(lambda: script.main(argv + ["--engine", "mindspore"]), rm_out, 1)
+                mindspore = dataclasses.replace(request, engine="mindspore")
+                med, times = seconds(lambda: transform(mindspore), rm_out, 1)
                 rows.append((f"transform_checkpoint.py {label} --engine mindspore", med, times, written))
         rm_out()
     finally:
