@@ -8,7 +8,7 @@
     python -m benchmarks.adamw [--steps 5] [--rows 151936] [--cols 256]
 
 Also times the clipping norm's squared sum of the gradient, over all elements at once and rows first
-(`optim.squared_sum`). Each way runs in its own process (peak RSS is per process): the RSS growth of the first step (the
+(`mindgrpo.models.reductions.squared_sum`). Each way runs in its own process (peak RSS is per process): the RSS growth of the first step (the
 transient buffers the runtime keeps), the median time of the following steps, and the largest
 difference from the same steps in float64 numpy (torch's AdamW formula: decay, then the step).
 """
@@ -87,7 +87,7 @@ def side(conn, way: str, rows: int, cols: int, steps: int) -> None:
     err = float(np.abs(param.asnumpy().astype(np.float64) - float64_steps(p0, grads)).max())
     extra = {}
     if way == "fused":  # the clipping norm's reduction, over every element at once or rows first
-        from mindgrpo.grpo.optim import squared_sum
+        from mindgrpo.models.reductions import squared_sum
 
         class Flat(nn.Cell):
             def construct(self, x):
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
               f"   max |p - float64| after {args.steps} steps {r['max_abs_error_vs_float64']:.1e}", flush=True)
     a, f = results["ways"]["arithmetic"], results["ways"]["fused"]
     print(f"gradient squared sum for clipping: all elements at once {f['squared_sum_all_elements_ms']:.1f} ms, "
-          f"rows first (optim.squared_sum) {f['squared_sum_rows_first_ms']:.1f} ms")
+          f"rows first (squared_sum) {f['squared_sum_rows_first_ms']:.1f} ms")
     print(f"fused / arithmetic: time {f['step_ms'] / a['step_ms']:.2f}x, transient memory "
           f"{f['rss_growth_first_step_gb'] / max(a['rss_growth_first_step_gb'], 1e-9):.2f}x")
     results["load_average_end"] = os.getloadavg()[0]

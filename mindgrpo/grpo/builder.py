@@ -153,7 +153,7 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
 
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.memory.swap import SwapManager
-    from mindgrpo.parallel.reshard import WeightSync
+    from mindgrpo.parallel.weight_sync import WeightSync
 
     if comm is not None:
         from mindgrpo.parallel.build import build_parallel

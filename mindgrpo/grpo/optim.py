@@ -14,17 +14,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindgrpo.models.reductions import squared_sum
 from mindgrpo.parallel.comm import AllGather, Group
 from mindgrpo.utils.registry import Registry
 
 LR_SCHEDULES = Registry("lr schedule")
-
-
-def squared_sum(x):
-    """sum(x * x) as a 0-d tensor, the last axis first: MindSpore's CPU reduces over every element
-    about 10x slower than along rows (139 against 15 ms for a (152k, 256) gradient; `benchmarks/adamw.py`)."""
-    sq = x * x
-    return sq.sum(-1).sum() if sq.ndim > 1 else sq.sum()
 
 
 @LR_SCHEDULES.register("constant")
