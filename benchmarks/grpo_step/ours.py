@@ -37,7 +37,7 @@ class OurSide:
                               vocab_path=os.path.join(tok, "vocab.json"),
                               merges_file_path=os.path.join(tok, "merges.txt"),
                               tokenizer_config=os.path.join(tok, "tokenizer_config.json"))
-        self.parts = builder.build(cfg, paths, os.path.join(folder, "cache"))
+        self.parts = builder.build(cfg, paths)
         self.trainer = builder.make_trainer(cfg, self.parts, MetricsLogger(folder, tensorboard=False, console=False),
                                             Progress(cfg.rl_config.max_steps), folder)
         self.trainer.stop_ids = ()  # no early stop: every completion has exactly new_tokens tokens

@@ -54,15 +54,12 @@ def run(args) -> int:
     if args.enable_compile_cache:
         ms.set_context(enable_compile_cache=True, compile_cache_path=os.path.join(out, "compile_cache"))
 
-    comm = None
-    rank = 0
-    if args.use_parallel:
-        from mindgrpo.parallel.comm import init_parallel
+    from mindgrpo.parallel.placement import placement_for
 
-        comm = init_parallel(cfg)
-        rank = comm.rank
+    placement = placement_for(cfg, args.use_parallel)  # under msrun: communication initialised
+    rank = placement.rank
     if args.only_save_strategy:
-        from mindgrpo.grpo.builder import save_strategies
+        from mindgrpo.parallel.placement import save_strategies
 
         for path in save_strategies(cfg, out):
             print(path)
@@ -73,7 +70,6 @@ def run(args) -> int:
     logger.info("config %s, output %s", args.config, out)
     np.random.seed(rl.seed)
     ms.set_seed(rl.seed)
-    cache = os.path.join(out, "cache")
     try:
         parts = builder.build(cfg, builder.Paths(
             output_dir=out, sft_path_train=args.sft_path_train, sft_path_infer=args.sft_path_infer,
@@ -81,20 +77,20 @@ def run(args) -> int:
             tokenizer_config=args.tokenizer_config, dataset=args.mind_dataset_dir, val_dataset=args.val_dataset,
             load_sft_checkpoint_train=args.load_sft_checkpoint_train,
             load_sft_checkpoint_infer=args.load_sft_checkpoint_infer,
-            load_ref_checkpoint=args.load_ref_checkpoint), cache, comm=comm)
+            load_ref_checkpoint=args.load_ref_checkpoint), placement)
     except (ConfigError, OSError, KeyError, ValueError) as e:
         raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
 
     metrics_log = MetricsLogger(out, rank=rank, console=False)  # the progress line is the console view
     progress = Progress(rl.max_steps)
-    trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out, rank, comm)
+    trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out)
     trainer.save_data_file = args.save_data_file
     resumed = False
     if args.resume or args.resume_from:
-        from mindgrpo.grpo import checkpointing
+        from mindgrpo.parallel import checkpoints
 
         root = trainer.checkpoints.root
-        path = args.resume_from or checkpointing.latest(root)
+        path = args.resume_from or checkpoints.latest(root)
         if path is None:
             raise SetupError(f"--resume: no checkpoint under {root}")
         trainer.resume(path)

@@ -26,7 +26,7 @@ from mindgrpo.inference.sampling import SamplingParams  # noqa: E402
 from mindgrpo.models.convert import expected_shapes  # noqa: E402
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
 from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs  # noqa: E402
-from mindgrpo.parallel.build import load_shard  # noqa: E402
+from mindgrpo.parallel.placement import load_shard  # noqa: E402
 from mindgrpo.parallel.comm import init_comm  # noqa: E402
 from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads  # noqa: E402
 from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402

@@ -62,19 +62,27 @@ def save(root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state:
     return final
 
 
+def load_params(file: str, params: Sequence[ms.Parameter], hint: str = "") -> None:
+    """Load a .ckpt into params (by name), checking every name and shape first; hint ends the
+    shape error (what a mismatch suggests). Every checkpoint and shard load goes through here."""
+    saved = ms.load_checkpoint(file)
+    for p in params:
+        if p.name not in saved:
+            raise KeyError(f"{file}: missing parameter {p.name!r}")
+        if tuple(saved[p.name].shape) != tuple(p.shape):
+            raise ValueError(f"{file}: parameter {p.name!r} has shape {tuple(saved[p.name].shape)}, "
+                             f"expected {tuple(p.shape)}{hint}")
+    for p in params:
+        p.set_data(saved[p.name].astype(p.dtype))
+
+
 def load(path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
     """Load the named groups into their parameters (names must match); returns state.json."""
     for name, params in groups.items():
         file = os.path.join(path, f"{name}.ckpt")
         if not os.path.exists(file):
             raise FileNotFoundError(f"{path}: checkpoint has no {name}.ckpt")
-        saved = ms.load_checkpoint(file)
-        for p in params:
-            if p.name not in saved:
-                raise KeyError(f"{file}: missing parameter {p.name!r}")
-            if tuple(saved[p.name].shape) != tuple(p.shape):
-                raise ValueError(f"{file}: parameter {p.name!r} has shape {saved[p.name].shape}, expected {p.shape}")
-            p.set_data(saved[p.name].astype(p.dtype))
+        load_params(file, params)
     with open(os.path.join(path, "state.json")) as f:
         return json.load(f)
 

@@ -10,10 +10,11 @@
 Each group folder is MindSpore's sharded layout, so
 `scripts/transform_checkpoint.py --src_checkpoint STEP/policy --src_strategy STEP/train_strategy.ckpt
 --dst_checkpoint FULL.ckpt` merges the policy into one full checkpoint (loadable by load_model),
-and `build_parallel` loads `STEP/policy` as per-rank shards when the layout is the same.
+and a run in the same layout loads `STEP/policy` as per-rank shards (`--sft_path_train STEP/policy`,
+`mindgrpo.parallel.placement`).
 
 The step is written under `<root>/.step_00000004.tmp` and renamed by rank 0 once every rank is
-done (barriers around), so `checkpointing.latest` never sees a half-written step. Needs a file
+done (barriers around), so `checkpoints.latest` never sees a half-written step. Needs a file
 system every rank sees (as MindSpore's own checkpoints of a multi-node job do).
 """
 
@@ -26,7 +27,7 @@ from typing import Dict, Sequence
 
 import mindspore as ms
 
-from mindgrpo.grpo import checkpointing
+from mindgrpo.parallel import checkpoints
 from mindgrpo.parallel.comm import Comm
 
 
@@ -54,7 +55,7 @@ def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms
         if os.path.exists(final):
             shutil.rmtree(final)
         os.replace(tmp, final)
-        for old in checkpointing.step_dirs(root)[:-keep_last]:
+        for old in checkpoints.step_dirs(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     comm.barrier()
     return final
@@ -66,14 +67,7 @@ def load_sharded(comm: Comm, path: str, groups: Dict[str, Sequence[ms.Parameter]
         file = os.path.join(path, name, f"rank_{comm.rank}", f"{name}.ckpt")
         if not os.path.exists(file):
             raise FileNotFoundError(f"{path}: no {name}/rank_{comm.rank} (saved by a run with another world size?)")
-        saved = ms.load_checkpoint(file)
-        for p in params:
-            if p.name not in saved:
-                raise KeyError(f"{file}: missing parameter {p.name!r}")
-            if tuple(saved[p.name].shape) != tuple(p.shape):
-                raise ValueError(f"{file}: parameter {p.name!r} has shape {tuple(saved[p.name].shape)}, this rank's "
-                                 f"piece is {tuple(p.shape)} (saved in another layout?)")
-            p.set_data(saved[p.name].astype(p.dtype))
+        checkpoints.load_params(file, params, hint=" (saved in another layout?)")
     with open(os.path.join(path, "state.json")) as f:
         return json.load(f)
 
