@@ -50,16 +50,36 @@ class ReadResult:
 # ----------------------------------------------------------------------------------------------- reading
 
 
+def first_bad_byte(text: str) -> Optional[int]:
+    """Index of the first character of `text` that stands for a byte that is not UTF-8, else None (the input is
+    read with errors="surrogateescape", which maps such bytes to U+DC80..U+DCFF)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def bad_byte_error(path: str, lineno: int, line: str, column: int) -> InputError:
+    byte = ord(line[column]) - 0xDC00
+    return InputError(f"{path}:{lineno}: not UTF-8 text (byte 0x{byte:02x} at column {column + 1})")
+
+
 def iter_json_objects(path: str) -> Iterator[Tuple[int, object]]:
     """(line number, parsed value or InputError) for each row of a .jsonl file or each element of a .json list.
 
-    A malformed .json file raises at once: unlike .jsonl, a broken array cannot be read past the error.
+    A row or element holding a byte that is not UTF-8 is an InputError of its line. A malformed .json file
+    raises at once: unlike .jsonl, a broken array cannot be read past the error.
     """
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:  # bad bytes become U+DC80..U+DCFF
         text = f.read()
     if not path.endswith(".json"):
-        for lineno, line in enumerate(text.splitlines(), 1):
+        for lineno, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may sit inside a string
             if not line.strip():
+                continue
+            bad = first_bad_byte(line)
+            if bad is not None:
+                yield lineno, bad_byte_error(path, lineno, line, bad)
                 continue
             try:
                 yield lineno, json.loads(line)
@@ -87,6 +107,11 @@ def iter_json_objects(path: str) -> Iterator[Tuple[int, object]]:
             value, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as e:
             raise fail(e.pos, f"malformed JSON ({e.msg})") from None
+        bad = first_bad_byte(text[pos:end])
+        if bad is not None:  # the element is skippable like any other bad row
+            at = pos + bad
+            line_start = text.rfind("\n", 0, at) + 1
+            value = bad_byte_error(path, text.count("\n", 0, at) + 1, text[line_start:at + 1], at - line_start)
         yield text.count("\n", 0, pos) + 1, value
         pos = skip_space(end)
         if pos < len(text) and text[pos] == ",":
@@ -230,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset_type", default="gsm8k", choices=["gsm8k", "math", "auto"])
     p.add_argument("--map_keys", type=parse_key_map, default={}, help="question=FIELD,answer=FIELD[,solution=FIELD]")
     p.add_argument("--truncate", choices=["left", "right"], default=None,
-                   help="cut over-long prompts from this side (default: drop them and count them)")
+                   help="cut the question of an over-long prompt from this side, keeping the template whole "
+                   "(default: drop such prompts and count them)")
     p.add_argument("--skip_invalid", action="store_true", help="skip and count bad rows instead of stopping")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--limit", type=int, default=None, help="convert only the first N valid rows")

@@ -7,15 +7,24 @@ MindSpore -> HF (safetensors + config.json):
         [--config CONFIG] [--dtype fp32|bf16]
 
 The name map is `mindgrpo/models/convert.py:NAME_TABLE`. Every tensor is checked against the
-model config (names and shapes) before anything is written; outputs are written under a
-temporary name and renamed when complete. With no --dtype the source dtype is kept, so a round
-trip is bit-exact. The HF config.json is copied beside the MindSpore checkpoint so the
-checkpoint loads on its own.
+model config (names and shapes) before anything is written. With no --dtype the source dtype is
+kept, so a round trip is bit-exact. The HF config.json is copied beside the MindSpore checkpoint so
+the checkpoint loads on its own.
+
+An existing output is refused unless --overwrite: OUT.ckpt, or a config.json beside it that differs
+from the model's; OUT_DIR holding model files (config.json, *.safetensors, their index, PyTorch
+weights; `convert.is_hf_model_file`). The output is written in a folder beside it and moved into
+place when complete: OUT.ckpt and its config.json each by one rename; OUT_DIR as a whole folder
+swapped in (mindgrpo/utils/staging.py), so no shard or index of the model it replaces survives and
+a crash leaves the old or the new model. Other files of OUT_DIR (tokenizer, README, ...) are
+kept: hard-linked into the new folder before the swap. The folder of a killed conversion is
+removed by the next conversion to the same output.
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import shutil
@@ -23,11 +32,13 @@ import sys
 import time
 
 from mindgrpo.models.checkpoint import read_ms_checkpoint, save_ms_checkpoint
-from mindgrpo.models.convert import (WeightError, atomic_path, bf16_to_f32, check_state, f32_to_bf16,
-                                     hf_to_ms_state, ms_to_hf_name, read_hf_state, write_safetensors)
+from mindgrpo.models.convert import (WeightError, bf16_to_f32, check_state, f32_to_bf16, hf_to_ms_state,
+                                     is_hf_model_file, ms_to_hf_name, read_hf_state, write_safetensors)
 from mindgrpo.models.qwen2 import Qwen2Config
+from mindgrpo.utils.staging import carry_over, replace_dir, staging_dir
 
 DTYPES = {"fp32": "F32", "bf16": "BF16", None: None}
+OVERWRITE_HINT = "pass --overwrite to replace it"
 
 
 def cast(item, target):
@@ -38,36 +49,75 @@ def cast(item, target):
     return (target, f32_to_bf16(f32) if target == "BF16" else f32)
 
 
-def hf_to_ms(hf_dir: str, out: str, dtype) -> dict:
+def check_ckpt_output(out: str, cfg_path: str, overwrite: bool) -> None:
+    """Refuse OUT.ckpt, or a config.json beside it that is not the model's, unless overwrite."""
+    if os.path.isdir(out):
+        raise WeightError(f"{out}: is a folder; --mindspore_ckpt_path names the .ckpt file to write")
+    beside = os.path.join(os.path.dirname(os.path.abspath(out)), "config.json")
+    if overwrite:
+        return
+    if os.path.lexists(out):
+        raise FileExistsError(f"{out} already exists ({OVERWRITE_HINT})")
+    if os.path.exists(beside) and not filecmp.cmp(beside, cfg_path, shallow=False):
+        raise FileExistsError(f"{beside} already exists and describes another model ({OVERWRITE_HINT})")
+
+
+def check_hf_output(out_dir: str, overwrite: bool) -> None:
+    """Refuse a folder that holds model files, unless overwrite."""
+    if not os.path.lexists(out_dir):
+        return
+    if not os.path.isdir(out_dir):
+        raise WeightError(f"{out_dir}: exists and is not a folder")
+    existing = sorted(f for f in os.listdir(out_dir) if is_hf_model_file(f))
+    if existing and not overwrite:
+        shown = ", ".join(existing[:3]) + (", ..." if len(existing) > 3 else "")
+        raise FileExistsError(f"{out_dir} already holds a model ({shown}); pass --overwrite to replace its "
+                              "model files (its other files are kept)")
+
+
+def hf_to_ms(hf_dir: str, out: str, dtype, overwrite: bool = False) -> dict:
     cfg_path = os.path.join(hf_dir, "config.json")
     if not os.path.exists(cfg_path):
         raise WeightError(f"{hf_dir}: no config.json")
+    check_ckpt_output(out, cfg_path, overwrite)
     cfg = Qwen2Config.load(cfg_path)
     state = hf_to_ms_state(read_hf_state(hf_dir), hf_dir)
     check_state({k: a for k, (_, a) in state.items()}, cfg, hf_dir)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: cast(v, dtype) for k, v in state.items()}
-    save_ms_checkpoint(state, out)
-    with atomic_path(os.path.join(os.path.dirname(os.path.abspath(out)), "config.json")) as tmp:
-        shutil.copyfile(cfg_path, tmp)
+    stage = staging_dir(out)
+    try:
+        staged = os.path.join(stage, os.path.basename(out))
+        save_ms_checkpoint(state, staged)
+        shutil.copyfile(cfg_path, os.path.join(stage, "config.json"))
+        os.replace(os.path.join(stage, "config.json"), os.path.join(os.path.dirname(os.path.abspath(out)), "config.json"))
+        os.replace(staged, out)  # last: the checkpoint appears only beside its config
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return state
 
 
-def ms_to_hf(ckpt: str, out_dir: str, config: str, dtype) -> dict:
+def ms_to_hf(ckpt: str, out_dir: str, config: str, dtype, overwrite: bool = False) -> dict:
+    check_hf_output(out_dir, overwrite)
     cfg = Qwen2Config.load(config)
     state = read_ms_checkpoint(ckpt)
     check_state({k: a for k, (_, a) in state.items()}, cfg, ckpt)
     tensors = {ms_to_hf_name(k): cast(v, dtype) for k, v in state.items()}
-    os.makedirs(out_dir, exist_ok=True)
-    write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"format": "pt"})
     hf_cfg = cfg.to_hf_dict()
     if config.endswith(".json"):  # keep the user's HF config as it is
         with open(config) as f:
             hf_cfg = json.load(f)
-    with atomic_path(os.path.join(out_dir, "config.json")) as tmp:
-        with open(tmp, "w") as f:
+    stage = staging_dir(out_dir)
+    try:
+        write_safetensors(os.path.join(stage, "model.safetensors"), tensors, {"format": "pt"})
+        with open(os.path.join(stage, "config.json"), "w") as f:
             json.dump(hf_cfg, f, indent=2)
+        if os.path.isdir(out_dir):
+            carry_over(out_dir, stage, keep=lambda name: not is_hf_model_file(name))
+        replace_dir(stage, out_dir)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)  # gone already when the swap succeeded
     return tensors
 
 
@@ -78,16 +128,18 @@ def main(argv=None) -> int:
     ap.add_argument("--reverse", action="store_true", help="MindSpore -> HF")
     ap.add_argument("--config", help="model config for --reverse (default: config.json/yaml beside the .ckpt)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="output dtype (default: keep)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an existing output's model files (an HF folder's other files are kept)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
         if args.reverse:
             from mindgrpo.models.checkpoint import find_config
             config = args.config or find_config(args.mindspore_ckpt_path)
-            out = ms_to_hf(args.mindspore_ckpt_path, args.torch_ckpt_dir, config, DTYPES[args.dtype])
+            out = ms_to_hf(args.mindspore_ckpt_path, args.torch_ckpt_dir, config, DTYPES[args.dtype], args.overwrite)
             dest = args.torch_ckpt_dir
         else:
-            out = hf_to_ms(args.torch_ckpt_dir, args.mindspore_ckpt_path, DTYPES[args.dtype])
+            out = hf_to_ms(args.torch_ckpt_dir, args.mindspore_ckpt_path, DTYPES[args.dtype], args.overwrite)
             dest = args.mindspore_ckpt_path
     except (WeightError, ValueError, OSError) as e:
         print(f"convert_weight: error: {e}", file=sys.stderr)

@@ -5,7 +5,8 @@
         [--template raw|qwen_chat|qwen_r1] [--seed S]
 
 PATH is an HF directory (config.json + safetensors) or a MindSpore .ckpt with config.json or
-config.yaml beside it (or --config). The tokenizer (vocab.json + merges.txt) is read from
+config.yaml beside it (or --config); a prompt's tokens + --max_tokens must fit in the model's
+context (max_position_embeddings). The tokenizer (vocab.json + merges.txt) is read from
 --tokenizer_dir, by default the model's folder. Prints one JSON line per completion:
 {"prompt": ..., "completion": ..., "token_ids": [...], "finish_reason": ...}; a summary with
 tokens/s goes to stderr.
@@ -68,6 +69,12 @@ def main(argv=None) -> int:
               "is --tokenizer_dir the model's tokenizer?", file=sys.stderr)
         return 1
     engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0)
+    for i, row in enumerate(ids):
+        if len(row) + args.max_tokens > engine.max_positions:
+            print(f"generate: error: prompt {i + 1} is {len(row)} tokens; with --max_tokens {args.max_tokens} it "
+                  f"needs {len(row) + args.max_tokens} positions, more than the model's context of "
+                  f"{engine.max_positions} (max_position_embeddings)", file=sys.stderr)
+            return 1
     for c in engine.generate(ids, params):
         print(json.dumps({"prompt": args.prompt[c.prompt_index], "completion": tokenizer.decode(c.token_ids, skip_special_tokens=True),
                           "token_ids": c.token_ids, "finish_reason": c.finish_reason}, ensure_ascii=False))

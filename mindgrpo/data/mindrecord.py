@@ -4,26 +4,28 @@ trainer-side reader.
 One row per question, columns (PROMPT_SCHEMA):
     prompt_ids     int32 (P,)  templated prompt token ids, right-padded with the pad id to P = max_prompt_length
     prompt_length  int32       number of real tokens in prompt_ids
-    prompt         string      the templated prompt text
+    prompt         string      the templated prompt text (a truncated prompt: its ids decoded)
     solution       string      the reference final answer (what `accuracy` compares against)
     answer         string      the full reference solution text
 
 A MindRecord file's `.db` index records the data file's name, so the pair is written under its final names
-inside a temporary folder beside the output and then moved into place; a failed write leaves nothing behind.
+inside a temporary folder beside the output (`.NAME.tmp-HOST-PID-*`, mindgrpo/utils/staging.py) and then moved
+into place; a failed write leaves nothing behind, and the folder of a killed one is removed by the next write
+to the same output.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from mindgrpo.data.templates import get_template
+from mindgrpo.data.templates import PromptTemplate, get_template
 from mindgrpo.data.tokenizer import QwenTokenizer
+from mindgrpo.utils.staging import staging_dir
 
 PROMPT_SCHEMA = {
     "prompt_ids": {"type": "int32", "shape": [-1]},
@@ -85,9 +87,8 @@ def write_mindrecord(
 
     path = os.path.abspath(path)
     check_output_free(path, overwrite)
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    name = os.path.basename(path)
+    tmp_dir = staging_dir(path)  # also removes the folders of killed writes to this output
     try:
         tmp_path = os.path.join(tmp_dir, name)
         writer = FileWriter(tmp_path, shard_num=1, overwrite=True)
@@ -113,35 +114,81 @@ def write_mindrecord(
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
+class EncodedPrompts(NamedTuple):
+    ids: np.ndarray  # (N', P) int32, right-padded with the pad id
+    lengths: np.ndarray  # (N',) int32
+    texts: List[str]  # the prompt text of each row
+    kept: List[int]  # indices into the questions
+    truncated: int  # how many of the kept prompts were cut
+
+
 def encode_prompts(
-    prompts: Sequence[str],
+    questions: Sequence[str],
     tokenizer: QwenTokenizer,
     max_prompt_length: int,
     truncate: Optional[str] = None,
-):
-    """Tokenize and right-pad prompts.
+    template: str = "raw",
+) -> EncodedPrompts:
+    """Template, tokenize and right-pad questions.
 
-    Returns (ids (N', P) int32, lengths (N',) int32, kept: indices into `prompts`, truncated count). Prompts
-    longer than P are dropped when truncate is None; "left" cuts tokens from the left (keeps the end),
-    "right" cuts them from the right (keeps the start).
+    A prompt longer than P = max_prompt_length is dropped when truncate is None; otherwise its question is cut
+    and the template kept whole (see truncate_question), and its text is the text of the ids that remain.
     """
     if truncate not in TRUNCATE_MODES:
         raise ValueError(f"truncate must be one of {TRUNCATE_MODES}, got {truncate!r}")
+    render = get_template(template)
+    prompts = [render(q) for q in questions]
     encoded = tokenizer.encode_batch(prompts)
     ids = np.full((len(encoded), max_prompt_length), tokenizer.pad_token_id, dtype=np.int32)  # (N, P)
     lengths = np.zeros(len(encoded), dtype=np.int32)  # (N,)
-    kept, truncated = [], 0
+    texts, kept, truncated = [], [], 0
     for i, tokens in enumerate(encoded):
+        text = prompts[i]
         if len(tokens) > max_prompt_length:
             if truncate is None:
                 continue
-            tokens = tokens[-max_prompt_length:] if truncate == "left" else tokens[:max_prompt_length]
+            tokens = truncate_question(tokenizer, render, questions[i], max_prompt_length, truncate)
+            text = tokenizer.decode(tokens)
             truncated += 1
         row = len(kept)
         ids[row, : len(tokens)] = tokens
         lengths[row] = len(tokens)
+        texts.append(text)
         kept.append(i)
-    return ids[: len(kept)], lengths[: len(kept)], kept, truncated
+    return EncodedPrompts(ids[: len(kept)], lengths[: len(kept)], texts, kept, truncated)
+
+
+def truncate_question(
+    tokenizer: QwenTokenizer, template: PromptTemplate, question: str, max_prompt_length: int, side: str
+) -> List[int]:
+    """The ids of template(question) with only the question's tokens cut to fit max_prompt_length.
+
+    "left" drops the question's first tokens (keeps its end), "right" its last ones. The template's tokens
+    (system turn, user header, the closing marks and the assistant header) are those of the full prompt, and
+    a token that straddles the question's edge counts as the template's. The cut moves to a character boundary
+    (byte-level tokens can split a character), so the ids decode to whole characters.
+    """
+    before, after = template.parts()
+    enc = tokenizer.backend.encode(before + question + after, add_special_tokens=False)
+    ids, offsets = enc.ids, enc.offsets  # offsets: (start, end) characters of each token in the text
+    q_start, q_end = len(before), len(before) + len(question)
+    lo = sum(1 for start, _ in offsets if start < q_start)  # question tokens: ids[lo:hi]
+    hi = lo + sum(1 for start, end in offsets[lo:] if end <= q_end)
+    room = max_prompt_length - (lo + len(ids) - hi)
+    if room < 1:
+        raise ValueError(f"template {template.name!r} takes {lo + len(ids) - hi} tokens with this question, which "
+                         f"leaves no room for the question within max_prompt_length {max_prompt_length}")
+    if hi - lo <= room:
+        return ids
+    if side == "left":
+        cut = hi - room
+        while cut < hi and offsets[cut][0] < offsets[cut - 1][1]:  # shares a character with a dropped token
+            cut += 1
+        return ids[:lo] + ids[cut:]
+    cut = lo + room
+    while cut > lo and offsets[cut - 1][1] > offsets[cut][0]:
+        cut -= 1
+    return ids[:cut] + ids[hi:]
 
 
 def write_prompt_dataset(
@@ -160,27 +207,25 @@ def write_prompt_dataset(
 
     `on_progress(n)` is called after every chunk with the number of input rows processed so far.
     """
-    render = get_template(template)
     counts = {"dropped": 0, "truncated": 0}
     lengths_seen: List[np.ndarray] = []
 
     def batches():
         for start in range(0, len(rows), chunk_size):
             chunk = rows[start : start + chunk_size]
-            prompts = [render(r.question) for r in chunk]
-            ids, lengths, kept, truncated = encode_prompts(prompts, tokenizer, max_prompt_length, truncate)
-            counts["dropped"] += len(chunk) - len(kept)
-            counts["truncated"] += truncated
-            lengths_seen.append(lengths)
+            enc = encode_prompts([r.question for r in chunk], tokenizer, max_prompt_length, truncate, template)
+            counts["dropped"] += len(chunk) - len(enc.kept)
+            counts["truncated"] += enc.truncated
+            lengths_seen.append(enc.lengths)
             yield [
                 {
-                    "prompt_ids": ids[j],
-                    "prompt_length": np.int32(lengths[j]),
-                    "prompt": prompts[i],
+                    "prompt_ids": enc.ids[j],
+                    "prompt_length": np.int32(enc.lengths[j]),
+                    "prompt": enc.texts[j],
                     "solution": chunk[i].solution,
                     "answer": chunk[i].answer,
                 }
-                for j, i in enumerate(kept)
+                for j, i in enumerate(enc.kept)
             ]
             if on_progress is not None:
                 on_progress(start + len(chunk))

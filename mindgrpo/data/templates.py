@@ -8,7 +8,7 @@ Templates live in one registry; `get_template` fails listing the valid names.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from mindgrpo.data.tokenizer import IM_END, IM_START
 from mindgrpo.utils.registry import Registry
@@ -25,10 +25,11 @@ R1_SYSTEM = (
 )
 
 
-def chat_markup(system: Optional[str], user: str) -> str:
-    """Qwen (ChatML) markup for one user turn, ending with the open assistant turn (generation prompt)."""
+def chat_parts(system: Optional[str]) -> Tuple[str, str]:
+    """Qwen (ChatML) markup for one user turn, ending with the open assistant turn (generation prompt),
+    as the text before and after the user's message."""
     head = f"{IM_START}system\n{system}{IM_END}\n" if system is not None else ""
-    return f"{head}{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n"
+    return f"{head}{IM_START}user\n", f"{IM_END}\n{IM_START}assistant\n"
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,13 @@ class PromptTemplate:
     system: Optional[str] = None
     chat: bool = True
 
+    def parts(self) -> Tuple[str, str]:
+        """(before, after): the prompt is before + question + after (truncation cuts only the question)."""
+        return chat_parts(self.system) if self.chat else ("", "")
+
     def __call__(self, question: str) -> str:
-        return chat_markup(self.system, question) if self.chat else question
+        before, after = self.parts()
+        return before + question + after
 
 
 for _template in (

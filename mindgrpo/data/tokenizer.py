@@ -58,19 +58,62 @@ def apply_qwen2_pipeline(tok: Tokenizer) -> Tokenizer:
     return tok
 
 
+def _first_line(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.readline(200).strip()
+
+
+def _swapped_hint(path: str, looks_like: str) -> str:
+    """A hint when the file at `path` looks like the other tokenizer file (the two paths swapped)."""
+    first = _first_line(path)
+    if looks_like == MERGES_FILE and (first.startswith("#version") or len(first.split(" ")) == 2):
+        return f"; it looks like a {MERGES_FILE} (vocabulary and merges files swapped?)"
+    if looks_like == VOCAB_FILE and first.startswith("{"):
+        return f"; it looks like a {VOCAB_FILE} (vocabulary and merges files swapped?)"
+    return ""
+
+
+def read_vocab(path: str) -> Dict[str, int]:
+    """vocab.json: a JSON object mapping each token to its id. Errors name the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            vocab = json.load(f)
+    except ValueError as e:  # not JSON, or not UTF-8
+        raise ValueError(f"{path}: not a {VOCAB_FILE} ({e}){_swapped_hint(path, MERGES_FILE)}") from None
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        raise ValueError(f"{path}: not a {VOCAB_FILE} (expected a JSON object of token -> id)")
+    return vocab
+
+
 def read_merges(path: str) -> List[Tuple[str, str]]:
-    """merges.txt as pairs; an optional `#version` header line and blank lines are skipped."""
+    """merges.txt as pairs; an optional `#version` header line and blank lines are skipped. Errors name the
+    file and line."""
     merges = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line or (lineno == 1 and line.startswith("#version")):
-                continue
-            parts = line.split(" ")
-            if len(parts) != 2:
-                raise ValueError(f"{path}:{lineno}: expected 'left right', got {line!r}")
-            merges.append((parts[0], parts[1]))
+        try:
+            for lineno, line in enumerate(f, 1):
+                line = line.rstrip("\r\n")
+                if not line or (lineno == 1 and line.startswith("#version")):
+                    continue
+                parts = line.split(" ")
+                if len(parts) != 2:
+                    raise ValueError(f"{path}:{lineno}: not a {MERGES_FILE} line: expected 'left right', got "
+                                     f"{line[:40]!r}{'...' if len(line) > 40 else ''}{_swapped_hint(path, VOCAB_FILE)}")
+                merges.append((parts[0], parts[1]))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not a {MERGES_FILE} (not UTF-8 text: {e.reason})") from None
     return merges
+
+
+def read_tokenizer_config(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{path}: not a {CONFIG_FILE} ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: not a {CONFIG_FILE} (expected a JSON object)")
+    return config
 
 
 def _token_content(value) -> Optional[str]:
@@ -126,15 +169,13 @@ class QwenTokenizer:
     # ----------------------------------------------------------------- loading / saving
     @classmethod
     def from_files(cls, vocab: str, merges: str, tokenizer_config: Optional[str] = None) -> "QwenTokenizer":
-        with open(vocab, encoding="utf-8") as f:
-            vocab_map = json.load(f)
+        vocab_map = read_vocab(vocab)
         merge_pairs = read_merges(merges)
         if tokenizer_config is None:
             first = len(vocab_map)
             added = [AddedTokenSpec(first + i, tok) for i, tok in enumerate(DEFAULT_SPECIAL_TOKENS)]
             return cls(vocab_map, merge_pairs, added)
-        with open(tokenizer_config, encoding="utf-8") as f:
-            config = json.load(f)
+        config = read_tokenizer_config(tokenizer_config)
         added = [
             AddedTokenSpec(int(i), entry["content"], bool(entry.get("special", True)))
             for i, entry in config.get("added_tokens_decoder", {}).items()

@@ -34,7 +34,22 @@ def load_run_config(args):
     return load_config(GRPOConfig, args.config, overrides)
 
 
+# (flag, its attribute, the flag that says whether it is loaded)
+WEIGHT_FLAGS = (("--sft_path_train", "sft_path_train", "load_sft_checkpoint_train"),
+                ("--sft_path_infer", "sft_path_infer", "load_sft_checkpoint_infer"),
+                ("--ref_path", "ref_path", "load_ref_checkpoint"))
+
+
+def check_weight_paths(args) -> None:
+    """A weights flag that names a missing file or folder stops the run before anything is built."""
+    for flag, name, load in WEIGHT_FLAGS:
+        path = getattr(args, name)
+        if path and getattr(args, load) and not os.path.exists(path):
+            raise SetupError(f"{flag} {path}: no such file or folder")
+
+
 def run(args) -> int:
+    check_weight_paths(args)
     import mindspore as ms
 
     from mindgrpo.config import ConfigError

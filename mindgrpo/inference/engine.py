@@ -190,6 +190,12 @@ class RolloutEngine:
         self.last_stats: dict = {}
         self.weights = InferenceWeights(lm)
 
+    @property
+    def max_positions(self) -> int:
+        """The model's context: positions it has RoPE rows for (at most max_position_embeddings). A prompt's
+        length + max_tokens may not exceed it."""
+        return int(self.lm.rope_cos.shape[0])
+
     def resident_parameters(self) -> list:
         """What the rollout phase keeps on the device besides the KV cache: the inference model's
         parameters and the fused copies made from them (for the memory ledger)."""
@@ -224,13 +230,13 @@ class RolloutEngine:
         longest = max(len(r) for r in rows)
         if part is not None and (part.prompt_len < longest or part.offset + n_rows > part.total_rows):
             raise ValueError(f"{part} does not hold these {n_rows} rows (longest prompt {longest})")
+        if longest + params.max_tokens > self.max_positions:
+            raise ValueError(f"a prompt of {longest} tokens + max_tokens {params.max_tokens} = "
+                             f"{longest + params.max_tokens} positions, more than the model's {self.max_positions}")
         b = _bucket(n_rows, self.batch_step)
         p = _bucket(longest if part is None else part.prompt_len, self.prompt_step)
-        c = p + _bucket(params.max_tokens, self.tokens_step)
+        c = p + _bucket(params.max_tokens, self.tokens_step)  # cache slots; RoPE sees each row's own positions
         bucket = self._get_bucket(b, p, c, params)
-        cfg = self.lm.config
-        if c > cfg.max_position_embeddings:
-            raise ValueError(f"prompt + max_tokens ({c}) exceeds max_position_embeddings")
 
         ids = np.full((b, p), self.pad, np.int32)
         lengths = np.ones(b, np.int32)

@@ -62,9 +62,16 @@ def model_state(lm: Qwen2ForCausalLM) -> Dict[str, np.ndarray]:
             for name, p in lm.parameters_and_names()}
 
 
+def require_weights(path: str) -> None:
+    """Raise WeightError when the weights path (an HF directory, a .ckpt, a folder of shards) does not exist."""
+    if not os.path.exists(path):
+        raise WeightError(f"{path}: no such file or folder (the weights path does not exist)")
+
+
 def find_config(path: str) -> str:
     """The config beside a model: PATH/config.json for a directory, else config.json or
     config.yaml next to the checkpoint file."""
+    require_weights(path)
     folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     for name in ("config.json", "config.yaml", "model.yaml"):
         if os.path.exists(os.path.join(folder, name)):
@@ -75,6 +82,7 @@ def find_config(path: str) -> str:
 def read_model_state(path: str, cfg: Qwen2Config) -> Dict[str, np.ndarray]:
     """Checked fp32 weights (MindSpore names) from an HF directory or a MindSpore .ckpt (or a
     directory holding one)."""
+    require_weights(path)
     if os.path.isdir(path) and not any(f.endswith(".ckpt") for f in os.listdir(path)):
         return load_hf_model_state(path, cfg)
     ckpt = path

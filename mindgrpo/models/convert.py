@@ -127,24 +127,54 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _naturals(value) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and i >= 0 for i in value)
+
+
+def _check_entry(path: str, name: str, info, data_bytes: int) -> None:
+    """Raise WeightError unless one header entry describes a tensor inside the file's data."""
+    if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and _naturals(info.get("shape"))
+            and _naturals(info.get("data_offsets")) and len(info["data_offsets"]) == 2):
+        raise WeightError(f"{path}: not a safetensors file (header entry {name!r} lacks dtype, shape or data_offsets)")
+    if info["dtype"] not in _ST_DTYPES:
+        raise WeightError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+    start, end = info["data_offsets"]
+    if end > data_bytes:
+        raise WeightError(f"{path}: truncated: tensor {name!r} ends at data byte {end}, the file holds {data_bytes}")
+    need = int(np.prod(info["shape"], dtype=np.int64)) * np.dtype(_ST_DTYPES[info["dtype"]]).itemsize
+    if end - start != need:
+        raise WeightError(f"{path}: tensor {name!r} of shape {info['shape']} {info['dtype']} needs {need} bytes, "
+                          f"its data_offsets [{start}, {end}] give {end - start}")
+
+
 def read_safetensors(path: str) -> Dict[str, Tuple[str, np.ndarray]]:
-    """name -> (safetensors dtype string, array); BF16 arrays come as uint16 bits. Memory-mapped."""
+    """name -> (safetensors dtype string, array); BF16 arrays come as uint16 bits. Memory-mapped.
+
+    The header (8-byte length, then JSON) is checked against the file's size before anything is read, so a
+    file that is not safetensors, or is truncated, is a WeightError naming it."""
+    size = os.path.getsize(path)
+    if size < 8:
+        raise WeightError(f"{path}: not a safetensors file ({size} bytes, shorter than its 8-byte header length)")
     with open(path, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
+        if header_len > size - 8:
+            raise WeightError(f"{path}: not a safetensors file (its first 8 bytes give a header of {header_len} "
+                              f"bytes, the file has {size})")
         try:
             header = json.loads(f.read(header_len))
-        except ValueError as e:
-            raise WeightError(f"{path}: not a safetensors file ({e})") from None
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+        except ValueError as e:  # not JSON, or not UTF-8
+            raise WeightError(f"{path}: not a safetensors file (header: {e})") from None
+    if not isinstance(header, dict):
+        raise WeightError(f"{path}: not a safetensors file (header is not a JSON object)")
+    data_bytes = size - 8 - header_len
+    tensors = {name: info for name, info in header.items() if name != "__metadata__"}
+    for name, info in tensors.items():
+        _check_entry(path, name, info, data_bytes)
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len) if data_bytes else np.zeros(0, np.uint8)
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in _ST_DTYPES:
-            raise WeightError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+    for name, info in tensors.items():
         start, end = info["data_offsets"]
-        arr = data[start:end].view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
-        out[name] = (info["dtype"], arr)
+        out[name] = (info["dtype"], data[start:end].view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"]))
     return out
 
 
@@ -188,6 +218,14 @@ class atomic_path:
         elif os.path.exists(self.tmp):
             os.remove(self.tmp)
         return False
+
+
+def is_hf_model_file(name: str) -> bool:
+    """A file of an HF model folder that holds or describes its weights: config.json, safetensors shards and
+    their index, PyTorch weights and their index. A conversion into the folder replaces these as a whole and
+    keeps the rest (tokenizer, generation_config.json, README, ...)."""
+    return (name == "config.json" or name.endswith((".safetensors", ".safetensors.index.json"))
+            or (name.startswith("pytorch_model") and name.endswith((".bin", ".bin.index.json"))))
 
 
 def hf_files(hf_dir: str) -> Iterable[str]:

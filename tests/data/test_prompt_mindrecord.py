@@ -13,7 +13,7 @@ from mindgrpo.data.mindrecord import (
     write_mindrecord,
     write_prompt_dataset,
 )
-from mindgrpo.data.templates import render_prompt
+from mindgrpo.data.templates import get_template, render_prompt
 
 ROWS = [
     PromptRow("What is 1 + 2?", "1 + 2 = 3. \\boxed{3}", "3"),
@@ -62,18 +62,52 @@ def test_over_long_prompts_are_dropped_or_cut(tiny):
     limit = len(full[0])  # the first just fits, the third is longer
     assert len(full[2]) > limit
 
-    ids, lengths, kept, truncated = encode_prompts(prompts, tiny, limit)
-    assert kept == [0, 1] and truncated == 0 and ids.shape == (2, limit)
-    assert lengths.tolist() == [limit, len(full[1])]
+    enc = encode_prompts(prompts, tiny, limit)
+    assert enc.kept == [0, 1] and enc.truncated == 0 and enc.ids.shape == (2, limit)
+    assert enc.lengths.tolist() == [limit, len(full[1])]
+    assert enc.texts == prompts[:2]
 
-    _, _, kept, truncated = encode_prompts(prompts, tiny, limit, truncate="left")
-    ids_left = encode_prompts(prompts, tiny, limit, truncate="left")[0]
-    ids_right = encode_prompts(prompts, tiny, limit, truncate="right")[0]
-    assert kept == [0, 1, 2] and truncated == 1
-    assert ids_left[2].tolist() == full[2][-limit:]
-    assert ids_right[2].tolist() == full[2][:limit]
+    left = encode_prompts(prompts, tiny, limit, truncate="left")
+    right = encode_prompts(prompts, tiny, limit, truncate="right")
+    assert left.kept == [0, 1, 2] and left.truncated == 1
+    assert left.ids[2].tolist() == full[2][-limit:]
+    assert right.ids[2].tolist() == full[2][:limit]
+    assert (left.texts[2], right.texts[2]) == (" w v u t s r q", "x y z w v u t")
     with pytest.raises(ValueError, match="truncate"):
         encode_prompts(prompts, tiny, limit, truncate="middle")
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_truncation_cuts_the_question_and_keeps_the_template(tiny, side):
+    before, after = get_template("qwen_chat").parts()
+    question = "What is " + " + ".join(str(d) for d in range(1, 10)) + "?"
+    head, body, tail = tiny.encode(before), tiny.encode(question), tiny.encode(after)
+    assert head + body + tail == tiny.encode(before + question + after)  # the pieces tokenize apart here
+    limit = len(head) + len(tail) + 6
+    enc = encode_prompts([question], tiny, limit, truncate=side, template="qwen_chat")
+    kept = body[-6:] if side == "left" else body[:6]
+    assert enc.truncated == 1 and enc.lengths.tolist() == [limit]
+    assert enc.ids[0].tolist() == head + kept + tail  # the assistant header included
+    assert enc.texts[0] == before + tiny.decode(kept) + after
+    assert enc.texts[0] == tiny.decode(enc.ids[0])
+
+
+def test_truncation_cuts_at_a_character_boundary(tiny):
+    question = "What is \u4f60\u597d 1 + 2?"  # each CJK character is three byte-level tokens here
+    before, after = get_template("qwen_chat").parts()
+    head, tail = len(tiny.encode(before)), len(tiny.encode(after))
+    # 4 question tokens end inside the first CJK character, 8 from the end start inside the second
+    right = encode_prompts([question], tiny, head + tail + 4, truncate="right", template="qwen_chat")
+    left = encode_prompts([question], tiny, head + tail + 8, truncate="left", template="qwen_chat")
+    assert right.texts[0] == before + "What is " + after
+    assert left.texts[0] == before + " 1 + 2?" + after
+    assert right.ids[0, : right.lengths[0]].tolist() == tiny.encode(right.texts[0])
+    assert left.ids[0, : left.lengths[0]].tolist() == tiny.encode(left.texts[0])
+
+
+def test_truncation_refuses_a_template_longer_than_the_limit(tiny):
+    with pytest.raises(ValueError, match="template 'qwen_r1' takes .* no room for the question"):
+        encode_prompts(["What is 1 + 1?"], tiny, 8, truncate="left", template="qwen_r1")
 
 
 def test_existing_output_is_refused_unless_overwrite(tiny, tmp_path):
@@ -115,3 +149,27 @@ def test_reader_names_file_and_missing_column(tmp_path):
     os.unlink(path + ".db")
     with pytest.raises(FileNotFoundError, match="no index file"):
         load_prompt_dataset(path)
+
+
+def test_next_write_removes_the_folder_of_a_killed_one(tiny, tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "p.mindrecord"
+    # a writer that dies after staging part of its output (its folder stays, its process is gone)
+    died = f"""
+import os
+from mindgrpo.utils.staging import staging_dir
+stage = staging_dir({str(path)!r})
+open(os.path.join(stage, "p.mindrecord"), "wb").write(b"partial")
+os._exit(9)
+"""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert subprocess.run([sys.executable, "-c", died], env=dict(os.environ, PYTHONPATH=repo)).returncode == 9
+    (left,) = os.listdir(tmp_path)
+    assert left.startswith(".p.mindrecord.tmp-")
+    head, _, rand = left.rsplit("-", 2)
+    running = tmp_path / f"{head}-{os.getpid()}-{rand}"  # a live writer's: kept
+    running.mkdir()
+    write_prompt_dataset(str(path), ROWS, tiny, template="raw", max_prompt_length=64)
+    assert sorted(os.listdir(tmp_path)) == sorted(["p.mindrecord", "p.mindrecord.db", running.name])

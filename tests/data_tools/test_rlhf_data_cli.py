@@ -225,3 +225,71 @@ def test_missing_input_file(cli, tok_dir, tmp_path, capsys):
                      "--output_path", str(tmp_path / "y.mindrecord")]) == 1
     assert "missing.jsonl" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+def test_non_utf8_byte_names_file_and_line_and_can_be_skipped(cli, tok_dir, tmp_path, capsys):
+    src = tmp_path / "raw.jsonl"
+    src.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in GOOD[:2])
+                    + b'{"question": "What is 4 + 4?\xff", "answer": "#### 8"}\n' + json.dumps(GOOD[2]).encode())
+    out = tmp_path / "data.mindrecord"
+    base = [*tok_args(tok_dir), "--file_path", str(src), "--output_path", str(out)]
+    assert cli.main(base) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"{src}:3: not UTF-8 text (byte 0xff at column 29)"]
+    assert not out.exists()
+    assert cli.main([*base, "--skip_invalid"]) == 0
+    captured = capsys.readouterr()
+    assert "wrote 3 rows" in captured.out and "skipped 1 invalid" in captured.out
+    assert [str(r["solution"]) for r in read_records(out)] == ["2", "7", "6"]
+
+
+def test_non_utf8_byte_in_a_json_list_names_its_line(cli, tok_dir, tmp_path, capsys):
+    src = tmp_path / "raw.json"
+    src.write_bytes(b'[\n  {"question": "Q1", "answer": "#### 1"},\n  {"question": "Q\xe92",\n   "answer": "#### 2"}\n]')
+    out = tmp_path / "data.mindrecord"
+    base = [*tok_args(tok_dir), "--file_path", str(src), "--output_path", str(out)]
+    assert cli.main(base) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"{src}:3: not UTF-8 text (byte 0xe9 at column 18)"]
+    assert cli.main([*base, "--skip_invalid"]) == 0
+    assert [str(r["solution"]) for r in read_records(out)] == ["1"]
+
+
+@pytest.mark.parametrize("swap", ["both", "merges_as_vocab", "vocab_as_merges"])
+def test_swapped_or_wrong_tokenizer_files_name_the_file(tok_dir, tmp_path, swap):
+    vocab, merges = tok_dir / "vocab.json", tok_dir / "merges.txt"
+    given = {"both": (merges, vocab), "merges_as_vocab": (merges, merges), "vocab_as_merges": (vocab, vocab)}[swap]
+    src = write_jsonl(tmp_path / "raw.jsonl", GOOD)
+    out = tmp_path / "data.mindrecord"
+    result = run_script(["--vocab_path", str(given[0]), "--merges_file_path", str(given[1]),
+                         "--file_path", str(src), "--output_path", str(out)])
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    bad = merges if swap != "vocab_as_merges" else vocab
+    assert len(lines) == 1 and lines[0].startswith(f"error: {bad}"), lines
+    assert "swapped?" in lines[0] and len(lines[0]) < 300
+    assert sorted(os.listdir(tmp_path)) == ["raw.jsonl"]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_truncate_cuts_the_question_and_keeps_the_template(cli, tok_dir, tmp_path, capsys, side):
+    from mindgrpo.data.templates import get_template
+    from mindgrpo.data.tokenizer import QwenTokenizer
+
+    tok = QwenTokenizer.from_dir(str(tok_dir))
+    before, after = get_template("qwen_chat").parts()
+    long_q = "What is " + " + ".join(str(d) for d in range(1, 10)) * 3 + "?"
+    src = write_jsonl(tmp_path / "raw.jsonl", [GOOD[0], {"question": long_q, "answer": "#### 135"}])
+    limit = len(tok.encode(before + long_q + after)) - 10
+    out = tmp_path / f"{side}.mindrecord"
+    assert cli.main([*tok_args(tok_dir), "--file_path", str(src), "--output_path", str(out), "--template", "qwen_chat",
+                     "--max_prompt_length", str(limit), "--truncate", side]) == 0
+    assert "truncated 1" in capsys.readouterr().out
+    short, cut = read_records(out)
+    assert str(short["prompt"]) == before + GOOD[0]["question"] + after  # not truncated: as before
+    n = int(cut["prompt_length"])
+    text = str(cut["prompt"])
+    assert n == limit and tok.decode(cut["prompt_ids"][:n]) == text
+    assert text.startswith(before) and text.endswith(after)  # the template whole, the assistant header included
+    question = text[len(before):len(text) - len(after)]
+    assert len(question) < len(long_q)
+    assert long_q.endswith(question) if side == "left" else long_q.startswith(question)

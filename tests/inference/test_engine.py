@@ -100,3 +100,17 @@ def test_generate_sees_updated_weights():
     after = [c.token_ids for c in eng.generate(PROMPTS, p)]
     assert after == [c.token_ids for c in RolloutEngine(other, pad_token_id=0).generate(PROMPTS, p)]
     assert after != before
+
+
+def test_the_limit_is_the_models_context_not_the_cache_bucket(engine):
+    import dataclasses
+
+    # 40 positions: a 30-token prompt + 10 new tokens fits, though its cache bucket has 32 + 32 slots
+    short = RolloutEngine(Qwen2ForCausalLM(dataclasses.replace(CFG, max_position_embeddings=40), seed=1))
+    assert short.max_positions == 40
+    p = SamplingParams(max_tokens=10, temperature=0.0)
+    prompt = [[(7 * i) % 60 + 1 for i in range(30)]]
+    assert [c.token_ids for c in short.generate(prompt, p)] == [c.token_ids for c in engine.generate(prompt, p)]
+    with pytest.raises(ValueError, match=r"a prompt of 31 tokens \+ max_tokens 10 = 41 positions, more than the "
+                                         r"model's 40"):
+        short.generate([[5] * 31], p)

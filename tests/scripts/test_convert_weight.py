@@ -1,5 +1,6 @@
 """scripts/convert_weight.py: bit-exact round trips, and bad inputs rejected with nothing written."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +19,26 @@ SCRIPT = os.path.join(REPO, "scripts", "convert_weight.py")
 
 def run(*args):
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """The script's main() in this process (a subprocess pays MindSpore's import on every call)."""
+    spec = importlib.util.spec_from_file_location("convert_weight_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def convert(cli, capsys):
+    """convert(*args) -> (exit code, stderr lines) of the script's main()."""
+    def call(*args):
+        capsys.readouterr()  # drop what came before (a progress bar of transformers)
+        code = cli.main([str(a) for a in args])
+        return code, capsys.readouterr().err.strip().splitlines()
+
+    return call
 
 
 @pytest.fixture(scope="module")
@@ -119,3 +140,99 @@ def test_safetensors_reader_matches_library(hf_dir):
     ours = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
     assert sorted(ref) == sorted(ours)
     assert all(np.array_equal(ref[k], ours[k][1]) for k in ref)
+
+
+def shard(state, folder, config_from):
+    """Write `state` as a two-shard HF folder with an index."""
+    names = sorted(state)
+    files = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+             "model-00002-of-00002.safetensors": names[len(names) // 2 :]}
+    os.makedirs(folder, exist_ok=True)
+    for fname, keys in files.items():
+        write_safetensors(os.path.join(folder, fname), {k: state[k] for k in keys})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": {k: f for f, ks in files.items() for k in ks}}, f)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        f.write(open(os.path.join(config_from, "config.json")).read())
+
+
+def listing(folder):
+    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))}
+
+
+def test_reverse_into_a_sharded_model_is_refused_then_replaced_whole(hf_dir, tmp_path, convert):
+    other = tmp_path / "other"  # the same shapes, other weights
+    make_hf_model(str(other), tied=False, vocab=128, hidden=32, inter=64, heads=4, kv_heads=2, seed=1)
+    ckpt = str(tmp_path / "ms" / "other.ckpt")
+    assert convert("--torch_ckpt_dir", str(other), "--mindspore_ckpt_path", ckpt)[0] == 0
+    target = str(tmp_path / "target")
+    shard(read_hf_state(hf_dir), target, hf_dir)
+    (tmp_path / "target" / "tokenizer.json").write_text('{"kept": true}')
+    (tmp_path / "target" / "README.md").write_text("my notes")
+    before = listing(target)
+
+    code, err = convert("--reverse", "--mindspore_ckpt_path", ckpt, "--torch_ckpt_dir", target)
+    assert code == 1 and listing(target) == before
+    assert err == [
+        f"convert_weight: error: {target} already holds a model (config.json, model-00001-of-00002.safetensors, "
+        "model-00002-of-00002.safetensors, ...); pass --overwrite to replace its model files (its other files are kept)"]
+
+    code, err = convert("--reverse", "--mindspore_ckpt_path", ckpt, "--torch_ckpt_dir", target, "--overwrite")
+    assert code == 0, err
+    assert sorted(os.listdir(target)) == ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
+    assert listing(target)["tokenizer.json"] == b'{"kept": true}' and listing(target)["README.md"] == b"my notes"
+    assert raw_tensors(target) == raw_tensors(str(other))  # a forward conversion now reads the new weights
+    assert sorted(os.listdir(tmp_path)) == ["ms", "other", "target"]  # no staging folder left
+
+
+def test_forward_refuses_an_existing_checkpoint_or_another_models_config(hf_dir, tmp_path, convert):
+    ckpt = tmp_path / "ms" / "m.ckpt"
+    assert convert("--torch_ckpt_dir", hf_dir, "--mindspore_ckpt_path", str(ckpt))[0] == 0
+    before = ckpt.read_bytes()
+    code, err = convert("--torch_ckpt_dir", hf_dir, "--mindspore_ckpt_path", str(ckpt), "--dtype", "bf16")
+    assert code == 1 and ckpt.read_bytes() == before
+    assert err == [f"convert_weight: error: {ckpt} already exists (pass --overwrite to replace it)"]
+    # a second checkpoint of the same model beside it is fine; one of another model is not
+    assert convert("--torch_ckpt_dir", hf_dir, "--mindspore_ckpt_path", str(tmp_path / "ms" / "m_bf16.ckpt"),
+               "--dtype", "bf16")[0] == 0
+    other = tmp_path / "other"
+    make_hf_model(str(other), tied=True, vocab=128, hidden=32, inter=64, heads=4, kv_heads=2)
+    code, err = convert("--torch_ckpt_dir", str(other), "--mindspore_ckpt_path", str(tmp_path / "ms" / "tied.ckpt"))
+    assert code == 1 and "config.json already exists and describes another model" in err[0]
+    assert sorted(os.listdir(tmp_path / "ms")) == ["config.json", "m.ckpt", "m_bf16.ckpt"]
+    assert convert("--torch_ckpt_dir", hf_dir, "--mindspore_ckpt_path", str(ckpt), "--dtype", "bf16",
+               "--overwrite")[0] == 0
+    from mindgrpo.models.checkpoint import read_ms_checkpoint
+
+    assert {d for d, _ in read_ms_checkpoint(str(ckpt)).values()} == {"BF16"}
+
+
+def header_lies(good: bytes) -> bytes:
+    """The same file with the first tensor's end offset moved by 4 bytes."""
+    n = int.from_bytes(good[:8], "little")
+    header = json.loads(good[8 : 8 + n])
+    first = sorted(k for k in header if k != "__metadata__")[0]
+    header[first]["data_offsets"][1] += 4
+    head = json.dumps(header).encode()
+    head += b" " * (n - len(head)) if len(head) <= n else b""
+    return len(head).to_bytes(8, "little") + head + good[8 + n :]
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda good: b"# My model\nThese are the weights.\n" * 3, "not a safetensors file (its first 8 bytes give a header"),
+    (lambda good: good[:5], "not a safetensors file (5 bytes"),
+    (lambda good: good[: len(good) - 64], "truncated: tensor"),
+    (lambda good: good[:8] + b"\xff" + good[9:], "not a safetensors file (header:"),
+    (header_lies, "needs"),
+])
+def test_a_file_that_is_not_safetensors_is_one_line(hf_dir, tmp_path, convert, damage, needle):
+    good = open(os.path.join(hf_dir, "model.safetensors"), "rb").read()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes(damage(good))
+    (src / "config.json").write_text(open(os.path.join(hf_dir, "config.json")).read())
+    out = tmp_path / "out" / "m.ckpt"
+    code, err = convert("--torch_ckpt_dir", str(src), "--mindspore_ckpt_path", str(out))
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"convert_weight: error: {src / 'model.safetensors'}: ") and needle in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,33 @@
+"""scripts/grpo_one_stage.py: a weights flag naming a missing path stops at once, naming the flag."""
+
+import importlib.util
+import os
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      "scripts", "grpo_one_stage.py")
+
+
+@pytest.fixture(scope="module")
+def cli():
+    spec = importlib.util.spec_from_file_location("grpo_one_stage_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flag", ["--sft_path_train", "--sft_path_infer", "--ref_path"])
+def test_missing_weights_path_names_the_flag(cli, tmp_path, capsys, flag):
+    missing = tmp_path / "qwen2_5_7b.ckpt"
+    assert cli.main([flag, str(missing), "--output_dir", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"grpo_one_stage: error: {flag} {missing}: no such file or folder"]
+    assert os.listdir(tmp_path) == []  # nothing made, not even the output folder
+
+
+def test_a_path_that_is_not_loaded_is_not_checked(cli, tmp_path):
+    from mindgrpo.grpo.run import check_weight_paths
+
+    args = cli.parse_args(["--sft_path_train", str(tmp_path / "nope"), "--load_sft_checkpoint_train", "False"])
+    check_weight_paths(args)  # raises nothing: the weights are not read
