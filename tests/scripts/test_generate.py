@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+
 @pytest.fixture(scope="module")
 def cli():
     from scripts import generate
