@@ -5,30 +5,32 @@
     trainer = make_trainer(cfg, parts, metrics_log, progress, output_dir)
 
 `build` runs the build sequence: the model config, the tokenizer, the prompts, the vocabulary
-check, the models (policy, inference, reference), the memory ledger, the reference frozen, the
-rollout engine, the weight syncs and the initial sync, the gradient reducer, the pipeline stages
-and the checkpoint I/O. What depends on the devices (each model's piece and how it loads, the
-engine's data parallelism, same-layout copy or resharding, the gradient sum, sharded or whole
-checkpoints) is the placement's; the trainer never reaches for a global.
+checks (the tokenizer's and every prompt token id against the model's), the reward set and its
+columns checked against the prompts', the models (policy, inference, reference), the memory
+ledger, the reference frozen, the rollout engine, the weight syncs and the initial sync, the
+gradient reducer, the pipeline stages and the checkpoint I/O. The start-up checks come before any
+model is built. What depends on the devices (each model's piece and how it loads, the engine's
+data parallelism, same-layout copy or resharding, who scores the rewards, the gradient sum,
+sharded or whole checkpoints) is the placement's; the trainer never reaches for a global.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from mindgrpo.config.grpo import GRPOConfig
-from mindgrpo.grpo.prompts import PromptSource
-from mindgrpo.models.presets import preset_config
+from mindgrpo.grpo.prompts import PromptSource, check_vocabulary
+from mindgrpo.models.presets import resolve_model_config
 
 if TYPE_CHECKING:  # for the types of Parts only: importing these here would load MindSpore with the builder
     from mindgrpo.data.tokenizer import QwenTokenizer
     from mindgrpo.memory.swap import SwapManager
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
     from mindgrpo.parallel.data_parallel import DataParallelGrads
     from mindgrpo.parallel.pipeline import Pipeline
-    from mindgrpo.parallel.placement import Checkpoints, Engine, Placement, Sync
+    from mindgrpo.parallel.placement import Checkpoints, Engine, Placement, Rewards, Sync
     from mindgrpo.rewards import RewardSet
 
 
@@ -65,7 +67,7 @@ class Parts:
     reference: Optional[Qwen2ForCausalLM]  # None when beta == 0
     train_prompts: PromptSource
     val_prompts: Optional[PromptSource]
-    rewards: RewardSet
+    rewards: Rewards  # the RewardSet, or under msrun rank 0's scores shared
     memory: SwapManager
     engine: Engine
     sync: Sync  # policy -> inference
@@ -77,16 +79,18 @@ class Parts:
     ref_pipeline: Optional[Pipeline] = None  # the reference model's
 
 
-def model_config(cfg: GRPOConfig, paths: Paths) -> Qwen2Config:
-    """The model's config: beside the policy's weights when they are loaded from a full checkpoint
-    or an HF directory, else actor_config.model (a preset name or a file)."""
+def model_config_file(cfg: GRPOConfig, paths: Paths) -> Tuple[str, str]:
+    """The model config file and, for messages, where it comes from: beside the policy's weights
+    when they are loaded from a full checkpoint or an HF directory, else actor_config.model (a
+    preset name or a file)."""
     from mindgrpo.models.checkpoint import find_config
-    from mindgrpo.models.qwen2 import Qwen2Config
 
-    path, dtype = paths.sft_path_train, cfg.actor_config.dtype
+    path = paths.sft_path_train
     if path and paths.load_sft_checkpoint_train and not os.path.isdir(os.path.join(path, "rank_0")):
-        return Qwen2Config.load(find_config(path), compute_dtype=dtype)
-    return preset_config(cfg.actor_config.model, compute_dtype=dtype)
+        file = find_config(path)
+        return file, f"{file} (the config of the weights {path})"
+    file = resolve_model_config(cfg.actor_config.model)
+    return file, f"{file} (actor_config.model)"
 
 
 def build_tokenizer(cfg: GRPOConfig, paths: Paths) -> QwenTokenizer:
@@ -127,8 +131,8 @@ def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer):
                                      max_prompt_length=cfg.generate_config.max_prompt_length, overwrite=True)
         train_path = os.path.join(folder, "train.mindrecord")
         val_path = val_path or os.path.join(folder, "val.mindrecord")
-    train = PromptSource(load_prompt_dataset(train_path), seed=cfg.rl_config.seed)
-    val = PromptSource(load_prompt_dataset(val_path), seed=0, shuffle=False) if val_path else None
+    train = PromptSource(load_prompt_dataset(train_path), seed=cfg.rl_config.seed, path=train_path)
+    val = PromptSource(load_prompt_dataset(val_path), seed=0, shuffle=False, path=val_path) if val_path else None
     return train, val
 
 
@@ -146,13 +150,14 @@ def build_rewards(cfg: GRPOConfig) -> RewardSet:
             c = rc.cosine
             params[name] = {k: v for k, v in dict(
                 cosine_min_len_value_wrong=c.min_value_wrong, cosine_max_len_value_wrong=c.max_value_wrong,
-                cosine_min_len_value_correct=c.min_value_correct, cosine_max_len_value_correct=c.max_value_correct,
+                cosine_min_len_value_correct=c.max_value_correct, cosine_max_len_value_correct=c.min_value_correct,
                 cosine_max_len=c.max_len or max_len).items() if k in known}
         elif name == "soft_overlong":
             s = rc.soft_overlong
             params[name] = {k: v for k, v in dict(
                 soft_max_cache_length=s.buffer_len, max_completion_length=s.max_len or max_len).items() if k in known}
-    return RewardSet(rc.verifier_function, rc.verifier_weight, params)
+    return RewardSet(rc.verifier_function, rc.verifier_weight, params, num_workers=rc.num_workers,
+                     timeout_s=rc.timeout_s)
 
 
 def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
@@ -160,18 +165,26 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     one device)."""
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.memory.swap import SwapManager
+    from mindgrpo.models.qwen2 import Qwen2Config
     from mindgrpo.parallel.checkpoints import checkpoint_root
     from mindgrpo.parallel.placement import OneDevice
 
     placement = placement or OneDevice()
     rl = cfg.rl_config
-    mcfg = model_config(cfg, paths)
+    config_file, model_source = model_config_file(cfg, paths)
+    mcfg = Qwen2Config.load(config_file, compute_dtype=cfg.actor_config.dtype)
     placement.check(mcfg)
     tokenizer = build_tokenizer(cfg, paths)
     train, val = build_prompts(cfg, paths, tokenizer)
     if mcfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"the model's vocab_size {mcfg.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size}")
+    check_vocabulary(mcfg.vocab_size, model_source, train, val)
+    rewards = build_rewards(cfg)
+    # the columns every reward call gets (the trainer's Rollouts.columns): a reward needing another fails now
+    rewards.check_columns([*train.columns, "completion_length"], "the training prompts")
+    if val is not None:
+        rewards.check_columns([*val.columns, "completion_length"], "the validation prompts")
 
     gen = cfg.generate_config  # RoPE positions: the longest prompt and response, some slack, at most the model's
     max_positions = min(gen.max_prompt_length + gen.max_tokens + 64, mcfg.max_position_embeddings)
@@ -203,7 +216,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         ref_sync = placement.weight_sync(policy, reference, "reference")  # the trainer logs it as ref_sync/...
         if not (paths.ref_path or paths.sft_path_train):
             ref_sync()  # random init: the reference starts as the policy
-    return Parts(tokenizer, policy, inference, reference, train, val, build_rewards(cfg), memory, engine, sync,
+    return Parts(tokenizer, policy, inference, reference, train, val, placement.rewards(rewards), memory, engine, sync,
                  ref_sync, placement.checkpoints(checkpoint_root(cfg, paths.output_dir), rl.keep_last_k, mcfg),
                  rank=placement.rank, grad_reducer=placement.grad_reducer(),
                  pipeline=placement.pipeline("policy", policy.dtype),

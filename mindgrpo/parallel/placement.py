@@ -13,13 +13,15 @@ depends on how the run is laid out over devices, and runs the same build sequenc
     weight_sync     WeightSync (a copy per bucket)     Reshard (policy layout -> the role's layout)
     grad_reducer    None                               DataParallelGrads over the training dp group
     pipeline(role)  None (one stage)                   the role's Pipeline (its stage's hand-offs)
+    rewards(set)    the RewardSet                      SharedRewards: rank 0 scores, every rank gets its scores
     checkpoints     LocalCheckpoints                   ShardedCheckpoints (every rank its pieces)
 
 The roles are "policy" (actor_config.parallel_config), "inference" (generate_config's) and
 "reference" (ref_config's). Model weights come from the same seed as a one-device run (every rank
 draws the full initial tensors and keeps its piece), from a full checkpoint or an HF directory
 (sliced here), or from a directory of per-rank shards written by scripts/transform_checkpoint.py
-(`DIR/rank_<k>/*.ckpt`).
+(`DIR/rank_<k>/*.ckpt`). `placement_for` also guards an msrun rank with the collective watchdog
+(mindgrpo.parallel.watchdog) before anything is built.
 """
 
 from __future__ import annotations
@@ -44,9 +46,13 @@ from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.pipeline import Pipeline, stage_spec
 from mindgrpo.parallel.reshard import Reshard
 from mindgrpo.parallel.sharded_checkpoints import ShardedCheckpoints
+from mindgrpo.parallel.shared_rewards import SharedRewards
 from mindgrpo.parallel.strategy import training_shapes, write_layout_strategies, write_strategy_file
 from mindgrpo.parallel.tp_layers import TensorParallelLayers
+from mindgrpo.parallel.watchdog import guard_rank
 from mindgrpo.parallel.weight_sync import WeightSync
+from mindgrpo.rewards import RewardSet
+from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +60,7 @@ ROLES = ("policy", "inference", "reference")
 Engine = Union[RolloutEngine, DataParallelEngine]
 Sync = Union[WeightSync, Reshard]
 Checkpoints = Union[LocalCheckpoints, ShardedCheckpoints]
+Rewards = Union[RewardSet, SharedRewards]
 
 
 def shard_dir(path: str, rank: int) -> Optional[str]:
@@ -88,6 +95,9 @@ class OneDevice:
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
                     memory: Optional[SwapManager] = None) -> Sync:
         return WeightSync(src, dst, memory)
+
+    def rewards(self, rewards: RewardSet) -> Rewards:
+        return rewards
 
     def grad_reducer(self) -> Optional[DataParallelGrads]:
         return None
@@ -144,6 +154,7 @@ class ParallelPlacement:
                 state = read_model_state(path, mcfg)
                 mine = dict(lm.parameters_and_names())
                 load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items() if n in mine})
+        heartbeat.beat()  # progress for the collective watchdog: building a big model takes a while
         return lm
 
     def engine(self, rollout: RolloutEngine) -> Engine:
@@ -157,6 +168,10 @@ class ParallelPlacement:
                     self.rank, self.layouts["policy"], role, self.layouts[role], sync.received / 2 ** 20,
                     sync.minimum / 2 ** 20)
         return sync
+
+    def rewards(self, rewards: RewardSet) -> Rewards:
+        """Rank 0 scores (only its reward pool starts), every rank gets the same scores."""
+        return SharedRewards(rewards, self.comm)
 
     def grad_reducer(self) -> Optional[DataParallelGrads]:
         return DataParallelGrads(self.comm, self.comm.train_dp)
@@ -176,8 +191,14 @@ Placement = Union[OneDevice, ParallelPlacement]
 
 
 def placement_for(cfg, use_parallel: bool) -> Placement:
-    """One device, or (under msrun) the config's layouts over the world, communication initialised."""
-    return ParallelPlacement(cfg, init_parallel(cfg)) if use_parallel else OneDevice()
+    """One device, or (under msrun) the config's layouts over the world, communication initialised
+    and the rank guarded: SIGTERM when msrun dies, the watchdog's bounds (rl_config.collective_timeout_s,
+    compile_timeout_s) on every collective, so that no rank hangs or outlives the job."""
+    if not use_parallel:
+        return OneDevice()
+    comm = init_parallel(cfg)
+    guard_rank(comm.rank, cfg.rl_config.collective_timeout_s, cfg.rl_config.compile_timeout_s)
+    return ParallelPlacement(cfg, comm)
 
 
 def load_shard(lm: Qwen2ForCausalLM, folder: str) -> None:

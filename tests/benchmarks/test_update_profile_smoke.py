@@ -5,7 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.update_profile import op_kind
+
+pytestmark = pytest.mark.slow  # an end-to-end run of a benchmark script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

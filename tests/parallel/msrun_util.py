@@ -1,5 +1,6 @@
 """Launching msrun jobs from tests (a free port per job, a timeout, the workers' logs on failure) and
-the files they exchange with the tests (per-rank results, MindSpore's sharded checkpoint layout)."""
+the files they exchange with the tests (per-rank results, MindSpore's sharded checkpoint layout, and
+MindSpore's own slicing of a full checkpoint to compare with)."""
 
 import glob
 import json
@@ -50,6 +51,9 @@ def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float =
     # the repo (mindgrpo, scripts) and tests/parallel (the workers' shared cases)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]), PATH=python_path())
+    # MindSpore's CPU collectives give up on a rank 30 s late by default: on a loaded machine one rank
+    # can compile that much longer than another (DEVELOPERS.md); `timeout` still bounds the job
+    env.setdefault("MS_CPU_COMM_OP_TIMEOUT", "300")
     os.makedirs(log_dir, exist_ok=True)
     with open(os.path.join(log_dir, "msrun.out"), "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -87,3 +91,19 @@ def save_sharded(pieces, folder):
         ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in state.items()],
                            os.path.join(folder, f"rank_{rank}", f"ck_{rank}.ckpt"))
     return folder
+
+
+def mindspore_slices(full, layout, cfg, work):
+    """MindSpore's transform_checkpoints of the full weights {name: array} for every rank of layout."""
+    import mindspore as ms
+    from mindspore.parallel import transform_checkpoints
+
+    from mindgrpo.models.convert import expected_shapes
+    from mindgrpo.parallel.strategy import write_strategy_file
+
+    strategy = write_strategy_file(os.path.join(work, "dst_strategy.ckpt"), layout, expected_shapes(cfg))
+    transform_checkpoints(save_sharded([full], os.path.join(work, "full")), os.path.join(work, "out"), "ck_",
+                          None, strategy)
+    return [{k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(work, "out", f"rank_{r}",
+                                                                        f"ck_{r}.ckpt")).items()}
+            for r in range(layout.world_size)]
