@@ -2,11 +2,11 @@
 `mindgrpo.parallel.checkpoints.save` (each file flushed to disk, hashed with SHA-256 on a worker
 thread while the next file is written, a manifest, a durable rename), side by side in rounds.
 
-    python -m benchmarks.checkpoint_save [--gb 1.0] [--rounds 3] [--dir /tmp]
+    python -m benchmarks.checkpoint_save [--gb 1.0] [--rounds 3] [--dir /tmp] [--output FILE.json]
 
 Also times the hashes alone on the written policy file (in the page cache): SHA-256 (what the
 manifest uses; SHA-NI makes it the fastest of hashlib's here) and BLAKE2b, and fsync alone.
-Writes benchmarks/results/checkpoint_save.{json,md}.
+Writes benchmarks/results/checkpoint_save.{json,md} unless --output names another file.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gb", type=float, default=1.0, help="size of the policy file; the optimizer file is twice it")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where to write (the disk under test)")
+    ap.add_argument("--output", default=os.path.join(RESULTS, "checkpoint_save.json"))
     args = ap.parse_args(argv)
     from mindgrpo.parallel import checkpoints
 
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
           f"On the {args.gb:.1f} GB policy file alone (in the page cache): SHA-256 {med['sha256']:.2f} s "
           f"({res['sha256_gb_per_s']:.2f} GB/s), BLAKE2b {med['blake2b']:.2f} s ({res['blake2b_gb_per_s']:.2f} GB/s), "
           f"fsync {med['fsync']:.2f} s.\n")
-    write_results(os.path.join(RESULTS, "checkpoint_save.json"), res, md)
+    write_results(args.output, res, md)
     print(md)
     return 0
 
