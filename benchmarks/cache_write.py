@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.common import run_stamp, timed, write_results
+from benchmarks.harness import RESULTS, run_stamp, timed, write_results
 
 HEADS, D, CACHES = 2, 64, 8
 
@@ -60,15 +60,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--capacities", type=int, nargs="+", default=[128, 512, 2048])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                     "cache_write.json"))
+    ap.add_argument("--output", default=os.path.join(RESULTS, "cache_write.json"))
     args = ap.parse_args(argv)
     import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    res = {**run_stamp(__file__, argv), "rows": args.rows, "ms_per_call": {}}
-    res["command"] = res["command"].replace("python benchmarks/cache_write.py", "python -m benchmarks.cache_write")
+    res = {**run_stamp("benchmarks.cache_write", argv), "rows": args.rows, "ms_per_call": {}}
     for capacity in args.capacities:
         cells = graphs(args.rows, capacity)
         for cell, a in cells.values():

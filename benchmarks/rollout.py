@@ -28,17 +28,16 @@ Writes --output (json) and a markdown table beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-from benchmarks.common import CONFIGS, hf_model, run_stamp, write_results
+from benchmarks.harness import RESULTS, median, run_stamp, write_results
+from benchmarks.tiny_models import CONFIGS, hf_model
+from benchmarks.workers import Workers
 
 SIDES = ("engine", "static", "transformers")
 GOALS = {"longtail": {"static": 2.5, "transformers": 2.0, "fraction": 0.9}, "forced": {"static": 0.9}}
@@ -140,76 +139,50 @@ class TransformersSide:
 SIDE_CLASSES = {"engine": EngineSide, "static": StaticSide, "transformers": TransformersSide}
 
 
-def serve(args) -> int:
-    """A side's process: set up, warm up, then one timed run per 'run' line on stdin."""
+def side_worker(conn, side: str, config: str, kind: str, weights: str, prompts: int, group: int, max_tokens: int,
+                slots: int) -> None:
+    """A side's process (benchmarks.workers): set up, one untimed warm-up run (our graphs compile
+    then), then one timed run per "run" message until "stop"."""
     import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    vocab = CONFIGS[args.serve_config]["vocab_size"]
-    prompts, params = workload(vocab, args.serve_workload, args.prompts, args.group, args.max_tokens)
-    side = SIDE_CLASSES[args.serve](args.weights, args.slots, prompts, params)
+    ids, params = workload(CONFIGS[config]["vocab_size"], kind, prompts, group, max_tokens)
+    runner = SIDE_CLASSES[side](weights, slots, ids, params)
     t0 = time.perf_counter()
-    warm = side.run()
-    print(json.dumps({"ready": True, "warmup_seconds": time.perf_counter() - t0, **warm}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "run":
-            break
+    warm = runner.run()
+    conn.send({"warmup_seconds": time.perf_counter() - t0, **warm})
+    while conn.recv() == "run":
         t0 = time.perf_counter()
-        result = side.run()
+        result = runner.run()
         result["seconds"] = time.perf_counter() - t0
-        print(json.dumps(result), flush=True)
-    print(json.dumps({"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20}), flush=True)
-    return 0
+        conn.send(result)
 
 
-# ------------------------------------------------------------------ the parent
-
-def _read(proc) -> dict:
-    line = proc.stdout.readline()
-    if not line:
-        raise RuntimeError(f"a side's process ended early (exit {proc.wait()}): {proc.stderr.read()[-3000:]}")
-    return json.loads(line)
-
-
-def compare(name: str, kind: str, weights: str, args) -> dict:
+def compare(name: str, kind: str, weights: str, args) -> tuple:
     """The three sides of one (config, workload), each in its own process, taking turns."""
-    procs = {}
-    base = [sys.executable, "-m", "benchmarks.rollout", "--weights", weights, "--serve_config", name,
-            "--serve_workload", kind, "--prompts", str(args.prompts), "--group", str(args.group),
-            "--max_tokens", str(args.max_tokens), "--slots", str(args.slots)]
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     runs = {s: [] for s in SIDES}
-    warm = {}
-    try:
+    warm, rss = {}, {}
+    with Workers() as workers:
+        sides = {}
         for side in SIDES:  # one set-up and warm-up at a time: they would time each other's compilation
-            procs[side] = subprocess.Popen(base + ["--serve", side], cwd=repo, stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            warm[side] = _read(procs[side])
+            sides[side] = workers.start(side_worker, side, name, kind, weights, args.prompts, args.group,
+                                        args.max_tokens, args.slots)
+            warm[side] = sides[side].recv()
             print(f"  {name} {kind} {side}: warm-up {warm[side]['warmup_seconds']:.0f}s", flush=True)
         for _ in range(args.repeats):
             for side in SIDES:
-                procs[side].stdin.write("run\n")
-                procs[side].stdin.flush()
-                r = _read(procs[side])
+                r = sides[side].ask("run")
                 runs[side].append(r)
                 print(f"  {name} {kind} {side}: {r['tokens'] / r['seconds']:.0f} tok/s, {r['tokens']} tokens in "
                       f"{r['seconds']:.1f}s, useful fraction {r['useful_fraction']:.3f}", flush=True)
-        rss = {}
-        for side, proc in procs.items():
-            proc.stdin.write("quit\n")
-            proc.stdin.flush()
-            rss[side] = _read(proc)["peak_rss_gb"]
-            proc.wait(60)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-    rate = {s: float(np.median([r["tokens"] / r["seconds"] for r in runs[s]])) for s in SIDES}
+        for side in SIDES:
+            rss[side] = sides[side].ask("stop")  # a side's last message: its peak RSS (GiB)
+    rate = {s: median([r["tokens"] / r["seconds"] for r in runs[s]]) for s in SIDES}
     summary = {"engine_tokens_per_s": rate["engine"], "static_tokens_per_s": rate["static"],
                "transformers_tokens_per_s": rate["transformers"],
-               "useful_fraction": float(np.median([r["useful_fraction"] for r in runs["engine"]])),
-               "static_useful_fraction": float(np.median([r["useful_fraction"] for r in runs["static"]])),
+               "useful_fraction": median([r["useful_fraction"] for r in runs["engine"]]),
+               "static_useful_fraction": median([r["useful_fraction"] for r in runs["static"]]),
                "peak_rss_gb": rss["engine"]}
     details = {s: {"runs": runs[s], "warmup": warm[s], "peak_rss_gb": rss[s],
                    "mean_length": float(np.mean([r["tokens"] for r in runs[s]])) / (args.prompts * args.group)}
@@ -267,19 +240,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max_tokens", type=int, default=512)
     ap.add_argument("--slots", type=int, default=64, help="sequences each side holds at once")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                     "rollout.json"))
-    # a side's process (internal)
-    ap.add_argument("--serve", choices=SIDES, help=argparse.SUPPRESS)
-    ap.add_argument("--serve_config", help=argparse.SUPPRESS)
-    ap.add_argument("--serve_workload", help=argparse.SUPPRESS)
-    ap.add_argument("--weights", help=argparse.SUPPRESS)
+    ap.add_argument("--output", default=os.path.join(RESULTS, "rollout.json"))
     args = ap.parse_args(argv)
-    if args.serve:
-        return serve(args)
 
-    res = {**run_stamp(__file__, argv), "configs": {}, "details": {}}
-    res["command"] = res["command"].replace("python benchmarks/rollout.py", "python -m benchmarks.rollout")
+    res = {**run_stamp("benchmarks.rollout", argv), "configs": {}, "details": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.configs:
             weights = os.path.join(tmp, name)

@@ -19,8 +19,9 @@ import tempfile
 
 import numpy as np
 
-from benchmarks.common import CONFIGS, hf_model, run_stamp, write_results
+from benchmarks.harness import RESULTS, run_stamp, write_results
 from benchmarks.rollout import workload
+from benchmarks.tiny_models import CONFIGS, hf_model
 
 
 def compare(base, other) -> dict:
@@ -46,8 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max_tokens", type=int, default=512)
-    ap.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                     "rollout_flips.json"))
+    ap.add_argument("--output", default=os.path.join(RESULTS, "rollout_flips.json"))
     args = ap.parse_args(argv)
     import mindspore as ms
 
@@ -56,8 +56,7 @@ def main(argv=None) -> int:
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    res = {**run_stamp(__file__, argv), "configs": {}}
-    res["command"] = res["command"].replace("python benchmarks/rollout_flips.py", "python -m benchmarks.rollout_flips")
+    res = {**run_stamp("benchmarks.rollout_flips", argv), "configs": {}}
     lines = ["# Sampled tokens across slot counts (per-sample streams; logits may depend on the batch)", "",
              f"    {res['command']}", "", f"Date {res['date']}, {res['machine']}. The longtail workload of "
              f"benchmarks/rollout.py: {args.prompts} prompts x G={args.group}, at most {args.max_tokens} tokens, "

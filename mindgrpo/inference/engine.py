@@ -124,6 +124,7 @@ class RolloutEngine:
         return self.model.resident_parameters()
 
     def cache_bytes(self) -> int:
+        """The KV cache allocated so far, in bytes (for the memory ledger)."""
         return self.cache.nbytes if self.cache is not None else 0
 
     def release(self) -> None:
