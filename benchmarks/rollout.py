@@ -16,9 +16,10 @@ prompt + 512 positions; the static engine and transformers run the 512 samples a
 computing finished rows as padding).
 
 Each side runs in its own process (so its peak RSS is its own), loaded with the same weights
-(transformers' random model saved once, converted for ours). Each warms up with one whole
-untimed run (our graphs compile then), then the sides take turns for --repeats timed runs; the
-figures are medians. Useful tokens/s = generated tokens (stop ids included) / wall seconds of a
+(transformers' random model saved once, converted for ours). Each warms up untimed (the engine
+with a whole run, which compiles every shape it uses; the static engine with its first batch,
+which compiles the one bucket all batches use; transformers with two tokens), then the sides take
+turns for --repeats timed runs; the figures are medians. Useful tokens/s = generated tokens (stop ids included) / wall seconds of a
 whole run (prefill, decode, host loop). Useful fraction = generated tokens / rows computed,
 summed over the decode steps (for the static engine: over its steps x its 64 rows).
 
@@ -69,6 +70,10 @@ class EngineSide:
                                     max_model_len=longest + params.max_tokens)
         self.prompts, self.params = prompts, params
 
+    def warm_up(self) -> dict:
+        """A whole run: it compiles every graph shape the timed runs use."""
+        return self.run()
+
     def run(self) -> dict:
         out = self.engine.generate(self.prompts, self.params)
         s = self.engine.last_stats
@@ -86,10 +91,16 @@ class StaticSide:
         self.chunk = max(1, slots // params.n)  # prompts per static batch: slots rows
         self.prompts, self.params = prompts, params
 
-    def run(self) -> dict:
+    def warm_up(self) -> dict:
+        """The first batch: it compiles the one bucket every batch uses (8 prompts of 20 to 60 tokens:
+        the longest is over 32, so all pad to 64)."""
+        return self.run(self.prompts[:self.chunk])
+
+    def run(self, prompts=None) -> dict:
+        prompts = self.prompts if prompts is None else prompts
         tokens = rows = steps = 0
-        for i in range(0, len(self.prompts), self.chunk):
-            out = self.engine.generate(self.prompts[i:i + self.chunk], self.params)
+        for i in range(0, len(prompts), self.chunk):
+            out = self.engine.generate(prompts[i:i + self.chunk], self.params)
             s = self.engine.last_stats
             tokens += sum(len(c.token_ids) for c in out)
             rows += s["new_tokens"] / s["useful_fraction"]
@@ -108,22 +119,28 @@ class TransformersSide:
         self.chunk = max(1, slots // params.n)
         self.prompts, self.params = prompts, params
 
-    def run(self) -> dict:
+    def warm_up(self) -> dict:
+        """Two tokens of the first batch (nothing to compile)."""
+        return self.run(self.prompts[:self.chunk], max_tokens=2)
+
+    def run(self, prompts=None, max_tokens=None) -> dict:
         torch, p = self.torch, self.params
+        prompts = self.prompts if prompts is None else prompts
+        new_tokens = max_tokens or p.max_tokens
         stops = np.array(p.stop_token_ids)
         tokens = rows = steps = 0
-        for i in range(0, len(self.prompts), self.chunk):
-            batch = self.prompts[i:i + self.chunk]
+        for i in range(0, len(prompts), self.chunk):
+            batch = prompts[i:i + self.chunk]
             width = max(len(q) for q in batch)
             ids = torch.zeros((len(batch), width), dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
             for j, q in enumerate(batch):  # left padding
                 ids[j, width - len(q):] = torch.tensor(q)
                 mask[j, width - len(q):] = 1
-            kw = dict(min_new_tokens=p.max_tokens) if p.ignore_stop else dict(eos_token_id=stops.tolist())
+            kw = dict(min_new_tokens=new_tokens) if p.ignore_stop else dict(eos_token_id=stops.tolist())
             with torch.no_grad():
                 out = self.model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                          top_p=1.0, max_new_tokens=p.max_tokens, num_return_sequences=p.n,
+                                          top_p=1.0, max_new_tokens=new_tokens, num_return_sequences=p.n,
                                           pad_token_id=0, **kw)
             new = out[:, width:].numpy()  # (rows, steps): a finished row is padded to the longest
             if p.ignore_stop:
@@ -141,7 +158,7 @@ SIDE_CLASSES = {"engine": EngineSide, "static": StaticSide, "transformers": Tran
 
 def side_worker(conn, side: str, config: str, kind: str, weights: str, prompts: int, group: int, max_tokens: int,
                 slots: int) -> None:
-    """A side's process (benchmarks.workers): set up, one untimed warm-up run (our graphs compile
+    """A side's process (benchmarks.workers): set up, an untimed warm-up (the engine's graphs compile
     then), then one timed run per "run" message until "stop"."""
     import mindspore as ms
 
@@ -150,7 +167,7 @@ def side_worker(conn, side: str, config: str, kind: str, weights: str, prompts: 
     ids, params = workload(CONFIGS[config]["vocab_size"], kind, prompts, group, max_tokens)
     runner = SIDE_CLASSES[side](weights, slots, ids, params)
     t0 = time.perf_counter()
-    warm = runner.run()
+    warm = runner.warm_up()
     conn.send({"warmup_seconds": time.perf_counter() - t0, **warm})
     while conn.recv() == "run":
         t0 = time.perf_counter()
