@@ -3,9 +3,11 @@
 The cache of each layer is two Parameters, k and v, of (S+1)*nkv*C rows of d: row
 (s*nkv + h)*C + t holds kv head h of the token at position t of slot s. Slot S is a trash slot
 that padding rows write to and nothing live reads. Flat rows because MindSpore's CPU ScatterUpdate
-writes rows of its first axis in place (0.07 ms for 64 rows into a 64 MB cache), where
-ScatterNdUpdate copies its whole input to its output (25 ms for that cache): a decode step
-writes B*nkv rows, a prefill or a copy the rows of the prompts it moves, whatever the cache's size.
+writes rows of its first axis in place, where ScatterNdUpdate copies its whole input to its output:
+writing 64 rows into each of 8 caches of 64 MB took 6 ms more than not writing with ScatterUpdate
+and 406 ms more with ScatterNdUpdate (`python -m benchmarks.cache_write`, 2026-11-25, loaded
+machine). A decode step writes B*nkv rows, a prefill or a copy the rows of the prompts it moves,
+whatever the cache's size.
 
 Every graph takes slot numbers and positions as inputs and builds its row indices and its mask
 from them (a few integer ops per graph, shared by the layers), so the host sends O(B) numbers per
