@@ -61,13 +61,12 @@ def workload(vocab: int, kind: str, prompts: int, group: int, max_tokens: int, s
 
 class EngineSide:
     def __init__(self, weights: str, slots: int, prompts, params):
-        from mindgrpo.inference.engine import RolloutEngine, slot_capacity
+        from mindgrpo.inference.engine import RolloutEngine
         from mindgrpo.models.checkpoint import load_model
 
-        longest = max(len(p) for p in prompts)
-        self.engine = RolloutEngine(load_model(weights), max_num_seqs=slots,
-                                    max_num_batched_tokens=slots * slot_capacity(longest, params.max_tokens),
-                                    max_model_len=longest + params.max_tokens)
+        capacity = max(len(p) for p in prompts) + params.max_tokens
+        self.engine = RolloutEngine(load_model(weights), max_num_seqs=slots, max_num_batched_tokens=slots * capacity,
+                                    max_model_len=capacity)
         self.prompts, self.params = prompts, params
 
     def warm_up(self) -> dict:

@@ -18,7 +18,7 @@ about 8 rows and 32 positions, so a run compiles at most (`graph_bound`)
     prefill  len(halving_buckets(S, 1)) prompt-batch buckets and copy len(halving_buckets(S, 8))
              batch buckets, for each prompt-length bucket a call's longest prompt picks (a power
              of two from 16 to C)
-(S = 64, C = 544: at most 20 decode, 7 prefill and 4 copy shapes per prompt-length bucket; one
+(S = 64, C = 572: at most 20 decode, 7 prefill and 4 copy shapes per prompt-length bucket; one
 call of 64 prompts x 8 samples compiles about 8, 2 and 3). Prefill and copy graphs touch only
 the rows they write and compile faster than a decode graph.
 
@@ -82,10 +82,10 @@ def graph_bound(slots: int, capacity: int, max_prompt_length: Optional[int] = No
             "copy_per_prompt_bucket": len(halving_buckets(slots, MIN_BATCH)), "prompt_buckets": prompt_buckets}
 
 
-def slot_capacity(max_prompt_length: int, max_tokens: int) -> int:
-    """Cache positions one slot needs: the prompt and the new tokens (the last one's k/v is never
-    written), rounded up to LENGTH_STEP."""
-    return -(-(max_prompt_length + max_tokens - 1) // LENGTH_STEP) * LENGTH_STEP
+def slot_capacity(need: int) -> int:
+    """A slot's positions when the engine sizes it from its calls (no max_model_len): `need`
+    positions rounded up to LENGTH_STEP, so that later calls rarely need a bigger cache."""
+    return -(-need // LENGTH_STEP) * LENGTH_STEP
 
 
 class RolloutEngine:
@@ -93,7 +93,9 @@ class RolloutEngine:
     so an update to the parameters is seen by the next call).
 
     max_num_seqs: decode slots; max_num_batched_tokens: KV-cache budget in tokens (None: slots x
-    capacity); max_model_len: the per-slot capacity (prompt + new tokens; None: from the calls)."""
+    capacity); max_model_len: the per-slot capacity in positions (the longest prompt + max_tokens, at
+    most the model's context; None: from the calls). The engine has min(max_num_seqs,
+    max_num_batched_tokens // capacity) slots."""
 
     def __init__(self, lm: Qwen2ForCausalLM, pad_token_id: int = 0, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None):
@@ -103,7 +105,7 @@ class RolloutEngine:
         self.model = InferenceModel(lm)
         self.pad = pad_token_id
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.fixed_capacity = None if max_model_len is None else min(slot_capacity(max_model_len, 1), self.max_positions)
+        self.fixed_capacity = None if max_model_len is None else min(max_model_len, self.max_positions)
         if self.fixed_capacity is not None:
             kv_slots(self.fixed_capacity, max_num_seqs, max_num_batched_tokens)  # fails early on a tiny budget
         self.cache: Optional[KVCache] = None
@@ -134,10 +136,10 @@ class RolloutEngine:
 
     def _ensure_cache(self, need: int) -> KVCache:
         """need: the cache positions the call's longest sample writes (at most max_positions - 1).
-        A slot never holds more positions than the model has (the rounding stops there)."""
+        A slot never holds more positions than the model has."""
         capacity = self.fixed_capacity
         if capacity is None:
-            capacity = max(slot_capacity(need, 1), self.cache.capacity if self.cache is not None else 0)
+            capacity = max(slot_capacity(need), self.cache.capacity if self.cache is not None else 0)
         elif need > capacity:
             raise ValueError(f"a prompt + its max_tokens needs {need} cache positions; max_model_len allows "
                              f"{capacity}")

@@ -17,7 +17,7 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
     kv_cache    the rollout engine's cache, sized from generate_config as the engine sizes it
                 (`mindgrpo.inference.engine`): S = max_num_seqs slots, fewer if the budget
                 max_num_batched_tokens cannot hold S x C tokens, C = max_prompt_length + max_tokens
-                (rounded up to 32, at most max_position_embeddings), plus one trash slot; x this
+                (at most max_position_embeddings), plus one trash slot; x this
                 rank's kv heads x d x layers x 2 (k and v), in the compute dtype. Exact: the engine
                 allocates it at its first call
     transient   the largest resharding bucket during `sync` (its new piece and what it receives),
@@ -39,7 +39,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from mindgrpo.config.grpo import GRPOConfig
-from mindgrpo.inference.engine import kv_slots, slot_capacity
+from mindgrpo.inference.engine import kv_slots
 from mindgrpo.memory.swap import PHASES
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2Config
@@ -83,7 +83,7 @@ def inference_copy_bytes(cfg: Qwen2Config, layout: ParallelLayout) -> int:
 
 def kv_cache_bytes(cfg: Qwen2Config, gen, layout: ParallelLayout) -> int:
     """The rollout engine's KV cache on one rank of the inference layout (gen: generate_config)."""
-    capacity = min(slot_capacity(gen.max_prompt_length, gen.max_tokens), cfg.max_position_embeddings)
+    capacity = min(gen.max_prompt_length + gen.max_tokens, cfg.max_position_embeddings)
     slots = kv_slots(capacity, gen.max_num_seqs, gen.max_num_batched_tokens)
     width = 2 if cfg.compute_dtype != "float32" else 4
     return 2 * cfg.num_hidden_layers * (slots + 1) * (cfg.num_key_value_heads // layout.tp) * capacity * cfg.d * width

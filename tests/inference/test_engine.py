@@ -130,31 +130,32 @@ def test_greedy_is_the_same_for_every_slot_count_and_its_sampled_logprob_is_zero
 
 
 def test_the_kv_budget_sets_the_slots_and_graphs_compile_once_per_shape_within_the_bound(lm):
-    gen = GenerateConfig(max_prompt_length=30, max_tokens=16, max_num_seqs=8, max_num_batched_tokens=200)
+    gen = GenerateConfig(max_prompt_length=48, max_tokens=16, max_num_seqs=8, max_num_batched_tokens=200)
     e = RolloutEngine(lm, max_num_seqs=gen.max_num_seqs, max_num_batched_tokens=gen.max_num_batched_tokens,
                       max_model_len=gen.max_prompt_length + gen.max_tokens)
     p = SamplingParams(max_tokens=16, temperature=1.0, n=2, seed=4, stop_token_ids=(6, 17, 40))
     out = e.generate(PROMPTS, p)
     assert len(out) == 10
-    assert e.last_stats["slots"] == 200 // 64 == 3  # capacity 30 + 16 - 1 rounded up to 64 positions
+    assert e.last_stats["slots"] == 200 // 64 == 3  # each slot holds 48 + 16 positions
     # k and v, 2 layers, 3 slots + the trash slot, 2 kv heads, 64 positions, d 8, fp32
     assert e.cache_bytes() == 2 * 2 * 4 * 2 * 64 * 8 * 4 == kv_cache_bytes(CFG, gen, ParallelLayout())
     first = e.compiled_graphs
     e.generate(PROMPTS[::-1], p)
     e.generate(PROMPTS, p)
     assert e.compiled_graphs == first  # the same shapes again: nothing new to compile
-    # the engine's bound for 3 slots of 64 positions and one prompt-length bucket (16): decode 1 batch
-    # bucket (3 < 8) x 2 length buckets (64, 32); prefill 3 batch buckets (3, 2, 1); copy 1 (3)
+    # the engine's bound for 3 slots of 64 positions: decode 1 batch bucket (3 < 8) x 2 length buckets
+    # (64, 32); prefill 3 batch buckets (3, 2, 1) and copy 1 (3) per prompt-length bucket; prompts of up
+    # to 48 tokens fall in 3 of those (16, 32, 64), these short ones in one (16)
     bound = graph_bound(3, 64, gen.max_prompt_length)
-    assert bound == {"decode": 2, "prefill_per_prompt_bucket": 3, "copy_per_prompt_bucket": 1, "prompt_buckets": 2}
+    assert bound == {"decode": 2, "prefill_per_prompt_bucket": 3, "copy_per_prompt_bucket": 1, "prompt_buckets": 3}
     assert first <= 2 + 3 + 1
     assert {k[0] for k in e._graphs} == {"decode", "prefill", "copy"}
     assert {k[1] for k in e._graphs if k[0] == "decode"} == {3}  # fewer than 8 slots: one batch bucket
     assert {k[2] for k in e._graphs if k[0] == "decode"} <= {32, 64}
     with pytest.raises(ValueError, match="max_model_len allows 64"):
         e.generate([[1] * 60], SamplingParams(max_tokens=8))
-    with pytest.raises(ValueError, match="cannot hold one sequence of 64 tokens"):
-        RolloutEngine(lm, max_num_batched_tokens=50, max_model_len=46)
+    with pytest.raises(ValueError, match="cannot hold one sequence of 46 tokens"):
+        RolloutEngine(lm, max_num_batched_tokens=45, max_model_len=46)
 
 
 def test_useful_fraction_counts_the_rows_each_step_computes(engines):
