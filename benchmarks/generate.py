@@ -55,7 +55,7 @@ def per_layer_cost(name: str, batch: int, new_tokens: int, repeats: int) -> dict
 
     prompts = [list(range(10, 42))] * batch
     engines = {n: RolloutEngine(Qwen2ForCausalLM(Qwen2Config(**dict(CONFIGS[name], num_hidden_layers=n),
-                                                             max_position_embeddings=4096)))
+                                                             max_position_embeddings=4096)), max_num_seqs=batch)
                for n in (1, 4)}
     decode_ms = {n: [] for n in engines}
 
@@ -63,7 +63,7 @@ def per_layer_cost(name: str, batch: int, new_tokens: int, repeats: int) -> dict
         e = engines[n]
         run_ours(e, prompts, new_tokens)
         s = e.last_stats
-        decode_ms[n].append(1000 * (s["seconds"] - s["first_token_seconds"]) / (s["decode_steps"] - 1))
+        decode_ms[n].append(1000 * s["decode_seconds"] / s["decode_steps"])
 
     for n in engines:
         run(n)  # compiles
@@ -81,47 +81,37 @@ def decode_parts(name: str, batch: int, repeats: int, steps: int = 30) -> dict:
     import mindspore as ms
     from mindspore import Tensor
 
-    from mindgrpo.inference.engine import DecodeGraph, RolloutEngine
+    from mindgrpo.inference.graphs import DecodeGraph
+    from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 
     class LayersOnly(DecodeGraph):
-        def construct(self, token, position, bias, index, u):
-            b = token.shape[0]
-            cos, sin = self.lm.fused_rope(position)
-            x = self.lm.model.tok_embeddings(token).astype(self.lm.dtype)
-            bias = bias.reshape(b, 1, 1, -1)
-            for i in range(self.n_layers):
-                x = self.lm.model.layers[i].decode(x, cos, sin, bias, self.cache.k[i], self.cache.v[i], index,
-                                                   self.weights.layer(i))
-            return x.sum(-1).astype(ms.int32), x
+        def construct(self, token, position, slot, u, temperature):
+            x = self.hidden(token, position, slot)
+            return x.sum(-1).reshape(-1, 1), x
 
     class HeadOnly(DecodeGraph):
-        def construct(self, token, position, bias, index, u):
-            x = self.lm.model.tok_embeddings(token).astype(self.lm.dtype)
-            logits = self.lm.logits(self.lm.model.norm_out(x), few_rows=True)
-            return logits[:, 0].astype(ms.int32), logits
+        def construct(self, token, position, slot, u, temperature):
+            logits = self.model.logits(self.model.embed(token))
+            return logits[:, 0:1], logits
 
     class HeadAndSampler(DecodeGraph):
-        def construct(self, token, position, bias, index, u):
-            x = self.lm.model.tok_embeddings(token).astype(self.lm.dtype)
-            logits = self.lm.logits(self.lm.model.norm_out(x), few_rows=True)
-            return self.sampler(logits, u), logits
+        def construct(self, token, position, slot, u, temperature):
+            logits = self.model.logits(self.model.embed(token))
+            return self.sampler(logits, u, temperature)[0].reshape(-1, 1).astype(ms.float32), logits
 
     lm = Qwen2ForCausalLM(Qwen2Config(**CONFIGS[name], max_position_embeddings=4096))
-    engine = RolloutEngine(lm)
-    run_ours(engine, [list(range(10, 42))] * batch, 128)  # builds the bucket
-    bucket = next(iter(engine._buckets.values()))
-    cache, sampler = bucket.cache, bucket.decode.sampler
-    graphs = {"whole step": bucket.decode,
-              "layers only": LayersOnly(lm, cache, engine.weights, sampler),
-              "norm + head only": HeadOnly(lm, cache, engine.weights, sampler),
-              "norm + head + sampler": HeadAndSampler(lm, cache, engine.weights, sampler)}
-    b, c, slot = cache.k[0].shape[0], cache.k[0].shape[2], 40
-    bh = np.stack(np.meshgrid(np.arange(b), np.arange(lm.kv_heads), indexing="ij"), -1).reshape(-1, 2)
-    args = (Tensor(np.arange(b, dtype=np.int32)), Tensor(np.full(b, slot, np.int32)),
-            Tensor(np.zeros((b, c), np.float32)),
-            Tensor(np.concatenate([bh, np.full((len(bh), 1), slot)], 1).astype(np.int32)),
-            Tensor(np.full(b, 0.5, np.float32)))
+    engine = RolloutEngine(lm, max_num_seqs=batch)
+    run_ours(engine, [list(range(10, 42))] * batch, 128)  # allocates the cache, builds the graphs
+    whole = next(g for k, g in engine._graphs.items() if k[0] == "decode" and k[1] == batch)
+    graphs = {"whole step": whole}
+    for key, cls in (("layers only", LayersOnly), ("norm + head only", HeadOnly),
+                     ("norm + head + sampler", HeadAndSampler)):
+        graphs[key] = cls(engine.model, engine.cache, whole.sampler, whole.length)
+    b = batch
+    args = (Tensor(np.arange(b, dtype=np.int32)), Tensor(np.full(b, 40, np.int32)),
+            Tensor(np.arange(b, dtype=np.int32)), Tensor(np.full(b, 0.5, np.float32)),
+            Tensor(np.ones(b, np.float32)))
     for g in graphs.values():
         g(*args)[0].asnumpy()  # compiles
 
@@ -156,7 +146,7 @@ def main(argv=None) -> int:
     rows = []
     for name in args.configs:
         hf = hf_model(name)
-        engine = RolloutEngine(ours_from_hf(hf))
+        engine = RolloutEngine(ours_from_hf(hf), max_num_seqs=args.batch)
         rng = np.random.default_rng(0)
         prompts = rng.integers(1, CONFIGS[name]["vocab_size"], (args.batch, args.prompt_len)).tolist()
         per = {}

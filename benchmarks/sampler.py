@@ -29,11 +29,11 @@ def main() -> int:
 
     class Softmax(Sampler):
         def construct(self, logits, u):
-            return self.draw(ops.softmax(logits, -1), u)
+            return self.draw(ops.softmax(logits, -1), u)[0]
 
     class ExpMinusMax(Sampler):
         def construct(self, logits, u):
-            return self.draw(ops.exp(logits - logits.max(axis=-1, keepdims=True)), u)
+            return self.draw(ops.exp(logits - logits.max(axis=-1, keepdims=True)), u)[0]
 
     params = SamplingParams(max_tokens=8, temperature=1.0, top_k=0, top_p=1.0)
     rng = np.random.default_rng(0)

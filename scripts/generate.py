@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         print(f"generate: error: token id {too_big[0]} is outside the model's vocabulary ({vocab}); "
               "is --tokenizer_dir the model's tokenizer?", file=sys.stderr)
         return 1
-    engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0)
+    engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0, max_num_seqs=len(ids) * args.n)
     for i, row in enumerate(ids):
         if len(row) + args.max_tokens > engine.max_positions:
             print(f"generate: error: prompt {i + 1} is {len(row)} tokens; with --max_tokens {args.max_tokens} it "
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
                           "token_ids": c.token_ids, "finish_reason": c.finish_reason}, ensure_ascii=False))
     s = engine.last_stats
     print(f"generated {s['new_tokens']} tokens in {s['seconds']:.2f}s ({s['tokens_per_s']:.1f} tokens/s, "
-          f"bucket B,P,C={s['bucket']})", file=sys.stderr)
+          f"{s['decode_steps']} decode steps, useful fraction {s['useful_fraction']:.2f})", file=sys.stderr)
     return 0
 
 

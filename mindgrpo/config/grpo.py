@@ -172,10 +172,18 @@ class GenerateConfig:
     min_p: float = 0.0
     stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
     seed: Optional[int] = None  # None: rl_config.seed
+    # the rollout engine (vLLM's names): decode slots per inference replica, and the KV cache of a
+    # replica in tokens (slots x (max_prompt_length + max_tokens) at most; null: as many as the slots need)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: Optional[int] = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
-        _check_positive(self, "max_prompt_length", "max_tokens")
+        _check_positive(self, "max_prompt_length", "max_tokens", "max_num_seqs")
+        capacity = self.max_prompt_length + self.max_tokens
+        check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= capacity,
+              "max_num_batched_tokens", f"must hold one sequence of max_prompt_length + max_tokens = {capacity} "
+              f"tokens, got {self.max_num_batched_tokens}")
         _check_non_negative(self, "temperature", "top_k")
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(0 <= self.min_p < 1, "min_p", f"must be in [0, 1), got {self.min_p}")

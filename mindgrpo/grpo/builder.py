@@ -160,10 +160,19 @@ def build_rewards(cfg: GRPOConfig) -> RewardSet:
                      timeout_s=rc.timeout_s)
 
 
+def build_engine(cfg: GRPOConfig, inference, pad_token_id: int):
+    """The rollout engine of one inference replica, sized by generate_config."""
+    from mindgrpo.inference.engine import RolloutEngine
+
+    gen = cfg.generate_config
+    return RolloutEngine(inference, pad_token_id=pad_token_id, max_num_seqs=gen.max_num_seqs,
+                         max_num_batched_tokens=gen.max_num_batched_tokens,
+                         max_model_len=gen.max_prompt_length + gen.max_tokens)
+
+
 def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
-    from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.models.qwen2 import Qwen2Config
     from mindgrpo.parallel.checkpoints import checkpoint_root
@@ -201,7 +210,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         for p in reference.get_parameters():
             p.requires_grad = False
     memory = SwapManager(enabled=rl.swap, device=placement.device)  # real moves on Ascend
-    rollout = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
+    rollout = build_engine(cfg, inference, tokenizer.pad_token_id)
     memory.register("policy", policy.get_parameters())
     memory.register("inference", rollout.resident_parameters())
     if reference is not None:

@@ -33,6 +33,10 @@ class Experience:
     advantages: np.ndarray  # (B,) float32
     old_logp: Optional[np.ndarray] = None  # (B, R)
     ref_logp: Optional[np.ndarray] = None  # (B, R)
+    # from the rollout engine, 0 where mask is 0: each token's log-prob under softmax(logits / T) of the
+    # inference graph, and under the distribution it was drawn from (after top-k / top-p / min-p)
+    rollout_logp: Optional[np.ndarray] = None  # (B, R)
+    sampling_logp: Optional[np.ndarray] = None  # (B, R)
     extras: Dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -41,14 +45,17 @@ class Experience:
     def select(self, rows: np.ndarray) -> "Experience":
         pick = lambda a: None if a is None else a[rows]  # noqa: E731
         return Experience(self.input_ids[rows], self.score_pos[rows], self.labels[rows], self.mask[rows],
-                          self.advantages[rows], pick(self.old_logp), pick(self.ref_logp),
-                          {k: v[rows] for k, v in self.extras.items()})
+                          self.advantages[rows], pick(self.old_logp), pick(self.ref_logp), pick(self.rollout_logp),
+                          pick(self.sampling_logp), {k: v[rows] for k, v in self.extras.items()})
 
 
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], advantages: np.ndarray,
-         pad_id: int = 0, step: int = 32, loss_mask: Optional[np.ndarray] = None) -> Experience:
+         pad_id: int = 0, step: int = 32, loss_mask: Optional[np.ndarray] = None,
+         rollout_logp: Optional[Sequence[np.ndarray]] = None,
+         sampling_logp: Optional[Sequence[np.ndarray]] = None) -> Experience:
     """loss_mask (B,) bool: rows to train on (False rows get an all-zero mask, e.g. overlong
-    filtering); default all."""
+    filtering); default all. rollout_logp, sampling_logp: the engine's log-probs of each response's
+    tokens (`Completion.logprobs`, `.sampling_logprobs`), laid out like labels."""
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses differ in length")
     b = len(prompts)
@@ -67,7 +74,18 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], a
         mask[i, :n_r] = 1.0
     if loss_mask is not None:
         mask *= np.asarray(loss_mask, np.float32)[:, None]
-    return Experience(input_ids, score_pos, labels, mask, np.asarray(advantages, np.float32))
+    out = Experience(input_ids, score_pos, labels, mask, np.asarray(advantages, np.float32))
+    out.rollout_logp = None if rollout_logp is None else _rows_like(labels, rollout_logp) * mask
+    out.sampling_logp = None if sampling_logp is None else _rows_like(labels, sampling_logp) * mask
+    return out
+
+
+def _rows_like(labels: np.ndarray, rows: Sequence[np.ndarray]) -> np.ndarray:
+    """Per-response arrays -> (B, R) float32 laid out like labels, zeros after each response."""
+    out = np.zeros(labels.shape, np.float32)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
 
 
 def micro_batches(n: int, size: int) -> List[np.ndarray]:

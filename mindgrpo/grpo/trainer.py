@@ -9,7 +9,7 @@ reward set, the prompt sources and a metrics logger. Each step method below is o
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -26,6 +26,10 @@ from mindgrpo.parallel import checkpoints as checkpoint_files
 from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
+
+# the engine's per-call figures logged as rollout/<key> (mindgrpo.inference.engine.RolloutEngine.last_stats)
+ROLLOUT_STATS = ("useful_fraction", "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps",
+                 "compiled_graphs")
 
 
 class TrainingStopped(Exception):
@@ -54,8 +58,7 @@ class Rollouts:
         remap = {p: j for j, p in enumerate(prompts)}
         batch = PromptBatch([self.batch.ids[p] for p in prompts],
                             {k: [v[p] for p in prompts] for k, v in self.batch.columns.items()})
-        comps = [Completion(remap[self.completions[i].prompt_index], self.completions[i].token_ids,
-                            self.completions[i].finish_reason) for i in picked]
+        comps = [replace(self.completions[i], prompt_index=remap[self.completions[i].prompt_index]) for i in picked]
         out = Rollouts(batch, comps, [self.texts[i] for i in picked], self.group)
         out.rewards = self.rewards[rows]
         out.per_function = {k: v[rows] for k, v in self.per_function.items()}
@@ -68,7 +71,7 @@ class Rollouts:
             ids += r.batch.ids
             for k, v in r.batch.columns.items():
                 cols.setdefault(k, []).extend(v)
-            comps += [Completion(c.prompt_index + offset, c.token_ids, c.finish_reason) for c in r.completions]
+            comps += [replace(c, prompt_index=c.prompt_index + offset) for c in r.completions]
             texts += r.texts
             offset += len(r.batch.ids)
         out = Rollouts(PromptBatch(ids, cols), comps, texts, parts[0].group)
@@ -187,6 +190,12 @@ class GRPOTrainer:
         stats = self.engine.last_stats
         out["rollout/tokens_per_s"] = stats.get("tokens_per_s", 0.0)
         out["rollout/new_tokens"] = float(lengths.sum())
+        if all(c.logprobs is not None for c in r.completions):  # -log p of the sampled tokens under the inference graph:
+            # the update's `nll` scores the same tokens with the training graph (their gap is the mismatch)
+            out["rollout/nll"] = float(-np.concatenate([c.logprobs for c in r.completions]).mean())
+        for key in ROLLOUT_STATS:  # the engine's account of this call (this replica's, under data parallelism)
+            if key in stats:
+                out[f"rollout/{key}"] = float(stats[key])
         return out
 
     def advantages(self, r: Rollouts) -> tuple:
@@ -197,8 +206,11 @@ class GRPOTrainer:
         keep = None
         if self.cfg.rl_config.overlong_filtering:
             keep = np.array([c.finish_reason != "length" for c in r.completions])
+        with_logp = all(c.logprobs is not None for c in r.completions)
         return pack(r.prompt_ids, [c.token_ids for c in r.completions], adv,
-                    pad_id=self.tokenizer.pad_token_id, loss_mask=keep)
+                    pad_id=self.tokenizer.pad_token_id, loss_mask=keep,
+                    rollout_logp=[c.logprobs for c in r.completions] if with_logp else None,
+                    sampling_logp=[c.sampling_logprobs for c in r.completions] if with_logp else None)
 
     def reference_logprobs(self, exp: Experience) -> None:
         if self.ref_scorer is not None:

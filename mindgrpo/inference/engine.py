@@ -1,165 +1,52 @@
-"""Rollout engine: prefill + one-token decode against a static KV cache, compiled per shape bucket.
+"""Rollout engine: slot-scheduled decoding with continuous refill, in MindSpore graphs.
 
-Prompts are left-padded to a bucketed length P, so every row writes its t-th new token to the
-same cache slot P + t; the cache holds C = P + max_tokens (bucketed) slots per row. The batch is
-padded to a bucketed B. A (B, P, C, sampler) bucket compiles once and is reused for every later
-call with the same bucket: no recompilation per step or per batch.
+S decode slots (`max_num_seqs`, capped by the KV-cache budget `max_num_batched_tokens`: S * C
+tokens, C the per-slot capacity) decode one token per step each. Requests beyond the slots wait;
+a slot freed by a finished sample takes the next waiting one (`scheduler.SlotScheduler`: each
+prompt is prefilled once, its G samples share its cache rows). Each step runs the decode graph of
+the smallest batch bucket that holds the live slots and of the smallest length bucket that holds
+their positions, so finished rows and the unused tail of the cache stop costing compute as the
+batch drains (no data moves: the graph is given the live slots' numbers). A sample's random
+numbers come from its own stream (`streams.uniforms(seed, prompt, sample, token)`), so its tokens
+do not depend on the slots, the admission order or the data-parallel split.
 
-Host work per decode step: B uniforms, a (B, C) mask and the stop check on B sampled ids.
+Graphs are compiled once per shape and kept for later calls (top-k, top-p and min-p are part of
+the decode graph's key; the temperature is an input, so greedy validation and sampled rollouts
+share graphs). Batch and length buckets halve from the cap (S slots, C positions per slot) down to
+about 8 rows and 32 positions, so a run compiles at most (`graph_bound`)
+    decode   len(halving_buckets(S, 8)) x len(halving_buckets(C, 32)) shapes
+    prefill  len(halving_buckets(S, 1)) prompt-batch buckets and copy len(halving_buckets(S, 8))
+             batch buckets, for each prompt-length bucket a call's longest prompt picks (a power
+             of two from 16 to C)
+(S = 64, C = 572: at most 20 decode, 7 prefill and 4 copy shapes per prompt-length bucket; one
+call of 64 prompts x 8 samples compiles about 8, 2 and 3). Prefill and copy graphs touch only
+the rows they write and compile faster than a decode graph.
 
-Both graphs read the layer weights from `InferenceWeights`, the engine's own fused copies in
-(in, out) layout and the compute dtype (see `DecoderLayer.fused_weights`), remade from the
-model's parameters at the start of every `generate` call; the model's parameters, their names
-and the weight sync are untouched. They cost one more copy of the layer weights (not of the
-embedding) in the compute dtype, counted with the inference model's memory.
+The cache (`graphs.KVCache`) is allocated once, at the first call, for S slots of capacity C =
+`max_model_len` (or the first call's longest prompt + max_tokens, grown if a later call needs
+more); `cache_bytes()` is what the memory ledger counts.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
-import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor
 
+from mindgrpo.inference.graphs import CopyGraph, DecodeGraph, KVCache, PrefillGraph
+from mindgrpo.inference.layers import InferenceModel
 from mindgrpo.inference.sampling import Sampler, SamplingParams
-from mindgrpo.models.qwen2 import NEG_INF, Qwen2ForCausalLM
+from mindgrpo.inference.scheduler import SlotScheduler, halving_bucket, halving_buckets, pow2_bucket
+from mindgrpo.inference.streams import uniforms
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils import heartbeat
 
-
-def _bucket(n: int, step: int) -> int:
-    return max(step, -(-n // step) * step)
-
-
-@dataclass(frozen=True)
-class BatchPart:
-    """The prompts given to `generate` are rows [offset, offset + their rows) of a batch of
-    `total_rows` rows whose longest prompt has `prompt_len` tokens (data-parallel generation:
-    each replica gets a part). The random numbers and the prompt padding are then those of the
-    whole batch, so each row gets the tokens a one-process run would give it."""
-
-    offset: int
-    total_rows: int
-    prompt_len: int
-
-
-class KVCache(nn.Cell):
-    """Per layer k and v caches, each (B, nkv, C, d); nkv is this rank's kv heads."""
-
-    def __init__(self, lm: Qwen2ForCausalLM, batch: int, capacity: int):
-        super().__init__()
-        cfg = lm.config
-        shape = (batch, lm.kv_heads, capacity, cfg.d)
-        n = cfg.num_hidden_layers
-        self.k = ms.ParameterTuple(
-            Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype), name=f"kv_cache.k.{i}", requires_grad=False)
-            for i in range(n))
-        self.v = ms.ParameterTuple(
-            Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype), name=f"kv_cache.v.{i}", requires_grad=False)
-            for i in range(n))
-        self.nbytes = 2 * n * int(np.prod(shape)) * (2 if lm.dtype != ms.float32 else 4)
-
-
-class _FusedWeights(nn.Cell):
-    """() -> every layer's `fused_weights`, flattened: 5 tensors per layer."""
-
-    def __init__(self, lm: Qwen2ForCausalLM):
-        super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.lm = lm
-
-    def construct(self):
-        out = ()
-        for layer in self.lm.model.layers:
-            out = out + layer.fused_weights()
-        return out
-
-
-class _Refresh(nn.Cell):
-    """Assigns the model's current fused weights to the buffers."""
-
-    def __init__(self, fuse: _FusedWeights, buffers: ms.ParameterTuple):
-        super().__init__(auto_prefix=False)
-        self.fuse, self.buffers = fuse, buffers
-
-    def construct(self):
-        values = self.fuse()
-        out = ()
-        for i in range(len(self.buffers)):
-            out = out + (ops.assign(self.buffers[i], values[i]),)
-        return out
-
-
-class InferenceWeights(nn.Cell):
-    """The inference graphs' copies of the layer weights, per layer qkv, qkv_bias, wo, w13, w2
-    (`DecoderLayer.fused_weights`), in buffers of their own; `refresh()` remakes them from the
-    model's parameters."""
-
-    FIELDS = ("qkv", "qkv_bias", "wo", "w13", "w2")
-
-    def __init__(self, lm: Qwen2ForCausalLM):
-        super().__init__(auto_prefix=False)
-        fuse = _FusedWeights(lm)
-        values = fuse()
-        n = len(self.FIELDS)
-        self.buffers = ms.ParameterTuple(
-            Parameter(v, name=f"inference_weights.{i // n}.{self.FIELDS[i % n]}", requires_grad=False)
-            for i, v in enumerate(values))
-        self.per_layer = n
-        self._refresh = _Refresh(fuse, self.buffers)
-
-    def layer(self, i: int):
-        return tuple(self.buffers[i * self.per_layer + j] for j in range(self.per_layer))
-
-    def refresh(self) -> None:
-        self._refresh()
-
-
-class PrefillGraph(nn.Cell):
-    """input_ids (B, P) left-padded, position_ids (B, P), key_mask (B, P), u (B,)
-    -> first sampled token (B,), its logits (B, V). Writes cache slots [0, P)."""
-
-    def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, weights: InferenceWeights, sampler: Sampler):
-        super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.lm, self.cache, self.weights, self.sampler = lm, cache, weights, sampler
-        self.n_layers = lm.config.num_hidden_layers
-
-    def construct(self, input_ids, position_ids, key_mask, u):
-        b, p = input_ids.shape
-        causal = ops.arange(p).reshape(p, 1) >= ops.arange(p).reshape(1, p)  # (P, P)
-        allowed = ops.logical_and(causal.reshape(1, 1, p, p), key_mask.reshape(-1, 1, 1, p) > 0)
-        bias = ops.where(allowed, 0.0, NEG_INF).astype(ms.float32)  # (B, 1, P, P)
-        cos, sin = self.lm.fused_rope(position_ids.reshape(-1))  # (B*P*(nh+nkv), d)
-        x = self.lm.model.tok_embeddings(input_ids.reshape(-1)).astype(self.lm.dtype)  # (B*P, H)
-        for i in range(self.n_layers):
-            x = self.lm.model.layers[i].prefill(x, cos, sin, bias, self.cache.k[i], self.cache.v[i],
-                                                self.weights.layer(i))
-        h = self.lm.model.norm_out(x.reshape(b, p, -1)[:, -1, :])  # (B, H): the last slot is real in every row
-        logits = self.lm.logits(h, few_rows=True)
-        return self.sampler(logits, u), logits
-
-
-class DecodeGraph(nn.Cell):
-    """token (B,), position (B,), bias (B, C) additive, index (B*nkv, 3), u (B,)
-    -> next token (B,), its logits (B, V). Writes the cache slot named in `index`."""
-
-    def __init__(self, lm: Qwen2ForCausalLM, cache: KVCache, weights: InferenceWeights, sampler: Sampler):
-        super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.lm, self.cache, self.weights, self.sampler = lm, cache, weights, sampler
-        self.n_layers = lm.config.num_hidden_layers
-
-    def construct(self, token, position, bias, index, u):
-        b = token.shape[0]
-        cos, sin = self.lm.fused_rope(position)  # (B*(nh+nkv), d)
-        x = self.lm.model.tok_embeddings(token).astype(self.lm.dtype)  # (B, H)
-        bias = bias.reshape(b, 1, 1, -1)
-        for i in range(self.n_layers):
-            x = self.lm.model.layers[i].decode(x, cos, sin, bias, self.cache.k[i], self.cache.v[i], index,
-                                               self.weights.layer(i))
-        logits = self.lm.logits(self.lm.model.norm_out(x), few_rows=True)
-        return self.sampler(logits, u), logits
+LENGTH_STEP = 32  # capacities are multiples of this; decode length buckets stop halving near it
+PROMPT_STEP = 16  # the smallest prefill / copy length bucket
+MIN_BATCH = 8  # decode and copy batch buckets stop halving near this (fewer shapes; idle rows cost little)
 
 
 @dataclass
@@ -167,29 +54,65 @@ class Completion:
     prompt_index: int  # which input prompt this sample answers
     token_ids: List[int]  # generated ids, the stop id included when one was hit
     finish_reason: str  # "stop" or "length"
+    logprobs: Optional[np.ndarray] = None  # (n,) fp32: each token's log-prob under softmax(logits / T)
+    sampling_logprobs: Optional[np.ndarray] = None  # (n,) fp32: under the filtered distribution it was drawn from
 
 
-@dataclass
-class _Bucket:
-    cache: KVCache
-    prefill: PrefillGraph
-    decode: DecodeGraph
+def kv_slots(capacity: int, max_num_seqs: int, max_num_batched_tokens: Optional[int]) -> int:
+    """Decode slots for a per-slot capacity: max_num_seqs, fewer if the KV-cache budget in tokens
+    cannot hold that many (None: no budget)."""
+    if max_num_batched_tokens is None:
+        return max_num_seqs
+    slots = min(max_num_seqs, max_num_batched_tokens // capacity)
+    if slots < 1:
+        raise ValueError(f"max_num_batched_tokens {max_num_batched_tokens} cannot hold one sequence of "
+                         f"{capacity} tokens (prompt + max_tokens)")
+    return slots
+
+
+def graph_bound(slots: int, capacity: int, max_prompt_length: Optional[int] = None) -> dict:
+    """The most graphs an engine with these slots and per-slot capacity compiles in a run, per
+    setting of top-k / top-p / min-p: decode shapes, and prefill and copy shapes per prompt-length
+    bucket (a call's longest prompt picks one; `prompt_buckets` of them for prompts up to
+    max_prompt_length tokens, default the capacity)."""
+    longest = capacity if max_prompt_length is None else max_prompt_length
+    prompt_buckets = len({pow2_bucket(n, PROMPT_STEP, capacity) for n in range(longest)})
+    return {"decode": len(halving_buckets(slots, MIN_BATCH)) * len(halving_buckets(capacity, LENGTH_STEP)),
+            "prefill_per_prompt_bucket": len(halving_buckets(slots, 1)),
+            "copy_per_prompt_bucket": len(halving_buckets(slots, MIN_BATCH)), "prompt_buckets": prompt_buckets}
+
+
+def slot_capacity(need: int) -> int:
+    """A slot's positions when the engine sizes it from its calls (no max_model_len): `need`
+    positions rounded up to LENGTH_STEP, so that later calls rarely need a bigger cache."""
+    return -(-need // LENGTH_STEP) * LENGTH_STEP
 
 
 class RolloutEngine:
-    """Generates with one Qwen2ForCausalLM's parameters (its weights are read at call time, so an
-    update to them is seen by the next call)."""
+    """Generates with one Qwen2ForCausalLM's parameters (the fused copies are remade at every call,
+    so an update to the parameters is seen by the next call).
 
-    def __init__(self, lm: Qwen2ForCausalLM, pad_token_id: int = 0, batch_step: int = 8,
-                 prompt_step: int = 32, tokens_step: int = 32, max_buckets: int = 4):
+    max_num_seqs: decode slots; max_num_batched_tokens: KV-cache budget in tokens (None: slots x
+    capacity); max_model_len: the per-slot capacity in positions (the longest prompt + max_tokens, at
+    most the model's context; None: from the calls). The engine has min(max_num_seqs,
+    max_num_batched_tokens // capacity) slots."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, pad_token_id: int = 0, max_num_seqs: int = 256,
+                 max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None):
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.lm = lm
+        self.model = InferenceModel(lm)
         self.pad = pad_token_id
-        self.batch_step, self.prompt_step, self.tokens_step = batch_step, prompt_step, tokens_step
-        self.max_buckets = max_buckets
-        self._buckets: "OrderedDict[tuple, _Bucket]" = OrderedDict()
-        self.compiled_buckets = 0  # grows only when a new bucket is built
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.fixed_capacity = None if max_model_len is None else min(max_model_len, self.max_positions)
+        if self.fixed_capacity is not None:
+            kv_slots(self.fixed_capacity, max_num_seqs, max_num_batched_tokens)  # fails early on a tiny budget
+        self.cache: Optional[KVCache] = None
+        self._graphs: Dict[tuple, object] = {}
+        self.compiled_graphs = 0  # grows only when a new graph shape is built
         self.last_stats: dict = {}
-        self.weights = InferenceWeights(lm)
+        self.last_logits: Optional[List[np.ndarray]] = None
 
     @property
     def max_positions(self) -> int:
@@ -197,115 +120,214 @@ class RolloutEngine:
         length + max_tokens may not exceed it."""
         return int(self.lm.rope_cos.shape[0])
 
+    # ---------------------------------------------------------------- memory
     def resident_parameters(self) -> list:
-        """What the rollout phase keeps on the device besides the KV cache: the inference model's
-        parameters and the fused copies made from them (for the memory ledger)."""
-        return list(self.lm.get_parameters()) + list(self.weights.buffers)
+        """What the rollout phase keeps on the device besides the KV cache (for the memory ledger)."""
+        return self.model.resident_parameters()
 
     def cache_bytes(self) -> int:
-        """The KV caches of the buckets built so far (for the memory ledger)."""
-        return sum(b.cache.nbytes for b in self._buckets.values())
+        """The KV cache allocated so far, in bytes (for the memory ledger)."""
+        return self.cache.nbytes if self.cache is not None else 0
 
-    def _get_bucket(self, b, p, c, params: SamplingParams) -> _Bucket:
-        key = (b, p, c, params.graph_key())
-        if key not in self._buckets:
-            if len(self._buckets) >= self.max_buckets:
-                self._buckets.popitem(last=False)  # frees the oldest cache
-            cache = KVCache(self.lm, b, c)
-            sampler = Sampler(params, self.lm.config.vocab_size)
-            self._buckets[key] = _Bucket(cache, PrefillGraph(self.lm, cache, self.weights, sampler),
-                                         DecodeGraph(self.lm, cache, self.weights, sampler))
-            self.compiled_buckets += 1
-        self._buckets.move_to_end(key)
-        return self._buckets[key]
+    def release(self) -> None:
+        """Drop the KV cache and every graph that writes it."""
+        self.cache = None
+        self._graphs.clear()
 
+    def _ensure_cache(self, need: int) -> KVCache:
+        """need: the cache positions the call's longest sample writes (at most max_positions - 1).
+        A slot never holds more positions than the model has."""
+        capacity = self.fixed_capacity
+        if capacity is None:
+            capacity = max(slot_capacity(need), self.cache.capacity if self.cache is not None else 0)
+        elif need > capacity:
+            raise ValueError(f"a prompt + its max_tokens needs {need} cache positions; max_model_len allows "
+                             f"{capacity}")
+        capacity = min(capacity, self.max_positions)
+        if self.cache is None or self.cache.capacity != capacity:
+            self.release()
+            slots = kv_slots(capacity, self.max_num_seqs, self.max_num_batched_tokens)
+            self.cache = KVCache(self.model, slots, capacity)
+        return self.cache
+
+    def _graph(self, key: tuple, make):
+        if key not in self._graphs:
+            self._graphs[key] = make()
+            self.compiled_graphs += 1
+        return self._graphs[key]
+
+    # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 return_logits: bool = False, part: Optional[BatchPart] = None) -> List[Completion]:
-        """prompts: token ids per prompt. Returns len(prompts) * params.n completions, the n
-        samples of a prompt adjacent. With return_logits, each step's logits (B, V) are kept
-        in self.last_logits (tests only: it syncs and copies every step). part: see BatchPart."""
-        rows = [list(p) for p in prompts for _ in range(params.n)]
-        if any(len(r) == 0 for r in rows):
-            raise ValueError("empty prompt")
-        n_rows = len(rows)
-        longest = max(len(r) for r in rows)
-        if part is not None and (part.prompt_len < longest or part.offset + n_rows > part.total_rows):
-            raise ValueError(f"{part} does not hold these {n_rows} rows (longest prompt {longest})")
-        if longest + params.max_tokens > self.max_positions:
-            raise ValueError(f"a prompt of {longest} tokens + max_tokens {params.max_tokens} = "
-                             f"{longest + params.max_tokens} positions, more than the model's {self.max_positions}")
-        b = _bucket(n_rows, self.batch_step)
-        p = _bucket(longest if part is None else part.prompt_len, self.prompt_step)
-        c = p + _bucket(params.max_tokens, self.tokens_step)  # cache slots; RoPE sees each row's own positions
-        bucket = self._get_bucket(b, p, c, params)
-
-        ids = np.full((b, p), self.pad, np.int32)
-        lengths = np.ones(b, np.int32)
-        for i, r in enumerate(rows):
-            ids[i, p - len(r):] = r
-            lengths[i] = len(r)
-        for i in range(n_rows, b):  # filler rows: a one-token prompt, never returned
-            ids[i, -1] = self.pad
-        key_valid = np.zeros((b, c), np.float32)
-        key_valid[:, :p] = (np.arange(p)[None, :] >= (p - lengths)[:, None])
-        positions = np.maximum(np.arange(p)[None, :] - (p - lengths)[:, None], 0).astype(np.int32)
-
-        rng = np.random.default_rng(params.seed)
-        stop = np.array(sorted(params.stop_token_ids) or [-1], np.int64)
-        bh = np.stack(np.meshgrid(np.arange(b), np.arange(self.lm.kv_heads), indexing="ij"), -1)
-        bh = bh.reshape(-1, 2).astype(np.int32)
-        if part is None:
-            uniforms = lambda: Tensor(rng.random(b, dtype=np.float32))  # noqa: E731
-        else:  # the whole batch's draw, this part's rows
-            b_all, mine = _bucket(part.total_rows, self.batch_step), slice(part.offset, part.offset + n_rows)
-            uniforms = lambda: Tensor(np.pad(rng.random(b_all, dtype=np.float32)[mine], (0, b - n_rows)))  # noqa: E731
+                 max_tokens: Optional[Sequence[int]] = None, prompt_index: Optional[Sequence[int]] = None,
+                 return_logits: bool = False) -> List[Completion]:
+        """prompts: token ids per prompt. Returns len(prompts) * params.n completions, the n samples
+        of a prompt adjacent. max_tokens: per prompt (default params.max_tokens for all).
+        prompt_index: each prompt's index in the whole batch, the key of its samples' random
+        streams (default 0, 1, ...; a data-parallel replica passes its share's indices). With
+        return_logits, self.last_logits[r] holds request r's logits (n, V) (tests only: it syncs
+        and copies every step)."""
+        lengths = np.array([len(p) for p in prompts], np.int64)
+        if len(prompts) == 0 or (lengths == 0).any():
+            raise ValueError("empty prompt" if len(prompts) else "no prompts")
+        limit = np.full(len(prompts), params.max_tokens, np.int64) if max_tokens is None \
+            else np.asarray(max_tokens, np.int64)
+        if limit.shape != (len(prompts),) or (limit < 1).any():
+            raise ValueError(f"max_tokens must give one value >= 1 per prompt, got {list(limit)}")
+        too_long = np.flatnonzero(lengths + limit > self.max_positions)
+        if too_long.size:
+            i = int(too_long[0])
+            raise ValueError(f"a prompt of {lengths[i]} tokens + max_tokens {limit[i]} = {lengths[i] + limit[i]} "
+                             f"positions, more than the model's {self.max_positions}")
+        keys = np.arange(len(prompts)) if prompt_index is None else np.asarray(prompt_index, np.int64)
+        cache = self._ensure_cache(int((lengths + limit - 1).max()))
+        call = _Call(prompts, params, limit, keys, cache.slots, self.lm.config.vocab_size, return_logits)
+        # prefill and copy move this call's prompts (without their last token) in one length bucket
+        prefix = int(lengths.max()) - 1
+        p_len = pow2_bucket(prefix, PROMPT_STEP, cache.capacity)
 
         t0 = time.perf_counter()
-        self.weights.refresh()  # the model's weights may have changed since the last call
-        tok, logits = bucket.prefill(Tensor(ids), Tensor(positions), Tensor(key_valid[:, :p]), uniforms())
-        self.last_logits = [logits.asnumpy()[:n_rows]] if return_logits else None
-        out = np.zeros((b, params.max_tokens), np.int64)
-        done = np.zeros(b, bool)
-        done[n_rows:] = True
-        finished_at = np.full(b, params.max_tokens)
-        steps = 0
-        first_token = 0.0
-        for t in range(params.max_tokens):
-            tok_np = tok.asnumpy()  # (B,) host sync: needed for the stop check
-            if t == 0:
-                first_token = time.perf_counter() - t0  # weight refresh + prefill
-            out[:, t] = tok_np
-            steps = t + 1
-            if not params.ignore_stop:
-                hit = ~done & np.isin(tok_np, stop)
-                finished_at[hit] = t + 1
-                done |= hit
-                if done.all():
-                    break
-            if t + 1 == params.max_tokens:
+        self.model.weights.refresh()  # the model's weights may have changed since the last call
+        while True:
+            t1 = time.perf_counter()
+            adm = call.sched.admit()
+            if adm.prefill_prompts and prefix > 0:  # one-token prompts: decode writes their only position
+                self._prefill(cache, [prompts[p] for p in adm.prefill_prompts], adm.prefill_slots, p_len)
+            if adm.copy_src and prefix > 0:
+                self._copy(cache, adm.copy_src, adm.copy_dst, p_len)
+            call.start(adm)
+            t2 = time.perf_counter()
+            call.stats["prefill_seconds"] += t2 - t1
+            live = call.sched.live()
+            if live.size == 0:
                 break
-            slot = p + t
-            key_valid[:, slot] = 1.0
-            bias = np.where(key_valid > 0, 0.0, NEG_INF).astype(np.float32)
-            index = np.concatenate([bh, np.full((bh.shape[0], 1), slot, np.int32)], axis=1)
-            tok, logits = bucket.decode(tok, Tensor(lengths + t), Tensor(bias), Tensor(index), uniforms())
-            heartbeat.beat()  # a decode step (its collectives, under tensor parallelism) came back
-            if return_logits:
-                self.last_logits.append(logits.asnumpy()[:n_rows])
+            self._decode(cache, call, live, params)
+            call.stats["decode_seconds"] += time.perf_counter() - t2
         elapsed = time.perf_counter() - t0
 
-        results = []
-        for i in range(n_rows):
-            stopped = bool(done[i]) and not params.ignore_stop
-            n_tok = int(finished_at[i]) if stopped else steps
-            reason = "stop" if stopped else "length"
-            results.append(Completion(i // params.n, out[i, :n_tok].tolist(), reason))
-        new_tokens = sum(len(r.token_ids) for r in results)
-        self.last_stats = {"rows": n_rows, "bucket": (b, p, c), "decode_steps": steps,
-                           "new_tokens": new_tokens, "seconds": elapsed, "first_token_seconds": first_token,
-                           "tokens_per_s": new_tokens / max(elapsed, 1e-9)}
-        return results
+        self.last_logits = [np.stack(rows) for rows in call.logits] if return_logits else None
+        self.last_stats = call.summary(elapsed, cache, self.compiled_graphs)
+        return call.completions()
 
-    def release(self):
-        """Drop every KV cache and compiled bucket (memory phase switch)."""
-        self._buckets.clear()
+    def _decode(self, cache: KVCache, call: "_Call", live: np.ndarray, params: SamplingParams) -> None:
+        """One decode step of the live slots: the smallest batch and length buckets that hold them."""
+        slots, capacity = cache.slots, cache.capacity
+        b = halving_bucket(live.size, slots, MIN_BATCH)
+        length = halving_bucket(int(call.position[live].max()) + 1, capacity, LENGTH_STEP)
+        # every slot and every position: read the cache in place (not worth a trash row below 8 slots)
+        whole = b == slots >= MIN_BATCH and length == capacity
+        if whole:  # the rows are the slots in order, the trash slot last; free slots idle at position 0
+            rows, mine = np.arange(slots + 1), live
+        else:  # the live slots, then the trash slot for padding
+            rows, mine = np.concatenate([live, np.full(b - live.size, slots, np.int64)]), np.arange(live.size)
+        u = np.zeros(rows.size, np.float32)
+        if not params.greedy:
+            u[mine] = call.uniforms(live)
+        graph = self._graph(("decode", rows.size, length, params.graph_key()), lambda: DecodeGraph(
+            self.model, cache, Sampler(params, self.lm.config.vocab_size), length, whole))
+        out, logits = graph(Tensor(call.token[rows].astype(np.int32)), Tensor(call.position[rows].astype(np.int32)),
+                            Tensor(rows.astype(np.int32)), Tensor(u), Tensor(call.temperature[:rows.size]))
+        res = out.asnumpy()[mine]  # (live, 3) host sync: the stop check needs the tokens
+        call.record(live, res, logits.asnumpy()[mine] if call.logits else None)
+        heartbeat.beat()  # a decode step (its collectives, under tensor parallelism) came back
+        call.stats["decode_steps"] += 1
+        call.stats["rows_computed"] += rows.size
+
+    def _prefill(self, cache: KVCache, prompts: List[Sequence[int]], homes: List[int], p_len: int) -> None:
+        """Every prompt but its last token into its home slot, one graph call (padding prompts
+        write to the trash slot)."""
+        n = len(prompts)
+        bp = halving_bucket(n, cache.slots, 1)
+        ids = np.full((bp, p_len), self.pad, np.int32)
+        for i, p in enumerate(prompts):
+            ids[i, :len(p) - 1] = p[:-1]
+        slot = np.full(bp, cache.slots, np.int32)  # the trash slot
+        slot[:n] = homes
+        graph = self._graph(("prefill", bp, p_len), lambda: PrefillGraph(self.model, cache))
+        graph(Tensor(ids), Tensor(slot)).asnumpy()
+
+    def _copy(self, cache: KVCache, src: List[int], dst: List[int], p_len: int) -> None:
+        """Cache positions [0, p_len) of each src slot to its dst slot, one graph call; padding
+        repeats the last pair (the same rows written again)."""
+        n = len(src)
+        nb = halving_bucket(n, cache.slots, MIN_BATCH)
+        s = np.array(src + [src[-1]] * (nb - n), np.int32)
+        d = np.array(dst + [dst[-1]] * (nb - n), np.int32)
+        graph = self._graph(("copy", nb, p_len), lambda: CopyGraph(self.model, cache, p_len))
+        graph(Tensor(s), Tensor(d)).asnumpy()
+
+
+class _Call:
+    """The host side of one generate call: each slot's next input (O(S) arrays, the trash slot
+    last), each request's outputs, the counters of the call."""
+
+    def __init__(self, prompts, params: SamplingParams, limit: np.ndarray, keys: np.ndarray, slots: int,
+                 vocab: int, return_logits: bool):
+        self.params, self.limit, self.keys = params, limit, keys
+        self.group = params.n
+        self.lengths = np.array([len(p) for p in prompts], np.int64)
+        self.last_token = np.array([p[-1] for p in prompts], np.int64)
+        self.stop = np.zeros(vocab, bool)
+        self.stop[[t for t in params.stop_token_ids if 0 <= t < vocab]] = True
+        self.sched = SlotScheduler(len(prompts), params.n, slots)
+        self.temperature = np.full(slots + 1, params.temperature, np.float32)  # per row; 0: greedy
+        self.token = np.zeros(slots + 1, np.int64)  # per slot: the next input token
+        self.position = np.zeros(slots + 1, np.int64)  # its position
+        self.count = np.zeros(slots + 1, np.int64)  # tokens generated by the slot's request so far
+        n_req, width = len(prompts) * params.n, int(limit.max())
+        self.out_tok = np.zeros((n_req, width), np.int64)
+        self.out_scaled = np.zeros((n_req, width), np.float32)
+        self.out_sampled = np.zeros((n_req, width), np.float32)
+        self.n_out = np.zeros(n_req, np.int64)
+        self.stopped = np.zeros(n_req, bool)
+        self.logits: List[List[np.ndarray]] = [[] for _ in range(n_req)] if return_logits else []
+        self.stats = {"prefill_seconds": 0.0, "decode_seconds": 0.0, "decode_steps": 0, "rows_computed": 0,
+                      "prefilled_prompts": 0, "copied_slots": 0}
+
+    def start(self, adm) -> None:
+        """The slots that begin a sample: at its prompt's last token."""
+        self.stats["prefilled_prompts"] += len(adm.prefill_prompts)
+        self.stats["copied_slots"] += len(adm.copy_dst)
+        if adm.started:
+            s = np.asarray(adm.started)
+            p = self.sched.request[s] // self.group
+            self.token[s], self.position[s], self.count[s] = self.last_token[p], self.lengths[p] - 1, 0
+
+    def uniforms(self, live: np.ndarray) -> np.ndarray:
+        req = self.sched.request[live]
+        return uniforms(self.params.seed, self.keys[req // self.group], req % self.group, self.count[live])
+
+    def record(self, live: np.ndarray, res: np.ndarray, logits: Optional[np.ndarray]) -> None:
+        """res (live, 3): each live slot's new token and its two log-probs; ends finished samples."""
+        req = self.sched.request[live]
+        new = res[:, 0].astype(np.int64)
+        c = self.count[live]
+        self.out_tok[req, c], self.out_sampled[req, c], self.out_scaled[req, c] = new, res[:, 1], res[:, 2]
+        if logits is not None:
+            for r, row in zip(req, logits):
+                self.logits[r].append(row)
+        self.count[live] += 1
+        self.position[live] += 1
+        self.token[live] = new
+        hit = self.stop[new] if not self.params.ignore_stop else np.zeros(live.size, bool)
+        done = hit | (self.count[live] >= self.limit[req // self.group])
+        self.stopped[req[done]] = hit[done]
+        self.n_out[req[done]] = self.count[live][done]
+        self.position[live[done]] = self.token[live[done]] = 0  # a free slot idles at position 0
+        self.sched.finish(live[done])
+
+    def completions(self) -> List[Completion]:
+        return [Completion(r // self.group, self.out_tok[r, :n].tolist(), "stop" if self.stopped[r] else "length",
+                           self.out_scaled[r, :n].copy(), self.out_sampled[r, :n].copy())
+                for r, n in enumerate(self.n_out)]
+
+    def summary(self, seconds: float, cache: KVCache, compiled: int) -> dict:
+        new_tokens, s = int(self.n_out.sum()), self.stats
+        return {"rows": self.n_out.size, "new_tokens": new_tokens, "seconds": seconds,
+                "prefill_seconds": s["prefill_seconds"], "decode_seconds": s["decode_seconds"],
+                "decode_steps": s["decode_steps"], "prefilled_prompts": s["prefilled_prompts"],
+                "copied_slots": s["copied_slots"],
+                # generated tokens / rows the decode graphs computed, over the steps run
+                "useful_fraction": new_tokens / max(s["rows_computed"], 1),
+                "slots": cache.slots, "slots_in_use": new_tokens / max(s["decode_steps"], 1),
+                "capacity": cache.capacity, "kv_bytes": cache.nbytes, "compiled_graphs": compiled,
+                "tokens_per_s": new_tokens / max(seconds, 1e-9)}

@@ -1,8 +1,9 @@
 """Sampling parameters and the in-graph sampler.
 
 Sampling runs inside the compiled decode graph. The only randomness that comes from the host
-is one uniform number per row and step (B floats), drawn from a seeded numpy generator, so a
-run is reproducible bit for bit and no (B, V) noise is built on the host. A token is drawn by
+is one uniform number per row and step (B floats), each sample's own stream
+(`mindgrpo/inference/streams.py`), so a run is reproducible bit for bit and no (B, V) noise is
+built on the host. A token is drawn by
 inverting the cumulative distribution of the filtered probabilities, in two levels: sums of
 blocks of about sqrt(V) tokens pick the block, a cumulative sum inside it picks the token. With
 no top-k and no top-p the whole vocabulary takes one softmax and one block sum: no (B, V)
@@ -10,7 +11,9 @@ cumulative sum (~10 ms at V=152k, B=16 on CPU) and no (B, V) comparison, and the
 sums are short enough to stay exact to fp32 rounding (one over 152k terms drifts by more than
 a token's probability).
 
-Filters apply in this order: temperature, top-k, top-p, min-p.
+Filters apply in this order: temperature, top-k, top-p, min-p. With the token the sampler returns
+its log-probs under the filtered distribution and under softmax(logits / T) (the rollout log-probs
+the trainer keeps next to the training graph's).
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def graph_key(self):
-        """The fields that shape the compiled sampler (the rest are host-side)."""
-        return (self.temperature, self.top_k, self.top_p, self.min_p)
+        """The fields compiled into the sampler; the temperature is an input (0: greedy), so greedy
+        validation and sampled rollouts share their graphs."""
+        return (self.top_k, self.top_p, self.min_p)
 
 
 def block_size(n: int) -> int:
@@ -68,12 +72,15 @@ def block_size(n: int) -> int:
 
 
 class Sampler(nn.Cell):
-    """logits (B, V) fp32, u (B,) in [0, 1) -> token ids (B,) int32. Static config."""
+    """logits (B, V) fp32, u (B,) in [0, 1), temperature (B,) fp32 (0: greedy) -> token ids (B,)
+    int32, and two log-probs (B,) fp32 of each drawn token:
+        sampled  under the distribution it was drawn from: softmax(logits / T) after top-k, top-p
+                 and min-p, renormalised (0 for greedy: a point mass)
+        scaled   under softmax(logits / T) (T = 1 for greedy), what the training graph scores
+    top-k, top-p and min-p are compiled in; the temperature is per row."""
 
     def __init__(self, params: SamplingParams, vocab_size: int):
         super().__init__()
-        self.greedy = params.greedy
-        self.temperature = params.temperature if not params.greedy else 1.0
         self.top_k = min(params.top_k, vocab_size)
         self.top_p = params.top_p
         self.min_p = params.min_p
@@ -82,37 +89,44 @@ class Sampler(nn.Cell):
         n = vocab_size if self.whole_vocab else (self.top_k or vocab_size)
         self.block = block_size(n)
 
-    def construct(self, logits, u):
-        if self.greedy:
-            return ops.argmax(logits, -1).astype(ms.int32)
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
+    def construct(self, logits, u, temperature):
+        greedy = temperature <= 0.0  # (B,)
+        best = ops.argmax(logits, -1).astype(ms.int32)
+        logits = logits / ops.where(greedy, 1.0, temperature).reshape(-1, 1)
         if self.whole_vocab:
             # one fused softmax kernel: 2.1 to 2.7 ms a draw on (16, 152k) here, against 5.4 to 6.3 for
             # exp(logits - max) in separate ops, though `draw` needs no normalisation (benchmarks/sampler.py)
-            weights = ops.softmax(logits, -1)  # (B, V)
+            probs = ops.softmax(logits, -1)  # (B, V)
+            weights = probs
             if self.min_p > 0.0:
-                keep = weights >= self.min_p * weights.max(axis=-1, keepdims=True)
-                weights = ops.where(keep, weights, ops.zeros_like(weights))
-            return self.draw(weights, u)
-        if self.top_k > 0:
-            logits, idx = ops.topk(logits, self.top_k)  # (B, K), sorted descending
+                keep = probs >= self.min_p * probs.max(axis=-1, keepdims=True)
+                weights = ops.where(keep, probs, ops.zeros_like(probs))
+            drawn, sampled = self.draw(weights, u)
+            tok = ops.where(greedy, best, drawn)
+            scaled = ops.log(_pick(probs, tok))  # exact to fp32 rounding of p: no (B, V) log
         else:
-            logits, idx = ops.sort(logits, -1, descending=True)
-        weights = ops.exp(logits - logits[:, :1])  # unnormalised probs; the max weight is exactly 1
-        if self.top_p < 1.0:  # keep a token while the mass strictly before it is < top_p
-            total = weights.sum(-1, keepdims=True)
-            before = ops.cumsum(weights, -1) - weights
-            weights = ops.where(before < self.top_p * total, weights, ops.zeros_like(weights))
-        if self.min_p > 0.0:
-            weights = ops.where(weights >= self.min_p, weights, ops.zeros_like(weights))
-        pick = self.draw(weights, u)
-        return ops.gather_elements(idx, 1, pick.reshape(-1, 1)).reshape(-1).astype(ms.int32)
+            scaled_all = ops.log_softmax(logits, -1)  # (B, V), for the scaled log-prob only
+            if self.top_k > 0:
+                top, idx = ops.topk(logits, self.top_k)  # (B, K), sorted descending
+            else:
+                top, idx = ops.sort(logits, -1, descending=True)
+            weights = ops.exp(top - top[:, :1])  # unnormalised probs; the max weight is exactly 1
+            if self.top_p < 1.0:  # keep a token while the mass strictly before it is < top_p
+                total = weights.sum(-1, keepdims=True)
+                before = ops.cumsum(weights, -1) - weights
+                weights = ops.where(before < self.top_p * total, weights, ops.zeros_like(weights))
+            if self.min_p > 0.0:
+                weights = ops.where(weights >= self.min_p, weights, ops.zeros_like(weights))
+            pick, sampled = self.draw(weights, u)
+            tok = ops.where(greedy, best, _pick(idx, pick).astype(ms.int32))
+            scaled = _pick(scaled_all, tok)
+        return tok, ops.where(greedy, ops.zeros_like(sampled), sampled), scaled
 
     def draw(self, weights, u):
         """weights (B, N) >= 0, not all zero per row -> the index i whose cumulative weight interval
-        [c_i - w_i, c_i) holds u * total (B,) int32. A threshold that rounds to the end of a block
-        or of the row takes its last nonzero token (`c < last`), never a zero-weight one."""
+        [c_i - w_i, c_i) holds u * total (B,) int32, and log(w_i / total) (B,). A threshold that
+        rounds to the end of a block or of the row takes its last nonzero token (`c < last`), never
+        a zero-weight one."""
         b, n = weights.shape
         nb, blk = n // self.block, self.block
         rows = weights.reshape(b * nb, blk)
@@ -124,4 +138,10 @@ class Sampler(nn.Cell):
         start = ops.gather_elements(ends - sums, 1, j.reshape(b, 1))  # (B, 1) mass before the block
         inner = start + ops.cumsum(ops.gather(rows, ops.arange(b, dtype=ms.int32) * nb + j, 0), -1)  # (B, blk)
         i = ops.logical_and(inner <= threshold, inner < inner[:, -1:]).astype(ms.int32).sum(-1)
-        return j * blk + i
+        pick = j * blk + i
+        return pick, ops.log(_pick(weights, pick)) - ops.log(total.reshape(-1))
+
+
+def _pick(x, index):
+    """x (B, N), index (B,) -> x[b, index[b]] (B,)."""
+    return ops.gather_elements(x, 1, index.reshape(-1, 1).astype(ms.int32)).reshape(-1)

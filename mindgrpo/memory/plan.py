@@ -12,11 +12,14 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
                 copy of that 1/dp of the weights, which the fused update rewrites (`optim.AdamW`)
     inference   the inference model's piece (inference layout), fp32 like the policy, plus the
                 engine's fused copies of its layer weights (all but the norms) in the compute
-                dtype (`mindgrpo.inference.engine.InferenceWeights`)
+                dtype (`mindgrpo.inference.layers.InferenceWeights`)
     reference   the reference model's piece (reference layout), when beta > 0
-    kv_cache    this replica's rows (batch * G / inference dp, bucketed by 8) x its kv heads x
-                C = bucket32(max_prompt_length) + bucket32(max_tokens) slots x layers x 2, in the
-                compute dtype: an upper bound (the engine buckets the actual prompts, often shorter)
+    kv_cache    the rollout engine's cache, sized from generate_config as the engine sizes it
+                (`mindgrpo.inference.engine`): S = max_num_seqs slots, fewer if the budget
+                max_num_batched_tokens cannot hold S x C tokens, C = max_prompt_length + max_tokens
+                (at most max_position_embeddings), plus one trash slot; x this
+                rank's kv heads x d x layers x 2 (k and v), in the compute dtype. Exact: the engine
+                allocates it at its first call
     transient   the largest resharding bucket during `sync` (its new piece and what it receives),
                 from the resharding plan itself
 The ledger of a run counts exactly these (tests/parallel/test_msrun.py compares). On top, the
@@ -36,6 +39,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from mindgrpo.config.grpo import GRPOConfig
+from mindgrpo.inference.engine import kv_slots
 from mindgrpo.memory.swap import PHASES
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2Config
@@ -44,10 +48,6 @@ from mindgrpo.parallel.reshard_plan import exchange_bytes, plan_parameter, sync_
 
 ACTIVE_PHASES = ("rollout", "reference", "old_logprobs", "update", "sync")  # validate == rollout
 _TRAINING = ("update",)  # the backward pass keeps activations; scoring graphs are forward-only
-
-
-def _bucket(n: int, step: int) -> int:
-    return max(step, -(-n // step) * step)
 
 
 def _stage_shapes(cfg: Qwen2Config, layout: ParallelLayout, rank: int) -> Dict[str, tuple]:
@@ -79,6 +79,14 @@ def inference_copy_bytes(cfg: Qwen2Config, layout: ParallelLayout) -> int:
     width = 2 if cfg.compute_dtype != "float32" else 4
     return sum(width * int(np.prod(layout.shard_shape(n, s))) for n, s in expected_shapes(cfg).items()
                if n.startswith("model.layers.") and "_norm." not in n)
+
+
+def kv_cache_bytes(cfg: Qwen2Config, gen, layout: ParallelLayout) -> int:
+    """The rollout engine's KV cache on one rank of the inference layout (gen: generate_config)."""
+    capacity = min(gen.max_prompt_length + gen.max_tokens, cfg.max_position_embeddings)
+    slots = kv_slots(capacity, gen.max_num_seqs, gen.max_num_batched_tokens)
+    width = 2 if cfg.compute_dtype != "float32" else 4
+    return 2 * cfg.num_hidden_layers * (slots + 1) * (cfg.num_key_value_heads // layout.tp) * capacity * cfg.d * width
 
 
 def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayout, rank: int = 0) -> int:
@@ -150,11 +158,7 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int) -> MemoryPlan:
     if rl.beta > 0:
         groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config),
                                           rank=rank)
-    rows = _bucket(-(-rl.batch_size * rl.num_generations // infer.dp), 8)
-    capacity = _bucket(gen.max_prompt_length, 32) + _bucket(gen.max_tokens, 32)
-    width = 2 if mcfg.compute_dtype != "float32" else 4
-    groups["kv_cache"] = 2 * mcfg.num_hidden_layers * rows * (mcfg.num_key_value_heads // infer.tp) * capacity \
-        * mcfg.d * width
+    groups["kv_cache"] = kv_cache_bytes(mcfg, gen, infer)
     groups["transient"] = largest_sync_bucket(mcfg, train, infer, rank)
     phases = {p: [g for g in PHASES[p] if g in groups] for p in ACTIVE_PHASES}
     if rl.beta == 0:

@@ -5,14 +5,10 @@ The module tree mirrors the MindSpore checkpoint names our users already have (M
 layout), so loading one of their checkpoints is a 1:1 map; the Hugging Face name table lives in
 `mindgrpo/models/convert.py`.
 
-One set of parameters serves two kinds of graph (`models/scoring.py`, `inference/engine.py`):
-  - training: `Qwen2ForCausalLM.hidden_states` on a right-padded batch, then the vocabulary
-    projection only at the scored positions (`Qwen2ForCausalLM.token_logprobs`);
-  - inference: `prefill` and `decode` against a static KV cache of fixed capacity C, on fused
-    copies of each layer's weights that the engine makes from the parameters
-    (`DecoderLayer.fused_weights`): one qkv and one gate/up matmul per layer, (in, out) layout,
-    norm weights and 1/sqrt(d) folded in, rows flattened to (N, H). On CPU the decode step is
-    bound by op count (~40 ops per layer at ~10-20 us of dispatch each) more than by FLOPs.
+The graphs that train and score (`models/scoring.py`, `grpo/train_graph.py`) run
+`Qwen2ForCausalLM.hidden_states` on a right-padded batch, then the vocabulary projection only at
+the scored positions (`Qwen2ForCausalLM.token_logprobs`). Generation reads the same parameters
+through fused copies of its own (`mindgrpo/inference/layers.py`).
 Tensor parallelism plugs in through the layer factory (`DenseLayers` here, a rank's version in
 `mindgrpo/parallel/tp_layers.py`); this file never talks to other ranks itself.
 Shapes use the vocabulary of `mindgrpo/__init__.py`.
@@ -270,16 +266,6 @@ def apply_rope(x, cos, sin):
     return x * cos + rotated * sin
 
 
-def rotate_half_matrix(d: int) -> np.ndarray:
-    """R (d, d) with x @ R == concat(-x[d/2:], x[:d/2]): one matmul instead of two slices, a
-    negation and a concat. Exact: every output is one input times +-1."""
-    half = d // 2
-    r = np.zeros((d, d), np.float32)
-    r[np.arange(half) + half, np.arange(half)] = -1.0
-    r[np.arange(half), np.arange(half) + half] = 1.0
-    return r
-
-
 class Attention(nn.Cell):
     """Grouped-query attention with q/k/v bias. Query heads h*g .. h*g+g-1 share kv head h.
     Under tensor parallelism a rank holds nh = heads/tp query and nkv = kv_heads/tp kv heads
@@ -299,10 +285,7 @@ class Attention(nn.Cell):
         self.scale = 1.0 / math.sqrt(d)
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
-        self.scatter = ops.ScatterNdUpdate()
         self.dtype = dt
-        self.matmul = ops.MatMul()  # inference: x (N, in) @ a fused (in, out) copy of the weights
-        self.rotate = Tensor(rotate_half_matrix(d), dt)
 
     def _qkv(self, x, cos, sin):
         b, s, _ = x.shape
@@ -330,60 +313,6 @@ class Attention(nn.Cell):
         q, k, v = self._qkv(x, cos, sin)
         return self.wo(self._attend(q, k, v, bias, self.scale))
 
-    # -- inference: the engine's fused copies of the weights (`fused_weights`), rows flattened --
-
-    def fused_weights(self, norm_weight):
-        """Inference copies of the weights in the compute dtype: qkv (H, (nh+2nkv)d) =
-        [wq / sqrt(d); wk; wv]^T with the input norm's weight folded into its rows, qkv_bias
-        ((nh+2nkv)d,), wo (nh*d, H). (in, out) layout: MindSpore's CPU MatMul runs x @ W 2-5x
-        faster than x @ W^T (transpose_b) at 16 rows (measured), and one matmul replaces three."""
-        w = ops.concat((self.wq.weight * self.scale, self.wk.weight, self.wv.weight), 0)  # ((nh+2nkv)d, H)
-        b = ops.concat((self.wq.bias * self.scale, self.wk.bias, self.wv.bias), 0)
-        qkv = w.transpose(1, 0) * norm_weight.reshape(-1, 1)
-        return qkv.astype(self.dtype), b.astype(self.dtype), self.wo.weight.transpose(1, 0).astype(self.dtype)
-
-    def _fused_qkv(self, h, cos, sin, qkv, qkv_bias):
-        """h (N, H) normalised without the norm's weight; cos/sin (N*(nh+nkv), d)
-        -> q (N, nh, d) scaled by 1/sqrt(d), k (N, nkv, d), both rotated, v (N, nkv*d)."""
-        n, nh, nkv, d = h.shape[0], self.nh, self.nkv, self.d
-        y = self.matmul(self.enter(h), qkv) + qkv_bias  # (N, (nh+2nkv)d)
-        qk, v = ops.split(y, ((nh + nkv) * d, nkv * d), 1)
-        qk = qk.reshape(n * (nh + nkv), d)
-        qk = (qk * cos + self.matmul(qk, self.rotate) * sin).reshape(n, nh + nkv, d)  # RoPE, q and k at once
-        q, k = ops.split(qk, (nh, nkv), 1)
-        return q, k, v
-
-    def prefill(self, h, cos, sin, bias, k_cache, v_cache, qkv, qkv_bias, wo):
-        """P tokens per row; writes their k/v into cache slots [0, P). h (B*P, H) normalised without
-        the norm's weight; cos/sin (B*P*(nh+nkv), d); bias (B, 1, P, P); caches (B, nkv, C, d)
-        -> (B*P, H)."""
-        b, p, nh, nkv, d = bias.shape[0], bias.shape[2], self.nh, self.nkv, self.d
-        q, k, v = self._fused_qkv(h, cos, sin, qkv, qkv_bias)
-        q = q.reshape(b, p, nh, d).transpose(0, 2, 1, 3)  # (B, nh, P, d)
-        k = k.reshape(b, p, nkv, d).transpose(0, 2, 1, 3)  # (B, nkv, P, d)
-        v = v.reshape(b, p, nkv, d).transpose(0, 2, 1, 3)
-        pad = ops.zeros((b, nkv, k_cache.shape[2] - p, d), k_cache.dtype)
-        k = ops.depend(k, ops.assign(k_cache, ops.concat((k.astype(k_cache.dtype), pad), axis=2)))
-        v = ops.depend(v, ops.assign(v_cache, ops.concat((v.astype(v_cache.dtype), pad), axis=2)))
-        out = self._attend(q, k, v, bias, 1.0).reshape(b * p, nh * d)  # the scale is in wq
-        return self.wo.finish(self.matmul(out, wo))
-
-    def decode(self, h, cos, sin, bias, k_cache, v_cache, index, qkv, qkv_bias, wo):
-        """One new token per row at cache slot `index` (the same slot for every row; left-padded
-        prompts make that so). h (B, H) normalised without the norm's weight; cos/sin
-        (B*(nh+nkv), d); bias (B, 1, 1, C) additive; index (B*nkv, 3) int32 -> (B, H).
-        The cache write copies the whole layer cache: MindSpore's CPU ScatterNdUpdate copies its
-        input to its output (measured ~0.1 ms per write at B=16, C=160; linear in C)."""
-        b, nh, nkv, d = h.shape[0], self.nh, self.nkv, self.d
-        q, k, v = self._fused_qkv(h, cos, sin, qkv, qkv_bias)
-        k_all = self.scatter(k_cache, index, k.reshape(b * nkv, d).astype(k_cache.dtype))  # (B, nkv, C, d)
-        v_all = self.scatter(v_cache, index, v.reshape(b * nkv, d).astype(v_cache.dtype))
-        q = q.reshape(b, nkv, self.g, d)  # the g query heads of a kv head side by side, no k/v repeat
-        scores = self.qk(q, k_all.astype(q.dtype)).astype(ms.float32) + bias  # (B, nkv, g, C)
-        probs = ops.softmax(scores, -1).astype(q.dtype)
-        out = self.pv(probs, v_all.astype(q.dtype)).reshape(b, nh * d)  # (B, nh*d)
-        return self.wo.finish(self.matmul(out, wo))
-
 
 class MLP(nn.Cell):
     """SwiGLU: w2(silu(w1 x) * w3 x); w1 = gate_proj, w3 = up_proj, w2 = down_proj."""
@@ -396,22 +325,10 @@ class MLP(nn.Cell):
         self.w3 = layers.column(_normal((i, h), std, rng), None, dt)
         self.w2 = layers.row(_normal((h, i), std, rng), None, dt)
         self.dtype = dt
-        self.matmul = ops.MatMul()
 
     def construct(self, x):
         x = self.enter(x)
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
-
-    def fused_weights(self, norm_weight):
-        """Inference copies in the compute dtype: w13 (H, 2I) = [w1; w3]^T with the norm's weight
-        folded into its rows, w2 (I, H)."""
-        w13 = ops.concat((self.w1.weight, self.w3.weight), 0).transpose(1, 0) * norm_weight.reshape(-1, 1)
-        return w13.astype(self.dtype), self.w2.weight.transpose(1, 0).astype(self.dtype)
-
-    def fused(self, h, w13, w2):
-        """h (N, H) normalised without the norm's weight -> (N, H), with the `fused_weights`."""
-        gate, up = ops.split(self.matmul(self.enter(h), w13), w13.shape[1] // 2, 1)  # (N, I) each
-        return self.w2.finish(self.matmul(ops.silu(gate) * up, w2))
 
 
 class DecoderLayer(nn.Cell):
@@ -425,31 +342,6 @@ class DecoderLayer(nn.Cell):
     def construct(self, x, cos, sin, bias):
         x = x + self.attention(self.attention_norm(x), cos, sin, bias)
         return x + self.feed_forward(self.ffn_norm(x))
-
-    # -- inference, on the engine's fused copies of the weights; rows flattened to (N, H) --
-
-    def fused_weights(self):
-        """This layer's inference weights, made from its parameters (the engine keeps them in
-        buffers of its own and remakes them at every generate call): qkv, qkv_bias, wo, w13, w2."""
-        return (self.attention.fused_weights(self.attention_norm.weight)
-                + self.feed_forward.fused_weights(self.ffn_norm.weight))
-
-    def _mlp(self, x, w13, w2):
-        return x + self.feed_forward.fused(self.ffn_norm.normalize(x).astype(x.dtype), w13, w2)
-
-    def prefill(self, x, cos, sin, bias, k_cache, v_cache, weights):
-        """x (B*P, H) -> (B*P, H); see Attention.prefill."""
-        qkv, qkv_bias, wo, w13, w2 = weights
-        h = self.attention_norm.normalize(x).astype(x.dtype)
-        x = x + self.attention.prefill(h, cos, sin, bias, k_cache, v_cache, qkv, qkv_bias, wo)
-        return self._mlp(x, w13, w2)
-
-    def decode(self, x, cos, sin, bias, k_cache, v_cache, index, weights):
-        """x (B, H) -> (B, H), one new token per row; see Attention.decode."""
-        qkv, qkv_bias, wo, w13, w2 = weights
-        h = self.attention_norm.normalize(x).astype(x.dtype)
-        x = x + self.attention.decode(h, cos, sin, bias, k_cache, v_cache, index, qkv, qkv_bias, wo)
-        return self._mlp(x, w13, w2)
 
 
 @dataclass(frozen=True)
@@ -486,7 +378,7 @@ class Qwen2Model(nn.Cell):
 
 class Qwen2ForCausalLM(nn.Cell):
     """Parameters and the shared pieces of every graph. Not called directly: the graph cells in
-    `mindgrpo/models/scoring.py` and `mindgrpo/inference/engine.py` hold one of these and call
+    `mindgrpo/models/scoring.py` and `mindgrpo/inference/layers.py` hold one of these and call
     its methods.
 
     layers: DenseLayers() for one device, or a tensor-parallel rank's factories
@@ -535,15 +427,6 @@ class Qwen2ForCausalLM(nn.Cell):
         sin = ops.gather(self.rope_sin, position_ids, 0).expand_dims(1).astype(self.dtype)
         return cos, sin
 
-    def fused_rope(self, positions):
-        """positions (N,) -> cos, sin (N*(nh+nkv), d): a row per q and k head of this rank, for the
-        inference path (made once per graph, shared by the layers)."""
-        att = self.model.layers[0].attention
-        n, heads, d = positions.shape[0], att.nh + att.nkv, att.d
-        cos = ops.broadcast_to(ops.gather(self.rope_cos, positions, 0).reshape(n, 1, d), (n, heads, d))
-        sin = ops.broadcast_to(ops.gather(self.rope_sin, positions, 0).reshape(n, 1, d), (n, heads, d))
-        return cos.reshape(n * heads, d).astype(self.dtype), sin.reshape(n * heads, d).astype(self.dtype)
-
     def hidden_states(self, inputs, position_ids, bias):
         """inputs: token ids (B, S) on the first stage, else the previous stage's hidden states
         (B, S, H); bias (B, 1, S, S) additive -> hidden (B, S, H) after this stage's layers, before
@@ -554,28 +437,21 @@ class Qwen2ForCausalLM(nn.Cell):
             x = self.model.layers[i](x, cos, sin, bias)
         return x
 
-    def local_logits(self, h, few_rows: bool = False):
-        """h (N, H) -> this rank's slice of the logits (N, V/tp) in fp32.
-
-        few_rows (decode, N = B): computed as (W h^T)^T, which MindSpore's CPU MatMul runs about
-        1.5x faster than h W^T at N=16, V=4096 and as fast at V=152k (measured); with N in the
-        thousands (scoring) the transposed copy of the (V, N) result would cost more than that."""
+    def local_logits(self, h):
+        """h (N, H) -> this rank's slice of the logits (N, V/tp) in fp32."""
         h = self.head_enter(h)
-        w = self.head_weight()
         if self.dtype != ms.float32:
             h = h.astype(self.dtype)
-        if few_rows:
-            return self.head_matmul(w, h).transpose(1, 0).astype(ms.float32)
-        return self.head_matmul(h, w).astype(ms.float32)
+        return self.head_matmul(h, self.head_weight()).astype(ms.float32)
 
     def head_weight(self):
         """This rank's (V/tp, H) output projection, in the compute dtype."""
         w = self.model.tok_embeddings.embedding_weight if self.tied else self.lm_head.weight
         return w.astype(self.dtype) if self.dtype != ms.float32 else w
 
-    def logits(self, h, few_rows: bool = False):
+    def logits(self, h):
         """h (N, H) -> logits (N, V) in fp32 (gathered over the ranks under tensor parallelism)."""
-        return self.gather_vocab(self.local_logits(h, few_rows))
+        return self.gather_vocab(self.local_logits(h))
 
     def token_logprobs(self, h, labels, with_entropy: bool):
         """h (N, H), labels (N,) -> log p(label) (N,), entropy (N,) or zeros.

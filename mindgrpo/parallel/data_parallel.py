@@ -10,8 +10,9 @@ completions, rewards and advantages; a few KB per row). So:
     one-process gradient; the accumulated gradients and the logged sums are summed over the
     data-parallel group before the optimizer step.
   * `DataParallelEngine` (the trainer's rollout engine): a replica generates its share of the
-    prompts (`BatchPart`: the whole batch's random numbers and padding, so each row gets the
-    tokens of a one-process run), then the completions are summed into every rank's copy.
+    prompts, each prompt keyed by its index in the whole batch (a sample's random stream is a
+    function of that index, its sample number and its token number only, so it gets the tokens
+    of a one-process run), then the completions are summed into every rank's copy.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import List, Sequence
 import numpy as np
 from mindspore import nn, ops
 
-from mindgrpo.inference.engine import BatchPart, Completion, RolloutEngine
+from mindgrpo.inference.engine import Completion, RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel.comm import AllReduce, Comm, Group
 
@@ -81,8 +82,8 @@ class DataParallelEngine:
         self.last_stats: dict = {}
 
     @property
-    def compiled_buckets(self) -> int:
-        return self.engine.compiled_buckets
+    def compiled_graphs(self) -> int:
+        return self.engine.compiled_graphs
 
     def cache_bytes(self) -> int:
         return self.engine.cache_bytes()
@@ -92,26 +93,30 @@ class DataParallelEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  return_logits: bool = False) -> List[Completion]:
-        n = params.n
+        n, width = params.n, params.max_tokens
         mine = share(len(prompts), self.group.size, self.group.index)
         t0 = time.perf_counter()
         local: List[Completion] = []
         if len(mine):
-            part = BatchPart(offset=int(mine[0]) * n, total_rows=len(prompts) * n,
-                             prompt_len=max(len(p) for p in prompts))
-            local = self.engine.generate([prompts[i] for i in mine], params, return_logits, part)
-        # every row: [number of tokens, stopped, tokens...]; only this replica's rows are nonzero
-        rows = np.zeros((len(prompts) * n, params.max_tokens + 2), np.float32)
+            local = self.engine.generate([prompts[i] for i in mine], params, prompt_index=mine,
+                                         return_logits=return_logits)
+        # every row: [number of tokens, stopped, tokens, log-probs, sampled log-probs]; only this
+        # replica's rows are nonzero (the others add +0.0: the sum is exact)
+        rows = np.zeros((len(prompts) * n, 2 + 3 * width), np.float32)
         first = int(mine[0]) * n if len(mine) else 0
         for k, c in enumerate(local):
-            rows[first + k, :2] = len(c.token_ids), c.finish_reason == "stop"
-            rows[first + k, 2:2 + len(c.token_ids)] = c.token_ids
-        rows = self.comm.host_sum(rows, self.group)  # token ids < 2**24 are exact in float32
+            m = len(c.token_ids)
+            row = rows[first + k]
+            row[:2] = m, c.finish_reason == "stop"
+            row[2:2 + m] = c.token_ids  # token ids < 2**24 are exact in float32
+            row[2 + width:2 + width + m] = c.logprobs
+            row[2 + 2 * width:2 + 2 * width + m] = c.sampling_logprobs
+        rows = self.comm.host_sum(rows, self.group)
         out = []
         for i, row in enumerate(rows):
-            length = int(row[0])
-            out.append(Completion(i // n, row[2:2 + length].astype(np.int64).tolist(),
-                                  "stop" if row[1] > 0 else "length"))
+            m = int(row[0])
+            out.append(Completion(i // n, row[2:2 + m].astype(np.int64).tolist(), "stop" if row[1] > 0 else "length",
+                                  row[2 + width:2 + width + m].copy(), row[2 + 2 * width:2 + 2 * width + m].copy()))
         elapsed = time.perf_counter() - t0
         new_tokens = int(rows[:, 0].sum())
         self.last_stats = dict(self.engine.last_stats, rows=len(out), new_tokens=new_tokens, seconds=elapsed,

@@ -45,7 +45,8 @@ FULL = GRPOConfig(
     ref_config=RefConfig(load_checkpoint="/models/ref", parallel_config=ParallelConfig(4, 2, 3)),
     generate_config=GenerateConfig(
         max_prompt_length=256, max_tokens=1024, temperature=0.7, top_k=50, top_p=0.95, min_p=0.05,
-        stop_token_ids=(151643, 151645), seed=123, parallel_config=ParallelConfig(3, 4, 5)),
+        stop_token_ids=(151643, 151645), seed=123, max_num_seqs=64, max_num_batched_tokens=40960,
+        parallel_config=ParallelConfig(3, 4, 5)),
     reward_config=RewardConfig(
         verifier_function=("accuracy", "format", "soft_overlong", "cosine"), verifier_weight=(1.0, 0.5, 2.0, 0.25),
         reward_plugin="plugins/my_rewards.py", num_workers=4, timeout_s=2.5,
@@ -146,6 +147,9 @@ def test_nested_unknown_key():
     (["ref_config.parallel_config.pipeline_stage=0"], "ref_config.parallel_config.pipeline_stage", "must be >= 1"),
     (["generate_config.top_p=0"], "generate_config.top_p", "must be in (0, 1]"),
     (["generate_config.stop_token_ids=[1, eos]"], "generate_config.stop_token_ids[1]", "expected int"),
+    (["generate_config.max_num_seqs=0"], "generate_config.max_num_seqs", "must be >= 1"),
+    (["generate_config.max_num_batched_tokens=1000"], "generate_config.max_num_batched_tokens",
+     "must hold one sequence of max_prompt_length + max_tokens = 1024 tokens, got 1000"),
     (["generate_config.max_tokens=100", "reward_config.verifier_function=[accuracy, soft_overlong]",
       "reward_config.verifier_weight=[1, 1]"], "reward_config.soft_overlong.buffer_len",
      "must be < the overlong max_len 100"),

@@ -11,6 +11,11 @@ from mindgrpo.inference.sampling import Sampler, SamplingParams, block_size
 N = 4000  # uniforms; each token's share is exact to 1/N
 
 
+def temps(b, params=SamplingParams(temperature=1.0)):
+    """The sampler's per-row temperature input (0: greedy)."""
+    return ms.Tensor(np.full(b, params.temperature, np.float32))
+
+
 def hf_probs(logits, p: SamplingParams):
     import torch
     from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
@@ -40,7 +45,7 @@ def test_sampled_shares_equal_warped_probabilities(params):
     rng = np.random.default_rng(0)
     logits = (rng.normal(size=50) * 2).astype(np.float32)
     u = ((np.arange(N) + 0.5) / N).astype(np.float32)
-    picks = Sampler(params, 50)(ms.Tensor(np.tile(logits, (N, 1))), ms.Tensor(u)).asnumpy()
+    picks = Sampler(params, 50)(ms.Tensor(np.tile(logits, (N, 1))), ms.Tensor(u), temps(N, params))[0].asnumpy()
     share = np.bincount(picks, minlength=50) / N
     ref = hf_probs(logits, params)
     assert np.abs(share - ref).max() <= 1.0 / N + 1e-6
@@ -60,7 +65,7 @@ def test_whole_vocabulary_draw_is_the_exact_inverse_cdf(vocab):
     b = 8
     logits = (rng.normal(size=(b, vocab)) * 3).astype(np.float32)
     u = rng.random(b, dtype=np.float32)
-    picks = Sampler(SamplingParams(temperature=1.0), vocab)(ms.Tensor(logits), ms.Tensor(u)).asnumpy()
+    picks = Sampler(SamplingParams(temperature=1.0), vocab)(ms.Tensor(logits), ms.Tensor(u), temps(b))[0].asnumpy()
     w = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
     cdf = np.cumsum(w, -1) / w.sum(-1, keepdims=True)
     exact = (cdf <= u[:, None].astype(np.float64)).sum(-1)
@@ -75,14 +80,47 @@ def test_thresholds_at_the_top_never_draw_a_filtered_token():
     logits[:, :5] = [1.0, 0.5, 0.2, 0.1, 0.0]
     u = np.array([1 - 2 ** -24, 1 - 2 ** -23, 0.9999, 0.5], np.float32)
     for params in (SamplingParams(temperature=1.0, min_p=0.5), SamplingParams(temperature=1.0)):
-        picks = Sampler(params, 64)(ms.Tensor(logits), ms.Tensor(u)).asnumpy()
+        picks = Sampler(params, 64)(ms.Tensor(logits), ms.Tensor(u), temps(4))[0].asnumpy()
         assert picks.max() <= (1 if params.min_p else 4), picks
 
 
-def test_greedy_is_argmax():
+def test_greedy_is_argmax_with_its_log_softmax():
     logits = np.random.default_rng(1).normal(size=(7, 300)).astype(np.float32)
-    picks = Sampler(SamplingParams(temperature=0.0), 300)(ms.Tensor(logits), ms.Tensor(np.zeros(7, np.float32)))
+    picks, sampled, scaled = Sampler(SamplingParams(temperature=0.0), 300)(
+        ms.Tensor(logits), ms.Tensor(np.zeros(7, np.float32)), temps(7, SamplingParams(temperature=0.0)))
     assert picks.asnumpy().tolist() == logits.argmax(-1).tolist()
+    assert (sampled.asnumpy() == 0).all()  # a point mass
+    x = logits.astype(np.float64)
+    ref = x.max(-1) - x.max(-1) - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1))
+    np.testing.assert_allclose(scaled.asnumpy(), ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7),
+    SamplingParams(temperature=1.0, top_k=5),
+    SamplingParams(temperature=1.3, top_p=0.8),
+    SamplingParams(temperature=1.0, top_k=10, top_p=0.6),
+    SamplingParams(temperature=0.8, min_p=0.2),
+    SamplingParams(temperature=1.0, top_p=0.9, min_p=0.1),
+], ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
+def test_logprobs_of_the_drawn_tokens_under_the_filtered_and_the_scaled_distribution(params):
+    """sampled = log of transformers' warped probability of the token (temperature, top-k, top-p,
+    min-p, in float64); scaled = log softmax(logits / T) of the token, whatever the filters."""
+    rng = np.random.default_rng(7)
+    vocab, b = 50, 64
+    logits = (rng.normal(size=(b, vocab)) * 2).astype(np.float32)
+    u = rng.random(b, dtype=np.float32)
+    tok, sampled, scaled = (t.asnumpy() for t in Sampler(params, vocab)(ms.Tensor(logits), ms.Tensor(u),
+                                                                        temps(b, params)))
+    for i in range(b):
+        warped = hf_probs(logits[i], params)
+        assert warped[tok[i]] > 0
+        assert abs(sampled[i] - np.log(warped[tok[i]])) <= 1e-5, i
+        x = logits[i].astype(np.float64) / params.temperature
+        lsm = x - x.max() - np.log(np.exp(x - x.max()).sum())
+        assert abs(scaled[i] - lsm[tok[i]]) <= 1e-5, i
+    filtered = params.top_k or params.top_p < 1 or params.min_p > 0
+    assert not filtered or (sampled > scaled + 1e-3).mean() > 0.5  # renormalised over fewer tokens
 
 
 @pytest.mark.parametrize("bad", [dict(top_p=0.0), dict(top_p=1.5), dict(temperature=-1), dict(top_k=-2),

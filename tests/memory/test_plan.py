@@ -48,6 +48,18 @@ def test_7b_trains_in_two_stages_and_the_last_stage_is_the_largest():
     assert plan(cfg, m).peak(True) < 64 * GiB
 
 
+def test_kv_cache_is_sized_from_the_engine_slots_and_the_budget():
+    """7B generates in dp2 x tp4: a rank holds 1 of the 4 kv heads; the cache is the engine's: S slots of
+    512 + 1024 positions (and a trash slot), k and v, 28 layers, d 128, bf16."""
+    cfg, m = load("qwen2_5_7b")
+    assert (cfg.generate_config.max_num_seqs, cfg.generate_config.max_num_batched_tokens) == (128, 128 * 1536)
+    per_slot = 2 * 28 * 1 * 1536 * 128 * 2
+    assert plan(cfg, m).groups["kv_cache"] == (128 + 1) * per_slot
+    # a budget of 100 sequences caps the slots below max_num_seqs
+    cfg, m = load("qwen2_5_7b", "generate_config.max_num_batched_tokens=153600")
+    assert plan(cfg, m).groups["kv_cache"] == (100 + 1) * per_slot
+
+
 def test_7b_sync_bucket_is_a_piece_and_what_it_lacks():
     """tp4 x pp2 -> dp2 x tp4: the largest bucket is the embedding (stage 0) with the head (stage 1), whose
     destination pieces a rank holds both of, and of which it receives one whole from the other stage's rank

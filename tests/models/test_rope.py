@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from mindgrpo.models.qwen2 import rotate_half_matrix
+from mindgrpo.inference.layers import rotate_half_matrix
 
 
 def test_rotate_half_matrix_is_exactly_the_concat():

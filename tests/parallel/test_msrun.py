@@ -116,11 +116,15 @@ def test_grpo_update_matches_one_device(two_ranks, layout):
 
 
 def test_rollouts_tp2_sampled_and_greedy_after_resharding_match_one_device(two_ranks):
-    _, metrics, _ = two_ranks
-    for m in metrics:
+    arrays, metrics, _ = two_ranks
+    for a, m in zip(arrays, metrics):
         assert m["rollout/sampled/tp"] == m["rollout/sampled/dense"]
         assert m["rollout/greedy/resharded"] == m["rollout/greedy/dense"]
         assert len(m["rollout/greedy/dense"]) == 6 and all(len(t) == 8 for t in m["rollout/greedy/dense"])
+        # inference dp2 (two prompts on rank 0, one on rank 1) samples what one process samples
+        assert m["rollout/sampled_resharded/dp2"] == m["rollout/sampled_resharded/dp1"]
+        assert len({tuple(t) for t in m["rollout/sampled_resharded/dp1"]}) == 6
+        np.testing.assert_allclose(a["c/sampled_logp_dp2"], a["c/sampled_logp_dp1"], rtol=0, atol=1e-5)
 
 
 def test_reshard_tp2_to_dp2_is_bit_identical_to_transform_checkpoints(two_ranks, tmp_path):

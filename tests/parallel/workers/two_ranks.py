@@ -23,6 +23,7 @@ from mindgrpo.grpo.experience import pack  # noqa: E402
 from mindgrpo.grpo.ms_algos import GRPOLoss  # noqa: E402
 from mindgrpo.inference.engine import RolloutEngine  # noqa: E402
 from mindgrpo.inference.sampling import SamplingParams  # noqa: E402
+from mindgrpo.models.checkpoint import load_state  # noqa: E402
 from mindgrpo.models.convert import expected_shapes  # noqa: E402
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
 from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs  # noqa: E402
@@ -99,8 +100,16 @@ metrics["reshard_again"] = sync()  # warm: no compile
 weights(inference, "c/infer")
 greedy = SamplingParams(max_tokens=8, temperature=0.0, n=2)
 metrics["rollout/greedy/dense"] = [c.token_ids for c in engines["dense"].generate(prompts(), greedy)]
-dp_engine = DataParallelEngine(RolloutEngine(inference), comm, comm.infer_dp)
+dp_engine = DataParallelEngine(RolloutEngine(inference, max_num_seqs=2), comm, comm.infer_dp)
 metrics["rollout/greedy/resharded"] = [c.token_ids for c in dp_engine.generate(prompts(), greedy)]
+# sampled on the resharded weights: inference dp2 (each replica its share of the prompts, 2 slots) against
+# one process with every prompt (the dense engine, given the same weights; its graphs are compiled already)
+load_state(dense, {n: p.asnumpy() for n, p in named_parameters(inference).items()})
+sampled = SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=5)
+for key, engine in (("dp2", dp_engine), ("dp1", engines["dense"])):
+    comps = engine.generate(prompts(), sampled)
+    metrics[f"rollout/sampled_resharded/{key}"] = [c.token_ids for c in comps]
+    arrays[f"c/sampled_logp_{key}"] = np.concatenate([c.logprobs for c in comps])
 
 mark("reshard+rollouts")
 # (a) shards written by scripts/transform_checkpoint.py, loaded into the tp=2 model

@@ -1,0 +1,170 @@
+"""The rollout engine's KV cache and its three graphs: prefill, copy and decode.
+
+The cache of each layer is two Parameters, k and v, of (S+1)*nkv*C rows of d: row
+(s*nkv + h)*C + t holds kv head h of the token at position t of slot s. Slot S is a trash slot
+that padding rows write to and nothing live reads. Flat rows because MindSpore's CPU ScatterUpdate
+writes rows of its first axis in place, where ScatterNdUpdate copies its whole input to its output:
+writing 64 rows into each of 8 caches of 64 MB took 6 ms more than not writing with ScatterUpdate
+and 406 ms more with ScatterNdUpdate (`python -m benchmarks.cache_write`, 2026-11-25, loaded
+machine). A decode step writes B*nkv rows, a prefill or a copy the rows of the prompts it moves,
+whatever the cache's size.
+
+Every graph takes slot numbers and positions as inputs and builds its row indices and its mask
+from them (a few integer ops per graph, shared by the layers), so the host sends O(B) numbers per
+call. A row sees the keys at positions <= its own position; what lies beyond (an earlier request's
+tokens, a copy's padding) is masked until the row overwrites it.
+
+    PrefillGraph (Bp, P)  prompts without their last token, right-padded -> their k/v into their
+                          home slots at positions [0, P); the last layer's attention and MLP are
+                          not needed and not run
+    CopyGraph    (n, P)   positions [0, P) of n source slots -> n destination slots
+    DecodeGraph  (B, L)   one token for each of B slots at its own position: writes its k/v,
+                          attends over positions [0, L) of its slot (L, a length bucket, covers
+                          every row's position; all slots and all positions: read in place),
+                          samples -> (B, 3): token, its log-prob under the
+                          sampled distribution, its log-prob under softmax(logits / T); and the
+                          logits (B, V)
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import Parameter, nn, ops
+from mindspore.common.initializer import initializer
+
+from mindgrpo.inference.layers import InferenceModel
+from mindgrpo.inference.sampling import Sampler
+from mindgrpo.models.qwen2 import NEG_INF
+
+
+class KVCache(nn.Cell):
+    """k and v caches of every layer: ((S+1)*nkv*C, d) each, in the compute dtype."""
+
+    def __init__(self, model: InferenceModel, slots: int, capacity: int):
+        super().__init__()
+        self.slots, self.capacity, self.nkv = slots, capacity, model.nkv
+        shape = ((slots + 1) * model.nkv * capacity, model.d)
+        n = model.n_layers
+        self.k = ms.ParameterTuple(Parameter(initializer("zeros", shape, model.dtype), name=f"kv_cache.k.{i}",
+                                             requires_grad=False) for i in range(n))
+        self.v = ms.ParameterTuple(Parameter(initializer("zeros", shape, model.dtype), name=f"kv_cache.v.{i}",
+                                             requires_grad=False) for i in range(n))
+        self.nbytes = 2 * n * shape[0] * shape[1] * (4 if model.dtype == ms.float32 else 2)
+
+    def rows(self, slot, positions):
+        """slot (N,) int32, positions (T,) int32 -> row indices (N, T, nkv) int32: the rows of
+        positions `positions` of each slot, in the order a (N*T, nkv, d) k or v tensor has."""
+        n, t, nkv = slot.shape[0], positions.shape[0], self.nkv
+        heads = ops.arange(nkv, dtype=ms.int32).reshape(1, 1, nkv)
+        return (slot.reshape(n, 1, 1) * nkv + heads) * self.capacity + positions.reshape(1, t, 1)
+
+
+def _attend(q, keys, values, bias):
+    """q (B, nkv, g*T, d), keys/values (B, nkv, L, d), bias broadcastable to (B, nkv, g, T, L)
+    -> (B, nkv, g*T, d). q carries the 1/sqrt(d) scale; scores and softmax in fp32."""
+    b, nkv, gt, _ = q.shape
+    length = keys.shape[2]
+    scores = ops.BatchMatMul(transpose_b=True)(q, keys.astype(q.dtype)).astype(ms.float32)  # (B, nkv, g*T, L)
+    t = bias.shape[-2]
+    scores = scores.reshape(b, nkv, gt // t, t, length) + bias
+    probs = ops.softmax(scores, -1).astype(q.dtype).reshape(b, nkv, gt, length)
+    return ops.BatchMatMul()(probs, values.astype(q.dtype))
+
+
+class PrefillGraph(nn.Cell):
+    """ids (Bp, P) int32, right-padded; slot (Bp,) int32 home slots (the trash slot for padding
+    prompts) -> a scalar; writes k/v of positions [0, P) of each home slot."""
+
+    def __init__(self, model: InferenceModel, cache: KVCache):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.model, self.cache = model, cache
+        self.write = ops.ScatterUpdate()
+
+    def construct(self, ids, slot):
+        m = self.model
+        bp, p = ids.shape
+        nh, nkv, g, d = m.nh, m.nkv, m.g, m.d
+        positions = ops.arange(p, dtype=ms.int32)
+        rows = self.cache.rows(slot, positions).reshape(-1)  # (Bp*P*nkv,)
+        causal = ops.arange(p).reshape(p, 1) >= ops.arange(p).reshape(1, p)  # right padding: enough
+        bias = ops.where(causal, 0.0, NEG_INF).astype(ms.float32).reshape(1, 1, 1, p, p)
+        cos, sin = m.rope(ops.tile(positions, (bp,)))  # (Bp*P*(nh+nkv), d)
+        x = m.embed(ids.reshape(-1))  # (Bp*P, H)
+        done = ()
+        for i in range(m.n_layers):
+            q, k, v = m.qkv(i, x, cos, sin)  # (Bp*P, nh or nkv, d)
+            done = done + (self.write(self.cache.k[i], rows, k.reshape(-1, d).astype(self.cache.k[i].dtype)),
+                           self.write(self.cache.v[i], rows, v.reshape(-1, d).astype(self.cache.v[i].dtype)))
+            if i + 1 < m.n_layers:  # the last layer's output is not needed: only its k/v
+                q = q.reshape(bp, p, nh, d).transpose(0, 2, 1, 3).reshape(bp, nkv, g * p, d)
+                k = k.reshape(bp, p, nkv, d).transpose(0, 2, 1, 3)  # (Bp, nkv, P, d)
+                v = v.reshape(bp, p, nkv, d).transpose(0, 2, 1, 3)
+                out = _attend(q, k, v, bias).reshape(bp, nh, p, d).transpose(0, 2, 1, 3)  # (Bp, P, nh, d)
+                x = m.mlp(i, m.attention_out(i, x, out.reshape(bp * p, nh * d)))
+        return ops.depend(ops.zeros((1,), ms.float32), done)
+
+
+class CopyGraph(nn.Cell):
+    """src, dst (n,) int32 slots -> a scalar; copies positions [0, P) of each src slot to its dst
+    in every layer. A destination may repeat if its source repeats too (the same rows again)."""
+
+    def __init__(self, model: InferenceModel, cache: KVCache, length: int):
+        super().__init__(auto_prefix=False)
+        self.model, self.cache, self.length = model, cache, length
+        self.write = ops.ScatterUpdate()
+
+    def construct(self, src, dst):
+        positions = ops.arange(self.length, dtype=ms.int32)
+        src_rows = self.cache.rows(src, positions).reshape(-1)
+        dst_rows = self.cache.rows(dst, positions).reshape(-1)
+        done = ()
+        for i in range(self.model.n_layers):
+            for cache in (self.cache.k[i], self.cache.v[i]):
+                done = done + (self.write(cache, dst_rows, ops.gather(cache, src_rows, 0)),)
+        return ops.depend(ops.zeros((1,), ms.float32), done)
+
+
+class DecodeGraph(nn.Cell):
+    """token, position, slot (B,) int32, u, temperature (B,) fp32 -> (B, 3) fp32 [token, sampled
+    log-prob, scaled log-prob] and the logits (B, V). Attends over positions [0, L) of each row's slot.
+
+    whole: the rows are every slot of the cache in order (B = S + 1, the trash slot last) and L = C,
+    so attention reads the cache as it lies; otherwise it gathers the B slots' first L positions
+    (a copy of what it reads)."""
+
+    def __init__(self, model: InferenceModel, cache: KVCache, sampler: Sampler, length: int, whole: bool = False):
+        super().__init__(auto_prefix=False)
+        self.model, self.cache, self.sampler, self.length, self.whole = model, cache, sampler, length, whole
+        self.write = ops.ScatterUpdate()
+
+    def construct(self, token, position, slot, u, temperature):
+        logits = self.model.logits(self.hidden(token, position, slot))
+        tok, sampled, scaled = self.sampler(logits, u, temperature)
+        return ops.stack((tok.astype(ms.float32), sampled, scaled), 1), logits
+
+    def hidden(self, token, position, slot):
+        """The layers: writes each row's k/v at its position, attends over [0, L) of its slot
+        -> the last residual (B, H)."""
+        m = self.model
+        b, length = token.shape[0], self.length
+        nh, nkv, g, d = m.nh, m.nkv, m.g, m.d
+        span = ops.arange(length, dtype=ms.int32)
+        first = self.cache.rows(slot, ops.zeros((1,), ms.int32)).reshape(b, nkv)  # (B, nkv): position 0's rows
+        write = (first + position.reshape(b, 1)).reshape(-1)  # (B*nkv,)
+        read = (first.reshape(b, nkv, 1) + span.reshape(1, 1, length)).reshape(-1)  # (B*nkv*L,)
+        visible = span.reshape(1, length) <= position.reshape(b, 1)  # (B, L)
+        bias = ops.where(visible, 0.0, NEG_INF).astype(ms.float32).reshape(b, 1, 1, 1, length)
+        cos, sin = m.rope(position)  # (B*(nh+nkv), d)
+        x = m.embed(token)  # (B, H)
+        for i in range(m.n_layers):
+            q, k, v = m.qkv(i, x, cos, sin)  # (B, nh or nkv, d)
+            kc = self.write(self.cache.k[i], write, k.reshape(b * nkv, d).astype(self.cache.k[i].dtype))
+            vc = self.write(self.cache.v[i], write, v.reshape(b * nkv, d).astype(self.cache.v[i].dtype))
+            if self.whole:
+                keys, values = kc.reshape(b, nkv, length, d), vc.reshape(b, nkv, length, d)
+            else:
+                keys = ops.gather(kc, read, 0).reshape(b, nkv, length, d)
+                values = ops.gather(vc, read, 0).reshape(b, nkv, length, d)
+            out = _attend(q.reshape(b, nkv, g, d), keys, values, bias)  # (B, nkv, g, d)
+            x = m.mlp(i, m.attention_out(i, x, out.reshape(b, nh * d)))
+        return x
