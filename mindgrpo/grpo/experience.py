@@ -33,6 +33,10 @@ class Experience:
     advantages: np.ndarray  # (B,) float32
     old_logp: Optional[np.ndarray] = None  # (B, R)
     ref_logp: Optional[np.ndarray] = None  # (B, R)
+    # from the rollout engine, 0 where mask is 0: each token's log-prob under softmax(logits / T) of the
+    # inference graph, and under the distribution it was drawn from (after top-k / top-p / min-p)
+    rollout_logp: Optional[np.ndarray] = None  # (B, R)
+    sampling_logp: Optional[np.ndarray] = None  # (B, R)
     extras: Dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -41,8 +45,8 @@ class Experience:
     def select(self, rows: np.ndarray) -> "Experience":
         pick = lambda a: None if a is None else a[rows]  # noqa: E731
         return Experience(self.input_ids[rows], self.score_pos[rows], self.labels[rows], self.mask[rows],
-                          self.advantages[rows], pick(self.old_logp), pick(self.ref_logp),
-                          {k: v[rows] for k, v in self.extras.items()})
+                          self.advantages[rows], pick(self.old_logp), pick(self.ref_logp), pick(self.rollout_logp),
+                          pick(self.sampling_logp), {k: v[rows] for k, v in self.extras.items()})
 
 
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], advantages: np.ndarray,

@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from mindgrpo.rewards.registry import get_reward, required_columns
+from mindgrpo.utils.stats import sample_std
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +66,11 @@ def compute_rewards(
         total += np.float32(weight) * np.nan_to_num(values, nan=0.0)
         per_function[name] = values
         metrics[f"reward/{name}/mean"] = float(scored.mean()) if scored.size else float("nan")
-        metrics[f"reward/{name}/std"] = float(scored.std()) if scored.size else float("nan")
+        metrics[f"reward/{name}/std"] = float(sample_std(scored)) if scored.size else float("nan")
         metrics[f"reward/{name}/none"] = float(batch - scored.size)
         metrics[f"reward/{name}/errors"] = float(errors)
     metrics["reward/total/mean"] = float(total.mean()) if batch else float("nan")
-    metrics["reward/total/std"] = float(total.std()) if batch else float("nan")
+    metrics["reward/total/std"] = float(sample_std(total)) if batch else float("nan")
     return total, per_function, metrics
 
 
