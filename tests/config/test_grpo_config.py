@@ -32,7 +32,9 @@ FULL = GRPOConfig(
     rl_config=RLConfig(
         seed=7, max_steps=20, batch_size=4, num_generations=6, num_iterations=2, num_mini_batches=3, beta=0.04,
         kl_kind="k3", clip_low=0.1, clip_high=0.28, dual_clip=3.0, loss_agg_mode="seq-mean-token-sum-norm",
-        advantage_scale="batch", advantage_eps=1e-4, ref_model_sync_steps=5, dynamic_sampling=True,
+        advantage_scale="batch", advantage_eps=1e-4, policy_loss="gspo", top_entropy_quantile=0.2,
+        rollout_correction="tis_sequence", rollout_correction_threshold=3.0, old_logprobs_from_rollout=True,
+        ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, save_interval=5, keep_last_k=3,
         log_interval=2, completions_interval=4, swap=False, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
         output_dir="/tmp/mindgrpo-run"),
@@ -85,9 +87,33 @@ def test_yaml_that_sets_every_key():
     # the synthetic tests set it to something else
     # (and only the actor's parallel_config may shard an optimizer)
     exempt = {"sft_config.teacher_carry_error", "ref_config.parallel_config.optimizer_shard",
-              "generate_config.parallel_config.optimizer_shard"}
+              "generate_config.parallel_config.optimizer_shard"} | set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt]
     assert same == [], f"full_grpo.yaml leaves these at their defaults: {same}"
+
+
+# the settings of the variants full_grpo.yaml does not choose (each refused beside another variant), and
+# adv_estimator, whose other values do not read full_grpo.yaml's advantage_scale
+VARIANT_SETTINGS = {"rl_config.adv_estimator": "reinforce_plus_plus_baseline",
+                    "rl_config.cispo_epsilon_max": 2.5,
+                    "rl_config.sapo_temperature_pos": 0.5, "rl_config.sapo_temperature_neg": 2.0,
+                    "rl_config.gmpo_epsilon": 0.3}
+
+
+def test_variant_settings_from_yaml(tmp_path):
+    for loss, keys in (("cispo", ["cispo_epsilon_max"]), ("sapo", ["sapo_temperature_pos", "sapo_temperature_neg"]),
+                       ("gmpo", ["gmpo_epsilon"])):
+        path = tmp_path / f"{loss}.yaml"
+        path.write_text(f"rl_config:\n  policy_loss: {loss}\n  adv_estimator: reinforce_plus_plus_baseline\n"
+                        + "".join(f"  {k}: {VARIANT_SETTINGS['rl_config.' + k]}\n" for k in keys))
+        rl = load_config(GRPOConfig, path).rl_config
+        assert rl.policy_loss == loss and rl.adv_estimator == "reinforce_plus_plus_baseline"
+        for k in keys:
+            assert getattr(rl, k) == VARIANT_SETTINGS["rl_config." + k] != getattr(RLConfig(), k)
+    with pytest.raises(ConfigError, match="'rl_config.advantage_scale': is a setting of adv_estimator grpo"):
+        load_config(GRPOConfig, FULL_YAML, ["rl_config.adv_estimator=rloo"])
+    with pytest.raises(ConfigError, match="'rl_config.sapo_temperature_neg'.*policy_loss is 'gspo'"):
+        load_config(GRPOConfig, FULL_YAML, ["rl_config.sapo_temperature_neg=2"])
 
 
 def test_cli_after_yaml():
