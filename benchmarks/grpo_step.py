@@ -216,7 +216,8 @@ class OurSide:
                                      logprob_chunk_size=logprob_chunk),
             generate_config=GenerateConfig(max_prompt_length=512, max_tokens=new_tokens, temperature=1.0, top_k=0,
                                            top_p=1.0),
-            reward_config=RewardConfig(verifier_function=(REWARD,), verifier_weight=(1.0,)))
+            # scored in this process, as TRL does (the reward is registered here, not in a plugin file)
+            reward_config=RewardConfig(verifier_function=(REWARD,), verifier_weight=(1.0,), num_workers=0))
         tok = work.tokenizer_dir
         paths = builder.Paths(output_dir=folder, sft_path_train=work.ckpt, dataset=work.dataset,
                               vocab_path=os.path.join(tok, "vocab.json"),

@@ -32,14 +32,16 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=DEFAULT_CONFIG, help="GRPO YAML (default: the tiny recipe)")
     ap.add_argument("--output_dir", help="metrics, logs, checkpoints (default: rl_config.output_dir)")
-    ap.add_argument("--sft_path_train", help="policy weights: HF directory or MindSpore .ckpt")
+    ap.add_argument("--sft_path_train", help="policy weights: HF directory or MindSpore .ckpt "
+                                             "(sets actor_config.load_checkpoint)")
     ap.add_argument("--sft_path_infer", help="inference weights (default: the policy's)")
-    ap.add_argument("--ref_path", help="reference weights (default: the policy's)")
+    ap.add_argument("--ref_path", help="reference weights (default: the policy's; sets ref_config.load_checkpoint)")
     ap.add_argument("--vocab_path")
     ap.add_argument("--merges_file_path")
     ap.add_argument("--tokenizer_config")
-    ap.add_argument("--mind_dataset_dir", help="training prompts (MindRecord from data_tools/rlhf_data.py)")
-    ap.add_argument("--val_dataset", help="held-out prompts (MindRecord)")
+    ap.add_argument("--mind_dataset_dir", help="training prompts (MindRecord from data_tools/rlhf_data.py; "
+                                               "sets rl_config.dataset_path)")
+    ap.add_argument("--val_dataset", help="held-out prompts (MindRecord; sets rl_config.val_dataset_path)")
     ap.add_argument("--save_data_file", help="write each step's experience to this MindRecord")
     ap.add_argument("--save_ckpt_dir", help="checkpoint folder (default: OUTPUT_DIR/checkpoints)")
     ap.add_argument("--use_parallel", type=str2bool, default=False, help="run under msrun with collectives")
@@ -49,8 +51,10 @@ def parse_args(argv=None):
     ap.add_argument("--enable_compile_cache", type=str2bool, default=False)
     ap.add_argument("--only_save_strategy", type=str2bool, default=False,
                     help="write the training and inference strategy files and exit")
-    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the checkpoint folder")
-    ap.add_argument("--resume_from", metavar="PATH", help="continue from this checkpoint folder (step_N)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the newest complete checkpoint in the checkpoint folder")
+    ap.add_argument("--resume_from", metavar="PATH", help="continue from this checkpoint folder (step_N); newer "
+                                                          "checkpoints beside it are set aside")
     ap.add_argument("--reward_plugin", help="a .py file that registers more reward functions "
                                             "(same as reward_config.reward_plugin=PATH)")
     ap.add_argument("--swap", type=str2bool, default=None, help="host-memory swap (default: rl_config.swap)")
@@ -61,10 +65,11 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from mindgrpo.grpo.run import SetupError, run
+    from mindgrpo.rewards import RewardError
 
     try:
         return run(args)
-    except SetupError as e:
+    except (SetupError, RewardError) as e:  # RewardError: a reward function broke its contract
         print(f"grpo_one_stage: error: {e}", file=sys.stderr)
         return 2
 

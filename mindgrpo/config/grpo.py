@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Literal, Optional
 
-from mindgrpo.config.loader import ConfigError, check
+from mindgrpo.config.loader import ConfigError, check, to_dict
 from mindgrpo.data.synthetic import ArithmeticTask
 from mindgrpo.data.templates import TEMPLATES
 from mindgrpo.grpo.algos import (
@@ -119,9 +119,15 @@ class RLConfig:
     val_size: int = 64  # validation prompts
     save_interval: int = 0  # steps between checkpoints; 0 only at the end
     keep_last_k: int = 2  # checkpoints kept
-    log_interval: int = 1
+    log_interval: int = 1  # steps between console progress lines; metrics.jsonl gets every step
+    max_bad_steps: int = 3  # steps in a row with a non-finite loss or gradient norm before the run stops
     completions_interval: int = 10  # steps between logged sample completions; 0 never
     swap: bool = True  # host-memory swap between phases (mindgrpo/memory/swap.py)
+    # msrun runs: a rank with no progress (a blocking call such as a collective that does not return) for
+    # this many seconds ends the job naming the phase and the rank (mindgrpo/parallel/watchdog.py); the
+    # first run of each phase, which compiles its graphs, gets compile_timeout_s instead. 0: no watchdog
+    collective_timeout_s: float = 1800.0  # HCCL's own execution timeout
+    compile_timeout_s: float = 3600.0
     # data: None means the built-in synthetic arithmetic data
     dataset_path: Optional[str] = None
     val_dataset_path: Optional[str] = None
@@ -129,7 +135,7 @@ class RLConfig:
 
     def __post_init__(self):
         _check_positive(self, "max_steps", "batch_size", "num_iterations", "num_mini_batches", "keep_last_k",
-                        "log_interval")
+                        "log_interval", "max_bad_steps")
         check(self.num_generations >= 2, "num_generations",
               f"must be >= 2 (group advantages of one sample are 0), got {self.num_generations}")
         _check_non_negative(self, "beta", "advantage_eps", "ref_model_sync_steps", "max_resample_times",
@@ -151,6 +157,10 @@ class RLConfig:
         check(self.rollout_correction_threshold > 1, "rollout_correction_threshold",
               f"must be > 1, got {self.rollout_correction_threshold}")
         check(self.val_interval == 0 or self.val_size >= 1, "val_size", "must be >= 1 when val_interval > 0")
+        _check_non_negative(self, "collective_timeout_s")
+        check(self.collective_timeout_s == 0 or self.compile_timeout_s >= self.collective_timeout_s,
+              "compile_timeout_s", f"must be >= collective_timeout_s = {self.collective_timeout_s}, "
+              f"got {self.compile_timeout_s}")
 
     @property
     def rollout_rows(self) -> int:
@@ -164,8 +174,10 @@ class RLConfig:
 
 @dataclass(frozen=True)
 class ActorConfig:
-    model: str = "qwen2.5-0.5b"  # preset name or path to a model config
-    load_checkpoint: Optional[str] = None  # HF directory or checkpoint to start from; None: random init
+    model: str = "qwen2_5_0_5b"  # preset name (model_configs/NAME.yaml) or path to a model config
+    # weights the policy (and, unless given their own, the inference copy and the reference) start
+    # from: an HF directory or a MindSpore .ckpt, like --sft_path_train; None: random init from `model`
+    load_checkpoint: Optional[str] = None
     checkpoint_dir: Optional[str] = None  # None: <rl_config.output_dir>/checkpoints
     dtype: Literal["float32", "bfloat16"] = "float32"
     lr: float = 1e-6
@@ -196,8 +208,9 @@ class ActorConfig:
 
 @dataclass(frozen=True)
 class RefConfig:
-    model: Optional[str] = None  # None: actor_config.model
-    load_checkpoint: Optional[str] = None  # None: actor_config.load_checkpoint
+    """The reference model (beta > 0 only). It has the policy's architecture and vocabulary."""
+
+    load_checkpoint: Optional[str] = None  # like --ref_path; None: the policy's starting weights
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
 
@@ -222,26 +235,26 @@ class GenerateConfig:
 
 @dataclass(frozen=True)
 class CosineRewardConfig:
-    """Length-scaled correctness reward (Yeo et al. 2025; open-r1's cosine_scaled)."""
+    """Length-scaled correctness reward (Yeo et al. 2025; open-r1's cosine_scaled): short correct
+    answers earn the most, short wrong ones lose the most; in between along half a cosine."""
 
-    min_value_wrong: float = -1.0
-    max_value_wrong: float = -0.5
-    min_value_correct: float = 0.5
-    max_value_correct: float = 1.0
+    min_value_wrong: float = -1.0  # a wrong answer of length 0
+    max_value_wrong: float = -0.5  # a wrong answer of max_len tokens or more
+    min_value_correct: float = 0.5  # a correct answer of max_len tokens or more
+    max_value_correct: float = 1.0  # a correct answer of length 0
     max_len: Optional[int] = None  # None: generate_config.max_tokens
 
 
 @dataclass(frozen=True)
 class SoftOverlongConfig:
-    """DAPO's soft overlong punishment: linear penalty over the last buffer_len tokens."""
+    """DAPO's soft overlong punishment: linear penalty over the last buffer_len tokens, 0 down to -1
+    (scaled by its entry in reward_config.verifier_weight, DAPO's penalty factor)."""
 
     buffer_len: int = 128
-    penalty_factor: float = 1.0
     max_len: Optional[int] = None  # None: generate_config.max_tokens
 
     def __post_init__(self):
         _check_positive(self, "buffer_len")
-        _check_non_negative(self, "penalty_factor")
 
 
 @dataclass(frozen=True)
@@ -249,6 +262,11 @@ class RewardConfig:
     verifier_function: tuple[str, ...] = ("accuracy", "format")  # registered reward names
     verifier_weight: tuple[float, ...] = (1.0, 1.0)  # one per verifier_function
     reward_plugin: Optional[str] = None  # path to a .py file registering more reward functions
+    # reward functions run in this many worker processes, each call bounded by timeout_s seconds (a call
+    # that times out scores None for its completions, counted in reward/<name>/timeouts); 0 runs them in
+    # the trainer's process, without a timeout (mindgrpo/rewards/pool.py)
+    num_workers: int = 2
+    timeout_s: float = 10.0
     cosine: CosineRewardConfig = field(default_factory=CosineRewardConfig)
     soft_overlong: SoftOverlongConfig = field(default_factory=SoftOverlongConfig)
 
@@ -258,6 +276,8 @@ class RewardConfig:
               f"has duplicates: {list(self.verifier_function)}")
         check(len(self.verifier_weight) == len(self.verifier_function), "verifier_weight",
               f"has {len(self.verifier_weight)} weights for {len(self.verifier_function)} verifier_function entries")
+        _check_non_negative(self, "num_workers")
+        check(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -290,6 +310,45 @@ class SyntheticConfig:
         _check_name(TEMPLATES, self.template, "template")
 
 
+# Keys that cannot take effect in some configs: set to anything but their default there, they are
+# an error, since whoever reads the config would believe they act. (dotted key or section, when
+# it takes effect, why not)
+INERT_UNLESS = (
+    ("ref_config", lambda c: c.rl_config.beta > 0, "has no effect with rl_config.beta = 0 (no reference model)"),
+    ("rl_config.ref_model_sync_steps", lambda c: c.rl_config.beta > 0,
+     "has no effect with rl_config.beta = 0 (no reference model)"),
+    ("rl_config.max_resample_times", lambda c: c.rl_config.dynamic_sampling,
+     "has no effect without rl_config.dynamic_sampling"),
+    ("actor_config.min_lr", lambda c: c.actor_config.lr_schedule != "constant",
+     "is the floor of a decaying lr_schedule; it has no effect with lr_schedule 'constant'"),
+    ("reward_config.cosine", lambda c: "cosine" in c.reward_config.verifier_function,
+     "has no effect unless reward_config.verifier_function lists cosine"),
+    ("reward_config.soft_overlong", lambda c: "soft_overlong" in c.reward_config.verifier_function,
+     "has no effect unless reward_config.verifier_function lists soft_overlong"),
+    ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
+     "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
+)
+
+
+def _leaves(d, prefix: str):
+    if not isinstance(d, dict):
+        yield prefix, d
+        return
+    for k, v in d.items():
+        yield from _leaves(v, f"{prefix}.{k}")
+
+
+def first_changed_key(cfg, path: str) -> Optional[str]:
+    """The first key at or under dotted `path` (a section of `cfg` first) set to other than its default."""
+    section, _, rest = path.partition(".")
+    node = getattr(cfg, section)
+    mine, default = to_dict(node), to_dict(type(node)())
+    for part in rest.split(".") if rest else ():
+        mine, default = mine[part], default[part]
+    defaults = dict(_leaves(default, path))
+    return next((key for key, value in _leaves(mine, path) if value != defaults[key]), None)
+
+
 @dataclass(frozen=True)
 class GRPOConfig:
     rl_config: RLConfig = field(default_factory=RLConfig)
@@ -319,7 +378,10 @@ class GRPOConfig:
         check("soft_overlong" not in self.reward_config.verifier_function or overlong.buffer_len < max_len,
               "reward_config.soft_overlong.buffer_len",
               f"must be < the overlong max_len {max_len}, got {overlong.buffer_len}")
+        for path, in_effect, why in INERT_UNLESS:
+            key = None if in_effect(self) else first_changed_key(self, path)
+            check(key is None, key, why)
 
 
-__all__ = ["ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "ParallelConfig",
+__all__ = ["INERT_UNLESS", "ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "ParallelConfig",
            "RLConfig", "RefConfig", "RewardConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig"]

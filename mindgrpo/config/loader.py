@@ -11,6 +11,7 @@ Every key is checked when the config is built, so mistakes fail at start-up with
     int, float, bool (true/false/True/False/1/0), str (taken verbatim), Optional[...] (null,
     None, ~ mean None), Literal[...] choices, and lists/tuples/dicts/sections written in YAML
     flow syntax (`[1, 2]`, `{data_parallel: 2}`; a section set whole replaces its YAML keys);
+  * non-finite floats (nan, inf, -inf; YAML's .nan and .inf), from YAML or the command line;
   * cross-field rules in a dataclass's `__post_init__`, which raises `ConfigError(key, message)`
     with its own field name; the loader prefixes the section's path.
 
@@ -21,6 +22,7 @@ YAML is read with PyYAML's safe loader plus the YAML 1.2 float rule, so `lr: 1e-
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from collections.abc import Mapping
@@ -41,6 +43,10 @@ class ConfigError(ValueError):
 
     def under(self, prefix: str) -> "ConfigError":
         return ConfigError(_join(prefix, self.key), self.message)
+
+
+class _BadValue(ConfigError):
+    """The value has the field's type but is not allowed (a non-finite float)."""
 
 
 def check(condition: bool, key: str, message: str) -> None:
@@ -197,7 +203,7 @@ def _convert(value, tp, key: str):
                 return _convert(value, arm, key)
             except ConfigError as e:
                 errors.append(e)
-        if len(errors) == 1 and errors[0].key != key:
+        if len(errors) == 1 and (errors[0].key != key or isinstance(errors[0], _BadValue)):
             raise errors[0]  # the value has the right shape but something inside it is wrong
         raise _mismatch(value, tp, key)
     if origin is typing.Literal:
@@ -243,12 +249,16 @@ def _convert(value, tp, key: str):
     if tp is float:
         if cli:
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise _mismatch(value, tp, key) from None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _mismatch(value, tp, key)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            raise _mismatch(value, tp, key)
+        if not math.isfinite(number):  # nan or inf anywhere silently ruins a run (temperature=inf: no gradient)
+            raise _BadValue(key, f"must be a finite number, got {value}")
+        return number
     if tp is str:
         if isinstance(value, str):
             return str(value)

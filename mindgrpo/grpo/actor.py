@@ -9,6 +9,7 @@ their micro-batches through the stage's schedule (`mindgrpo.parallel.pipeline`).
 
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -155,11 +156,19 @@ class PolicyUpdater:
             if peaks.size:
                 totals[2:][maxima] = dp.max(peaks)
         loss_sum, tok_sum, sums = float(totals[0]), float(totals[1]), totals[2:]
-        self.optimizer_steps += 1
-        bc1, bc2 = adam_scalars(self.optimizer_steps, self.beta1, self.beta2)
-        norm = self.adamw(Tensor(np.float32(lr)), bc1, bc2, Tensor(np.float32(self.grad_clip)))
+        # A non-finite loss or gradient norm (the same on every rank: both are sums over them) skips
+        # the step: weights, moments and the bias corrections' step count stay as they were.
+        norm = self.adamw.grad_norm()
+        grad_norm = float(norm.asnumpy())
+        skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
+        if skipped:
+            self.adamw.zero_grads()
+        else:
+            bc1, bc2 = adam_scalars(self.optimizer_steps + 1, self.beta1, self.beta2)
+            self.adamw(Tensor(np.float32(lr)), bc1, bc2, Tensor(np.float32(self.grad_clip)), norm)
+            self.optimizer_steps += 1
         # pg_loss is normalised by the global counts, so micro-batch values add up; the maxima are
         # maxima; the others are per-micro-batch token means, weighted by their token counts here
         out = {k: float(v if k in SUMMED or k in MAXIMA else v / max(tok_sum, 1.0)) for k, v in zip(keys, sums)}
-        out.update(loss=loss_sum, grad_norm=float(norm.asnumpy()), lr=lr)
+        out.update(loss=loss_sum, grad_norm=grad_norm, lr=lr, skipped=float(skipped))
         return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from mindgrpo.config.grpo import GRPOConfig
-from mindgrpo.grpo.prompts import PromptSource
+from mindgrpo.grpo.prompts import PromptSource, check_vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,15 @@ def resolve_model_config(name: str) -> str:
     presets = sorted(f[:-5] for f in os.listdir(MODEL_CONFIG_DIR) if f.endswith(".yaml")) \
         if os.path.isdir(MODEL_CONFIG_DIR) else []
     raise FileNotFoundError(f"actor_config.model: {name!r} is neither a file nor a preset; presets: {presets}")
+
+
+def model_source(cfg: GRPOConfig, path: Optional[str], load: bool) -> str:
+    """Where the policy's shape comes from, for messages: the config beside its weights, or actor_config.model."""
+    if path and load and not os.path.isdir(os.path.join(path, "rank_0")):
+        from mindgrpo.models.checkpoint import find_config
+
+        return f"{find_config(path)} (the config of the weights {path})"
+    return f"{resolve_model_config(cfg.actor_config.model)} (actor_config.model)"
 
 
 def build_tokenizer(cfg: GRPOConfig, paths: Paths, cache_dir: str):
@@ -88,8 +97,8 @@ def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer, cache_dir: str):
                                      max_prompt_length=cfg.generate_config.max_prompt_length, overwrite=True)
         train_path = os.path.join(folder, "train.mindrecord")
         val_path = val_path or os.path.join(folder, "val.mindrecord")
-    train = PromptSource(load_prompt_dataset(train_path), seed=cfg.rl_config.seed)
-    val = PromptSource(load_prompt_dataset(val_path), seed=0, shuffle=False) if val_path else None
+    train = PromptSource(load_prompt_dataset(train_path), seed=cfg.rl_config.seed, path=train_path)
+    val = PromptSource(load_prompt_dataset(val_path), seed=0, shuffle=False, path=val_path) if val_path else None
     return train, val
 
 
@@ -119,13 +128,14 @@ def build_rewards(cfg: GRPOConfig):
             c = rc.cosine
             params[name] = {k: v for k, v in dict(
                 cosine_min_len_value_wrong=c.min_value_wrong, cosine_max_len_value_wrong=c.max_value_wrong,
-                cosine_min_len_value_correct=c.min_value_correct, cosine_max_len_value_correct=c.max_value_correct,
+                cosine_min_len_value_correct=c.max_value_correct, cosine_max_len_value_correct=c.min_value_correct,
                 cosine_max_len=c.max_len or max_len).items() if k in known}
         elif name == "soft_overlong":
             s = rc.soft_overlong
             params[name] = {k: v for k, v in dict(
                 soft_max_cache_length=s.buffer_len, max_completion_length=s.max_len or max_len).items() if k in known}
-    return RewardSet(rc.verifier_function, rc.verifier_weight, params)
+    return RewardSet(rc.verifier_function, rc.verifier_weight, params, num_workers=rc.num_workers,
+                     timeout_s=rc.timeout_s)
 
 
 @dataclass
@@ -166,6 +176,8 @@ def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
     if policy.config.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"the model's vocab_size {policy.config.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size}")
+    check_vocabulary(policy.config.vocab_size, model_source(cfg, paths.sft_path_train, paths.load_sft_checkpoint_train),
+                     train, val)
     inference = build_model(cfg, paths.sft_path_infer or paths.sft_path_train, paths.load_sft_checkpoint_infer,
                             seed=rl.seed)
     reference = None

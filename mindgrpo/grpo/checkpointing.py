@@ -1,27 +1,71 @@
-"""Training checkpoints: weights, optimizer state, trainer state; atomic, keeping the last K.
+"""Training checkpoints: weights, optimizer state, trainer state; complete only with their manifest.
 
-    <dir>/step_00000004/policy.ckpt      policy weights (MindSpore names, loadable by load_model)
-    <dir>/step_00000004/optimizer.ckpt   AdamW moments
-    <dir>/step_00000004/reference.ckpt   the reference model, when there is one (beta > 0)
-    <dir>/step_00000004/state.json       step, optimizer steps, data position, config
-    <dir>/step_00000004/config.json      the model config (HF format), so policy.ckpt loads alone
+    <root>/step_00000004/policy.ckpt      policy weights (MindSpore names, loadable by load_model)
+    <root>/step_00000004/optimizer.ckpt   AdamW moments
+    <root>/step_00000004/reference.ckpt   the reference model, when there is one (beta > 0)
+    <root>/step_00000004/state.json       step, optimizer steps, data position, config
+    <root>/step_00000004/config.json      the model config (HF format), so policy.ckpt loads alone
+    <root>/step_00000004/manifest.json    written last: the step, every other file's size and SHA-256
 
-A checkpoint is written into a temporary folder beside its final name and renamed when
-complete, so a crash never leaves a half checkpoint under a step name.
+Saving writes every file into `<root>/.step_00000004.tmp`, flushes each to disk (fsync), then
+writes and flushes the manifest and renames the folder. A checkpoint is complete when its
+manifest is there and every file it lists matches it, so a crash at any moment leaves the
+earlier checkpoints complete and at worst a `.step_*.tmp` folder, which the next run removes
+(`remove_leftovers`; a folder whose owner process still runs is left alone).
+
+Resuming: `find` takes the newest complete checkpoint, skipping a damaged one (a truncated or
+missing file, a garbled or missing state.json or manifest) with a warning naming the reason; an
+explicit `--resume_from` checkpoint that is damaged is an error naming the reason. The manifest
+and the state are read and checked before any weight is touched. A run that resumes at step N
+(or starts at 0) sets every checkpoint beyond N aside (`set_aside_after`: renamed
+`abandoned_step_<N>.<time>`, never deleted, never counted by keep_last_k), so that a later
+`--resume` continues this run and not the abandoned one.
+
+The msrun version (every rank writes its pieces) is `mindgrpo/parallel/checkpoint.py`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
-import tempfile
-from typing import Dict, List, Optional, Sequence
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Optional, Sequence
 
 import mindspore as ms
 
+logger = logging.getLogger(__name__)
+
 STEP_DIR = re.compile(r"^step_(\d{8})$")
+TMP_DIR = re.compile(r"^\.step_\d{8}\.tmp")
+MANIFEST = "manifest.json"
+OWNER = "owner.json"  # in a folder being written: who writes it
+FORMAT = 1
+CHUNK = 8 << 20  # bytes read at a time when hashing
+# Tests only: "STEP:FILE" kills the process (SIGKILL) right after FILE of step STEP is written,
+# a deterministic crash in the middle of a save (tests/grpo/test_chaos.py).
+CRASH_ENV = "MINDGRPO_TEST_CRASH_IN_SAVE"
+
+
+class CheckpointError(Exception):
+    """A checkpoint that this run cannot resume from: one line naming the folder and the reason."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint that is not complete: `--resume` skips it, `--resume_from` refuses it."""
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(f"checkpoint {path} is damaged: {reason}")
+
+
+# ------------------------------------------------------------------------------ files
 
 
 def step_dirs(root: str) -> List[str]:
@@ -30,53 +74,313 @@ def step_dirs(root: str) -> List[str]:
     return sorted(os.path.join(root, d) for d in os.listdir(root) if STEP_DIR.match(d))
 
 
-def latest(root: str) -> Optional[str]:
-    dirs = step_dirs(root)
-    return dirs[-1] if dirs else None
+def step_of(path: str) -> int:
+    return int(STEP_DIR.match(os.path.basename(os.path.normpath(path))).group(1))
 
 
-def _save_params(params: Sequence[ms.Parameter], path: str) -> None:
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                return h.hexdigest()
+            h.update(view[:n])  # hashlib releases the GIL on large buffers: saving goes on meanwhile
+
+
+def fsync_path(path: str) -> None:
+    """Flush a file's (or a folder's entries') data to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_entry(path: str) -> dict:
+    """Flushed to disk, then measured: the manifest's record of one file."""
+    fsync_path(path)
+    return {"bytes": os.path.getsize(path), "sha256": sha256(path)}
+
+
+def write_json(path: str, obj, **kwargs) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, **kwargs)
+
+
+def crash_point(step: int, name: str) -> None:
+    if os.environ.get(CRASH_ENV) == f"{step}:{name}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_params(params: Sequence[ms.Parameter], path: str) -> None:
     ms.save_checkpoint([{"name": p.name, "data": p} for p in params], path)
+
+
+def largest_first(groups: Dict[str, Sequence[ms.Parameter]]) -> List[str]:
+    """The order to write groups in: the largest first, so that hashing it overlaps the writing of
+    the others and only the smallest one's hash is left at the end."""
+    return sorted(groups, key=lambda name: -sum(p.size * p.itemsize for p in groups[name]))
+
+
+class Recorder:
+    """Flushes and hashes written files on a worker thread while the next file is being written."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.pool = ThreadPoolExecutor(1)
+        self.pending: Dict[str, object] = {}
+
+    def add(self, rel: str) -> None:
+        self.pending[rel] = self.pool.submit(file_entry, os.path.join(self.folder, rel))
+
+    def entries(self) -> Dict[str, dict]:
+        try:
+            return {rel: future.result() for rel, future in self.pending.items()}
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def begin_folder(path: str) -> None:
+    """A fresh folder to write a checkpoint into, marked with its owner (host, pid)."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    write_json(os.path.join(path, OWNER), {"host": socket.gethostname(), "pid": os.getpid()})
+
+
+def write_manifest(folder: str, step: int, files: Dict[str, dict]) -> None:
+    path = os.path.join(folder, MANIFEST)
+    with open(path, "w") as f:
+        json.dump({"format": FORMAT, "step": step, "files": dict(sorted(files.items()))}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def publish(tmp: str, final: str) -> None:
+    """Rename the written folder to its step name, durably; a same-named older folder goes first."""
+    os.remove(os.path.join(tmp, OWNER))
+    fsync_path(tmp)
+    root = os.path.dirname(final)
+    if os.path.exists(final):
+        discard(final)
+    os.replace(tmp, final)
+    fsync_path(root)
+
+
+def discard(path: str) -> None:
+    """Remove a checkpoint folder: renamed to a temporary name first, so that a crash while
+    deleting leaves a leftover for the next run to remove, not a half checkpoint."""
+    trash = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-del-{os.getpid()}")
+    os.replace(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def prune(root: str, keep_last: int) -> None:
+    for old in step_dirs(root)[:-keep_last]:
+        discard(old)
+
+
+def _owner_alive(folder: str) -> bool:
+    try:
+        with open(os.path.join(folder, OWNER)) as f:
+            owner = json.load(f)
+        if owner["host"] != socket.gethostname():
+            return False
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def remove_leftovers(root: str) -> List[str]:
+    """Remove the `.step_*.tmp*` folders of killed saves (not those of a live process); returns them."""
+    removed = []
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        path = os.path.join(root, name)
+        if TMP_DIR.match(name) and os.path.isdir(path) and not _owner_alive(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            logger.info("removed %s, left by an interrupted save", path)
+    return removed
+
+
+def set_aside_after(root: str, step: int, why: str) -> List[str]:
+    """Rename the checkpoints beyond `step` to abandoned_step_<N>.<time>; returns the new paths."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for path in step_dirs(root):
+        if step_of(path) <= step:
+            continue
+        new = os.path.join(root, f"abandoned_{os.path.basename(path)}.{stamp}")
+        n = 1
+        while os.path.exists(new):
+            new, n = os.path.join(root, f"abandoned_{os.path.basename(path)}.{stamp}-{n}"), n + 1
+        os.replace(path, new)
+        moved.append(new)
+        logger.warning("set aside %s as %s: it is beyond step %d, where %s", path, new, step, why)
+    return moved
+
+
+# ------------------------------------------------------------------------------ checking
+
+
+def read_manifest(path: str) -> dict:
+    if not os.path.isdir(path):
+        raise DamagedCheckpoint(path, "no such checkpoint folder")
+    file = os.path.join(path, MANIFEST)
+    if not os.path.isfile(file):
+        raise DamagedCheckpoint(path, f"no {MANIFEST} (its save did not finish, or an older version wrote it)")
+    try:
+        with open(file) as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+        ok = (manifest["format"] == FORMAT and isinstance(manifest["step"], int) and isinstance(files, dict)
+              and all(isinstance(e["bytes"], int) and isinstance(e["sha256"], str) for e in files.values()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DamagedCheckpoint(path, f"{MANIFEST} is garbled ({type(e).__name__}: {e})") from None
+    if not ok or "state.json" not in files:
+        raise DamagedCheckpoint(path, f"{MANIFEST} is garbled (not a format-{FORMAT} manifest listing state.json)")
+    if STEP_DIR.match(os.path.basename(os.path.normpath(path))) and manifest["step"] != step_of(path):
+        raise DamagedCheckpoint(path, f"{MANIFEST} is of step {manifest['step']}, not of step {step_of(path)}")
+    return manifest
+
+
+STATE_KEYS = {"step": int, "optimizer_steps": int, "train_prompts": dict, "val_history": list, "bad_steps": dict,
+              "config": dict}
+
+
+def read_state(path: str, manifest: dict) -> dict:
+    """state.json, checked against the manifest and for the keys and types resuming needs."""
+    check_files(path, manifest, lambda rel: rel == "state.json")
+    try:
+        with open(os.path.join(path, "state.json")) as f:
+            state = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DamagedCheckpoint(path, f"state.json is garbled ({e})") from None
+    for key, kind in STATE_KEYS.items():
+        if not isinstance(state, dict) or not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+            raise DamagedCheckpoint(path, f"state.json has no {kind.__name__} '{key}'")
+    for key, fields in (("train_prompts", ("epoch", "index")), ("bad_steps", ("total", "in_a_row"))):
+        if not all(isinstance(state[key].get(k), int) for k in fields):
+            raise DamagedCheckpoint(path, f"state.json has no {key} {fields}")
+    if state["step"] != manifest["step"]:
+        raise DamagedCheckpoint(path, f"state.json is of step {state['step']}, its manifest of {manifest['step']}")
+    return state
+
+
+def check_files(path: str, manifest: dict, mine: Callable[[str], bool] = lambda rel: True) -> None:
+    """Every file of the manifest that `mine` selects is there, of its size and checksum."""
+    for rel, entry in manifest["files"].items():
+        if not mine(rel):
+            continue
+        file = os.path.join(path, rel)
+        if not os.path.isfile(file):
+            raise DamagedCheckpoint(path, f"{rel} is missing")
+        size = os.path.getsize(file)
+        if size != entry["bytes"]:
+            raise DamagedCheckpoint(path, f"{rel} has {size} bytes, its manifest says {entry['bytes']} (truncated?)")
+        if sha256(file) != entry["sha256"]:
+            raise DamagedCheckpoint(path, f"{rel} does not match its checksum")
+
+
+def inspect(path: str, mine: Callable[[str], bool] = lambda rel: True) -> dict:
+    """The state of a complete checkpoint (the files `mine` selects checked), else DamagedCheckpoint."""
+    manifest = read_manifest(path)
+    state = read_state(path, manifest)
+    check_files(path, manifest, mine)
+    return state
+
+
+def newest_complete(root: str, check: Callable[[str], dict]) -> Optional[str]:
+    """The newest checkpoint under root that `check` accepts; a damaged one is skipped with a warning."""
+    for path in reversed(step_dirs(root)):
+        try:
+            check(path)
+        except DamagedCheckpoint as e:
+            logger.warning("skipping %s", e)
+            continue
+        return path
+    return None
+
+
+def check_model_config(path: str, model_config: dict) -> None:
+    """The checkpoint's model is this run's (before any weight is loaded)."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DamagedCheckpoint(path, f"config.json is unreadable ({e})") from None
+    differ = [k for k in sorted(set(saved) | set(model_config)) if saved.get(k) != model_config.get(k)]
+    if differ:
+        k = differ[0]
+        raise CheckpointError(f"checkpoint {path} holds another model: {k} {saved.get(k)}, this run's "
+                              f"{model_config.get(k)}")
+
+
+def load_params(file: str, params: Sequence[ms.Parameter], hint: str = "") -> None:
+    """Load a .ckpt into params, checking every name and shape first."""
+    saved = ms.load_checkpoint(file)
+    for p in params:
+        if p.name not in saved:
+            raise CheckpointError(f"{file}: missing parameter {p.name!r}")
+        if tuple(saved[p.name].shape) != tuple(p.shape):
+            raise CheckpointError(f"{file}: parameter {p.name!r} has shape {tuple(saved[p.name].shape)}, "
+                                  f"expected {tuple(p.shape)}{hint}")
+    for p in params:
+        p.set_data(saved[p.name].astype(p.dtype))
+
+
+# ------------------------------------------------------------------------------ one process
 
 
 def save(root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict,
          keep_last: int) -> str:
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"step_{step:08d}")
-    tmp = tempfile.mkdtemp(prefix=f".step_{step:08d}.", dir=root)
+    tmp = os.path.join(root, f".step_{step:08d}.tmp")
+    begin_folder(tmp)
+    record = Recorder(tmp)
     try:
-        for name, params in groups.items():
-            _save_params(params, os.path.join(tmp, f"{name}.ckpt"))
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump(state, f, indent=2, sort_keys=True)
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(model_config, f, indent=2)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        for name in largest_first(groups):
+            save_params(groups[name], os.path.join(tmp, f"{name}.ckpt"))
+            record.add(f"{name}.ckpt")
+            crash_point(step, f"{name}.ckpt")
+        write_json(os.path.join(tmp, "state.json"), state, indent=2, sort_keys=True)
+        write_json(os.path.join(tmp, "config.json"), model_config, indent=2)
+        record.add("state.json")
+        record.add("config.json")
+        write_manifest(tmp, step, record.entries())
+        crash_point(step, MANIFEST)
+        publish(tmp, final)
     except BaseException:
+        record.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in step_dirs(root)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune(root, keep_last)
     return final
 
 
-def load(path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
-    """Load the named groups into their parameters (names must match); returns state.json."""
+def load(path: str, groups: Dict[str, Sequence[ms.Parameter]], model_config: dict, checked: bool = False) -> dict:
+    """Check the checkpoint (manifest, state, files unless `checked` already, model), then load the
+    named groups into their parameters (names and shapes must match); returns state.json."""
+    manifest = read_manifest(path)
+    state = read_state(path, manifest) if checked else inspect(path)
+    missing = [f"{name}.ckpt" for name in groups if f"{name}.ckpt" not in manifest["files"]]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} has no {missing[0]} (saved by a run without it: another beta?)")
+    check_model_config(path, model_config)
     for name, params in groups.items():
-        file = os.path.join(path, f"{name}.ckpt")
-        if not os.path.exists(file):
-            raise FileNotFoundError(f"{path}: checkpoint has no {name}.ckpt")
-        saved = ms.load_checkpoint(file)
-        for p in params:
-            if p.name not in saved:
-                raise KeyError(f"{file}: missing parameter {p.name!r}")
-            if tuple(saved[p.name].shape) != tuple(p.shape):
-                raise ValueError(f"{file}: parameter {p.name!r} has shape {saved[p.name].shape}, expected {p.shape}")
-            p.set_data(saved[p.name].astype(p.dtype))
-    with open(os.path.join(path, "state.json")) as f:
-        return json.load(f)
+        load_params(os.path.join(path, f"{name}.ckpt"), params)
+    return state
 
 
 def checkpoint_root(cfg, output_dir: str) -> str:
@@ -89,9 +393,23 @@ class LocalCheckpoints:
 
     def __init__(self, root: str, keep_last: int):
         self.root, self.keep_last = root, keep_last
+        self.checked: Optional[str] = None  # what find last checked whole, so that load need not hash again
+
+    def clean(self) -> List[str]:
+        return remove_leftovers(self.root)
+
+    def find(self, path: Optional[str] = None) -> Optional[str]:
+        """`path` if it is complete (else DamagedCheckpoint), or the newest complete one under root."""
+        if path is not None:
+            inspect(path)
+        self.checked = path if path is not None else newest_complete(self.root, inspect)
+        return self.checked
+
+    def set_aside_after(self, step: int, why: str) -> List[str]:
+        return set_aside_after(self.root, step, why)
 
     def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict) -> str:
         return save(self.root, step, groups, state, model_config, self.keep_last)
 
-    def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
-        return load(path, groups)
+    def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]], model_config: dict) -> dict:
+        return load(path, groups, model_config, checked=path == self.checked)

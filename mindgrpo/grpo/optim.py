@@ -86,12 +86,45 @@ class AccumulateGrads(nn.Cell):
         return out
 
 
+class GradNorm(nn.Cell):
+    """construct() -> the global norm of the accumulated gradients (sq_norm: see AdamW)."""
+
+    def __init__(self, buffer: GradBuffer, sq_norm: Optional[nn.Cell] = None):
+        super().__init__()
+        self.bufs, self.sq_norm, self.n = buffer.bufs, sq_norm, len(buffer.bufs)
+
+    def construct(self):
+        if self.sq_norm is None:
+            sq = ops.zeros((), ms.float32)
+            for i in range(self.n):
+                sq = sq + squared_sum(self.bufs[i])
+        else:
+            sq = self.sq_norm(self.bufs)
+        return ops.sqrt(sq)
+
+
+class ZeroGrads(nn.Cell):
+    """construct(): zero the accumulated gradients (a skipped step's, which are not finite)."""
+
+    def __init__(self, buffer: GradBuffer):
+        super().__init__()
+        self.bufs, self.n = buffer.bufs, len(buffer.bufs)
+
+    def construct(self):
+        out = ()
+        for i in range(self.n):
+            out = out + (ops.assign(self.bufs[i], ops.zeros_like(self.bufs[i])),)
+        return out
+
+
 class AdamW(nn.Cell):
     """One optimizer step from the accumulated gradients (then zeroes them).
 
-    construct(lr, bias_correction1, bias_correction2, max_norm) -> pre-clip global grad norm.
-    max_norm <= 0 disables clipping. sq_norm: a cell (buffers,) -> the squared norm of the whole
-    gradient when the buffers hold pieces of it (tensor parallelism); None: their own sum.
+    construct(lr, bias_correction1, bias_correction2, max_norm, norm=None) -> pre-clip global grad
+    norm. max_norm <= 0 disables clipping. norm: the gradient's norm from `grad_norm()` (the host
+    checks it first and skips the step when it is not finite: `zero_grads()` then discards the
+    gradients); None computes it in the same graph. sq_norm: a cell (buffers,) -> the squared norm
+    of the whole gradient when the buffers hold pieces of it (tensor parallelism); None: their own sum.
 
     shard, sharded (ZeRO-1): the data-parallel group whose members hold the same parameters and the
     same summed gradients, and which parameters to split (`ParallelLayout.opt_shard_parts`; their dim
@@ -114,7 +147,8 @@ class AdamW(nn.Cell):
                  eps=1e-8, weight_decay=0.0, sq_norm: Optional[nn.Cell] = None, shard: Optional[Group] = None,
                  sharded: Optional[Sequence[bool]] = None):
         super().__init__()
-        self.sq_norm = sq_norm
+        self.grad_norm = GradNorm(buffer, sq_norm)
+        self.zero_grads = ZeroGrads(buffer)
         self.params = ms.ParameterTuple(params)
         self.bufs = buffer.bufs
         parts = 1 if shard is None else shard.size
@@ -152,14 +186,9 @@ class AdamW(nn.Cell):
         """What the optimizer keeps on the device: the moments and, under ZeRO-1, the pieces."""
         return self.state_parameters() + list(self.piece)
 
-    def construct(self, lr, bias_correction1, bias_correction2, max_norm):
-        if self.sq_norm is None:
-            sq = ops.zeros((), ms.float32)
-            for i in range(self.n):
-                sq = sq + squared_sum(self.bufs[i])
-        else:
-            sq = self.sq_norm(self.bufs)
-        norm = ops.sqrt(sq)
+    def construct(self, lr, bias_correction1, bias_correction2, max_norm, norm=None):
+        if norm is None:
+            norm = self.grad_norm()
         coef = ops.where(max_norm > 0, ops.minimum(max_norm / (norm + 1e-6), 1.0), 1.0)
         root = ops.sqrt(bias_correction2)
         step = lr * root / bias_correction1  # lr' and eps' of the class docstring

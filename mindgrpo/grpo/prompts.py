@@ -7,7 +7,7 @@ continues the same order, so a resumed run draws exactly the prompts a straight 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -19,11 +19,14 @@ class PromptBatch:
 
 
 class PromptSource:
-    def __init__(self, data: Dict[str, object], seed: int, shuffle: bool = True):
+    """path: the dataset file, for messages."""
+
+    def __init__(self, data: Dict[str, object], seed: int, shuffle: bool = True, path: str = "the prompt dataset"):
+        self.path = path
         self.ids = [row[:n].tolist() for row, n in zip(data["prompt_ids"], data["prompt_length"])]
         self.columns = {k: list(data[k]) for k in ("solution", "answer", "prompt") if k in data}
         if not self.ids:
-            raise ValueError("the prompt dataset is empty")
+            raise ValueError(f"{path}: the prompt dataset is empty")
         self.seed, self.shuffle = seed, shuffle
         self.epoch, self.index = 0, 0
         self._order = self._epoch_order(0)
@@ -52,6 +55,26 @@ class PromptSource:
     def state(self) -> dict:
         return {"epoch": self.epoch, "index": self.index}
 
+    def out_of_vocabulary(self, vocab_size: int) -> Optional[tuple]:
+        """(row, token id) of the first prompt token id outside [0, vocab_size), or None."""
+        for row, ids in enumerate(self.ids):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                return row, bad[0]
+        return None
+
     def load_state(self, state: dict) -> None:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._epoch_order(self.epoch)
+
+
+def check_vocabulary(vocab_size: int, model: str, *sources: Optional[PromptSource]) -> None:
+    """ValueError naming the dataset file and `model` (where vocab_size comes from) when a prompt
+    holds a token id the model has no embedding for (it would fail much later, inside a gather)."""
+    for source in sources:
+        found = source.out_of_vocabulary(vocab_size) if source is not None else None
+        if found is not None:
+            row, token = found
+            raise ValueError(f"{source.path}: row {row} holds token id {token}, outside the vocabulary of "
+                             f"{vocab_size} tokens of {model}; the dataset was written with another tokenizer "
+                             "than the model's")

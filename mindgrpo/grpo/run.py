@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -16,9 +17,60 @@ class SetupError(Exception):
     """A bad flag, config key, path or file found before training starts: one line, no traceback."""
 
 
-def load_run_config(args):
-    from mindgrpo.config import GRPOConfig, load_config
+# our users' mindrlhf flags that name the same thing as a config key: --flag -> key
+FLAG_KEYS = {"sft_path_train": "actor_config.load_checkpoint", "ref_path": "ref_config.load_checkpoint",
+             "mind_dataset_dir": "rl_config.dataset_path", "val_dataset": "rl_config.val_dataset_path"}
 
+
+def _key_value(cfg, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def load_run_config(args):
+    """The config with the flags folded in: each flag of FLAG_KEYS sets its key (both given and
+    different: an error naming both); a path that a key names must exist."""
+    from mindgrpo.config import ConfigError, GRPOConfig, load_config
+
+    cfg = load_config(GRPOConfig, args.config, _overrides(args))
+    flagged = {}
+    for flag, key in FLAG_KEYS.items():
+        given, current = getattr(args, flag, None), _key_value(cfg, key)
+        if given is None:
+            continue
+        if current is not None and not _same_path(given, current):
+            raise SetupError(f"--{flag} {given} and config key '{key}' {current} name different files; give one")
+        flagged[key] = flag
+    if flagged:
+        try:
+            cfg = load_config(GRPOConfig, args.config,
+                              _overrides(args) + [f"{key}={getattr(args, flag)}" for key, flag in flagged.items()])
+        except ConfigError as e:
+            raise SetupError(f"{e} (set by --{flagged[e.key]})" if e.key in flagged else str(e)) from None
+    for key in FLAG_KEYS.values():
+        path = _key_value(cfg, key)
+        if key not in flagged and path is not None and not os.path.exists(path):
+            raise SetupError(f"config key '{key}': {path} does not exist")
+    return cfg
+
+
+def run_paths(cfg, args):
+    """The builder's paths: weights and data from the config (the flags are folded in), the rest from flags."""
+    from mindgrpo.grpo.builder import Paths
+
+    return Paths(output_dir=cfg.rl_config.output_dir, sft_path_train=cfg.actor_config.load_checkpoint,
+                 sft_path_infer=args.sft_path_infer, ref_path=cfg.ref_config.load_checkpoint,
+                 vocab_path=args.vocab_path, merges_file_path=args.merges_file_path,
+                 tokenizer_config=args.tokenizer_config, dataset=cfg.rl_config.dataset_path,
+                 val_dataset=cfg.rl_config.val_dataset_path, load_sft_checkpoint_train=args.load_sft_checkpoint_train,
+                 load_sft_checkpoint_infer=args.load_sft_checkpoint_infer, load_ref_checkpoint=args.load_ref_checkpoint)
+
+
+def _overrides(args) -> list:
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"rl_config.output_dir={args.output_dir}")
@@ -31,7 +83,27 @@ def load_run_config(args):
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise SetupError(f"override {bad[0]!r} is not key.sub=value")
-    return load_config(GRPOConfig, args.config, overrides)
+    return overrides
+
+
+def start_from_checkpoint(trainer, resume_from: Optional[str], resume: bool) -> None:
+    """Remove what killed saves left; with `resume`, load `resume_from` or the newest complete
+    checkpoint; then set aside the checkpoints beyond the step this run starts from."""
+    from mindgrpo.grpo.checkpointing import CheckpointError
+
+    checkpoints = trainer.checkpoints
+    checkpoints.clean()
+    if resume:
+        try:
+            path = checkpoints.find(resume_from)
+            if path is None:
+                raise SetupError(f"--resume: no complete checkpoint under {checkpoints.root}")
+            if resume_from is None:
+                logger.info("--resume: the newest complete checkpoint is %s", path)
+            trainer.resume(path)
+        except CheckpointError as e:
+            raise SetupError(str(e)) from None
+    checkpoints.set_aside_after(trainer.step, "this run resumed" if resume else "this run starts")
 
 
 # (flag, its attribute, the flag that says whether it is loaded)
@@ -55,6 +127,7 @@ def run(args) -> int:
     from mindgrpo.config import ConfigError
     from mindgrpo.grpo import builder
     from mindgrpo.grpo.sft import sft_warm_start
+    from mindgrpo.grpo.trainer import TrainingStopped
     from mindgrpo.utils.metrics_log import MetricsLogger, setup_logging
     from mindgrpo.utils.plot import plot_training
     from mindgrpo.utils.progress import Progress
@@ -73,9 +146,11 @@ def run(args) -> int:
     rank = 0
     if args.use_parallel:
         from mindgrpo.parallel.comm import init_parallel
+        from mindgrpo.parallel.watchdog import guard_rank
 
         comm = init_parallel(cfg)
         rank = comm.rank
+        guard_rank(rank, rl.collective_timeout_s, rl.compile_timeout_s)  # no hang, no orphan
     if args.only_save_strategy:
         from mindgrpo.grpo.builder import save_strategies
 
@@ -90,13 +165,7 @@ def run(args) -> int:
     ms.set_seed(rl.seed)
     cache = os.path.join(out, "cache")
     try:
-        parts = builder.build(cfg, builder.Paths(
-            output_dir=out, sft_path_train=args.sft_path_train, sft_path_infer=args.sft_path_infer,
-            ref_path=args.ref_path, vocab_path=args.vocab_path, merges_file_path=args.merges_file_path,
-            tokenizer_config=args.tokenizer_config, dataset=args.mind_dataset_dir, val_dataset=args.val_dataset,
-            load_sft_checkpoint_train=args.load_sft_checkpoint_train,
-            load_sft_checkpoint_infer=args.load_sft_checkpoint_infer,
-            load_ref_checkpoint=args.load_ref_checkpoint), cache, comm=comm)
+        parts = builder.build(cfg, run_paths(cfg, args), cache, comm=comm)
     except (ConfigError, OSError, KeyError, ValueError) as e:
         raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
 
@@ -104,17 +173,11 @@ def run(args) -> int:
     progress = Progress(rl.max_steps)
     trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out, rank, comm)
     trainer.save_data_file = args.save_data_file
-    resumed = False
-    if args.resume or args.resume_from:
-        from mindgrpo.grpo import checkpointing
-
-        root = trainer.checkpoints.root
-        path = args.resume_from or checkpointing.latest(root)
-        if path is None:
-            raise SetupError(f"--resume: no checkpoint under {root}")
-        trainer.resume(path)
+    parts.rewards.start()  # the reward workers start while the first rollout compiles
+    resumed = bool(args.resume or args.resume_from)
+    start_from_checkpoint(trainer, args.resume_from if args.resume_from else None, resumed)
+    if resumed:
         metrics_log.truncate_after(trainer.step + 1)  # keep what the checkpointed steps logged
-        resumed = True
     if not resumed and cfg.sft_config.steps > 0:
         sft = cfg.sft_config
         m = sft_warm_start(parts.policy, parts.train_prompts, parts.tokenizer, steps=sft.steps, lr=sft.lr,
@@ -127,7 +190,14 @@ def run(args) -> int:
         logger.info("sft warm start done: %s", json.dumps(m))
 
     t0 = time.perf_counter()
-    trainer.fit()
+    try:
+        trainer.fit()
+    except TrainingStopped as e:
+        metrics_log.close()
+        logger.error("%s", e)
+        return 1
+    finally:
+        parts.rewards.close()  # the reward workers (also stopped at exit)
     hist = trainer.val_history
     if hist:
         logger.info("final: val_accuracy start=%.3f end=%.3f", hist[0], hist[-1])

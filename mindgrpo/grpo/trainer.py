@@ -20,11 +20,17 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
+from mindgrpo.grpo.train_graph import MAXIMA
 from mindgrpo.inference.engine import Completion, RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.utils import heartbeat
 from mindgrpo.utils.stats import sample_std
 
 logger = logging.getLogger(__name__)
+
+
+class TrainingStopped(Exception):
+    """rl_config.max_bad_steps steps in a row had a non-finite loss or gradient norm."""
 
 
 class Rollouts:
@@ -83,6 +89,10 @@ class GRPOTrainer:
         self.policy, self.inference, self.reference = policy, inference, reference
         self.engine, self.sync, self.ref_sync, self.memory = engine, sync, ref_sync, memory
         self.rewards, self.tokenizer = rewards, tokenizer
+        # the columns every reward call gets (Rollouts.columns, validate): a reward that needs another fails now
+        rewards.check_columns([*train_prompts.columns, "completion_length"], "the training prompts")
+        if val_prompts is not None:
+            rewards.check_columns([*val_prompts.columns, "completion_length"], "the validation prompts")
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
         self.save_data_file = save_data_file
@@ -111,6 +121,8 @@ class GRPOTrainer:
         self.sample_seed = rl.seed if gen.seed is None else gen.seed
         self.step = 0
         self.val_history: List[float] = []
+        # steps with a skipped update (non-finite loss or gradient norm): in all, and the last ones in a row
+        self.bad_steps = {"total": 0, "in_a_row": 0}
         memory.register("grads", extra_bytes=self.updater.buffer.nbytes())
         memory.register("optimizer", self.updater.resident_parameters())
 
@@ -229,8 +241,10 @@ class GRPOTrainer:
                     lr = lr_at(self.updater.optimizer_steps, actor.lr, self.total_optimizer_steps,
                                actor.warmup_steps, actor.lr_schedule, actor.min_lr)
                     results.append(self.updater.update(exp.select(np.sort(order[k * rows:(k + 1) * rows])), lr))
-        out = {k: float(np.mean([m[k] for m in results])) for k in results[0]}
+        skipped = sum(m.pop("skipped") for m in results)
+        out = {k: float((np.max if k in MAXIMA else np.mean)([m[k] for m in results])) for k in results[0]}
         out["lr"] = results[-1]["lr"]
+        out["train/skipped_updates"] = float(skipped)
         if "mismatch/log_ppl_ratio" in out:  # training perplexity / rollout perplexity of the sampled tokens
             out["mismatch/ppl_ratio"] = float(np.exp(out["mismatch/log_ppl_ratio"]))
         return out
@@ -321,18 +335,40 @@ class GRPOTrainer:
             groups["reference"] = list(self.reference.get_parameters())
         return groups
 
+    def count_bad_step(self, metrics: Dict[str, float]) -> None:
+        """A step whose updates were skipped (non-finite loss or gradient norm) is a bad step;
+        rl_config.max_bad_steps of them in a row stop the run."""
+        bad = metrics["train/skipped_updates"] > 0
+        self.bad_steps = {"total": self.bad_steps["total"] + bad,
+                          "in_a_row": self.bad_steps["in_a_row"] + 1 if bad else 0}
+        metrics["train/bad_steps"] = float(self.bad_steps["total"])
+        if bad:
+            logger.warning("step %d: non-finite loss %s or gradient norm %s: its %d update(s) skipped (weights and "
+                           "optimizer state unchanged)", self.step, metrics["loss"], metrics["grad_norm"],
+                           int(metrics["train/skipped_updates"]))
+
+    def check_bad_steps(self) -> None:
+        n, limit = self.bad_steps["in_a_row"], self.cfg.rl_config.max_bad_steps
+        if n >= limit:
+            raise TrainingStopped(
+                f"stopped at step {self.step}: {n} steps in a row (rl_config.max_bad_steps = {limit}) had a "
+                f"non-finite loss or gradient norm and skipped their updates, so the weights are still those of step "
+                f"{self.step - n}; look for nan/inf in the rewards and the data, or lower actor_config.lr, then "
+                "--resume from the last checkpoint")
+
     def save(self) -> str:
         state = {"step": self.step, "optimizer_steps": self.updater.optimizer_steps,
                  "train_prompts": self.train_prompts.state(), "val_history": self.val_history,
-                 "config": asdict(self.cfg)}
+                 "bad_steps": self.bad_steps, "config": asdict(self.cfg)}
         return self.checkpoints.save(self.step, self.checkpoint_groups(), state, self.policy.config.to_hf_dict())
 
     def resume(self, path: str) -> None:
-        state = self.checkpoints.load(path, self.checkpoint_groups())
+        state = self.checkpoints.load(path, self.checkpoint_groups(), self.policy.config.to_hf_dict())
         self.step = int(state["step"])
         self.updater.optimizer_steps = int(state["optimizer_steps"])
         self.train_prompts.load_state(state["train_prompts"])
-        self.val_history = list(state.get("val_history", []))
+        self.val_history = list(state["val_history"])
+        self.bad_steps = {"total": int(state["bad_steps"]["total"]), "in_a_row": int(state["bad_steps"]["in_a_row"])}
         self.sync()  # the inference copy follows the restored policy
         logger.info("resumed from %s at step %d", path, self.step)
 
@@ -346,15 +382,19 @@ class GRPOTrainer:
         while self.step < rl.max_steps:
             metrics = self.train_step()
             self.step += 1
+            self.count_bad_step(metrics)
             if rl.val_interval and self.step % rl.val_interval == 0:
                 metrics.update(self.validate())
             metrics.update(self.memory.step_metrics())
             metrics.update(self.progress.step_done(self.step))
             self.log.log(self.step, metrics)
-            shown = {k: metrics[k] for k in ("reward_mean", "loss", "kl", "grad_norm", "response_length/mean",
-                                             "val/accuracy") if k in metrics}
-            logger.info(self.progress.line(self.step, shown))
+            if self.step % rl.log_interval == 0 or self.step == rl.max_steps:
+                shown = {k: metrics[k] for k in ("reward_mean", "loss", "kl", "grad_norm", "response_length/mean",
+                                                 "val/accuracy") if k in metrics}
+                logger.info(self.progress.line(self.step, shown))
+            self.check_bad_steps()  # after logging the step, before saving it
             if (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps:
-                self.save()
+                with heartbeat.phase("save"):  # barriers under msrun: the watchdog names this phase
+                    self.save()
             last = metrics
         return last

@@ -27,6 +27,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.inference.sampling import Sampler, SamplingParams
 from mindgrpo.models.qwen2 import NEG_INF, Qwen2ForCausalLM
+from mindgrpo.utils import heartbeat
 
 
 def _bucket(n: int, step: int) -> int:
@@ -284,6 +285,7 @@ class RolloutEngine:
             bias = np.where(key_valid > 0, 0.0, NEG_INF).astype(np.float32)
             index = np.concatenate([bh, np.full((bh.shape[0], 1), slot, np.int32)], axis=1)
             tok, logits = bucket.decode(tok, Tensor(lengths + t), Tensor(bias), Tensor(index), uniforms())
+            heartbeat.beat()  # a decode step (its collectives, under tensor parallelism) came back
             if return_logits:
                 self.last_logits.append(logits.asnumpy()[:n_rows])
         elapsed = time.perf_counter() - t0

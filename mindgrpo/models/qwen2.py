@@ -54,6 +54,9 @@ class Qwen2Config:
     param_init_std: float = 0.02
 
     def __post_init__(self):
+        for key in ("rms_norm_eps", "rope_theta", "param_init_std"):
+            if not math.isfinite(getattr(self, key)):
+                raise ValueError(f"{key} must be a finite number, got {getattr(self, key)}")
         if self.hidden_size % self.num_attention_heads and self.head_dim is None:
             raise ValueError("hidden_size must be divisible by num_attention_heads (or set head_dim)")
         if self.num_attention_heads % self.num_key_value_heads:

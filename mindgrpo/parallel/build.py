@@ -27,6 +27,7 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.parallel.comm import Comm, layouts_of
 from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ def build_tp_model(cfg: GRPOConfig, mcfg: Qwen2Config, layout: ParallelLayout, c
             state = read_model_state(path, mcfg)
             mine = dict(lm.parameters_and_names())
             load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items() if n in mine})
+    heartbeat.beat()  # progress for the collective watchdog: building a big model takes a while
     return lm
 
 
@@ -98,12 +100,14 @@ def full_shapes(mcfg: Qwen2Config) -> Dict[str, tuple]:
 
 
 def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
-    from mindgrpo.grpo.builder import Parts, build_prompts, build_rewards, build_tokenizer
+    from mindgrpo.grpo.builder import Parts, build_prompts, build_rewards, build_tokenizer, model_source
+    from mindgrpo.grpo.prompts import check_vocabulary
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
     from mindgrpo.parallel.pipeline import Pipeline
     from mindgrpo.parallel.reshard import Reshard
+    from mindgrpo.parallel.shared_rewards import SharedRewards
 
     rl = cfg.rl_config
     train_layout, infer_layout, ref_layout = layouts_of(cfg)
@@ -120,6 +124,8 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
     if mcfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"the model's vocab_size {mcfg.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size}")
+    check_vocabulary(mcfg.vocab_size, model_source(cfg, paths.sft_path_train, paths.load_sft_checkpoint_train),
+                     train, val)
     policy = build_tp_model(cfg, mcfg, train_layout, comm, paths.sft_path_train, paths.load_sft_checkpoint_train,
                             rl.seed)
     inference = build_tp_model(cfg, mcfg, infer_layout, comm, paths.sft_path_infer or paths.sft_path_train,
@@ -151,7 +157,8 @@ def build_parallel(cfg: GRPOConfig, paths, cache_dir: str, comm: Comm):
     logger.info("rank %d: policy %s, inference %s, reference %s; resharding receives %.1f MB per sync "
                 "(minimum %.1f MB)", comm.rank, train_layout, infer_layout, ref_layout, sync.received / 2**20,
                 sync.minimum / 2**20)
-    return Parts(tokenizer, policy, inference, reference, train, val, build_rewards(cfg), memory, engine, sync,
+    rewards = SharedRewards(build_rewards(cfg), comm)  # rank 0 scores, every rank gets its scores
+    return Parts(tokenizer, policy, inference, reference, train, val, rewards, memory, engine, sync,
                  ref_sync, grad_reducer=DataParallelGrads(comm, comm.train_dp),
                  pipeline=Pipeline(comm, train_layout, policy.dtype),
                  ref_pipeline=Pipeline(comm, ref_layout, reference.dtype) if reference is not None else None)

@@ -1,4 +1,4 @@
-"""Checkpoints of a distributed run: every rank writes its pieces, rank 0 the rest, one rename.
+"""Checkpoints of a distributed run: every rank writes its pieces, rank 0 the rest and the manifest.
 
     <root>/step_00000004/state.json                  rank 0: step, optimizer steps, data position, config
     <root>/step_00000004/config.json                 rank 0: the model config (HF format)
@@ -6,28 +6,40 @@
     <root>/step_00000004/policy/rank_<k>/policy.ckpt        every rank: its pieces
     <root>/step_00000004/optimizer/rank_<k>/optimizer.ckpt  every rank: its AdamW moments
     <root>/step_00000004/reference/rank_<k>/reference.ckpt  when the reference is synced
+    <root>/step_00000004/manifest.json               rank 0, last: the step, every file's size and SHA-256
 
 Each group folder is MindSpore's sharded layout, so
 `scripts/transform_checkpoint.py --src_checkpoint STEP/policy --src_strategy STEP/train_strategy.ckpt
 --dst_checkpoint FULL.ckpt` merges the policy into one full checkpoint (loadable by load_model),
 and `build_parallel` loads `STEP/policy` as per-rank shards when the layout is the same.
 
-The step is written under `<root>/.step_00000004.tmp` and renamed by rank 0 once every rank is
-done (barriers around), so `checkpointing.latest` never sees a half-written step. Needs a file
-system every rank sees (as MindSpore's own checkpoints of a multi-node job do).
+The step is written under `<root>/.step_00000004.tmp`: every rank writes, flushes and hashes its
+own files (in parallel) and records them in `manifest.rank_<k>.json`; rank 0 then writes its
+files, merges the ranks' records into the manifest, flushes it and renames the folder (barriers
+around), so a crash leaves no step folder without a complete manifest. Resuming, every rank
+checks the manifest, the state and its own files of a candidate, and the ranks agree on the
+newest checkpoint complete on all of them (`mindgrpo/grpo/checkpointing.py` for the rules).
+Needs a file system every rank sees (as MindSpore's own checkpoints of a multi-node job do).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
-from typing import Dict, Sequence
+from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import mindspore as ms
 
-from mindgrpo.grpo import checkpointing
+from mindgrpo.grpo import checkpointing as ckpt
 from mindgrpo.parallel.comm import Comm
+
+logger = logging.getLogger(__name__)
+
+
+def rank_part(rank: int) -> str:
+    return f"manifest.rank_{rank}.json"
 
 
 def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict,
@@ -37,45 +49,94 @@ def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms
     tmp = os.path.join(root, f".step_{step:08d}.tmp")
     if comm.rank == 0:
         os.makedirs(root, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+        ckpt.begin_folder(tmp)
     comm.barrier()
-    for name, params in groups.items():
-        folder = os.path.join(tmp, name, f"rank_{comm.rank}")
-        os.makedirs(folder, exist_ok=True)
-        ms.save_checkpoint([{"name": p.name, "data": p} for p in params], os.path.join(folder, f"{name}.ckpt"))
+    record = ckpt.Recorder(tmp)
+    for name in ckpt.largest_first(groups):
+        rel = os.path.join(name, f"rank_{comm.rank}", f"{name}.ckpt")
+        os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+        ckpt.save_params(groups[name], os.path.join(tmp, rel))
+        record.add(rel)
+        ckpt.crash_point(step, f"{name}.ckpt")
+    ckpt.write_json(os.path.join(tmp, rank_part(comm.rank)), record.entries())
+    ckpt.fsync_path(os.path.join(tmp, rank_part(comm.rank)))
     comm.barrier()
     if comm.rank == 0:
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump(state, f, indent=2, sort_keys=True)
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(model_config, f, indent=2)
+        ckpt.write_json(os.path.join(tmp, "state.json"), state, indent=2, sort_keys=True)
+        ckpt.write_json(os.path.join(tmp, "config.json"), model_config, indent=2)
         write_strategy(os.path.join(tmp, "train_strategy.ckpt"))
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in checkpointing.step_dirs(root)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        files = {rel: ckpt.file_entry(os.path.join(tmp, rel))
+                 for rel in ("state.json", "config.json", "train_strategy.ckpt")}
+        for rank in range(comm.world):
+            with open(os.path.join(tmp, rank_part(rank))) as f:
+                files.update(json.load(f))
+            os.remove(os.path.join(tmp, rank_part(rank)))
+        ckpt.write_manifest(tmp, step, files)
+        ckpt.crash_point(step, ckpt.MANIFEST)
+        ckpt.publish(tmp, final)
+        ckpt.prune(root, keep_last)
     comm.barrier()
     return final
 
 
-def load_sharded(comm: Comm, path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
-    """Load this rank's pieces of the named groups (same layout as when saved); returns state.json."""
-    for name, params in groups.items():
-        file = os.path.join(path, name, f"rank_{comm.rank}", f"{name}.ckpt")
-        if not os.path.exists(file):
-            raise FileNotFoundError(f"{path}: no {name}/rank_{comm.rank} (saved by a run with another world size?)")
-        saved = ms.load_checkpoint(file)
-        for p in params:
-            if p.name not in saved:
-                raise KeyError(f"{file}: missing parameter {p.name!r}")
-            if tuple(saved[p.name].shape) != tuple(p.shape):
-                raise ValueError(f"{file}: parameter {p.name!r} has shape {tuple(saved[p.name].shape)}, this rank's "
-                                 f"piece is {tuple(p.shape)} (saved in another layout?)")
-            p.set_data(saved[p.name].astype(p.dtype))
-    with open(os.path.join(path, "state.json")) as f:
-        return json.load(f)
+def mine(rank: int):
+    """The manifest's files a rank checks: the shared ones and its own pieces."""
+    return lambda rel: "/rank_" not in rel or f"/rank_{rank}/" in rel
+
+
+def agree(comm: Comm, error: Optional[ckpt.CheckpointError], path: str) -> None:
+    """Every rank raises when any rank found an error: its own, or one naming the other ranks
+    (a DamagedCheckpoint when theirs was one), so that no rank goes on alone."""
+    flags = np.zeros((2, comm.world), np.float32)
+    if error is not None:
+        flags[int(isinstance(error, ckpt.DamagedCheckpoint)), comm.rank] = 1
+    flags = comm.host_sum(flags, comm.group(range(comm.world)))
+    if error is not None:
+        raise error
+    ranks = [int(r) for r in np.flatnonzero(flags.sum(0))]
+    if flags[1].any():
+        raise ckpt.DamagedCheckpoint(path, f"rank(s) {ranks} found their files damaged (see their logs)")
+    if ranks:
+        raise ckpt.CheckpointError(f"checkpoint {path}: rank(s) {ranks} cannot load it (see their logs)")
+
+
+def check_everywhere(comm: Comm, path: str) -> dict:
+    """The state of `path` when it is complete for every rank, else DamagedCheckpoint on all ranks."""
+    state, damaged = None, None
+    try:
+        state = ckpt.inspect(path, mine(comm.rank))
+    except ckpt.DamagedCheckpoint as e:
+        damaged = e
+    agree(comm, damaged, path)
+    return state
+
+
+def load_sharded(comm: Comm, path: str, groups: Dict[str, Sequence[ms.Parameter]], model_config: dict,
+                 checked: bool = False) -> dict:
+    """Check the checkpoint (manifest, state, this rank's files unless `checked`, model), then load
+    this rank's pieces of the named groups (same layout as when saved); returns state.json."""
+    state = check_everywhere(comm, path) if not checked else None
+    error = None
+    try:
+        manifest = ckpt.read_manifest(path)
+        state = state or ckpt.read_state(path, manifest)
+        for name in groups:
+            rel = os.path.join(name, f"rank_{comm.rank}", f"{name}.ckpt")
+            if rel not in manifest["files"]:
+                raise ckpt.CheckpointError(f"checkpoint {path} has no {rel} (saved by a run with another world "
+                                           "size, or without this group: another beta?)")
+        ckpt.check_model_config(path, model_config)
+    except ckpt.CheckpointError as e:
+        error = e
+    agree(comm, error, path)  # before any weight is touched
+    try:
+        for name, params in groups.items():
+            ckpt.load_params(os.path.join(path, name, f"rank_{comm.rank}", f"{name}.ckpt"), params,
+                             hint=" (saved in another layout?)")
+    except ckpt.CheckpointError as e:
+        error = e
+    agree(comm, error, path)
+    return state
 
 
 class ShardedCheckpoints:
@@ -84,10 +145,30 @@ class ShardedCheckpoints:
 
     def __init__(self, comm: Comm, root: str, keep_last: int, write_strategy):
         self.comm, self.root, self.keep_last, self.write_strategy = comm, root, keep_last, write_strategy
+        self.checked: Optional[str] = None
+
+    def clean(self) -> List[str]:
+        removed = ckpt.remove_leftovers(self.root) if self.comm.rank == 0 else []
+        self.comm.barrier()
+        return removed
+
+    def find(self, path: Optional[str] = None) -> Optional[str]:
+        if path is not None:
+            check_everywhere(self.comm, path)
+        else:
+            path = ckpt.newest_complete(self.root, lambda p: check_everywhere(self.comm, p))
+        self.checked = path
+        return path
+
+    def set_aside_after(self, step: int, why: str) -> List[str]:
+        moved = ckpt.set_aside_after(self.root, step, why) if self.comm.rank == 0 else []
+        self.comm.barrier()
+        return moved
 
     def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict) -> str:
         return save_sharded(self.comm, self.root, step, groups, state, model_config, self.keep_last,
                             self.write_strategy)
 
-    def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]]) -> dict:
-        return load_sharded(self.comm, path, groups)
+    def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]], model_config: dict) -> dict:
+        return load_sharded(self.comm, path, groups, model_config, checked=path == self.checked)
+

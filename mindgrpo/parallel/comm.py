@@ -30,6 +30,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
+from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class Comm:
         padded = np.zeros(size, np.float32)
         padded[:flat.size] = flat
         out = self._host_graphs[key](Tensor(padded)).asnumpy()[:flat.size]
+        heartbeat.beat()
         return out.reshape(values.shape).astype(values.dtype)
 
     def barrier(self) -> None:
@@ -161,13 +163,24 @@ def world_size_from_env() -> Optional[int]:
     return int(value) if value else None
 
 
+# MindSpore's CPU collectives (mccl) give up on a peer that has not arrived after this many seconds
+# (30 by default, measured: "Ring ReduceScatter wait receiving [..] failed"); read at init
+CPU_TIMEOUT_ENV = "MS_CPU_COMM_OP_TIMEOUT"
+
+
 def init_parallel(cfg) -> Comm:
     """Initialise communication for a GRPOConfig: its training, inference and (when beta > 0)
-    reference layouts must each cover the world; see `init_comm`."""
+    reference layouts must each cover the world; see `init_comm`. With the collective watchdog on
+    (rl_config.collective_timeout_s > 0), CPU collectives wait past its bounds (unless
+    MS_CPU_COMM_OP_TIMEOUT is set), so that a rank compiling while the others wait is not an error
+    and a hang ends with the watchdog's message (mindgrpo/parallel/watchdog.py)."""
     train, infer, ref = layouts_of(cfg)  # LayoutError on bad values, e.g. pipeline_stage = 0
     world = world_size_from_env()
     if world is not None:
         check_layouts(cfg, world)  # fail before the cluster set-up when msrun told us the world
+    rl = cfg.rl_config
+    if rl.collective_timeout_s > 0:
+        os.environ.setdefault(CPU_TIMEOUT_ENV, str(int(max(rl.collective_timeout_s, rl.compile_timeout_s)) + 60))
     comm = init_comm(train, infer, ref)
     check_layouts(cfg, comm.world)
     return comm

@@ -37,6 +37,7 @@ from mindgrpo.grpo.optim import squared_sum
 from mindgrpo.models.qwen2 import StageSpec
 from mindgrpo.parallel.comm import AllReduce, Comm, Group
 from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.utils import heartbeat
 
 
 def stage_spec(layout: ParallelLayout, stage: int, num_layers: int) -> StageSpec:
@@ -184,6 +185,7 @@ class Pipeline:
                 out.append(last(m, x))
             else:
                 self.send_next(stage(x))
+            heartbeat.beat()  # a micro-batch (and its collectives) came back
         return out
 
     def train(self, n: int, first_inputs: Callable[[int], Any], hidden_shape: Callable[[int], Sequence[int]],
@@ -222,8 +224,10 @@ class Pipeline:
                 x = self.send_prev_recv_prev(dx, hidden_shape(f + 1))
             else:
                 self.send_prev(dx)
+            heartbeat.beat()  # a micro-batch (and its collectives) came back
         for b in range(steady, n):
             dx = stage_backward(kept.pop(b), self.recv_next(hidden_shape(b)))
             if not self.first:
                 self.send_prev(dx)
+            heartbeat.beat()
         return out

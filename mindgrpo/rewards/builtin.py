@@ -58,7 +58,12 @@ def cosine_interpolate(length: int, max_len: int, value_at_zero: float, value_at
     return value_at_max + 0.5 * (value_at_zero - value_at_max) * (1.0 + math.cos(math.pi * t))
 
 
-@register_reward("cosine")
+def _check_cosine(*, cosine_max_len: int, **_) -> None:
+    if cosine_max_len <= 0:
+        raise ValueError(f"cosine_max_len must be positive, got {cosine_max_len}")
+
+
+@register_reward("cosine", check=_check_cosine)
 def cosine_reward(
     completions,
     solution,
@@ -75,8 +80,7 @@ def cosine_reward(
     """Length-aware correctness (Yeo et al. 2025, "Demystifying Long Chain-of-Thought Reasoning in LLMs"):
     correct answers earn more when short (1.0 -> 0.5), wrong ones are punished less when long (-0.5 -> 0.0).
     `cosine_max_len` is the max completion length; longer completions score as if exactly that long."""
-    if cosine_max_len <= 0:
-        raise ValueError(f"cosine_max_len must be positive, got {cosine_max_len}")
+    _check_cosine(cosine_max_len=cosine_max_len)
     scores: List[Optional[float]] = []
     for c, sol, n in zip(completions, solution, _lengths(completions, completion_length)):
         if _solution_missing(sol):
@@ -90,14 +94,20 @@ def cosine_reward(
     return scores
 
 
-@register_reward("repetition")
+def _check_repetition(*, repetition_n_grams: int, repetition_max_penalty: float, **_) -> None:
+    if repetition_n_grams < 1:
+        raise ValueError(f"repetition_n_grams must be >= 1, got {repetition_n_grams}")
+    if repetition_max_penalty > 0:
+        raise ValueError(f"repetition_max_penalty must be <= 0, got {repetition_max_penalty}")
+
+
+@register_reward("repetition", check=_check_repetition)
 def repetition_reward(
     completions, *, repetition_n_grams: int = 3, repetition_max_penalty: float = -1.0, **kwargs
 ) -> List[float]:
     """max_penalty * (1 - distinct n-grams / n-grams) over lower-cased whitespace words; 0.0 for completions
     shorter than one n-gram."""
-    if repetition_max_penalty > 0:
-        raise ValueError(f"repetition_max_penalty must be <= 0, got {repetition_max_penalty}")
+    _check_repetition(repetition_n_grams=repetition_n_grams, repetition_max_penalty=repetition_max_penalty)
     n = repetition_n_grams
     scores = []
     for c in completions:
@@ -110,17 +120,21 @@ def repetition_reward(
     return scores
 
 
-@register_reward("soft_overlong")
-def soft_overlong_reward(
-    completions, completion_length=None, *, max_completion_length: int, soft_max_cache_length: int, **kwargs
-) -> List[float]:
-    """DAPO's soft overlong punishment (L_max = max_completion_length, L_cache = soft_max_cache_length): 0 up to
-    L_max - L_cache, then linear down to -1 at L_max, -1 beyond it."""
+def _check_soft_overlong(*, max_completion_length: int, soft_max_cache_length: int, **_) -> None:
     if not 0 < soft_max_cache_length <= max_completion_length:
         raise ValueError(
             "need 0 < soft_max_cache_length <= max_completion_length, "
             f"got {soft_max_cache_length} and {max_completion_length}"
         )
+
+
+@register_reward("soft_overlong", check=_check_soft_overlong)
+def soft_overlong_reward(
+    completions, completion_length=None, *, max_completion_length: int, soft_max_cache_length: int, **kwargs
+) -> List[float]:
+    """DAPO's soft overlong punishment (L_max = max_completion_length, L_cache = soft_max_cache_length): 0 up to
+    L_max - L_cache, then linear down to -1 at L_max, -1 beyond it."""
+    _check_soft_overlong(max_completion_length=max_completion_length, soft_max_cache_length=soft_max_cache_length)
     free = max_completion_length - soft_max_cache_length
     scores = []
     for n in _lengths(completions, completion_length):

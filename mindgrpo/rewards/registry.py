@@ -7,8 +7,15 @@ A reward function has TRL's signature
 
 Dataset columns (`solution`, `answer`, `prompt`, `completion_length`, ...) arrive as keyword lists aligned with
 `completions`; every function takes **kwargs so it ignores the columns it does not use. Tunable parameters are
-keyword-only; `get_reward(name, **params)` binds them and rejects unknown or missing ones. None means "cannot
-score this completion".
+keyword-only; `get_reward(name, **params)` binds them and rejects unknown or missing ones, and runs the
+parameter check registered with the function (`register_reward(name, check=...)`). It never calls the function
+itself: what can be checked before the first step is the signature and the parameter values (a call on zero
+completions would reject valid functions that reduce over their input). None means "cannot score this
+completion".
+
+Reward functions also run in worker processes (mindgrpo/rewards/pool.py), which find them by name: a worker
+loads the plugin file that registered a name (`load_reward_plugin`), or imports the module that defined it
+(`reward_origin`).
 """
 
 from __future__ import annotations
@@ -19,18 +26,32 @@ import importlib.util
 import inspect
 import os
 import sys
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Tuple
 
 from mindgrpo.utils.registry import Registry
 
 REWARDS = Registry("reward function")
+_CHECKS: Dict[str, Callable] = {}  # name -> check(**parameters), raising ValueError on a bad value
 
 RewardFn = Callable[..., List]
 
 
-def register_reward(name: str, *, overwrite: bool = False):
-    """Decorator registering a reward function under `name` (also the entry point for plugins)."""
-    return REWARDS.register(name, overwrite=overwrite)
+def register_reward(name: str, *, overwrite: bool = False, check: Optional[Callable] = None):
+    """Decorator registering a reward function under `name` (also the entry point for plugins).
+
+    check: called by `get_reward` with every keyword-only parameter (defaults filled in); raises ValueError
+    on a value the function cannot work with, so that bad settings fail at start-up."""
+    register = REWARDS.register(name, overwrite=overwrite)
+
+    def add(fn: Callable) -> Callable:
+        register(fn)
+        if check is not None:
+            _CHECKS[name] = check
+        else:
+            _CHECKS.pop(name, None)
+        return fn
+
+    return add
 
 
 def _parameters(fn: Callable) -> Dict[str, inspect.Parameter]:
@@ -68,14 +89,29 @@ def get_reward(name: str, **params) -> RewardFn:
     missing = [n for n, p in accepted.items() if p.default is inspect.Parameter.empty and n not in params]
     if missing:
         raise TypeError(f"reward {name!r} needs parameter(s) {missing}")
-    bound = functools.partial(fn, **params) if params else fn
-    # A call on zero completions runs the function's own parameter checks now, not inside a training step
-    # (where the combiner would turn the error into None scores).
-    bound([], **{column: [] for column in required_columns(fn)})
-    return bound
+    _check_signature(name, fn)
+    if name in _CHECKS:
+        values = {n: params.get(n, p.default) for n, p in accepted.items()}
+        try:
+            _CHECKS[name](**values)
+        except ValueError as error:
+            raise ValueError(f"reward {name!r}: {error}") from None
+    return functools.partial(fn, **params) if params else fn
 
 
-_PLUGINS: Dict[str, List[str]] = {}
+def _check_signature(name: str, fn: Callable) -> None:
+    """A reward takes the completions first (positionally) and **kwargs (it is given every dataset column)."""
+    params = list(inspect.signature(fn).parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not params or params[0].kind not in positional:
+        raise TypeError(f"reward {name!r} must take the completions as its first parameter: "
+                        "fn(completions, <columns>, **kwargs)")
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        raise TypeError(f"reward {name!r} must accept **kwargs: it is given every dataset column "
+                        "(solution, prompt, completion_length, ...)")
+
+
+_PLUGINS: Dict[str, List[str]] = {}  # real path -> names it registered
 
 
 def load_reward_plugin(path: str) -> List[str]:
@@ -102,3 +138,12 @@ def load_reward_plugin(path: str) -> List[str]:
     added = sorted(set(REWARDS.names()) - before)
     _PLUGINS[real] = added
     return list(added)
+
+
+def reward_origin(name: str) -> Tuple[str, str]:
+    """Where a worker process finds reward `name`: ("plugin", file) when a plugin file registered it, else
+    ("module", module name) of the module that defined it (the built-ins: mindgrpo.rewards.builtin)."""
+    for path, names in _PLUGINS.items():
+        if name in names:
+            return "plugin", path
+    return "module", REWARDS.get(name).__module__

@@ -21,6 +21,8 @@ import contextlib
 import time
 from typing import Callable, Dict, Iterator, List, Mapping, Optional
 
+from mindgrpo.utils import heartbeat
+
 
 def format_duration(seconds: float) -> str:
     """45s, 1m15s, 2h03m, 3d04h."""
@@ -58,14 +60,16 @@ class Progress:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time the block as phase `name` of the current step (`time/<name>` in step_done)."""
+        """Time the block as phase `name` of the current step (`time/<name>` in step_done); it is also the
+        process's heartbeat phase (mindgrpo/utils/heartbeat.py), which a collective watchdog names."""
         start = self.clock()
         if self._step_start is None:
             self._step_start = start
         self._active.append(name)
         self._last_phase = name
         try:
-            yield
+            with heartbeat.phase(name):
+                yield
         finally:
             self._active.pop()
             self._phase_seconds[name] = self._phase_seconds.get(name, 0.0) + self.clock() - start

@@ -36,27 +36,27 @@ FULL = GRPOConfig(
         rollout_correction="tis_sequence", rollout_correction_threshold=3.0, old_logprobs_from_rollout=True,
         ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, save_interval=5, keep_last_k=3,
-        log_interval=2, completions_interval=4, swap=False, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
+        log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, collective_timeout_s=600.0,
+        compile_timeout_s=1200.5, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
         output_dir="/tmp/mindgrpo-run"),
     actor_config=ActorConfig(
         model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
         dtype="bfloat16", lr=3e-6, lr_schedule="cosine", warmup_steps=3, min_lr=1e-7, adam_beta1=0.8, adam_beta2=0.95,
         adam_eps=1e-6, weight_decay=0.01, grad_clip=None, micro_batch_size=2, logprob_chunk_size=512,
         parallel_config=ParallelConfig(2, 2, 2, optimizer_shard=True)),
-    ref_config=RefConfig(model="qwen2.5-1.5b", load_checkpoint="/models/ref", parallel_config=ParallelConfig(4, 2, 3)),
+    ref_config=RefConfig(load_checkpoint="/models/ref", parallel_config=ParallelConfig(4, 2, 3)),
     generate_config=GenerateConfig(
         max_prompt_length=256, max_tokens=1024, temperature=0.7, top_k=50, top_p=0.95, min_p=0.05,
         stop_token_ids=(151643, 151645), seed=123, parallel_config=ParallelConfig(3, 4, 5)),
     reward_config=RewardConfig(
-        verifier_function=("accuracy", "format", "soft_overlong"), verifier_weight=(1.0, 0.5, 2.0),
-        reward_plugin="plugins/my_rewards.py",
+        verifier_function=("accuracy", "format", "soft_overlong", "cosine"), verifier_weight=(1.0, 0.5, 2.0, 0.25),
+        reward_plugin="plugins/my_rewards.py", num_workers=4, timeout_s=2.5,
         cosine=CosineRewardConfig(-2.0, -1.0, 0.25, 2.0, 800),
-        soft_overlong=SoftOverlongConfig(buffer_len=256, penalty_factor=0.5, max_len=900)),
+        soft_overlong=SoftOverlongConfig(buffer_len=256, max_len=900)),
     sft_config=SFTConfig(steps=12, lr=5e-4, batch_size=8, teacher_carry_error=0.0),
-    synthetic_config=SyntheticConfig(template="qwen_chat", task=ArithmeticTask(
-        seed=3, num_train=100, num_val=20, max_operand=30, max_mul_operand=9, operators=("+", "-"),
-        num_operands=3)),
 )
+SYNTHETIC = SyntheticConfig(template="qwen_chat", task=ArithmeticTask(
+    seed=3, num_train=100, num_val=20, max_operand=30, max_mul_operand=9, operators=("+", "-"), num_operands=3))
 
 
 def leaves(d, prefix=""):
@@ -83,13 +83,25 @@ def test_yaml_that_sets_every_key():
     defaults = dict(leaves(to_dict(GRPOConfig())))
     loaded = dict(leaves(to_dict(cfg)))
     assert loaded.keys() == defaults.keys()
-    # teacher_carry_error needs the synthetic task, and this file names a dataset: the file sets it to 0,
-    # the synthetic tests set it to something else
+    # teacher_carry_error and synthetic_config need the synthetic task, and this file names a dataset:
+    # the file leaves them at their defaults, test_synthetic_config_from_yaml sets them
     # (and only the actor's parallel_config may shard an optimizer)
     exempt = {"sft_config.teacher_carry_error", "ref_config.parallel_config.optimizer_shard",
               "generate_config.parallel_config.optimizer_shard"} | set(VARIANT_SETTINGS)
-    same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt]
+    same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
     assert same == [], f"full_grpo.yaml leaves these at their defaults: {same}"
+
+
+def test_synthetic_config_from_yaml(tmp_path):
+    path = tmp_path / "synthetic.yaml"
+    path.write_text("synthetic_config:\n  template: qwen_chat\n  task:\n    seed: 3\n    num_train: 100\n"
+                    "    num_val: 20\n    max_operand: 30\n    max_mul_operand: 9\n    operators: ['+', '-']\n"
+                    "    num_operands: 3\nsft_config:\n  teacher_carry_error: 0.5\n")
+    cfg = load_config(GRPOConfig, path)
+    assert cfg.synthetic_config == SYNTHETIC and cfg.sft_config.teacher_carry_error == 0.5
+    defaults = dict(leaves(to_dict(GRPOConfig().synthetic_config)))
+    same = [k for k, v in leaves(to_dict(cfg.synthetic_config)) if v == defaults[k]]
+    assert same == [], f"the synthetic YAML leaves these at their defaults: {same}"
 
 
 # the settings of the variants full_grpo.yaml does not choose (each refused beside another variant), and
@@ -119,10 +131,10 @@ def test_variant_settings_from_yaml(tmp_path):
 def test_cli_after_yaml():
     cfg = load_config(GRPOConfig, FULL_YAML, ["rl_config.max_steps=1", "rl_config.seed=11", "actor_config.lr=2e-6",
                                               "actor_config.parallel_config.data_parallel=1",
-                                              "reward_config.verifier_weight=[1, 1, 0.5]", "rl_config.dual_clip=null"])
+                                              "reward_config.verifier_weight=[1, 1, 0.5, 1]", "rl_config.dual_clip=null"])
     assert (cfg.rl_config.max_steps, cfg.rl_config.seed, cfg.actor_config.lr) == (1, 11, 2e-6)
     assert cfg.actor_config.parallel_config == ParallelConfig(1, 2, 2, optimizer_shard=True)
-    assert cfg.reward_config.verifier_weight == (1.0, 1.0, 0.5) and cfg.rl_config.dual_clip is None
+    assert cfg.reward_config.verifier_weight == (1.0, 1.0, 0.5, 1.0) and cfg.rl_config.dual_clip is None
     assert cfg.rl_config.batch_size == 4  # from the YAML
 
 
@@ -167,6 +179,11 @@ def test_nested_unknown_key():
     (["generate_config.parallel_config.optimizer_shard=true"], "generate_config.parallel_config.optimizer_shard",
      "only the training layout"),
     (["sft_config.teacher_carry_error=1.5"], "sft_config.teacher_carry_error", "must be in [0, 1]"),
+    (["reward_config.num_workers=-1"], "reward_config.num_workers", "must be >= 0"),
+    (["reward_config.timeout_s=0"], "reward_config.timeout_s", "must be > 0"),
+    (["rl_config.collective_timeout_s=-5"], "rl_config.collective_timeout_s", "must be >= 0"),
+    (["rl_config.collective_timeout_s=600", "rl_config.compile_timeout_s=60"], "rl_config.compile_timeout_s",
+     "must be >= collective_timeout_s = 600"),
     (["sft_config.teacher_carry_error=0.5", "rl_config.dataset_path=data/train.mindrecord"],
      "sft_config.teacher_carry_error", "built-in synthetic task only"),
 ])
@@ -187,3 +204,88 @@ def test_round_trip_and_frozen(tmp_path):
     assert load_config(GRPOConfig, path) == FULL
     with pytest.raises(dataclasses.FrozenInstanceError):
         FULL.actor_config.parallel_config.data_parallel = 8
+
+
+@pytest.mark.parametrize("overrides", [
+    ["generate_config.temperature=inf"], ["generate_config.temperature=nan"], ["actor_config.lr=-inf"],
+    ["rl_config.beta=nan"], ["reward_config.verifier_weight=[1, .nan]"], ["rl_config.dual_clip=inf"],
+])
+def test_non_finite_numbers_are_refused_naming_the_key(overrides):
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=overrides)
+    assert info.value.key == overrides[0].split("=")[0].replace("verifier_weight", "verifier_weight[1]")
+    assert "finite" in info.value.message
+
+
+def test_non_finite_numbers_in_yaml_are_refused(tmp_path):
+    path = tmp_path / "nan.yaml"
+    path.write_text("generate_config:\n  temperature: .inf\n")
+    with pytest.raises(ConfigError, match="generate_config.temperature': must be a finite number"):
+        load_config(GRPOConfig, path)
+
+
+@pytest.mark.parametrize("key", ["ref_config.model", "reward_config.soft_overlong.penalty_factor"])
+def test_removed_keys_are_unknown(key):
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=[f"{key}=1"])
+    assert info.value.key == key and "unknown key" in info.value.message
+
+
+@pytest.mark.parametrize("overrides,key,expected", [
+    (["ref_config.load_checkpoint=/models/ref"], "ref_config.load_checkpoint", "rl_config.beta = 0"),
+    (["ref_config.parallel_config.model_parallel=2"], "ref_config.parallel_config.model_parallel", "beta = 0"),
+    (["rl_config.ref_model_sync_steps=10"], "rl_config.ref_model_sync_steps", "beta = 0"),
+    (["rl_config.max_resample_times=5"], "rl_config.max_resample_times", "without rl_config.dynamic_sampling"),
+    (["actor_config.min_lr=1e-7"], "actor_config.min_lr", "lr_schedule 'constant'"),
+    (["reward_config.cosine.max_len=100"], "reward_config.cosine.max_len", "lists cosine"),
+    (["reward_config.soft_overlong.buffer_len=16"], "reward_config.soft_overlong.buffer_len", "lists soft_overlong"),
+    (["rl_config.dataset_path=train.mindrecord", "synthetic_config.template=qwen_chat"], "synthetic_config.template",
+     "built-in synthetic task only"),
+    (["rl_config.dataset_path=train.mindrecord", "synthetic_config.task.num_train=10"],
+     "synthetic_config.task.num_train", "built-in synthetic task only"),
+])
+def test_keys_that_cannot_take_effect_are_refused(overrides, key, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=overrides)
+    assert info.value.key == key and expected in info.value.message, str(info.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["rl_config.beta=0.04", "ref_config.load_checkpoint=/models/ref", "rl_config.ref_model_sync_steps=10",
+     "ref_config.parallel_config.model_parallel=2"],
+    ["rl_config.dynamic_sampling=true", "rl_config.max_resample_times=5"],
+    ["actor_config.lr_schedule=cosine", "actor_config.min_lr=1e-7"],
+    ["reward_config.verifier_function=[accuracy, cosine]", "reward_config.verifier_weight=[1, 1]",
+     "reward_config.cosine.max_len=100"],
+    ["synthetic_config.template=qwen_chat"],
+])
+def test_the_same_keys_where_they_take_effect(overrides):
+    load_config(GRPOConfig, overrides=overrides)
+
+
+def test_every_rule_names_a_real_key():
+    from mindgrpo.config.grpo import INERT_UNLESS
+
+    keys = {k for k, _ in leaves(to_dict(GRPOConfig()))}
+    for path, _, _ in INERT_UNLESS:
+        assert path in keys or any(k.startswith(path + ".") for k in keys), path
+
+
+def test_the_default_model_is_a_preset_of_qwen2_5_0_5b():
+    import numpy as np
+
+    from mindgrpo.grpo.builder import resolve_model_config
+    from mindgrpo.models.convert import expected_shapes
+    from mindgrpo.models.qwen2 import Qwen2Config
+
+    cfg = Qwen2Config.load(resolve_model_config(GRPOConfig().actor_config.model))
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.vocab_size, cfg.tie_word_embeddings) == (896, 24, 14, 2, 4864, 151936, True)
+    assert (cfg.rope_theta, cfg.rms_norm_eps) == (1e6, 1e-6)
+    # the parameter count Hugging Face publishes for Qwen/Qwen2.5-0.5B
+    assert sum(int(np.prod(s)) for s in expected_shapes(cfg).values()) == 494_032_768
+
+
+def test_max_bad_steps_must_be_positive():
+    with pytest.raises(ConfigError, match="rl_config.max_bad_steps': must be >= 1"):
+        load_config(GRPOConfig, overrides=["rl_config.max_bad_steps=0"])

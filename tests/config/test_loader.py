@@ -186,6 +186,27 @@ def test_yaml_type_errors(data, key, expected):
     assert e.key == key and expected in e.message, str(e)
 
 
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "+Infinity", "1e999"])
+def test_non_finite_floats_from_the_command_line_are_refused(text):
+    e = error(load_config, Toy, overrides=[f"x={text}"])
+    assert e.key == "x" and "must be a finite number" in e.message, str(e)
+    assert error(load_config, Toy, overrides=[f"weights=[1, {text}]"]).key == "weights[1]"  # YAML flow: a string
+    e = error(load_config, Toy, overrides=["weights=[1, .inf]"])
+    assert e.key == "weights[1]" and "finite" in e.message, str(e)
+    e = error(load_config, Toy, overrides=[f"middle.inner.rate={text}"])
+    assert e.key == "middle.inner.rate" and "finite" in e.message, str(e)
+
+
+@pytest.mark.parametrize("text", [".nan", ".NaN", ".inf", "-.inf", "+.INF", "1e999"])
+def test_non_finite_floats_from_yaml_are_refused(tmp_path, text):
+    e = error(load_config, Toy, write(tmp_path, f"x: {text}\n"))
+    assert e.key == "x" and "must be a finite number" in e.message, str(e)
+    e = error(load_config, Toy, write(tmp_path, f"table: {{a: {text}}}\n"))
+    assert e.key == "table.a" and "finite" in e.message, str(e)
+    assert error(from_dict, Toy, {"x": float(text.replace(".", "").replace("NaN", "nan").replace("INF", "inf"))}
+                 ).key == "x"
+
+
 def test_unknown_keys_name_the_full_path_and_list_valid_keys(tmp_path):
     e = error(load_config, Toy, overrides=["middle.inner.bar=1"])
     assert e.key == "middle.inner.bar"

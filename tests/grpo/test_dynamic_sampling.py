@@ -1,9 +1,11 @@
 """DAPO options in the trainer: dynamic sampling refills zero-variance groups; overlong filtering
-masks truncated samples. A scripted engine and reward stand in for the model."""
+masks truncated samples. A scripted engine and reward stand in for the model. Also the reward phase
+with real reward sets: a hung reward times out and the step goes on, a broken one stops it."""
 
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from mindgrpo.config import GRPOConfig
 from mindgrpo.config.loader import from_dict
@@ -11,6 +13,7 @@ from mindgrpo.grpo.prompts import PromptSource
 from mindgrpo.grpo.trainer import GRPOTrainer
 from mindgrpo.inference.engine import Completion
 from mindgrpo.memory.swap import SwapManager
+from mindgrpo.rewards import RewardError, RewardSet, load_reward_plugin
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.utils.progress import Progress
 
@@ -46,6 +49,9 @@ def exact(completions, solution, **_):
 
 
 class Rewards:
+    def check_columns(self, available, where):
+        assert "solution" in available, where
+
     def __call__(self, completions, **columns):
         r = np.array(exact(completions, **columns), np.float32)
         return r, {"accuracy": r}, {}
@@ -56,7 +62,7 @@ class Log:
         pass
 
 
-def make_trainer(pattern, **rl):
+def make_trainer(pattern, rewards=None, **rl):
     cfg = from_dict(GRPOConfig, {"rl_config": dict(batch_size=3, num_generations=G, **rl),
                                  "actor_config": {"micro_batch_size": 4}})
     data = {"prompt_ids": [np.array([k]) for k in range(10, 40)], "prompt_length": [1] * 30,
@@ -65,7 +71,7 @@ def make_trainer(pattern, **rl):
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
     engine = ScriptedEngine(pattern)
     trainer = GRPOTrainer(cfg, policy=lm, inference=lm, reference=None, engine=engine, sync=None, ref_sync=None,
-                          memory=SwapManager(enabled=False), rewards=Rewards(), tokenizer=Tok(),
+                          memory=SwapManager(enabled=False), rewards=rewards or Rewards(), tokenizer=Tok(),
                           train_prompts=PromptSource(data, seed=0, shuffle=False), val_prompts=None,
                           metrics_log=Log(), progress=Progress(1), output_dir="unused")
     return trainer, engine
@@ -106,3 +112,50 @@ def test_overlong_filtering_masks_truncated_rows():
     truncated = np.array([c.finish_reason == "length" for c in r.completions])
     assert truncated.sum() == 3
     assert exp.mask[truncated].sum() == 0 and exp.mask[~truncated].sum() == (~truncated).sum()
+
+
+SLOW_REWARDS = """
+import time
+
+from mindgrpo.rewards import register_reward
+
+
+@register_reward("test_ds_hangs_on_11")
+def hangs_on_11(completions, solution, **kwargs):
+    if "11" in solution:
+        time.sleep(60)  # a math check that never returns on prompt 11's completions
+    return [float(c == s) for c, s in zip(completions, solution)]
+
+
+@register_reward("test_ds_text")
+def text(completions, **kwargs):
+    return ["1" for _ in completions]
+"""
+
+
+@pytest.fixture(scope="module")
+def slow_rewards(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rewards") / "slow_rewards.py"
+    path.write_text(SLOW_REWARDS)
+    load_reward_plugin(str(path))
+
+
+def test_a_hung_reward_costs_its_completions_and_the_step_goes_on(slow_rewards):
+    rewards = RewardSet(["test_ds_hangs_on_11", "format"], num_workers=2, timeout_s=1.0)
+    try:
+        trainer, _ = make_trainer(informative, rewards=rewards)
+        r, metrics = trainer.collect()  # prompts 10, 11, 12
+    finally:
+        rewards.close()
+    scores = r.per_function["test_ds_hangs_on_11"].reshape(3, G)
+    np.testing.assert_array_equal(scores[0], [1, 0, 0, 0])
+    assert np.isnan(scores[1]).all()
+    np.testing.assert_array_equal(scores[2], [1, 0, 0, 0])
+    assert metrics["reward/test_ds_hangs_on_11/timeouts"] == G and metrics["reward/format/timeouts"] == 0
+    np.testing.assert_array_equal(r.rewards.reshape(3, G)[1], 0.0)  # None counts as 0 in the total
+
+
+def test_a_reward_returning_text_stops_the_step(slow_rewards):
+    trainer, _ = make_trainer(informative, rewards=RewardSet(["test_ds_text"]))
+    with pytest.raises(RewardError, match="reward 'test_ds_text' returned str '1' for completion 0"):
+        trainer.collect()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -43,7 +44,7 @@ def last_checkpoint(out, name="policy"):
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     out = tmp_path_factory.mktemp("straight")
-    run(out, "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2")
+    run(out, "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2", "rl_config.log_interval=3")
     return out
 
 
@@ -59,12 +60,23 @@ def test_metrics_and_outputs(straight):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(straight, "tensorboard")))
     assert open(os.path.join(straight, "training.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir(os.path.join(straight, "checkpoints"))) == ["step_00000002", "step_00000004"]
+    # rl_config.log_interval=3: a progress line at step 3 and at the last step; metrics.jsonl has every step
+    log = open(os.path.join(straight, "logs", "rank_0.log")).read()
+    assert [s for s in range(1, 5) if f"step {s}/4 |" in log] == [3, 4]
 
 
-def test_resume_continues_exactly(straight, tmp_path):
+def test_resume_from_an_older_step_sets_the_newer_aside_and_resume_continues_exactly(straight, tmp_path):
     out = tmp_path / "resumed"
-    run(out, "rl_config.max_steps=2", "rl_config.val_interval=2", "rl_config.save_interval=2")
-    run(out, "--resume", "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2")
+    shutil.copytree(straight, out)
+    ckpts = out / "checkpoints"
+    r = run(out, "--resume_from", str(ckpts / "step_00000002"), "rl_config.max_steps=3", "rl_config.val_interval=2",
+            "rl_config.save_interval=2")
+    aside = [d for d in os.listdir(ckpts) if d.startswith("abandoned_step_00000004.")]
+    assert len(aside) == 1 and "set aside" in r.stderr and "abandoned_step_00000004." in r.stderr
+    assert sorted(d for d in os.listdir(ckpts) if d.startswith("step_")) == ["step_00000002", "step_00000003"]
+    r = run(out, "--resume", "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2")
+    assert f"the newest complete checkpoint is {ckpts / 'step_00000003'}" in r.stderr  # the new line, not step 4
+    assert sorted(os.listdir(ckpts)) == aside + ["step_00000003", "step_00000004"]  # kept aside, never counted
     a, b = weights(last_checkpoint(straight)), weights(last_checkpoint(out))
     assert sorted(a) == sorted(b)
     for k in a:
@@ -75,6 +87,40 @@ def test_resume_continues_exactly(straight, tmp_path):
     sa = {r["step"]: r for r in metrics(straight)}
     for r in metrics(out):
         assert r.get("loss") == sa[r["step"]].get("loss")
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["actor_config.load_checkpoint=/nonexistent/model.ckpt"],
+     "config key 'actor_config.load_checkpoint': /nonexistent/model.ckpt does not exist"),
+    (["generate_config.temperature=inf"], "config key 'generate_config.temperature': must be a finite number"),
+])
+def test_start_up_errors_are_one_line(tmp_path, extra, needle):
+    r = run(tmp_path / "bad", *extra, check=False)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def test_prompt_token_ids_outside_the_model_vocabulary_are_refused_naming_both_files(tmp_path):
+    from mindgrpo.data.mindrecord import PROMPT_SCHEMA, write_mindrecord
+
+    data = str(tmp_path / "wide.mindrecord")
+    rows = [{"prompt_ids": np.array([5, 7, 600 if i == 2 else 9, 0], np.int32), "prompt_length": np.int32(3),
+             "prompt": "q", "solution": "1", "answer": "1"} for i in range(4)]
+    write_mindrecord(data, PROMPT_SCHEMA, [rows])
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    micro = os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")
+    r = subprocess.run([sys.executable, SCRIPT, "--config", str(empty), "--output_dir", str(tmp_path / "out"),
+                        "--mind_dataset_dir", data, f"actor_config.model={micro}"],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.strip().splitlines() if "error" in ln]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].endswith(f"error: {data}: row 2 holds token id 600, outside the vocabulary of 512 tokens of "
+                             f"{micro} (actor_config.model); the dataset was written with another tokenizer than "
+                             "the model's")
 
 
 @pytest.mark.parametrize("override, needle", [
@@ -102,3 +148,20 @@ def test_reward_plugin_flag(tmp_path):
     row = metrics(out)[-1]
     assert row["reward/always_half/mean"] == 0.5
     assert abs(row["reward_mean"] - (row["reward/accuracy/mean"] + 1.0)) < 1e-6
+
+
+
+def test_a_reward_needing_a_missing_column_stops_the_run_in_one_line(tmp_path):
+    plugin = tmp_path / "rewards.py"
+    plugin.write_text("from mindgrpo.rewards import register_reward\n\n"
+                      "@register_reward('by_difficulty')\n"
+                      "def by_difficulty(completions, difficulty, **_):\n"
+                      "    return [float(d) for d in difficulty]\n")
+    r = run(tmp_path / "out", "--reward_plugin", str(plugin), "rl_config.max_steps=1", "sft_config.steps=0",
+            "reward_config.verifier_function=[accuracy, by_difficulty]", "reward_config.verifier_weight=[1, 1]",
+            check=False)
+    assert r.returncode == 2
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["grpo_one_stage: error: reward 'by_difficulty' needs the column(s) ['difficulty'], which the "
+                      "training prompts do not have (columns: answer, completion_length, prompt, solution)"], \
+        r.stderr[-3000:]

@@ -49,6 +49,9 @@ def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float =
            str(free_port()), "--log_dir", log_dir, "--join", "True", script, *map(str, args)]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PATH=python_path())
+    # MindSpore's CPU collectives give up on a rank 30 s late by default: on a loaded machine one rank
+    # can compile that much longer than another (DEVELOPERS.md); `timeout` still bounds the job
+    env.setdefault("MS_CPU_COMM_OP_TIMEOUT", "300")
     os.makedirs(log_dir, exist_ok=True)
     with open(os.path.join(log_dir, "msrun.out"), "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,

@@ -1,8 +1,12 @@
-"""Launch paths: --only_save_strategy, and scripts/run_grpo.sh reporting a failing rank's error."""
+"""Launch paths: --only_save_strategy, scripts/run_grpo.sh reporting a failing rank's error, stopping a job
+whole (SIGTERM), and a rank stuck before a collective ending the job (the watchdog)."""
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from mindspore.parallel import build_searched_strategy
@@ -38,3 +42,113 @@ def test_run_grpo_sh_exits_nonzero_with_the_failing_rank_error(tmp_path):
     assert "run_grpo.sh: rank 0 failed" in proc.stderr or "run_grpo.sh: rank 1 failed" in proc.stderr
     assert ("actor_config.parallel_config: data_parallel*model_parallel*pipeline_stage = 3, but the world size is 2"
             in proc.stderr)
+
+
+# ------------------------------------------------------------------------------ stopping and hanging jobs
+
+MICRO = os.path.join(REPO, "tests", "parallel", "workers", "micro_untied.yaml")
+JOB = [f"actor_config.model={MICRO}", "sft_config.steps=0", "rl_config.val_interval=0", "rl_config.batch_size=2",
+       "rl_config.num_generations=4", "generate_config.max_tokens=16", "actor_config.micro_batch_size=2",
+       "rl_config.completions_interval=0", "actor_config.parallel_config.data_parallel=2",
+       "generate_config.parallel_config.data_parallel=2"]
+
+
+def job_processes(marker: str):
+    """Live processes whose command line holds `marker` (msrun, the ranks), and the reward workers of those."""
+    found, workers = {}, []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        if any(marker in a for a in args):
+            found[int(entry)] = " ".join(args)
+        elif "mindgrpo.rewards.worker" in args:
+            workers.append((int(entry), int(args[-1]), " ".join(args)))  # its last argument: its parent
+    found.update({pid: cmd for pid, parent, cmd in workers if parent in found})
+    return found
+
+
+def start_job(tmp_path, *overrides, env=()):
+    out = tmp_path / "job-out"
+    proc = subprocess.Popen(["bash", os.path.join(REPO, "scripts", "run_grpo.sh"), "--worker_num", "2",
+                             "--master_port", str(free_port()), "--log_dir", str(tmp_path / "log"), "--",
+                             "--output_dir", str(out), *JOB, *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=dict(os.environ, PATH=python_path(), **dict(env)))
+    return proc, str(out)
+
+
+def wait_until_gone(marker: str, bound_s: float = 60.0):
+    """The job's processes left after up to bound_s seconds (killed, so that no test leaves any behind)."""
+    end = time.monotonic() + bound_s
+    while job_processes(marker) and time.monotonic() < end:
+        time.sleep(0.5)
+    left = job_processes(marker)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("target", ["run_grpo.sh", "msrun"])
+def test_stopping_the_job_ends_every_process_of_it(tmp_path, target):
+    """SIGTERM to run_grpo.sh stops the job whole; SIGKILL to msrun alone (which used to leave its workers
+    running) ends the ranks too (they die with msrun) and with them their reward workers."""
+    msrun_path()
+    proc, out = start_job(tmp_path, "rl_config.max_steps=1000")
+    try:
+        end = time.monotonic() + 240
+        logs = [os.path.join(out, "logs", f"rank_{r}.log") for r in (0, 1)]
+        while not all(os.path.exists(p) for p in logs) and proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.5)  # both ranks are up: past init, building their models
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        # the two ranks and msrun's scheduler run grpo_one_stage.py
+        running = [cmd for cmd in job_processes(out).values() if "grpo_one_stage.py" in cmd and "msrun" not in cmd]
+        assert len(running) >= 2, job_processes(out)
+        if target == "run_grpo.sh":
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 143
+            assert "run_grpo.sh: SIGTERM: stopping the job" in proc.stderr.read()
+        else:
+            (msrun,) = [pid for pid, cmd in job_processes(out).items() if os.path.basename(cmd.split()[1]) == "msrun"]
+            os.kill(msrun, signal.SIGKILL)
+            assert proc.wait(60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = wait_until_gone(out)
+    assert not left, left
+
+
+@pytest.mark.msrun
+@pytest.mark.slow
+def test_a_rank_stalled_before_a_collective_ends_the_job_naming_phase_and_rank(tmp_path):
+    msrun_path()
+    # rank 0 hangs at start-up; rank 1 builds its models and waits for rank 0 in the initial weight sync
+    # (training tp2 -> inference dp2: an exchange), a first run: compile_timeout_s applies. 40 s is past
+    # the 30 s after which MindSpore's CPU collectives give up by default: the run raises their timeout
+    proc, out = start_job(tmp_path, "actor_config.parallel_config.data_parallel=1",
+                          "actor_config.parallel_config.model_parallel=2", "rl_config.collective_timeout_s=5",
+                          "rl_config.compile_timeout_s=40", env={"MINDGRPO_TEST_STALL": "0:start-up:1"})
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = wait_until_gone(out)
+    assert proc.returncode != 0
+    assert "run_grpo.sh: rank 1 failed" in stderr, stderr[-3000:]
+    assert re.search(r"watchdog: rank 1: no progress in phase start-up for 4\d s \(a collective is waiting on "
+                     r"another rank\?\)", stderr), stderr[-3000:]
+    assert re.search(r"watchdog: rank 1 is stuck at mindgrpo/parallel/reshard.py:\d+", stderr), stderr[-3000:]
+    assert not left, left

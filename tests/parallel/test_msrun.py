@@ -6,7 +6,8 @@ reference: the one-device model or run, and MindSpore's own `transform_checkpoin
                  one GRPO update with tp=2 and with dp=2, rollouts, tp2 -> (dp2, tp1) resharding
     four_ranks   (dp2, tp2) -> (dp4, tp1) and -> (dp1, tp4) resharding, tp=4 logits
     one_stage    scripts/grpo_one_stage.py under msrun (tp2 swap on, then off; two pipeline stages) vs one process
-    zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1)
+    zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1),
+                 the split run stopped after one step and resumed from its sharded checkpoint
 """
 
 import json
@@ -301,6 +302,7 @@ def metrics(folder):
 
 
 def test_optimizer_shard_updates_bit_identically_and_keeps_half_the_moments(zero1, tmp_path):
+    # (opt_shard ran one step, then --resume for the second: the resume is exact too)
     whole, shard = metrics(zero1 / "opt_whole"), metrics(zero1 / "opt_shard")
     assert len(whole) == len(shard) == 2 and whole[1]["grad_norm"] > 0
     for a, b in zip(whole, shard):

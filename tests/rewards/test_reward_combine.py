@@ -5,7 +5,8 @@ import logging
 import numpy as np
 import pytest
 
-from mindgrpo.rewards import REWARDS, RewardSet, compute_rewards, get_reward, load_reward_plugin, register_reward
+from mindgrpo.rewards import (REWARDS, RewardError, RewardSet, compute_rewards, get_reward, load_reward_plugin,
+                              register_reward)
 
 
 def constant(value):
@@ -130,3 +131,98 @@ def test_register_twice_fails():
     assert "test_combine_once" in REWARDS
     with pytest.raises(ValueError, match="already registered"):
         register_reward("test_combine_once")(once)
+
+
+# ------------------------------------------------------------------------------ what a reward may return
+
+
+@pytest.mark.parametrize("returned, needle", [
+    (lambda cs: "1.0", r"reward 'bad' returned str '1.0', not a list of 2 scores"),
+    (lambda cs: ["1" for _ in cs], r"reward 'bad' returned str '1' for completion 0: a score must be a number"),
+    (lambda cs: [True for _ in cs], r"reward 'bad' returned bool True for completion 0"),
+    (lambda cs: [np.bool_(False) for _ in cs], r"reward 'bad' returned bool_ False for completion 0"),
+    (lambda cs: [[1.0] for _ in cs], r"reward 'bad' returned list \[1.0\] for completion 0"),
+    (lambda cs: (len(c) for c in cs), r"reward 'bad' returned generator"),
+    (lambda cs: [1.0, 2.0, 3.0], r"reward 'bad' returned 3 scores for 2 completions"),
+    (lambda cs: np.ones((2, 1)), r"reward 'bad' returned ndarray"),
+])
+def test_a_contract_violation_is_one_error_naming_the_function(returned, needle):
+    def bad(completions, **kwargs):
+        return returned(completions)
+
+    with pytest.raises(RewardError, match=needle) as error:
+        compute_rewards({"one": constant(1.0), "bad": bad}, [1.0, 1.0], ["a", "bb"], {})
+    assert "\n" not in str(error.value)
+
+
+def test_numbers_of_any_kind_are_scores():
+    fns = {"ints": constant(2), "numpy": lambda completions, **kw: np.array([0.5, 1.5], np.float32),
+           "tuple": lambda completions, **kw: (np.int64(1), None)}
+    _, per_function, metrics = compute_rewards(fns, [1.0, 1.0, 1.0], ["a", "b"], {})
+    np.testing.assert_array_equal(per_function["ints"], [2.0, 2.0])
+    np.testing.assert_array_equal(per_function["numpy"], [0.5, 1.5])
+    np.testing.assert_array_equal(per_function["tuple"], [1.0, np.nan])
+    assert metrics["reward/tuple/errors"] == 0 and metrics["reward/tuple/none"] == 1
+
+
+def test_nan_and_inf_score_none_and_count_as_errors(caplog):
+    def ratio(completions, **kwargs):
+        return [1.0, float("nan"), float("inf"), 3.0]
+
+    with caplog.at_level(logging.WARNING, logger="mindgrpo.rewards.combine"):
+        total, per_function, metrics = compute_rewards({"ratio": ratio}, [1.0], ["a", "bb", "ccc", "dddd"], {})
+    np.testing.assert_array_equal(per_function["ratio"], [1.0, np.nan, np.nan, 3.0])
+    np.testing.assert_array_equal(total, [1.0, 0.0, 0.0, 3.0])
+    assert metrics["reward/ratio/errors"] == 2 and metrics["reward/ratio/none"] == 2
+    assert any("reward 'ratio' returned nan for completion 1, inf for completion 2" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_get_reward_does_not_call_the_function():
+    calls = []
+
+    @register_reward("test_combine_reduces")
+    def relative_length(completions, **kwargs):
+        calls.append(len(completions))
+        longest = max(len(c) for c in completions)  # fails on zero completions, fine on any real batch
+        return [len(c) / longest for c in completions]
+
+    rewards = RewardSet(["test_combine_reduces"])
+    assert calls == []
+    _, per_function, _ = rewards(["ab", "abcd"])
+    np.testing.assert_allclose(per_function["test_combine_reduces"], [0.5, 1.0])
+    assert calls == [2]
+
+
+def test_get_reward_checks_the_signature():
+    @register_reward("test_combine_no_kwargs")
+    def no_kwargs(completions, solution):
+        return [0.0] * len(completions)
+
+    @register_reward("test_combine_no_completions")
+    def no_completions(**kwargs):
+        return []
+
+    with pytest.raises(TypeError, match=r"reward 'test_combine_no_kwargs' must accept \*\*kwargs"):
+        get_reward("test_combine_no_kwargs")
+    with pytest.raises(TypeError, match="reward 'test_combine_no_completions' must take the completions"):
+        get_reward("test_combine_no_completions")
+
+
+def test_missing_dataset_columns_are_named_before_any_call():
+    rewards = RewardSet(["format", "accuracy"])
+    rewards.check_columns(["solution", "prompt", "completion_length"], "the training prompts")
+    with pytest.raises(RewardError, match=r"reward 'accuracy' needs the column\(s\) \['solution'\], which the "
+                                          r"training prompts do not have \(columns: completion_length, prompt\)"):
+        rewards.check_columns(["prompt", "completion_length"], "the training prompts")
+
+
+def test_a_failed_call_on_one_completion_is_not_repeated():
+    calls = []
+
+    def fragile(completions, **kwargs):
+        calls.append(len(completions))
+        raise ValueError("no")
+
+    _, per_function, metrics = compute_rewards({"fragile": fragile}, [1.0], ["only"], {})
+    assert calls == [1] and np.isnan(per_function["fragile"][0]) and metrics["reward/fragile/errors"] == 1

@@ -1,0 +1,102 @@
+"""The recipe's config (mindgrpo/grpo/run.py): flags folded into their config keys, conflicts and
+missing paths refused at start-up, and actor_config.load_checkpoint reaching the models."""
+
+import argparse
+import json
+import os
+
+import numpy as np
+import pytest
+import mindspore as ms
+
+from mindgrpo.grpo import builder
+from mindgrpo.grpo.run import SetupError, load_run_config, run_paths
+from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MICRO = os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")
+
+
+def args(*overrides, **flags):
+    """What scripts/grpo_one_stage.py parses, with its defaults."""
+    base = dict(config=None, output_dir=None, sft_path_train=None, sft_path_infer=None, ref_path=None,
+                vocab_path=None, merges_file_path=None, tokenizer_config=None, mind_dataset_dir=None,
+                val_dataset=None, save_data_file=None, save_ckpt_dir=None, use_parallel=False,
+                load_sft_checkpoint_train=True, load_sft_checkpoint_infer=True, load_ref_checkpoint=True,
+                enable_compile_cache=False, only_save_strategy=False, resume=False, resume_from=None,
+                reward_plugin=None, swap=None, overrides=list(overrides))
+    return argparse.Namespace(**{**base, **flags})
+
+
+def save_model(folder, seed):
+    """A MindSpore checkpoint of the micro model with its config.json beside it."""
+    folder.mkdir()
+    cfg = Qwen2Config.load(MICRO)
+    lm = Qwen2ForCausalLM(cfg, seed=seed)
+    ms.save_checkpoint([{"name": n, "data": p} for n, p in lm.parameters_and_names()], str(folder / "model.ckpt"))
+    (folder / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    return str(folder / "model.ckpt")
+
+
+@pytest.fixture(scope="module")
+def start(tmp_path_factory):
+    return save_model(tmp_path_factory.mktemp("weights") / "start", 123)
+
+
+def test_flags_set_their_keys(start, tmp_path):
+    data = tmp_path / "train.mindrecord"
+    data.write_text("")
+    cfg = load_run_config(args("rl_config.beta=0.1", sft_path_train=start, ref_path=start,
+                               mind_dataset_dir=str(data)))
+    assert cfg.actor_config.load_checkpoint == start and cfg.ref_config.load_checkpoint == start
+    assert cfg.rl_config.dataset_path == str(data)
+    # the same file given both ways (spelled differently) is fine
+    same = os.path.join(os.path.dirname(start), ".", "model.ckpt")
+    cfg = load_run_config(args(f"actor_config.load_checkpoint={same}", sft_path_train=start))
+    assert cfg.actor_config.load_checkpoint == start
+
+
+@pytest.mark.parametrize("overrides, flags, message", [
+    (["actor_config.load_checkpoint=/nonexistent/model.ckpt"], {},
+     "config key 'actor_config.load_checkpoint': /nonexistent/model.ckpt does not exist"),
+    (["rl_config.beta=0.1", "ref_config.load_checkpoint=/nonexistent/ref"], {},
+     "config key 'ref_config.load_checkpoint': /nonexistent/ref does not exist"),
+    (["rl_config.dataset_path=/nonexistent/train.mindrecord"], {},
+     "config key 'rl_config.dataset_path': /nonexistent/train.mindrecord does not exist"),
+    (["actor_config.load_checkpoint=/b/model.ckpt"], {"sft_path_train": "/a/model.ckpt"},
+     "--sft_path_train /a/model.ckpt and config key 'actor_config.load_checkpoint' /b/model.ckpt name different "
+     "files; give one"),
+    (["rl_config.beta=0.1", "ref_config.load_checkpoint=/b/ref"], {"ref_path": "/a/ref"},
+     "--ref_path /a/ref and config key 'ref_config.load_checkpoint' /b/ref name different files"),
+    ([], {"ref_path": "/a/ref"},
+     "config key 'ref_config.load_checkpoint': has no effect with rl_config.beta = 0 (no reference model) "
+     "(set by --ref_path)"),
+    (["synthetic_config.template=raw"], {"mind_dataset_dir": "/a/train.mindrecord"},
+     "config key 'synthetic_config.template': applies to the built-in synthetic task only"),
+])
+def test_start_up_refusals_name_the_key_and_the_path(overrides, flags, message):
+    with pytest.raises(SetupError) as info:
+        load_run_config(args(*overrides, **flags))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("policy_from_start, own_reference", [(True, False), (False, True)])
+def test_load_checkpoints_are_where_the_policy_the_inference_copy_and_the_reference_start(
+        start, tmp_path, policy_from_start, own_reference):
+    ref = save_model(tmp_path / "ref", 7) if own_reference else None
+    cfg = load_run_config(args(f"actor_config.model={MICRO}", "rl_config.beta=0.05", "generate_config.max_tokens=8",
+                               "synthetic_config.template=raw", "rl_config.batch_size=2",
+                               "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
+                               *([f"actor_config.load_checkpoint={start}"] if policy_from_start else []),
+                               *([f"ref_config.load_checkpoint={ref}"] if ref else []), output_dir=str(tmp_path)))
+    parts = builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))), str(tmp_path / "cache"))
+    random_init = {n: p.asnumpy() for n, p in
+                   Qwen2ForCausalLM(Qwen2Config.load(MICRO), seed=cfg.rl_config.seed).parameters_and_names()}
+    policy = {k: v.asnumpy() for k, v in ms.load_checkpoint(start).items()} if policy_from_start else random_init
+    reference = {k: v.asnumpy() for k, v in ms.load_checkpoint(ref).items()} if ref else policy
+    for model, expected in ((parts.policy, policy), (parts.inference, policy), (parts.reference, reference)):
+        got = dict(model.parameters_and_names())
+        assert sorted(got) == sorted(expected)
+        for name, value in expected.items():
+            np.testing.assert_array_equal(got[name].asnumpy(), value, err_msg=name)
+    assert any(not np.array_equal(policy[k], reference[k]) for k in policy) == own_reference
