@@ -367,7 +367,8 @@ class GRPOLoss(nn.Cell):
         self.loss_params = _settings(POLICY_LOSSES, policy_loss, loss_params)
         self.quantile = None if top_entropy_quantile >= 1.0 else Tensor(1.0 - top_entropy_quantile, ms.float64)
         self.correct = ROLLOUT_CORRECTIONS.get(rollout_correction)
-        self.correction_params = {k: rollout_correction_threshold for k in ROLLOUT_CORRECTIONS.params(rollout_correction)}
+        self.correction_params = {k: rollout_correction_threshold
+                                  for k in ROLLOUT_CORRECTIONS.params(rollout_correction)}
         self.corrects = rollout_correction != "none"  # rollout_logp, when given, weighs the loss
         self.kl = KLPenalty(kl_kind)
         self.aggregate = Aggregate(agg_mode, max_len)

@@ -155,7 +155,8 @@ def test_loop_vs_vectorised(name):
 
 # (our policy loss and settings, our aggregation, TRL's loss_type and settings)
 TRL_CASES = [
-    ("gspo", dict(clip_low=3e-2, clip_high=4e-2), "seq-mean-token-mean", "grpo", dict(importance_sampling_level="sequence")),
+    ("gspo", dict(clip_low=3e-2, clip_high=4e-2), "seq-mean-token-mean", "grpo",
+     dict(importance_sampling_level="sequence")),
     ("gspo", dict(clip_low=3e-2, clip_high=4e-2), "token-mean", "dapo", dict(importance_sampling_level="sequence")),
     ("gspo", dict(clip_low=0.05, clip_high=0.08, dual_clip=1.3), "seq-mean-token-mean", "grpo",
      dict(importance_sampling_level="sequence", delta=1.3)),
@@ -319,7 +320,8 @@ def test_ms_gmpo_gradient_matches_finite_differences(graph_mode):
         up, down = logp.copy(), logp.copy()
         up[idx] += h
         down[idx] -= h
-        fd[idx] = (grpo_loss(up, old, None, adv, mask, **kw)[0] - grpo_loss(down, old, None, adv, mask, **kw)[0]) / (2 * h)
+        fd[idx] = (grpo_loss(up, old, None, adv, mask, **kw)[0]
+                   - grpo_loss(down, old, None, adv, mask, **kw)[0]) / (2 * h)
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-9)
     assert algos.gmpo_loss(logp, old, adv, mask, gmpo_epsilon=0.4)[1]["clipfrac"] > 0  # clipped tokens: no gradient
     assert np.any(grad[mask != 0] == 0) and np.any(grad != 0)

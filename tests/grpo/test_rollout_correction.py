@@ -15,10 +15,10 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from mindspore import Tensor
+from mindspore import Tensor, nn
 
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
-from mindgrpo.grpo import algos
+from mindgrpo.grpo import algos, ms_algos
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.algos import ROLLOUT_CORRECTIONS, grpo_loss, mismatch_metrics
 from mindgrpo.grpo.experience import pack
@@ -115,6 +115,23 @@ def test_mismatch_metrics_by_hand():
     assert mismatch_metrics(HAND_OLD, HAND_OLD, np.zeros((2, 3)))["mismatch/abs_diff_max"] == 0.0
 
 
+def test_mismatch_metrics_loop_vs_vectorised():
+    rng = np.random.default_rng(30)
+    _, train, rollout, _, mask = random_batch(rng, B=8, spread=0.6)
+    mask[3] = 0.0  # an empty row counts for nothing
+    m = mismatch_metrics(train, rollout, mask)
+    diffs = [train[i, j] - rollout[i, j] for i in range(8) for j in range(7) if mask[i, j]]
+    n = len(diffs)
+    assert m["mismatch/abs_diff_mean"] == pytest.approx(sum(abs(d) for d in diffs) / n, rel=1e-12)
+    assert m["mismatch/abs_diff_max"] == max(abs(d) for d in diffs)
+    # k3 of KL(rollout || train) per token: with x = log(train / rollout), exp(x) - x - 1 >= 0
+    assert m["mismatch/k3"] == pytest.approx(sum(math.exp(d) - d - 1 for d in diffs) / n, rel=1e-12)
+    # training perplexity / rollout perplexity, each exp(-mean log-prob) over the same tokens
+    ppl_train = math.exp(-sum(train[i, j] for i in range(8) for j in range(7) if mask[i, j]) / n)
+    ppl_rollout = math.exp(-sum(rollout[i, j] for i in range(8) for j in range(7) if mask[i, j]) / n)
+    assert math.exp(m["mismatch/log_ppl_ratio"]) == pytest.approx(ppl_train / ppl_rollout, rel=1e-12)
+
+
 @pytest.mark.parametrize("mode", list(TRL_MODES))
 def test_corrections_loop_vs_vectorised(mode):
     rng = np.random.default_rng(31)
@@ -172,6 +189,18 @@ def t(x, dtype=ms.float64):
     return Tensor(np.asarray(x), dtype)
 
 
+class LossAndMismatch(nn.Cell):
+    """GRPOLoss with a rollout correction, and the mismatch metrics of the same inputs (one graph)."""
+
+    def __init__(self, **kw):
+        super().__init__()
+        self.loss = GRPOLoss(**kw)
+
+    def construct(self, logp, old_logp, ref_logp, advantages, mask, rollout_logp):
+        loss, metrics = self.loss(logp, old_logp, ref_logp, advantages, mask, None, None, None, rollout_logp)
+        return loss, metrics, ms_algos.mismatch_metrics(old_logp, rollout_logp, mask)
+
+
 @pytest.mark.parametrize("mode", ["none"] + list(TRL_MODES))
 def test_ms_corrections_match_numpy(graph_mode, mode):
     rng = np.random.default_rng(33)
@@ -179,12 +208,17 @@ def test_ms_corrections_match_numpy(graph_mode, mode):
     rollout = old + rng.normal(0.0, 0.25, old.shape)
     kw = dict(beta=0.04, kl_kind="k3", agg_mode="token-mean", rollout_correction=mode,
               rollout_correction_threshold=1.6)
-    loss, metrics = GRPOLoss(**kw)(t(logp), t(old), t(ref), t(adv), t(mask), None, None, None, t(rollout))
+    loss, metrics, mismatch = LossAndMismatch(**kw)(t(logp), t(old), t(ref), t(adv), t(mask), t(rollout))
     np_loss, np_metrics = grpo_loss(logp, old, ref, adv, mask, rollout_logp=rollout, **kw)
     assert loss.asnumpy() == pytest.approx(np_loss, rel=FP32_CONST, abs=FP32_CONST)
     assert set(metrics) == set(np_metrics)
     for key, value in np_metrics.items():
         assert metrics[key].asnumpy() == pytest.approx(value, rel=FP32_CONST, abs=FP32_CONST), key
+    # the graph's mismatch metrics, in MISMATCH_KEYS order (float64 inputs: only rounding differs)
+    np_mismatch = mismatch_metrics(old, rollout, mask)
+    assert np_mismatch["mismatch/abs_diff_max"] > 0.5
+    for key, value in zip(MISMATCH_KEYS, mismatch):
+        assert value.asnumpy() == pytest.approx(np_mismatch[key], rel=1e-12, abs=1e-15), key
 
 
 def test_ms_correction_gradient_matches_trl_autograd(graph_mode):
@@ -235,9 +269,7 @@ def test_updater_reports_mismatch_and_applies_the_correction(graph_mode):
     for key in MISMATCH_KEYS + CORRECTION_KEYS:
         assert out[key] == pytest.approx(np_m[key], rel=1e-5, abs=1e-6), key
     assert 0 < out["rollout_correction/clipfrac"] < 1 and np.isfinite(out["grad_norm"])
-    exp.sampling_logp = None  # without the engine's log-probs: the plain metrics only
-    out = updater.update(exp, lr=0.0)
-    assert set(METRIC_KEYS) <= set(out) and not any(k.startswith(("mismatch/", "rollout_correction/")) for k in out)
+    # without the engine's log-probs, the plain metrics only: test_variants.py (a second graph here)
 
 
 # ---------------------------------------------------------------------------------------
