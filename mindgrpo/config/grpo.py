@@ -101,13 +101,16 @@ class RLConfig:
     sapo_temperature_pos: float = 1.0  # sapo: the gate's temperature where A > 0 (TRL's default)
     sapo_temperature_neg: float = 1.05  # sapo: ... where A <= 0
     gmpo_epsilon: float = 0.4  # gmpo: token log-ratios clipped to [-epsilon, epsilon] (the paper's)
-    top_entropy_quantile: float = 1.0  # the policy loss counts the top rho of tokens by entropy; 1: all
+    # the policy loss counts the top rho of tokens by entropy, ranked within each micro-batch of a replica
+    # (TRL ranks each micro-batch gathered over its processes); 1: all tokens
+    top_entropy_quantile: float = 1.0
     # Rollout/training mismatch, from the rollout engine's log-probs of the sampled tokens: the weight of a
     # token is exp(old log-prob - its log-prob under the distribution the engine sampled from); tis_*
     # truncate it at the threshold, mask_* drop tokens (sequences) whose weight leaves [1/threshold, threshold]
     rollout_correction: str = "none"  # none | tis_token | tis_sequence | mask_token | mask_sequence
     rollout_correction_threshold: float = 2.0
-    old_logprobs_from_rollout: bool = False  # the engine's log-probs are the old ones (no scoring pass)
+    # the engine's log-probs under softmax(logits / T) (before top-k / top-p) are the old ones: no scoring pass
+    old_logprobs_from_rollout: bool = False
     # reference model
     ref_model_sync_steps: int = 0  # copy the policy into the reference every this many steps; 0 never
     # DAPO
