@@ -50,7 +50,7 @@ def trainer_for(tmp_path_factory):
     model = out / "micro_one_layer.yaml"
     model.write_text(text)
     base = load_config(GRPOConfig, None, MICRO + [f"actor_config.model={model}", f"rl_config.output_dir={out}"])
-    parts = builder.build(base, builder.Paths(output_dir=str(out)), str(out / "cache"))
+    parts = builder.build(base, builder.Paths(output_dir=str(out)))
     trainers = {}
 
     def get(variant):
