@@ -18,11 +18,10 @@ from mindgrpo.grpo import algos, builder
 from mindgrpo.utils.progress import Progress
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MICRO = ["rl_config.batch_size=2",
-         "rl_config.num_generations=4", "actor_config.micro_batch_size=4", "generate_config.max_tokens=8",
-         "synthetic_config.template=raw", "actor_config.lr=1e-3", "rl_config.val_interval=0",
-         "rl_config.completions_interval=0", "rl_config.swap=false", "rl_config.max_steps=1",
-         "reward_config.num_workers=0",
+MICRO = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
+         "generate_config.max_tokens=8", "synthetic_config.template=raw", "actor_config.lr=1e-3",
+         "rl_config.val_interval=0", "rl_config.completions_interval=0", "rl_config.swap=false",
+         "rl_config.max_steps=1", "reward_config.num_workers=0",
          f"reward_config.reward_plugin={os.path.join(HERE, 'text_length_reward.py')}",
          "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]"]
 
