@@ -4,8 +4,9 @@
 
 Sections: rl_config (the algorithm and the loop), actor_config (policy model and optimiser),
 ref_config (reference model), generate_config (sampling), reward_config (verifiers).
-Names of registered variants (KL estimators, aggregation modes, advantage scales) are checked
-against their registries here, so a typo fails at start-up listing the valid names.
+Names of registered variants (advantage estimators, policy losses, KL estimators, aggregation
+modes, rollout corrections) are checked against their registries here, so a typo fails at
+start-up listing the valid names.
 
 Shape vocabulary: each step draws `rl_config.batch_size` prompts and samples G =
 `rl_config.num_generations` completions per prompt (TRL's name; mindrlhf's num_generations,
@@ -14,17 +15,37 @@ verl's rollout.n), giving B = batch_size * G rollout rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, Optional
 
 from mindgrpo.config.loader import ConfigError, check, to_dict
 from mindgrpo.data.synthetic import ArithmeticTask
 from mindgrpo.data.templates import TEMPLATES
-from mindgrpo.grpo.algos import AGG_MODES, KL_ESTIMATORS, REWARD_SCALES
+from mindgrpo.grpo.algos import (
+    ADVANTAGES,
+    AGG_MODES,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    REWARD_SCALES,
+    ROLLOUT_CORRECTIONS,
+)
 
 
 def _check_name(registry, name: str, key: str) -> None:
     check(name in registry, key, f"unknown {registry.kind} {name!r}; valid names: {', '.join(registry.names())}")
+
+
+def _check_settings(cfg, registry, key: str) -> None:
+    """A setting of some variant in `registry` (a keyword parameter of its function, named like the
+    config key) moved from its default while the variant chosen by `key` does not read it is refused."""
+    chosen = getattr(cfg, key)
+    read = set(registry.params(chosen))
+    defaults = {f.name: f.default for f in fields(cfg)}
+    for name in registry.names():
+        for setting in registry.params(name):
+            readers = [n for n in registry.names() if setting in registry.params(n)]
+            check(setting in read or getattr(cfg, setting) == defaults[setting], setting,
+                  f"is a setting of {key} {' / '.join(readers)}, and {key} is {chosen!r}, which does not read it")
 
 
 def _check_positive(cfg, *keys: str) -> None:
@@ -68,8 +89,28 @@ class RLConfig:
     clip_high: float = 0.2  # 0.28 for DAPO's clip-higher
     dual_clip: Optional[float] = None  # c > 1 bounds negative-advantage token losses at c * |A|
     loss_agg_mode: str = "token-mean"
-    advantage_scale: str = "group"  # group | batch | none (Dr.GRPO)
-    advantage_eps: float = 1e-6
+    advantage_scale: str = "group"  # adv_estimator grpo: group | batch | none (= dr_grpo)
+    advantage_eps: float = 1e-6  # adv_estimator grpo and reinforce_plus_plus_baseline
+    # The algorithm's variants, by registered name (mindgrpo/grpo/algos.py). A variant's settings are the
+    # keys named like its function's keyword parameters (clip_low, clip_high and dual_clip above are
+    # those of ppo_clip and gspo); a setting moved from its default is refused when the variant chosen
+    # does not read it. Reward stds are sample stds (n - 1) throughout (mindgrpo/utils/stats.py).
+    adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_plus_plus_baseline
+    policy_loss: str = "ppo_clip"  # ppo_clip | gspo (sequence-level ratio) | cispo | sapo | gmpo
+    cispo_epsilon_max: float = 5.0  # cispo: the cap of the importance weight (ScaleRL's value)
+    sapo_temperature_pos: float = 1.0  # sapo: the gate's temperature where A > 0 (TRL's default)
+    sapo_temperature_neg: float = 1.05  # sapo: ... where A <= 0
+    gmpo_epsilon: float = 0.4  # gmpo: token log-ratios clipped to [-epsilon, epsilon] (the paper's)
+    # the policy loss counts the top rho of tokens by entropy, ranked within each micro-batch of a replica
+    # (TRL ranks each micro-batch gathered over its processes); 1: all tokens
+    top_entropy_quantile: float = 1.0
+    # Rollout/training mismatch, from the rollout engine's log-probs of the sampled tokens: the weight of a
+    # token is exp(old log-prob - its log-prob under the distribution the engine sampled from); tis_*
+    # truncate it at the threshold, mask_* drop tokens (sequences) whose weight leaves [1/threshold, threshold]
+    rollout_correction: str = "none"  # none | tis_token | tis_sequence | mask_token | mask_sequence
+    rollout_correction_threshold: float = 2.0
+    # the engine's log-probs under softmax(logits / T) (before top-k / top-p) are the old ones: no scoring pass
+    old_logprobs_from_rollout: bool = False
     # reference model
     ref_model_sync_steps: int = 0  # copy the policy into the reference every this many steps; 0 never
     # DAPO
@@ -108,6 +149,16 @@ class RLConfig:
         _check_name(KL_ESTIMATORS, self.kl_kind, "kl_kind")
         _check_name(AGG_MODES, self.loss_agg_mode, "loss_agg_mode")
         _check_name(REWARD_SCALES, self.advantage_scale, "advantage_scale")
+        for registry, key in ((ADVANTAGES, "adv_estimator"), (POLICY_LOSSES, "policy_loss"),
+                              (ROLLOUT_CORRECTIONS, "rollout_correction")):
+            _check_name(registry, getattr(self, key), key)
+            _check_settings(self, registry, key)
+        for key in ("cispo_epsilon_max", "sapo_temperature_pos", "sapo_temperature_neg", "gmpo_epsilon"):
+            check(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        check(0 <= self.top_entropy_quantile <= 1, "top_entropy_quantile",
+              f"must be in [0, 1], got {self.top_entropy_quantile}")
+        check(self.rollout_correction_threshold > 1, "rollout_correction_threshold",
+              f"must be > 1, got {self.rollout_correction_threshold}")
         check(self.val_interval == 0 or self.val_size >= 1, "val_size", "must be >= 1 when val_interval > 0")
         _check_non_negative(self, "collective_timeout_s")
         check(self.collective_timeout_s == 0 or self.compile_timeout_s >= self.collective_timeout_s,
@@ -118,6 +169,10 @@ class RLConfig:
     def rollout_rows(self) -> int:
         """B = batch_size * G."""
         return self.batch_size * self.num_generations
+
+    def settings(self, registry, name: str) -> dict:
+        """The keys `name`'s function in `registry` reads (its keyword parameters) and their values."""
+        return {key: getattr(self, key) for key in registry.params(name)}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from mindspore import Tensor
 from mindgrpo.grpo.experience import Experience, micro_batches
 from mindgrpo.grpo.ms_algos import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
-from mindgrpo.grpo.train_graph import METRIC_KEYS, GRPOGradStep, PolicyLoss, StageGradStep
+from mindgrpo.grpo.train_graph import MAXIMA, SUMMED, GRPOGradStep, PolicyLoss, StageGradStep, metric_keys
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import StageHidden, TokenLogProbs
@@ -67,15 +67,20 @@ class PolicyUpdater:
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, *, micro_batch_size: int, detach_old: bool,
                  use_ref: bool, beta1: float, beta2: float, eps: float, weight_decay: float,
                  grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
-                 optimizer_shard: bool = False, chunk: int = 0, pipeline: Optional[Pipeline] = None):
+                 optimizer_shard: bool = False, chunk: int = 0, pipeline: Optional[Pipeline] = None,
+                 old_is_training: bool = True):
+        """old_is_training: the old log-probs given with the experience come from the training graph
+        (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout)."""
         self.lm = lm
+        self.loss = loss
         self.pipe = pipe = pipeline or Pipeline()
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
         self.buffer = GradBuffer(self.params)
         if pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
             self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature,
-                                                      chunk), self.params, self.buffer, wrt_inputs=not pipe.first)
+                                                      chunk, old_is_training),
+                                           self.params, self.buffer, wrt_inputs=not pipe.first)
         else:  # a stage before the last: its forward, and its backward from the next stage's gradient
             self.stage = StageHidden(lm)
             self.stage_grad = StageGradStep(StageHidden(lm), self.params, self.buffer, wrt_inputs=not pipe.first)
@@ -108,7 +113,9 @@ class PolicyUpdater:
                global_seqs: Optional[float] = None) -> Dict[str, float]:
         """One optimizer step on a mini-batch. Token/sequence normalisers default to this
         mini-batch's own counts. Under data parallelism every replica is given the whole
-        mini-batch and trains on its rows, so these counts are already the global ones."""
+        mini-batch and trains on its rows, so these counts are already the global ones.
+        With exp.sampling_logp (the rollout engine's log-probs) the mismatch metrics are reported
+        and the loss's rollout correction applies."""
         n_tok = float(exp.mask.sum()) if global_tokens is None else global_tokens
         n_seq = float((exp.mask.sum(-1) > 0).sum()) if global_seqs is None else global_seqs
         g_tok, g_seq = Tensor(np.float32(n_tok)), Tensor(np.float32(n_seq))
@@ -118,30 +125,37 @@ class PolicyUpdater:
         zeros = np.zeros(exp.labels.shape, np.float32)
         old = exp.old_logp if exp.old_logp is not None else zeros
         ref = exp.ref_logp if exp.ref_logp is not None else zeros
+        rollout = exp.sampling_logp
+        keys = metric_keys(self.loss, rollout is not None)
         batches = micro_batches(len(exp), self.micro)
 
         def last_step(m, x):  # x: token ids, or the previous stage's hidden states
             rows = batches[m]
             out = self.step_graph(x, Tensor(exp.score_pos[rows]), Tensor(exp.labels[rows]), Tensor(exp.mask[rows]),
-                                  Tensor(exp.advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), g_tok, g_seq)
+                                  Tensor(exp.advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), g_tok, g_seq,
+                                  None if rollout is None else Tensor(rollout[rows]))
             values = [float(out[0].asnumpy())] + [float(v.asnumpy()) for v in out[1]]
             return values, (out[2] if len(out) == 3 else None)
 
         results = self.pipe.train(len(batches), lambda m: Tensor(exp.input_ids[batches[m]]),
                                   hidden_shape(self.lm, exp, batches), lambda x: self.stage(x),
                                   lambda x, dy: self.stage_grad(x, dy), last_step)
-        totals = np.zeros(2 + len(METRIC_KEYS))  # loss, tokens, metric sums: on the last stage
+        summed, maxima = np.isin(keys, SUMMED), np.isin(keys, MAXIMA)
+        totals = np.zeros(2 + len(keys))  # loss, tokens, metric sums (or maxima): on the last stage
         for rows, values in zip(batches, results):
             w = float(exp.mask[rows].sum())
             totals[0] += values[0]  # already normalised globally: micro-batch losses add up
             totals[1] += w
-            totals[2:] += np.where(np.array(METRIC_KEYS) == "pg_loss", values[1:], w * np.array(values[1:]))
-        totals = self.pipe.from_last(totals)
-        loss_sum, tok_sum, sums = float(totals[0]), float(totals[1]), totals[2:]
+            v = np.array(values[1:])
+            totals[2:] = np.where(maxima, np.maximum(totals[2:], v), totals[2:] + np.where(summed, v, w * v))
+        totals = self.pipe.from_last(totals)  # the other stages add zeros: maxima are >= 0
         if dp is not None:
             dp(self.buffer)
-            totals = dp.sum(np.concatenate([[loss_sum, tok_sum], sums]))
-            loss_sum, tok_sum, sums = float(totals[0]), float(totals[1]), totals[2:]
+            peaks = totals[2:][maxima]
+            totals = dp.sum(totals)
+            if peaks.size:
+                totals[2:][maxima] = dp.max(peaks)
+        loss_sum, tok_sum, sums = float(totals[0]), float(totals[1]), totals[2:]
         # A non-finite loss or gradient norm (the same on every rank: both are sums over them) skips
         # the step: weights, moments and the bias corrections' step count stay as they were.
         norm = self.adamw.grad_norm()
@@ -153,8 +167,8 @@ class PolicyUpdater:
             bc1, bc2 = adam_scalars(self.optimizer_steps + 1, self.beta1, self.beta2)
             self.adamw(Tensor(np.float32(lr)), bc1, bc2, Tensor(np.float32(self.grad_clip)), norm)
             self.optimizer_steps += 1
-        # pg_loss is normalised by the global counts, so micro-batch values add up; the others
-        # are per-micro-batch token means, weighted by their token counts here
-        out = {k: float(v if k == "pg_loss" else v / max(tok_sum, 1.0)) for k, v in zip(METRIC_KEYS, sums)}
+        # pg_loss is normalised by the global counts, so micro-batch values add up; the maxima are
+        # maxima; the others are per-micro-batch token means, weighted by their token counts here
+        out = {k: float(v if k in SUMMED or k in MAXIMA else v / max(tok_sum, 1.0)) for k, v in zip(keys, sums)}
         out.update(loss=loss_sum, grad_norm=grad_norm, lr=lr, skipped=float(skipped))
         return out

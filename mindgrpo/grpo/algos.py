@@ -1,21 +1,25 @@
-"""GRPO math in numpy: advantages, KL estimators, clipped policy loss, loss aggregation.
+"""GRPO math in numpy: advantages, KL estimators, policy losses, the rollout correction, loss
+aggregation.
 
 Pure functions: arrays and explicit scalars in, arrays and a metrics dict out. No config
-objects, no logging, no collectives. `ms_algos.py` is the same math in MindSpore ops for
-the training graph and is tested against this file.
+objects, no logging, no collectives. `ms_algos.py` is the same math in MindSpore ops for the
+training graph, registered under the same names, and is tested against this file.
 
 Every token-level function takes an explicit `mask` (B, R): 1 for response tokens that
 count, 0 for padding. Every token reduction goes through `masked_sum` / `masked_mean`,
-and every loss reduction through `aggregate`.
+and every loss reduction through `aggregate`. Reward stds are `utils.stats.sample_std`.
 
-Registries (unknown names fail listing the valid ones):
-    ADVANTAGES     advantage estimators      fn(rewards, group_size, **params) -> (adv, metrics)
-    REWARD_SCALES  advantage scalings        fn(rewards (B,), group_size) -> (B,) std or None
-    KL_ESTIMATORS  per-token KL estimators   fn(logp, ref_logp) -> (B, R)
-    POLICY_LOSSES  per-token policy losses   fn(logp, old_logp, advantages, mask, **params)
-                                                 -> ((B, R) loss, metrics)
-    AGG_MODES      loss aggregation modes    fn(loss, mask, max_len, global_tokens, global_seqs)
-                                                 -> scalar
+Registries, the one source of each kind's names (unknown names fail listing the valid ones). A
+function's keyword-only parameters are its settings, named like the `rl_config` keys that set them:
+    ADVANTAGES           advantage estimators   fn(rewards (B,), group_size, *, ...) -> ((B,), metrics)
+    REWARD_SCALES        advantage scalings     fn(rewards (B,), group_size) -> (B,) std or None
+    KL_ESTIMATORS        per-token KL           fn(logp, ref_logp) -> (B, R)
+    POLICY_LOSSES        per-token policy loss  fn(logp, old_logp, advantages, mask, *, ...)
+                                                    -> ((B, R) loss, metrics)
+    ROLLOUT_CORRECTIONS  rollout/training       fn(old_logp, rollout_logp, mask, *, ...)
+                         importance weights         -> (B, R) or (B, 1) weight, or None
+    AGG_MODES            loss aggregation       fn(loss, mask, max_len, global_tokens, global_seqs)
+                                                    -> scalar
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from mindgrpo.utils.registry import Registry
+from mindgrpo.utils.stats import sample_std
 
 ADVANTAGES = Registry("advantage estimator")
 REWARD_SCALES = Registry("advantage scale")
 KL_ESTIMATORS = Registry("KL estimator")
 POLICY_LOSSES = Registry("policy loss")
+ROLLOUT_CORRECTIONS = Registry("rollout correction")
 AGG_MODES = Registry("loss aggregation mode")
 
 Metrics = Dict[str, float]
@@ -52,6 +58,12 @@ def masked_mean(x, mask, axis=None):
     return masked_sum(x, mask, axis) / np.maximum(count, 1.0)
 
 
+def masked_max(x, mask):
+    """Largest `x` where mask is set; 0 for an empty mask."""
+    x, mask = np.asarray(x), np.asarray(mask)
+    return float(np.max(x[mask != 0])) if np.any(mask != 0) else 0.0
+
+
 def num_tokens(mask) -> float:
     """Tokens that count in `mask` (B, R): the default `global_tokens` of `aggregate`."""
     return float(np.sum(np.asarray(mask, dtype=np.float64)))
@@ -63,27 +75,39 @@ def num_seqs(mask) -> float:
 
 
 # ---------------------------------------------------------------------------------------
-# Advantages
+# Advantages: one per sample, from the rewards (B,) of B = prompts * G samples, each
+# prompt's G samples adjacent
 # ---------------------------------------------------------------------------------------
 
 
-def _std(x, axis=None):
-    """Unbiased (n - 1) std, as TRL's `nanstd`; 0 where fewer than two values."""
-    n = x.shape[axis] if axis is not None else x.size
-    if n < 2:
-        return np.zeros(np.mean(x, axis=axis).shape, dtype=x.dtype)
-    return np.std(x, axis=axis, ddof=1)
+def _rewards(rewards, group_size: int, least: int = 1) -> np.ndarray:
+    r = np.asarray(rewards)
+    r = r if np.issubdtype(r.dtype, np.floating) else r.astype(np.float64)
+    if r.ndim != 1 or group_size < least or r.size % group_size != 0:
+        raise ValueError(f"rewards must be (B,) with B a multiple of group_size={group_size} >= {least}; "
+                         f"got {r.shape}")
+    return r
+
+
+def _advantage_metrics(r: np.ndarray, advantages: np.ndarray, group_size: int) -> Metrics:
+    group_std = sample_std(r.reshape(-1, group_size), axis=1)  # (B/G,)
+    return {
+        "reward_mean": float(r.mean()),
+        "reward_std": float(sample_std(r)),
+        "frac_reward_zero_std": float(np.mean(np.isclose(group_std, 0.0))),
+        "advantage_abs_mean": float(np.abs(advantages).mean()),
+    }
 
 
 @REWARD_SCALES.register("group")
 def _scale_by_group_std(rewards, group_size):
     # (B/G, G) -> (B/G,) -> (B,)
-    return np.repeat(_std(rewards.reshape(-1, group_size), axis=1), group_size)
+    return np.repeat(sample_std(rewards.reshape(-1, group_size), axis=1), group_size)
 
 
 @REWARD_SCALES.register("batch")
 def _scale_by_batch_std(rewards, group_size):
-    return np.full_like(rewards, _std(rewards))
+    return np.full_like(rewards, sample_std(rewards))
 
 
 @REWARD_SCALES.register("none")
@@ -92,35 +116,49 @@ def _no_scale(rewards, group_size):
 
 
 @ADVANTAGES.register("grpo")
-def group_advantages(rewards, group_size: int, scale: str = "group", eps: float = 1e-6):
-    """GRPO outcome advantages, one per sample.
-
-    rewards: (B,) with B = prompts * G, each prompt's G samples adjacent.
-    advantage = (r - mean of its group) / (std + eps), where std is
-        scale="group": the unbiased std of its group (TRL's scale_rewards="group"),
-        scale="batch": the unbiased std of all B rewards (TRL's scale_rewards="batch"),
-        scale="none":  no division (Dr.GRPO).
-    Stds are unbiased (divide by n - 1) like TRL 1.16's `nanstd`; a single sample has std 0.
-    TRL adds eps=1e-4 to the std; verl adds 1e-6 (our default).
-    Returns (advantages (B,), metrics).
+def group_advantages(rewards, group_size: int, *, advantage_scale: str = "group", advantage_eps: float = 1e-6):
+    """GRPO: advantage = (r - mean of its group) / (std + advantage_eps), where std is
+        advantage_scale="group": the std of its group (TRL's scale_rewards="group"),
+        advantage_scale="batch": the std of all B rewards (TRL's scale_rewards="batch"),
+        advantage_scale="none":  no division (= dr_grpo).
+    TRL adds eps=1e-4 to the std; verl adds 1e-6 (our default). Returns (advantages (B,), metrics).
     """
-    r = np.asarray(rewards)
-    r = r if np.issubdtype(r.dtype, np.floating) else r.astype(np.float64)
-    if r.ndim != 1 or group_size < 1 or r.size % group_size != 0:
-        raise ValueError(f"rewards must be (B,) with B a multiple of group_size={group_size}; got {r.shape}")
+    r = _rewards(rewards, group_size)
     grouped = r.reshape(-1, group_size)  # (B/G, G)
     advantages = (grouped - grouped.mean(axis=1, keepdims=True)).reshape(-1)  # (B,)
-    std = REWARD_SCALES.get(scale)(r, group_size)
+    std = REWARD_SCALES.get(advantage_scale)(r, group_size)
     if std is not None:
-        advantages = advantages / (std + eps)
-    group_std = _std(grouped, axis=1)  # (B/G,)
-    metrics = {
-        "reward_mean": float(r.mean()),
-        "reward_std": float(_std(r)),
-        "frac_reward_zero_std": float(np.mean(np.isclose(group_std, 0.0))),
-        "advantage_abs_mean": float(np.abs(advantages).mean()),
-    }
-    return advantages, metrics
+        advantages = advantages / (std + advantage_eps)
+    return advantages, _advantage_metrics(r, advantages, group_size)
+
+
+@ADVANTAGES.register("dr_grpo")
+def dr_grpo_advantages(rewards, group_size: int):
+    """Dr.GRPO (Liu et al. 2025): r - mean of its group, no std division."""
+    return group_advantages(rewards, group_size, advantage_scale="none")
+
+
+@ADVANTAGES.register("rloo")
+def rloo_advantages(rewards, group_size: int):
+    """RLOO (Ahmadian et al. 2024; TRL's RLOOTrainer): r_i - the mean of the G - 1 other rewards of
+    its group, which is G / (G - 1) * (r_i - group mean). Needs G >= 2."""
+    r = _rewards(rewards, group_size, least=2)
+    grouped = r.reshape(-1, group_size)  # (B/G, G)
+    baseline = (grouped.sum(axis=1, keepdims=True) - grouped) / (group_size - 1)
+    advantages = (grouped - baseline).reshape(-1)  # (B,)
+    return advantages, _advantage_metrics(r, advantages, group_size)
+
+
+@ADVANTAGES.register("reinforce_plus_plus_baseline")
+def reinforce_pp_baseline_advantages(rewards, group_size: int, *, advantage_eps: float = 1e-6):
+    """REINFORCE++ with baseline (Hu et al. 2025): a = r - mean of its group, then whitened over
+    the batch's B samples: (a - mean(a)) / (std(a) + advantage_eps). (verl whitens over response
+    tokens, which weighs each sample by its length; here every sample counts once.)"""
+    r = _rewards(rewards, group_size)
+    grouped = r.reshape(-1, group_size)  # (B/G, G)
+    centred = (grouped - grouped.mean(axis=1, keepdims=True)).reshape(-1)  # (B,)
+    advantages = (centred - centred.mean()) / (sample_std(centred) + advantage_eps)
+    return advantages, _advantage_metrics(r, advantages, group_size)
 
 
 # ---------------------------------------------------------------------------------------
@@ -161,7 +199,11 @@ def kl_penalty(logp, ref_logp, kind: str = "low_var_kl"):
 
 
 # ---------------------------------------------------------------------------------------
-# Policy loss, per token
+# Policy losses, per token: logp, old_logp, mask (B, R), advantages (B,) or (B, R)
+#     -> ((B, R) loss, metrics)
+# Every loss reports the same metrics (token means over mask): clipfrac_low, clipfrac_high,
+# clipfrac (either), dual_clipfrac, ppo_kl (mean of old_logp - logp). A loss without a hard
+# clip reports 0 clipped tokens. A sequence-level ratio counts every token of its sequence.
 # ---------------------------------------------------------------------------------------
 
 
@@ -171,25 +213,11 @@ def _per_token(advantages):
     return a[:, None] if a.ndim == 1 else a
 
 
-@POLICY_LOSSES.register("clip")
-def policy_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_high: float = 0.2,
-                dual_clip: Optional[float] = None) -> Tuple[np.ndarray, Metrics]:
-    """PPO clipped surrogate per token, optionally dual-clipped.
-
-    logp, old_logp, mask: (B, R); advantages: (B,) or (B, R).
-    ratio r = exp(logp - old_logp); loss = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A).
-    dual_clip = c > 1 bounds the loss of negative-advantage tokens by -c * A: for A < 0 the
-    clipped loss is |A| * max(r, 1 - clip_low), which grows without bound in r; the dual clip
-    caps it at c * |A|, i.e. it bites exactly where r > c (Ye et al. 2020; verl's clip_ratio_c).
-    Metrics (masked means over tokens): clipfrac_low (r < 1 - clip_low, A < 0),
-    clipfrac_high (r > 1 + clip_high, A > 0), clipfrac (either; TRL's region clip ratio),
-    dual_clipfrac (r > c, A < 0), ppo_kl (mean of old_logp - logp).
-    """
-    logp, old_logp = np.asarray(logp), np.asarray(old_logp)
-    adv = _per_token(advantages)  # (B, 1) or (B, R)
-    ratio = np.exp(logp - old_logp)  # (B, R)
+def _clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip):
+    """-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), dual-clipped at -dual_clip * A for A < 0;
+    ratio (B, R) or (B, 1). Returns (loss, is_low, is_high, is_dual)."""
     clipped = np.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = -np.minimum(ratio * adv, clipped * adv)  # (B, R)
+    loss = -np.minimum(ratio * adv, clipped * adv)
     is_low = (ratio < 1.0 - clip_low) & (adv < 0)
     is_high = (ratio > 1.0 + clip_high) & (adv > 0)
     is_dual = np.zeros_like(is_low)
@@ -198,14 +226,202 @@ def policy_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_hi
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         is_dual = (ratio > dual_clip) & (adv < 0)
         loss = np.where(adv < 0, np.minimum(loss, -dual_clip * adv), loss)
+    return loss, is_low, is_high, is_dual
+
+
+def _loss_and_metrics(loss, mask, logp, old_logp, is_low, is_high, is_dual=None):
+    """Broadcast loss and flags to mask's (B, R); the shared metrics."""
+    mask = np.asarray(mask)
+    low, high = np.broadcast_to(is_low, mask.shape), np.broadcast_to(is_high, mask.shape)
+    dual = np.zeros(mask.shape, bool) if is_dual is None else np.broadcast_to(is_dual, mask.shape)
     metrics = {
-        "clipfrac_low": float(masked_mean(is_low, mask)),
-        "clipfrac_high": float(masked_mean(is_high, mask)),
-        "clipfrac": float(masked_mean(is_low | is_high, mask)),
-        "dual_clipfrac": float(masked_mean(is_dual, mask)),
+        "clipfrac_low": float(masked_mean(low, mask)),
+        "clipfrac_high": float(masked_mean(high, mask)),
+        "clipfrac": float(masked_mean(low | high, mask)),
+        "dual_clipfrac": float(masked_mean(dual, mask)),
         "ppo_kl": float(masked_mean(old_logp - logp, mask)),
     }
-    return loss, metrics
+    return np.broadcast_to(loss, mask.shape), metrics
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def policy_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2, clip_high: float = 0.2,
+                dual_clip: Optional[float] = None) -> Tuple[np.ndarray, Metrics]:
+    """PPO clipped surrogate per token, optionally dual-clipped.
+
+    ratio r = exp(logp - old_logp); loss = -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A).
+    clip_high > clip_low is DAPO's clip-higher. dual_clip = c > 1 bounds the loss of
+    negative-advantage tokens by -c * A: for A < 0 the clipped loss is |A| * max(r, 1 - clip_low),
+    which grows without bound in r; the dual clip caps it at c * |A|, i.e. it bites exactly where
+    r > c (Ye et al. 2020; verl's clip_ratio_c; TRL's `delta` when c >= 1 + clip_high).
+    """
+    logp, old_logp = np.asarray(logp), np.asarray(old_logp)
+    ratio = np.exp(logp - old_logp)  # (B, R)
+    loss, low, high, dual = _clipped_surrogate(ratio, _per_token(advantages), clip_low, clip_high, dual_clip)
+    return _loss_and_metrics(loss, mask, logp, old_logp, low, high, dual)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2, clip_high: float = 0.2,
+              dual_clip: Optional[float] = None):
+    """GSPO (Zheng et al. 2025; TRL's importance_sampling_level="sequence"): the clipped surrogate
+    of one ratio per sequence, s = exp(mean over its tokens of logp - old_logp), the same for
+    each of its tokens. The paper clips s to [1 - 3e-4, 1 + 4e-4] (clip_low, clip_high)."""
+    logp, old_logp = np.asarray(logp), np.asarray(old_logp)
+    ratio = np.exp(masked_mean(logp - old_logp, mask, axis=-1))[:, None]  # (B, 1)
+    loss, low, high, dual = _clipped_surrogate(ratio, _per_token(advantages), clip_low, clip_high, dual_clip)
+    return _loss_and_metrics(loss, mask, logp, old_logp, low, high, dual)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(logp, old_logp, advantages, mask, *, cispo_epsilon_max: float = 5.0):
+    """CISPO (MiniMax-M1, 2025, in ScaleRL's form; TRL's loss_type="cispo" with epsilon_high set to
+    epsilon_max): loss = -sg(min(r, epsilon_max)) * A * logp, so every token keeps a gradient,
+    -min(r, epsilon_max) * A * grad logp (sg: no gradient through the weight; this numpy value
+    cannot show that). clipfrac_high counts tokens whose weight is capped, whatever the sign of
+    A (TRL's cispo_clip_ratio counts A > 0 only)."""
+    logp, old_logp = np.asarray(logp), np.asarray(old_logp)
+    ratio = np.exp(logp - old_logp)  # (B, R)
+    loss = -np.minimum(ratio, cispo_epsilon_max) * _per_token(advantages) * logp
+    return _loss_and_metrics(loss, mask, logp, old_logp, np.zeros(ratio.shape, bool), ratio > cispo_epsilon_max)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo_loss(logp, old_logp, advantages, mask, *, sapo_temperature_pos: float = 1.0,
+              sapo_temperature_neg: float = 1.05):
+    """SAPO (Gao et al. 2025; TRL's loss_type="sapo"): a soft gate instead of the hard clip,
+    loss = -(4 / tau) * sigmoid(tau * (r - 1)) * A with tau = sapo_temperature_pos where A > 0,
+    sapo_temperature_neg elsewhere. Its gradient in r is A at r = 1 (as the surrogate r * A) and
+    fades smoothly as r leaves 1. No token is hard-clipped."""
+    logp, old_logp = np.asarray(logp), np.asarray(old_logp)
+    ratio = np.exp(logp - old_logp)  # (B, R)
+    adv = _per_token(advantages)
+    tau = np.where(adv > 0, sapo_temperature_pos, sapo_temperature_neg)
+    loss = -_sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv
+    none = np.zeros(ratio.shape, bool)
+    return _loss_and_metrics(loss, mask, logp, old_logp, none, none)
+
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo_loss(logp, old_logp, advantages, mask, *, gmpo_epsilon: float = 0.4):
+    """GMPO (Zhao et al. 2025): maximise the geometric mean of the token ratios, clipped per token
+    in log space. d = logp - old_logp is clipped pessimistically to [-epsilon, epsilon] (min(d,
+    clip(d)) where A > 0, max(d, clip(d)) where A < 0, as PPO's clip in log space), then
+    loss = -A * exp(mean over the sequence's tokens of the clipped d), the same for each of its
+    tokens (A: the sequence's advantage; its tokens' mean for (B, R) advantages). The paper's
+    epsilon is 0.4, ratios within (e^-0.4, e^0.4); its loss is a mean over sequences
+    (loss_agg_mode seq-mean-token-mean)."""
+    logp, old_logp = np.asarray(logp), np.asarray(old_logp)
+    adv = _per_token(advantages)
+    d = logp - old_logp  # (B, R)
+    d_clip = np.clip(d, -gmpo_epsilon, gmpo_epsilon)
+    d_pess = np.where(adv < 0, np.maximum(d, d_clip), np.minimum(d, d_clip))  # (B, R)
+    ratio = np.exp(masked_mean(d_pess, mask, axis=-1))[:, None]  # (B, 1)
+    seq_adv = adv if adv.shape[-1] == 1 else masked_mean(adv, mask, axis=-1)[:, None]  # (B, 1)
+    return _loss_and_metrics(-seq_adv * ratio, mask, logp, old_logp, (d < -gmpo_epsilon) & (adv < 0),
+                             (d > gmpo_epsilon) & (adv > 0))
+
+
+# ---------------------------------------------------------------------------------------
+# Top-entropy tokens (Wang et al. 2025, "Beyond the 80/20 rule"; TRL's top_entropy_quantile)
+# ---------------------------------------------------------------------------------------
+
+
+def top_entropy_mask(entropy, mask, top_entropy_quantile: float):
+    """(B, R) 1.0 on the tokens of `mask` whose entropy is at least the (1 - top_entropy_quantile)
+    quantile of the entropies in `mask` (linear interpolation, as torch.quantile), 0 elsewhere:
+    the top rho of the tokens by entropy; rho = 0 keeps the highest-entropy token(s) only."""
+    entropy, mask = np.asarray(entropy), np.asarray(mask)
+    valid = entropy[mask != 0]
+    if valid.size == 0:
+        return np.zeros(mask.shape)
+    threshold = np.quantile(valid, 1.0 - top_entropy_quantile)
+    return ((entropy >= threshold) & (mask != 0)).astype(mask.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Rollout/training mismatch: old_logp (the training side's log-probs before the update),
+# rollout_logp (the rollout engine's, of the distribution it sampled from, after top-k/p) (B, R)
+# -> weights of the per-token policy loss, (B, R) per token or (B, 1) per sequence, or None
+# ---------------------------------------------------------------------------------------
+
+
+def _log_weight(old_logp, rollout_logp, mask, sequence: bool):
+    d = (np.asarray(old_logp) - np.asarray(rollout_logp)) * mask  # (B, R); padding: weight 1
+    return d.sum(axis=-1, keepdims=True) if sequence else d
+
+
+def _truncated(log_w, threshold):
+    with np.errstate(over="ignore"):  # exp overflows to inf, which the cap takes down to threshold
+        return np.minimum(np.exp(log_w), threshold)
+
+
+def _masked(log_w, threshold):
+    with np.errstate(over="ignore"):
+        w = np.exp(log_w)
+    return np.where((w >= 1.0 / threshold) & (w <= threshold), w, 0.0)
+
+
+@ROLLOUT_CORRECTIONS.register("none")
+def no_correction(old_logp, rollout_logp, mask):
+    return None
+
+
+@ROLLOUT_CORRECTIONS.register("tis_token")
+def tis_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
+    """Truncated importance sampling per token (Yao et al. 2025): min(exp(old - rollout), threshold)
+    (TRL's vllm_importance_sampling_mode="token_truncate", clip_max = threshold, no clip_min)."""
+    return _truncated(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
+
+
+@ROLLOUT_CORRECTIONS.register("tis_sequence")
+def tis_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
+    """One truncated weight per sequence: min(prod of its tokens' ratios, threshold)
+    (TRL's "sequence_truncate")."""
+    return _truncated(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
+
+
+@ROLLOUT_CORRECTIONS.register("mask_token")
+def mask_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
+    """Tokens whose ratio leaves [1 / threshold, threshold] get weight 0, the others their ratio
+    (TRL's "token_mask", clip_min = 1 / threshold, clip_max = threshold)."""
+    return _masked(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
+
+
+@ROLLOUT_CORRECTIONS.register("mask_sequence")
+def mask_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
+    """Sequences whose ratio (the product of their tokens') leaves [1 / threshold, threshold] get
+    weight 0, the others their ratio (TRL's "sequence_mask")."""
+    return _masked(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
+
+
+def correction_metrics(weight, raw_log_weight, mask) -> Metrics:
+    """weight: a correction's (B, R) or (B, 1) output; raw_log_weight: its uncorrected log (the
+    same shape). Token means over mask, a sequence's weight counting for each of its tokens:
+    weight_mean, weight_max, clipfrac (tokens whose weight was truncated or masked)."""
+    w = np.broadcast_to(weight, np.shape(mask))
+    with np.errstate(over="ignore"):
+        changed = np.broadcast_to(np.exp(raw_log_weight) != weight, np.shape(mask))
+    return {"rollout_correction/weight_mean": float(masked_mean(w, mask)),
+            "rollout_correction/weight_max": masked_max(w, mask),
+            "rollout_correction/clipfrac": float(masked_mean(changed, mask))}
+
+
+def mismatch_metrics(train_logp, rollout_logp, mask) -> Metrics:
+    """How far the rollout engine's log-probs are from the training graph's for the same tokens
+    (token means over mask): mean and max |train - rollout|, the k3 estimate of
+    KL(rollout || train) (the tokens are samples of the rollout's distribution), and
+    log_ppl_ratio = mean(rollout - train), the log of the training perplexity over the rollout
+    perplexity (the trainer logs its exp as ppl_ratio)."""
+    d = np.asarray(train_logp) - np.asarray(rollout_logp)
+    return {"mismatch/abs_diff_mean": float(masked_mean(np.abs(d), mask)),
+            "mismatch/abs_diff_max": masked_max(np.abs(d), mask),
+            "mismatch/k3": float(masked_mean(kl_k3(rollout_logp, train_logp), mask)),
+            "mismatch/log_ppl_ratio": float(masked_mean(-d, mask))}
 
 
 # ---------------------------------------------------------------------------------------
@@ -267,18 +483,34 @@ def aggregate(per_token_loss, mask, mode: str = "token-mean", max_len: Optional[
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0.0,
-              kl_kind: str = "low_var_kl", clip_low: float = 0.2, clip_high: float = 0.2,
-              dual_clip: Optional[float] = None, agg_mode: str = "token-mean",
-              max_len: Optional[int] = None, global_tokens: Optional[float] = None,
-              global_seqs: Optional[float] = None, loss_fn: str = "clip"):
-    """aggregate(policy loss) + beta * aggregate(KL to the reference), both with `agg_mode`.
+              kl_kind: str = "low_var_kl", agg_mode: str = "token-mean", max_len: Optional[int] = None,
+              global_tokens: Optional[float] = None, global_seqs: Optional[float] = None,
+              policy_loss: str = "ppo_clip", entropy=None, top_entropy_quantile: float = 1.0,
+              rollout_logp=None, rollout_correction: str = "none", rollout_correction_threshold: float = 2.0,
+              **loss_params):
+    """aggregate(policy loss * top-entropy mask * rollout weight) + beta * aggregate(KL to the
+    reference), both with `agg_mode`, as TRL's _compute_loss (the KL term is neither masked nor
+    weighted). Masked tokens keep counting in the normalisers.
 
-    Aggregation is linear, so this equals TRL's aggregate(policy + beta * KL per token).
+    loss_params: the keyword parameters of `policy_loss` (e.g. clip_low=0.2).
+    entropy (B, R): needed when top_entropy_quantile < 1.
+    rollout_logp (B, R): the rollout engine's log-probs of the sampled distribution; with
+    rollout_correction != "none" the per-token policy loss is weighted by the correction's weights
+    (computed against old_logp) and their metrics are reported. None: no correction.
     ref_logp may be None when beta == 0; when given, its KL is reported even with beta == 0.
     Returns (loss scalar, metrics).
     """
-    pg_tok, metrics = POLICY_LOSSES.get(loss_fn)(logp, old_logp, advantages, mask, clip_low=clip_low,
-                                                 clip_high=clip_high, dual_clip=dual_clip)
+    pg_tok, metrics = POLICY_LOSSES.get(policy_loss)(logp, old_logp, advantages, mask, **loss_params)
+    if top_entropy_quantile < 1.0:
+        if entropy is None:
+            raise ValueError("grpo_loss: top_entropy_quantile < 1 needs entropy")
+        pg_tok = pg_tok * top_entropy_mask(entropy, mask, top_entropy_quantile)
+    correct = ROLLOUT_CORRECTIONS.get(rollout_correction)
+    if rollout_logp is not None and rollout_correction != "none":
+        weight = correct(old_logp, rollout_logp, mask, rollout_correction_threshold=rollout_correction_threshold)
+        pg_tok = pg_tok * weight
+        raw = _log_weight(old_logp, rollout_logp, mask, sequence=np.shape(weight)[-1] == 1)
+        metrics.update(correction_metrics(weight, raw, mask))
     norm = dict(mode=agg_mode, max_len=max_len, global_tokens=global_tokens, global_seqs=global_seqs)
     pg = aggregate(pg_tok, mask, **norm)
     loss = pg

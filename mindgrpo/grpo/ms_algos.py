@@ -5,20 +5,22 @@ tensor values (only on Python scalars, strings and None, which are constants at 
 Tensors in, tensors out; metrics are 0-d tensors so logging them costs one sync, outside.
 
 Two layers:
-  * tensor functions, each registered under the same name as its numpy twin in `algos.py`:
-        KL_ESTIMATORS  fn(logp, ref_logp) -> (B, R)
-        POLICY_LOSSES  fn(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
-                           -> ((B, R) loss, metrics)
-        AGG_MODES      fn(loss, mask, max_len, global_tokens, global_seqs) -> 0-d
+  * tensor functions, each registered under the name of its numpy twin in `algos.py`, with the
+    same keyword parameters (each registry takes its names from the numpy one, which is the one
+    source of names):
+        KL_ESTIMATORS        fn(logp, ref_logp) -> (B, R)
+        POLICY_LOSSES        fn(logp, old_logp, advantages, mask, *, ...) -> ((B, R) loss, metrics)
+        ROLLOUT_CORRECTIONS  fn(old_logp, rollout_logp, mask, *, ...) -> (B, R) or (B, 1) weight, or None
+        AGG_MODES            fn(loss, mask, max_len, global_tokens, global_seqs) -> 0-d
   * Cells that resolve names through those registries when they are built (in Python, where
     unknown names fail listing the valid ones) and only do tensor math in `construct`:
-        KLPenalty(kind), Aggregate(mode, max_len), GRPOLoss(beta, kl_kind, ..., agg_mode).
+        KLPenalty(kind), Aggregate(mode, max_len), GRPOLoss(beta, kl_kind, agg_mode, ...).
     The lookup cannot happen inside `construct`: MindSpore's graph compiler parses every
     function called there, and `Registry.get` contains a try/except, which it rejects.
 
-Python-float hyper-parameters (clip bounds, beta, dual_clip) become float32 constants in the
-graph, even when the tensors are float64 (MindSpore 2.10): float64 results agree with numpy to
-~1e-8 relative per term, float32 ones are unaffected.
+Python-float hyper-parameters (clip bounds, beta, dual_clip, temperatures, thresholds) become
+float32 constants in the graph, even when the tensors are float64 (MindSpore 2.10): float64
+results agree with numpy to ~1e-8 relative per term, float32 ones are unaffected.
 
 Normalisers (`global_tokens`, `global_seqs`) are 0-d tensors so the global counts summed over
 micro-batches and data-parallel ranks can be fed in; see `algos.py` for the semantics.
@@ -28,13 +30,16 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mindspore import nn, ops
+import mindspore as ms
+from mindspore import Tensor, nn, ops
 
+from mindgrpo.grpo import algos
 from mindgrpo.utils.registry import Registry
 
-KL_ESTIMATORS = Registry("KL estimator")
-POLICY_LOSSES = Registry("policy loss")
-AGG_MODES = Registry("loss aggregation mode")
+KL_ESTIMATORS = Registry("KL estimator", names_from=algos.KL_ESTIMATORS)
+POLICY_LOSSES = Registry("policy loss", names_from=algos.POLICY_LOSSES)
+ROLLOUT_CORRECTIONS = Registry("rollout correction", names_from=algos.ROLLOUT_CORRECTIONS)
+AGG_MODES = Registry("loss aggregation mode", names_from=algos.AGG_MODES)
 
 
 # ---------------------------------------------------------------------------------------
@@ -50,6 +55,11 @@ def masked_sum(x, mask, axis=None):
 def masked_mean(x, mask, axis=None):
     """masked_sum / (mask count, at least 1)."""
     return masked_sum(x, mask, axis) / ops.clamp(mask.sum(axis), min=1.0)
+
+
+def masked_max(x, mask):
+    """0-d max of x >= 0 where mask is set; 0 for an empty mask."""
+    return ops.where(mask != 0, x, ops.zeros_like(x)).max()
 
 
 def num_tokens(mask):
@@ -90,40 +100,181 @@ def kl_low_var(logp, ref_logp):
 
 
 # ---------------------------------------------------------------------------------------
-# Policy loss, per token
+# Policy losses, per token (see algos.py): logp, old_logp, mask (B, R), advantages (B,) or
+# (B, R) -> ((B, R) loss, metrics of 0-d tensors)
 # ---------------------------------------------------------------------------------------
 
 
-@POLICY_LOSSES.register("clip")
-def policy_loss(logp, old_logp, advantages, mask, clip_low: float = 0.2, clip_high: float = 0.2,
-                dual_clip: Optional[float] = None):
-    """PPO clipped surrogate per token, optionally dual-clipped; see algos.policy_loss.
+def _per_token(advantages):
+    return advantages.expand_dims(-1) if advantages.ndim == 1 else advantages  # (B, 1) or (B, R)
 
-    logp, old_logp, mask: (B, R); advantages: (B,) or (B, R). Python-scalar clip values.
-    Returns ((B, R) loss, metrics of 0-d tensors).
-    """
-    adv = advantages.expand_dims(-1) if advantages.ndim == 1 else advantages  # (B, 1) or (B, R)
-    ratio = ops.exp(logp - old_logp)  # (B, R)
+
+def _clipped_surrogate(ratio, adv, clip_low, clip_high, dual_clip, dtype):
+    """ratio (B, R) or (B, 1) -> (loss, is_low, is_high, is_dual), as algos._clipped_surrogate."""
     clipped = ops.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = -ops.minimum(ratio * adv, clipped * adv)  # (B, R)
+    loss = -ops.minimum(ratio * adv, clipped * adv)
     neg, pos = adv < 0, adv > 0
-    is_low = ops.logical_and(ratio < 1.0 - clip_low, neg).astype(mask.dtype)
-    is_high = ops.logical_and(ratio > 1.0 + clip_high, pos).astype(mask.dtype)
+    is_low = ops.logical_and(ratio < 1.0 - clip_low, neg).astype(dtype)
+    is_high = ops.logical_and(ratio > 1.0 + clip_high, pos).astype(dtype)
     if dual_clip is None:
         is_dual = ops.zeros_like(is_low)
     else:
         if dual_clip <= 1.0:
             raise ValueError("dual_clip must be > 1")
-        is_dual = ops.logical_and(ratio > dual_clip, neg).astype(mask.dtype)
+        is_dual = ops.logical_and(ratio > dual_clip, neg).astype(dtype)
         loss = ops.where(neg, ops.minimum(loss, -dual_clip * adv), loss)
+    return loss, is_low, is_high, is_dual
+
+
+def _loss_and_metrics(loss, mask, logp, old_logp, is_low, is_high, is_dual):
+    """Loss and 0/1 flags broadcast to mask's (B, R); the metrics every loss reports."""
+    shape = mask.shape
+    low, high = ops.broadcast_to(is_low, shape), ops.broadcast_to(is_high, shape)
     metrics = {
-        "clipfrac_low": masked_mean(is_low, mask),
-        "clipfrac_high": masked_mean(is_high, mask),
-        "clipfrac": masked_mean(is_low + is_high, mask),  # disjoint: A < 0 vs A > 0
-        "dual_clipfrac": masked_mean(is_dual, mask),
+        "clipfrac_low": masked_mean(low, mask),
+        "clipfrac_high": masked_mean(high, mask),
+        "clipfrac": masked_mean(low + high, mask),  # disjoint: A < 0 vs A > 0
+        "dual_clipfrac": masked_mean(ops.broadcast_to(is_dual, shape), mask),
         "ppo_kl": masked_mean(old_logp - logp, mask),
     }
-    return loss, metrics
+    return ops.broadcast_to(loss, shape), metrics
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def policy_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2, clip_high: float = 0.2,
+                dual_clip: Optional[float] = None):
+    ratio = ops.exp(logp - old_logp)  # (B, R)
+    loss, low, high, dual = _clipped_surrogate(ratio, _per_token(advantages), clip_low, clip_high, dual_clip,
+                                               mask.dtype)
+    return _loss_and_metrics(loss, mask, logp, old_logp, low, high, dual)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(logp, old_logp, advantages, mask, *, clip_low: float = 0.2, clip_high: float = 0.2,
+              dual_clip: Optional[float] = None):
+    ratio = ops.exp(masked_mean(logp - old_logp, mask, -1)).expand_dims(-1)  # (B, 1)
+    loss, low, high, dual = _clipped_surrogate(ratio, _per_token(advantages), clip_low, clip_high, dual_clip,
+                                               mask.dtype)
+    return _loss_and_metrics(loss, mask, logp, old_logp, low, high, dual)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(logp, old_logp, advantages, mask, *, cispo_epsilon_max: float = 5.0):
+    ratio = ops.exp(logp - old_logp)  # (B, R)
+    weight = ops.stop_gradient(ops.clamp(ratio, max=cispo_epsilon_max))
+    loss = -weight * _per_token(advantages) * logp
+    capped = (ratio > cispo_epsilon_max).astype(mask.dtype)
+    return _loss_and_metrics(loss, mask, logp, old_logp, ops.zeros_like(capped), capped, ops.zeros_like(capped))
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo_loss(logp, old_logp, advantages, mask, *, sapo_temperature_pos: float = 1.0,
+              sapo_temperature_neg: float = 1.05):
+    ratio = ops.exp(logp - old_logp)  # (B, R)
+    adv = _per_token(advantages)
+    ones = ops.ones_like(adv)
+    tau = ops.where(adv > 0, ones * sapo_temperature_pos, ones * sapo_temperature_neg)
+    loss = -ops.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv
+    none = ops.zeros_like(mask)
+    return _loss_and_metrics(loss, mask, logp, old_logp, none, none, none)
+
+
+@POLICY_LOSSES.register("gmpo")
+def gmpo_loss(logp, old_logp, advantages, mask, *, gmpo_epsilon: float = 0.4):
+    adv = _per_token(advantages)
+    d = logp - old_logp  # (B, R)
+    d_clip = ops.clamp(d, -gmpo_epsilon, gmpo_epsilon)
+    neg = ops.broadcast_to(adv < 0, d.shape)
+    d_pess = ops.where(neg, ops.maximum(d, d_clip), ops.minimum(d, d_clip))  # (B, R)
+    ratio = ops.exp(masked_mean(d_pess, mask, -1)).expand_dims(-1)  # (B, 1)
+    seq_adv = adv if adv.shape[-1] == 1 else masked_mean(adv, mask, -1).expand_dims(-1)  # (B, 1)
+    low = ops.logical_and(d < -gmpo_epsilon, adv < 0).astype(mask.dtype)
+    high = ops.logical_and(d > gmpo_epsilon, adv > 0).astype(mask.dtype)
+    return _loss_and_metrics(-seq_adv * ratio, mask, logp, old_logp, low, high, ops.zeros_like(low))
+
+
+# ---------------------------------------------------------------------------------------
+# Top-entropy tokens
+# ---------------------------------------------------------------------------------------
+
+
+def top_entropy_mask(entropy, mask, quantile):
+    """(B, R) 1.0 on the tokens of mask whose entropy is at least the `quantile` (a float64 0-d
+    tensor: 1 - top_entropy_quantile) quantile of the entropies in mask, as algos.top_entropy_mask.
+    The masked-out entries sort first (below every entropy), so the n tokens in mask are the last n
+    of the sorted row; the quantile's position is found in float64 as numpy does, and interpolated
+    as numpy and torch do (from the nearer end)."""
+    flat = entropy.reshape(-1)  # (B*R,)
+    valid = mask.reshape(-1) != 0
+    size = flat.shape[0]
+    ordered, _ = ops.sort(ops.where(valid, flat, ops.ones_like(flat) * -1e9))
+    n = valid.astype(ms.float64).sum()
+    pos = (size - n) + quantile * (n - 1.0)  # float64, as numpy's virtual index
+    lo = ops.floor(pos)
+    frac = (pos - lo).astype(entropy.dtype)
+    a = ops.gather(ordered, ops.clamp(lo, 0.0, size - 1.0).astype(ms.int32), 0)
+    b = ops.gather(ordered, ops.clamp(lo + 1.0, 0.0, size - 1.0).astype(ms.int32), 0)
+    threshold = ops.where(frac >= 0.5, b - (b - a) * (1.0 - frac), a + (b - a) * frac)
+    return ops.stop_gradient(ops.logical_and(entropy >= threshold, mask != 0).astype(mask.dtype))
+
+
+# ---------------------------------------------------------------------------------------
+# Rollout/training mismatch (see algos.py)
+# ---------------------------------------------------------------------------------------
+
+
+def _log_weight(old_logp, rollout_logp, mask, sequence: bool):
+    d = (old_logp - rollout_logp) * mask  # (B, R); padding: weight 1
+    return d.sum(-1, keepdims=True) if sequence else d
+
+
+def _truncated(log_w, threshold):
+    return ops.clamp(ops.exp(log_w), max=threshold)
+
+
+def _masked(log_w, threshold):
+    w = ops.exp(log_w)
+    keep = ops.logical_and(w >= 1.0 / threshold, w <= threshold)
+    return ops.where(keep, w, ops.zeros_like(w))
+
+
+@ROLLOUT_CORRECTIONS.register("none")
+def no_correction(old_logp, rollout_logp, mask):
+    return None
+
+
+@ROLLOUT_CORRECTIONS.register("tis_token")
+def tis_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
+    return _truncated(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
+
+
+@ROLLOUT_CORRECTIONS.register("tis_sequence")
+def tis_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
+    return _truncated(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
+
+
+@ROLLOUT_CORRECTIONS.register("mask_token")
+def mask_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
+    return _masked(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
+
+
+@ROLLOUT_CORRECTIONS.register("mask_sequence")
+def mask_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
+    return _masked(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
+
+
+def correction_metrics(weight, raw_log_weight, mask):
+    """(weight_mean, weight_max, clipfrac) as algos.correction_metrics."""
+    w = ops.broadcast_to(weight, mask.shape)
+    changed = ops.broadcast_to((ops.exp(raw_log_weight) != weight).astype(mask.dtype), mask.shape)
+    return masked_mean(w, mask), masked_max(w, mask), masked_mean(changed, mask)
+
+
+def mismatch_metrics(train_logp, rollout_logp, mask):
+    """(abs_diff_mean, abs_diff_max, k3, log_ppl_ratio) as algos.mismatch_metrics."""
+    d = ops.abs(train_logp - rollout_logp)
+    return (masked_mean(d, mask), masked_max(d, mask), masked_mean(kl_k3(rollout_logp, train_logp), mask),
+            masked_mean(rollout_logp - train_logp, mask))
 
 
 # ---------------------------------------------------------------------------------------
@@ -181,30 +332,70 @@ class Aggregate(nn.Cell):
         return self.reduce(per_token_loss, mask, max_len, global_tokens, global_seqs)
 
 
-class GRPOLoss(nn.Cell):
-    """aggregate(policy loss) + beta * aggregate(KL), as algos.grpo_loss.
+def _settings(registry: Registry, name: str, given: dict) -> dict:
+    """`given` checked against the keyword parameters of `name`'s function."""
+    unknown = sorted(set(given) - set(registry.params(name)))
+    if unknown:
+        raise TypeError(f"{registry.kind} {name!r} has no parameter {', '.join(unknown)}; "
+                        f"its parameters: {', '.join(registry.params(name)) or '(none)'}")
+    return dict(given)
 
-    construct(logp, old_logp, ref_logp, advantages, mask, global_tokens=None, global_seqs=None)
-        logp, old_logp, ref_logp, mask: (B, R); advantages: (B,) or (B, R);
-        ref_logp may be None when beta == 0. Returns (0-d loss, metrics of 0-d tensors).
+
+class GRPOLoss(nn.Cell):
+    """aggregate(policy loss * top-entropy mask * rollout weight) + beta * aggregate(KL), as
+    algos.grpo_loss.
+
+    construct(logp, old_logp, ref_logp, advantages, mask, global_tokens=None, global_seqs=None,
+              entropy=None, rollout_logp=None)
+        logp, old_logp, ref_logp, mask, entropy, rollout_logp: (B, R); advantages: (B,) or (B, R);
+        ref_logp may be None when beta == 0; entropy is needed when top_entropy_quantile < 1;
+        rollout_logp None: no rollout correction. Returns (0-d loss, metrics of 0-d tensors).
+    loss_params: the keyword parameters of `policy_loss` (e.g. clip_low=0.2).
     """
 
-    def __init__(self, beta: float = 0.0, kl_kind: str = "low_var_kl", clip_low: float = 0.2,
-                 clip_high: float = 0.2, dual_clip: Optional[float] = None, agg_mode: str = "token-mean",
-                 max_len: Optional[int] = None, loss_fn: str = "clip"):
+    def __init__(self, beta: float = 0.0, kl_kind: str = "low_var_kl", agg_mode: str = "token-mean",
+                 max_len: Optional[int] = None, policy_loss: str = "ppo_clip", top_entropy_quantile: float = 1.0,
+                 rollout_correction: str = "none", rollout_correction_threshold: float = 2.0, **loss_params):
         super().__init__()
+        dual_clip = loss_params.get("dual_clip")
         if dual_clip is not None and dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-        self.beta, self.clip_low, self.clip_high, self.dual_clip = beta, clip_low, clip_high, dual_clip
-        self.policy_loss = POLICY_LOSSES.get(loss_fn)
+        if not 0.0 <= top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must be in [0, 1], got {top_entropy_quantile}")
+        self.beta = beta
+        self.policy_loss = POLICY_LOSSES.get(policy_loss)
+        self.loss_params = _settings(POLICY_LOSSES, policy_loss, loss_params)
+        self.quantile = None if top_entropy_quantile >= 1.0 else Tensor(1.0 - top_entropy_quantile, ms.float64)
+        self.correct = ROLLOUT_CORRECTIONS.get(rollout_correction)
+        self.correction_params = {k: rollout_correction_threshold
+                                  for k in ROLLOUT_CORRECTIONS.params(rollout_correction)}
+        self.corrects = rollout_correction != "none"  # rollout_logp, when given, weighs the loss
         self.kl = KLPenalty(kl_kind)
         self.aggregate = Aggregate(agg_mode, max_len)
 
-    def construct(self, logp, old_logp, ref_logp, advantages, mask, global_tokens=None, global_seqs=None):
+    @property
+    def needs_entropy(self) -> bool:
+        return self.quantile is not None
+
+    def construct(self, logp, old_logp, ref_logp, advantages, mask, global_tokens=None, global_seqs=None,
+                  entropy=None, rollout_logp=None):
         if ref_logp is None and self.beta != 0.0:
             raise ValueError("GRPOLoss: beta != 0 needs ref_logp")
-        pg_tok, metrics = self.policy_loss(logp, old_logp, advantages, mask, self.clip_low, self.clip_high,
-                                           self.dual_clip)
+        pg_tok, metrics = self.policy_loss(logp, old_logp, advantages, mask, **self.loss_params)
+        if self.quantile is not None:
+            if entropy is None:
+                raise ValueError("GRPOLoss: top_entropy_quantile < 1 needs entropy")
+            pg_tok = pg_tok * top_entropy_mask(entropy, mask, self.quantile)
+        if rollout_logp is not None:
+            weight = self.correct(old_logp, rollout_logp, mask, **self.correction_params)
+            if weight is not None:
+                weight = ops.stop_gradient(weight)
+                pg_tok = pg_tok * weight
+                raw = ops.stop_gradient(_log_weight(old_logp, rollout_logp, mask, weight.shape[-1] == 1))
+                w_mean, w_max, w_clipped = correction_metrics(weight, raw, mask)
+                metrics["rollout_correction/weight_mean"] = w_mean
+                metrics["rollout_correction/weight_max"] = w_max
+                metrics["rollout_correction/clipfrac"] = w_clipped
         pg = self.aggregate(pg_tok, mask, global_tokens, global_seqs)
         loss = pg
         metrics["pg_loss"] = pg

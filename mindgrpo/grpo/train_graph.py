@@ -14,7 +14,7 @@ from typing import Sequence
 import mindspore as ms
 from mindspore import Parameter, nn, ops
 
-from mindgrpo.grpo.ms_algos import GRPOLoss
+from mindgrpo.grpo.ms_algos import GRPOLoss, mismatch_metrics
 from mindgrpo.grpo.optim import AccumulateGrads, GradBuffer
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import TokenLogProbs
@@ -22,34 +22,61 @@ from mindgrpo.models.scoring import TokenLogProbs
 # per-micro-batch metrics of the training graph; all but pg_loss are token means (nll: -log p of the
 # scored tokens under the policy before the update, free with the forward pass)
 METRIC_KEYS = ("pg_loss", "kl", "entropy", "clipfrac", "clipfrac_low", "clipfrac_high", "nll")
+# with the rollout engine's log-probs: how far they are from the training graph's (algos.mismatch_metrics),
+# and, with a rollout correction, its weights (algos.correction_metrics)
+MISMATCH_KEYS = ("mismatch/abs_diff_mean", "mismatch/abs_diff_max", "mismatch/k3", "mismatch/log_ppl_ratio")
+CORRECTION_KEYS = ("rollout_correction/weight_mean", "rollout_correction/weight_max", "rollout_correction/clipfrac")
+# how a step combines its micro-batches' values: pg_loss is already normalised globally (summed), the
+# maxima (all >= 0) by their maximum, the rest by their token-weighted mean
+SUMMED, MAXIMA = ("pg_loss",), ("mismatch/abs_diff_max", "rollout_correction/weight_max")
+
+
+def metric_keys(loss: GRPOLoss, with_rollout: bool) -> tuple:
+    """The names of the metrics `PolicyLoss` returns, in order."""
+    if not with_rollout:
+        return METRIC_KEYS
+    return METRIC_KEYS + MISMATCH_KEYS + (CORRECTION_KEYS if loss.corrects else ())
 
 
 class PolicyLoss(nn.Cell):
     """(input_ids (B, S), score_pos (B, R), labels (B, R), mask (B, R), advantages (B,),
-    old_logp (B, R), ref_logp (B, R), global_tokens (), global_seqs ()) -> loss, metrics tuple.
+    old_logp (B, R), ref_logp (B, R), global_tokens (), global_seqs (), rollout_logp (B, R) or None)
+    -> loss, metrics tuple (`metric_keys`).
 
     detach_old: the TRL shortcut when each rollout is used for exactly one update: old log-probs
     are the current ones with the gradient stopped (ratio 1), and old_logp is ignored.
-    use_ref: False when beta == 0 (the reference model is not run; ref_logp is ignored)."""
+    use_ref: False when beta == 0 (the reference model is not run; ref_logp is ignored).
+    rollout_logp: the rollout engine's log-probs of the sampled tokens (of the distribution it
+    drew from); given, the mismatch metrics compare them with the training graph's log-probs
+    before the update (the old log-probs, or with old_is_training False, when the old log-probs
+    are the rollout's own, this pass's), and the loss's rollout correction applies."""
 
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, detach_old: bool, use_ref: bool,
-                 with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0):
+                 with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0, old_is_training: bool = True):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
+        if loss.needs_entropy and not with_entropy:
+            raise ValueError("top_entropy_quantile < 1 needs the entropy: build PolicyLoss with_entropy")
         self.scorer = TokenLogProbs(lm, with_entropy, temperature, chunk)
         self.loss = loss
-        self.detach_old, self.use_ref = detach_old, use_ref
+        self.detach_old, self.use_ref, self.old_is_training = detach_old, use_ref, old_is_training
 
     def construct(self, input_ids, score_pos, labels, mask, advantages, old_logp, ref_logp,
-                  global_tokens, global_seqs):
+                  global_tokens, global_seqs, rollout_logp=None):
         logp, ent = self.scorer(input_ids, score_pos, labels)
         old = ops.stop_gradient(logp) if self.detach_old else old_logp
         ref = ref_logp if self.use_ref else None
-        loss, m = self.loss(logp, old, ref, advantages, mask, global_tokens, global_seqs)
+        loss, m = self.loss(logp, old, ref, advantages, mask, global_tokens, global_seqs, ent, rollout_logp)
         n = ops.maximum(mask.sum(), 1.0)
         entropy = ops.stop_gradient((ent * mask).sum() / n)
         nll = ops.stop_gradient(-(logp * mask).sum() / n)
         kl = m["kl"] if self.use_ref else ops.zeros((), ms.float32)
         metrics = (m["pg_loss"], kl, entropy, m["clipfrac"], m["clipfrac_low"], m["clipfrac_high"], nll)
+        if rollout_logp is not None:
+            train = old if self.old_is_training else ops.stop_gradient(logp)
+            metrics = metrics + mismatch_metrics(train, rollout_logp, mask)  # no gradient: inputs or stopped
+            if self.loss.corrects:
+                metrics = metrics + (m["rollout_correction/weight_mean"], m["rollout_correction/weight_max"],
+                                     m["rollout_correction/clipfrac"])
         return loss, metrics
 
 
@@ -69,9 +96,9 @@ class GRPOGradStep(nn.Cell):
         self.accumulate = AccumulateGrads(buffer)
 
     def construct(self, inputs, score_pos, labels, mask, advantages, old_logp, ref_logp,
-                  global_tokens, global_seqs):
+                  global_tokens, global_seqs, rollout_logp=None):
         (loss, metrics), grads = self.grad_fn(inputs, score_pos, labels, mask, advantages, old_logp,
-                                              ref_logp, global_tokens, global_seqs)
+                                              ref_logp, global_tokens, global_seqs, rollout_logp)
         if self.wrt_inputs:
             d_inputs, grads = grads
             return ops.depend(loss, self.accumulate(grads)), metrics, d_inputs

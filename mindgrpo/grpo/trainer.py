@@ -20,10 +20,12 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
+from mindgrpo.grpo.train_graph import MAXIMA
 from mindgrpo.inference.engine import Completion, RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel import checkpoints as checkpoint_files
 from mindgrpo.utils import heartbeat
+from mindgrpo.utils.stats import sample_std
 
 logger = logging.getLogger(__name__)
 
@@ -101,16 +103,19 @@ class GRPOTrainer:
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)
         temperature = gen.temperature if gen.temperature > 0 else 1.0
         chunk = actor.logprob_chunk_size
+        # old log-probs: the rollout engine's (old_logprobs_from_rollout), else a scoring pass when the
+        # policy changes between the rollout and an update, else the update's own with the gradient stopped
         self.updater = PolicyUpdater(
-            policy, self._loss(), micro_batch_size=actor.micro_batch_size, detach_old=not self.needs_old,
+            policy, self._loss(), micro_batch_size=actor.micro_batch_size,
+            detach_old=not (self.needs_old or rl.old_logprobs_from_rollout),
             use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
             temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
-            pipeline=pipeline)
+            pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout)
         self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline) \
             if reference is not None else None
         self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline) \
-            if self.needs_old else None
+            if self.needs_old and not rl.old_logprobs_from_rollout else None
         self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches
         self.stop_ids = tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))
         self.sample_seed = rl.seed if gen.seed is None else gen.seed
@@ -125,9 +130,11 @@ class GRPOTrainer:
         from mindgrpo.grpo.ms_algos import GRPOLoss
 
         rl = self.cfg.rl_config
-        return GRPOLoss(beta=rl.beta, kl_kind=rl.kl_kind, clip_low=rl.clip_low, clip_high=rl.clip_high,
-                        dual_clip=rl.dual_clip, agg_mode=rl.loss_agg_mode,
-                        max_len=self.cfg.generate_config.max_tokens)
+        return GRPOLoss(beta=rl.beta, kl_kind=rl.kl_kind, agg_mode=rl.loss_agg_mode,
+                        max_len=self.cfg.generate_config.max_tokens, policy_loss=rl.policy_loss,
+                        top_entropy_quantile=rl.top_entropy_quantile, rollout_correction=rl.rollout_correction,
+                        rollout_correction_threshold=rl.rollout_correction_threshold,
+                        **rl.settings(algos.POLICY_LOSSES, rl.policy_loss))
 
     # ------------------------------------------------------------------ phases
     def sampling(self, n: int, seed: int, greedy: bool = False) -> SamplingParams:
@@ -182,7 +189,7 @@ class GRPOTrainer:
     def rollout_metrics(self, r: Rollouts) -> Dict[str, float]:
         lengths = np.array([len(c.token_ids) for c in r.completions])
         clipped = np.array([c.finish_reason == "length" for c in r.completions])
-        out = {"reward_mean": float(r.rewards.mean()), "reward_std": float(r.rewards.std()),
+        out = {"reward_mean": float(r.rewards.mean()), "reward_std": float(sample_std(r.rewards)),
                "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
                "response_length/clip_ratio": float(clipped.mean())}
         if "accuracy" in r.per_function:
@@ -200,7 +207,8 @@ class GRPOTrainer:
 
     def advantages(self, r: Rollouts) -> tuple:
         rl = self.cfg.rl_config
-        return algos.group_advantages(r.rewards, self.G, scale=rl.advantage_scale, eps=rl.advantage_eps)
+        estimate = algos.ADVANTAGES.get(rl.adv_estimator)
+        return estimate(r.rewards, self.G, **rl.settings(algos.ADVANTAGES, rl.adv_estimator))
 
     def build_experience(self, r: Rollouts, adv: np.ndarray) -> Experience:
         keep = None
@@ -218,12 +226,20 @@ class GRPOTrainer:
                 exp.ref_logp = self.ref_scorer(exp)
 
     def old_logprobs(self, exp: Experience) -> None:
-        if self.old_scorer is not None:
+        if self.cfg.rl_config.old_logprobs_from_rollout:
+            if exp.rollout_logp is None:
+                raise ValueError("rl_config.old_logprobs_from_rollout needs the rollout engine's log-probs of the "
+                                 "sampled tokens, and this engine returned none")
+            exp.old_logp = exp.rollout_logp
+        elif self.old_scorer is not None:
             with self.memory.phase("old_logprobs"):
                 exp.old_logp = self.old_scorer(exp)
 
     def update(self, exp: Experience) -> Dict[str, float]:
         rl, actor = self.cfg.rl_config, self.cfg.actor_config
+        if rl.rollout_correction != "none" and exp.sampling_logp is None:
+            raise ValueError(f"rl_config.rollout_correction={rl.rollout_correction} needs the rollout engine's "
+                             "log-probs of the distribution it sampled from, and this engine returned none")
         rows = len(exp) // rl.num_mini_batches
         order = np.random.default_rng([rl.seed, self.step]).permutation(len(exp)) if rl.num_mini_batches > 1 \
             else np.arange(len(exp))
@@ -235,9 +251,11 @@ class GRPOTrainer:
                                actor.warmup_steps, actor.lr_schedule, actor.min_lr)
                     results.append(self.updater.update(exp.select(np.sort(order[k * rows:(k + 1) * rows])), lr))
         skipped = sum(m.pop("skipped") for m in results)
-        out = {k: float(np.mean([m[k] for m in results])) for k in results[0]}
+        out = {k: float((np.max if k in MAXIMA else np.mean)([m[k] for m in results])) for k in results[0]}
         out["lr"] = results[-1]["lr"]
         out["train/skipped_updates"] = float(skipped)
+        if "mismatch/log_ppl_ratio" in out:  # training perplexity / rollout perplexity of the sampled tokens
+            out["mismatch/ppl_ratio"] = float(np.exp(out["mismatch/log_ppl_ratio"]))
         return out
 
     def sync_weights(self) -> Dict[str, float]:

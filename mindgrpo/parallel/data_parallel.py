@@ -72,6 +72,13 @@ class DataParallelGrads:
         """Host sums (loss, metric sums, token counts) over the data-parallel group."""
         return self.comm.host_sum(np.asarray(values, np.float64), self.group)
 
+    def max(self, values: np.ndarray) -> np.ndarray:
+        """Host maxima (metrics) over the data-parallel group: each replica's values in its own row
+        of a (replicas, n) table that the group sums."""
+        table = np.zeros((self.group.size, np.size(values)), np.float64)
+        table[self.group.index] = np.ravel(values)
+        return self.comm.host_sum(table, self.group).max(axis=0).reshape(np.shape(values))
+
 
 class DataParallelEngine:
     """A RolloutEngine over one replica's tensor-parallel model, generating that replica's share

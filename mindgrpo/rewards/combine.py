@@ -28,6 +28,7 @@ import numpy as np
 
 from mindgrpo.rewards.registry import get_reward, required_columns
 from mindgrpo.rewards.scoring import Call, Outcome, RewardError, call_reward
+from mindgrpo.utils.stats import sample_std
 
 logger = logging.getLogger(__name__)
 
@@ -121,12 +122,12 @@ def combine(scores: Scores, weights: Sequence[float]) -> Tuple[np.ndarray, Dict[
         scored = values[~np.isnan(values)]
         total += np.float32(weight) * np.nan_to_num(values, nan=0.0)
         metrics[f"reward/{name}/mean"] = float(scored.mean()) if scored.size else float("nan")
-        metrics[f"reward/{name}/std"] = float(scored.std()) if scored.size else float("nan")
+        metrics[f"reward/{name}/std"] = float(sample_std(scored)) if scored.size else float("nan")
         metrics[f"reward/{name}/none"] = float(batch - scored.size)
         metrics[f"reward/{name}/errors"] = float(scores.errors[name])
         metrics[f"reward/{name}/timeouts"] = float(scores.timeouts[name])
     metrics["reward/total/mean"] = float(total.mean()) if batch else float("nan")
-    metrics["reward/total/std"] = float(total.std()) if batch else float("nan")
+    metrics["reward/total/std"] = float(sample_std(total)) if batch else float("nan")
     return total, dict(scores.values), metrics
 
 

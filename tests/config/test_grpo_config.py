@@ -32,7 +32,9 @@ FULL = GRPOConfig(
     rl_config=RLConfig(
         seed=7, max_steps=20, batch_size=4, num_generations=6, num_iterations=2, num_mini_batches=3, beta=0.04,
         kl_kind="k3", clip_low=0.1, clip_high=0.28, dual_clip=3.0, loss_agg_mode="seq-mean-token-sum-norm",
-        advantage_scale="batch", advantage_eps=1e-4, ref_model_sync_steps=5, dynamic_sampling=True,
+        advantage_scale="batch", advantage_eps=1e-4, policy_loss="gspo", top_entropy_quantile=0.2,
+        rollout_correction="tis_sequence", rollout_correction_threshold=3.0, old_logprobs_from_rollout=True,
+        ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, save_interval=5, keep_last_k=3,
         log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, collective_timeout_s=600.0,
         compile_timeout_s=1200.5, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
@@ -86,7 +88,7 @@ def test_yaml_that_sets_every_key():
     # the file leaves them at their defaults, test_synthetic_config_from_yaml sets them
     # (and only the actor's parallel_config may shard an optimizer)
     exempt = {"sft_config.teacher_carry_error", "ref_config.parallel_config.optimizer_shard",
-              "generate_config.parallel_config.optimizer_shard"}
+              "generate_config.parallel_config.optimizer_shard"} | set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
     assert same == [], f"full_grpo.yaml leaves these at their defaults: {same}"
 
@@ -101,6 +103,30 @@ def test_synthetic_config_from_yaml(tmp_path):
     defaults = dict(leaves(to_dict(GRPOConfig().synthetic_config)))
     same = [k for k, v in leaves(to_dict(cfg.synthetic_config)) if v == defaults[k]]
     assert same == [], f"the synthetic YAML leaves these at their defaults: {same}"
+
+
+# the settings of the variants full_grpo.yaml does not choose (each refused beside another variant), and
+# adv_estimator, whose other values do not read full_grpo.yaml's advantage_scale
+VARIANT_SETTINGS = {"rl_config.adv_estimator": "reinforce_plus_plus_baseline",
+                    "rl_config.cispo_epsilon_max": 2.5,
+                    "rl_config.sapo_temperature_pos": 0.5, "rl_config.sapo_temperature_neg": 2.0,
+                    "rl_config.gmpo_epsilon": 0.3}
+
+
+def test_variant_settings_from_yaml(tmp_path):
+    for loss, keys in (("cispo", ["cispo_epsilon_max"]), ("sapo", ["sapo_temperature_pos", "sapo_temperature_neg"]),
+                       ("gmpo", ["gmpo_epsilon"])):
+        path = tmp_path / f"{loss}.yaml"
+        path.write_text(f"rl_config:\n  policy_loss: {loss}\n  adv_estimator: reinforce_plus_plus_baseline\n"
+                        + "".join(f"  {k}: {VARIANT_SETTINGS['rl_config.' + k]}\n" for k in keys))
+        rl = load_config(GRPOConfig, path).rl_config
+        assert rl.policy_loss == loss and rl.adv_estimator == "reinforce_plus_plus_baseline"
+        for k in keys:
+            assert getattr(rl, k) == VARIANT_SETTINGS["rl_config." + k] != getattr(RLConfig(), k)
+    with pytest.raises(ConfigError, match="'rl_config.advantage_scale': is a setting of adv_estimator grpo"):
+        load_config(GRPOConfig, FULL_YAML, ["rl_config.adv_estimator=rloo"])
+    with pytest.raises(ConfigError, match="'rl_config.sapo_temperature_neg'.*policy_loss is 'gspo'"):
+        load_config(GRPOConfig, FULL_YAML, ["rl_config.sapo_temperature_neg=2"])
 
 
 def test_cli_after_yaml():
@@ -138,6 +164,18 @@ def test_nested_unknown_key():
     (["rl_config.loss_agg_mode=sum"], "rl_config.loss_agg_mode",
      "valid names: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"),
     (["rl_config.advantage_scale=std"], "rl_config.advantage_scale", "valid names: batch, group, none"),
+    (["rl_config.adv_estimator=ppo"], "rl_config.adv_estimator",
+     "valid names: dr_grpo, grpo, reinforce_plus_plus_baseline, rloo"),
+    (["rl_config.policy_loss=clip"], "rl_config.policy_loss", "valid names: cispo, gmpo, gspo, ppo_clip, sapo"),
+    (["rl_config.rollout_correction=is"], "rl_config.rollout_correction",
+     "valid names: mask_sequence, mask_token, none, tis_sequence, tis_token"),
+    (["rl_config.policy_loss=cispo", "rl_config.clip_high=0.28"], "rl_config.clip_high",
+     "is a setting of policy_loss gspo / ppo_clip, and policy_loss is 'cispo'"),
+    (["rl_config.gmpo_epsilon=0.2"], "rl_config.gmpo_epsilon", "is a setting of policy_loss gmpo"),
+    (["rl_config.adv_estimator=rloo", "rl_config.advantage_eps=1e-4"], "rl_config.advantage_eps",
+     "is a setting of adv_estimator grpo / reinforce_plus_plus_baseline, and adv_estimator is 'rloo'"),
+    (["rl_config.policy_loss=gmpo", "rl_config.gmpo_epsilon=0"], "rl_config.gmpo_epsilon", "must be > 0"),
+    (["rl_config.top_entropy_quantile=1.5"], "rl_config.top_entropy_quantile", "must be in [0, 1]"),
     (["rl_config.val_interval=5", "rl_config.val_size=0"], "rl_config.val_size", "must be >= 1 when val_interval"),
     (["actor_config.lr=0"], "actor_config.lr", "must be > 0"),
     (["actor_config.min_lr=1e-3"], "actor_config.min_lr", "must be in [0, lr=1e-06]"),

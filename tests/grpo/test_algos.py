@@ -1,8 +1,9 @@
 """Tests for mindgrpo.grpo.algos: hand-computed cases, loop-vs-vectorised, and parity with TRL.
 
 The TRL reference is TRL's own code: `TRLLoss` below binds `trl.GRPOTrainer._compute_loss`
-(TRL 1.16.0, trainer/grpo_trainer.py lines 3020-3291) to a minimal object with the attributes
-it reads, and feeds it torch tensors through a fake `_get_per_token_logps_and_entropies`.
+(TRL 1.16.0, trainer/grpo_trainer.py lines 3020-3291) and `get_high_entropy_mask` to a minimal
+object with the attributes they read, and feeds it torch tensors through a fake
+`_get_per_token_logps_and_entropies`.
 Only the advantage computation is re-implemented (it lives inside the 440-line
 `_generate_and_score_completions`); it calls TRL's own `nanstd` (see `trl_advantages`).
 `TRLLoss` is also used by test_ms_algos.py for gradients.
@@ -64,38 +65,51 @@ class _OneProcessAccelerator:
     def reduce(self, x, reduction="sum"):
         return x
 
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        return x
+
 
 class TRLLoss:
-    """Just enough of a GRPOTrainer for TRL's own `_compute_loss` to run on given log-probs."""
+    """Just enough of a GRPOTrainer for TRL's own `_compute_loss` to run on given log-probs.
+
+    loss_type: TRL's; importance_sampling_level, top_entropy_quantile, delta, sapo_temperature_*:
+    TRL's settings of the same names. Calls take the entropies (for top_entropy_quantile) and TRL's
+    importance_sampling_ratio (the vLLM correction, see `trl_is_ratio`), when given."""
 
     _compute_loss = GRPOTrainer._compute_loss
+    get_high_entropy_mask = GRPOTrainer.get_high_entropy_mask
 
     def __init__(self, loss_type, beta, clip_low, clip_high, max_completion_length, grad_accum=1,
-                 steps_per_generation=1):
+                 steps_per_generation=1, importance_sampling_level="token", top_entropy_quantile=1.0, delta=None,
+                 sapo_temperature_pos=1.0, sapo_temperature_neg=1.05):
         self.loss_type, self.beta = loss_type, beta
         self.epsilon_low, self.epsilon_high = clip_low, clip_high
         self.max_completion_length = max_completion_length
         self.current_gradient_accumulation_steps = grad_accum
-        self.importance_sampling_level = "token"
-        self.top_entropy_quantile = 1.0
+        self.importance_sampling_level = importance_sampling_level
+        self.top_entropy_quantile = top_entropy_quantile
         self.off_policy_mask_threshold = None
         self.use_vllm = self.vllm_importance_sampling_correction = False
         self._entropy_bonus_enabled = self.aux_loss_enabled = False
         # use_bias_correction_kl (TRL default True) multiplies the KL by the ratio; we implement plain k3
-        self.args = types.SimpleNamespace(use_bias_correction_kl=False, delta=None,
-                                          steps_per_generation=steps_per_generation)
+        self.args = types.SimpleNamespace(use_bias_correction_kl=False, delta=delta,
+                                          steps_per_generation=steps_per_generation,
+                                          sapo_temperature_pos=sapo_temperature_pos,
+                                          sapo_temperature_neg=sapo_temperature_neg)
         self.accelerator = _OneProcessAccelerator()
         self.model = types.SimpleNamespace(training=True)
         self._metrics = collections.defaultdict(lambda: collections.defaultdict(list))
-        self._logps = None
+        self._logps = self._entropies = None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kw):
-        return self._logps, torch.zeros_like(self._logps), None
+        entropies = torch.zeros_like(self._logps) if self._entropies is None else self._entropies
+        return self._logps, entropies, None
 
-    def __call__(self, logp, old_logp, ref_logp, advantages, mask, num_items_in_batch=None):
+    def __call__(self, logp, old_logp, ref_logp, advantages, mask, num_items_in_batch=None, entropy=None,
+                 is_ratio=None):
         """torch tensors in (logp may require grad); returns (loss tensor, metrics of this call)."""
         B, R = mask.shape
-        self._logps = logp
+        self._logps, self._entropies = logp, entropy
         self._metrics.clear()
         inputs = {
             "prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1),
@@ -103,6 +117,9 @@ class TRLLoss:
             "advantages": advantages, "old_per_token_logps": old_logp, "ref_per_token_logps": ref_logp,
             "num_items_in_batch": mask.sum() if num_items_in_batch is None else num_items_in_batch,
         }
+        self.use_vllm = self.vllm_importance_sampling_correction = is_ratio is not None
+        if is_ratio is not None:
+            inputs["importance_sampling_ratio"] = is_ratio
         loss = self._compute_loss(None, inputs)
         return loss, {k: v[-1] for k, v in self._metrics["train"].items()}
 
@@ -165,32 +182,32 @@ def test_group_advantages_by_hand():
     # group 0: mean 0.25, centred [0.75, -0.25, -0.25, -0.25];
     #   unbiased var = (0.5625 + 3 * 0.0625) / 3 = 0.25, std 0.5 -> [1.5, -0.5, -0.5, -0.5]
     # group 1: all equal -> centred 0, std 0 -> 0 / (0 + eps) = 0
-    adv, metrics = group_advantages(rewards, 4, scale="group", eps=1e-6)
+    adv, metrics = group_advantages(rewards, 4, advantage_scale="group", advantage_eps=1e-6)
     np.testing.assert_allclose(adv, [0.75 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001, -0.25 / 0.500001,
                                      0, 0, 0, 0], rtol=1e-12)
     assert metrics["frac_reward_zero_std"] == 0.5
     assert metrics["reward_mean"] == 0.625
     # batch: mean 0.625; five 1s deviate 0.375, three 0s deviate -0.625;
     #   unbiased var = (5 * 0.140625 + 3 * 0.390625) / 7 = 1.875 / 7, std 0.5175491695...
-    adv, metrics = group_advantages(rewards, 4, scale="batch", eps=0.0)
+    adv, metrics = group_advantages(rewards, 4, advantage_scale="batch", advantage_eps=0.0)
     std = 0.5175491695067657
     np.testing.assert_allclose(adv, [0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std, 0, 0, 0, 0], rtol=1e-12)
     assert metrics["reward_std"] == pytest.approx(std)
     # none (Dr.GRPO): only centred
-    adv, _ = group_advantages(rewards, 4, scale="none")
+    adv, _ = group_advantages(rewards, 4, advantage_scale="none")
     np.testing.assert_allclose(adv, [0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0])
 
 
 def test_group_advantages_loop_vs_vectorised():
     rng = np.random.default_rng(1)
     rewards, G = rng.normal(size=24), 6
-    adv, _ = group_advantages(rewards, G, scale="group", eps=1e-6)
+    adv, _ = group_advantages(rewards, G, advantage_scale="group", advantage_eps=1e-6)
     for start in range(0, 24, G):
         group = list(rewards[start:start + G])
         mu, sd = statistics.fmean(group), statistics.stdev(group)
         for i, r in enumerate(group):
             assert adv[start + i] == pytest.approx((r - mu) / (sd + 1e-6), rel=1e-12)
-    adv, _ = group_advantages(rewards, G, scale="batch", eps=1e-6)
+    adv, _ = group_advantages(rewards, G, advantage_scale="batch", advantage_eps=1e-6)
     sd = statistics.stdev(list(rewards))
     for i, r in enumerate(rewards):
         assert adv[i] == pytest.approx((r - statistics.fmean(list(rewards[i // G * G:i // G * G + G]))) / (sd + 1e-6))
@@ -201,7 +218,7 @@ def test_group_advantages_match_trl(scale):
     rng = np.random.default_rng(2)
     rewards = rng.integers(0, 3, 32).astype(np.float64)  # ties and zero-std groups happen
     rewards[:4] = 1.0  # at least one zero-std group
-    adv, _ = group_advantages(rewards, 4, scale=scale, eps=1e-4)
+    adv, _ = group_advantages(rewards, 4, advantage_scale=scale, advantage_eps=1e-4)
     # rtol 1e-7: TRL's nanstd computes Bessel's count / (count - 1) from int64 counts, which torch
     # divides in float32 (4/3 -> 1.3333334), a relative error of ~1e-8 in the std
     np.testing.assert_allclose(adv, trl_advantages(rewards, 4, scale), rtol=1e-7, atol=1e-12)
@@ -211,7 +228,7 @@ def test_group_advantages_errors_and_registry():
     with pytest.raises(ValueError, match="multiple of group_size"):
         group_advantages(np.zeros(7), 4)
     with pytest.raises(KeyError, match="valid names: batch, group, none"):
-        group_advantages(np.zeros(8), 4, scale="groupwise")
+        group_advantages(np.zeros(8), 4, advantage_scale="groupwise")
     assert ADVANTAGES.get("grpo") is group_advantages
     # one sample per group: centred to 0, no nan
     adv, _ = group_advantages(np.array([3.0, 5.0]), 1)
@@ -403,8 +420,8 @@ def test_grpo_loss_by_hand():
     with pytest.raises(ValueError, match="needs ref_logp"):
         grpo_loss(logp, old, None, HAND_ADV, HAND_MASK, beta=0.1)
     with pytest.raises(KeyError, match="unknown policy loss 'ppo'"):
-        grpo_loss(logp, old, None, HAND_ADV, HAND_MASK, loss_fn="ppo")
-    assert POLICY_LOSSES.get("clip") is policy_loss
+        grpo_loss(logp, old, None, HAND_ADV, HAND_MASK, policy_loss="ppo")
+    assert POLICY_LOSSES.get("ppo_clip") is policy_loss
 
 
 def test_trl_version():
@@ -447,7 +464,9 @@ def test_micro_batches_with_global_tokens_match_trl_dapo():
 
 
 def test_registries_hold_what_the_module_exports():
-    assert ADVANTAGES.names() == ["grpo"]
+    assert ADVANTAGES.names() == ["dr_grpo", "grpo", "reinforce_plus_plus_baseline", "rloo"]
+    assert POLICY_LOSSES.names() == ["cispo", "gmpo", "gspo", "ppo_clip", "sapo"]
+    assert algos.ROLLOUT_CORRECTIONS.names() == ["mask_sequence", "mask_token", "none", "tis_sequence", "tis_token"]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3", "low_var_kl"]
     assert AGG_MODES.names() == ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"]
     assert algos.REWARD_SCALES.names() == ["batch", "group", "none"]

@@ -54,7 +54,8 @@ class PolicyLoss(nn.Cell):
         self.clip_low, self.clip_high, self.dual_clip = clip_low, clip_high, dual_clip
 
     def construct(self, logp, old_logp, advantages, mask):
-        return ms_algos.policy_loss(logp, old_logp, advantages, mask, self.clip_low, self.clip_high, self.dual_clip)
+        return ms_algos.policy_loss(logp, old_logp, advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high,
+                                    dual_clip=self.dual_clip)
 
 
 class SumOfMaskedX(nn.Cell):
@@ -93,7 +94,7 @@ def test_policy_loss_matches_numpy(dual_clip):
     rng = np.random.default_rng(11)
     logp, old, _, adv, mask = random_batch(rng, B=8, spread=0.8)
     loss, metrics = PolicyLoss(0.2, 0.28, dual_clip)(t(logp), t(old), t(adv), t(mask))
-    np_loss, np_metrics = algos.policy_loss(logp, old, adv, mask, 0.2, 0.28, dual_clip)
+    np_loss, np_metrics = algos.policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=dual_clip)
     close(loss, np_loss, rtol=FP32_CONST)
     assert set(metrics) == set(np_metrics)
     for key, value in np_metrics.items():
@@ -153,7 +154,7 @@ def test_names_and_arguments_fail_at_build_time():
     with pytest.raises(KeyError, match="valid names: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"):
         GRPOLoss(agg_mode="token-sum")
     with pytest.raises(KeyError, match="unknown policy loss"):
-        GRPOLoss(loss_fn="ppo")
+        GRPOLoss(policy_loss="ppo")
     with pytest.raises(ValueError, match="dual_clip must be > 1"):
         GRPOLoss(dual_clip=0.5)
     # the MindSpore registries carry exactly the numpy names
@@ -215,7 +216,7 @@ def test_gradient_matches_finite_differences(mode, kind, dual_clip):
                    - algos.grpo_loss(down, old, ref, adv, mask, **kw)[0]) / (2 * h)
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8)
     if dual_clip is not None:  # the dual clip is active somewhere, so its zero gradient is tested
-        _, m = algos.policy_loss(logp, old, adv, mask, 0.2, 0.28, dual_clip)
+        _, m = algos.policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=dual_clip)
         assert m["dual_clipfrac"] > 0
 
 

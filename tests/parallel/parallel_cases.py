@@ -39,6 +39,23 @@ def experience_arrays():
     return prompts, responses, rng.standard_normal(8).astype(np.float32)
 
 
+def sampling_logprobs(mask):
+    """Stand-in rollout-engine log-probs of the sampled tokens, (B, R) like `mask`, 0 on padding: spread
+    over [-6, -1] around the tiny models' log-probs (about -ln 96 = -4.6), so a tis_token weight
+    exp(training - rollout) is truncated at 2 on some tokens and not on others."""
+    rng = np.random.default_rng(2)
+    return (-rng.uniform(1.0, 6.0, np.shape(mask)) * mask).astype(np.float32)
+
+
+# the update of the msrun checks: token-mean, the rollout correction on (its weights and the mismatch
+# metrics, maxima among them, combined over micro-batches, replicas and stages)
+LOSS = dict(agg_mode="token-mean", rollout_correction="tis_token", rollout_correction_threshold=2.0)
+# the metrics of that update that must match one device's
+UPDATE_KEYS = ("loss", "pg_loss", "grad_norm", "entropy", "mismatch/abs_diff_mean", "mismatch/abs_diff_max",
+               "mismatch/k3", "rollout_correction/weight_mean", "rollout_correction/weight_max",
+               "rollout_correction/clipfrac")
+
+
 def updater_kwargs():
     # grad_clip small enough to clip: the clipping coefficient needs the whole gradient's norm
     return dict(micro_batch_size=2, detach_old=True, use_ref=False, beta1=0.9, beta2=0.99, eps=1e-8,

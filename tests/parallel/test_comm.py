@@ -11,7 +11,7 @@ from mindgrpo.config import GRPOConfig, load_config
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs
 from mindgrpo.parallel.comm import Comm, Group, check_layouts, layouts_of, single_group
-from mindgrpo.parallel.data_parallel import share
+from mindgrpo.parallel.data_parallel import DataParallelGrads, share
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
 from mindgrpo.parallel.tp_layers import TensorParallelLayers
 
@@ -63,6 +63,26 @@ def test_data_parallel_shares_are_contiguous_and_cover_everything():
     assert [share(8, 2, i).tolist() for i in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [len(share(7, 3, i)) for i in range(3)] == [3, 2, 2]
     assert np.concatenate([share(10, 4, i) for i in range(4)]).tolist() == list(range(10))
+
+
+def test_data_parallel_maxima_over_replicas():
+    """Each of three replicas puts its values in its own row; the group's sum holds them all."""
+    values = {0: np.array([5.0, 1.0]), 1: np.array([3.0, 7.0]), 2: np.array([0.5, 2.0])}
+
+    class ThreeReplicas:  # host_sum as the group would sum it: this replica's table + the others' rows
+        def __init__(self, index):
+            self.index = index
+
+        def host_sum(self, table, group):
+            others = np.zeros_like(table)
+            for i, v in values.items():
+                if i != self.index:
+                    others[i] = v
+            return table + others
+
+    for index in range(3):
+        dp = DataParallelGrads(ThreeReplicas(index), Group((0, 1, 2), index, "dp"))
+        np.testing.assert_array_equal(dp.max(values[index]), [5.0, 7.0])
 
 
 @pytest.mark.parametrize("tied", [True, False])

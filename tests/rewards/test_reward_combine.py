@@ -1,7 +1,6 @@
 """RewardSet / compute_rewards: weighting, None handling, error isolation, columns, plugins."""
 
 import logging
-import math
 
 import numpy as np
 import pytest
@@ -25,8 +24,9 @@ def test_weighted_sum_and_metrics_by_hand():
     assert total.shape == (3,) and total.dtype == np.float32
     np.testing.assert_array_equal(per_function["len"], [1, 2, 3])
     assert metrics["reward/len/mean"] == pytest.approx(2.0)
-    assert metrics["reward/len/std"] == pytest.approx(math.sqrt(2 / 3))
+    assert metrics["reward/len/std"] == pytest.approx(1.0)  # sample std (n - 1): sqrt((1 + 0 + 1) / 2)
     assert metrics["reward/total/mean"] == pytest.approx(3.5)
+    assert metrics["reward/total/std"] == pytest.approx(2.0)  # totals 1.5, 3.5, 5.5
     assert metrics["reward/len/errors"] == 0 and metrics["reward/half/none"] == 0
 
 

@@ -34,7 +34,8 @@ from mindgrpo.parallel.pipeline import Pipeline, stage_spec  # noqa: E402
 from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
-from parallel_cases import CFG_PP, SEED, experience_arrays, prompts, updater_kwargs  # noqa: E402
+from parallel_cases import CFG_PP, LOSS, SEED, experience_arrays, prompts, updater_kwargs  # noqa: E402
+from parallel_cases import sampling_logprobs  # noqa: E402
 
 T0 = time.time()
 
@@ -65,6 +66,7 @@ def weights(lm, prefix):
 
 
 exp = pack(*experience_arrays())
+exp.sampling_logp = sampling_logprobs(exp.mask)  # the rollout engine's, for the mismatch in (b)
 
 # (a) log-probs: the pipeline's (every stage returns them); the test computes one device's
 for key, layout in (("tp_pp", TP_PP), ("dp_pp", DP_PP), ("pp4", PP4)):
@@ -78,7 +80,7 @@ policies = {}
 for key, layout, reducer, micro in (("tp_pp", TP_PP, None, 2), ("dp_pp", DP_PP, DataParallelGrads(comm, comm.dp_group(DP_PP)), 2),
                                     ("pp4", PP4, None, 3)):
     lm = stage_model(layout)
-    updater = PolicyUpdater(lm, GRPOLoss(agg_mode="token-mean"), grad_reducer=reducer,
+    updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=reducer,
                             pipeline=Pipeline(comm, layout), **dict(updater_kwargs(), micro_batch_size=micro))
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")

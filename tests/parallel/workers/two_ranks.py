@@ -34,7 +34,8 @@ from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402
 from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
-from parallel_cases import (CFG, SEED, experience_arrays, prompts, token_batch, updater_kwargs)  # noqa: E402
+from parallel_cases import CFG, LOSS, SEED, experience_arrays, prompts, token_batch  # noqa: E402
+from parallel_cases import sampling_logprobs, updater_kwargs  # noqa: E402
 
 import time  # noqa: E402
 T0 = time.time()
@@ -80,13 +81,14 @@ for key, engine in engines.items():
 mark("rollouts")
 # (b) one GRPO update: one device, training tp=2, training dp=2 (each rank a whole model)
 exp = pack(*experience_arrays())
+exp.sampling_logp = sampling_logprobs(exp.mask)  # the rollout engine's, for the mismatch
 dp_model = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
 dp_comm = dataclasses.replace(comm, train=ParallelLayout(dp=2, tp=1))
 tp_chunked = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))
 for key, lm, reducer, chunk in (("dense", dense, None, 0), ("tp", tp, None, 0),
                                 ("dp", dp_model, DataParallelGrads(dp_comm, dp_comm.train_dp), 0),
                                 ("tp_chunked", tp_chunked, None, 3)):
-    updater = PolicyUpdater(lm, GRPOLoss(agg_mode="token-mean"), grad_reducer=reducer, chunk=chunk,
+    updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=reducer, chunk=chunk,
                             **updater_kwargs())
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
