@@ -13,8 +13,9 @@ from dataclasses import asdict
 from typing import Dict, List, Optional
 
 import numpy as np
+import mindspore as ms
 
-from mindgrpo.config.grpo import GRPOConfig
+from mindgrpo.config.grpo import ConfigError, GRPOConfig
 from mindgrpo.grpo import algos, checkpointing
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
@@ -101,15 +102,23 @@ class GRPOTrainer:
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)
         temperature = gen.temperature if gen.temperature > 0 else 1.0
         chunk = actor.logprob_chunk_size
+        if actor.packing and actor.packed_attention == "flash" and ms.get_context("device_target") != "Ascend":
+            raise ConfigError("actor_config.packed_attention", "'flash' needs Ascend (flash_attention_score); "
+                              f"this run is on {ms.get_context('device_target')}: use 'mask'")
+        # micro-batches (mindgrpo/grpo/packing.py): the update and the old log-probs by actor_config, the reference
+        # pass by its own budget
+        batching = dict(max_tokens=actor.max_tokens_per_micro_batch, packing=actor.packing,
+                        attention=actor.packed_attention)
         self.updater = PolicyUpdater(
             policy, self._loss(), micro_batch_size=actor.micro_batch_size, detach_old=not self.needs_old,
             use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
             temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
-            pipeline=pipeline)
-        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline) \
+            pipeline=pipeline, **batching)
+        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline,
+                                 **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor))) \
             if reference is not None else None
-        self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline) \
+        self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline, **batching) \
             if self.needs_old else None
         self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches
         self.stop_ids = tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))
