@@ -8,7 +8,11 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# pip upgrades itself only when older than 23 (Python 3.11's venv brings 23.2): the upgrade is a
+# download and an install on every fresh clone, and what follows needs nothing newer
+if ! .venv/bin/python -c 'import sys, pip; sys.exit(int(pip.__version__.split(".")[0]) < 23)'; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+fi
 if [ "${1:-}" = "dev" ]; then
   .venv/bin/python -m pip install -q -r requirements-dev.txt
 else

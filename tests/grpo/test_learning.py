@@ -20,10 +20,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_reward_rises(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", str(out),
@@ -40,6 +42,7 @@ def test_reward_rises(tmp_path):
     assert last > first + 0.1, rewards
 
 
+@pytest.mark.slow
 def test_the_tiny_default_learns_to_carry(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", str(out),

@@ -9,6 +9,7 @@ to four standard errors on 512 sequences, after a WeightSync into a differently 
 """
 
 import numpy as np
+import pytest
 from mindspore import Tensor
 
 from mindgrpo.grpo.experience import pack
@@ -24,33 +25,59 @@ CFG = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidde
 PROMPTS = [[3, 4, 5], [7, 8], [9, 10, 11, 12], [20]]
 
 
-def nll_minus_entropy(samples, temperature, scored_at=None):
+class Rollouts:
+    """The policy, its synced inference copy and engine, built once for the module: each temperature's
+    rollouts are drawn once (the same seed draws the same samples) and each scoring temperature's graph
+    compiles once."""
+
+    def __init__(self):
+        self.policy = Qwen2ForCausalLM(CFG, seed=1)
+        inference = Qwen2ForCausalLM(CFG, seed=2)
+        WeightSync(self.policy, inference)()
+        self.engine = RolloutEngine(inference, pad_token_id=0)
+        self.samples, self.scorers = {}, {}
+
+    def experience(self, samples, temperature):
+        key = (samples, temperature)
+        if key not in self.samples:
+            comps = self.engine.generate(
+                PROMPTS, SamplingParams(max_tokens=6, temperature=temperature, n=samples // len(PROMPTS), seed=7))
+            self.samples[key] = pack([PROMPTS[c.prompt_index] for c in comps], [c.token_ids for c in comps],
+                                     np.zeros(len(comps), np.float32))
+        return self.samples[key]
+
+    def scorer(self, temperature):
+        if temperature not in self.scorers:
+            self.scorers[temperature] = TokenLogProbs(self.policy, with_entropy=True, temperature=temperature)
+        return self.scorers[temperature]
+
+
+@pytest.fixture(scope="module")
+def rollouts():
+    return Rollouts()
+
+
+def nll_minus_entropy(rollouts, samples, temperature, scored_at=None):
     """E[-log p - H] per sequence for `samples` rollouts at `temperature`, scored at `scored_at`
     (default: the same temperature, as the trainer scores)."""
-    policy = Qwen2ForCausalLM(CFG, seed=1)
-    inference = Qwen2ForCausalLM(CFG, seed=2)
-    WeightSync(policy, inference)()
-    comps = RolloutEngine(inference, pad_token_id=0).generate(
-        PROMPTS, SamplingParams(max_tokens=6, temperature=temperature, n=samples // len(PROMPTS), seed=7))
-    exp = pack([PROMPTS[c.prompt_index] for c in comps], [c.token_ids for c in comps],
-               np.zeros(len(comps), np.float32))
-    scorer = TokenLogProbs(policy, with_entropy=True, temperature=scored_at or temperature)
-    logp, ent = scorer(Tensor(exp.input_ids), Tensor(exp.score_pos), Tensor(exp.labels))
+    exp = rollouts.experience(samples, temperature)
+    logp, ent = rollouts.scorer(scored_at or temperature)(Tensor(exp.input_ids), Tensor(exp.score_pos),
+                                                         Tensor(exp.labels))
     diff = ((-logp.asnumpy() - ent.asnumpy()) * exp.mask).sum(-1)  # (B,) per sequence
     return diff.mean(), diff.std() / np.sqrt(len(diff)), float((ent.asnumpy() * exp.mask).sum(-1).mean())
 
 
-def test_samples_follow_the_scored_policy():
-    mean, se, entropy = nll_minus_entropy(512, temperature=1.0)
+def test_samples_follow_the_scored_policy(rollouts):
+    mean, se, entropy = nll_minus_entropy(rollouts, 512, temperature=1.0)
     assert entropy > 3.0  # a broad distribution, so a wrong sampler would show
     assert abs(mean) < 4 * se, (mean, se)
 
 
-def test_samples_at_a_lower_temperature_follow_the_policy_scored_at_it():
-    mean, se, _ = nll_minus_entropy(512, temperature=0.7)
+def test_samples_at_a_lower_temperature_follow_the_policy_scored_at_it(rollouts):
+    mean, se, _ = nll_minus_entropy(rollouts, 512, temperature=0.7)
     assert abs(mean) < 4 * se, (mean, se)
 
 
-def test_the_check_sees_a_different_distribution():
-    mean, se, _ = nll_minus_entropy(512, temperature=0.7, scored_at=1.0)  # sharper than the scored policy
+def test_the_check_sees_a_different_distribution(rollouts):
+    mean, se, _ = nll_minus_entropy(rollouts, 512, temperature=0.7, scored_at=1.0)  # sharper than the scored policy
     assert mean < -4 * se, (mean, se)

@@ -1,5 +1,6 @@
 """Launching msrun jobs from tests (a free port per job, a timeout, the workers' logs on failure) and
-the files they exchange with the tests (per-rank results, MindSpore's sharded checkpoint layout)."""
+the files they exchange with the tests (per-rank results, MindSpore's sharded checkpoint layout, and
+MindSpore's own slicing of a full checkpoint to compare with)."""
 
 import glob
 import json
@@ -89,3 +90,19 @@ def save_sharded(pieces, folder):
         ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in state.items()],
                            os.path.join(folder, f"rank_{rank}", f"ck_{rank}.ckpt"))
     return folder
+
+
+def mindspore_slices(full, layout, cfg, work):
+    """MindSpore's transform_checkpoints of the full weights {name: array} for every rank of layout."""
+    import mindspore as ms
+    from mindspore.parallel import transform_checkpoints
+
+    from mindgrpo.models.convert import expected_shapes
+    from mindgrpo.parallel.strategy import write_strategy_file
+
+    strategy = write_strategy_file(os.path.join(work, "dst_strategy.ckpt"), layout, expected_shapes(cfg))
+    transform_checkpoints(save_sharded([full], os.path.join(work, "full")), os.path.join(work, "out"), "ck_",
+                          None, strategy)
+    return [{k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(work, "out", f"rank_{r}",
+                                                                        f"ck_{r}.ckpt")).items()}
+            for r in range(layout.world_size)]

@@ -47,3 +47,14 @@ def updater_kwargs():
 
 def prompts():
     return [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10]]
+
+
+def full_logits(cfg, seed):
+    """The one-device model's logits (3, 10, V) on token_batch."""
+    from mindspore import Tensor
+
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+    from mindgrpo.models.scoring import SequenceLogits
+
+    ids, mask, _, _ = token_batch()
+    return SequenceLogits(Qwen2ForCausalLM(cfg, seed=seed, max_positions=128))(Tensor(ids), Tensor(mask)).asnumpy()

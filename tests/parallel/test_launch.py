@@ -30,6 +30,7 @@ def test_only_save_strategy_writes_both_layouts(tmp_path):
 
 
 @pytest.mark.msrun
+@pytest.mark.slow
 def test_run_grpo_sh_exits_nonzero_with_the_failing_rank_error(tmp_path):
     msrun_path()
     proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "run_grpo.sh"), "--worker_num", "2",

@@ -1,13 +1,14 @@
 """The msrun tier: tensor and data parallelism, resharding and the distributed one-stage run on CPU.
 
-Three msrun jobs (module fixtures), each on a tiny model, each checked against an independent
-reference: the one-device model or run, and MindSpore's own `transform_checkpoints`.
+One msrun job of two ranks (the module fixture `two_rank_job`, tests/parallel/workers/several.py) runs
+each check of this file on a tiny model, each against an independent reference (the one-device model
+or run, and MindSpore's own `transform_checkpoints`):
     two_ranks    tp=2 logits / log-probs / entropy, shards from scripts/transform_checkpoint.py,
                  one GRPO update with tp=2 and with dp=2, rollouts, tp2 -> (dp2, tp1) resharding
-    four_ranks   (dp2, tp2) -> (dp4, tp1) and -> (dp1, tp4) resharding, tp=4 logits
     one_stage    scripts/grpo_one_stage.py under msrun (tp2 swap on, then off; two pipeline stages) vs one process
     zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1),
                  the split run stopped after one step and resumed from its sharded checkpoint
+The four-rank job (resharding from (dp2, tp2), tp=4, pipeline stages) is in test_pipeline.py.
 """
 
 import json
@@ -18,30 +19,18 @@ import sys
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import Tensor
 from mindspore.parallel import transform_checkpoints
 
 from mindgrpo.config import GRPOConfig, load_config
 from mindgrpo.memory.plan import plan
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-from mindgrpo.models.scoring import SequenceLogits
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import write_strategy_file
-from msrun_util import REPO, load_results, run_msrun, save_sharded
-from parallel_cases import CFG, CFG4, SEED, SHARD_SEED, token_batch
+from msrun_util import REPO, load_results, mindspore_slices, run_msrun, save_sharded
+from parallel_cases import CFG, SEED, SHARD_SEED, full_logits
 
-pytestmark = pytest.mark.msrun
-
-
-def mindspore_slices(full, layout, cfg, work):
-    """MindSpore's transform_checkpoints of the full weights for every rank of layout."""
-    strategy = write_strategy_file(os.path.join(work, "dst_strategy.ckpt"), layout, expected_shapes(cfg))
-    transform_checkpoints(save_sharded([full], os.path.join(work, "full")), os.path.join(work, "out"), "ck_",
-                          None, strategy)
-    return [{k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(work, "out", f"rank_{r}",
-                                                                        f"ck_{r}.ckpt")).items()}
-            for r in range(layout.world_size)]
+pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
 
 def mindspore_merge(pieces, layout, cfg, work):
@@ -57,27 +46,35 @@ def prefixed(arrays, prefix):
     return {k[len(prefix) + 1:]: v for k, v in arrays.items() if k.startswith(prefix + "/")}
 
 
-def full_logits(cfg, seed):
-    ids, mask, _, _ = token_batch()
-    return SequenceLogits(Qwen2ForCausalLM(cfg, seed=seed, max_positions=128))(Tensor(ids), Tensor(mask)).asnumpy()
-
-
 # ------------------------------------------------------------------------------ two ranks
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    work = tmp_path_factory.mktemp("two_ranks")
+def two_rank_job(tmp_path_factory):
+    """Every two-rank check of this file in one msrun launch: the two_ranks worker on shards that
+    scripts/transform_checkpoint.py cut, then the one-stage runs (whose single-process peer runs first)."""
+    work = tmp_path_factory.mktemp("two_rank_job")
     full = Qwen2ForCausalLM(CFG, seed=SHARD_SEED)
     ms.save_checkpoint([{"name": n, "data": p} for n, p in full.parameters_and_names()], str(work / "full.ckpt"))
     strategy = write_strategy_file(str(work / "tp2.ckpt"), ParallelLayout(dp=1, tp=2), expected_shapes(CFG))
     subprocess.run([sys.executable, os.path.join(REPO, "scripts", "transform_checkpoint.py"),
                     f"--src_checkpoint={work / 'full.ckpt'}", f"--dst_checkpoint={work / 'shards'}",
-                    f"--dst_strategy={strategy}"], check=True, capture_output=True, timeout=120)
+                    f"--dst_strategy={strategy}"], check=True, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--swap", "False",
+                    "--output_dir", str(work / "runs" / "single"), *ONE_STAGE], check=True, capture_output=True,
+                   timeout=900)  # a guard against a hang: 20 to 60 s alone, minutes on a busy machine
     (work / "out").mkdir()
-    run_msrun("two_ranks.py", 2, str(work / "log"), [work / "out", work / "shards"], timeout=420)
-    arrays, metrics = load_results(str(work / "out"), 2)
-    return arrays, metrics, work
+    run_msrun("several.py", 2, str(work / "log"),
+              ["two_ranks.py", work / "out", work / "shards",
+               "::", "one_stage_runs.py", work / "runs", "swap_on,swap_off,pp2,opt_whole,opt_shard", *ONE_STAGE],
+              timeout=2400)  # a guard against a hang: the job takes a few minutes alone, far more on a busy machine
+    return work
+
+
+@pytest.fixture(scope="module")
+def two_ranks(two_rank_job):
+    arrays, metrics = load_results(str(two_rank_job / "out"), 2)
+    return arrays, metrics, two_rank_job
 
 
 def test_tp2_logits_logprobs_entropy_match_one_device(two_ranks):
@@ -142,47 +139,6 @@ def test_reshard_tp2_to_dp2_is_bit_identical_to_transform_checkpoints(two_ranks,
         assert metrics[rank]["reshard_again"]["sync/seconds"] < m["sync/seconds"]  # compiled once
 
 
-# ------------------------------------------------------------------------------ four ranks
-
-
-@pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory):
-    work = tmp_path_factory.mktemp("four_ranks")
-    (work / "out").mkdir()
-    run_msrun("four_ranks.py", 4, str(work / "log"), [work / "out"], timeout=420)
-    return load_results(str(work / "out"), 4)
-
-
-@pytest.mark.parametrize("key, layout", [("dp4", ParallelLayout(dp=4, tp=1)), ("tp4", ParallelLayout(dp=1, tp=4))])
-def test_reshard_dp2tp2_is_bit_identical_to_transform_checkpoints(four_ranks, tmp_path, key, layout):
-    arrays, metrics = four_ranks
-    full = {n: p.asnumpy() for n, p in Qwen2ForCausalLM(CFG4, seed=SEED).parameters_and_names()}
-    train = ParallelLayout(dp=2, tp=2)
-    for rank, a in enumerate(arrays):  # the policy pieces are the seed's full weights, sliced
-        for name, piece in prefixed(a, "policy").items():
-            assert piece.tobytes() == train.shard(name, full[name], train.coords(rank)[1]).tobytes()
-    expected = mindspore_slices(full, layout, CFG4, str(tmp_path))
-    for rank, a in enumerate(arrays):
-        got = prefixed(a, key)
-        assert sorted(got) == sorted(expected[rank])
-        for name, value in expected[rank].items():
-            assert got[name].tobytes() == value.tobytes(), (key, rank, name)
-    received = [m[key]["sync/bytes_received"] for m in metrics]
-    minimum = [m[key]["sync/bytes_min"] for m in metrics]
-    if key == "tp4":  # ranks 0 and 3 hold their quarter already; 1 and 2 need one quarter
-        assert minimum[0] == minimum[3] == 0 and minimum[1] == minimum[2] > 0
-        assert received[1] == minimum[1] and received[0] == minimum[1]  # plus the AllGather's padding
-    else:
-        assert received == minimum
-
-
-def test_tp4_logits_match_one_device(four_ranks):
-    arrays, _ = four_ranks
-    expected = full_logits(CFG4, SEED)
-    for a in arrays:
-        np.testing.assert_allclose(a["logits_tp4"], expected, rtol=0, atol=1e-5)
-
-
 # ------------------------------------------------------------------------------ the one-stage run
 
 MICRO = os.path.join(REPO, "tests", "parallel", "workers", "micro_untied.yaml")  # untied: pipeline stages
@@ -201,14 +157,10 @@ def step1(folder):
 
 
 @pytest.fixture(scope="module")
-def one_stage(tmp_path_factory):
-    """One GRPO step: one process; under msrun training tp2 with swap on and off, and training in two
-    pipeline stages (both generating in dp2)."""
-    work = tmp_path_factory.mktemp("one_stage")
-    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--swap", "False",
-                    "--output_dir", str(work / "single"), *ONE_STAGE], check=True, capture_output=True, timeout=300)
-    run_msrun("one_stage_runs.py", 2, str(work / "log"), [work, "layouts", *ONE_STAGE], timeout=600)
-    return work
+def one_stage(two_rank_job):
+    """One GRPO step: one process (single); under msrun training tp2 with swap on and off, and training in
+    two pipeline stages (both generating in dp2)."""
+    return two_rank_job / "runs"
 
 
 def merged_policy(step, tmp_path):
@@ -286,14 +238,12 @@ def test_pipeline_ledger_matches_the_memory_plan_of_its_stage(one_stage):
 # ------------------------------------------------------------------------------ optimizer sharding (ZeRO-1)
 
 DP2 = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel_config.data_parallel=2",
-       "rl_config.max_steps=2"]  # two steps: the second update reads the moments of the first
+       "rl_config.max_steps=2"]  # as one_stage_runs.py runs opt_whole and opt_shard
 
 
 @pytest.fixture(scope="module")
-def zero1(tmp_path_factory):
-    work = tmp_path_factory.mktemp("zero1")
-    run_msrun("one_stage_runs.py", 2, str(work / "log"), [work, "optimizer_shard", *ONE_STAGE, *DP2], timeout=600)
-    return work
+def zero1(two_rank_job):
+    return two_rank_job / "runs"
 
 
 def metrics(folder):

@@ -1,8 +1,10 @@
-"""Pipeline stages under msrun: log-probs and one GRPO update equal to one device, and resharding out of the
-stages bit-identical to MindSpore's transform_checkpoints (merge by our pipeline strategy file, slice by the
-inference one), on 4 CPU workers (tests/parallel/workers/pipeline_ranks.py). scripts/grpo_one_stage.py in two
-stages is in test_msrun.py (the one-stage run)."""
-
+"""The four-rank msrun job (one launch, tests/parallel/workers/several.py):
+- pipeline stages (tests/parallel/workers/pipeline_ranks.py): log-probs and one GRPO update equal to one
+  device, and resharding out of the stages bit-identical to MindSpore's transform_checkpoints (merge by our
+  pipeline strategy file, slice by the inference one);
+- resharding from (dp2, tp2) to (dp4, tp1) and (dp1, tp4), and the tp=4 model's logits
+  (tests/parallel/workers/four_ranks.py).
+scripts/grpo_one_stage.py in two stages is in test_msrun.py (the one-stage run)."""
 
 import numpy as np
 import pytest
@@ -18,10 +20,10 @@ from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import write_strategy_file
-from msrun_util import load_results, run_msrun, save_sharded
-from parallel_cases import CFG_PP, SEED, experience_arrays, prompts, updater_kwargs
+from msrun_util import load_results, mindspore_slices, run_msrun, save_sharded
+from parallel_cases import CFG4, CFG_PP, SEED, experience_arrays, full_logits, prompts, updater_kwargs
 
-pytestmark = pytest.mark.msrun
+pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
 TP_PP, DP_PP, PP4 = ParallelLayout(dp=1, tp=2, pp=2), ParallelLayout(dp=2, tp=1, pp=2), ParallelLayout(pp=4)
 DP4 = ParallelLayout(dp=4, tp=1)
@@ -30,11 +32,18 @@ RESHARDS = [("tp_pp_to_dp4", TP_PP, DP4), ("dp_pp_to_dp4", DP_PP, DP4), ("pp4_to
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    work = tmp_path_factory.mktemp("pipeline")
-    (work / "out").mkdir()
-    run_msrun("pipeline_ranks.py", 4, str(work / "log"), [work / "out"], timeout=480)
-    return load_results(str(work / "out"), 4)
+def four_rank_job(tmp_path_factory):
+    work = tmp_path_factory.mktemp("four_rank_job")
+    (work / "pipeline").mkdir()
+    (work / "four_ranks").mkdir()
+    run_msrun("several.py", 4, str(work / "log"),
+              ["pipeline_ranks.py", work / "pipeline", "::", "four_ranks.py", work / "four_ranks"], timeout=2400)
+    return work
+
+
+@pytest.fixture(scope="module")
+def ranks(four_rank_job):
+    return load_results(str(four_rank_job / "pipeline"), 4)
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +132,40 @@ def test_rollouts_after_resharding_out_of_stages_match_one_device(ranks, one_dev
     for m in metrics:
         assert m["rollout/greedy/tp_pp_to_dp4"] == dense
 
+
+# ------------------------------------------------------------------------------ four ranks
+
+
+@pytest.fixture(scope="module")
+def four_ranks(four_rank_job):
+    return load_results(str(four_rank_job / "four_ranks"), 4)
+
+
+@pytest.mark.parametrize("key, layout", [("dp4", ParallelLayout(dp=4, tp=1)), ("tp4", ParallelLayout(dp=1, tp=4))])
+def test_reshard_dp2tp2_is_bit_identical_to_transform_checkpoints(four_ranks, tmp_path, key, layout):
+    arrays, metrics = four_ranks
+    full = {n: p.asnumpy() for n, p in Qwen2ForCausalLM(CFG4, seed=SEED).parameters_and_names()}
+    train = ParallelLayout(dp=2, tp=2)
+    for rank, a in enumerate(arrays):  # the policy pieces are the seed's full weights, sliced
+        for name, piece in prefixed(a, "policy").items():
+            assert piece.tobytes() == train.shard(name, full[name], train.coords(rank)[1]).tobytes()
+    expected = mindspore_slices(full, layout, CFG4, str(tmp_path))
+    for rank, a in enumerate(arrays):
+        got = prefixed(a, key)
+        assert sorted(got) == sorted(expected[rank])
+        for name, value in expected[rank].items():
+            assert got[name].tobytes() == value.tobytes(), (key, rank, name)
+    received = [m[key]["sync/bytes_received"] for m in metrics]
+    minimum = [m[key]["sync/bytes_min"] for m in metrics]
+    if key == "tp4":  # ranks 0 and 3 hold their quarter already; 1 and 2 need one quarter
+        assert minimum[0] == minimum[3] == 0 and minimum[1] == minimum[2] > 0
+        assert received[1] == minimum[1] and received[0] == minimum[1]  # plus the AllGather's padding
+    else:
+        assert received == minimum
+
+
+def test_tp4_logits_match_one_device(four_ranks):
+    arrays, _ = four_ranks
+    expected = full_logits(CFG4, SEED)
+    for a in arrays:
+        np.testing.assert_allclose(a["logits_tp4"], expected, rtol=0, atol=1e-5)

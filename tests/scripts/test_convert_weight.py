@@ -52,6 +52,7 @@ def raw_tensors(folder):
     return {k: (dt, np.asarray(a).tobytes()) for k, (dt, a) in read_hf_state(folder).items()}
 
 
+@pytest.mark.slow  # converts a model both ways through the command line
 def test_round_trip_is_bit_exact(hf_dir, tmp_path):
     ckpt = str(tmp_path / "ms" / "m.ckpt")
     assert run("--torch_ckpt_dir", hf_dir, "--mindspore_ckpt_path", ckpt).returncode == 0
@@ -62,6 +63,7 @@ def test_round_trip_is_bit_exact(hf_dir, tmp_path):
     assert json.load(open(os.path.join(back, "config.json")))["hidden_size"] == 32
 
 
+@pytest.mark.slow  # converts a model both ways through the command line
 def test_bf16_round_trip_is_bit_exact(hf_dir, tmp_path):
     import torch  # the reference bf16 rounding
 
@@ -83,6 +85,7 @@ def test_bf16_round_trip_is_bit_exact(hf_dir, tmp_path):
         assert np.array_equal(bf16_to_f32(bf[k][1]), torch.from_numpy(bf[k][1].view(np.int16)).view(torch.bfloat16).float().numpy())
 
 
+@pytest.mark.slow  # converts a model both ways through the command line
 def test_sharded_index_input(hf_dir, tmp_path):
     state = read_hf_state(hf_dir)
     names = sorted(state)

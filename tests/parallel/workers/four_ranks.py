@@ -1,4 +1,4 @@
-"""msrun worker (4 ranks) for tests/parallel/test_msrun.py: resharding from the training layout
+"""msrun worker (4 ranks) for tests/parallel/test_pipeline.py: resharding from the training layout
 (dp2, tp2) to (dp4, tp1) and to (dp1, tp4), and the tp=4 model's logits.
 
     msrun --worker_num=4 ... four_ranks.py OUT_DIR
@@ -14,8 +14,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-ms.set_context(mode=ms.GRAPH_MODE)
-ms.set_device("CPU")
+ms.set_context(mode=ms.GRAPH_MODE)  # the CPU device is the default; several.py runs this after a script that set it
 
 from mindgrpo.models.convert import expected_shapes  # noqa: E402
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
