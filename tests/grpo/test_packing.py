@@ -19,8 +19,8 @@ from mindgrpo.grpo.ms_algos import GRPOLoss
 from mindgrpo.grpo.packing import Batching, bucket_tokens, plan, pow2, shape_bound
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 
-# two layers: a leak between packed samples would reach the second layer's keys too
-CFG = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+# one layer keeps the compiles short (a leak between packed samples changes its attention's output)
+CFG = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=128)
 RESPONSES = (3, 31, 5, 4, 12, 3, 28, 6)  # 10x apart
 PROMPTS = (4, 3, 5, 2, 4, 3, 5, 2)
@@ -178,17 +178,37 @@ def test_experience_select_and_padded_carry_every_per_sample_array():
 # ---------------------------------------------------------------------------------------
 # the graphs: the same numbers as the padded path
 # ---------------------------------------------------------------------------------------
+# Lengths 10x apart, chosen so that each layout compiles few shapes (a compile takes seconds):
+# padded, micro-batches of 2: (2, 64) x 3; budget 64: (1, 64) x 2 one sample each, (2, 32) x 2;
+# packed 64: two rows of 64 holding three samples each (n = 4: a zero sample row in each)
+GRAPH_RESPONSES, GRAPH_PROMPTS = (30, 3, 12, 28, 5, 6), (3, 4, 4, 5, 5, 2)
+LAYOUTS = {"budget": dict(max_tokens=64), "packed": dict(max_tokens=64, packing=True)}
 
-LAYOUTS = {"budget": dict(max_tokens=64), "packed": dict(max_tokens=128, packing=True)}
+
+def graph_experience():
+    return experience(GRAPH_RESPONSES, GRAPH_PROMPTS)
 
 
-def test_scorer_log_probs_match_the_padded_path():
-    exp = experience()
+def test_the_graph_batch_takes_the_shapes_the_comment_says():
+    exp = graph_experience()
+    shapes = {name: [(mb.ids.shape, len(mb.exp), len(mb.samples)) for mb in plan(exp, Batching(**kw))]
+              for name, kw in LAYOUTS.items()}
+    assert shapes["budget"] == [((1, 64), 1, 1)] * 2 + [((2, 32), 2, 2)] * 2
+    assert shapes["packed"] == [((1, 64), 4, 3)] * 2
+
+
+@pytest.fixture(scope="module")
+def padded_logp():
+    """The padded path's log-probs of graph_experience (micro-batches of 2 rows)."""
+    return Scorer(Qwen2ForCausalLM(CFG, seed=1), 2)(graph_experience())
+
+
+def test_scorer_log_probs_match_the_padded_path(padded_logp):
+    exp = graph_experience()
     lm = Qwen2ForCausalLM(CFG, seed=1)
-    expected = Scorer(lm, 3)(exp)
-    assert np.abs(expected).max() > 1.0
+    assert np.abs(padded_logp).max() > 1.0
     for name, kw in LAYOUTS.items():
-        np.testing.assert_allclose(Scorer(lm, 3, **kw)(exp), expected, rtol=0, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(Scorer(lm, 2, **kw)(exp), padded_logp, rtol=0, atol=1e-5, err_msg=name)
 
 
 def updated(exp, mode, **kw):
@@ -200,13 +220,12 @@ def updated(exp, mode, **kw):
 
 
 @pytest.fixture(scope="module")
-def scored():
-    """An experience with old and reference log-probs away from the policy's: ratios clip, the KL is > 0."""
-    exp = experience()
-    logp = Scorer(Qwen2ForCausalLM(CFG, seed=1), 4)(exp)
+def scored(padded_logp):
+    """graph_experience with old and reference log-probs away from the policy's: ratios clip, the KL is > 0."""
+    exp = graph_experience()
     rng = np.random.default_rng(5)
-    exp.old_logp = (logp + rng.normal(0, 0.3, logp.shape).astype(np.float32)) * exp.mask
-    exp.ref_logp = (logp + rng.normal(0, 0.3, logp.shape).astype(np.float32)) * exp.mask
+    exp.old_logp = (padded_logp + rng.normal(0, 0.3, padded_logp.shape).astype(np.float32)) * exp.mask
+    exp.ref_logp = (padded_logp + rng.normal(0, 0.3, padded_logp.shape).astype(np.float32)) * exp.mask
     return exp
 
 
