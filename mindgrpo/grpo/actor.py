@@ -125,8 +125,9 @@ class PolicyUpdater:
         n_seq = float((exp.mask.sum(-1) > 0).sum()) if global_seqs is None else global_seqs
         g_tok, g_seq = Tensor(np.float32(n_tok)), Tensor(np.float32(n_seq))
         dp = self.grad_reducer
-        if dp is not None:
-            exp = exp.select(dp.rows(len(exp), exp.lengths() if self.batching.by_tokens else None))
+        if dp is not None:  # with token budgets, shares of about the same number of tokens to train on
+            tokens = exp.lengths() * (exp.mask.sum(-1) > 0) if self.batching.by_tokens else None
+            exp = exp.select(dp.rows(len(exp), tokens))
         batches = plan(exp, self.batching)
 
         def last_step(m, x):  # x: token ids, or the previous stage's hidden states
