@@ -368,6 +368,13 @@ class GRPOConfig:
             key = None if in_effect(self) else first_changed_key(self, path)
             check(key is None, key, why)
 
+    def check_device(self, device_target: str) -> None:
+        """Keys that need a kind of device (the run's device_target, e.g. "CPU" or "Ascend")."""
+        actor = self.actor_config
+        check(not (actor.packing and actor.packed_attention == "flash") or device_target == "Ascend",
+              "actor_config.packed_attention",
+              f"'flash' needs Ascend (flash_attention_score); this run is on {device_target}: use 'mask'")
+
 
 __all__ = ["INERT_UNLESS", "ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "ParallelConfig",
            "RLConfig", "RefConfig", "RewardConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig"]

@@ -20,7 +20,7 @@ Budget and packed micro-batches are fed alike (a row holding one sample is a pac
     runs       which tokens attend to which, causally within a run (a sample; padding apart):
                segments (rows, L) int32: 1, 2, ... the row's samples, 0 its padding, for the additive
                block-diagonal mask (`models.scoring.segment_bias`); or, with attention "flash", the
-               runs' cumulative ends (K,) int32 in the rows * L tokens (Ascend's TND layout)
+               runs' cumulative ends (K,) int64 in the rows * L tokens (Ascend's TND layout)
     tokens     (N,) int32       flat index into rows * L of each scored position (the one predicting
                                 a response token), sample after sample
     labels     (N,) int32       the token each predicts
@@ -38,7 +38,9 @@ a micro-batch never exceeds the budget); N is rounded up to eight values per oct
 padding, multiples of `step`). So with samples of at most S_max tokens, at most n_max per
 micro-batch and R fixed (one per step, as today), graphs compile for at most
     (S_max / step) * (log2(T / step) + 2) * (8 log2(T / step) + 1) * (log2(n_max) + 1)
-shapes (`shape_bound`); a run meets a few of them (`benchmarks/update.py` counts them).
+shapes (`shape_bound`); a run meets a few of them (`benchmarks/packing.py` counts them). With attention
+"flash" the runs' ends (K,) add a dimension: rows <= K <= n + rows (the kernel refuses empty runs, so
+K cannot be padded to a fixed length).
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ def _packed(exp: Experience, rows: List[List[int]], width: int, n_rows: int, bat
         if start < width:  # the row's padding, a run of its own
             ends.append((r + 1) * width)
     ends += [(r + 1) * width for r in range(len(rows), n_rows)]  # empty rows
-    runs = np.array(ends, np.int32) if batching.attention == "flash" else segments
+    runs = np.array(ends, np.int64) if batching.attention == "flash" else segments
     part = exp.select(samples).padded(n)
     return MicroBatch(samples, part, ids, (positions, runs, tokens, labels, slots), (positions, runs))
 

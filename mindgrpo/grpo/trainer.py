@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import mindspore as ms
 
-from mindgrpo.config.grpo import ConfigError, GRPOConfig
+from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.grpo import algos, checkpointing
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
@@ -102,9 +102,7 @@ class GRPOTrainer:
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)
         temperature = gen.temperature if gen.temperature > 0 else 1.0
         chunk = actor.logprob_chunk_size
-        if actor.packing and actor.packed_attention == "flash" and ms.get_context("device_target") != "Ascend":
-            raise ConfigError("actor_config.packed_attention", "'flash' needs Ascend (flash_attention_score); "
-                              f"this run is on {ms.get_context('device_target')}: use 'mask'")
+        cfg.check_device(ms.get_context("device_target"))
         # micro-batches (mindgrpo/grpo/packing.py): the update and the old log-probs by actor_config, the reference
         # pass by its own budget
         batching = dict(max_tokens=actor.max_tokens_per_micro_batch, packing=actor.packing,

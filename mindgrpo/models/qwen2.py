@@ -336,7 +336,7 @@ class Attention(nn.Cell):
 
     def _attend_flash(self, q, k, v, seq_ends, causal_mask):
         """Packed rows through Ascend's fused kernel in its TND layout: q (B, nh, S, d), k/v
-        (B, nkv, S, d) as T = B*S tokens; seq_ends (K,) int32: the cumulative ends of the runs of
+        (B, nkv, S, d) as T = B*S tokens; seq_ends (K,) int64: the cumulative ends of the runs of
         tokens that attend among themselves (each sample, each row's padding), the last one T;
         causal_mask (2048, 2048) uint8, 1 above the diagonal (the kernel's compressed causal mask,
         sparse_mode 3) -> (B, S, nh*d). Ascend only: the CPU has no such kernel."""

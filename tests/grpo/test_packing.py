@@ -242,3 +242,15 @@ def test_update_matches_the_padded_path_for_every_aggregation_mode(scored, mode)
             assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), (name, key)
         for n, value in weights.items():
             np.testing.assert_allclose(mine[n], value, rtol=0, atol=1e-5, err_msg=f"{name} {n}")
+
+
+def test_flash_attention_is_refused_off_ascend_naming_the_key():
+    from mindgrpo.config import ConfigError, GRPOConfig, load_config
+
+    flash = ["actor_config.max_tokens_per_micro_batch=2048", "actor_config.packing=true",
+             "actor_config.packed_attention=flash"]
+    cfg = load_config(GRPOConfig, overrides=flash)
+    cfg.check_device("Ascend")
+    with pytest.raises(ConfigError, match="actor_config.packed_attention': 'flash' needs Ascend .* on CPU: use 'mask'"):
+        cfg.check_device("CPU")
+    load_config(GRPOConfig, overrides=flash[:2]).check_device("CPU")  # the mask path runs anywhere
