@@ -4,7 +4,8 @@ One msrun job of two ranks (the module fixture `two_rank_job`, tests/parallel/wo
 each check of this file on a tiny model, each against an independent reference (the one-device model
 or run, and MindSpore's own `transform_checkpoints`):
     two_ranks    tp=2 logits / log-probs / entropy, shards from scripts/transform_checkpoint.py,
-                 one GRPO update with tp=2 and with dp=2, rollouts, tp2 -> (dp2, tp1) resharding
+                 one GRPO update with tp=2 and with dp=2 (also packed rows under tp=2,
+                 token budgets under dp=2), rollouts, tp2 -> (dp2, tp1) resharding
     one_stage    scripts/grpo_one_stage.py under msrun (tp2 swap on, then off; two pipeline stages) vs one process
     zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1),
                  the split run stopped after one step and resumed from its sharded checkpoint
@@ -96,12 +97,13 @@ def test_tp2_shards_from_transform_checkpoint_give_the_full_model_logits(two_ran
         np.testing.assert_allclose(a["a/shard_logits"], expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["tp", "dp", "tp_chunked"])
+@pytest.mark.parametrize("layout", ["tp", "dp", "tp_chunked", "tp_packed", "dp_budget"])
 def test_grpo_update_matches_one_device(two_ranks, layout):
+    """tp_packed: packed rows under tp=2; dp_budget: token-budget micro-batches, replicas split by tokens."""
     arrays, metrics, _ = two_ranks
     one = metrics[0]["update/dense"]
     assert one["grad_norm"] > 0.05  # the clip (0.05) is active: it needs the whole gradient's norm
-    lay = ParallelLayout(dp=2, tp=1) if layout == "dp" else ParallelLayout(dp=1, tp=2)
+    lay = ParallelLayout(dp=2, tp=1) if layout.startswith("dp") else ParallelLayout(dp=1, tp=2)
     for rank, (a, m) in enumerate(zip(arrays, metrics)):
         got = m[f"update/{layout}"]
         for key in ("loss", "pg_loss", "grad_norm", "entropy"):
