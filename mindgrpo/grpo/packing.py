@@ -6,12 +6,12 @@ micro-batches (`Batching`; `actor_config.max_tokens_per_micro_batch` is T):
     rows     T = 0, the default: micro_batch_size samples at a time, in order, each right-padded to
              the step's S (`experience.pack`), fed as they are: input_ids (B, S), score_pos (B, R),
              labels (B, R)
-    budget   samples sorted by length, longest first; a micro-batch takes the next ones while
-             rows * L <= T, L being its first (longest) sample's length rounded up to `step`: each
-             micro-batch is padded only to its own length. One sample per row
+    budget   samples sorted by length, longest first, grouped by row length L (their length rounded
+             up, `bucket_length`); each group split evenly into micro-batches of at most floor(T / L)
+             rows: each micro-batch is padded only to its own length. One sample per row
     packed   samples placed, longest first, into the first row of length L (the longest sample
-             rounded up) that has room for them; micro-batches of floor(T / L) such rows. Several
-             samples per row, each attending only to itself
+             rounded up) that has room for them; the rows split evenly into micro-batches of at most
+             floor(T / L) rows. Several samples per row, each attending only to itself
 
 Budget and packed micro-batches are fed alike (a row holding one sample is a packed row):
 
@@ -33,14 +33,22 @@ its layout: the loss does not know how the forward was fed. Samples whose mask i
 (overlong filtering) change no loss, metric or log-prob and are left out of budget and packed
 micro-batches.
 
-Bounded shapes: L is a multiple of `step`; rows and n are powers of two (rows at most floor(T / L),
-a micro-batch never exceeds the budget); N is rounded up to eight values per octave (at most 12.5%
-padding, multiples of `step`). So with samples of at most S_max tokens, at most n_max per
-micro-batch and R fixed (one per step, as today), graphs compile for at most
-    (S_max / step) * (log2(T / step) + 2) * (8 log2(T / step) + 1) * (log2(n_max) + 1)
-shapes (`shape_bound`); a run meets a few of them (`benchmarks/packing.py` counts them). With attention
-"flash" the runs' ends (K,) add a dimension: rows <= K <= n + rows (the kernel refuses empty runs, so
-K cannot be padded to a fixed length).
+Bounded shapes. Every compiled shape costs a compile, and on MindSpore's CPU runtime also keeps its
+graph's buffers alive (about 1.3 GB per shape for tiny-small-vocab's update at 2,304 tokens per
+micro-batch, `benchmarks/packing.py`), so the micro-batches of a step share shapes:
+    L      packed: the step's longest sample rounded up to a multiple of `step` (as the padded S);
+           budget: a sample's length rounded up to a multiple of `step` and then to two values per
+           octave (step times 1, 2, 3, 4, 6, 8, 12, ...; at most the budget): `bucket_length`
+    rows   the rows (budget: the samples of one L) split evenly over the fewest micro-batches that fit
+           the budget, every micro-batch as many rows as the fullest (the last may carry an empty row)
+    n      the fullest micro-batch's sample count (packed: rounded up to a power of two)
+    N      the most scored tokens of a micro-batch, rounded up to eight values per octave
+           (`bucket_tokens`: at most 12.5% padding beyond a step)
+So a step compiles one shape when packed, and one per row length when budgeted (at most
+2 log2(S_max / step) + 1 with samples of at most S_max tokens). Over a run, with R fixed, at most
+`shape_bound` shapes: sum over the row lengths L (packed: every multiple of `step` up to S_max) of
+floor(T / L) * (log2(n_max) + 1) * (the N buckets up to T). With attention "flash" the runs' ends (K,) add a dimension: rows <= K <= n + rows (the
+kernel refuses empty runs, so K cannot be padded to a fixed length).
 """
 
 from __future__ import annotations
@@ -119,12 +127,23 @@ def bucket_tokens(n: int, step: int) -> int:
     return round_up(n, max(step, pow2(n) // 16))
 
 
-def shape_bound(max_len: int, budget: int, max_samples: int, step: int) -> int:
-    """The most (L, rows, N, n) shapes budget or packed micro-batches can take for one R."""
-    lengths = round_up(max_len, step) // step
-    octaves = max(math.log2(budget / step), 0)
-    return int(lengths * (math.floor(octaves) + 2) * (8 * math.ceil(octaves) + 1)
-               * (math.ceil(math.log2(max(max_samples, 1))) + 1))
+def bucket_length(n: int, step: int, budget: int) -> int:
+    """A row length for n tokens: a multiple of `step`, rounded up to two values per octave (step times
+    1, 2, 3, 4, 6, 8, 12, ...), at most the budget's whole steps (never below n rounded up to `step`,
+    which `_fits` checked fits)."""
+    units = -(-int(n) // step)
+    top = pow2(units)
+    units = 3 * top // 4 if top >= 4 and units <= 3 * top // 4 else top
+    return max(min(units * step, budget // step * step), round_up(int(n), step))
+
+
+def shape_bound(max_len: int, budget: int, max_samples: int, step: int, packing: bool) -> int:
+    """The most (L, rows, n, N) shapes budget or packed micro-batches can take for one R."""
+    lengths = {round_up(n, step) for n in range(1, max_len + 1)}
+    if not packing:
+        lengths = {bucket_length(n, step, budget) for n in lengths}
+    tokens = len({bucket_tokens(n, step) for n in range(1, budget + 1)})
+    return sum(budget // width for width in lengths) * (math.ceil(math.log2(max(max_samples, 1))) + 1) * tokens
 
 
 # ---------------------------------------------------------------------------------------
@@ -149,33 +168,37 @@ def _trained(exp: Experience) -> Tuple[np.ndarray, np.ndarray]:
     return keep[np.argsort(-lengths[keep], kind="stable")], lengths
 
 
-def _fits(length: int, budget: int, step: int) -> int:
-    width = round_up(int(length), step)
-    if width > budget:
+def _fits(length: int, batching: Batching) -> int:
+    """length rounded up to `step`; refuses a sample over the budget."""
+    width = round_up(int(length), batching.step)
+    if width > batching.max_tokens:
         raise ValueError(f"a sample of {length} tokens (padded to {width}) does not fit a micro-batch of "
-                         f"max_tokens_per_micro_batch = {budget}; raise it to at least {width}")
+                         f"max_tokens_per_micro_batch = {batching.max_tokens}; raise it to at least {width}")
     return width
 
 
 @LAYOUTS.register("budget")
 def budget_micro_batches(exp: Experience, batching: Batching) -> List[MicroBatch]:
+    """One sample per row; the samples of each row length L (longest first) split evenly over the fewest
+    micro-batches of at most floor(T / L) rows."""
     order, lengths = _trained(exp)
-    out, i = [], 0
-    while i < len(order):
-        width = _fits(lengths[order[i]], batching.max_tokens, batching.step)
-        cap = batching.max_tokens // width
-        rows = [[int(s)] for s in order[i:i + cap]]
-        i += len(rows)
-        out.append(_packed(exp, rows, width, min(pow2(len(rows)), cap), batching))
+    widths = [bucket_length(_fits(lengths[s], batching), batching.step, batching.max_tokens) for s in order]
+    out = []
+    for width in sorted(set(widths), reverse=True):
+        rows = [[int(s)] for s, w in zip(order, widths) if w == width]
+        groups = _even(rows, batching.max_tokens // width)
+        out += _uniform(exp, groups, width, len(groups[0]), batching, exact=True)
     return out
 
 
 @LAYOUTS.register("packed")
 def packed_micro_batches(exp: Experience, batching: Batching) -> List[MicroBatch]:
+    """Samples longest first into the first row of length L (the longest's) with room; the rows split
+    evenly over the fewest micro-batches the budget allows, all of one shape."""
     order, lengths = _trained(exp)
     if not len(order):
         return []
-    width = _fits(lengths[order[0]], batching.max_tokens, batching.step)
+    width = _fits(lengths[order[0]], batching)
     rows, free = [], []  # first fit, longest first
     for s in order:
         need = int(lengths[s])
@@ -185,23 +208,37 @@ def packed_micro_batches(exp: Experience, batching: Batching) -> List[MicroBatch
             free.append(width)
         rows[k].append(int(s))
         free[k] -= need
-    cap = batching.max_tokens // width
-    return [_packed(exp, rows[i:i + cap], width, min(pow2(len(rows[i:i + cap])), cap), batching)
-            for i in range(0, len(rows), cap)]
+    groups = _even(rows, batching.max_tokens // width)
+    return _uniform(exp, groups, width, len(groups[0]), batching, exact=False)
 
 
-def _packed(exp: Experience, rows: List[List[int]], width: int, n_rows: int, batching: Batching) -> MicroBatch:
+def _even(rows: list, cap: int) -> list:
+    """rows cut into the fewest groups of at most cap, as even as consecutive slices allow (the first
+    ones the largest)."""
+    per = -(-len(rows) // -(-len(rows) // cap))
+    return [rows[i:i + per] for i in range(0, len(rows), per)]
+
+
+def _uniform(exp: Experience, groups: List[List[List[int]]], width: int, n_rows: int, batching: Batching,
+             exact: bool) -> List[MicroBatch]:
+    """Micro-batches of one shape: each group's rows (lists of samples) in n_rows rows of `width`, n
+    the most samples of a group (exact, else rounded up to a power of two), N the most scored tokens."""
+    most = max(sum(len(row) for row in rows) for rows in groups)
+    n = most if exact else pow2(most)
+    scored = max(int(sum(exp.response_lens[s] for row in rows for s in row)) for rows in groups)
+    n_tok = bucket_tokens(max(scored, 1), batching.step)
+    return [_packed(exp, rows, width, n_rows, n, n_tok, batching) for rows in groups]
+
+
+def _packed(exp: Experience, rows: List[List[int]], width: int, n_rows: int, n: int, n_tok: int,
+            batching: Batching) -> MicroBatch:
     """The feed of samples laid out in `rows` (lists of sample indices) of `width` tokens, with
-    n_rows rows in all (the rest empty)."""
+    n_rows rows in all (the rest empty), n sample slots and n_tok scored-token slots."""
     samples = np.array([s for row in rows for s in row], np.int64)
-    n = pow2(len(samples))
     ids = np.zeros((n_rows, width), np.int32)
     positions = np.zeros((n_rows, width), np.int32)
     segments = np.zeros((n_rows, width), np.int32)
     r_len = exp.labels.shape[1]
-    resp = exp.response_lens[samples]
-    count = int(resp.sum())
-    n_tok = bucket_tokens(max(count, 1), batching.step)
     tokens = np.zeros(n_tok, np.int32)
     labels = np.zeros(n_tok, np.int32)
     slots = np.full((n, r_len), n_tok, np.int32)

@@ -16,7 +16,7 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.algos import AGG_MODES
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.ms_algos import GRPOLoss
-from mindgrpo.grpo.packing import Batching, bucket_tokens, plan, pow2, shape_bound
+from mindgrpo.grpo.packing import Batching, bucket_length, bucket_tokens, plan, pow2, shape_bound
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 
 # one layer keeps the compiles short (a leak between packed samples changes its attention's output)
@@ -63,13 +63,20 @@ def test_budget_sorts_by_length_and_pads_each_micro_batch_to_its_own_length():
         assert len(mb.exp) == pow2(len(mb.samples))
 
 
-def test_budget_rows_are_powers_of_two_within_the_budget():
+def test_budget_splits_the_samples_of_a_row_length_evenly_in_one_shape():
     exp = experience(responses=(20,) * 7, prompts=(4,) * 7)  # 24 tokens each, L 32
-    batches = plan(exp, Batching(max_tokens=96))  # 3 rows of 32 fit; 7 = 3 + 3 + 1
+    batches = plan(exp, Batching(max_tokens=96))  # 3 rows of 32 fit: 7 = 3 + 3 + 1, each (3, 32)
     assert [len(mb.samples) for mb in batches] == [3, 3, 1]
-    assert [mb.ids.shape[0] for mb in batches] == [3, 3, 1]  # min(pow2(3), 3) = 3
-    batches = plan(exp, Batching(max_tokens=160))  # 5 rows fit: 5, then 2
-    assert [mb.ids.shape[0] for mb in batches] == [5, 2]
+    assert {mb.ids.shape for mb in batches} == {(3, 32)} and {len(mb.exp) for mb in batches} == {3}
+    batches = plan(exp, Batching(max_tokens=160))  # 5 rows fit: two micro-batches of 4 and 3, each (4, 32)
+    assert [len(mb.samples) for mb in batches] == [4, 3] and {mb.ids.shape for mb in batches} == {(4, 32)}
+
+
+def test_row_lengths_take_two_values_per_octave_within_the_budget():
+    assert [bucket_length(n, 32, 4096) for n in (1, 32, 33, 64, 65, 96, 97, 128, 129, 192, 193, 300, 385, 600)] == \
+        [32, 32, 64, 64, 96, 96, 128, 128, 192, 192, 256, 384, 512, 768]
+    assert bucket_length(600, 32, 640) == 640  # capped by the budget, never below the sample
+    assert bucket_length(600, 32, 700) == 672
 
 
 def test_packed_rows_first_fit_longest_first():
@@ -149,19 +156,28 @@ def test_token_buckets_pad_by_at_most_an_eighth_beyond_a_step():
     assert len([v for v in values if 2048 < v <= 4096]) == 8  # eight per octave
 
 
-def test_shapes_take_the_bucketed_values_the_bound_counts():
+def test_a_step_compiles_one_shape_packed_and_one_per_row_length_budgeted():
     rng = np.random.default_rng(3)
     tokens = {bucket_tokens(n, 32) for n in range(1, 257)}
+    seen = set()
     for batching in (Batching(max_tokens=256), Batching(max_tokens=256, packing=True)):
         for _ in range(40):
             resp = np.minimum(rng.pareto(1.5, 16) * 10 + 1, 100).astype(int)
             exp = experience(responses=resp, prompts=rng.integers(2, 20, 16), seed=int(rng.integers(1 << 30)))
-            for mb in plan(exp, batching):
-                (rows, width), n_tok, n = mb.ids.shape, len(mb.feed[2]), len(mb.exp)
-                assert width % 32 == 0 and rows * width <= 256
-                assert rows in (pow2(rows), 256 // width) and n == pow2(n) <= 16 and n_tok in tokens
-    assert len(tokens) <= 8 * 3 + 1  # the bound's count of N values for T / step = 8
-    assert shape_bound(max_len=120, budget=256, max_samples=16, step=32) == 4 * 5 * 25 * 5
+            batches = plan(exp, batching)
+            shapes = {(mb.ids.shape, len(mb.feed[2]), len(mb.exp)) for mb in batches}
+            widths = {mb.ids.shape[1] for mb in batches}
+            assert len(shapes) == (1 if batching.packing else len(widths))
+            for (rows, width), n_tok, n in shapes:
+                assert width in {32, 64, 96, 128} and n_tok in tokens
+                assert rows * width <= 256
+                assert n <= 16 and (n == pow2(n) if batching.packing else n == rows)
+            seen |= {(s, batching.packing) for s in shapes}
+    assert len(seen) < 60  # of the bound's 640
+    for packing in (False, True):  # row lengths 32, 64, 96, 128: floor(256 / L) = 8, 4, 2, 2 rows at most
+        assert shape_bound(120, 256, 16, 32, packing) == (8 + 4 + 2 + 2) * 5 * len(tokens) == 640
+    assert shape_bound(160, 256, 16, 32, True) == (8 + 4 + 2 + 2 + 1) * 5 * 8  # 160: packed rows of 160
+    assert shape_bound(160, 256, 16, 32, False) == (8 + 4 + 2 + 2 + 1) * 5 * 8  # 192 (two per octave)
 
 
 def test_experience_select_and_padded_carry_every_per_sample_array():
