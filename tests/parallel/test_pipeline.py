@@ -90,7 +90,7 @@ def test_pipeline_logprobs_match_one_device_on_every_stage(ranks, one_device, ke
 @pytest.mark.parametrize("key", [*LAYOUTS, *PACKED])
 def test_pipeline_grpo_update_matches_one_device(ranks, one_device, key):
     """Four micro-batches through two stages, three through four (1F1B, the stages before the last recomputing
-    their forward), two packed ones of different shapes through two, the clip active (it needs the norm summed
+    their forward), two packed ones (one with an empty row) through two, the clip active (it needs the norm summed
     over the stages and tensor-parallel pieces)."""
     arrays, metrics = ranks
     layout = {**LAYOUTS, **PACKED}[key]

@@ -73,7 +73,7 @@ for key, layout in (("tp_pp", TP_PP), ("dp_pp", DP_PP), ("pp4", PP4)):
     lm = stage_model(layout)
     arrays[f"a/logp_{key}"] = Scorer(lm, 3, pipeline=Pipeline(comm, layout))(exp)
     weights(lm, f"a/initial_{key}")
-# packed rows through (dp1, tp2, pp2): two micro-batches of different shapes, (2, 32) and (1, 32)
+# packed rows through (dp1, tp2, pp2): three rows of 32 in two micro-batches of (2, 32), one row empty
 PACKED = dict(max_tokens=64, packing=True)
 arrays["a/logp_tp_pp_packed"] = Scorer(stage_model(TP_PP), 3, pipeline=Pipeline(comm, TP_PP), **PACKED)(exp)
 
