@@ -5,10 +5,10 @@
     fused        `mindgrpo.grpo.optim.AdamW`: MindSpore's AdamWeightDecay kernel with the bias
                  corrections folded into its step size and epsilon
 
-    .venv/bin/python benchmarks/adamw.py [--steps 5] [--rows 151936] [--cols 256]
+    python -m benchmarks.adamw [--steps 5] [--rows 151936] [--cols 256]
 
 Also times the clipping norm's squared sum of the gradient, over all elements at once and rows first
-(`optim.squared_sum`). Each way runs in its own process (peak RSS is per process): the RSS growth of the first step (the
+(`mindgrpo.models.reductions.squared_sum`). Each way runs in its own process (peak RSS is per process): the RSS growth of the first step (the
 transient buffers the runtime keeps), the median time of the following steps, and the largest
 difference from the same steps in float64 numpy (torch's AdamW formula: decay, then the step).
 """
@@ -16,23 +16,15 @@ difference from the same steps in float64 numpy (torch's AdamW formula: decay, t
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing as mp
 import os
 import sys
-import time
 
 import numpy as np
 
+from benchmarks.harness import RESULTS, run_stamp, rss_gb, time_calls, timed, write_results
+from benchmarks.workers import Workers
+
 LR, BETA1, BETA2, EPS, WD = 1e-4, 0.9, 0.999, 1e-8, 0.01
-
-
-def rss_gb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1e6
-    return float("nan")
 
 
 def problem(rows: int, cols: int, steps: int):
@@ -53,7 +45,8 @@ def float64_steps(p: np.ndarray, grads) -> np.ndarray:
     return p
 
 
-def side(way: str, rows: int, cols: int, steps: int, conn) -> None:
+def side(conn, way: str, rows: int, cols: int, steps: int) -> None:
+    """A `benchmarks.workers` side: one way's steps; sends its figures."""
     import mindspore as ms
     from mindspore import Parameter, Tensor, nn, ops
 
@@ -85,20 +78,16 @@ def side(way: str, rows: int, cols: int, steps: int, conn) -> None:
     else:
         net = Arithmetic()
         run = lambda t: net(Tensor(np.float32(LR)), *adam_scalars(t, BETA1, BETA2))  # noqa: E731
-    start = rss_gb()
-    times = []
+    start, first, times = rss_gb(), None, []
     for t, g in enumerate(grads, 1):
         buffer.bufs[0].set_data(Tensor(g))
-        t0 = time.perf_counter()
-        run(t)
-        param.asnumpy()
-        times.append(time.perf_counter() - t0)
+        times += time_calls(lambda: (run(t), param.asnumpy()), 1)
         if t == 1:
             first = rss_gb()
     err = float(np.abs(param.asnumpy().astype(np.float64) - float64_steps(p0, grads)).max())
     extra = {}
     if way == "fused":  # the clipping norm's reduction, over every element at once or rows first
-        from mindgrpo.grpo.optim import squared_sum
+        from mindgrpo.models.reductions import squared_sum
 
         class Flat(nn.Cell):
             def construct(self, x):
@@ -111,12 +100,7 @@ def side(way: str, rows: int, cols: int, steps: int, conn) -> None:
         g = Tensor(grads[0])
         for label, net in (("squared_sum_all_elements_ms", Flat()), ("squared_sum_rows_first_ms", Rows())):
             net(g).asnumpy()
-            ts = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                net(g).asnumpy()
-                ts.append(time.perf_counter() - t0)
-            extra[label] = 1000 * float(np.median(ts))
+            extra[label] = 1000 * timed(lambda: net(g).asnumpy(), steps)[0]
     conn.send({**extra, "rss_growth_first_step_gb": first - start, "step_ms": 1000 * float(np.median(times[1:])),
                "first_step_s": times[0], "max_abs_error_vs_float64": err})
 
@@ -126,29 +110,22 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=151936)
     ap.add_argument("--cols", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                     "adamw.json"))
+    ap.add_argument("--output", default=os.path.join(RESULTS, "adamw.json"))
     args = ap.parse_args(argv)
-    ctx = mp.get_context("spawn")
-    results = {"rows": args.rows, "cols": args.cols, "steps": args.steps, "date": time.strftime("%Y-%m-%d %H:%M"),
-               "load_average_start": os.getloadavg()[0], "ways": {}}
+    results = dict(run_stamp("benchmarks.adamw", argv), rows=args.rows, cols=args.cols, steps=args.steps,
+                   load_average_start=os.getloadavg()[0], ways={})
     for way in ("arithmetic", "fused"):
-        here, there = ctx.Pipe()
-        proc = ctx.Process(target=side, args=(way, args.rows, args.cols, args.steps, there))
-        proc.start()
-        results["ways"][way] = r = here.recv()
-        proc.join()
+        with Workers() as sides:
+            results["ways"][way] = r = sides.start(side, way, args.rows, args.cols, args.steps).recv()
         print(f"{way:10s} step {r['step_ms']:7.1f} ms   RSS growth on the first step {r['rss_growth_first_step_gb']:.2f} GB"
               f"   max |p - float64| after {args.steps} steps {r['max_abs_error_vs_float64']:.1e}", flush=True)
     a, f = results["ways"]["arithmetic"], results["ways"]["fused"]
     print(f"gradient squared sum for clipping: all elements at once {f['squared_sum_all_elements_ms']:.1f} ms, "
-          f"rows first (optim.squared_sum) {f['squared_sum_rows_first_ms']:.1f} ms")
+          f"rows first (squared_sum) {f['squared_sum_rows_first_ms']:.1f} ms")
     print(f"fused / arithmetic: time {f['step_ms'] / a['step_ms']:.2f}x, transient memory "
           f"{f['rss_growth_first_step_gb'] / max(a['rss_growth_first_step_gb'], 1e-9):.2f}x")
     results["load_average_end"] = os.getloadavg()[0]
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as fh:
-        json.dump(results, fh, indent=2)
+    write_results(args.output, results)
     print(f"written {args.output}")
     return 0
 

@@ -1,12 +1,12 @@
 """What the crash-safe checkpoint costs: saving ~1 GB of fp32 weights the old way against
-`mindgrpo.grpo.checkpointing.save` (each file flushed to disk, hashed with SHA-256 on a worker
+`mindgrpo.parallel.checkpoints.save` (each file flushed to disk, hashed with SHA-256 on a worker
 thread while the next file is written, a manifest, a durable rename), side by side in rounds.
 
-    .venv/bin/python benchmarks/checkpoint_save.py [--gb 1.0] [--rounds 3] [--dir /tmp]
+    python -m benchmarks.checkpoint_save [--gb 1.0] [--rounds 3] [--dir /tmp] [--output FILE.json]
 
 Also times the hashes alone on the written policy file (in the page cache): SHA-256 (what the
 manifest uses; SHA-NI makes it the fastest of hashlib's here) and BLAKE2b, and fsync alone.
-Writes benchmarks/results/checkpoint_save.{json,md}.
+Writes benchmarks/results/checkpoint_save.{json,md} unless --output names another file.
 """
 
 from __future__ import annotations
@@ -16,13 +16,10 @@ import hashlib
 import os
 import shutil
 import tempfile
-import time
 
 import numpy as np
 
-from common import run_stamp, write_results
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from benchmarks.harness import RESULTS, median, run_stamp, time_calls, write_results
 
 
 def groups(gb: float):
@@ -40,7 +37,7 @@ def old_save(root: str, step: int, parts: dict) -> None:
     """The save before manifests: each group file, state and config, one rename; nothing flushed."""
     import json
 
-    from mindgrpo.grpo.checkpointing import save_params
+    from mindgrpo.parallel.checkpoints import save_params
 
     tmp = tempfile.mkdtemp(prefix=f".step_{step:08d}.", dir=root)
     for name, params in parts.items():
@@ -58,13 +55,14 @@ def hash_file(path: str, name: str) -> None:
             h.update(chunk)
 
 
-def main(argv=None):
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gb", type=float, default=1.0, help="size of the policy file; the optimizer file is twice it")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where to write (the disk under test)")
+    ap.add_argument("--output", default=os.path.join(RESULTS, "checkpoint_save.json"))
     args = ap.parse_args(argv)
-    from mindgrpo.grpo import checkpointing
+    from mindgrpo.parallel import checkpoints
 
     parts = groups(args.gb)
     state = {"step": 0, "optimizer_steps": 0, "train_prompts": {"epoch": 0, "index": 0}, "val_history": [],
@@ -73,34 +71,27 @@ def main(argv=None):
     times = {k: [] for k in ("old save", "new save", "sha256", "blake2b", "fsync")}
     try:
         for r in range(args.rounds):
-            for kind in ("old save", "new save"):
+            for kind, save in (("old save", lambda root: old_save(root, r + 1, parts)),
+                               ("new save", lambda root: checkpoints.save(root, r + 1, parts, dict(state, step=r + 1),
+                                                                          {}, keep_last=1))):
                 root = os.path.join(work, kind.replace(" ", "_"))
                 os.makedirs(root, exist_ok=True)
-                t0 = time.perf_counter()
-                if kind == "old save":
-                    old_save(root, r + 1, parts)
-                else:
-                    checkpointing.save(root, r + 1, parts, dict(state, step=r + 1), {}, keep_last=1)
-                times[kind].append(time.perf_counter() - t0)
+                times[kind] += time_calls(lambda: save(root), 1)
                 shutil.rmtree(os.path.join(root, f"step_{r + 1:08d}"))
             policy = os.path.join(work, "policy.ckpt")
-            checkpointing.save_params(parts["policy"], policy)
-            t0 = time.perf_counter()
-            checkpointing.fsync_path(policy)
-            times["fsync"].append(time.perf_counter() - t0)
+            checkpoints.save_params(parts["policy"], policy)
+            times["fsync"] += time_calls(lambda: checkpoints.fsync_path(policy), 1)
             for name in ("sha256", "blake2b"):
-                t0 = time.perf_counter()
-                hash_file(policy, name)
-                times[name].append(time.perf_counter() - t0)
+                times[name] += time_calls(lambda: hash_file(policy, name), 1)
             os.remove(policy)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    med = {k: float(np.median(v)) for k, v in times.items()}
+    med = {k: median(v) for k, v in times.items()}
     total_gb = 3 * args.gb
-    res = {**run_stamp(__file__, argv), "gb_policy": args.gb, "gb_written": total_gb, "rounds": times,
+    res = {**run_stamp("benchmarks.checkpoint_save", argv), "gb_policy": args.gb, "gb_written": total_gb, "rounds": times,
            "median_s": med, "new_over_old": med["new save"] / med["old save"],
            "sha256_gb_per_s": args.gb / med["sha256"], "blake2b_gb_per_s": args.gb / med["blake2b"]}
-    md = (f"# Checkpoint save: manifest, fsync and SHA-256 against the old save\n\n`{res['command']}`, "
+    md = (f"# Checkpoint save: manifest, fsync and SHA-256 against the old save\n\n`{res['command']}` (from the repo root), "
           f"{res['date']}, {res['machine']}, load average {res['load_average']}\n\n"
           f"A checkpoint of {total_gb:.1f} GB ({args.gb:.1f} GB policy, {2 * args.gb:.1f} GB optimizer), median of "
           f"{args.rounds} rounds, the two saves alternating in each round:\n\n"
@@ -111,9 +102,10 @@ def main(argv=None):
           f"On the {args.gb:.1f} GB policy file alone (in the page cache): SHA-256 {med['sha256']:.2f} s "
           f"({res['sha256_gb_per_s']:.2f} GB/s), BLAKE2b {med['blake2b']:.2f} s ({res['blake2b_gb_per_s']:.2f} GB/s), "
           f"fsync {med['fsync']:.2f} s.\n")
-    write_results(os.path.join(HERE, "results", "checkpoint_save.json"), res, md)
+    write_results(args.output, res, md)
     print(md)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """What bounds the vocabulary head of a decode step on this machine: reading its weight, or the matmul.
 
-    python benchmarks/decode_bound.py                          # tiny-qwen-vocab's head, batch 16 (results/)
-    python benchmarks/decode_bound.py --vocab 4096 --output /tmp/decode_bound.json
+    python -m benchmarks.decode_bound                          # tiny-qwen-vocab's head, batch 16 (results/)
+    python -m benchmarks.decode_bound --vocab 4096 --output /tmp/decode_bound.json
 
 A decode step's head reads the (V, H) fp32 weight once and does 2*B*V*H FLOPs. The machine's speed
 drifts, so each of --rounds rounds measures these side by side, and the figures are medians:
@@ -10,7 +10,7 @@ drifts, so each of --rounds rounds measures these side by side, and the figures 
     read, 2 cores     two processes each sum half of it at the same time (aggregate GB/s)
     mindspore head    W h^T as the decode graph runs it (MatMul with transpose_b), graph mode
     torch head        F.linear(h, W), 2 threads
-    mindspore peak    the best fp32 GFLOP/s of square matmuls (grpo_step.matmul_gflops)
+    mindspore peak    the best fp32 GFLOP/s of square matmuls (benchmarks.matmul_peak)
 
 From them, two floors for the head: the read floor (bytes over the 2-core rate) and the matmul floor
 (FLOPs over MindSpore's peak). A head at the higher floor is bound by it; a head well above both is
@@ -23,13 +23,11 @@ import argparse
 import multiprocessing as mp
 import os
 import sys
-import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from common import run_stamp, timed, write_results  # noqa: E402
+from benchmarks.harness import RESULTS, run_stamp, timed, write_results
+from benchmarks.matmul_peak import SQUARES, matmul_gflops
 
 
 def _reader(conn, barrier, rows: int, cols: int, calls: int) -> None:
@@ -38,12 +36,7 @@ def _reader(conn, barrier, rows: int, cols: int, calls: int) -> None:
     a = np.ones((rows, cols), np.float32)
     while conn.recv():
         barrier.wait()
-        times = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            a.sum()
-            times.append(time.perf_counter() - t0)
-        conn.send(float(np.median(times)))
+        conn.send(timed(a.sum, calls)[0])
 
 
 class Readers:
@@ -78,8 +71,6 @@ def measure(vocab: int, hidden: int, batch: int, rounds: int, calls: int) -> dic
     import torch
     from mindspore import nn, ops
 
-    from grpo_step import matmul_gflops
-
     ms.set_context(mode=ms.GRAPH_MODE)
     torch.set_num_threads(2)
     rng = np.random.default_rng(0)
@@ -99,7 +90,6 @@ def measure(vocab: int, hidden: int, batch: int, rounds: int, calls: int) -> dic
     tw, th = torch.from_numpy(w), torch.from_numpy(h)
     one, two = Readers(1, vocab, hidden, calls), Readers(2, vocab, hidden, calls)
     head(hx).asnumpy()  # compiles
-    squares = {"square 1024": (1024, 1024, 1024), "square 2048": (2048, 2048, 2048)}
     out = []
     try:
         with torch.no_grad():
@@ -107,7 +97,7 @@ def measure(vocab: int, hidden: int, batch: int, rounds: int, calls: int) -> dic
                 out.append({"read_1_core_gbps": one.gbps(), "read_2_cores_gbps": two.gbps(),
                             "mindspore_head_ms": 1000 * timed(lambda: head(hx).asnumpy(), calls)[0],
                             "torch_head_ms": 1000 * timed(lambda: torch.nn.functional.linear(th, tw), calls)[0],
-                            "mindspore_peak_gflops": matmul_gflops("mindspore", squares)["peak"]})
+                            "mindspore_peak_gflops": matmul_gflops("mindspore", SQUARES)["peak"]})
     finally:
         one.close()
         two.close()
@@ -154,9 +144,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--output", default=os.path.join(HERE, "results", "decode_bound.json"))
+    ap.add_argument("--output", default=os.path.join(RESULTS, "decode_bound.json"))
     args = ap.parse_args(argv)
-    res = dict(run_stamp(__file__, argv), vocab=args.vocab, hidden=args.hidden, batch=args.batch,
+    res = dict(run_stamp("benchmarks.decode_bound", argv), vocab=args.vocab, hidden=args.hidden, batch=args.batch,
                n_rounds=args.rounds, calls=args.calls)
     res.update(measure(args.vocab, args.hidden, args.batch, args.rounds, args.calls))
     text = markdown(res)

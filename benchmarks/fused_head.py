@@ -2,10 +2,10 @@
 (`actor_config.logprob_chunk_size=0`) against the fused, chunked head with its hand-written backward
 (`mindgrpo/models/fused_head.py`), on `tiny-qwen-vocab` (Qwen2.5's 151,936-token vocabulary).
 
-    python benchmarks/fused_head.py                      # micro-batches 4 8 16, chunk 0 and 512
-    python benchmarks/fused_head.py --micro_batches 4 8 --chunks 0 256 1024
+    python -m benchmarks.fused_head                      # micro-batches 4 8 16, chunk 0 and 512
+    python -m benchmarks.fused_head --micro_batches 4 8 --chunks 0 256 1024
 
-Each point is one GRPO step of benchmarks/grpo_step.py's workload (same prompts, group, forced
+Each point is one GRPO step of the GRPO step benchmark's workload (benchmarks/grpo_step/) (same prompts, group, forced
 response length; mindgrpo only), in a fresh process (MindSpore keeps its memory pool): one warm-up
 step, then --steps measured steps; medians. Reports the update and reference phases, the step, and
 the process's peak resident memory. A point the kernel kills for memory is reported as such.
@@ -17,27 +17,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import shutil
 import sys
 import tempfile
-import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from grpo_step import ALL_CONFIGS, SHARED, Worker, Workload, code_version, ours_worker  # noqa: E402
+from benchmarks.grpo_step.ours import ours_worker
+from benchmarks.grpo_step.workload import Workload
+from benchmarks.harness import RESULTS, SHARED, code_version, run_stamp, write_results
+from benchmarks.tiny_models import ALL_CONFIGS
+from benchmarks.workers import SideFailed, Workers
 
 
 def run_point(work, folder, args, micro: int, chunk: int) -> dict:
-    worker = Worker(ours_worker, work, folder, args.group, args.new_tokens, micro, False, chunk)
     try:
-        worker.recv()
-        steps = [worker.ask("step") for _ in range(1 + args.steps)]
-        rss = worker.ask("stop")
-        worker.join()
-    except RuntimeError as e:
+        with Workers() as sides:
+            worker = sides.start(ours_worker, work, folder, args.group, args.new_tokens, micro, False, chunk)
+            worker.recv()
+            steps = [worker.ask("step") for _ in range(1 + args.steps)]
+            rss = worker.ask("stop")
+    except SideFailed as e:
         if "SIGKILL" in str(e):
             return {"micro_batch": micro, "chunk": chunk, "killed": True}
         raise
@@ -76,29 +76,27 @@ def main(argv=None) -> int:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--new_tokens", type=int, default=64)
     ap.add_argument("--shared", default=SHARED)
-    ap.add_argument("--output", default=os.path.join(HERE, "results", "fused_head.json"))
+    ap.add_argument("--output", default=os.path.join(RESULTS, "fused_head.json"))
     args = ap.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="fused_head_")
-    work = Workload(args.config, ALL_CONFIGS[args.config], os.path.join(folder, args.config), args.prompts,
-                    args.shared)
     points = []
-    for micro in args.micro_batches:
-        for chunk in args.chunks:
-            p = run_point(work, os.path.join(folder, f"mb{micro}_c{chunk}"), args, micro, chunk)
-            points.append(p)
-            print(json.dumps(p), flush=True)
-    result = {"command": "python benchmarks/fused_head.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    try:
+        work = Workload(args.config, ALL_CONFIGS[args.config], os.path.join(folder, args.config), args.prompts,
+                        args.shared)
+        for micro in args.micro_batches:
+            for chunk in args.chunks:
+                p = run_point(work, os.path.join(folder, f"mb{micro}_c{chunk}"), args, micro, chunk)
+                points.append(p)
+                print(json.dumps(p), flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    stamp = run_stamp("benchmarks.fused_head", argv)
+    result = {"command": stamp["command"],
               "config": args.config, "model": ", ".join(f"{k} {v}" for k, v in ALL_CONFIGS[args.config].items()),
               "prompts": args.prompts, "group": args.group, "new_tokens": args.new_tokens,
-              "steps": args.steps, "date": time.strftime("%Y-%m-%d"), "code": code_version(),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+              "steps": args.steps, "date": stamp["date"], "code": code_version(), "machine": stamp["machine"],
               "points": points}
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(result, f, indent=2)
-    md = os.path.splitext(args.output)[0] + ".md"
-    with open(md, "w") as f:
-        f.write(markdown(result))
+    write_results(args.output, result, markdown(result))
     print(markdown(result))
     return 0
 

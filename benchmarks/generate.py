@@ -1,7 +1,7 @@
 """Decode throughput: our inference graph against transformers `generate`, identical weights and
 sampling settings, side by side in one run.
 
-    .venv/bin/python benchmarks/generate.py [--configs tiny-qwen-vocab tiny-small-vocab] \
+    python -m benchmarks.generate [--configs tiny-qwen-vocab tiny-small-vocab] \
         [--batch 16] [--new_tokens 64 128] [--repeats 5] [--output benchmarks/results/generate.json]
 
 Both sides sample with temperature 1, top_k=0, top_p=1 (transformers' default top_k=50 would cost
@@ -19,15 +19,14 @@ and with 4 layers (the two alternating), (t4 - t1) / 3 per layer and t1 - that o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CONFIGS, hf_model, machine, ours_from_hf  # noqa: E402
+from benchmarks.harness import RESULTS, alternate, run_stamp, write_results
+from benchmarks.tiny_models import CONFIGS, hf_model, ours_from_hf
 
 
 def run_hf(model, prompts, new_tokens):
@@ -47,17 +46,6 @@ def run_ours(engine, prompts, new_tokens):
     out = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, temperature=1.0, ignore_stop=True))
     assert all(len(c.token_ids) == new_tokens for c in out)
     return out
-
-
-def alternate(fns: dict, repeats: int) -> dict:
-    """name -> zero-argument callable; runs them in turn `repeats` times -> name -> seconds per run."""
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return times
 
 
 def per_layer_cost(name: str, batch: int, new_tokens: int, repeats: int) -> dict:
@@ -152,8 +140,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt_len", type=int, default=32)
     ap.add_argument("--new_tokens", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                     "generate.json"))
+    ap.add_argument("--output", default=os.path.join(RESULTS, "generate.json"))
     args = ap.parse_args(argv)
 
     import mindspore as ms
@@ -163,9 +150,9 @@ def main(argv=None) -> int:
 
     ms.set_context(mode=ms.GRAPH_MODE)
     torch.manual_seed(0)
-    results = {"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M"), "batch": args.batch,
-               "prompt_len": args.prompt_len, "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
-               "load_average_start": os.getloadavg()[0], "configs": {}}
+    results = dict(run_stamp("benchmarks.generate", argv), batch=args.batch, prompt_len=args.prompt_len,
+                   repeats=args.repeats, torch_threads=torch.get_num_threads(), load_average_start=os.getloadavg()[0],
+                   configs={})
     rows = []
     for name in args.configs:
         hf = hf_model(name)
@@ -200,9 +187,7 @@ def main(argv=None) -> int:
         results["configs"][name] = per
     results["load_average_end"] = os.getloadavg()[0]
 
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(results, f, indent=2)
+    write_results(args.output, results)
     print("\n| config | new tokens | mindgrpo tok/s | transformers tok/s | ratio | mindgrpo ms/step | "
           "transformers ms/step |\n|---|---|---|---|---|---|---|")
     for name, n, r in rows:

@@ -4,7 +4,7 @@
                  the dense LogProbs of mindgrpo up to commit 939fc5e
     log_softmax  one fused ops.log_softmax, gather: LogProbs now (`mindgrpo/models/qwen2.py`)
 
-    .venv/bin/python benchmarks/logprobs.py [--rows 256] [--vocab 151936] [--repeats 5]
+    python -m benchmarks.logprobs [--rows 256] [--vocab 151936] [--repeats 5]
 
 The loss is sum(w * log p(label)) + 0.01 * sum(entropy) or without the entropy term, differentiated
 with value_and_grad in graph mode; both are checked against float64 numpy (loss and d loss / d logits).
@@ -17,13 +17,13 @@ the entropy metric's forward. 256 rows is one update micro-batch of the grpo_ste
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import sys
-import time
 
 import numpy as np
+
+from benchmarks.harness import RESULTS, alternate, run_stamp, timed, write_results
 
 
 def numpy_reference(x: np.ndarray, labels: np.ndarray, w: np.ndarray, ent_coef: float):
@@ -47,8 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--hidden", type=int, default=256, help="hidden size for the single-op matmul timings")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                     "logprobs.json"))
+    ap.add_argument("--output", default=os.path.join(RESULTS, "logprobs.json"))
     args = ap.parse_args(argv)
 
     import mindspore as ms
@@ -90,8 +89,8 @@ def main(argv=None) -> int:
     labels = rng.integers(0, args.vocab, args.rows).astype(np.int32)
     w = rng.standard_normal(args.rows).astype(np.float32)
     inputs = (Tensor(x), Tensor(labels), Tensor(w))
-    results = {"rows": args.rows, "vocab": args.vocab, "repeats": args.repeats,
-               "date": time.strftime("%Y-%m-%d %H:%M"), "load_average_start": os.getloadavg()[0], "cases": {}}
+    results = dict(run_stamp("benchmarks.logprobs", argv), rows=args.rows, vocab=args.vocab, repeats=args.repeats,
+                   load_average_start=os.getloadavg()[0], cases={})
     print(f"(N, V) = ({args.rows}, {args.vocab}); forward + backward, median of {args.repeats}")
     for with_entropy in (False, True):
         want_loss, want_grad = numpy_reference(x, labels, w, 0.01 if with_entropy else 0.0)
@@ -100,12 +99,8 @@ def main(argv=None) -> int:
         for name, net in nets.items():
             loss, grad = net(*inputs)  # compiles
             errors[name] = (abs(float(loss.asnumpy()) - want_loss), float(np.abs(grad.asnumpy() - want_grad).max()))
-        times = {name: [] for name in nets}
-        for _ in range(args.repeats):
-            for name, net in nets.items():
-                t0 = time.perf_counter()
-                net(*inputs)[1].asnumpy()
-                times[name].append(time.perf_counter() - t0)
+        times = alternate({name: (lambda net=net: net(*inputs)[1].asnumpy()) for name, net in nets.items()},
+                          args.repeats)
         for name in nets:
             ms_med = 1000 * float(np.median(times[name]))
             key = f"{name}{' + entropy' if with_entropy else ''}"
@@ -149,21 +144,14 @@ def main(argv=None) -> int:
     results["single_ops"] = {}
     for name, (net, net_inputs, fl) in single.items():
         net(*net_inputs).asnumpy()
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            net(*net_inputs).asnumpy()
-            times.append(time.perf_counter() - t0)
-        sec = float(np.median(times))
+        sec = timed(lambda: net(*net_inputs).asnumpy(), args.repeats)[0]
         results["single_ops"][name] = {"ms": 1000 * sec, "gflops": fl / sec / 1e9 if fl else None}
         rate = f"  {fl / sec / 1e9:6.1f} GFLOP/s" if fl else ""
         print(f"{name:30s} {1000 * sec:7.1f} ms{rate}", flush=True)
 
     results["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     results["load_average_end"] = os.getloadavg()[0]
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
-        json.dump(results, f, indent=2)
+    write_results(args.output, results)
     print(f"load average {results['load_average_start']:.1f} -> {results['load_average_end']:.1f}; "
           f"written {args.output}")
     return 0

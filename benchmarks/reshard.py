@@ -1,6 +1,6 @@
 """Online resharding (mindgrpo.parallel.reshard.Reshard) against the disk path, under msrun on CPU.
 
-    python benchmarks/reshard.py [--case tp2-to-dp2] [--repeats 3] [--layers 4] [--workdir /tmp]
+    python -m benchmarks.reshard [--case tp2-to-dp2] [--repeats 3] [--layers 4] [--workdir /tmp]
 
 launches itself on msrun workers for one case of CASES (source and destination layouts; pipeline
 stages on the source side as the 7B config trains), and times, for the same model and weights:
@@ -26,11 +26,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.harness import REPO, machine, time_calls
 
 # vocab 32000, hidden 1024, 16 heads / 8 kv heads, untied: 113 M parameters, 453 MB fp32 with 4 layers
 CONFIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_attention_heads=16,
@@ -69,12 +67,8 @@ def worker(args) -> None:
         write_strategy_file(str(work / "train.ckpt"), train, shapes)
         write_strategy_file(str(work / "infer.ckpt"), infer, shapes)
 
-    def timed(fn):
-        comm.barrier()
-        t0 = time.perf_counter()
-        fn()
-        comm.barrier()
-        return time.perf_counter() - t0
+    def timed(fn):  # the slowest rank's wall time: barriers before and after
+        return time_calls(lambda: (fn(), comm.barrier()), 1, before=comm.barrier)[0]
 
     sync = Reshard(policy, inference, train, infer, comm, shapes)
     first = timed(sync)
@@ -95,10 +89,10 @@ def worker(args) -> None:
                 if engine == "mindspore":
                     transform_checkpoints(str(src), str(dst), "ck_", str(work / "train.ckpt"), str(work / "infer.ckpt"))
                 else:
-                    subprocess.run([sys.executable, str(REPO / "scripts" / "transform_checkpoint.py"),
+                    subprocess.run([sys.executable, "-m", "scripts.transform_checkpoint",
                                     f"--src_checkpoint={src}", f"--src_strategy={work / 'train.ckpt'}",
                                     f"--dst_strategy={work / 'infer.ckpt'}", f"--dst_checkpoint={dst}",
-                                    "--prefix=ck_"], check=True, capture_output=True)
+                                    "--prefix=ck_"], check=True, capture_output=True, cwd=REPO)
             comm.barrier()
             loaded = ms.load_checkpoint(str(dst / f"rank_{rank}" / f"ck_{rank}.ckpt"))
             for n, p in dst_params.items():
@@ -134,7 +128,6 @@ def worker(args) -> None:
 
 
 def launch(args) -> None:
-    from benchmarks.common import machine
     from mindgrpo.parallel.layout import ParallelLayout
 
     work = Path(tempfile.mkdtemp(prefix="reshard_bench_", dir=args.workdir))
@@ -149,7 +142,7 @@ def launch(args) -> None:
                args.case, "--repeats", str(args.repeats), "--layers", str(args.layers), "--workdir", str(work)]
         # msrun starts its workers with the `python` on PATH: this interpreter's, venv activated or not
         path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO), PATH=path))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=REPO, PATH=path))
         if proc.returncode:
             logs = "".join("\n".join(ln for ln in p.read_text().splitlines()
                                      if not ln.startswith(("[WARNING]", "[INFO]")))[-3000:]

@@ -1,7 +1,7 @@
 """What the reward worker pool costs: its start-up, and scoring a step's completions in the pool (2 workers)
 against in the trainer's process, side by side in rounds (A B A B: the machine is shared).
 
-    python benchmarks/reward_pool.py [--rows 256 1024] [--rounds 5] [--output benchmarks/results/reward_pool.json]
+    python -m benchmarks.reward_pool [--rows 256 1024] [--rounds 5] [--output benchmarks/results/reward_pool.json]
 
 Workload: R1-format completions (<think>...</think><answer>\\boxed{N}</answer>, half of them right, some in
 words) scored by accuracy + format, the GSM8K recipe's rewards; 256 rows is the tiny default's step (32 prompts
@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import numpy as np
 
-from common import run_stamp, write_results
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from benchmarks.harness import RESULTS, alternate, median, run_stamp, time_calls, write_results
 
 
 def workload(rows: int, seed: int = 0):
@@ -35,57 +31,45 @@ def workload(rows: int, seed: int = 0):
     return completions, {"solution": solutions}
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--output", default=os.path.join(HERE, "results", "reward_pool.json"))
+    ap.add_argument("--output", default=os.path.join(RESULTS, "reward_pool.json"))
     args = ap.parse_args(argv)
     from mindgrpo.rewards import RewardSet
 
     names, weights = ["accuracy", "format"], [1.0, 1.0]
+    pools = []
+
+    def start_pool():  # a new pool, until its first (one-completion) call returns
+        pools.append(RewardSet(names, weights, num_workers=2, timeout_s=10.0))
+        pools[-1](["\\boxed{1}"], solution=["1"])
+
     starts = []
-    for _ in range(args.rounds):  # a new pool, until its first (one-completion) call returns
-        t0 = time.perf_counter()
-        pool = RewardSet(names, weights, num_workers=2, timeout_s=10.0)
-        pool(["\\boxed{1}"], solution=["1"])
-        starts.append(time.perf_counter() - t0)
-        pool.close()
+    for _ in range(args.rounds):
+        starts += time_calls(start_pool, 1)
+        pools.pop().close()
 
     here = RewardSet(names, weights)
     pool = RewardSet(names, weights, num_workers=2, timeout_s=10.0)
-    res = {"stamp": run_stamp(__file__, argv), "cpu": cpu_model(), "pool_workers": 2,
-           "pool_start_s": statistics.median(starts), "pool_start_all_s": starts, "rows": {}}
+    res = {"stamp": run_stamp("benchmarks.reward_pool", argv), "pool_workers": 2,
+           "pool_start_s": median(starts), "pool_start_all_s": starts, "rows": {}}
     try:
         for rows in args.rows:
             completions, columns = workload(rows)
             expected = here(completions, **columns)[0]
             np.testing.assert_array_equal(pool(completions, **columns)[0], expected)  # warm-up, same scores
-            times = {"in_process": [], "pool": []}
-            for _ in range(args.rounds):
-                for side, rewards in (("in_process", here), ("pool", pool)):
-                    t0 = time.perf_counter()
-                    rewards(completions, **columns)
-                    times[side].append(time.perf_counter() - t0)
-            med = {k: statistics.median(v) for k, v in times.items()}
+            times = alternate({"in_process": lambda: here(completions, **columns),
+                               "pool": lambda: pool(completions, **columns)}, args.rounds)
+            med = {k: median(v) for k, v in times.items()}
             res["rows"][str(rows)] = {"in_process_s": med["in_process"], "pool_s": med["pool"],
                                       "pool_over_in_process": med["pool"] / med["in_process"], "all": times}
     finally:
         pool.close()
 
     lines = ["# Reward worker pool", "",
-             f"`{res['stamp']['command']}` on {res['cpu']} ({res['stamp']['machine']}), {res['stamp']['date']}, "
+             f"`{res['stamp']['command']}` (from the repo root) on {res['stamp']['machine']}, {res['stamp']['date']}, "
              f"load average {res['stamp']['load_average']}.", "",
              f"Start-up of a 2-worker pool until its first call returns: {res['pool_start_s']:.2f} s "
              f"(median of {args.rounds}); once per run, started after the build, before the first rollout.", "",

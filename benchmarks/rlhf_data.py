@@ -1,6 +1,6 @@
 """Time data_tools/rlhf_data.py on the full GSM8K train set (7,473 rows) from <repo>/../shared.
 
-    python benchmarks/rlhf_data.py [--repeats 3]
+    python -m benchmarks.rlhf_data [--repeats 3]
 
 Reports the end-to-end command (a fresh process: imports, tokenizer load, reading, templating, tokenizing,
 writing) and, in-process, each stage, with batched `encode_batch` against a one-text-at-a-time `encode` loop
@@ -15,25 +15,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-QWEN_DIR = SHARED / "tokenizers" / "qwen2_5"
-TRAIN = SHARED / "data" / "gsm8k" / "train.jsonl"
-SCRIPT = REPO / "data_tools" / "rlhf_data.py"
+from benchmarks.harness import REPO, SHARED, alternate, timed
 
-
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
+QWEN_DIR = Path(SHARED) / "tokenizers" / "qwen2_5"
+TRAIN = Path(SHARED) / "data" / "gsm8k" / "train.jsonl"
 
 
 def run_command(out_path: str) -> float:
     args = [
-        sys.executable, str(SCRIPT),
+        sys.executable, "-m", "data_tools.rlhf_data",
         "--vocab_path", str(QWEN_DIR / "vocab.json"),
         "--merges_file_path", str(QWEN_DIR / "merges.txt"),
         "--tokenizer_config", str(QWEN_DIR / "tokenizer_config.json"),
@@ -41,17 +33,15 @@ def run_command(out_path: str) -> float:
         "--output_path", out_path,
         "--overwrite",
     ]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    seconds, result = timed(lambda: subprocess.run(args, capture_output=True, text=True, env=env))
+    env = dict(os.environ, PYTHONPATH=REPO)
+    seconds, result = timed(lambda: subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO), 1)
     if result.returncode != 0:
         raise SystemExit(f"rlhf_data.py failed:\n{result.stderr}")
     return seconds
 
 
 def stages(out_path: str) -> dict:
-    sys.path.insert(0, str(REPO / "data_tools"))
-    import rlhf_data  # noqa: E402  (the script under test, imported as a module)
-
+    from data_tools import rlhf_data
     from mindgrpo.data.mindrecord import write_prompt_dataset
     from mindgrpo.data.templates import render_prompt
     from mindgrpo.data.tokenizer import QwenTokenizer
@@ -60,21 +50,18 @@ def stages(out_path: str) -> dict:
     t["load tokenizer"], tok = timed(
         lambda: QwenTokenizer.from_files(
             str(QWEN_DIR / "vocab.json"), str(QWEN_DIR / "merges.txt"), str(QWEN_DIR / "tokenizer_config.json")
-        )
+        ), 1
     )
-    t["read + validate jsonl"], read = timed(lambda: rlhf_data.read_rows(str(TRAIN), "gsm8k", {}, False, None))
+    t["read + validate jsonl"], read = timed(lambda: rlhf_data.read_rows(str(TRAIN), "gsm8k", {}, False, None), 1)
     prompts = [render_prompt("qwen_r1", r.question) for r in read.rows]
-    batch_runs, loop_runs = [], []
-    for _ in range(3):  # alternate, best of three: both share the tokenizer's word cache
-        seconds, batched = timed(lambda: tok.encode_batch(prompts))
-        batch_runs.append(seconds)
-        seconds, looped = timed(lambda: [tok.encode(p) for p in prompts])
-        loop_runs.append(seconds)
-        assert batched == looped
-    t["encode_batch (all prompts, best of 3)"] = min(batch_runs)
-    t["encode loop (peer, best of 3)"] = min(loop_runs)
+    # alternate, best of three: both share the tokenizer's word cache
+    runs = alternate({"batch": lambda: tok.encode_batch(prompts), "loop": lambda: [tok.encode(p) for p in prompts]}, 3)
+    if tok.encode_batch(prompts) != [tok.encode(p) for p in prompts]:
+        raise SystemExit("encode_batch and the encode loop disagree")
+    t["encode_batch (all prompts, best of 3)"] = min(runs["batch"])
+    t["encode loop (peer, best of 3)"] = min(runs["loop"])
     t["template + encode + write MindRecord"], _ = timed(
-        lambda: write_prompt_dataset(out_path, read.rows, tok, overwrite=True)
+        lambda: write_prompt_dataset(out_path, read.rows, tok, overwrite=True), 1
     )
     return t
 

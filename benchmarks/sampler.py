@@ -1,6 +1,6 @@
 """The sampler's whole-vocabulary draw: MindSpore's fused softmax against exp(logits - max) in separate ops.
 
-    python benchmarks/sampler.py            # batch 16, vocabularies 151936 and 4096
+    python -m benchmarks.sampler            # batch 16, vocabularies 151936 and 4096
 
 `mindgrpo.inference.sampling.Sampler.draw` scales its threshold by the row's total, so it would not
 need normalised weights; this measures whether dropping the normalisation pays in MindSpore's CPU graph
@@ -16,8 +16,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks.harness import RESULTS, alternate, command, machine, write_text
 
 
 def main() -> int:
@@ -45,25 +44,21 @@ def main() -> int:
         cells = {"softmax": Softmax(params, vocab), "exp(logits - max)": ExpMinusMax(params, vocab)}
         for cell in cells.values():
             cell(x, u).asnumpy()  # compile
-        times = {k: [] for k in cells}
-        for _ in range(5):
-            for name, cell in cells.items():
-                t0 = time.perf_counter()
-                for _ in range(50):
-                    cell(x, u).asnumpy()
-                times[name].append((time.perf_counter() - t0) / 50 * 1e3)
-        med = {k: float(np.median(v)) for k, v in times.items()}
+        def fifty(cell):
+            for _ in range(50):
+                cell(x, u).asnumpy()
+
+        times = alternate({name: (lambda cell=cell: fifty(cell)) for name, cell in cells.items()}, 5)
+        med = {k: float(np.median(v)) / 50 * 1e3 for k, v in times.items()}
         rows.append((vocab, med["softmax"], med["exp(logits - max)"]))
         print(f"vocab {vocab}: softmax {med['softmax']:.2f} ms, exp(logits - max) {med['exp(logits - max)']:.2f} ms")
     lines = ["# Whole-vocabulary draw: fused softmax against exp(logits - max)", "",
-             "    python benchmarks/sampler.py", "",
+             f"    {command('benchmarks.sampler', [])}", "",
              f"Date {time.strftime('%Y-%m-%d')}, batch 16, fp32, MindSpore graph mode on CPU "
-             f"({os.cpu_count()} cores); ms per draw, medians of 5 x 50 calls.", "",
+             f"({machine()}); ms per draw, medians of 5 x 50 calls.", "",
              "| vocabulary | softmax + draw | exp(logits - max) + draw |", "|---|---|---|"]
     lines += [f"| {v} | {a:.2f} | {b:.2f} |" for v, a, b in rows]
-    out = os.path.join(REPO, "benchmarks", "results", "sampler.md")
-    with open(out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text(os.path.join(RESULTS, "sampler.md"), "\n".join(lines) + "\n")
     return 0
 
 

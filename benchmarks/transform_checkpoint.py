@@ -1,51 +1,37 @@
 """Time scripts/transform_checkpoint.py slicing a ~1.1 GB fp32 Qwen2 checkpoint for 8 ranks.
 
-    python benchmarks/transform_checkpoint.py [--repeats 3] [--workdir /tmp] [--skip_mindspore]
+    python -m benchmarks.transform_checkpoint [--repeats 3] [--workdir /tmp] [--skip_mindspore]
 
 The checkpoint (random weights, written by mindspore.save_checkpoint) and every output live in a
 temporary directory that is removed at the end. Peers: a plain `shutil.copyfile` of the same
 checkpoint (the bar: the transform should reach at least half of its MB/s), and MindSpore's own
 `transform_checkpoints` (the script's `--engine mindspore`), timed once. Every run starts with the
 source in the page cache, as the copy does, and with no dirty pages left from the run before
-(`os.sync()` between runs, untimed). Seconds are the wall time of the whole command (read,
-check, slice, write, rename), run in-process after a warm-up; MB/s is given both for the
-checkpoint's bytes and for the bytes written (twice the checkpoint with two dp replicas), and the
-last column compares the latter with the copy's MB/s.
+(`os.sync()` between runs, untimed). Seconds are the wall time of the whole transform (read,
+check, slice, write, rename: `mindgrpo.parallel.transform`, which the script runs), in-process
+after a warm-up; MB/s is given both for the checkpoint's bytes and for the bytes written (twice the
+checkpoint with two dp replicas), and the last column compares the latter with the copy's MB/s.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import io
+import dataclasses
 import os
 import shutil
 import statistics
-import sys
 import tempfile
-import time
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from benchmarks.common import machine  # noqa: E402
+from benchmarks.harness import machine, time_calls
 
 # 3 layers of a 1.5B-like shape and a 32k vocabulary, untied: 1.09 GB in fp32; tp 8 divides
 # the heads (16 / 8 kv), the vocabulary and the MLP.
 CONFIG = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=3,
               num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=False)
 LAYOUTS = {"tp8": (1, 8), "dp2 x tp4": (2, 4)}
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("transform_checkpoint", REPO / "scripts" / "transform_checkpoint.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_checkpoint(path: str) -> int:
@@ -62,12 +48,7 @@ def make_checkpoint(path: str) -> int:
 
 
 def seconds(fn, cleanup, repeats: int):
-    times = []
-    for _ in range(repeats):
-        cleanup()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    times = time_calls(fn, repeats, before=cleanup)
     cleanup()
     return statistics.median(times), times
 
@@ -84,7 +65,8 @@ def main() -> None:
     from mindgrpo.parallel.layout import ParallelLayout
     from mindgrpo.parallel.strategy import write_strategy_file
 
-    script = load_script()
+    from mindgrpo.parallel.transform import TransformRequest, transform
+
     work = tempfile.mkdtemp(prefix="transform_bench.", dir=args.workdir)
     try:
         src = os.path.join(work, "full.ckpt")
@@ -107,16 +89,15 @@ def main() -> None:
         for label, (dp, tp) in LAYOUTS.items():
             strategy = write_strategy_file(os.path.join(work, f"{label.replace(' ', '')}.ckpt"),
                                            ParallelLayout(dp, tp), shapes)
-            argv = ["--src_checkpoint", src, "--dst_checkpoint", out, "--dst_strategy", strategy]
-            with redirect_stdout(io.StringIO()):
-                script.main(argv)  # warm-up
-                med, times = seconds(lambda: script.main(argv), rm_out, args.repeats)
-                script.main(argv)
+            request = TransformRequest(src, out, dst_strategy=strategy)  # what the script runs for these options
+            transform(request)  # warm-up
+            med, times = seconds(lambda: transform(request), rm_out, args.repeats)
+            transform(request)
             written = sum(os.path.getsize(f) for f in Path(out).glob("rank_*/*.ckpt"))
             rows.append((f"transform_checkpoint.py {label} (numpy engine)", med, times, written))
             if label == "tp8" and not args.skip_mindspore:
-                with redirect_stdout(io.StringIO()):
-                    med, times = seconds(lambda: script.main(argv + ["--engine", "mindspore"]), rm_out, 1)
+                mindspore = dataclasses.replace(request, engine="mindspore")
+                med, times = seconds(lambda: transform(mindspore), rm_out, 1)
                 rows.append((f"transform_checkpoint.py {label} --engine mindspore", med, times, written))
         rm_out()
     finally:

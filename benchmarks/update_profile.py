@@ -1,9 +1,9 @@
-"""Where the update phase's time goes: the update of benchmarks/grpo_step.py's workload (same model
+"""Where the update phase's time goes: the update of the GRPO step benchmark's workload (same model
 config, prompt lengths, group, forced response length, beta, micro-batches, entropy logging) under
 MindSpore's profiler, by kind of op, set against the fp32 matmul peak measured in the same process.
 
-    python benchmarks/update_profile.py --steps 7                        # tiny-qwen-vocab (results/)
-    python benchmarks/update_profile.py --config tiny-small-vocab --output /tmp/p.json
+    python -m benchmarks.update_profile --steps 7                        # tiny-qwen-vocab (results/)
+    python -m benchmarks.update_profile --config tiny-small-vocab --output /tmp/p.json
 
 Each of --steps rounds times the update as the trainer runs it (`PolicyUpdater.update`: micro-batch
 graphs, then AdamW), then its parts on their own: the micro-batch graphs (forward, loss, backward,
@@ -17,7 +17,7 @@ under the profiler, whose per-op times are grouped:
     accumulation  AssignAdd / ScatterAdd into the gradient buffers
     other         the rest: the layers' norms, RoPE, SwiGLU, attention softmax, reshapes, their gradients
 
-"matmul only" is the update's useful FLOPs (benchmarks/grpo_step.py's count) over the matmul time
+"matmul only" is the update's useful FLOPs (benchmarks/grpo_step/flops.py's count) over the matmul time
 alone: the rate the update would reach if everything but its matmuls took no time, so the bound on
 "% of the matmul peak" that faster non-matmul ops could buy; below it, the matmul kernels themselves.
 Token ids are random (the cost depends on shapes only). Writes benchmarks/results/update_profile.{json,md}.
@@ -30,22 +30,19 @@ import csv
 import glob
 import os
 import re
-import sys
 import tempfile
 from collections import defaultdict
 from typing import Dict, List
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, REPO)
-from common import run_stamp, timed, write_results  # noqa: E402
-from grpo_step import (ALL_CONFIGS, BETA, LR, code_version, matmul_gflops, peak_shapes,  # noqa: E402
-                       update_flops)
+from benchmarks.grpo_step.flops import peak_shapes, update_flops
+from benchmarks.grpo_step.workload import BETA, LR
+from benchmarks.harness import RESULTS, code_version, run_stamp, timed, write_results
+from benchmarks.matmul_peak import matmul_gflops
+from benchmarks.tiny_models import ALL_CONFIGS
 
-# the Qwen2.5 token counts of the first 4 GSM8K test questions in the qwen_r1 template (benchmarks/grpo_step.py)
+# the Qwen2.5 token counts of the first 4 GSM8K test questions in the qwen_r1 template (benchmarks/grpo_step/)
 GSM8K_PROMPT_LENS = [157, 118, 149, 127]
 KINDS = ("matmul", "vocabulary", "accumulation", "other")
 
@@ -208,11 +205,11 @@ def main(argv=None):
     ap.add_argument("--new_tokens", type=int, default=64)
     ap.add_argument("--micro_batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--output", default=os.path.join(HERE, "results", "update_profile.json"))
+    ap.add_argument("--output", default=os.path.join(RESULTS, "update_profile.json"))
     args = ap.parse_args(argv)
     result = measure(args)
     model = ALL_CONFIGS[args.config]
-    res = dict(run_stamp(__file__, argv), code=code_version(), config=args.config,
+    res = dict(run_stamp("benchmarks.update_profile", argv), code=code_version(), config=args.config,
                model=", ".join(f"{k} {v}" for k, v in model.items()), prompts=args.prompts,
                prompt_lens=GSM8K_PROMPT_LENS[:args.prompts], group=args.group, new_tokens=args.new_tokens,
                micro_batch=args.micro_batch, steps=args.steps, result=result)

@@ -11,11 +11,7 @@ each is counted). The model comes from actor_config.model (a preset name or a fi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 
 def main(argv=None) -> int:
@@ -26,14 +22,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from mindgrpo.config import ConfigError, GRPOConfig, load_config
-    from mindgrpo.grpo.builder import resolve_model_config
     from mindgrpo.memory.plan import plan, report
-    from mindgrpo.models.qwen2 import Qwen2Config
+    from mindgrpo.models.presets import preset_config
     from mindgrpo.parallel.layout import ParallelLayout
 
     try:
         cfg = load_config(GRPOConfig, args.config, args.overrides)
-        mcfg = Qwen2Config.load(resolve_model_config(cfg.actor_config.model), compute_dtype=cfg.actor_config.dtype)
+        mcfg = preset_config(cfg.actor_config.model, compute_dtype=cfg.actor_config.dtype)
         for section in ("actor_config", "generate_config"):
             ParallelLayout.from_config(getattr(cfg, section).parallel_config).check_divisible(mcfg)
     except (ConfigError, OSError, ValueError) as e:

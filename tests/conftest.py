@@ -1,11 +1,9 @@
 import os
-import sys
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared")
-sys.path.insert(0, os.path.join(REPO, "tests"))
 
 
 def pytest_configure(config):

@@ -1,23 +1,37 @@
-"""Builds a GRPOTrainer from a config: models, tokenizer, data, rewards, engine, sync, memory.
+"""The composition root: a GRPOTrainer's parts from a config, on one device or under msrun.
 
-Every part is made by a small function here and passed in; the trainer never reaches for a
-global. `build(cfg, paths)` is what `scripts/grpo_one_stage.py` calls.
+    placement = placement_for(cfg, use_parallel)        # mindgrpo.parallel.placement
+    parts = build(cfg, paths, placement)                # the build sequence, once for every placement
+    trainer = make_trainer(cfg, parts, metrics_log, progress, output_dir)
+
+`build` runs the build sequence: the model config, the tokenizer, the prompts, the vocabulary
+checks (the tokenizer's and every prompt token id against the model's), the reward set and its
+columns checked against the prompts', the models (policy, inference, reference), the memory
+ledger, the reference frozen, the rollout engine, the weight syncs and the initial sync, the
+gradient reducer, the pipeline stages and the checkpoint I/O. The start-up checks come before any
+model is built. What depends on the devices (each model's piece and how it loads, the engine's
+data parallelism, same-layout copy or resharding, who scores the rewards, the gradient sum,
+sharded or whole checkpoints) is the placement's; the trainer never reaches for a global.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.grpo.prompts import PromptSource, check_vocabulary
+from mindgrpo.models.presets import resolve_model_config
 
-logger = logging.getLogger(__name__)
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODEL_CONFIG_DIR = os.path.join(REPO, "model_configs")
+if TYPE_CHECKING:  # for the types of Parts only: importing these here would load MindSpore with the builder
+    from mindgrpo.data.tokenizer import QwenTokenizer
+    from mindgrpo.memory.swap import SwapManager
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+    from mindgrpo.parallel.data_parallel import DataParallelGrads
+    from mindgrpo.parallel.pipeline import Pipeline
+    from mindgrpo.parallel.placement import Checkpoints, Engine, Placement, Rewards, Sync
+    from mindgrpo.rewards import RewardSet
 
 
 @dataclass(frozen=True)
@@ -25,7 +39,7 @@ class Paths:
     """Locations given on the command line (our users' flags); None means: from the config."""
 
     output_dir: str
-    sft_path_train: Optional[str] = None  # policy weights (HF dir or .ckpt)
+    sft_path_train: Optional[str] = None  # policy weights (HF dir, .ckpt, or a directory of rank shards)
     sft_path_infer: Optional[str] = None  # inference weights; default: the policy's
     ref_path: Optional[str] = None  # reference weights; default: the policy's
     vocab_path: Optional[str] = None
@@ -37,46 +51,66 @@ class Paths:
     load_sft_checkpoint_infer: bool = True
     load_ref_checkpoint: bool = True
 
-
-def resolve_model_config(name: str) -> str:
-    """A path to a model config file, or a preset name under model_configs/ (tiny, ...)."""
-    if os.path.exists(name):
-        return name
-    for candidate in (os.path.join(MODEL_CONFIG_DIR, name + ".yaml"), os.path.join(MODEL_CONFIG_DIR, name)):
-        if os.path.exists(candidate):
-            return candidate
-    presets = sorted(f[:-5] for f in os.listdir(MODEL_CONFIG_DIR) if f.endswith(".yaml")) \
-        if os.path.isdir(MODEL_CONFIG_DIR) else []
-    raise FileNotFoundError(f"actor_config.model: {name!r} is neither a file nor a preset; presets: {presets}")
+    @property
+    def cache_dir(self) -> str:
+        """What the run makes for itself (the tiny tokenizer and data): <output_dir>/cache."""
+        return os.path.join(self.output_dir, "cache")
 
 
-def model_source(cfg: GRPOConfig, path: Optional[str], load: bool) -> str:
-    """Where the policy's shape comes from, for messages: the config beside its weights, or actor_config.model."""
-    if path and load and not os.path.isdir(os.path.join(path, "rank_0")):
-        from mindgrpo.models.checkpoint import find_config
+@dataclass
+class Parts:
+    """What a GRPOTrainer is made of (`make_trainer`)."""
 
-        return f"{find_config(path)} (the config of the weights {path})"
-    return f"{resolve_model_config(cfg.actor_config.model)} (actor_config.model)"
+    tokenizer: QwenTokenizer
+    policy: Qwen2ForCausalLM  # this rank's piece of it (all of it on one device)
+    inference: Qwen2ForCausalLM
+    reference: Optional[Qwen2ForCausalLM]  # None when beta == 0
+    train_prompts: PromptSource
+    val_prompts: Optional[PromptSource]
+    rewards: Rewards  # the RewardSet, or under msrun rank 0's scores shared
+    memory: SwapManager
+    engine: Engine
+    sync: Sync  # policy -> inference
+    ref_sync: Optional[Sync]  # policy -> reference
+    checkpoints: Checkpoints
+    rank: int = 0
+    grad_reducer: Optional[DataParallelGrads] = None  # data-parallel gradient sum (under msrun)
+    pipeline: Optional[Pipeline] = None  # the policy's pipeline stage
+    ref_pipeline: Optional[Pipeline] = None  # the reference model's
 
 
-def build_tokenizer(cfg: GRPOConfig, paths: Paths, cache_dir: str):
+def model_config_file(cfg: GRPOConfig, paths: Paths) -> Tuple[str, str]:
+    """The model config file and, for messages, where it comes from: beside the policy's weights
+    when they are loaded from a full checkpoint or an HF directory, else actor_config.model (a
+    preset name or a file)."""
+    from mindgrpo.models.checkpoint import find_config
+
+    path = paths.sft_path_train
+    if path and paths.load_sft_checkpoint_train and not os.path.isdir(os.path.join(path, "rank_0")):
+        file = find_config(path)
+        return file, f"{file} (the config of the weights {path})"
+    file = resolve_model_config(cfg.actor_config.model)
+    return file, f"{file} (actor_config.model)"
+
+
+def build_tokenizer(cfg: GRPOConfig, paths: Paths) -> QwenTokenizer:
     from mindgrpo.data.tokenizer import QwenTokenizer
 
     if paths.vocab_path or paths.merges_file_path:
         if not (paths.vocab_path and paths.merges_file_path):
             raise ValueError("--vocab_path and --merges_file_path go together")
-        cfg = paths.tokenizer_config
-        if cfg is None:
+        config = paths.tokenizer_config
+        if config is None:
             beside = os.path.join(os.path.dirname(os.path.abspath(paths.vocab_path)), "tokenizer_config.json")
-            cfg = beside if os.path.exists(beside) else None
-        return QwenTokenizer.from_files(paths.vocab_path, paths.merges_file_path, cfg)
+            config = beside if os.path.exists(beside) else None
+        return QwenTokenizer.from_files(paths.vocab_path, paths.merges_file_path, config)
     from mindgrpo.data.synthetic import TinyTokenizerSpec, ensure_tiny_tokenizer
 
-    return ensure_tiny_tokenizer(os.path.join(cache_dir, "tiny_tokenizer"),
+    return ensure_tiny_tokenizer(os.path.join(paths.cache_dir, "tiny_tokenizer"),
                                  TinyTokenizerSpec(task=cfg.synthetic_config.task))
 
 
-def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer, cache_dir: str):
+def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer):
     """(train, val) PromptSources: the given MindRecords, or the built-in synthetic task."""
     from mindgrpo.data.mindrecord import load_prompt_dataset
 
@@ -91,7 +125,7 @@ def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer, cache_dir: str):
 
         syn = cfg.synthetic_config
         key = _json.dumps([asdict(syn), cfg.generate_config.max_prompt_length], sort_keys=True)
-        folder = os.path.join(cache_dir, "tiny_data_" + hashlib.sha1(key.encode()).hexdigest()[:10])
+        folder = os.path.join(paths.cache_dir, "tiny_data_" + hashlib.sha1(key.encode()).hexdigest()[:10])
         if not os.path.exists(os.path.join(folder, "val.mindrecord")):
             write_arithmetic_dataset(folder, tokenizer, syn.task, template=syn.template,
                                      max_prompt_length=cfg.generate_config.max_prompt_length, overwrite=True)
@@ -102,19 +136,7 @@ def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer, cache_dir: str):
     return train, val
 
 
-def build_model(cfg: GRPOConfig, path: Optional[str], load: bool, seed: int):
-    from mindgrpo.models.checkpoint import load_model
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-
-    actor = cfg.actor_config
-    max_pos = cfg.generate_config.max_prompt_length + cfg.generate_config.max_tokens + 64
-    if path and load:
-        return load_model(path, compute_dtype=actor.dtype)
-    mcfg = Qwen2Config.load(resolve_model_config(actor.model), compute_dtype=actor.dtype)
-    return Qwen2ForCausalLM(mcfg, seed=seed, max_positions=min(max_pos, mcfg.max_position_embeddings))
-
-
-def build_rewards(cfg: GRPOConfig):
+def build_rewards(cfg: GRPOConfig) -> RewardSet:
     from mindgrpo.rewards import RewardSet, load_reward_plugin, reward_parameters
 
     rc = cfg.reward_config
@@ -138,89 +160,75 @@ def build_rewards(cfg: GRPOConfig):
                      timeout_s=rc.timeout_s)
 
 
-@dataclass
-class Parts:
-    tokenizer: object
-    policy: object
-    inference: object
-    reference: Optional[object]
-    train_prompts: PromptSource
-    val_prompts: Optional[PromptSource]
-    rewards: object
-    memory: object
-    engine: object
-    sync: object
-    ref_sync: Optional[object]
-    grad_reducer: Optional[object] = None  # data-parallel gradient sum (distributed build only)
-    pipeline: Optional[object] = None  # the policy's pipeline stage (mindgrpo.parallel.pipeline.Pipeline)
-    ref_pipeline: Optional[object] = None  # the reference model's
-
-
-def build(cfg: GRPOConfig, paths: Paths, cache_dir: str, comm=None) -> Parts:
-    """Single-process parts (the distributed builder in mindgrpo/parallel swaps the models,
-    the sync and the gradient reducer for their tensor-parallel versions)."""
-    import mindspore as ms
-
+def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
+    """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
+    one device)."""
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.memory.swap import SwapManager
-    from mindgrpo.parallel.reshard import WeightSync
+    from mindgrpo.models.qwen2 import Qwen2Config
+    from mindgrpo.parallel.checkpoints import checkpoint_root
+    from mindgrpo.parallel.placement import OneDevice
 
-    if comm is not None:
-        from mindgrpo.parallel.build import build_parallel
-
-        return build_parallel(cfg, paths, cache_dir, comm)
+    placement = placement or OneDevice()
     rl = cfg.rl_config
-    tokenizer = build_tokenizer(cfg, paths, cache_dir)
-    train, val = build_prompts(cfg, paths, tokenizer, cache_dir)
-    policy = build_model(cfg, paths.sft_path_train, paths.load_sft_checkpoint_train, seed=rl.seed)
-    if policy.config.vocab_size < tokenizer.vocab_size:
-        raise ValueError(f"the model's vocab_size {policy.config.vocab_size} is smaller than the tokenizer's "
+    config_file, model_source = model_config_file(cfg, paths)
+    mcfg = Qwen2Config.load(config_file, compute_dtype=cfg.actor_config.dtype)
+    placement.check(mcfg)
+    tokenizer = build_tokenizer(cfg, paths)
+    train, val = build_prompts(cfg, paths, tokenizer)
+    if mcfg.vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"the model's vocab_size {mcfg.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size}")
-    check_vocabulary(policy.config.vocab_size, model_source(cfg, paths.sft_path_train, paths.load_sft_checkpoint_train),
-                     train, val)
-    inference = build_model(cfg, paths.sft_path_infer or paths.sft_path_train, paths.load_sft_checkpoint_infer,
-                            seed=rl.seed)
+    check_vocabulary(mcfg.vocab_size, model_source, train, val)
+    rewards = build_rewards(cfg)
+    # the columns every reward call gets (the trainer's Rollouts.columns): a reward needing another fails now
+    rewards.check_columns([*train.columns, "completion_length"], "the training prompts")
+    if val is not None:
+        rewards.check_columns([*val.columns, "completion_length"], "the validation prompts")
+
+    gen = cfg.generate_config  # RoPE positions: the longest prompt and response, some slack, at most the model's
+    max_positions = min(gen.max_prompt_length + gen.max_tokens + 64, mcfg.max_position_embeddings)
+
+    def model(role: str, path: Optional[str], load: bool):
+        return placement.model(role, mcfg, path, load, rl.seed, max_positions)
+
+    policy = model("policy", paths.sft_path_train, paths.load_sft_checkpoint_train)
+    inference = model("inference", paths.sft_path_infer or paths.sft_path_train, paths.load_sft_checkpoint_infer)
     reference = None
     if rl.beta > 0:
-        reference = build_model(cfg, paths.ref_path or cfg.ref_config.load_checkpoint or paths.sft_path_train,
-                                paths.load_ref_checkpoint, seed=rl.seed)
+        reference = model("reference", paths.ref_path or cfg.ref_config.load_checkpoint or paths.sft_path_train,
+                          paths.load_ref_checkpoint)
         for p in reference.get_parameters():
             p.requires_grad = False
-    memory = SwapManager(enabled=rl.swap, device=ms.get_context("device_target"))  # real moves on Ascend
-    engine = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
+    memory = SwapManager(enabled=rl.swap, device=placement.device)  # real moves on Ascend
+    rollout = RolloutEngine(inference, pad_token_id=tokenizer.pad_token_id)
     memory.register("policy", policy.get_parameters())
-    memory.register("inference", engine.resident_parameters())
+    memory.register("inference", rollout.resident_parameters())
     if reference is not None:
         memory.register("reference", reference.get_parameters())
-    memory.register("kv_cache", sizer=lambda: sum(b.cache.nbytes for b in engine._buckets.values()))
-    sync = WeightSync(policy, inference, memory)
+    engine = placement.engine(rollout)
+    memory.register("kv_cache", sizer=engine.cache_bytes)
+    sync = placement.weight_sync(policy, inference, "inference", memory)
     if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
         sync()  # start the inference copy from the policy's weights
-    ref_sync = WeightSync(policy, reference) if reference is not None else None
-    if reference is not None and not (paths.ref_path or paths.sft_path_train):
-        ref_sync()  # random init: the reference starts as the policy
-    return Parts(tokenizer, policy, inference, reference, train, val, build_rewards(cfg), memory, engine, sync,
-                 ref_sync)
+    ref_sync = None
+    if reference is not None:
+        ref_sync = placement.weight_sync(policy, reference, "reference")  # the trainer logs it as ref_sync/...
+        if not (paths.ref_path or paths.sft_path_train):
+            ref_sync()  # random init: the reference starts as the policy
+    return Parts(tokenizer, policy, inference, reference, train, val, placement.rewards(rewards), memory, engine, sync,
+                 ref_sync, placement.checkpoints(checkpoint_root(cfg, paths.output_dir), rl.keep_last_k, mcfg),
+                 rank=placement.rank, grad_reducer=placement.grad_reducer(),
+                 pipeline=placement.pipeline("policy", policy.dtype),
+                 ref_pipeline=placement.pipeline("reference", reference.dtype) if reference is not None else None)
 
 
-def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str, rank: int = 0, comm=None):
+def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):
     from mindgrpo.grpo.trainer import GRPOTrainer
 
-    checkpoints = None  # one process: checkpointing.LocalCheckpoints
-    if comm is not None:
-        from mindgrpo.parallel.build import sharded_checkpoints
-
-        checkpoints = sharded_checkpoints(cfg, comm, output_dir, parts.policy.config)
     return GRPOTrainer(cfg, policy=parts.policy, inference=parts.inference, reference=parts.reference,
-                engine=parts.engine, sync=parts.sync, ref_sync=parts.ref_sync, memory=parts.memory,
-                rewards=parts.rewards, tokenizer=parts.tokenizer, train_prompts=parts.train_prompts,
-                val_prompts=parts.val_prompts, metrics_log=metrics_log, progress=progress,
-                output_dir=output_dir, rank=rank, grad_reducer=parts.grad_reducer, checkpoints=checkpoints,
-                pipeline=parts.pipeline, ref_pipeline=parts.ref_pipeline)
-
-
-def save_strategies(cfg: GRPOConfig, out: str) -> list:
-    """Write the strategy files of cfg's training and inference layouts; returns their paths."""
-    from mindgrpo.parallel.build import save_strategies as write
-
-    return write(cfg, out)
+                       engine=parts.engine, sync=parts.sync, ref_sync=parts.ref_sync, memory=parts.memory,
+                       rewards=parts.rewards, tokenizer=parts.tokenizer, train_prompts=parts.train_prompts,
+                       val_prompts=parts.val_prompts, metrics_log=metrics_log, progress=progress,
+                       output_dir=output_dir, rank=parts.rank, grad_reducer=parts.grad_reducer,
+                       checkpoints=parts.checkpoints, pipeline=parts.pipeline, ref_pipeline=parts.ref_pipeline)

@@ -14,17 +14,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindgrpo.models.reductions import squared_sum
 from mindgrpo.parallel.comm import AllGather, Group
 from mindgrpo.utils.registry import Registry
 
 LR_SCHEDULES = Registry("lr schedule")
-
-
-def squared_sum(x):
-    """sum(x * x) as a 0-d tensor, the last axis first: MindSpore's CPU reduces over every element
-    about 10x slower than along rows (139 against 15 ms for a (152k, 256) gradient; `benchmarks/adamw.py`)."""
-    sq = x * x
-    return sq.sum(-1).sum() if sq.ndim > 1 else sq.sum()
 
 
 @LR_SCHEDULES.register("constant")
@@ -141,7 +135,7 @@ class AdamW(nn.Cell):
     lr' = lr * sqrt(bc2) / bc1 and eps' = eps * sqrt(bc2), and the decoupled decay lr * wd * p
     written as lr' * (wd * lr / lr') * p. One step of a (152k, 256) parameter takes about half the
     time and a tenth of the transient memory of the same update written as tensor arithmetic,
-    which keeps a buffer per intermediate on the CPU (`python benchmarks/adamw.py`)."""
+    which keeps a buffer per intermediate on the CPU (`python -m benchmarks.adamw`)."""
 
     def __init__(self, params: Sequence[Parameter], buffer: GradBuffer, beta1=0.9, beta2=0.999,
                  eps=1e-8, weight_decay=0.0, sq_norm: Optional[nn.Cell] = None, shard: Optional[Group] = None,

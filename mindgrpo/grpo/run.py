@@ -89,7 +89,7 @@ def _overrides(args) -> list:
 def start_from_checkpoint(trainer, resume_from: Optional[str], resume: bool) -> None:
     """Remove what killed saves left; with `resume`, load `resume_from` or the newest complete
     checkpoint; then set aside the checkpoints beyond the step this run starts from."""
-    from mindgrpo.grpo.checkpointing import CheckpointError
+    from mindgrpo.parallel.checkpoints import CheckpointError
 
     checkpoints = trainer.checkpoints
     checkpoints.clean()
@@ -142,17 +142,12 @@ def run(args) -> int:
     if args.enable_compile_cache:
         ms.set_context(enable_compile_cache=True, compile_cache_path=os.path.join(out, "compile_cache"))
 
-    comm = None
-    rank = 0
-    if args.use_parallel:
-        from mindgrpo.parallel.comm import init_parallel
-        from mindgrpo.parallel.watchdog import guard_rank
+    from mindgrpo.parallel.placement import placement_for
 
-        comm = init_parallel(cfg)
-        rank = comm.rank
-        guard_rank(rank, rl.collective_timeout_s, rl.compile_timeout_s)  # no hang, no orphan
+    placement = placement_for(cfg, args.use_parallel)  # under msrun: communication initialised, rank guarded
+    rank = placement.rank
     if args.only_save_strategy:
-        from mindgrpo.grpo.builder import save_strategies
+        from mindgrpo.parallel.placement import save_strategies
 
         for path in save_strategies(cfg, out):
             print(path)
@@ -163,15 +158,14 @@ def run(args) -> int:
     logger.info("config %s, output %s", args.config, out)
     np.random.seed(rl.seed)
     ms.set_seed(rl.seed)
-    cache = os.path.join(out, "cache")
     try:
-        parts = builder.build(cfg, run_paths(cfg, args), cache, comm=comm)
+        parts = builder.build(cfg, run_paths(cfg, args), placement)
     except (ConfigError, OSError, KeyError, ValueError) as e:
         raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
 
     metrics_log = MetricsLogger(out, rank=rank, console=False)  # the progress line is the console view
     progress = Progress(rl.max_steps)
-    trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out, rank, comm)
+    trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out)
     trainer.save_data_file = args.save_data_file
     parts.rewards.start()  # the reward workers start while the first rollout compiles
     resumed = bool(args.resume or args.resume_from)

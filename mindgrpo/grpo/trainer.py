@@ -1,6 +1,6 @@
 """The one-stage GRPO loop: rollout, reward, advantage, reference, update, sync, log.
 
-The trainer is given its parts (see `mindgrpo/grpo/builder.py`): the policy being trained,
+The trainer is given its parts (`mindgrpo/grpo/builder.py` makes them): the policy being trained,
 the inference model that generates (its own copy of the weights, in its own layout), the
 reference model (None when beta == 0), a rollout engine, a weight sync, a swap manager, the
 reward set, the prompt sources and a metrics logger. Each step method below is one phase.
@@ -16,13 +16,14 @@ import numpy as np
 import mindspore as ms
 
 from mindgrpo.config.grpo import GRPOConfig
-from mindgrpo.grpo import algos, checkpointing
+from mindgrpo.grpo import algos
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.inference.engine import Completion, RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.parallel import checkpoints as checkpoint_files
 from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
@@ -88,15 +89,11 @@ class GRPOTrainer:
         self.policy, self.inference, self.reference = policy, inference, reference
         self.engine, self.sync, self.ref_sync, self.memory = engine, sync, ref_sync, memory
         self.rewards, self.tokenizer = rewards, tokenizer
-        # the columns every reward call gets (Rollouts.columns, validate): a reward that needs another fails now
-        rewards.check_columns([*train_prompts.columns, "completion_length"], "the training prompts")
-        if val_prompts is not None:
-            rewards.check_columns([*val_prompts.columns, "completion_length"], "the validation prompts")
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
         self.save_data_file = save_data_file
-        self.checkpoints = checkpoints or checkpointing.LocalCheckpoints(
-            checkpointing.checkpoint_root(cfg, output_dir), rl.keep_last_k)
+        self.checkpoints = checkpoints or checkpoint_files.LocalCheckpoints(
+            checkpoint_files.checkpoint_root(cfg, output_dir), rl.keep_last_k)
         self.G = rl.num_generations
         self.needs_old = rl.num_iterations > 1 or rl.num_mini_batches > 1
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)

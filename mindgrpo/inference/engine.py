@@ -202,6 +202,10 @@ class RolloutEngine:
         parameters and the fused copies made from them (for the memory ledger)."""
         return list(self.lm.get_parameters()) + list(self.weights.buffers)
 
+    def cache_bytes(self) -> int:
+        """The KV caches of the buckets built so far (for the memory ledger)."""
+        return sum(b.cache.nbytes for b in self._buckets.values())
+
     def _get_bucket(self, b, p, c, params: SamplingParams) -> _Bucket:
         key = (b, p, c, params.graph_key())
         if key not in self._buckets:

@@ -42,7 +42,7 @@ from mindgrpo.memory.swap import PHASES
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.parallel.layout import ParallelLayout
-from mindgrpo.parallel.reshard import exchange_bytes, plan_parameter, sync_buckets
+from mindgrpo.parallel.reshard_plan import exchange_bytes, plan_parameter, sync_buckets
 
 ACTIVE_PHASES = ("rollout", "reference", "old_logprobs", "update", "sync")  # validate == rollout
 _TRAINING = ("update",)  # the backward pass keeps activations; scoring graphs are forward-only

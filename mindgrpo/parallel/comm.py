@@ -30,6 +30,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
+from mindgrpo.parallel.reshard_plan import exchange_groups
 from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
@@ -195,8 +196,6 @@ def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[Parall
     (source, destination) layout pairs, whose layouts' groups and resharding groups are created
     too (tests, benchmarks)."""
     from mindspore.communication import GlobalComm, create_group, get_group_size, get_rank, init
-
-    from mindgrpo.parallel.reshard import exchange_groups
 
     if not GlobalComm.INITED:
         init()

@@ -101,7 +101,7 @@ class DataParallelEngine:
         return self.engine.compiled_buckets
 
     def cache_bytes(self) -> int:
-        return sum(b.cache.nbytes for b in self.engine._buckets.values())
+        return self.engine.cache_bytes()
 
     def release(self) -> None:
         self.engine.release()

@@ -33,8 +33,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from mindgrpo.grpo.optim import squared_sum
 from mindgrpo.models.qwen2 import StageSpec
+from mindgrpo.models.reductions import squared_sum
 from mindgrpo.parallel.comm import AllReduce, Comm, Group
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.utils import heartbeat

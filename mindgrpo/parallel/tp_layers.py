@@ -26,9 +26,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindgrpo.grpo.optim import squared_sum
 from mindgrpo.models.fused_head import HeadLogProbs
 from mindgrpo.models.qwen2 import Embedding, Linear
+from mindgrpo.models.reductions import squared_sum
 from mindgrpo.parallel.comm import AllGather, AllReduce, CopyToGroup, Group, ReduceFromGroup
 from mindgrpo.parallel.layout import ParallelLayout
 

@@ -1,4 +1,4 @@
-"""benchmarks/decode_bound.py on a small head: every measure is taken and the floors follow from them."""
+"""benchmarks.decode_bound on a small head: every measure is taken and the floors follow from them."""
 
 import json
 import os
@@ -14,9 +14,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_decode_bound_measures_and_derives_the_floors(tmp_path):
     out = tmp_path / "decode_bound.json"
-    r = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "decode_bound.py"), "--vocab", "2048",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.decode_bound", "--vocab", "2048",
                         "--hidden", "64", "--batch", "4", "--rounds", "2", "--calls", "2", "--output", str(out)],
-                       capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     m, rounds = res["medians"], res["rounds"]

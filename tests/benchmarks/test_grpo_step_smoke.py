@@ -1,4 +1,4 @@
-"""benchmarks/grpo_step.py end to end on a micro model: one measured step per side, output structure only."""
+"""benchmarks.grpo_step end to end on a micro model: one measured step per side, output structure only."""
 
 import json
 import os
@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_grpo_step_writes_json_markdown_and_png(tmp_path):
     out = tmp_path / "grpo_step.json"
-    r = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "grpo_step.py"), "--configs", "micro",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.grpo_step", "--configs", "micro",
                         "--steps", "1", "--new_tokens", "8", "--shared", str(tmp_path / "absent"),
                         "--output", str(out)],
                        capture_output=True, text=True, cwd=REPO, timeout=600)

@@ -1,4 +1,4 @@
-"""benchmarks/update_profile.py on a micro model: the profile is read and every part accounted for."""
+"""benchmarks.update_profile on a micro model: the profile is read and every part accounted for."""
 
 import json
 import os
@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
+from benchmarks.update_profile import op_kind
+
 pytestmark = pytest.mark.slow  # an end-to-end run of a benchmark script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 
 def test_op_kinds():
-    from update_profile import op_kind
 
     assert op_kind("MatMul", [(4, 8), (8, 512)], 512) == "matmul"
     assert op_kind("BatchMatMul", [(2, 4, 8)], 512) == "matmul"
@@ -25,9 +25,9 @@ def test_op_kinds():
 
 def test_update_profile_accounts_for_the_update(tmp_path):
     out = tmp_path / "update_profile.json"
-    r = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "update_profile.py"), "--config", "micro",
+    r = subprocess.run([sys.executable, "-m", "benchmarks.update_profile", "--config", "micro",
                         "--prompts", "2", "--group", "2", "--new_tokens", "8", "--micro_batch", "2", "--steps", "1",
-                        "--output", str(out)], capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
+                        "--output", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())["result"]
     ops = res["profiled_ops_s"]

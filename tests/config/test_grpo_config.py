@@ -250,7 +250,7 @@ def test_every_rule_names_a_real_key():
 def test_the_default_model_is_a_preset_of_qwen2_5_0_5b():
     import numpy as np
 
-    from mindgrpo.grpo.builder import resolve_model_config
+    from mindgrpo.models.presets import resolve_model_config
     from mindgrpo.models.convert import expected_shapes
     from mindgrpo.models.qwen2 import Qwen2Config
 

@@ -1,6 +1,5 @@
 """data_tools/rlhf_data.py: GSM8K conversion parity with transformers, bad input, overwrite, options."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,12 +18,9 @@ GSM8K_TEST = SHARED / "data" / "gsm8k" / "test.jsonl"
 
 @pytest.fixture(scope="module")
 def cli():
-    spec = importlib.util.spec_from_file_location("rlhf_data_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    from data_tools import rlhf_data
+
+    return rlhf_data
 
 
 @pytest.fixture(scope="module")

@@ -111,9 +111,6 @@ class Rewards:
             r[1] = np.nan
         return r, {"random": r}, {}
 
-    def check_columns(self, columns, where):  # needs no dataset column
-        pass
-
 
 class Log:
     def __init__(self):

@@ -2,8 +2,6 @@
 masks truncated samples. A scripted engine and reward stand in for the model. Also the reward phase
 with real reward sets: a hung reward times out and the step goes on, a broken one stops it."""
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -49,9 +47,6 @@ def exact(completions, solution, **_):
 
 
 class Rewards:
-    def check_columns(self, available, where):
-        assert "solution" in available, where
-
     def __call__(self, completions, **columns):
         r = np.array(exact(completions, **columns), np.float32)
         return r, {"accuracy": r}, {}

@@ -17,7 +17,7 @@ from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.models.scoring import TokenLogProbs
-from mindgrpo.parallel.reshard import WeightSync
+from mindgrpo.parallel.weight_sync import WeightSync
 
 CFG = Qwen2Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,

@@ -1,5 +1,6 @@
 """The recipe's config (mindgrpo/grpo/run.py): flags folded into their config keys, conflicts and
-missing paths refused at start-up, and actor_config.load_checkpoint reaching the models."""
+missing paths refused at start-up, and actor_config.load_checkpoint reaching the models; the
+builder's start-up checks come before any model is built."""
 
 import argparse
 import json
@@ -12,6 +13,8 @@ import mindspore as ms
 from mindgrpo.grpo import builder
 from mindgrpo.grpo.run import SetupError, load_run_config, run_paths
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.parallel.placement import OneDevice
+from mindgrpo.rewards import RewardError, register_reward
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MICRO = os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")
@@ -89,7 +92,7 @@ def test_load_checkpoints_are_where_the_policy_the_inference_copy_and_the_refere
                                "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
                                *([f"actor_config.load_checkpoint={start}"] if policy_from_start else []),
                                *([f"ref_config.load_checkpoint={ref}"] if ref else []), output_dir=str(tmp_path)))
-    parts = builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))), str(tmp_path / "cache"))
+    parts = builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))))
     random_init = {n: p.asnumpy() for n, p in
                    Qwen2ForCausalLM(Qwen2Config.load(MICRO), seed=cfg.rl_config.seed).parameters_and_names()}
     policy = {k: v.asnumpy() for k, v in ms.load_checkpoint(start).items()} if policy_from_start else random_init
@@ -100,3 +103,24 @@ def test_load_checkpoints_are_where_the_policy_the_inference_copy_and_the_refere
         for name, value in expected.items():
             np.testing.assert_array_equal(got[name].asnumpy(), value, err_msg=name)
     assert any(not np.array_equal(policy[k], reference[k]) for k in policy) == own_reference
+
+
+class NoModels(OneDevice):
+    """One device that refuses to build a model: what `build` checks must come before."""
+
+    def model(self, role, *args):
+        raise AssertionError(f"the {role} model was built before the start-up checks")
+
+
+def test_the_reward_columns_are_checked_before_any_model_is_built(tmp_path):
+    @register_reward("test_run_config_by_difficulty", overwrite=True)
+    def by_difficulty(completions, difficulty, **_):
+        return [float(d) for d in difficulty]
+
+    cfg = load_run_config(args(f"actor_config.model={MICRO}", "synthetic_config.template=raw",
+                               "reward_config.verifier_function=[accuracy, test_run_config_by_difficulty]",
+                               "reward_config.verifier_weight=[1, 1]", output_dir=str(tmp_path)))
+    with pytest.raises(RewardError) as info:
+        builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))), NoModels())
+    assert str(info.value) == ("reward 'test_run_config_by_difficulty' needs the column(s) ['difficulty'], which the "
+                               "training prompts do not have (columns: answer, completion_length, prompt, solution)")

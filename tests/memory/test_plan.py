@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from mindgrpo.config import GRPOConfig, load_config
-from mindgrpo.grpo.builder import resolve_model_config
+from mindgrpo.models.presets import resolve_model_config
 from mindgrpo.memory.plan import plan
 from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.parallel.layout import ParallelLayout

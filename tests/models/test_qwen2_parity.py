@@ -1,9 +1,6 @@
 """Our MindSpore Qwen2 against transformers' Qwen2ForCausalLM on the same random weights, moved
 through scripts/convert_weight.py (HF safetensors -> MindSpore checkpoint)."""
 
-import os
-import sys
-
 import numpy as np
 import pytest
 
@@ -11,13 +8,11 @@ import mindspore as ms
 
 from hf_models import hf_logits, make_hf_model
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
-import convert_weight  # noqa: E402
-
-from mindgrpo.inference.engine import RolloutEngine  # noqa: E402
-from mindgrpo.inference.sampling import SamplingParams  # noqa: E402
-from mindgrpo.models.checkpoint import load_model  # noqa: E402
-from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs  # noqa: E402
+from mindgrpo.inference.engine import RolloutEngine
+from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.models.checkpoint import load_model
+from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs
+from scripts import convert_weight
 
 VARIANTS = {  # name: (tied, heads, kv_heads)
     "untied-gqa": (False, 4, 2),

@@ -48,8 +48,9 @@ def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float =
     script = script if os.path.isabs(script) else os.path.join(WORKERS, script)
     cmd = [msrun_path(), f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_port",
            str(free_port()), "--log_dir", log_dir, "--join", "True", script, *map(str, args)]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PATH=python_path())
+    # the repo (mindgrpo, scripts) and tests/parallel (the workers' shared cases)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
+                                                       os.environ.get("PYTHONPATH", "")]), PATH=python_path())
     # MindSpore's CPU collectives give up on a rank 30 s late by default: on a loaded machine one rank
     # can compile that much longer than another (DEVELOPERS.md); `timeout` still bounds the job
     env.setdefault("MS_CPU_COMM_OP_TIMEOUT", "300")

@@ -1,4 +1,4 @@
-"""mindgrpo/parallel/reshard.py's plan, in numpy: for every pair of layouts of worlds up to 8 ranks
+"""mindgrpo/parallel/reshard_plan.py, in numpy: for every pair of layouts of worlds up to 8 ranks
 (pipeline stages included), executing every rank's plan gives each destination rank exactly
 ParallelLayout.shard of the full weights its stage holds; bytes received never fall below the
 minimum, and meet it where the plan says so."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
-from mindgrpo.parallel.reshard import apply_plans, exchange_bytes, layer_buckets, plan_parameter, sync_buckets
+from mindgrpo.parallel.reshard_plan import apply_plans, exchange_bytes, layer_buckets, plan_parameter, sync_buckets
 
 LAYER = {"attention.wq.weight": (24, 8), "attention.wq.bias": (24,), "attention.wo.weight": (8, 24),
          "attention_norm.weight": (8,), "feed_forward.w2.weight": (8, 48)}

@@ -1,6 +1,5 @@
 """scripts/convert_weight.py: bit-exact round trips, and bad inputs rejected with nothing written."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,10 +23,9 @@ def run(*args):
 @pytest.fixture(scope="module")
 def cli():
     """The script's main() in this process (a subprocess pays MindSpore's import on every call)."""
-    spec = importlib.util.spec_from_file_location("convert_weight_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts import convert_weight
+
+    return convert_weight
 
 
 @pytest.fixture

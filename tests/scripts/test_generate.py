@@ -1,21 +1,15 @@
 """scripts/generate.py refuses, in one line, a prompt longer than the model's context and missing weights."""
 
-import importlib.util
 import json
-import os
 
 import pytest
-
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "scripts", "generate.py")
 
 
 @pytest.fixture(scope="module")
 def cli():
-    spec = importlib.util.spec_from_file_location("generate_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts import generate
+
+    return generate
 
 
 @pytest.fixture(scope="module")

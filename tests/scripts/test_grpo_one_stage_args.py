@@ -1,20 +1,15 @@
 """scripts/grpo_one_stage.py: a weights flag naming a missing path stops at once, naming the flag."""
 
-import importlib.util
 import os
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "scripts", "grpo_one_stage.py")
-
 
 @pytest.fixture(scope="module")
 def cli():
-    spec = importlib.util.spec_from_file_location("grpo_one_stage_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts import grpo_one_stage
+
+    return grpo_one_stage
 
 
 @pytest.mark.parametrize("flag", ["--sft_path_train", "--sft_path_infer", "--ref_path"])

@@ -1,7 +1,7 @@
-"""scripts/transform_checkpoint.py: byte-identical to MindSpore's transform_checkpoints, bit-exact
-round trips, and bad input rejected with one line naming the parameter and nothing written."""
+"""scripts/transform_checkpoint.py (over mindgrpo.parallel.transform): byte-identical to MindSpore's
+transform_checkpoints, bit-exact round trips, and bad input rejected with one line naming the parameter
+and nothing written."""
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -16,17 +16,13 @@ from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import TensorLayout, layout_strategy, write_layouts, write_strategy_file
+from scripts.transform_checkpoint import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "transform_checkpoint.py")
 CFG = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2)
 SHAPES = expected_shapes(CFG)
-
-_spec = importlib.util.spec_from_file_location("transform_checkpoint", SCRIPT)
-tc = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tc)
-
 
 def random_state(shapes=SHAPES, seed=0):
     rng = np.random.default_rng(seed)
@@ -50,7 +46,7 @@ def strategy(tmp_path, dp, tp, shapes=SHAPES, name=None):
 
 def run(capsys, *args):
     """The script in-process: (exit code, stdout, stderr)."""
-    rc = tc.main([str(a) for a in args])
+    rc = main([str(a) for a in args])
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -348,40 +344,3 @@ def test_command_line(full, tmp_path):
                           f"--dst_checkpoint={tmp_path / 'out2'}", f"--dst_strategy={s}"],
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 1 and "no such checkpoint file or directory" in bad.stderr
-
-
-# ---------------------------------------------------------------------------- the .ckpt reader and writer
-
-
-def test_ckpt_io_round_trip_is_byte_identical_to_mindspore(tmp_path):
-    rng = np.random.default_rng(3)
-    items = [{"name": "scalar", "data": ms.Tensor(np.float32(2.5))},
-             {"name": "bf16", "data": ms.Tensor(rng.standard_normal((3, 5)).astype(np.float32)).astype(ms.bfloat16)},
-             {"name": "fp16", "data": ms.Tensor(rng.standard_normal((4,)).astype(np.float16))},
-             {"name": "step", "data": ms.Tensor(np.array([11], np.int32))}]
-    src = str(tmp_path / "a.ckpt")
-    ms.save_checkpoint(items, src, append_dict={"epoch_num": 3, "note": "hello"})
-    state = tc.read_ckpt(src)
-    assert {k: (d, a.shape) for k, (d, a) in state.items()} == {
-        "scalar": ("Float32", ()), "bf16": ("BFloat16", (3, 5)), "fp16": ("Float16", (4,)), "step": ("Int32", (1,)),
-        "epoch_num": ("Int64", ()), "note": ("str", (20,))}
-    tc.write_ckpt(str(tmp_path / "b.ckpt"), [(k, d, a) for k, (d, a) in state.items()])
-    assert open(tmp_path / "b.ckpt", "rb").read() == open(src, "rb").read()
-
-
-def test_ckpt_io_large_tensors_in_chunks(tmp_path, monkeypatch):
-    import mindspore.train.serialization as serialization
-
-    big = np.random.default_rng(4).standard_normal((64, 48)).astype(np.float32)  # 12 KB
-    monkeypatch.setattr(serialization, "SLICE_SIZE", 1)  # MindSpore writes 1 KB chunks
-    ms.save_checkpoint([{"name": "big", "data": ms.Tensor(big)}], str(tmp_path / "ms.ckpt"))
-    with open(tmp_path / "ms.ckpt", "rb") as f:
-        assert f.read().count(b"\n\x03big") == 12  # the tag, once per chunk
-    assert tc.read_ckpt(str(tmp_path / "ms.ckpt"))["big"][1].tobytes() == big.tobytes()
-    monkeypatch.setattr(tc, "CHUNK_BYTES", 1001)  # ours: 13 chunks, borders inside floats
-    tc.write_ckpt(str(tmp_path / "ours.ckpt"), [("big", "Float32", big)])
-    assert ms.load_checkpoint(str(tmp_path / "ours.ckpt"))["big"].asnumpy().tobytes() == big.tobytes()
-    assert tc.read_ckpt(str(tmp_path / "ours.ckpt"))["big"][1].tobytes() == big.tobytes()
-    with pytest.raises(tc.WeightError, match="cannot parse as a MindSpore checkpoint"):
-        (tmp_path / "junk.ckpt").write_bytes(b"\x0a\xff\xff\xff\xff\x0f")
-        tc.read_ckpt(str(tmp_path / "junk.ckpt"))

@@ -24,7 +24,6 @@ from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402
 from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from parallel_cases import CFG4, SEED, token_batch  # noqa: E402
 
 out_dir = sys.argv[1]

@@ -11,10 +11,7 @@ one step and resumes (--resume) for the second: its sharded checkpoint is read b
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-
-import grpo_one_stage  # noqa: E402
+from scripts import grpo_one_stage
 
 TP2 = ["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"]
 PP2 = ["actor_config.parallel_config.pipeline_stage=2", "generate_config.parallel_config.data_parallel=2"]

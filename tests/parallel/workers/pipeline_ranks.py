@@ -35,7 +35,6 @@ from mindgrpo.parallel.pipeline import Pipeline, stage_spec  # noqa: E402
 from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from parallel_cases import CFG_PP, SEED, experience_arrays, prompts, updater_kwargs  # noqa: E402
 
 T0 = time.time()

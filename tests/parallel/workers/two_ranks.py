@@ -26,14 +26,13 @@ from mindgrpo.inference.sampling import SamplingParams  # noqa: E402
 from mindgrpo.models.convert import expected_shapes  # noqa: E402
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
 from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs  # noqa: E402
-from mindgrpo.parallel.build import load_shard  # noqa: E402
+from mindgrpo.parallel.placement import load_shard  # noqa: E402
 from mindgrpo.parallel.comm import init_comm  # noqa: E402
 from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads  # noqa: E402
 from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402
 from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from parallel_cases import (CFG, SEED, experience_arrays, prompts, token_batch, updater_kwargs)  # noqa: E402
 
 import time  # noqa: E402

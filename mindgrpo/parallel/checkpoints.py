@@ -21,7 +21,7 @@ and the state are read and checked before any weight is touched. A run that resu
 `abandoned_step_<N>.<time>`, never deleted, never counted by keep_last_k), so that a later
 `--resume` continues this run and not the abandoned one.
 
-The msrun version (every rank writes its pieces) is `mindgrpo/parallel/checkpoint.py`.
+The msrun version (every rank writes its pieces) is `mindgrpo/parallel/sharded_checkpoints.py`.
 """
 
 from __future__ import annotations

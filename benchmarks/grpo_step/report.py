@@ -1,4 +1,4 @@
-"""The markdown table, bar chart and scaling plot of benchmarks/grpo_step.py, from its JSON."""
+"""The markdown table, bar chart and scaling plot of the GRPO step benchmark, from its JSON."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def scaling_sentence(s: dict) -> str:
     return "Cost grows " + "; ".join(parts) + "."
 
 
-def write_markdown(res: dict, path: str) -> None:
+def markdown(res: dict) -> str:
     lines = ["# One GRPO step: mindgrpo against TRL's GRPOTrainer (CPU)", "",
              f"Date {res['date']}; machine: {res['machine']}; {res['versions']}; load average {res['load_average']}",
              "(other jobs share this machine: compare the two sides of one run, not runs with each other).", "",
@@ -84,8 +84,7 @@ def write_markdown(res: dict, path: str) -> None:
                     f"{r['sync_s']:.3f} | {r['other_s']:.2f} | {r['tokens_per_s']:.0f} | {r['peak_rss_gb']:.1f} | "
                     f"{r['load_average_1min']:.1f} |")
         lines += ["", f"![scaling]({res['scaling_png']})"]
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def plot_compare(res: dict, path: str) -> None:

@@ -1,5 +1,5 @@
-"""Crash-safe training checkpoints (mindgrpo/grpo/checkpointing.py and, with ranks as threads,
-mindgrpo/parallel/checkpoint.py): the manifest, resuming from the newest complete checkpoint,
+"""Crash-safe training checkpoints (mindgrpo/parallel/checkpoints.py and, with ranks as threads,
+mindgrpo/parallel/sharded_checkpoints.py): the manifest, resuming from the newest complete checkpoint,
 damaged ones skipped or refused, leftovers removed, abandoned steps set aside."""
 
 import hashlib
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import mindspore as ms
 
-from mindgrpo.grpo import checkpointing as ck
-from mindgrpo.parallel.checkpoint import ShardedCheckpoints
+from mindgrpo.parallel import checkpoints as ck
+from mindgrpo.parallel.sharded_checkpoints import ShardedCheckpoints
 from mindgrpo.parallel.comm import Group
 
 MODEL = {"hidden_size": 8, "vocab_size": 16}
@@ -103,7 +103,7 @@ def test_resume_skips_a_damaged_checkpoint_naming_the_reason_and_takes_the_next_
     root, saved = run
     damage(step_dir(root, 3), how)
     checkpoints = ck.LocalCheckpoints(root, keep_last=5)
-    with caplog.at_level(logging.WARNING, logger="mindgrpo.grpo.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="mindgrpo.parallel.checkpoints"):
         assert checkpoints.find() == step_dir(root, 2)
     assert any(step_dir(root, 3) in r.getMessage() and REASONS[how] in r.getMessage() for r in caplog.records), \
         caplog.text
@@ -168,7 +168,7 @@ def test_leftovers_of_killed_saves_are_removed_but_not_those_of_a_live_process(r
 def test_resuming_an_older_step_sets_the_newer_aside_and_keep_last_k_ignores_them(run, caplog):
     root, saved = run
     checkpoints = ck.LocalCheckpoints(root, keep_last=1)
-    with caplog.at_level(logging.WARNING, logger="mindgrpo.grpo.checkpointing"):
+    with caplog.at_level(logging.WARNING, logger="mindgrpo.parallel.checkpoints"):
         moved = checkpoints.set_aside_after(1, "this run resumed")
     assert len(moved) == 2 and all(os.path.basename(p).startswith(("abandoned_step_00000002.",
                                                                       "abandoned_step_00000003.")) for p in moved)
@@ -185,7 +185,7 @@ def test_resuming_an_older_step_sets_the_newer_aside_and_keep_last_k_ignores_the
 CRASH = """
 import sys
 import numpy as np, mindspore as ms
-from mindgrpo.grpo import checkpointing as ck
+from mindgrpo.parallel import checkpoints as ck
 p = [ms.Parameter(ms.Tensor(np.ones((4, 3), np.float32)), name="w")]
 state = {"step": 2, "optimizer_steps": 2, "train_prompts": {"epoch": 0, "index": 0}, "val_history": [],
          "bad_steps": {"total": 0, "in_a_row": 0}, "config": {}}
@@ -208,7 +208,7 @@ def test_a_save_killed_between_files_leaves_no_step_and_its_leftover_is_removed(
 
 
 class ThreadComm:
-    """What parallel/checkpoint.py uses of a Comm, for ranks that are threads of one process."""
+    """What parallel/sharded_checkpoints.py uses of a Comm, for ranks that are threads of one process."""
 
     def __init__(self, rank, world, shared):
         self.rank, self.world, self.shared = rank, world, shared

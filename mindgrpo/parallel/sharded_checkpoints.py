@@ -11,14 +11,15 @@
 Each group folder is MindSpore's sharded layout, so
 `scripts/transform_checkpoint.py --src_checkpoint STEP/policy --src_strategy STEP/train_strategy.ckpt
 --dst_checkpoint FULL.ckpt` merges the policy into one full checkpoint (loadable by load_model),
-and `build_parallel` loads `STEP/policy` as per-rank shards when the layout is the same.
+and a run in the same layout loads `STEP/policy` as per-rank shards (`--sft_path_train STEP/policy`,
+`mindgrpo.parallel.placement`).
 
 The step is written under `<root>/.step_00000004.tmp`: every rank writes, flushes and hashes its
 own files (in parallel) and records them in `manifest.rank_<k>.json`; rank 0 then writes its
 files, merges the ranks' records into the manifest, flushes it and renames the folder (barriers
 around), so a crash leaves no step folder without a complete manifest. Resuming, every rank
 checks the manifest, the state and its own files of a candidate, and the ranks agree on the
-newest checkpoint complete on all of them (`mindgrpo/grpo/checkpointing.py` for the rules).
+newest checkpoint complete on all of them (`mindgrpo/parallel/checkpoints.py` for the rules).
 Needs a file system every rank sees (as MindSpore's own checkpoints of a multi-node job do).
 """
 
@@ -32,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import mindspore as ms
 
-from mindgrpo.grpo import checkpointing as ckpt
+from mindgrpo.parallel import checkpoints as ckpt
 from mindgrpo.parallel.comm import Comm
 
 logger = logging.getLogger(__name__)

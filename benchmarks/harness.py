@@ -1,0 +1,138 @@
+"""What every benchmark shares: the timing loops, the run stamp, the result files, memory readings.
+
+    secs = time_calls(fn, 5, before=reset)     # seconds of each of 5 calls; reset() runs untimed before each
+    med, out = timed(fn, 5)                    # their median, and the last call's result
+    runs = alternate({"a": fa, "b": fb}, 5)    # a, b, a, b, ...: machine load falls on both sides
+    stamp = run_stamp("benchmarks.NAME")       # command, date, machine, load average
+    write_results(json_path, res, markdown)    # json + md beside it, each through a temporary file
+
+This machine is shared and its speed drifts, so a figure is only meaningful against a baseline timed
+side by side in the same run (`alternate`), as a ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+SHARED = os.path.join(os.path.dirname(REPO), "shared")  # GSM8K and the Qwen2.5 tokenizer, when present
+
+
+# ----------------------------------------------------------------------------------- timing
+def time_calls(fn: Callable[[], object], repeats: int, before: Optional[Callable[[], object]] = None) -> List[float]:
+    """Seconds of each of `repeats` calls of fn (after the caller's warm-up); before(), when given,
+    runs untimed before each call (a reset, a barrier, a cache flush)."""
+    times = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def timed(fn: Callable[[], object], repeats: int = 3):
+    """Median seconds of `repeats` calls (after the caller's warm-up) and the last call's result."""
+    out = []
+    times = time_calls(lambda: out.append(fn()), repeats)
+    return float(np.median(times)), out[-1]
+
+
+def alternate(fns: Dict[str, Callable[[], object]], repeats: int) -> Dict[str, List[float]]:
+    """name -> zero-argument callable; calls them in turn, `repeats` rounds -> name -> seconds per call.
+    A change of the machine's load then hits every side alike."""
+    times: Dict[str, List[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            times[k] += time_calls(fn, 1)
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return float(np.median(values))
+
+
+# ----------------------------------------------------------------------------------- the run stamp
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def machine() -> str:
+    return f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def command(module: str, argv: Optional[Sequence[str]] = None) -> str:
+    """The command that reproduces a run, from the repo root: `module` is the benchmark's dotted name
+    (benchmarks.NAME), argv its arguments (sys.argv[1:] when None; an empty list records none)."""
+    args = sys.argv[1:] if argv is None else argv
+    return f"python -m {module}" + "".join(f" {a}" for a in args)
+
+
+def code_version() -> str:
+    """The commit the library code is at, and whether mindgrpo/ or scripts/ differ from it."""
+    def git(*cmd):
+        return subprocess.run(["git", "-C", REPO, *cmd], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "unknown (not a git checkout)"
+    dirty = git("status", "--porcelain", "--", "mindgrpo", "scripts")
+    return f"commit {commit}" + (" with uncommitted changes under mindgrpo/ or scripts/" if dirty else "")
+
+
+def run_stamp(module: str, argv: Optional[Sequence[str]] = None) -> dict:
+    """What a results file records about its run: the command that reproduces it, the date, the
+    machine and the load average."""
+    return {"command": command(module, argv), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+            "load_average": load_average()}
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+# ----------------------------------------------------------------------------------- result files
+def write_text(path: str, text: str) -> None:
+    """text to path through a temporary file and a rename: an interrupted run leaves the old file whole."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_results(json_path: str, res: dict, markdown: Optional[str] = None) -> None:
+    """res to json_path and, when given, markdown beside it (same name, .md)."""
+    write_text(json_path, json.dumps(res, indent=1))
+    if markdown is not None:
+        write_text(os.path.splitext(json_path)[0] + ".md", markdown)
+
+
+# ----------------------------------------------------------------------------------- memory
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key))
+
+
+def rss_gb() -> float:
+    """This process's resident memory now, in GB (10^9 bytes; adamw's results are in these)."""
+    return _status_kb("VmRSS") / 1e6
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory, in GiB (VmHWM: ru_maxrss would carry the parent's over exec)."""
+    return _status_kb("VmHWM") / 2 ** 20

@@ -1,0 +1,1 @@
+"""Data preparation tools; each also imports as `data_tools.NAME`."""

@@ -1,0 +1,222 @@
+"""Where the run's models live, and the machinery that goes with it: the placement.
+
+`mindgrpo.grpo.builder.build(cfg, paths, placement)` asks the placement for everything that
+depends on how the run is laid out over devices, and runs the same build sequence either way:
+
+                    OneDevice()                        ParallelPlacement(cfg, comm)   (under msrun)
+    model(role)     the whole model                    this rank's piece of the role's layout:
+                                                       its pipeline stage, its tensor-parallel piece
+                                                       (TensorParallelLayers), the weights sliced from a
+                                                       full checkpoint or read from per-rank shards
+    engine(...)     the RolloutEngine                  a DataParallelEngine: its replica's prompts,
+                                                       the completions gathered on every rank
+    weight_sync     WeightSync (a copy per bucket)     Reshard (policy layout -> the role's layout)
+    grad_reducer    None                               DataParallelGrads over the training dp group
+    pipeline(role)  None (one stage)                   the role's Pipeline (its stage's hand-offs)
+    rewards(set)    the RewardSet                      SharedRewards: rank 0 scores, every rank gets its scores
+    checkpoints     LocalCheckpoints                   ShardedCheckpoints (every rank its pieces)
+
+The roles are "policy" (actor_config.parallel_config), "inference" (generate_config's) and
+"reference" (ref_config's). Model weights come from the same seed as a one-device run (every rank
+draws the full initial tensors and keeps its piece), from a full checkpoint or an HF directory
+(sliced here), or from a directory of per-rank shards written by scripts/transform_checkpoint.py
+(`DIR/rank_<k>/*.ckpt`). `placement_for` also guards an msrun rank with the collective watchdog
+(mindgrpo.parallel.watchdog) before anything is built.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from typing import Dict, List, Optional, Union
+
+import mindspore as ms
+
+from mindgrpo.inference.engine import RolloutEngine
+from mindgrpo.memory.swap import SwapManager
+from mindgrpo.models.checkpoint import load_state, read_model_state
+from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.presets import preset_config
+from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.parallel.checkpoints import LocalCheckpoints, load_params
+from mindgrpo.parallel.comm import Comm, init_parallel, layouts_of
+from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
+from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.pipeline import Pipeline, stage_spec
+from mindgrpo.parallel.reshard import Reshard
+from mindgrpo.parallel.sharded_checkpoints import ShardedCheckpoints
+from mindgrpo.parallel.shared_rewards import SharedRewards
+from mindgrpo.parallel.strategy import training_shapes, write_layout_strategies, write_strategy_file
+from mindgrpo.parallel.tp_layers import TensorParallelLayers
+from mindgrpo.parallel.watchdog import guard_rank
+from mindgrpo.parallel.weight_sync import WeightSync
+from mindgrpo.rewards import RewardSet
+from mindgrpo.utils import heartbeat
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("policy", "inference", "reference")
+Engine = Union[RolloutEngine, DataParallelEngine]
+Sync = Union[WeightSync, Reshard]
+Checkpoints = Union[LocalCheckpoints, ShardedCheckpoints]
+Rewards = Union[RewardSet, SharedRewards]
+
+
+def shard_dir(path: str, rank: int) -> Optional[str]:
+    """path/rank_<rank> when path is a directory of per-rank shards, else None."""
+    candidate = os.path.join(path, f"rank_{rank}")
+    return candidate if os.path.isdir(path) and os.path.isdir(candidate) else None
+
+
+class OneDevice:
+    """Every model whole, in this process."""
+
+    rank = 0
+
+    @property
+    def device(self) -> str:
+        return ms.get_context("device_target")
+
+    def check(self, mcfg: Qwen2Config) -> None:
+        """Nothing to check: one device holds any model."""
+
+    def model(self, role: str, mcfg: Qwen2Config, path: Optional[str], load: bool, seed: int,
+              max_positions: int) -> Qwen2ForCausalLM:
+        """The whole model: drawn from `seed`, then the weights at `path` when `load`."""
+        lm = Qwen2ForCausalLM(mcfg, seed=seed, max_positions=max_positions)
+        if path and load:
+            load_state(lm, read_model_state(path, mcfg))
+        return lm
+
+    def engine(self, rollout: RolloutEngine) -> Engine:
+        return rollout
+
+    def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
+                    memory: Optional[SwapManager] = None) -> Sync:
+        return WeightSync(src, dst, memory)
+
+    def rewards(self, rewards: RewardSet) -> Rewards:
+        return rewards
+
+    def grad_reducer(self) -> Optional[DataParallelGrads]:
+        return None
+
+    def pipeline(self, role: str, dtype) -> Optional[Pipeline]:
+        return None
+
+    def checkpoints(self, root: str, keep_last: int, mcfg: Qwen2Config) -> Checkpoints:
+        return LocalCheckpoints(root, keep_last)
+
+
+class ParallelPlacement:
+    """This rank's pieces of the training, inference and (with beta > 0) reference layouts of a
+    GRPOConfig, over the world `comm` initialised (`init_parallel`)."""
+
+    def __init__(self, cfg, comm: Comm):
+        self.comm = comm
+        train, infer, ref = layouts_of(cfg)
+        self.layouts: Dict[str, Optional[ParallelLayout]] = {"policy": train, "inference": infer, "reference": ref}
+        self.optimizer_shard = cfg.actor_config.parallel_config.optimizer_shard
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def device(self) -> str:
+        return self.comm.device
+
+    def check(self, mcfg: Qwen2Config) -> None:
+        """Every layout divides the model (heads, vocabulary, layers); the error names the config section."""
+        for role, where in zip(ROLES, ("actor_config", "generate_config", "ref_config")):
+            layout = self.layouts[role]
+            if layout is not None:
+                try:
+                    layout.check_divisible(mcfg)
+                except ValueError as e:
+                    raise ValueError(f"{where}.parallel_config: {e}") from None
+
+    def model(self, role: str, mcfg: Qwen2Config, path: Optional[str], load: bool, seed: int,
+              max_positions: int) -> Qwen2ForCausalLM:
+        """This rank's piece of the model in the role's layout: its pipeline stage's parameters,
+        its tensor-parallel piece of each (every rank draws the whole model from `seed`)."""
+        layout = self.layouts[role]
+        group = self.comm.tp_group(layout)
+        stage = stage_spec(layout, layout.stage(self.rank), mcfg.num_hidden_layers)
+        lm = Qwen2ForCausalLM(mcfg, seed=seed, max_positions=max_positions, layers=TensorParallelLayers(group),
+                              stage=stage)
+        if path and load:
+            shards = shard_dir(path, self.rank)
+            if shards:
+                load_shard(lm, shards)
+            else:  # a full checkpoint: every rank reads it and keeps its piece of its stage
+                state = read_model_state(path, mcfg)
+                mine = dict(lm.parameters_and_names())
+                load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items() if n in mine})
+        heartbeat.beat()  # progress for the collective watchdog: building a big model takes a while
+        return lm
+
+    def engine(self, rollout: RolloutEngine) -> Engine:
+        return DataParallelEngine(rollout, self.comm, self.comm.infer_dp)
+
+    def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
+                    memory: Optional[SwapManager] = None) -> Sync:
+        sync = Reshard(src, dst, self.layouts["policy"], self.layouts[role], self.comm,
+                       expected_shapes(src.config), memory)
+        logger.info("rank %d: resharding policy %s -> %s %s receives %.1f MB per sync (minimum %.1f MB)",
+                    self.rank, self.layouts["policy"], role, self.layouts[role], sync.received / 2 ** 20,
+                    sync.minimum / 2 ** 20)
+        return sync
+
+    def rewards(self, rewards: RewardSet) -> Rewards:
+        """Rank 0 scores (only its reward pool starts), every rank gets the same scores."""
+        return SharedRewards(rewards, self.comm)
+
+    def grad_reducer(self) -> Optional[DataParallelGrads]:
+        return DataParallelGrads(self.comm, self.comm.train_dp)
+
+    def pipeline(self, role: str, dtype) -> Optional[Pipeline]:
+        return Pipeline(self.comm, self.layouts[role], dtype)
+
+    def checkpoints(self, root: str, keep_last: int, mcfg: Qwen2Config) -> Checkpoints:
+        """Its pieces of the policy, optimizer state and reference, plus (rank 0) the training
+        layout's strategy file (mindgrpo.parallel.sharded_checkpoints)."""
+        shapes, train = training_shapes(mcfg), self.layouts["policy"]
+        return ShardedCheckpoints(self.comm, root, keep_last, lambda path: write_strategy_file(
+            path, train, shapes, optimizer_shard=self.optimizer_shard))
+
+
+Placement = Union[OneDevice, ParallelPlacement]
+
+
+def placement_for(cfg, use_parallel: bool) -> Placement:
+    """One device, or (under msrun) the config's layouts over the world, communication initialised
+    and the rank guarded: SIGTERM when msrun dies, the watchdog's bounds (rl_config.collective_timeout_s,
+    compile_timeout_s) on every collective, so that no rank hangs or outlives the job."""
+    if not use_parallel:
+        return OneDevice()
+    comm = init_parallel(cfg)
+    guard_rank(comm.rank, cfg.rl_config.collective_timeout_s, cfg.rl_config.compile_timeout_s)
+    return ParallelPlacement(cfg, comm)
+
+
+def load_shard(lm: Qwen2ForCausalLM, folder: str) -> None:
+    """Load this rank's shard (the last .ckpt of folder in name order, as MindSpore picks),
+    checking every parameter's name and local shape."""
+    files = sorted(glob.glob(os.path.join(folder, "*.ckpt")))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no .ckpt shard")
+    load_params(files[-1], [p for _, p in lm.parameters_and_names()], hint=" (a shard of another layout?)")
+
+
+def save_strategies(cfg, out_dir: str) -> List[str]:
+    """Write the training and inference strategy files of cfg's layouts into out_dir/strategy
+    (MindSpore's format; see mindgrpo.parallel.strategy) and return their paths."""
+    train_layout, infer_layout, _ = layouts_of(cfg)
+    mcfg = preset_config(cfg.actor_config.model, compute_dtype=cfg.actor_config.dtype)
+    folder = os.path.join(out_dir, "strategy")
+    os.makedirs(folder, exist_ok=True)
+    written = write_layout_strategies(folder, mcfg, train_layout, infer_layout,
+                                      optimizer_shard=cfg.actor_config.parallel_config.optimizer_shard)
+    return [written["train"], written["infer"]]
