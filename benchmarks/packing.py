@@ -274,7 +274,7 @@ def main(argv=None) -> dict:
                 res["details"].setdefault(name, {})[kind] = d
                 res["configs"].setdefault(name, {})[kind] = summary(d)
                 print(name, kind, res["configs"][name][kind], flush=True)
-    write_results(args.output, res, markdown(res))
+                write_results(args.output, res, markdown(res))  # after each workload: a long run keeps its part
     return res
 
 
