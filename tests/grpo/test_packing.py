@@ -245,6 +245,7 @@ def scored(padded_logp):
     return exp
 
 
+@pytest.mark.slow  # three update graphs compile per mode: 30 s of CPU each, 90 s wall at load 5
 @pytest.mark.parametrize("mode", AGG_MODES.names())
 def test_update_matches_the_padded_path_for_every_aggregation_mode(scored, mode):
     expected, weights = updated(scored, mode)
