@@ -9,6 +9,7 @@ figure is a ratio against a baseline timed side by side in the same run.
     grpo_step          one GRPO step against TRL's GRPOTrainer, and mindgrpo's scaling (a package)
     fused_head         the training step's vocabulary head: fused and chunked against autodiff
     update_profile     where the update phase's time goes, by kind of op, against the matmul peak
+    packing            reference + update on long-tailed samples: padded rows, token budgets, packed rows, TRL
     logprobs           per-token log-probs: fused log_softmax against the op chain
     adamw              one AdamW step: the fused kernel against tensor arithmetic
     generate           decode throughput against transformers' generate

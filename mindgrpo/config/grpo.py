@@ -196,12 +196,23 @@ class ActorConfig:
     # > 0: the vocabulary projection + log-softmax of scoring and training run this many scored
     # tokens at a time with a hand-written backward (mindgrpo/models/fused_head.py); 0: autodiff
     logprob_chunk_size: int = 0
+    # Micro-batches by tokens (mindgrpo/grpo/packing.py), for the update and the old log-probs. > 0: a
+    # mini-batch's samples, sorted by length, are cut into micro-batches of at most this many tokens,
+    # padding included, each padded only to its own length (micro_batch_size then sizes the SFT warm start
+    # only); data-parallel replicas get about the same number of tokens. 0: micro_batch_size samples each
+    max_tokens_per_micro_batch: int = 0
+    packing: bool = False  # several samples per row of a token-budget micro-batch, each attending only to itself
+    # how packed rows keep samples apart: "mask" (a block-diagonal causal bias, any device) or "flash"
+    # (Ascend's flash_attention_score in its TND layout; not available on CPU)
+    packed_attention: Literal["mask", "flash"] = "mask"
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
-        _check_non_negative(self, "warmup_steps", "weight_decay", "logprob_chunk_size")
+        _check_non_negative(self, "warmup_steps", "weight_decay", "logprob_chunk_size", "max_tokens_per_micro_batch")
+        check(not self.packing or self.max_tokens_per_micro_batch > 0, "packing",
+              "needs max_tokens_per_micro_batch > 0 (the tokens of a micro-batch's packed rows)")
         for key in ("adam_beta1", "adam_beta2"):
             check(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
         check(self.adam_eps > 0, "adam_eps", f"must be > 0, got {self.adam_eps}")
@@ -214,7 +225,19 @@ class RefConfig:
     """The reference model (beta > 0 only). It has the policy's architecture and vocabulary."""
 
     load_checkpoint: Optional[str] = None  # like --ref_path; None: the policy's starting weights
+    # the reference pass's token budget (mindgrpo/grpo/packing.py; it packs when actor_config.packing):
+    # None: actor_config.max_tokens_per_micro_batch; 0: actor_config.micro_batch_size samples per micro-batch
+    max_tokens_per_micro_batch: Optional[int] = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        check(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 0,
+              "max_tokens_per_micro_batch", f"must be >= 0 or null, got {self.max_tokens_per_micro_batch}")
+
+    def max_tokens(self, actor: ActorConfig) -> int:
+        """The reference pass's token budget (0: rows)."""
+        return actor.max_tokens_per_micro_batch if self.max_tokens_per_micro_batch is None \
+            else self.max_tokens_per_micro_batch
 
 
 @dataclass(frozen=True)
@@ -330,6 +353,8 @@ INERT_UNLESS = (
      "has no effect with rl_config.beta = 0 (no reference model)"),
     ("rl_config.max_resample_times", lambda c: c.rl_config.dynamic_sampling,
      "has no effect without rl_config.dynamic_sampling"),
+    ("actor_config.packed_attention", lambda c: c.actor_config.packing,
+     "applies to packed rows only; it has no effect without actor_config.packing"),
     ("actor_config.min_lr", lambda c: c.actor_config.lr_schedule != "constant",
      "is the floor of a decaying lr_schedule; it has no effect with lr_schedule 'constant'"),
     ("reward_config.cosine", lambda c: "cosine" in c.reward_config.verifier_function,
@@ -376,9 +401,22 @@ class GRPOConfig:
               f"must divide batch_size * num_generations = {rl.rollout_rows}, got {rl.num_mini_batches}")
         mini_batch_rows = rl.rollout_rows // rl.num_mini_batches
         dp = actor.parallel_config.data_parallel
-        check(mini_batch_rows % (dp * actor.micro_batch_size) == 0, "actor_config.micro_batch_size",
-              f"micro_batch_size * actor_config.parallel_config.data_parallel = {actor.micro_batch_size} * {dp} "
-              f"must divide the {mini_batch_rows} rows of a mini-batch")
+        if actor.max_tokens_per_micro_batch == 0:
+            check(mini_batch_rows % (dp * actor.micro_batch_size) == 0, "actor_config.micro_batch_size",
+                  f"micro_batch_size * actor_config.parallel_config.data_parallel = {actor.micro_batch_size} * {dp} "
+                  f"must divide the {mini_batch_rows} rows of a mini-batch")
+        else:  # replicas split a mini-batch by tokens
+            check(mini_batch_rows >= dp, "actor_config.parallel_config.data_parallel",
+                  f"must be at most the {mini_batch_rows} rows of a mini-batch, got {dp}")
+        # a budget holds the longest sample: prompt and completion, rounded up as experience.pack does (32)
+        longest = -(-(self.generate_config.max_prompt_length + self.generate_config.max_tokens) // 32) * 32
+        for key, budget in (("actor_config.max_tokens_per_micro_batch", actor.max_tokens_per_micro_batch),
+                            ("ref_config.max_tokens_per_micro_batch", self.ref_config.max_tokens(actor))):
+            check(budget == 0 or budget >= longest, key,
+                  f"must hold the longest sample, generate_config.max_prompt_length + max_tokens rounded up to 32 = "
+                  f"{longest} tokens, got {budget}")
+        check(not actor.packing or self.ref_config.max_tokens(actor) > 0, "ref_config.max_tokens_per_micro_batch",
+              "must be > 0 (or null) with actor_config.packing: the reference pass packs too")
         for section in ("ref_config", "generate_config"):
             check(not getattr(self, section).parallel_config.optimizer_shard, f"{section}.parallel_config.optimizer_shard",
                   "only the training layout has an optimizer; set actor_config.parallel_config.optimizer_shard")
@@ -392,6 +430,13 @@ class GRPOConfig:
         for path, in_effect, why in INERT_UNLESS:
             key = None if in_effect(self) else first_changed_key(self, path)
             check(key is None, key, why)
+
+    def check_device(self, device_target: str) -> None:
+        """Keys that need a kind of device (the run's device_target, e.g. "CPU" or "Ascend")."""
+        actor = self.actor_config
+        check(not (actor.packing and actor.packed_attention == "flash") or device_target == "Ascend",
+              "actor_config.packed_attention",
+              f"'flash' needs Ascend (flash_attention_score); this run is on {device_target}: use 'mask'")
 
 
 __all__ = ["INERT_UNLESS", "ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "ParallelConfig",

@@ -2,9 +2,10 @@
 
 `Scorer` runs the no-grad log-prob graph over an Experience in micro-batches.
 `PolicyUpdater` owns the policy's gradient buffers and AdamW state and runs one optimizer step
-per mini-batch: micro-batches through `GRPOGradStep`, then `AdamW`. Graphs are cached per
-micro-batch shape (S and R are bucketed by `experience.pack`). With pipeline stages both run
-their micro-batches through the stage's schedule (`mindgrpo.parallel.pipeline`).
+per mini-batch: micro-batches through `GRPOGradStep`, then `AdamW`. Both cut an Experience into
+micro-batches as `mindgrpo.grpo.packing` says (fixed rows, token budgets or packed rows); graphs
+are cached per micro-batch shape, which it buckets. With pipeline stages both run their
+micro-batches through the stage's schedule (`mindgrpo.parallel.pipeline`).
 """
 
 from __future__ import annotations
@@ -16,51 +17,57 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.grpo.experience import Experience, micro_batches
+from mindgrpo.grpo.experience import Experience
 from mindgrpo.grpo.ms_algos import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
+from mindgrpo.grpo.packing import Batching, MicroBatch, gather_samples, plan
 from mindgrpo.grpo.train_graph import MAXIMA, SUMMED, GRPOGradStep, PolicyLoss, StageGradStep, metric_keys
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
-from mindgrpo.models.scoring import StageHidden, TokenLogProbs
+from mindgrpo.models.scoring import PackedTokenLogProbs, StageHidden, TokenLogProbs
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.pipeline import Pipeline
 
 
-def hidden_shape(lm: Qwen2ForCausalLM, exp: Experience, batches: List[np.ndarray]):
+def hidden_shape(lm: Qwen2ForCausalLM, batches: List[MicroBatch]):
     """m -> the (B, S, H) hidden states micro-batch m passes between pipeline stages."""
-    return lambda m: (len(batches[m]), exp.input_ids.shape[1], lm.config.hidden_size)
+    return lambda m: batches[m].ids.shape + (lm.config.hidden_size,)
+
+
+def tensors(arrays) -> tuple:
+    return tuple(Tensor(a) for a in arrays)
 
 
 class Scorer:
     """log p(labels) (B, R) of an Experience under `lm`, micro-batch by micro-batch.
 
     pipeline: lm's pipeline stage (`mindgrpo.parallel.pipeline.Pipeline`); default one stage.
-    Every stage returns the log-probs (the last computes them)."""
+    Every stage returns the log-probs (the last computes them).
+    max_tokens, packing, attention: token-budget micro-batches, packed rows and how they keep
+    samples apart (`mindgrpo.grpo.packing`)."""
 
     def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0, chunk: int = 0,
-                 pipeline: Optional[Pipeline] = None):
+                 pipeline: Optional[Pipeline] = None, max_tokens: int = 0, packing: bool = False,
+                 attention: str = "mask"):
         self.lm = lm
         self.pipe = pipeline or Pipeline()
-        if self.pipe.last:
+        self.batching = Batching(micro_batch_size, max_tokens, packing, attention)
+        if not self.pipe.last:
+            self.stage = StageHidden(lm, attention)
+        elif self.batching.layout == "rows":
             self.graph = TokenLogProbs(lm, with_entropy=False, temperature=temperature, chunk=chunk)
         else:
-            self.stage = StageHidden(lm)
-        self.micro = micro_batch_size
+            self.graph = PackedTokenLogProbs(lm, False, temperature, chunk, attention)
 
     def __call__(self, exp: Experience) -> np.ndarray:
-        batches = micro_batches(len(exp), self.micro)
+        batches = plan(exp, self.batching)
 
         def last(m, x):
-            rows = batches[m]
-            return self.graph(x, Tensor(exp.score_pos[rows]), Tensor(exp.labels[rows]))[0].asnumpy()
+            return self.graph(x, *tensors(batches[m].feed))[0].asnumpy()
 
-        logps = self.pipe.forward(len(batches), lambda m: Tensor(exp.input_ids[batches[m]]),
-                                  hidden_shape(self.lm, exp, batches), lambda x: self.stage(x), last)
-        out = np.zeros(exp.labels.shape, np.float32)
-        for rows, logp in zip(batches, logps):
-            out[rows] = logp
-        return self.pipe.from_last(out) * exp.mask
+        logps = self.pipe.forward(len(batches), lambda m: Tensor(batches[m].ids), hidden_shape(self.lm, batches),
+                                  lambda m, x: self.stage(x, *tensors(batches[m].stage_feed)), last)
+        return self.pipe.from_last(gather_samples(exp.labels.shape, batches, logps)) * exp.mask
 
 
 class PolicyUpdater:
@@ -68,22 +75,25 @@ class PolicyUpdater:
                  use_ref: bool, beta1: float, beta2: float, eps: float, weight_decay: float,
                  grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
                  optimizer_shard: bool = False, chunk: int = 0, pipeline: Optional[Pipeline] = None,
-                 old_is_training: bool = True):
+                 old_is_training: bool = True, max_tokens: int = 0, packing: bool = False, attention: str = "mask"):
         """old_is_training: the old log-probs given with the experience come from the training graph
-        (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout)."""
+        (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout).
+        max_tokens, packing, attention: as `Scorer`'s."""
         self.lm = lm
         self.loss = loss
+        self.batching = Batching(micro_batch_size, max_tokens, packing, attention)
         self.pipe = pipe = pipeline or Pipeline()
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
         self.buffer = GradBuffer(self.params)
         if pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
-            self.step_graph = GRPOGradStep(PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature,
-                                                      chunk, old_is_training),
-                                           self.params, self.buffer, wrt_inputs=not pipe.first)
+            policy_loss = PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature, chunk,
+                                     old_is_training, packed=self.batching.layout != "rows", attention=attention)
+            self.step_graph = GRPOGradStep(policy_loss, self.params, self.buffer, wrt_inputs=not pipe.first)
         else:  # a stage before the last: its forward, and its backward from the next stage's gradient
-            self.stage = StageHidden(lm)
-            self.stage_grad = StageGradStep(StageHidden(lm), self.params, self.buffer, wrt_inputs=not pipe.first)
+            self.stage = StageHidden(lm, attention)
+            self.stage_grad = StageGradStep(StageHidden(lm, attention), self.params, self.buffer,
+                                            wrt_inputs=not pipe.first)
         # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1);
         # under tensor parallelism the model's layer factory knows how to sum the pieces' norms, and
         # the pipeline sums them over the stages
@@ -94,7 +104,6 @@ class PolicyUpdater:
         self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay, sq_norm=sq_norm, shard=shard,
                            sharded=[layout.opt_shard_parts(n, full[n]) > 1 for n, _ in named])
         self.beta1, self.beta2, self.grad_clip = beta1, beta2, grad_clip
-        self.micro = micro_batch_size
         # data parallelism (mindgrpo.parallel.data_parallel.DataParallelGrads), when set:
         # rows(n) picks this replica's rows, __call__(buffer) sums the gradients, sum(values)
         # sums host numbers over the replicas
@@ -113,37 +122,39 @@ class PolicyUpdater:
                global_seqs: Optional[float] = None) -> Dict[str, float]:
         """One optimizer step on a mini-batch. Token/sequence normalisers default to this
         mini-batch's own counts. Under data parallelism every replica is given the whole
-        mini-batch and trains on its rows, so these counts are already the global ones.
+        mini-batch and trains on its rows (with a token budget, about the same number of tokens
+        on each), so these counts are already the global ones.
         With exp.sampling_logp (the rollout engine's log-probs) the mismatch metrics are reported
         and the loss's rollout correction applies."""
         n_tok = float(exp.mask.sum()) if global_tokens is None else global_tokens
         n_seq = float((exp.mask.sum(-1) > 0).sum()) if global_seqs is None else global_seqs
         g_tok, g_seq = Tensor(np.float32(n_tok)), Tensor(np.float32(n_seq))
         dp = self.grad_reducer
-        if dp is not None:
-            exp = exp.select(dp.rows(len(exp)))
-        zeros = np.zeros(exp.labels.shape, np.float32)
-        old = exp.old_logp if exp.old_logp is not None else zeros
-        ref = exp.ref_logp if exp.ref_logp is not None else zeros
-        rollout = exp.sampling_logp
-        keys = metric_keys(self.loss, rollout is not None)
-        batches = micro_batches(len(exp), self.micro)
+        if dp is not None:  # with token budgets, shares of about the same number of tokens to train on
+            tokens = exp.lengths() * (exp.mask.sum(-1) > 0) if self.batching.by_tokens else None
+            exp = exp.select(dp.rows(len(exp), tokens))
+        with_rollout = exp.sampling_logp is not None
+        keys = metric_keys(self.loss, with_rollout)
+        batches = plan(exp, self.batching)
 
         def last_step(m, x):  # x: token ids, or the previous stage's hidden states
-            rows = batches[m]
-            out = self.step_graph(x, Tensor(exp.score_pos[rows]), Tensor(exp.labels[rows]), Tensor(exp.mask[rows]),
-                                  Tensor(exp.advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), g_tok, g_seq,
-                                  None if rollout is None else Tensor(rollout[rows]))
+            part = batches[m].exp  # the micro-batch's samples, every per-sample array in its (n, R) layout
+            zeros = np.zeros(part.labels.shape, np.float32)
+            old = part.old_logp if part.old_logp is not None else zeros
+            ref = part.ref_logp if part.ref_logp is not None else zeros
+            out = self.step_graph(x, ms.mutable(tensors(batches[m].feed)), Tensor(part.mask), Tensor(part.advantages),
+                                  Tensor(old), Tensor(ref), g_tok, g_seq,
+                                  Tensor(part.sampling_logp) if with_rollout else None)
             values = [float(out[0].asnumpy())] + [float(v.asnumpy()) for v in out[1]]
             return values, (out[2] if len(out) == 3 else None)
 
-        results = self.pipe.train(len(batches), lambda m: Tensor(exp.input_ids[batches[m]]),
-                                  hidden_shape(self.lm, exp, batches), lambda x: self.stage(x),
-                                  lambda x, dy: self.stage_grad(x, dy), last_step)
+        results = self.pipe.train(len(batches), lambda m: Tensor(batches[m].ids), hidden_shape(self.lm, batches),
+                                  lambda m, x: self.stage(x, *tensors(batches[m].stage_feed)),
+                                  lambda m, x, dy: self.stage_grad(x, dy, *tensors(batches[m].stage_feed)), last_step)
         summed, maxima = np.isin(keys, SUMMED), np.isin(keys, MAXIMA)
         totals = np.zeros(2 + len(keys))  # loss, tokens, metric sums (or maxima): on the last stage
-        for rows, values in zip(batches, results):
-            w = float(exp.mask[rows].sum())
+        for mb, values in zip(batches, results):
+            w = float(mb.exp.mask.sum())
             totals[0] += values[0]  # already normalised globally: micro-batch losses add up
             totals[1] += w
             v = np.array(values[1:])

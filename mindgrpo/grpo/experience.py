@@ -9,11 +9,14 @@ response tokens are the labels, scored at the positions that predict them:
     mask       [ 1  1  1  0 ...]                      (B, R)
 
 S and R are rounded up to multiples of `step` so the training graph compiles for a few shapes
-only. Padded rows of score_pos point at position 0 and are masked.
+only. Padded rows of score_pos point at position 0 and are masked. How the samples are grouped into
+micro-batches and fed to the forward (padded rows, token budgets, packed rows) is
+`mindgrpo/grpo/packing.py`; every per-sample array here keeps this layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -38,15 +41,40 @@ class Experience:
     rollout_logp: Optional[np.ndarray] = None  # (B, R)
     sampling_logp: Optional[np.ndarray] = None  # (B, R)
     extras: Dict[str, np.ndarray] = field(default_factory=dict)
+    # tokens of each sample's prompt and response (without padding); token budgets and packing need them
+    prompt_lens: Optional[np.ndarray] = None  # (B,) int32
+    response_lens: Optional[np.ndarray] = None  # (B,) int32
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, rows: np.ndarray) -> "Experience":
-        pick = lambda a: None if a is None else a[rows]  # noqa: E731
-        return Experience(self.input_ids[rows], self.score_pos[rows], self.labels[rows], self.mask[rows],
-                          self.advantages[rows], pick(self.old_logp), pick(self.ref_logp), pick(self.rollout_logp),
-                          pick(self.sampling_logp), {k: v[rows] for k, v in self.extras.items()})
+        """The samples `rows`: every array field (and every entry of extras) indexed by rows."""
+        return self._map(lambda a: a[rows])
+
+    def padded(self, n: int) -> "Experience":
+        """n >= len(self) samples: zero rows appended to every array (their mask is 0: never trained on)."""
+        extra = n - len(self)
+        if extra < 0:
+            raise ValueError(f"cannot pad {len(self)} samples to {n}")
+        return self._map(lambda a: np.concatenate([a, np.zeros((extra,) + a.shape[1:], a.dtype)]))
+
+    def _map(self, fn) -> "Experience":
+        def one(value):
+            if value is None:
+                return None
+            if isinstance(value, dict):
+                return {k: fn(v) for k, v in value.items()}
+            return fn(value)
+
+        return dataclasses.replace(self, **{f.name: one(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
+    def lengths(self) -> np.ndarray:
+        """(B,) tokens of each sample, prompt and response, without padding."""
+        if self.prompt_lens is None or self.response_lens is None:
+            raise ValueError("this Experience has no prompt_lens / response_lens (experience.pack makes them): "
+                             "token budgets and packing need each sample's length")
+        return self.prompt_lens + self.response_lens
 
 
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], advantages: np.ndarray,
@@ -74,7 +102,9 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], a
         mask[i, :n_r] = 1.0
     if loss_mask is not None:
         mask *= np.asarray(loss_mask, np.float32)[:, None]
-    out = Experience(input_ids, score_pos, labels, mask, np.asarray(advantages, np.float32))
+    out = Experience(input_ids, score_pos, labels, mask, np.asarray(advantages, np.float32),
+                     prompt_lens=np.array([len(p) for p in prompts], np.int32),
+                     response_lens=np.array([len(r) for r in responses], np.int32))
     out.rollout_logp = None if rollout_logp is None else _rows_like(labels, rollout_logp) * mask
     out.sampling_logp = None if sampling_logp is None else _rows_like(labels, sampling_logp) * mask
     return out

@@ -17,7 +17,7 @@ from mindspore import Parameter, nn, ops
 from mindgrpo.grpo.ms_algos import GRPOLoss, mismatch_metrics
 from mindgrpo.grpo.optim import AccumulateGrads, GradBuffer
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
-from mindgrpo.models.scoring import TokenLogProbs
+from mindgrpo.models.scoring import PackedTokenLogProbs, TokenLogProbs
 
 # per-micro-batch metrics of the training graph; all but pg_loss are token means (nll: -log p of the
 # scored tokens under the policy before the update, free with the forward pass)
@@ -39,9 +39,14 @@ def metric_keys(loss: GRPOLoss, with_rollout: bool) -> tuple:
 
 
 class PolicyLoss(nn.Cell):
-    """(input_ids (B, S), score_pos (B, R), labels (B, R), mask (B, R), advantages (B,),
-    old_logp (B, R), ref_logp (B, R), global_tokens (), global_seqs (), rollout_logp (B, R) or None)
-    -> loss, metrics tuple (`metric_keys`).
+    """(inputs, feed, mask (B, R), advantages (B,), old_logp (B, R), ref_logp (B, R),
+    global_tokens (), global_seqs (), rollout_logp (B, R) or None) -> loss, metrics tuple
+    (`metric_keys`).
+
+    inputs and feed are what the forward takes (`mindgrpo/grpo/packing.py`): input_ids (B, S) (or
+    the previous stage's hidden states) and (score_pos (B, R), labels (B, R)), or with packed, the
+    packed rows and (positions, segments, tokens, labels, slots). Either way the log-probs come out
+    in the samples' (B, R) layout, so the loss below is the same.
 
     detach_old: the TRL shortcut when each rollout is used for exactly one update: old log-probs
     are the current ones with the gradient stopped (ratio 1), and old_logp is ignored.
@@ -52,17 +57,19 @@ class PolicyLoss(nn.Cell):
     are the rollout's own, this pass's), and the loss's rollout correction applies."""
 
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, detach_old: bool, use_ref: bool,
-                 with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0, old_is_training: bool = True):
+                 with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0, old_is_training: bool = True,
+                 packed: bool = False, attention: str = "mask"):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         if loss.needs_entropy and not with_entropy:
             raise ValueError("top_entropy_quantile < 1 needs the entropy: build PolicyLoss with_entropy")
-        self.scorer = TokenLogProbs(lm, with_entropy, temperature, chunk)
+        self.scorer = PackedTokenLogProbs(lm, with_entropy, temperature, chunk, attention) if packed \
+            else TokenLogProbs(lm, with_entropy, temperature, chunk)
         self.loss = loss
         self.detach_old, self.use_ref, self.old_is_training = detach_old, use_ref, old_is_training
 
-    def construct(self, input_ids, score_pos, labels, mask, advantages, old_logp, ref_logp,
-                  global_tokens, global_seqs, rollout_logp=None):
-        logp, ent = self.scorer(input_ids, score_pos, labels)
+    def construct(self, inputs, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
+                  rollout_logp=None):
+        logp, ent = self.scorer(inputs, *feed)
         old = ops.stop_gradient(logp) if self.detach_old else old_logp
         ref = ref_logp if self.use_ref else None
         loss, m = self.loss(logp, old, ref, advantages, mask, global_tokens, global_seqs, ent, rollout_logp)
@@ -95,10 +102,10 @@ class GRPOGradStep(nn.Cell):
         self.grad_fn = ms.value_and_grad(self.policy_loss, 0 if wrt_inputs else None, self.weights, has_aux=True)
         self.accumulate = AccumulateGrads(buffer)
 
-    def construct(self, inputs, score_pos, labels, mask, advantages, old_logp, ref_logp,
-                  global_tokens, global_seqs, rollout_logp=None):
-        (loss, metrics), grads = self.grad_fn(inputs, score_pos, labels, mask, advantages, old_logp,
-                                              ref_logp, global_tokens, global_seqs, rollout_logp)
+    def construct(self, inputs, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
+                  rollout_logp=None):
+        (loss, metrics), grads = self.grad_fn(inputs, feed, mask, advantages, old_logp, ref_logp,
+                                              global_tokens, global_seqs, rollout_logp)
         if self.wrt_inputs:
             d_inputs, grads = grads
             return ops.depend(loss, self.accumulate(grads)), metrics, d_inputs
@@ -110,7 +117,8 @@ class StageGradStep(nn.Cell):
     (`stage`, recomputed here) differentiated against the gradient of its output that the next
     stage sent (`sens`, (B, S, H)); the parameters' gradients are accumulated into `buffer`.
     Returns the gradient with respect to the stage's input (B, S, H), or, on the first stage
-    (token ids in), zeros (1,)."""
+    (token ids in), zeros (1,). feed: the stage's other inputs (packed rows' positions and
+    segments), not differentiated."""
 
     def __init__(self, stage: nn.Cell, params: Sequence[Parameter], buffer: GradBuffer, wrt_inputs: bool):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
@@ -120,10 +128,11 @@ class StageGradStep(nn.Cell):
         self.grad = ops.GradOperation(get_all=wrt_inputs, get_by_list=True, sens_param=True)
         self.accumulate = AccumulateGrads(buffer)
 
-    def construct(self, inputs, sens):
+    def construct(self, inputs, sens, *feed):
         if self.wrt_inputs:
-            (d_inputs,), grads = self.grad(self.stage, self.weights)(inputs, sens)
+            d_all, grads = self.grad(self.stage, self.weights)(inputs, *feed, sens)
+            d_inputs = d_all[0]
         else:
-            grads = self.grad(self.stage, self.weights)(inputs, sens)
+            grads = self.grad(self.stage, self.weights)(inputs, *feed, sens)
             d_inputs = ops.zeros((1,), ms.float32)
         return ops.depend(d_inputs, self.accumulate(grads))

@@ -13,6 +13,7 @@ from dataclasses import asdict, replace
 from typing import Dict, List, Optional
 
 import numpy as np
+import mindspore as ms
 
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.grpo import algos
@@ -103,6 +104,11 @@ class GRPOTrainer:
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)
         temperature = gen.temperature if gen.temperature > 0 else 1.0
         chunk = actor.logprob_chunk_size
+        cfg.check_device(ms.get_context("device_target"))
+        # micro-batches (mindgrpo/grpo/packing.py): the update and the old log-probs by actor_config, the reference
+        # pass by its own budget
+        batching = dict(max_tokens=actor.max_tokens_per_micro_batch, packing=actor.packing,
+                        attention=actor.packed_attention)
         # old log-probs: the rollout engine's (old_logprobs_from_rollout), else a scoring pass when the
         # policy changes between the rollout and an update, else the update's own with the gradient stopped
         self.updater = PolicyUpdater(
@@ -111,10 +117,11 @@ class GRPOTrainer:
             use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
             temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
-            pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout)
-        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline) \
+            pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, **batching)
+        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline,
+                                 **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor))) \
             if reference is not None else None
-        self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline) \
+        self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline, **batching) \
             if self.needs_old and not rl.old_logprobs_from_rollout else None
         self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches
         self.stop_ids = tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))

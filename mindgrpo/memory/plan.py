@@ -28,7 +28,9 @@ tensor parallelism without sequence parallelism or recomputation (Korthikanti et
 s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes for 16-bit activations; x2 for fp32) for this stage's
 layers of one micro-batch, plus on the last stage the scored positions' logits (b * R * V/t
 fp32, x3: logits, probabilities, their gradient) and, with pipeline stages, the inputs stage s
-keeps of the pp - s micro-batches 1F1B has in flight (s*b*h each; `parallel.pipeline`).
+keeps of the pp - s micro-batches 1F1B has in flight (s*b*h each; `parallel.pipeline`). With
+actor_config.max_tokens_per_micro_batch T > 0 a micro-batch holds at most T tokens, padding
+included (`grpo.packing`): s*b is T, a row at most s long, and at most T positions are scored.
 """
 
 from __future__ import annotations
@@ -105,11 +107,15 @@ def activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, layout: ParallelLayout,
     gen, actor, rl = gcfg.generate_config, gcfg.actor_config, gcfg.rl_config
     s = gen.max_prompt_length + gen.max_tokens
     b, h, a, tp = actor.micro_batch_size, cfg.hidden_size, cfg.num_attention_heads, layout.tp
+    scored = b * gen.max_tokens
+    if actor.max_tokens_per_micro_batch:  # rows of at most s tokens, T in all (packing.py)
+        b = actor.max_tokens_per_micro_batch / s
+        scored = actor.max_tokens_per_micro_batch
     stage = layout.stage(rank)
     layers = len(layout.stage_layers(stage, cfg.num_hidden_layers))
     width = 2 if cfg.compute_dtype != "float32" else 4
     per_layer = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * width / 2
-    logits = 3 * b * gen.max_tokens * cfg.vocab_size // tp * 4 if stage == layout.pp - 1 else 0
+    logits = 3 * scored * cfg.vocab_size // tp * 4 if stage == layout.pp - 1 else 0
     kept = 0
     if layout.pp > 1:  # 1F1B: the inputs of the micro-batches in flight, from forward to backward
         rows = -(-rl.batch_size * rl.num_generations // (rl.num_mini_batches * layout.dp))

@@ -308,10 +308,29 @@ class Attention(nn.Cell):
         out = self.pv(probs, v).reshape(b, self.nh, s, d)  # (B, nh, S, d)
         return out.transpose(0, 2, 1, 3).reshape(b, s, self.nh * d)
 
-    def construct(self, x, cos, sin, bias):
-        """Full sequence (training and reference scoring): x (B, S, H) -> (B, S, H)."""
+    def construct(self, x, cos, sin, bias, flash=None):
+        """Full sequence (training and reference scoring): x (B, S, H) -> (B, S, H). flash: None
+        (attention through the additive bias) or, for packed rows on Ascend, (seq_ends,
+        causal_mask) for `_attend_flash` (bias is then not read)."""
         q, k, v = self._qkv(x, cos, sin)
-        return self.wo(self._attend(q, k, v, bias, self.scale))
+        if flash is None:
+            return self.wo(self._attend(q, k, v, bias, self.scale))
+        return self.wo(self._attend_flash(q, k, v, flash[0], flash[1]))
+
+    def _attend_flash(self, q, k, v, seq_ends, causal_mask):
+        """Packed rows through Ascend's fused kernel in its TND layout: q (B, nh, S, d), k/v
+        (B, nkv, S, d) as T = B*S tokens; seq_ends (K,) int64: the cumulative ends of the runs of
+        tokens that attend among themselves (each sample, each row's padding), the last one T;
+        causal_mask (2048, 2048) uint8, 1 above the diagonal (the kernel's compressed causal mask,
+        sparse_mode 3) -> (B, S, nh*d). Ascend only: the CPU has no such kernel."""
+        b, _, s, d = q.shape
+        q = q.transpose(0, 2, 1, 3).reshape(b * s, self.nh, d)  # (T, nh, d)
+        k = k.transpose(0, 2, 1, 3).reshape(b * s, self.nkv, d)  # (T, nkv, d)
+        v = v.transpose(0, 2, 1, 3).reshape(b * s, self.nkv, d)
+        out = ops.flash_attention_score(q, k, v, self.nh, attn_mask=causal_mask, actual_seq_qlen=seq_ends,
+                                        actual_seq_kvlen=seq_ends, scalar_value=self.scale, next_tokens=0,
+                                        input_layout="TND", sparse_mode=3)  # (T, nh, d)
+        return out.reshape(b, s, self.nh * d)
 
 
 class MLP(nn.Cell):
@@ -339,8 +358,8 @@ class DecoderLayer(nn.Cell):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.feed_forward = MLP(cfg, rng, layers)
 
-    def construct(self, x, cos, sin, bias):
-        x = x + self.attention(self.attention_norm(x), cos, sin, bias)
+    def construct(self, x, cos, sin, bias, flash=None):
+        x = x + self.attention(self.attention_norm(x), cos, sin, bias, flash)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -427,14 +446,15 @@ class Qwen2ForCausalLM(nn.Cell):
         sin = ops.gather(self.rope_sin, position_ids, 0).expand_dims(1).astype(self.dtype)
         return cos, sin
 
-    def hidden_states(self, inputs, position_ids, bias):
+    def hidden_states(self, inputs, position_ids, bias, flash=None):
         """inputs: token ids (B, S) on the first stage, else the previous stage's hidden states
         (B, S, H); bias (B, 1, S, S) additive -> hidden (B, S, H) after this stage's layers, before
-        the final norm (callers norm only the positions they project)."""
+        the final norm (callers norm only the positions they project). flash: packed rows through
+        Ascend's fused attention instead of the bias (`Attention._attend_flash`)."""
         cos, sin = self.rope(position_ids)
         x = self.model.tok_embeddings(inputs).astype(self.dtype) if self.first_stage else inputs
         for i in self.layer_ids:
-            x = self.model.layers[i](x, cos, sin, bias)
+            x = self.model.layers[i](x, cos, sin, bias, flash)
         return x
 
     def local_logits(self, h):

@@ -1,10 +1,12 @@
 """Training-side graphs over a Qwen2ForCausalLM: full logits (tests, parity) and per-token
-log-probs of given labels at the scored positions only (the GRPO training and reference graph)."""
+log-probs of given labels at the scored positions only (the GRPO training and reference graph), on
+right-padded rows or on packed rows (several samples per row, `mindgrpo/grpo/packing.py`)."""
 
 from __future__ import annotations
 
+import numpy as np
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import Tensor, nn, ops
 
 from mindgrpo.models.qwen2 import NEG_INF, Qwen2ForCausalLM
 
@@ -20,18 +22,52 @@ def positions(b: int, s: int):
     return ops.arange(s).astype(ms.int32).reshape(1, s).broadcast_to((b, s))
 
 
+def segment_bias(segments):
+    """segments (B, S) int32, the sample each token of a packed row belongs to -> (B, 1, S, S)
+    additive: 0 where the key is at or before the query and in the same sample, NEG_INF elsewhere.
+    The broadcasts are explicit (an implicit one keeps a buffer of its result's size alive)."""
+    b, s = segments.shape
+    query = ops.broadcast_to(segments.reshape(b, s, 1), (b, s, s))
+    key = ops.broadcast_to(segments.reshape(b, 1, s), (b, s, s))
+    causal = ops.broadcast_to((ops.arange(s).reshape(s, 1) >= ops.arange(s).reshape(1, s)).reshape(1, s, s),
+                              (b, s, s))
+    keep = ops.logical_and(query == key, causal)
+    return ops.where(keep, 0.0, NEG_INF).astype(ms.float32).reshape(b, 1, s, s)
+
+
+# How packed rows keep samples apart (`mindgrpo/grpo/packing.py` makes the matching runs input):
+#   mask   an additive block-diagonal causal bias built from segments (B, S); every device
+#   flash  Ascend's flash_attention_score in its TND layout, given the runs' cumulative ends (K,)
+PACKED_ATTENTION = ("mask", "flash")
+
+
 class StageHidden(nn.Cell):
     """A pipeline stage before the last: inputs (token ids (B, S) on the first stage, else the
     previous stage's (B, S, H)) -> hidden states (B, S, H) for the next stage. Right-padded rows,
-    positions 0 .. S-1, causal attention, as `TokenLogProbs`."""
+    positions 0 .. S-1, causal attention, as `TokenLogProbs`; or, given feed = (positions (B, S),
+    runs), packed rows (`packed`)."""
 
-    def __init__(self, lm: Qwen2ForCausalLM):
+    def __init__(self, lm: Qwen2ForCausalLM, attention: str = "mask"):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
+        if attention not in PACKED_ATTENTION:
+            raise ValueError(f"unknown packed attention {attention!r}; valid: {', '.join(PACKED_ATTENTION)}")
         self.lm = lm
+        self.flash = attention == "flash"
+        if self.flash:  # the kernel's compressed causal mask (sparse_mode 3): 1 above the diagonal
+            self.causal = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
 
-    def construct(self, inputs):
+    def construct(self, inputs, *feed):
+        if feed:
+            return self.packed(inputs, feed[0], feed[1])
         b, s = inputs.shape[0], inputs.shape[1]
         return self.lm.hidden_states(inputs, positions(b, s), causal_bias(s))
+
+    def packed(self, inputs, positions, runs):
+        """Packed rows: positions (B, S); runs: segments (B, S) (mask) or the runs' cumulative
+        ends in B*S (K,) (flash) -> (B, S, H)."""
+        if self.flash:
+            return self.lm.hidden_states(inputs, positions, None, (runs, self.causal))
+        return self.lm.hidden_states(inputs, positions, segment_bias(runs))
 
 
 class SequenceLogits(nn.Cell):
@@ -89,11 +125,44 @@ class TokenLogProbs(nn.Cell):
         h = self.lm.hidden_states(inputs, positions(b, s), causal_bias(s))  # (B, S, H)
         flat = (ops.arange(b).astype(ms.int32).reshape(b, 1) * s + score_pos).reshape(-1)
         h = ops.gather(h.reshape(b * s, -1), flat, 0)  # (B*R, H)
+        logp, ent = self.project(h, labels.reshape(-1))
+        return logp.reshape(b, r), ent.reshape(b, r)
+
+    def project(self, h, labels):
+        """Hidden states (N, H) at scored positions, before the final norm; labels (N,)
+        -> log p (N,), entropy (N,)."""
         h = self.lm.model.norm_out(h)
         if self.inv_temperature != 1.0:
             h = h * self.inv_temperature
         if self.chunk > 0:
-            logp, ent, _ = self.head(self.lm.head_enter(h), self.lm.head_weight(), labels.reshape(-1))
+            logp, ent, _ = self.head(self.lm.head_enter(h), self.lm.head_weight(), labels)
         else:
-            logp, ent = self.lm.token_logprobs(h, labels.reshape(-1), self.with_entropy)
-        return logp.reshape(b, r), ent.reshape(b, r)
+            logp, ent = self.lm.token_logprobs(h, labels, self.with_entropy)
+        return logp, ent
+
+
+class PackedTokenLogProbs(nn.Cell):
+    """`TokenLogProbs` on packed rows (`mindgrpo/grpo/packing.py`): inputs (ids (B, S), or the
+    previous stage's (B, S, H)), positions (B, S), runs (segments (B, S), or with flash attention
+    the runs' ends (K,)), tokens (N,), labels (N,), slots (n, R) -> logp (n, R), entropy (n, R) in
+    the samples' layout (0 where a slot is N).
+
+    Attention is causal within each sample; the vocabulary projection runs on the N scored tokens
+    (flat indices into B*S), then each sample's entries are picked from them by its slots."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0,
+                 attention: str = "mask"):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.scorer = TokenLogProbs(lm, with_entropy, temperature, chunk)
+        self.rows = StageHidden(lm, attention)
+
+    def construct(self, inputs, positions, runs, tokens, labels, slots):
+        b, s = positions.shape
+        h = self.rows.packed(inputs, positions, runs)  # (B, S, H)
+        h = ops.gather(h.reshape(b * s, -1), tokens, 0)  # (N, H)
+        logp, ent = self.scorer.project(h, labels)  # (N,) each
+        zero = ops.zeros((1,), logp.dtype)
+        picked = slots.reshape(-1)
+        logp = ops.gather(ops.concat((logp, zero)), picked, 0).reshape(slots.shape)
+        ent = ops.gather(ops.concat((ent, zero)), picked, 0).reshape(slots.shape)
+        return logp, ent

@@ -5,7 +5,8 @@ Every rank of the stage holds the whole step's data on the host (prompts, then t
 completions, rewards and advantages; a few KB per row). So:
 
   * `DataParallelGrads` (PolicyUpdater's `grad_reducer`): a replica trains on its contiguous share
-    of the mini-batch rows; the token / sequence counts that normalise the loss are those of
+    of the mini-batch rows (with token-budget micro-batches, a share of about the same number of
+    tokens: `share_by_tokens`); the token / sequence counts that normalise the loss are those of
     the whole mini-batch (the sum of the replicas' counts), so the summed gradients equal the
     one-process gradient; the accumulated gradients and the logged sums are summed over the
     data-parallel group before the optimizer step.
@@ -18,7 +19,7 @@ completions, rewards and advantages; a few KB per row). So:
 from __future__ import annotations
 
 import time
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 from mindspore import nn, ops
@@ -31,6 +32,18 @@ from mindgrpo.parallel.comm import AllReduce, Comm, Group
 def share(n: int, parts: int, index: int) -> np.ndarray:
     """Rows of part `index` when n rows are cut into `parts` contiguous, near-equal parts."""
     return np.array_split(np.arange(n), parts)[index]
+
+
+def share_by_tokens(tokens: np.ndarray, parts: int, index: int) -> np.ndarray:
+    """Rows of part `index` (in increasing order) when rows of `tokens` (n,) tokens each are dealt,
+    longest first, to the part with the fewest tokens so far (the lowest index on a tie): the
+    parts' totals differ by at most the longest row."""
+    load = np.zeros(parts, np.int64)
+    owner = np.empty(len(tokens), np.int64)
+    for row in np.argsort(-np.asarray(tokens), kind="stable"):
+        owner[row] = int(np.argmin(load))
+        load[owner[row]] += tokens[row]
+    return np.flatnonzero(owner == index)
 
 
 class _AllReduceBuffers(nn.Cell):
@@ -56,9 +69,12 @@ class DataParallelGrads:
         self.comm, self.group = comm, group
         self._graphs = {}
 
-    def rows(self, n: int) -> np.ndarray:
-        """This replica's rows of an n-row mini-batch that every replica holds."""
-        return share(n, self.group.size, self.group.index)
+    def rows(self, n: int, tokens: Optional[np.ndarray] = None) -> np.ndarray:
+        """This replica's rows of an n-row mini-batch that every replica holds: a contiguous share,
+        or given each row's tokens (n,), a share of about the same number of tokens."""
+        if tokens is None:
+            return share(n, self.group.size, self.group.index)
+        return share_by_tokens(tokens, self.group.size, self.group.index)
 
     def __call__(self, buffer) -> None:
         """Sum the accumulated gradients over the data-parallel group."""

@@ -173,9 +173,9 @@ class Pipeline:
     # ------------------------------------------------------------------ schedules
 
     def forward(self, n: int, first_inputs: Callable[[int], Any], hidden_shape: Callable[[int], Sequence[int]],
-                stage: Callable[[Any], Any], last: Callable[[int, Any], Any]) -> List[Any]:
+                stage: Callable[[int, Any], Any], last: Callable[[int, Any], Any]) -> List[Any]:
         """Forward only, micro-batch by micro-batch. first_inputs(m): the first stage's inputs of
-        micro-batch m (token ids); hidden_shape(m): the (B, S, H) that travels; stage(x): a stage
+        micro-batch m (token ids); hidden_shape(m): the (B, S, H) that travels; stage(m, x): a stage
         before the last; last(m, x): the last stage's result. Returns the results (last stage),
         else an empty list."""
         out = []
@@ -184,17 +184,17 @@ class Pipeline:
             if self.last:
                 out.append(last(m, x))
             else:
-                self.send_next(stage(x))
+                self.send_next(stage(m, x))
             heartbeat.beat()  # a micro-batch (and its collectives) came back
         return out
 
     def train(self, n: int, first_inputs: Callable[[int], Any], hidden_shape: Callable[[int], Sequence[int]],
-              stage: Callable[[Any], Any], stage_backward: Callable[[Any, Any], Any],
+              stage: Callable[[int, Any], Any], stage_backward: Callable[[int, Any, Any], Any],
               last_step: Callable[[int, Any], Tuple[Any, Any]]) -> List[Any]:
         """1F1B (PipeDream-flush, as Megatron): stage s runs the forwards of the first
         min(stages - s - 1, n) micro-batches, then alternates one forward and one backward, then
-        the remaining backwards; so it keeps at most stages - s inputs at a time. stage(x) ->
-        output; stage_backward(x, d_out) -> d_x (accumulating the stage's gradients);
+        the remaining backwards; so it keeps at most stages - s inputs at a time. stage(m, x) ->
+        output; stage_backward(m, x, d_out) -> d_x (accumulating the stage's gradients);
         last_step(m, x) -> (result, d_x) (forward, loss and backward at once). Returns the last
         stage's results, in micro-batch order."""
         warm = min(self.stages - self.stage - 1, n)
@@ -206,7 +206,7 @@ class Pipeline:
 
         for f in range(warm):  # only stages before the last warm up
             kept[f] = take_input(f)
-            self.send_next(stage(kept[f]))
+            self.send_next(stage(f, kept[f]))
         x = take_input(warm) if steady else None
         for i in range(steady):
             f, b = warm + i, i  # this step's forward and backward micro-batches
@@ -215,8 +215,8 @@ class Pipeline:
                 result, dx = last_step(f, kept.pop(f))
                 out.append(result)
             else:
-                dy = self.send_next_recv_next(stage(x), hidden_shape(b))
-                dx = stage_backward(kept.pop(b), dy)
+                dy = self.send_next_recv_next(stage(f, x), hidden_shape(b))
+                dx = stage_backward(b, kept.pop(b), dy)
             more = i + 1 < steady
             if self.first:
                 x = first_inputs(f + 1) if more else None
@@ -226,7 +226,7 @@ class Pipeline:
                 self.send_prev(dx)
             heartbeat.beat()  # a micro-batch (and its collectives) came back
         for b in range(steady, n):
-            dx = stage_backward(kept.pop(b), self.recv_next(hidden_shape(b)))
+            dx = stage_backward(b, kept.pop(b), self.recv_next(hidden_shape(b)))
             if not self.first:
                 self.send_prev(dx)
             heartbeat.beat()

@@ -43,8 +43,9 @@ FULL = GRPOConfig(
         model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
         dtype="bfloat16", lr=3e-6, lr_schedule="cosine", warmup_steps=3, min_lr=1e-7, adam_beta1=0.8, adam_beta2=0.95,
         adam_eps=1e-6, weight_decay=0.01, grad_clip=None, micro_batch_size=2, logprob_chunk_size=512,
+        max_tokens_per_micro_batch=4096, packing=True, packed_attention="flash",
         parallel_config=ParallelConfig(2, 2, 2, optimizer_shard=True)),
-    ref_config=RefConfig(load_checkpoint="/models/ref", parallel_config=ParallelConfig(4, 2, 3)),
+    ref_config=RefConfig(load_checkpoint="/models/ref", max_tokens_per_micro_batch=8192, parallel_config=ParallelConfig(4, 2, 3)),
     generate_config=GenerateConfig(
         max_prompt_length=256, max_tokens=1024, temperature=0.7, top_k=50, top_p=0.95, min_p=0.05,
         stop_token_ids=(151643, 151645), seed=123, max_num_seqs=64, max_num_batched_tokens=40960,
@@ -274,6 +275,7 @@ def test_keys_that_cannot_take_effect_are_refused(overrides, key, expected):
     ["reward_config.verifier_function=[accuracy, cosine]", "reward_config.verifier_weight=[1, 1]",
      "reward_config.cosine.max_len=100"],
     ["synthetic_config.template=qwen_chat"],
+    ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true", "actor_config.packed_attention=flash"],
 ])
 def test_the_same_keys_where_they_take_effect(overrides):
     load_config(GRPOConfig, overrides=overrides)
@@ -305,3 +307,26 @@ def test_the_default_model_is_a_preset_of_qwen2_5_0_5b():
 def test_max_bad_steps_must_be_positive():
     with pytest.raises(ConfigError, match="rl_config.max_bad_steps': must be >= 1"):
         load_config(GRPOConfig, overrides=["rl_config.max_bad_steps=0"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["actor_config.max_tokens_per_micro_batch=-1"], "actor_config.max_tokens_per_micro_batch': must be >= 0"),
+    (["actor_config.max_tokens_per_micro_batch=1000"],  # 512 + 512 tokens
+     "actor_config.max_tokens_per_micro_batch': must hold the longest sample, .* = 1024 tokens, got 1000"),
+    (["actor_config.max_tokens_per_micro_batch=1024", "rl_config.beta=0.04", "ref_config.max_tokens_per_micro_batch=512"],
+     "ref_config.max_tokens_per_micro_batch': must hold the longest sample"),
+    (["actor_config.packing=true"], "actor_config.packing': needs max_tokens_per_micro_batch > 0"),
+    (["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true", "rl_config.beta=0.04",
+      "ref_config.max_tokens_per_micro_batch=0"], "ref_config.max_tokens_per_micro_batch': must be > 0 .* packs too"),
+    (["actor_config.packed_attention=flash"], "actor_config.packed_attention': applies to packed rows only"),
+])
+def test_token_budget_and_packing_keys_are_checked(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(GRPOConfig, overrides=overrides)
+
+
+def test_with_a_token_budget_the_micro_batch_size_need_not_divide_a_replicas_rows():
+    budget = ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.micro_batch_size=3"]
+    with pytest.raises(ConfigError, match="actor_config.micro_batch_size'"):
+        load_config(GRPOConfig, overrides=budget[1:])
+    load_config(GRPOConfig, overrides=budget)

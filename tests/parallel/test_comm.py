@@ -11,7 +11,7 @@ from mindgrpo.config import GRPOConfig, load_config
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs
 from mindgrpo.parallel.comm import Comm, Group, check_layouts, layouts_of, single_group
-from mindgrpo.parallel.data_parallel import DataParallelGrads, share
+from mindgrpo.parallel.data_parallel import DataParallelGrads, share, share_by_tokens
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
 from mindgrpo.parallel.tp_layers import TensorParallelLayers
 
@@ -83,6 +83,21 @@ def test_data_parallel_maxima_over_replicas():
     for index in range(3):
         dp = DataParallelGrads(ThreeReplicas(index), Group((0, 1, 2), index, "dp"))
         np.testing.assert_array_equal(dp.max(values[index]), [5.0, 7.0])
+
+
+def test_data_parallel_shares_by_tokens_balance_tokens_not_rows():
+    # longest first to the lightest share: 90 -> 0; 40 -> 1; 30 -> 1 (70); 20 -> 1 (90); 10 -> 0 (100); 5 -> 1
+    tokens = np.array([10, 90, 20, 5, 40, 30])
+    assert [share_by_tokens(tokens, 2, i).tolist() for i in range(2)] == [[0, 1], [2, 3, 4, 5]]
+    rng = np.random.default_rng(0)
+    for parts in (2, 3, 4):
+        tokens = (rng.pareto(1.2, 64) * 50 + 10).astype(int)  # long-tailed, as R1 responses
+        shares = [share_by_tokens(tokens, parts, i) for i in range(parts)]
+        assert sorted(np.concatenate(shares).tolist()) == list(range(64))
+        loads = [int(tokens[s].sum()) for s in shares]
+        assert max(loads) - min(loads) <= tokens.max()
+        contiguous = [int(tokens[share(64, parts, i)].sum()) for i in range(parts)]
+        assert max(loads) - min(loads) <= max(contiguous) - min(contiguous)
 
 
 @pytest.mark.parametrize("tied", [True, False])

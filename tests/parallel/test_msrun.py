@@ -4,8 +4,10 @@ One msrun job of two ranks (the module fixture `two_rank_job`, tests/parallel/wo
 each check of this file on a tiny model, each against an independent reference (the one-device model
 or run, and MindSpore's own `transform_checkpoints`):
     two_ranks    tp=2 logits / log-probs / entropy, shards from scripts/transform_checkpoint.py,
-                 one GRPO update with tp=2 and with dp=2, rollouts, tp2 -> (dp2, tp1) resharding
-    one_stage    scripts/grpo_one_stage.py under msrun (tp2 swap on, then off; two pipeline stages) vs one process
+                 one GRPO update with tp=2 and with dp=2 (also packed rows under tp=2,
+                 token budgets under dp=2), rollouts, tp2 -> (dp2, tp1) resharding
+    one_stage    scripts/grpo_one_stage.py under msrun (tp2 swap on, then off; two pipeline stages) vs one process;
+                 one process on packed rows vs one process
     zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1),
                  the split run stopped after one step and resumed from its sharded checkpoint
 The four-rank job (resharding from (dp2, tp2), tp=4, pipeline stages) is in test_pipeline.py.
@@ -60,9 +62,10 @@ def two_rank_job(tmp_path_factory):
     subprocess.run([sys.executable, os.path.join(REPO, "scripts", "transform_checkpoint.py"),
                     f"--src_checkpoint={work / 'full.ckpt'}", f"--dst_checkpoint={work / 'shards'}",
                     f"--dst_strategy={strategy}"], check=True, capture_output=True, timeout=600)
-    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--swap", "False",
-                    "--output_dir", str(work / "runs" / "single"), *ONE_STAGE], check=True, capture_output=True,
-                   timeout=900)  # a guard against a hang: 20 to 60 s alone, minutes on a busy machine
+    for run, extra in (("single", []), ("single_packed", PACKED)):
+        subprocess.run([sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--swap", "False",
+                        "--output_dir", str(work / "runs" / run), *ONE_STAGE, *extra], check=True,
+                       capture_output=True, timeout=900)  # a guard against a hang: 20 to 60 s alone, minutes if busy
     (work / "out").mkdir()
     run_msrun("several.py", 2, str(work / "log"),
               ["two_ranks.py", work / "out", work / "shards",
@@ -96,13 +99,14 @@ def test_tp2_shards_from_transform_checkpoint_give_the_full_model_logits(two_ran
         np.testing.assert_allclose(a["a/shard_logits"], expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["tp", "dp", "tp_chunked"])
+@pytest.mark.parametrize("layout", ["tp", "dp", "tp_chunked", "tp_packed", "dp_budget"])
 def test_grpo_update_matches_one_device(two_ranks, layout):
+    """tp_packed: packed rows under tp=2; dp_budget: token-budget micro-batches, replicas split by tokens."""
     arrays, metrics, _ = two_ranks
     one = metrics[0]["update/dense"]
     assert one["grad_norm"] > 0.05  # the clip (0.05) is active: it needs the whole gradient's norm
     assert 0 < one["rollout_correction/clipfrac"] < 1  # the rollout correction truncates some weights
-    lay = ParallelLayout(dp=2, tp=1) if layout == "dp" else ParallelLayout(dp=1, tp=2)
+    lay = ParallelLayout(dp=2, tp=1) if layout.startswith("dp") else ParallelLayout(dp=1, tp=2)
     for rank, (a, m) in enumerate(zip(arrays, metrics)):
         got = m[f"update/{layout}"]
         # with dp, each replica's rows hold a different largest mismatch: the maxima are over replicas
@@ -155,6 +159,8 @@ ONE_STAGE = ["rl_config.max_steps=1", "sft_config.steps=0", "rl_config.val_inter
              "reward_config.reward_plugin=" + os.path.join(REPO, "tests", "parallel", "workers", "text_length_reward.py")]
 TP2 = ["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"]
 PP2 = ["actor_config.parallel_config.pipeline_stage=2", "generate_config.parallel_config.data_parallel=2"]
+# the single-process peer on packed rows (mindgrpo/grpo/packing.py): the trainer's update through them
+PACKED = ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true"]
 
 
 def step1(folder):
@@ -198,6 +204,21 @@ def test_one_stage_under_msrun_writes_the_single_process_step1_metrics(one_stage
     assert sorted(merged) == sorted(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(merged[name].asnumpy(), value.asnumpy(), rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_the_trainer_on_packed_rows_writes_the_padded_step1_metrics_and_weights(one_stage):
+    single, packed = step1(one_stage / "single"), step1(one_stage / "single_packed")
+    assert single["grad_norm"] > 0.01
+    for key in ("reward_mean", "reward_std", "response_length/mean"):
+        assert packed[key] == single[key], key
+    for key in ("grad_norm", "entropy"):
+        assert packed[key] == pytest.approx(single[key], rel=1e-5), key
+    assert packed["loss"] == pytest.approx(single["loss"], abs=1e-6)
+    step = os.path.join("checkpoints", "step_00000001", "policy.ckpt")
+    expected = ms.load_checkpoint(str(one_stage / "single" / step))
+    got = ms.load_checkpoint(str(one_stage / "single_packed" / step))
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name].asnumpy(), value.asnumpy(), rtol=0, atol=1e-5, err_msg=name)
 
 
 def test_swap_on_and_off_are_bit_identical_and_the_ledger_peak_is_one_phase(one_stage):

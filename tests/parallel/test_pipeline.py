@@ -1,6 +1,6 @@
 """The four-rank msrun job (one launch, tests/parallel/workers/several.py):
 - pipeline stages (tests/parallel/workers/pipeline_ranks.py): log-probs and one GRPO update equal to one
-  device, and resharding out of the stages bit-identical to MindSpore's transform_checkpoints (merge by our
+  device (also on packed rows), and resharding out of the stages bit-identical to MindSpore's transform_checkpoints (merge by our
   pipeline strategy file, slice by the inference one);
 - resharding from (dp2, tp2) to (dp4, tp1) and (dp1, tp4), and the tp=4 model's logits
   (tests/parallel/workers/four_ranks.py).
@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 TP_PP, DP_PP, PP4 = ParallelLayout(dp=1, tp=2, pp=2), ParallelLayout(dp=2, tp=1, pp=2), ParallelLayout(pp=4)
 DP4 = ParallelLayout(dp=4, tp=1)
 LAYOUTS = {"tp_pp": TP_PP, "dp_pp": DP_PP, "pp4": PP4}
+PACKED = {"tp_pp_packed": TP_PP}  # packed rows (mindgrpo/grpo/packing.py) through the same stages
 RESHARDS = [("tp_pp_to_dp4", TP_PP, DP4), ("dp_pp_to_dp4", DP_PP, DP4), ("pp4_to_dp4", PP4, DP4)]
 
 
@@ -79,7 +80,7 @@ def test_stages_hold_their_layers_and_start_from_the_one_device_weights(ranks):
                 assert piece.tobytes() == layout.shard(name, full[name], layout.coords(rank)[1]).tobytes(), name
 
 
-@pytest.mark.parametrize("key", LAYOUTS)
+@pytest.mark.parametrize("key", [*LAYOUTS, *PACKED])
 def test_pipeline_logprobs_match_one_device_on_every_stage(ranks, one_device, key):
     arrays, _ = ranks
     expected = one_device[0]
@@ -88,12 +89,14 @@ def test_pipeline_logprobs_match_one_device_on_every_stage(ranks, one_device, ke
         np.testing.assert_allclose(a[f"a/logp_{key}"], expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("key", LAYOUTS)
+@pytest.mark.parametrize("key", [*LAYOUTS, *PACKED])
 def test_pipeline_grpo_update_matches_one_device(ranks, one_device, key):
     """Four micro-batches through two stages, three through four (1F1B, the stages before the last recomputing
-    their forward), the clip active (it needs the norm summed over the stages and tensor-parallel pieces)."""
+    their forward), two packed ones (one with an empty row) through two, the clip active (it needs the norm summed
+    over the stages and tensor-parallel pieces)."""
     arrays, metrics = ranks
-    layout = LAYOUTS[key]
+    layout = {**LAYOUTS, **PACKED}[key]
+    initial_key = "tp_pp" if key in PACKED else key  # the same seed's stages
     one, dense = one_device[1], one_device[2]
     assert one["grad_norm"] > 0.05
     assert 0 < one["rollout_correction/clipfrac"] < 1  # the rollout correction truncates some weights
@@ -102,7 +105,7 @@ def test_pipeline_grpo_update_matches_one_device(ranks, one_device, key):
         for k in UPDATE_KEYS:  # the metrics, maxima among them, are the last stage's on every stage
             assert got[k] == pytest.approx(one[k], rel=1e-5, abs=1e-6), (rank, k)
         mine = prefixed(a, f"b/{key}")
-        initial = prefixed(a, f"a/initial_{key}")
+        initial = prefixed(a, f"a/initial_{initial_key}")
         assert max(np.abs(mine[n] - initial[n]).max() for n in mine) > 1e-4  # the update moved this stage
         for name, piece in mine.items():
             np.testing.assert_allclose(piece, layout.shard(name, dense[name], layout.coords(rank)[1]), rtol=0,

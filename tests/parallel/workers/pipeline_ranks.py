@@ -5,7 +5,8 @@ parallel_cases (the test computes the one-device model's results itself, once).
 
 Layouts: training (dp1, tp2, pp2) and (dp2, tp1, pp2) on 4 decoder layers (stage 0 holds layers 0-1 and
 the embedding, stage 1 layers 2-3, the final norm and the lm_head), and (dp1, tp1, pp4) (a layer per
-stage, with 3 micro-batches: fewer than the first stage's warm-up); inference (dp4, tp1).
+stage, with 3 micro-batches: fewer than the first stage's warm-up); packed rows through (dp1, tp2, pp2);
+inference (dp4, tp1).
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics).
 """
 
@@ -73,15 +74,19 @@ for key, layout in (("tp_pp", TP_PP), ("dp_pp", DP_PP), ("pp4", PP4)):
     lm = stage_model(layout)
     arrays[f"a/logp_{key}"] = Scorer(lm, 3, pipeline=Pipeline(comm, layout))(exp)
     weights(lm, f"a/initial_{key}")
+# packed rows through (dp1, tp2, pp2): three rows of 32 in two micro-batches of (2, 32), one row empty
+PACKED = dict(max_tokens=64, packing=True)
+arrays["a/logp_tp_pp_packed"] = Scorer(stage_model(TP_PP), 3, pipeline=Pipeline(comm, TP_PP), **PACKED)(exp)
 
 mark("log-probs")
 # (b) one GRPO update: micro-batches of 2 (four of them through the pipeline), clipping active
 policies = {}
-for key, layout, reducer, micro in (("tp_pp", TP_PP, None, 2), ("dp_pp", DP_PP, DataParallelGrads(comm, comm.dp_group(DP_PP)), 2),
-                                    ("pp4", PP4, None, 3)):
+for key, layout, reducer, micro, batching in (
+        ("tp_pp", TP_PP, None, 2, {}), ("dp_pp", DP_PP, DataParallelGrads(comm, comm.dp_group(DP_PP)), 2, {}),
+        ("pp4", PP4, None, 3, {}), ("tp_pp_packed", TP_PP, None, 2, PACKED)):
     lm = stage_model(layout)
     updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=reducer,
-                            pipeline=Pipeline(comm, layout), **dict(updater_kwargs(), micro_batch_size=micro))
+                            pipeline=Pipeline(comm, layout), **dict(updater_kwargs(), micro_batch_size=micro), **batching)
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
     policies[key] = lm

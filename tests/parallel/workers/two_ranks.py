@@ -85,11 +85,17 @@ exp.sampling_logp = sampling_logprobs(exp.mask)  # the rollout engine's, for the
 dp_model = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
 dp_comm = dataclasses.replace(comm, train=ParallelLayout(dp=2, tp=1))
 tp_chunked = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))
-for key, lm, reducer, chunk in (("dense", dense, None, 0), ("tp", tp, None, 0),
-                                ("dp", dp_model, DataParallelGrads(dp_comm, dp_comm.train_dp), 0),
-                                ("tp_chunked", tp_chunked, None, 3)):
+# packed rows under tp=2 (three rows of 32 in one micro-batch); token budgets under dp=2 (replicas split by tokens)
+tp_packed = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))
+dp_budget = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
+for key, lm, reducer, chunk, batching in (
+        ("dense", dense, None, 0, {}), ("tp", tp, None, 0, {}),
+        ("dp", dp_model, DataParallelGrads(dp_comm, dp_comm.train_dp), 0, {}),
+        ("tp_chunked", tp_chunked, None, 3, {}),
+        ("tp_packed", tp_packed, None, 0, dict(max_tokens=96, packing=True)),
+        ("dp_budget", dp_budget, DataParallelGrads(dp_comm, dp_comm.train_dp), 0, dict(max_tokens=64))):
     updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=reducer, chunk=chunk,
-                            **updater_kwargs())
+                            **updater_kwargs(), **batching)
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
 
