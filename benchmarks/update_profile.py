@@ -104,15 +104,19 @@ def build(model: dict, micro_batch: int, group: int, new_tokens: int, prompt_len
 
 def graph_inputs(updater, exp) -> List[tuple]:
     """The micro-batch graph's inputs, as `PolicyUpdater.update` makes them."""
+    import mindspore as ms
     from mindspore import Tensor
 
-    from mindgrpo.grpo.experience import micro_batches
+    from mindgrpo.grpo.actor import tensors
+    from mindgrpo.grpo.packing import plan
 
     g_tok, g_seq = Tensor(np.float32(exp.mask.sum())), Tensor(np.float32((exp.mask.sum(-1) > 0).sum()))
-    zeros = np.zeros(exp.labels.shape, np.float32)
-    return [tuple(Tensor(a[rows]) for a in (exp.input_ids, exp.score_pos, exp.labels, exp.mask, exp.advantages,
-                                            zeros, exp.ref_logp)) + (g_tok, g_seq)
-            for rows in micro_batches(len(exp), updater.micro)]
+    out = []
+    for mb in plan(exp, updater.batching):
+        part = mb.exp
+        out.append((Tensor(mb.ids), ms.mutable(tensors(mb.feed)), Tensor(part.mask), Tensor(part.advantages),
+                    Tensor(np.zeros(part.labels.shape, np.float32)), Tensor(part.ref_logp), g_tok, g_seq))
+    return out
 
 
 def measure(args) -> dict:
