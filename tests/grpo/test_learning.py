@@ -10,9 +10,10 @@ test_the_tiny_default_learns_to_carry: the shipped recipe itself (flawed-teacher
 GRPO with the accuracy reward), cut to 20 GRPO steps: held-out greedy accuracy must rise by 0.25
 (it rose by 0.52 when measured). About 5 minutes alone on a 2-core machine, 12 in CI beside the
 other tests, over 20 on a heavily loaded one: the subprocess timeout only guards against a hang.
-The outcome depends on the whole trajectory, which any change of rounding moves: with the embedding's gradient summed in another order (tried
-2026-11-24, correct to 1e-6, then reverted) seed 1 rose only 0.28 -> 0.47 by step 20 and stalled
-at 0.45 through step 100, while seeds 2 and 3 rose by 0.60 and 0.55; this test is what caught it.
+The outcome depends on the whole trajectory, which any change of rounding moves: with the
+embedding's gradient summed in another order (tried 2026-11-24, correct to 1e-6, then reverted)
+seed 1 rose only 0.28 -> 0.47 by step 20 and stalled at 0.45 through step 100, while seeds 2 and 3
+rose by 0.60 and 0.55; this test is what caught it.
 """
 
 import json
