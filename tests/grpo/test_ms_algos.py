@@ -26,12 +26,7 @@ MODES = algos.AGG_MODES.names()
 KINDS = algos.KL_ESTIMATORS.names()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def graph_mode():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=previous)
+pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/grpo/conftest.py
 
 
 def t(x, dtype=ms.float64):

@@ -224,14 +224,6 @@ def test_top_entropy_quantile_matches_trl(name):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def graph_mode():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=previous)
-
-
 def t(x, dtype=ms.float64):
     return Tensor(np.asarray(x), dtype)
 

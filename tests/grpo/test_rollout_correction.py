@@ -177,14 +177,6 @@ def test_corrections_match_trl(mode, loss_type, agg):
 # ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def graph_mode():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=previous)
-
-
 def t(x, dtype=ms.float64):
     return Tensor(np.asarray(x), dtype)
 
