@@ -17,6 +17,7 @@ from mindgrpo.grpo import algos, ms_algos
 from mindgrpo.grpo.algos import POLICY_LOSSES, grpo_loss, top_entropy_mask
 from mindgrpo.grpo.ms_algos import GRPOLoss
 from test_algos import HAND_ADV, HAND_MASK, HAND_RATIOS, TRLLoss, random_batch, torch_of
+from test_ms_algos import numeric_grad
 
 LN = math.log
 FP32_CONST = 1e-7  # Python-float settings are float32 constants in the graph (see test_ms_algos.py)
@@ -307,13 +308,6 @@ def test_ms_gmpo_gradient_matches_finite_differences(graph_mode):
     logp, old, _, adv, mask = random_batch(rng, B=4, R=5, spread=0.8)
     kw = dict(agg_mode="seq-mean-token-mean", policy_loss="gmpo", gmpo_epsilon=0.4)
     _, grad = ms_grad(GRPOLoss(**kw), logp, old, None, adv, mask)
-    h, fd = 1e-6, np.zeros_like(logp)
-    for idx in np.ndindex(logp.shape):
-        up, down = logp.copy(), logp.copy()
-        up[idx] += h
-        down[idx] -= h
-        fd[idx] = (grpo_loss(up, old, None, adv, mask, **kw)[0]
-                   - grpo_loss(down, old, None, adv, mask, **kw)[0]) / (2 * h)
-    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(grad, numeric_grad(logp, old, None, adv, mask, kw), rtol=1e-6, atol=1e-9)
     assert algos.gmpo_loss(logp, old, adv, mask, gmpo_epsilon=0.4)[1]["clipfrac"] > 0  # clipped tokens: no gradient
     assert np.any(grad[mask != 0] == 0) and np.any(grad != 0)
