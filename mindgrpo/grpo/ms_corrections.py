@@ -58,14 +58,14 @@ def mask_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold:
 
 
 def correction_metrics(weight, raw_log_weight, mask):
-    """(weight_mean, weight_max, clipfrac) as algos.correction_metrics."""
+    """(weight_mean, weight_max, clipfrac) as corrections.correction_metrics."""
     w = ops.broadcast_to(weight, mask.shape)
     changed = ops.broadcast_to((ops.exp(raw_log_weight) != weight).astype(mask.dtype), mask.shape)
     return masked_mean(w, mask), masked_max(w, mask), masked_mean(changed, mask)
 
 
 def mismatch_metrics(train_logp, rollout_logp, mask):
-    """(abs_diff_mean, abs_diff_max, k3, log_ppl_ratio) as algos.mismatch_metrics."""
+    """(abs_diff_mean, abs_diff_max, k3, log_ppl_ratio) as corrections.mismatch_metrics."""
     d = ops.abs(train_logp - rollout_logp)
     return (masked_mean(d, mask), masked_max(d, mask), masked_mean(kl_k3(rollout_logp, train_logp), mask),
             masked_mean(rollout_logp - train_logp, mask))
