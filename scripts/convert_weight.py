@@ -1,4 +1,4 @@
-"""Convert Qwen2/Qwen2.5 weights between Hugging Face safetensors and a MindSpore checkpoint.
+"""Convert Qwen2/Qwen2.5/Qwen3 weights between Hugging Face safetensors and a MindSpore checkpoint.
 
 HF -> MindSpore:
     python scripts/convert_weight.py --torch_ckpt_dir HF_DIR --mindspore_ckpt_path OUT.ckpt [--dtype fp32|bf16]

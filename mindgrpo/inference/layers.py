@@ -1,4 +1,4 @@
-"""The inference forward of a Qwen2ForCausalLM, on fused copies of its layer weights.
+"""The inference forward of a Qwen2ForCausalLM (Qwen2 or Qwen3), on fused copies of its layer weights.
 
 The training model (`mindgrpo/models/qwen2.py`) computes each projection from its own parameters.
 Generation runs a few rows at a time, where MindSpore's CPU kernels are bound by op count and by
@@ -6,10 +6,13 @@ layout more than by FLOPs, so the engine keeps its own copies of the layer weigh
 (`InferenceWeights`), remade from the parameters at the start of every `generate` call:
 
     qkv       (H, (nh+2nkv)d)  [wq / sqrt(d); wk; wv]^T, the attention norm's weight folded into its rows
-    qkv_bias  ((nh+2nkv)d,)
+    qkv_bias  ((nh+2nkv)d,)    with attention_bias (Qwen2) only
     wo        (nh*d, H)
     w13       (H, 2I)          [w1; w3]^T, the MLP norm's weight folded into its rows
     w2        (I, H)
+
+With QK-norm (Qwen3) the norm undoes any scale of wq, so 1/sqrt(d) moves into q_norm's weight
+instead, applied per head after the projection with k_norm's (the model's own (d,) parameters).
 
 One matmul for q, k and v and one for gate and up, (in, out) layout (MindSpore's CPU MatMul runs
 x @ W 2-5x faster than x @ W^T at 16 rows), the norm weights and 1/sqrt(d) folded in. They cost
@@ -32,7 +35,12 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
-FIELDS = ("qkv", "qkv_bias", "wo", "w13", "w2")  # per layer, in this order
+FIELDS = ("qkv", "qkv_bias", "wo", "w13", "w2")  # per layer, in this order (qkv_bias only with bias)
+
+
+def layer_fields(att) -> tuple:
+    """The FIELDS an Attention's layer has copies of."""
+    return FIELDS if att.wq.has_bias else tuple(f for f in FIELDS if f != "qkv_bias")
 
 
 def rotate_half_matrix(d: int) -> np.ndarray:
@@ -49,12 +57,15 @@ def fused_layer_weights(layer):
     """A DecoderLayer's inference copies (see the module docstring), in its compute dtype."""
     att, mlp = layer.attention, layer.feed_forward
     dt = att.dtype
-    w = ops.concat((att.wq.weight * att.scale, att.wk.weight, att.wv.weight), 0)  # ((nh+2nkv)d, H)
-    b = ops.concat((att.wq.bias * att.scale, att.wk.bias, att.wv.bias), 0)
+    q_scale = 1.0 if att.qk_norm else att.scale  # with QK-norm the scale is applied after the norm
+    w = ops.concat((att.wq.weight * q_scale, att.wk.weight, att.wv.weight), 0)  # ((nh+2nkv)d, H)
     qkv = w.transpose(1, 0) * layer.attention_norm.weight.reshape(-1, 1)
     w13 = ops.concat((mlp.w1.weight, mlp.w3.weight), 0).transpose(1, 0) * layer.ffn_norm.weight.reshape(-1, 1)
-    return (qkv.astype(dt), b.astype(dt), att.wo.weight.transpose(1, 0).astype(dt), w13.astype(dt),
-            mlp.w2.weight.transpose(1, 0).astype(dt))
+    rest = (att.wo.weight.transpose(1, 0).astype(dt), w13.astype(dt), mlp.w2.weight.transpose(1, 0).astype(dt))
+    if not att.wq.has_bias:
+        return (qkv.astype(dt),) + rest
+    b = ops.concat((att.wq.bias * q_scale, att.wk.bias, att.wv.bias), 0)
+    return (qkv.astype(dt), b.astype(dt)) + rest
 
 
 class _Refresh(nn.Cell):
@@ -75,33 +86,37 @@ class _Refresh(nn.Cell):
 
 
 class InferenceWeights(nn.Cell):
-    """The fused copies of every layer's weights, in buffers of their own (FIELDS per layer);
-    `refresh()` remakes them from the model's parameters."""
+    """The fused copies of every layer's weights, in buffers of their own (`layer_fields` per
+    layer); `refresh()` remakes them from the model's parameters."""
 
     def __init__(self, lm: Qwen2ForCausalLM):
         super().__init__(auto_prefix=False)
+        self.fields = layer_fields(lm.model.layers[0].attention)
         self.buffers = ms.ParameterTuple(
             Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype), name=f"inference_weights.{i}.{field}",
                       requires_grad=False)
-            for i, layer in enumerate(lm.model.layers) for field, shape in zip(FIELDS, _fused_shapes(layer)))
+            for i, layer in enumerate(lm.model.layers)
+            for field, shape in zip(self.fields, _fused_shapes(layer, self.fields)))
         self._refresh = _Refresh(lm, self.buffers)
         self.refresh()
 
-    def layer(self, i: int):
-        n = len(FIELDS)
-        return tuple(self.buffers[i * n + j] for j in range(n))
+    def get(self, i: int, field: str):
+        """Layer i's copy named `field` (a Python constant in a graph: resolved at compile time)."""
+        return self.buffers[i * len(self.fields) + self.fields.index(field)]
 
     def refresh(self) -> None:
         self._refresh()
 
 
-def _fused_shapes(layer):
-    """The shapes of `fused_layer_weights(layer)` (this rank's pieces)."""
+def _fused_shapes(layer, fields):
+    """The shapes of `fused_layer_weights(layer)` (this rank's pieces), in the order of fields."""
     att, mlp = layer.attention, layer.feed_forward
     h = att.wq.weight.shape[1]
     qkv = att.wq.weight.shape[0] + 2 * att.wk.weight.shape[0]
     inter = mlp.w1.weight.shape[0]
-    return (h, qkv), (qkv,), (att.wo.weight.shape[1], h), (h, 2 * inter), (inter, h)
+    shapes = {"qkv": (h, qkv), "qkv_bias": (qkv,), "wo": (att.wo.weight.shape[1], h), "w13": (h, 2 * inter),
+              "w2": (inter, h)}
+    return tuple(shapes[f] for f in fields)
 
 
 class InferenceModel(nn.Cell):
@@ -115,6 +130,7 @@ class InferenceModel(nn.Cell):
         self.weights = InferenceWeights(lm)
         att = lm.model.layers[0].attention
         self.nh, self.nkv, self.g, self.d = att.nh, att.nkv, att.g, att.d  # heads on this rank
+        self.qk_norm, self.has_bias, self.scale = att.qk_norm, att.wq.has_bias, att.scale
         self.n_layers = lm.config.num_hidden_layers
         self.dtype = lm.dtype
         self.matmul = ops.MatMul()
@@ -141,25 +157,35 @@ class InferenceModel(nn.Cell):
         """Layer i's attention input: x (N, H) the residual stream -> q (N, nh, d) scaled by
         1/sqrt(d), k (N, nkv, d), both rotated, v (N, nkv, d)."""
         layer = self.lm.model.layers[i]
-        qkv_w, qkv_b = self.weights.layer(i)[:2]
         n, nh, nkv, d = x.shape[0], self.nh, self.nkv, self.d
-        h = layer.attention_norm.normalize(x).astype(x.dtype)  # the norm's weight is in qkv_w
-        y = self.matmul(layer.attention.enter(h), qkv_w) + qkv_b  # (N, (nh+2nkv)d)
+        h = layer.attention_norm.normalize(x).astype(x.dtype)  # the norm's weight is in qkv
+        y = self.matmul(layer.attention.enter(h), self.weights.get(i, "qkv"))  # (N, (nh+2nkv)d)
+        if self.has_bias:
+            y = y + self.weights.get(i, "qkv_bias")
         qk, v = ops.split(y, ((nh + nkv) * d, nkv * d), 1)
+        if self.qk_norm:
+            qk = self.head_norms(layer.attention, qk.reshape(n, nh + nkv, d))
         qk = qk.reshape(n * (nh + nkv), d)
         qk = (qk * cos + self.matmul(qk, self.rotate) * sin).reshape(n, nh + nkv, d)  # RoPE, q and k at once
         q, k = ops.split(qk, (nh, nkv), 1)
         return q, k, v.reshape(n, nkv, d)
 
+    def head_norms(self, att, qk):
+        """Qwen3's QK-norm on qk (N, nh+nkv, d) -> the same shape, the q heads also scaled by
+        1/sqrt(d) (through their weight: the norm would undo a scale folded into wq)."""
+        w = ops.concat((ops.broadcast_to((att.q_norm.weight * self.scale).reshape(1, -1), (self.nh, self.d)),
+                        ops.broadcast_to(att.k_norm.weight.reshape(1, -1), (self.nkv, self.d))), 0)  # (nh+nkv, d)
+        return (att.q_norm.normalize(qk) * w.astype(ms.float32)).astype(qk.dtype)
+
     def attention_out(self, i: int, x, attended):
         """x (N, H) + wo(attended (N, nh*d)): the residual after layer i's attention."""
-        wo = self.weights.layer(i)[2]
+        wo = self.weights.get(i, "wo")
         return x + self.lm.model.layers[i].attention.wo.finish(self.matmul(attended, wo))
 
     def mlp(self, i: int, x):
         """x (N, H) -> x + layer i's MLP(x)."""
         layer = self.lm.model.layers[i]
-        w13, w2 = self.weights.layer(i)[3:]
+        w13, w2 = self.weights.get(i, "w13"), self.weights.get(i, "w2")
         h = layer.ffn_norm.normalize(x).astype(x.dtype)  # the norm's weight is in w13
         gate, up = ops.split(self.matmul(layer.feed_forward.enter(h), w13), w13.shape[1] // 2, 1)  # (N, I) each
         return x + layer.feed_forward.w2.finish(self.matmul(ops.silu(gate) * up, w2))

@@ -1,4 +1,4 @@
-"""Hugging Face <-> MindSpore weights for Qwen2: the one name table, checks, and file I/O.
+"""Hugging Face <-> MindSpore weights for Qwen2 and Qwen3: the one name table, checks, and file I/O.
 
 Our parameter names are MindFormers' Qwen2 names, so a checkpoint from a MindFormers or
 mindrlhf run loads unchanged. Safetensors are read with our own small reader (memory-mapped,
@@ -28,6 +28,8 @@ NAME_TABLE: Tuple[Tuple[str, str], ...] = (
     ("model.layers.{i}.self_attn.v_proj.weight", "model.layers.{i}.attention.wv.weight"),
     ("model.layers.{i}.self_attn.v_proj.bias", "model.layers.{i}.attention.wv.bias"),
     ("model.layers.{i}.self_attn.o_proj.weight", "model.layers.{i}.attention.wo.weight"),
+    ("model.layers.{i}.self_attn.q_norm.weight", "model.layers.{i}.attention.q_norm.weight"),  # Qwen3
+    ("model.layers.{i}.self_attn.k_norm.weight", "model.layers.{i}.attention.k_norm.weight"),  # Qwen3
     ("model.layers.{i}.post_attention_layernorm.weight", "model.layers.{i}.ffn_norm.weight"),
     ("model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.feed_forward.w1.weight"),
     ("model.layers.{i}.mlp.down_proj.weight", "model.layers.{i}.feed_forward.w2.weight"),
@@ -68,10 +70,13 @@ def expected_shapes(cfg: Qwen2Config) -> Dict[str, Tuple[int, ...]]:
     """MindSpore name -> shape for every parameter of a Qwen2ForCausalLM with this config."""
     h, i, v, d = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.d
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    per_layer = {"attention_norm.weight": (h,), "attention.wq.weight": (q, h), "attention.wq.bias": (q,),
-                 "attention.wk.weight": (kv, h), "attention.wk.bias": (kv,), "attention.wv.weight": (kv, h),
-                 "attention.wv.bias": (kv,), "attention.wo.weight": (h, q), "ffn_norm.weight": (h,),
+    per_layer = {"attention_norm.weight": (h,), "attention.wq.weight": (q, h), "attention.wk.weight": (kv, h),
+                 "attention.wv.weight": (kv, h), "attention.wo.weight": (h, q), "ffn_norm.weight": (h,),
                  "feed_forward.w1.weight": (i, h), "feed_forward.w2.weight": (h, i), "feed_forward.w3.weight": (i, h)}
+    if cfg.attention_bias:
+        per_layer.update({"attention.wq.bias": (q,), "attention.wk.bias": (kv,), "attention.wv.bias": (kv,)})
+    if cfg.qk_norm:
+        per_layer.update({"attention.q_norm.weight": (d,), "attention.k_norm.weight": (d,)})
     shapes = {"model.tok_embeddings.embedding_weight": (v, h), "model.norm_out.weight": (h,)}
     for n in range(cfg.num_hidden_layers):
         shapes.update({f"model.layers.{n}.{k}": s for k, s in per_layer.items()})
@@ -261,7 +266,7 @@ def hf_to_ms_state(hf_state: Dict[str, Tuple[str, np.ndarray]], source: str) -> 
         try:
             out[hf_to_ms_name(name)] = item
         except KeyError:
-            raise WeightError(f"{source}: unexpected tensor {name!r} (not a Qwen2 weight)") from None
+            raise WeightError(f"{source}: unexpected tensor {name!r} (not a Qwen2/Qwen3 weight)") from None
     return out
 
 

@@ -1,5 +1,9 @@
-"""Qwen2 / Qwen2.5 in MindSpore, top-down: config, layers (linear, embedding, log-probs and their
-factory), RMSNorm, RoPE, attention, MLP, block, model.
+"""Qwen2 / Qwen2.5 / Qwen3 (dense) in MindSpore, top-down: config, layers (linear, embedding,
+log-probs and their factory), RMSNorm, RoPE, attention, MLP, block, model.
+
+Qwen3 is Qwen2 with two switches and a field: RMSNorm over d on every query and key head before
+RoPE (`qk_norm`), no q/k/v bias (`attention_bias`), and `head_dim` set on its own (not H / nh).
+`model_type` picks the switches' defaults (`MODEL_TYPES`); a config may set them explicitly.
 
 The module tree mirrors the MindSpore checkpoint names our users already have (MindFormers' Qwen2
 layout), so loading one of their checkpoints is a 1:1 map; the Hugging Face name table lives in
@@ -32,9 +36,16 @@ NEG_INF = -1e9  # additive mask value; scores are fp32, so this never overflows
 
 _DTYPES = {"float32": ms.float32, "bfloat16": ms.bfloat16, "float16": ms.float16}
 
+# model_type -> the defaults of its architecture switches (a config may override either)
+MODEL_TYPES = {
+    "qwen2": {"qk_norm": False, "attention_bias": True},
+    "qwen3": {"qk_norm": True, "attention_bias": False},
+}
+
 
 @dataclass(frozen=True)
 class Qwen2Config:
+    model_type: str = "qwen2"  # a key of MODEL_TYPES
     vocab_size: int = 151936
     hidden_size: int = 3584
     intermediate_size: int = 18944
@@ -42,6 +53,8 @@ class Qwen2Config:
     num_attention_heads: int = 28
     num_key_value_heads: int = 4
     head_dim: Optional[int] = None  # hidden_size // num_attention_heads when None
+    qk_norm: Optional[bool] = None  # RMSNorm over d on each q and k head before RoPE; None: model_type's
+    attention_bias: Optional[bool] = None  # q/k/v projection biases; None: model_type's
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1000000.0
     max_position_embeddings: int = 32768
@@ -50,6 +63,19 @@ class Qwen2Config:
     param_init_std: float = 0.02
 
     def __post_init__(self):
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {sorted(MODEL_TYPES)}, got {self.model_type!r}")
+        for key, default in MODEL_TYPES[self.model_type].items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)  # frozen: resolved once, here
+            elif not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
+        if self.model_type == "qwen3" and self.attention_bias:
+            raise ValueError("attention_bias: true is not supported for qwen3 (HF's Qwen3 then also biases "
+                             "o_proj, which this model does not hold)")
+        if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim <= 0
+                                          or self.head_dim % 2):
+            raise ValueError(f"head_dim must be a positive even integer (RoPE rotates halves), got {self.head_dim!r}")
         for key in ("rms_norm_eps", "rope_theta", "param_init_std"):
             if not math.isfinite(getattr(self, key)):
                 raise ValueError(f"{key} must be a finite number, got {getattr(self, key)}")
@@ -65,15 +91,16 @@ class Qwen2Config:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     # HF config.json keys we read; everything else in an HF config (architectures, torch_dtype,
-    # sliding-window switches that Qwen2 does not use, ...) is ignored on purpose.
+    # sliding-window switches that Qwen2/Qwen3 do not use, ...) is ignored on purpose.
     HF_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
                "rope_theta", "max_position_embeddings", "tie_word_embeddings")
 
     @classmethod
     def from_hf_dict(cls, d: dict, **overrides) -> "Qwen2Config":
-        if d.get("model_type", "qwen2") != "qwen2":
-            raise ValueError(f"model_type is {d.get('model_type')!r}, expected 'qwen2'")
+        model_type = d.get("model_type", "qwen2")
+        if model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type is {model_type!r}, expected one of {sorted(MODEL_TYPES)}")
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads") if k not in d]
         if missing:
@@ -85,6 +112,8 @@ class Qwen2Config:
         if "rope_theta" in rope:
             kw["rope_theta"] = rope["rope_theta"]
         kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+        kw["model_type"] = model_type
+        kw.update({k: d[k] for k in MODEL_TYPES[model_type] if d.get(k) is not None})
         kw.update(overrides)
         return cls(**kw)
 
@@ -99,7 +128,8 @@ class Qwen2Config:
 
     @classmethod
     def load(cls, path: str, **overrides) -> "Qwen2Config":
-        """Read an HF `config.json` (has `model_type`/`architectures`) or our model YAML."""
+        """Read an HF `config.json` (a .json with `model_type`, or any file with `architectures`) or
+        our model YAML (which may name its `model_type` too)."""
         import os
         import yaml
 
@@ -109,7 +139,7 @@ class Qwen2Config:
             d = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
         if not isinstance(d, dict):
             raise ValueError(f"{path}: expected a mapping")
-        if "model_type" in d or "architectures" in d:
+        if "architectures" in d or (path.endswith(".json") and "model_type" in d):
             return cls.from_hf_dict(d, **overrides)
         d = d.get("model", d)
         return cls.from_dict({**d, **overrides}, source=path)
@@ -117,14 +147,21 @@ class Qwen2Config:
     def to_hf_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.HF_KEYS}
         d["head_dim"] = self.d
-        d.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_act="silu",
+        arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+        d.update(model_type=self.model_type, architectures=[arch], hidden_act="silu",
                  torch_dtype="float32", use_sliding_window=False, attention_dropout=0.0)
+        if self.model_type == "qwen3":
+            d["attention_bias"] = False  # HF's Qwen3 key (there it would also bias o_proj)
+        for key, default in MODEL_TYPES[self.model_type].items():
+            if getattr(self, key) != default:  # a switch set against model_type's default
+                d[key] = getattr(self, key)
         return d
 
     def num_params(self) -> int:
         h, i, v, d = self.hidden_size, self.intermediate_size, self.vocab_size, self.d
         q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
-        layer = h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * i + 2 * h
+        layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h
+        layer += (q + 2 * kv) * self.attention_bias + 2 * d * self.qk_norm
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer + h
 
 
@@ -266,8 +303,23 @@ def apply_rope(x, cos, sin):
     return x * cos + rotated * sin
 
 
+class HeadNorm(RMSNorm):
+    """Qwen3's QK-norm: RMSNorm over d of every head, x (..., n, d) -> (..., n, d); one weight (d,)
+    shared by the heads. Under tensor parallelism each rank norms its own heads with a replicated
+    weight: `enter` (f) sums the weight's gradient over the ranks, so every copy gets the whole."""
+
+    def __init__(self, dim, eps, enter: nn.Cell):
+        super().__init__(dim, eps)
+        self.enter = enter
+
+    def construct(self, x):
+        dtype = x.dtype
+        return (self.enter(self.weight) * self.normalize(x)).astype(dtype)
+
+
 class Attention(nn.Cell):
-    """Grouped-query attention with q/k/v bias. Query heads h*g .. h*g+g-1 share kv head h.
+    """Grouped-query attention; q/k/v bias when `attention_bias` (Qwen2), QK-norm when `qk_norm`
+    (Qwen3). Query heads h*g .. h*g+g-1 share kv head h.
     Under tensor parallelism a rank holds nh = heads/tp query and nkv = kv_heads/tp kv heads
     (whole kv groups), so everything below is per rank and only wo sums over the ranks."""
 
@@ -278,10 +330,18 @@ class Attention(nn.Cell):
         self.nh, self.nkv, self.d = nh // layers.tp, nkv // layers.tp, d  # heads on this rank
         self.g = nh // nkv
         self.enter = layers.enter()
-        self.wq = layers.column(_normal((nh * d, h), std, rng), np.zeros(nh * d, np.float32), dt)
-        self.wk = layers.column(_normal((nkv * d, h), std, rng), np.zeros(nkv * d, np.float32), dt)
-        self.wv = layers.column(_normal((nkv * d, h), std, rng), np.zeros(nkv * d, np.float32), dt)
+
+        def bias(n):
+            return np.zeros(n, np.float32) if cfg.attention_bias else None
+
+        self.wq = layers.column(_normal((nh * d, h), std, rng), bias(nh * d), dt)
+        self.wk = layers.column(_normal((nkv * d, h), std, rng), bias(nkv * d), dt)
+        self.wv = layers.column(_normal((nkv * d, h), std, rng), bias(nkv * d), dt)
         self.wo = layers.row(_normal((h, nh * d), std, rng), None, dt)
+        self.qk_norm = cfg.qk_norm
+        if self.qk_norm:
+            self.q_norm = HeadNorm(d, cfg.rms_norm_eps, layers.enter())
+            self.k_norm = HeadNorm(d, cfg.rms_norm_eps, layers.enter())
         self.scale = 1.0 / math.sqrt(d)
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
@@ -290,8 +350,11 @@ class Attention(nn.Cell):
     def _qkv(self, x, cos, sin):
         b, s, _ = x.shape
         x = self.enter(x)
-        q = self.wq(x).reshape(b, s, self.nh, self.d).transpose(0, 2, 1, 3)  # (B, nh, S, d)
-        k = self.wk(x).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)  # (B, nkv, S, d)
+        q = self.wq(x).reshape(b, s, self.nh, self.d)  # (B, S, nh, d)
+        k = self.wk(x).reshape(b, s, self.nkv, self.d)  # (B, S, nkv, d)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)  # (B, nh, S, d), (B, nkv, S, d)
         v = self.wv(x).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)  # (B, nkv, S, d)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 

@@ -1,4 +1,4 @@
-"""Our parallel layout of Qwen2 (Megatron style: tensor, data and pipeline parallel), as data.
+"""Our parallel layout of Qwen2/Qwen3 (Megatron style: tensor, data and pipeline parallel), as data.
 
 World = pp * dp * tp ranks, MindSpore's order: pipeline stage s holds ranks [s*dp*tp, (s+1)*dp*tp),
 and within a stage rank r holds tensor-parallel piece `r % tp` of data-parallel replica
@@ -12,7 +12,7 @@ stage the final norm and the lm_head (pipeline stages need untied embeddings).
     column-parallel, split on dim 0:  wq/wk/wv weight and bias, w1 (gate), w3 (up),
                                       the embedding (vocab-parallel), lm_head
     row-parallel, split on dim 1:     wo, w2 (down)
-    replicated:                       the RMSNorm weights
+    replicated:                       the RMSNorm weights (Qwen3's q_norm/k_norm over d included)
 
 Each split is into tp contiguous, equal pieces. Optimizer moments (`adam_m.<name>`,
 `adam_v.<name>`, see `mindgrpo/grpo/optim.py`) follow their parameter. `mindgrpo.parallel.strategy`
@@ -38,6 +38,7 @@ SPLIT_RULES: Tuple[Tuple[str, Optional[int]], ...] = (
     (r"model\.layers\.\d+\.feed_forward\.w[13]\.weight", 0),
     (r"model\.layers\.\d+\.feed_forward\.w2\.weight", 1),
     (r"model\.layers\.\d+\.(attention_norm|ffn_norm)\.weight", None),
+    (r"model\.layers\.\d+\.attention\.[qk]_norm\.weight", None),  # Qwen3's QK-norm: (d,) per head
     (r"model\.norm_out\.weight", None),
     (r"lm_head\.weight", 0),
 )

@@ -6,7 +6,7 @@ import pytest
 
 import mindspore as ms
 
-from hf_models import hf_logits, make_hf_model
+from hf_models import hf_greedy, hf_logits, make_hf_model, padded_batch
 
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
@@ -29,15 +29,6 @@ def pair(request, tmp_path_factory):
     ckpt = str(d / "ms" / "model.ckpt")
     assert convert_weight.main(["--torch_ckpt_dir", str(d / "hf"), "--mindspore_ckpt_path", ckpt]) == 0
     return hf, load_model(ckpt)
-
-
-def padded_batch(rng, vocab, lengths, s):
-    ids = np.zeros((len(lengths), s), np.int32)
-    mask = np.zeros((len(lengths), s), np.int32)
-    for i, n in enumerate(lengths):
-        ids[i, :n] = rng.integers(1, vocab, n)
-        mask[i, :n] = 1
-    return ids, mask
 
 
 def test_logits_match_transformers_on_padded_batch(pair):
@@ -87,16 +78,6 @@ def test_token_logprobs_match_transformers(pair, temperature, chunk):
     ref_ent = -(np.exp(ref_logp_all) * ref_logp_all).sum(-1)[np.arange(3)[:, None], score_pos]
     assert np.abs(logp.asnumpy() - ref_logp)[valid].max() <= 1e-4
     assert np.abs(ent.asnumpy() - ref_ent)[valid].max() <= 1e-4
-
-
-def hf_greedy(hf, prompt, new_tokens, stops=None):
-    import torch
-
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                          eos_token_id=list(stops) if stops else None)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("slots", [2, 5, "all"])
