@@ -237,3 +237,48 @@ def test_a_file_that_is_not_safetensors_is_one_line(hf_dir, tmp_path, convert, d
     assert code == 1 and len(err) == 1, err
     assert err[0].startswith(f"convert_weight: error: {src / 'model.safetensors'}: ") and needle in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_qwen3_round_trip_is_bit_exact_and_its_yaml_config_makes_an_hf_qwen3(convert, tmp_path):
+    """Qwen3 (q_norm/k_norm, no q/k/v bias, head_dim 12 != 32 / 4) both ways; the reverse with our
+    YAML config writes a config.json that transformers reads as the same Qwen3 model."""
+    import torch
+    import transformers
+
+    src = tmp_path / "hf3"
+    hf = make_hf_model(str(src), tied=False, vocab=128, hidden=32, inter=64, heads=4, kv_heads=2, head_dim=12,
+                       model_type="qwen3")
+    ckpt = tmp_path / "ms" / "m.ckpt"
+    assert convert("--torch_ckpt_dir", src, "--mindspore_ckpt_path", ckpt)[0] == 0
+    from mindgrpo.models.checkpoint import read_ms_checkpoint
+
+    names = set(read_ms_checkpoint(str(ckpt)))
+    assert {"model.layers.0.attention.q_norm.weight", "model.layers.1.attention.k_norm.weight"} <= names
+    assert not any(n.endswith(".bias") for n in names)
+    back = tmp_path / "back3"
+    assert convert("--reverse", "--mindspore_ckpt_path", ckpt, "--torch_ckpt_dir", back)[0] == 0
+    assert raw_tensors(str(back)) == raw_tensors(str(src))
+    yaml_cfg = tmp_path / "qwen3.yaml"
+    yaml_cfg.write_text("model_type: qwen3\nvocab_size: 128\nhidden_size: 32\nintermediate_size: 64\n"
+                        "num_hidden_layers: 2\nnum_attention_heads: 4\nnum_key_value_heads: 2\nhead_dim: 12\n"
+                        "rope_theta: 10000.0\n")
+    from_yaml = tmp_path / "from_yaml"
+    assert convert("--reverse", "--mindspore_ckpt_path", ckpt, "--torch_ckpt_dir", from_yaml, "--config", yaml_cfg)[0] == 0
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(from_yaml)).eval()
+    assert type(reloaded).__name__ == "Qwen3ForCausalLM"
+    ids = torch.arange(1, 9).reshape(1, 8)
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, hf(ids).logits)
+
+
+def test_qwen2_weights_under_a_qwen3_config_are_refused(hf_dir, convert, tmp_path):
+    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in os.listdir(hf_dir):
+        if f.endswith(".safetensors"):
+            os.symlink(os.path.join(hf_dir, f), bad / f)
+    (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
+    code, err = convert("--torch_ckpt_dir", bad, "--mindspore_ckpt_path", tmp_path / "m.ckpt")
+    assert code == 1 and len(err) == 1 and "unexpected tensor 'model.layers.0.attention.wk.bias'" in err[0]
+    assert not (tmp_path / "m.ckpt").exists()
