@@ -179,3 +179,27 @@ def test_a_reward_needing_a_missing_column_stops_the_run_in_one_line(tmp_path):
     assert errors == ["grpo_one_stage: error: reward 'by_difficulty' needs the column(s) ['difficulty'], which the "
                       "training prompts do not have (columns: answer, completion_length, prompt, solution)"], \
         r.stderr[-3000:]
+
+
+@pytest.mark.slow  # one GRPO step from the command line (a warm start, one rollout, one update)
+def test_one_grpo_step_of_a_tiny_qwen3(tmp_path):
+    """model_type qwen3 (QK-norm, no q/k/v bias, head_dim 12 != 32 / 4) through the whole recipe: the
+    update (no warm start) has a gradient (a dense reward: the digits' share) that reaches the QK-norm
+    weights, and the checkpoint describes a Qwen3."""
+    out = tmp_path / "qwen3"
+    micro3 = f"actor_config.model={os.path.join(REPO, 'tests', 'grpo', 'micro_qwen3.yaml')}"
+    no_warm_start = [a for a in MICRO[1:] if not a.startswith("sft_config.")] + ["sft_config.steps=0"]
+    r = subprocess.run([sys.executable, SCRIPT, "--output_dir", str(out), micro3, *no_warm_start,
+                        "rl_config.max_steps=1", "rl_config.save_interval=1", "rl_config.val_interval=0",
+                        "--reward_plugin", os.path.join(REPO, "tests", "grpo", "digit_reward.py"),
+                        "reward_config.verifier_function=[test_digit_share]", "reward_config.verifier_weight=[1]"],
+                       capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = metrics(out)
+    assert [row["step"] for row in rows][-1] == 1 and np.isfinite(rows[-1]["loss"]) and rows[-1]["grad_norm"] > 0
+    w = weights(last_checkpoint(out))
+    assert not any(k.endswith(".bias") for k in w) and w["model.layers.0.attention.wq.weight"].shape == (48, 32)
+    for k in ("q_norm", "k_norm"):
+        assert not np.array_equal(w[f"model.layers.1.attention.{k}.weight"], np.ones(12, np.float32))
+    saved = json.load(open(os.path.join(os.path.dirname(last_checkpoint(out)), "config.json")))
+    assert (saved["model_type"], saved["head_dim"]) == ("qwen3", 12)

@@ -99,3 +99,23 @@ def test_every_stage_of_the_real_configs_fits(name):
     train = ParallelLayout.from_config(cfg.actor_config.parallel_config)
     for stage in range(train.pp):
         assert plan(cfg, m, rank=stage * train.stage_size).peak(True) < 64 * GiB, stage
+
+
+def qwen3_layer_params(m: Qwen2Config, tp: int) -> int:
+    """A Qwen3 decoder layer on a tensor-parallel rank, by hand: q/k/v (no bias, head_dim 128 wide heads),
+    o, the SwiGLU split tp ways; the two RMSNorm weights and the two QK-norm weights (d each) whole."""
+    h, i, d = m.hidden_size, m.intermediate_size, m.d
+    q, kv = m.num_attention_heads * d, m.num_key_value_heads * d
+    return (h * q + 2 * h * kv + q * h + 3 * h * i) // tp + 2 * h + 2 * d
+
+
+@pytest.mark.parametrize("name, layout, stage_layers", [("qwen3_8b", ParallelLayout(dp=1, tp=4, pp=2), 18),
+                                                        ("qwen3_32b", ParallelLayout(dp=1, tp=8, pp=4), 16)])
+def test_qwen3_configs_count_the_qk_norms_and_no_bias_and_fit_with_swap(name, layout, stage_layers):
+    cfg, m = load(name)
+    assert (m.model_type, m.qk_norm, m.attention_bias, m.d) == ("qwen3", True, False, 128)
+    assert ParallelLayout.from_config(cfg.actor_config.parallel_config) == layout
+    layout.check_divisible(m)
+    stage0 = 4 * (m.vocab_size * m.hidden_size // layout.tp + stage_layers * qwen3_layer_params(m, layout.tp))
+    assert plan(cfg, m, rank=0).groups["policy"] == stage0
+    assert plan(cfg, m).peak(True) < 64 * GiB

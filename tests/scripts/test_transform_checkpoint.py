@@ -344,3 +344,25 @@ def test_command_line(full, tmp_path):
                           f"--dst_checkpoint={tmp_path / 'out2'}", f"--dst_strategy={s}"],
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 1 and "no such checkpoint file or directory" in bad.stderr
+
+
+def test_qwen3_slices_are_byte_identical_to_mindspore_and_its_qk_norms_replicated(tmp_path, capsys):
+    """Qwen3's parameters (q_norm/k_norm (d,), no q/k/v bias, head_dim 12 != 32 / 4) in the strategy
+    file and through the script: MindSpore's own transform gives the same bytes; the QK-norm weights
+    are whole on every rank, wq's rows split."""
+    cfg = Qwen2Config(model_type="qwen3", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=12)
+    shapes = expected_shapes(cfg)
+    assert shapes["model.layers.1.attention.q_norm.weight"] == (12,) and "model.layers.1.attention.wq.bias" not in shapes
+    state = random_state(shapes, seed=3)
+    src = save(state, str(tmp_path / "full3.ckpt"))
+    s = strategy(tmp_path, 2, 2, shapes, name="qwen3_dp2tp2.ckpt")
+    rc, _, err = run(capsys, "--src_checkpoint", src, "--dst_checkpoint", tmp_path / "out", "--dst_strategy", s)
+    assert rc == 0, err
+    oracle = mindspore_transform(src, str(tmp_path / "ms"), s)
+    assert rank_bytes(tmp_path / "out", range(4)) == rank_bytes(oracle, range(4))
+    for r in range(4):
+        got = ms.load_checkpoint(str(tmp_path / "out" / f"rank_{r}" / f"checkpoint_{r}.ckpt"))
+        assert got["model.layers.0.attention.k_norm.weight"].asnumpy().tobytes() == \
+            state["model.layers.0.attention.k_norm.weight"].tobytes()
+        assert got["model.layers.0.attention.wq.weight"].shape == (24, 32)
