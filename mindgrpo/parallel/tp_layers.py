@@ -15,7 +15,9 @@ contiguous pieces), so a strategy file of the layout describes these parameters 
     gather_vocab     (N, V/tp) -> (N, V), for sampling
     grad_sq_norm     the whole gradient's squared norm (pieces summed over the group), for clipping
 A replicated activation's gradient is whole on every rank (f sums it), so the norms' weights
-get the same gradient everywhere and need no reduction.
+get the same gradient everywhere and need no reduction. Qwen3's QK-norm weights are the exception:
+replicated, but applied to each rank's own heads, so their weight itself passes through f
+(`mindgrpo.models.qwen2.HeadNorm`) and every rank gets the gradient summed over the heads of all.
 """
 
 from __future__ import annotations

@@ -57,6 +57,11 @@ def test_stage_layers_and_parameter_stages():
     assert first == [n for n in names if n.startswith(("model.tok_embeddings.", "model.layers.0."))]
     with pytest.raises(LayoutError, match="pipeline_stage = 3 is more than the 2 decoder layers"):
         lay.stage_layers(0, 2)
+    # Qwen3's QK-norm weights go with their layer's stage and are replicated over tensor-parallel ranks
+    qwen3 = list(expected_shapes(Qwen2Config(**{**SMALL, "model_type": "qwen3"})))
+    assert "model.layers.0.attention.q_norm.weight" in two.stage_names(qwen3, 0, 2)
+    assert "adam_m.model.layers.1.attention.k_norm.weight" in two.stage_names(["adam_m." + n for n in qwen3], 1, 2)
+    assert two.param_split("model.layers.1.attention.k_norm.weight") is None
 
 
 def test_pipeline_stages_need_untied_embeddings_and_enough_layers():
