@@ -12,7 +12,7 @@ token), not on the chunking (`mindgrpo/inference/streams.py`). Scoring goes thro
 `rewards.RewardSet`, the trainer's reward pool (worker processes, a timeout per call). A sample is
 right when its score is at least `pass_threshold` (1.0: `accuracy`'s right answer); a sample the
 reward could not score (None) is wrong. maj@K votes over each sample's final answer
-(`answer_key`: the number it states, exactly, else its normalised text).
+(`rewards.answer.answer_key`: the number it states, exactly, else its normalised text).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 from mindgrpo.data.mindrecord import PromptRow, encode_prompts, load_prompt_dataset
 from mindgrpo.eval.metrics import summarize
 from mindgrpo.inference.sampling import SamplingParams
-from mindgrpo.rewards.answer import extract_answer, normalize_answer, parse_number
+from mindgrpo.rewards.answer import answer_key
 from mindgrpo.utils.progress import format_duration
 from mindgrpo.utils.staging import write_text
 
@@ -70,19 +70,6 @@ def problems_from_rows(rows: Sequence[PromptRow], tokenizer, template: str, max_
     columns = {"solution": [rows[i].solution for i in enc.kept], "answer": [rows[i].answer for i in enc.kept],
                "prompt": list(enc.texts)}
     return Problems(ids, columns, list(enc.kept), path)
-
-
-def answer_key(completion: str) -> Optional[str]:
-    """What maj@K votes on: the completion's final answer as an exact number ("7/2", "12") when it
-    states one, else its normalised text without spaces; None when it gives no answer."""
-    text = extract_answer(completion)
-    if text is None:
-        return None
-    number = parse_number(text)
-    if number is not None:
-        return str(number)
-    squashed = "".join(normalize_answer(text).split())
-    return squashed or None
 
 
 @dataclass
