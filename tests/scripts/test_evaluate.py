@@ -1,13 +1,20 @@
 """scripts/evaluate.py: a run on a random micro model whose summary.json agrees with its samples.jsonl
 (recomputed here by enumeration and counting), the same samples however the problems are chunked,
-and bad input refused in one line naming the file."""
+bad input refused in one line naming the file, and GSM8K problems (a MindRecord made by
+data_tools/rlhf_data.py, and the .jsonl itself) with the real Qwen2.5 tokenizer and a random model of
+its vocabulary (skipped when ../shared is absent)."""
 
 import itertools
 import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+QWEN_DIR = SHARED / "tokenizers" / "qwen2_5"
+GSM8K = SHARED / "data" / "gsm8k" / "test.jsonl"
 
 # a reward right on about half of random completions, so that pass@k, mean@K and maj@K are not all 0
 PLUGIN = ("from mindgrpo.rewards import register_reward\n\n"
@@ -136,3 +143,40 @@ def test_bad_input_is_one_line_naming_the_file(cli, model_dir, tmp_path, capsys)
     assert cli.main([*base, "--n", "4"]) == 1
     assert "--temperature 0" in one_error_line(capsys)
     assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+@pytest.fixture(scope="module")
+def qwen_vocab_model(tmp_path_factory):
+    """A random 1-layer model of Qwen2.5's vocabulary and 3 GSM8K test problems as a MindRecord."""
+    if not (QWEN_DIR / "vocab.json").is_file() or not GSM8K.is_file():
+        pytest.skip(f"the Qwen2.5 tokenizer or GSM8K is not under {SHARED} (read-only ../shared is absent)")
+    from data_tools import rlhf_data
+    from mindgrpo.models.checkpoint import model_state, save_ms_checkpoint
+    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+
+    d = tmp_path_factory.mktemp("qwen_vocab")
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    save_ms_checkpoint({k: ("F32", a) for k, a in model_state(Qwen2ForCausalLM(cfg)).items()}, str(d / "model.ckpt"))
+    (d / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    assert rlhf_data.main(["--vocab_path", str(QWEN_DIR / "vocab.json"), "--merges_file_path",
+                           str(QWEN_DIR / "merges.txt"), "--tokenizer_config", str(QWEN_DIR / "tokenizer_config.json"),
+                           "--file_path", str(GSM8K), "--output_path", str(d / "gsm8k.mindrecord"), "--limit", "3"]) == 0
+    return d
+
+
+@pytest.mark.slow  # 30 s of CPU: 104 s wall beside other jobs (load 7)
+def test_gsm8k_mindrecord_and_jsonl_with_a_random_qwen_vocabulary_model(cli, qwen_vocab_model, tmp_path):
+    d = qwen_vocab_model
+    common = ["--model", str(d / "model.ckpt"), "--tokenizer_dir", str(QWEN_DIR), "--n", "2", "--temperature", "1.0",
+              "--max_tokens", "8", "--num_workers", "1", "--max_num_seqs", "8"]
+    assert cli.main([*common, "--data", str(d / "gsm8k.mindrecord"), "--output", str(tmp_path / "mr")]) == 0
+    summary, samples = read_outputs(tmp_path / "mr")
+    assert summary["problems"] == 3 and len(samples) == 6 and summary["reward"] == "accuracy"
+    assert summary["metrics"] == pytest.approx(recompute(samples, 2), abs=1e-12)
+    first = json.loads(GSM8K.read_text().splitlines()[0])
+    assert samples[0]["solution"] == first["answer"].rsplit("####", 1)[1].strip()
+    # the .jsonl, templated here as rlhf_data.py templates it: the same prompts, so the same samples
+    assert cli.main([*common, "--data", str(GSM8K), "--limit", "3", "--output", str(tmp_path / "jsonl")]) == 0
+    _, from_jsonl = read_outputs(tmp_path / "jsonl")
+    assert [(s["prompt"], s["completion"]) for s in from_jsonl] == [(s["prompt"], s["completion"]) for s in samples]
