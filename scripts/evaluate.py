@@ -31,7 +31,7 @@ def parse_args(argv=None):
     ap.add_argument("--tokenizer_dir", help="vocab.json + merges.txt (default: the model's folder)")
     ap.add_argument("--template", help="prompt template for a .jsonl/.json file (default qwen_r1); a MindRecord "
                     "holds templated prompts")
-    ap.add_argument("--max_prompt_length", type=int, default=512, help=".jsonl/.json: longer prompts are left out")
+    ap.add_argument("--max_prompt_length", type=int, help=".jsonl/.json: longer prompts are left out (default 512)")
     ap.add_argument("--n", type=int, default=1, help="samples per problem (K)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (then --n must be 1)")
     ap.add_argument("--top_p", type=float, default=1.0)
@@ -62,8 +62,9 @@ def check_args(args) -> None:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
     if not os.path.exists(args.data):
         raise InputError(f"{args.data}: no such file (--data)")
-    if not is_jsonl(args.data) and args.template is not None:
-        raise InputError(f"--template applies to .jsonl/.json data; {args.data} is a MindRecord of templated prompts")
+    for flag in ("template", "max_prompt_length"):
+        if not is_jsonl(args.data) and getattr(args, flag) is not None:
+            raise InputError(f"--{flag} applies to .jsonl/.json data; {args.data} is a MindRecord of templated prompts")
 
 
 def is_jsonl(path: str) -> bool:
@@ -91,7 +92,7 @@ def load_problems(args, tokenizer):
     rows = read_rows(args.data, "auto", {}, skip_invalid=False, limit=args.limit).rows
     if not rows:
         raise InputError(f"{args.data}: no problems")
-    return problems_from_rows(rows, tokenizer, args.template or "qwen_r1", args.max_prompt_length, args.data)
+    return problems_from_rows(rows, tokenizer, args.template or "qwen_r1", args.max_prompt_length or 512, args.data)
 
 
 def check_problems(problems, vocab_size: int, max_positions: int, max_tokens: int) -> int:

@@ -39,7 +39,8 @@ SUMMARY_FILE, SAMPLES_FILE = "summary.json", "samples.jsonl"
 @dataclass(frozen=True)
 class Problems:
     """P problems: each prompt's token ids and the dataset columns the rewards read (solution,
-    answer, prompt), and each problem's row in the source file."""
+    answer, prompt), and each problem's index among the source file's problems (its row in a
+    MindRecord, its valid row in a .jsonl)."""
 
     ids: List[List[int]]
     columns: Dict[str, list]
