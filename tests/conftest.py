@@ -16,6 +16,7 @@ HEAVY_FIRST = (
     "tests/inference/test_engine.py",  # ~130
     "tests/benchmarks/test_rollout_smoke.py",  # ~130
     "tests/models/test_qwen2_parity.py",  # ~130
+    "tests/models/test_qwen3_parity.py",  # ~60 (135 under load)
     "tests/grpo/test_packing.py",  # ~90
 )
 

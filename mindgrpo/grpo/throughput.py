@@ -46,7 +46,7 @@ def model_shape(config) -> Dict[str, int]:
     """forward_flops' keyword arguments from a Qwen2Config."""
     return {"hidden": config.hidden_size, "intermediate": config.intermediate_size,
             "layers": config.num_hidden_layers, "heads": config.num_attention_heads,
-            "kv_heads": config.num_key_value_heads, "head_dim": config.hidden_size // config.num_attention_heads,
+            "kv_heads": config.num_key_value_heads, "head_dim": config.d,  # Qwen3: its own field
             "vocab": config.vocab_size}
 
 

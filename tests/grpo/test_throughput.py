@@ -30,3 +30,13 @@ def test_perf_metrics_hand_case():
     # no reference phase (beta 0): no reference figure
     assert "perf/reference_tokens_per_s_per_device" not in perf_metrics(
         [1], [1], 1, {"step": 1.0, "update": 1.0}, 1.0, 1.0)
+
+
+def test_model_shape_takes_qwen3s_own_head_dim():
+    """Qwen3-32B: 64 heads of 128 (q 8192 wide) beside hidden 5120, not 5120 / 64 = 80."""
+    from mindgrpo.grpo.throughput import model_shape
+    from mindgrpo.models.presets import preset_config
+
+    shape = model_shape(preset_config("qwen3_32b"))
+    assert (shape["heads"], shape["head_dim"], shape["hidden"]) == (64, 128, 5120)
+    assert model_shape(preset_config("qwen2_5_7b"))["head_dim"] == 3584 // 28
