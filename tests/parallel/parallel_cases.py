@@ -15,6 +15,14 @@ CFG4 = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidd
 # (two stages hold two each, four stages one)
 CFG_PP = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+# Qwen3: QK-norm, no q/k/v bias, head_dim 12 (not hidden / heads = 8); untied, one layer
+CFG_QWEN3 = Qwen2Config(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=128,
+                        tie_word_embeddings=False)
+# Qwen3 through pipeline stages: CFG_PP's shapes with QK-norm, no q/k/v bias and head_dim 12
+CFG_PP_QWEN3 = Qwen2Config(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                           max_position_embeddings=128, tie_word_embeddings=False)
 SEED = 7  # the models' initial weights
 SHARD_SEED = 8  # the checkpoint sliced by scripts/transform_checkpoint.py
 

@@ -5,7 +5,8 @@ each check of this file on a tiny model, each against an independent reference (
 or run, and MindSpore's own `transform_checkpoints`):
     two_ranks    tp=2 logits / log-probs / entropy, shards from scripts/transform_checkpoint.py,
                  one GRPO update with tp=2 and with dp=2 (also packed rows under tp=2,
-                 token budgets under dp=2), rollouts, tp2 -> (dp2, tp1) resharding
+                 token budgets under dp=2), rollouts, tp2 -> (dp2, tp1) resharding; the update and
+                 the resharding again on a Qwen3 (QK-norm, no q/k/v bias, head_dim != H / nh)
     one_stage    scripts/grpo_one_stage.py under msrun (tp2 swap on, then off; two pipeline stages) vs one process;
                  one process on packed rows vs one process
     zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1),
@@ -30,7 +31,7 @@ from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import write_strategy_file
 from msrun_util import REPO, load_results, mindspore_slices, run_msrun, save_sharded
-from parallel_cases import CFG, SEED, SHARD_SEED, UPDATE_KEYS, full_logits
+from parallel_cases import CFG, CFG_QWEN3, SEED, SHARD_SEED, UPDATE_KEYS, full_logits
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
@@ -147,6 +148,34 @@ def test_reshard_tp2_to_dp2_is_bit_identical_to_transform_checkpoints(two_ranks,
         # tp2 -> tp1: a rank receives the other half of every split weight, the minimum
         assert m["sync/bytes_received"] == m["sync/bytes_min"] > 0.4 * m["sync/bytes"]
         assert metrics[rank]["reshard_again"]["sync/seconds"] < m["sync/seconds"]  # compiled once
+
+
+def test_qwen3_tp2_update_matches_one_device_and_reshards_bit_identical_to_transform_checkpoints(two_ranks, tmp_path):
+    """Qwen3 under training tp=2: the step's loss, grad norm and metrics and the updated weights (the
+    replicated QK-norm weights included: their gradient is summed over the ranks) equal one device's;
+    resharding to inference dp2 gives MindSpore's transform_checkpoints bit for bit."""
+    arrays, metrics, _ = two_ranks
+    one = metrics[0]["update/qwen3_dense"]
+    assert one["grad_norm"] > 0.05
+    train = ParallelLayout(dp=1, tp=2)
+    initial = Qwen2ForCausalLM(CFG_QWEN3, seed=SEED)
+    assert "model.layers.0.attention.q_norm.weight" in dict(initial.parameters_and_names())
+    for rank, (a, m) in enumerate(zip(arrays, metrics)):
+        for key in UPDATE_KEYS:
+            assert m["update/qwen3_tp"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (rank, key)
+        dense, mine = prefixed(a, "d/dense"), prefixed(a, "d/tp")
+        assert np.abs(dense["model.layers.0.attention.k_norm.weight"] - 1).max() > 1e-4  # the update moved it
+        for name, full in dense.items():  # 3% of the step (lr 1e-3): AdamW's first step is g / |g|, so a
+            # gradient near zero turns rounding into up to 1.1e-5 here (an lm_head entry); a QK-norm gradient
+            # that missed the other rank's heads moves its weights by ~1e-3
+            np.testing.assert_allclose(mine[name], train.shard(name, full, rank), rtol=0, atol=3e-5, err_msg=name)
+    full = mindspore_merge([prefixed(a, "d/tp") for a in arrays], train, CFG_QWEN3, str(tmp_path))
+    expected = mindspore_slices(full, ParallelLayout(dp=2, tp=1), CFG_QWEN3, str(tmp_path))
+    for rank, a in enumerate(arrays):
+        got = prefixed(a, "d/infer")
+        assert sorted(got) == sorted(expected[rank])
+        for name, value in expected[rank].items():
+            assert got[name].dtype == value.dtype and got[name].tobytes() == value.tobytes(), (rank, name)
 
 
 # ------------------------------------------------------------------------------ the one-stage run

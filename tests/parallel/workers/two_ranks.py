@@ -3,6 +3,7 @@ update, resharding and rollouts against the one-device model computed in the sam
 
     msrun --worker_num=2 ... two_ranks.py OUT_DIR SHARDS_DIR
 
+(d) repeats the update and the resharding on a Qwen3 (QK-norm, no q/k/v bias, head_dim != H / nh).
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics); the test compares.
 """
 
@@ -34,7 +35,7 @@ from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402
 from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
-from parallel_cases import CFG, LOSS, SEED, experience_arrays, prompts, token_batch  # noqa: E402
+from parallel_cases import CFG, CFG_QWEN3, LOSS, SEED, experience_arrays, prompts, token_batch  # noqa: E402
 from parallel_cases import sampling_logprobs, updater_kwargs  # noqa: E402
 
 import time  # noqa: E402
@@ -124,6 +125,19 @@ mark("reshard+rollouts")
 load_shard(tp, os.path.join(shards_dir, f"rank_{rank}"))
 arrays["a/shard_logits"] = tp_logits(ids, mask).asnumpy()
 
+# (d) Qwen3 (QK-norm weights replicated over the tp ranks, their gradient summed over them): one update on
+# one device and with training tp=2, then tp2 -> inference (dp2, tp1) resharding of the updated weights
+qwen3 = {"dense": Qwen2ForCausalLM(CFG_QWEN3, seed=SEED, max_positions=128),
+         "tp": Qwen2ForCausalLM(CFG_QWEN3, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))}
+for key, lm in qwen3.items():
+    updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=None, chunk=0, **updater_kwargs())
+    metrics[f"update/qwen3_{key}"] = updater.update(exp, lr=1e-3)
+    weights(lm, f"d/{key}")
+inference3 = Qwen2ForCausalLM(CFG_QWEN3, seed=SEED + 1, max_positions=128)
+Reshard(qwen3["tp"], inference3, comm.train, comm.infer, comm, expected_shapes(CFG_QWEN3))()
+weights(inference3, "d/infer")
+
+mark("qwen3")
 np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{rank}.json"), "w") as f:
     json.dump(metrics, f)
