@@ -1,7 +1,7 @@
 """The four-rank msrun job (one launch, tests/parallel/workers/several.py):
 - pipeline stages (tests/parallel/workers/pipeline_ranks.py): log-probs and one GRPO update equal to one
   device (also on packed rows), and resharding out of the stages bit-identical to MindSpore's transform_checkpoints (merge by our
-  pipeline strategy file, slice by the inference one);
+  pipeline strategy file, slice by the inference one); a Qwen3's update through (dp1, tp2, pp2);
 - resharding from (dp2, tp2) to (dp4, tp1) and (dp1, tp4), and the tp=4 model's logits
   (tests/parallel/workers/four_ranks.py).
 scripts/grpo_one_stage.py in two stages is in test_msrun.py (the one-stage run)."""
@@ -21,7 +21,7 @@ from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import write_strategy_file
 from msrun_util import load_results, mindspore_slices, run_msrun, save_sharded
-from parallel_cases import CFG4, CFG_PP, LOSS, SEED, UPDATE_KEYS, experience_arrays, full_logits, prompts, \
+from parallel_cases import CFG4, CFG_PP, CFG_PP_QWEN3, LOSS, SEED, UPDATE_KEYS, experience_arrays, full_logits, prompts, \
     sampling_logprobs, updater_kwargs
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
@@ -110,6 +110,29 @@ def test_pipeline_grpo_update_matches_one_device(ranks, one_device, key):
         for name, piece in mine.items():
             np.testing.assert_allclose(piece, layout.shard(name, dense[name], layout.coords(rank)[1]), rtol=0,
                                        atol=1e-5, err_msg=name)
+
+
+def test_qwen3_update_through_tp2_pp2_matches_one_device(ranks):
+    """Qwen3 (QK-norm, no q/k/v bias, head_dim != H / nh) in two stages of two tensor-parallel pieces: the
+    step's metrics and every stage's updated pieces (the replicated QK-norm weights included) equal one
+    device's update."""
+    arrays, metrics = ranks
+    exp = pack(*experience_arrays())
+    exp.sampling_logp = sampling_logprobs(exp.mask)
+    lm = Qwen2ForCausalLM(CFG_PP_QWEN3, seed=SEED, max_positions=128)
+    one = PolicyUpdater(lm, GRPOLoss(**LOSS), **updater_kwargs()).update(exp, lr=1e-3)
+    dense = {n: p.asnumpy() for n, p in lm.parameters_and_names()}
+    assert one["grad_norm"] > 0.05 and np.abs(dense["model.layers.3.attention.q_norm.weight"] - 1).max() > 1e-4
+    for rank, (a, m) in enumerate(zip(arrays, metrics)):
+        for k in UPDATE_KEYS:
+            assert m["update/qwen3_tp_pp"][k] == pytest.approx(one[k], rel=1e-5, abs=1e-6), (rank, k)
+        mine = prefixed(a, "b/qwen3_tp_pp")
+        assert sorted(mine) == sorted(TP_PP.stage_names(list(dense), TP_PP.stage(rank), 4))
+        assert any(".q_norm." in n for n in mine)
+        for name, piece in mine.items():  # 3% of the step (lr 1e-3): AdamW's first step is g / |g|, so a gradient
+            # near zero turns rounding into up to 1.1e-5 (a wq entry); a wrong QK-norm gradient moves by ~1e-3
+            np.testing.assert_allclose(piece, TP_PP.shard(name, dense[name], TP_PP.coords(rank)[1]), rtol=0,
+                                       atol=3e-5, err_msg=name)
 
 
 @pytest.mark.parametrize("key, src, dst", RESHARDS)

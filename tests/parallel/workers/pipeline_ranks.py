@@ -6,7 +6,7 @@ parallel_cases (the test computes the one-device model's results itself, once).
 Layouts: training (dp1, tp2, pp2) and (dp2, tp1, pp2) on 4 decoder layers (stage 0 holds layers 0-1 and
 the embedding, stage 1 layers 2-3, the final norm and the lm_head), and (dp1, tp1, pp4) (a layer per
 stage, with 3 micro-batches: fewer than the first stage's warm-up); packed rows through (dp1, tp2, pp2);
-inference (dp4, tp1).
+inference (dp4, tp1); a Qwen3's update through (dp1, tp2, pp2).
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics).
 """
 
@@ -35,7 +35,7 @@ from mindgrpo.parallel.pipeline import Pipeline, stage_spec  # noqa: E402
 from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
-from parallel_cases import CFG_PP, LOSS, SEED, experience_arrays, prompts, updater_kwargs  # noqa: E402
+from parallel_cases import CFG_PP, CFG_PP_QWEN3, LOSS, SEED, experience_arrays, prompts, updater_kwargs  # noqa: E402
 from parallel_cases import sampling_logprobs  # noqa: E402
 
 T0 = time.time()
@@ -55,9 +55,9 @@ arrays, metrics = {}, {}
 shapes = expected_shapes(CFG_PP)
 
 
-def stage_model(layout, seed=SEED):
-    stage = stage_spec(layout, layout.stage(rank), CFG_PP.num_hidden_layers)
-    return Qwen2ForCausalLM(CFG_PP, seed=seed, max_positions=128, layers=TensorParallelLayers(comm.tp_group(layout)),
+def stage_model(layout, seed=SEED, cfg=CFG_PP):
+    stage = stage_spec(layout, layout.stage(rank), cfg.num_hidden_layers)
+    return Qwen2ForCausalLM(cfg, seed=seed, max_positions=128, layers=TensorParallelLayers(comm.tp_group(layout)),
                             stage=stage)
 
 
@@ -90,6 +90,12 @@ for key, layout, reducer, micro, batching in (
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
     policies[key] = lm
+
+# a Qwen3 (QK-norm weights replicated over the tp pieces, in their layer's stage) through (dp1, tp2, pp2)
+lm = stage_model(TP_PP, cfg=CFG_PP_QWEN3)
+updater = PolicyUpdater(lm, GRPOLoss(**LOSS), pipeline=Pipeline(comm, TP_PP), **updater_kwargs())
+metrics["update/qwen3_tp_pp"] = updater.update(exp, lr=1e-3)
+weights(lm, "b/qwen3_tp_pp")
 
 mark("updates")
 # (c) resharding the updated stages into inference layouts, and greedy rollouts after one of them
