@@ -99,3 +99,15 @@ def test_every_stage_of_the_real_configs_fits(name):
     train = ParallelLayout.from_config(cfg.actor_config.parallel_config)
     for stage in range(train.pp):
         assert plan(cfg, m, rank=stage * train.stage_size).peak(True) < 64 * GiB, stage
+
+
+def test_recompute_keeps_each_layers_output_and_one_layers_intermediates():
+    """Qwen2.5-0.5B (24 layers, h 896, 14 heads) fp32, rows of s = 512 + 128 tokens, b = 4: a layer's
+    intermediates are s*b*h*(34 + 5*a*s/h)*2 = 2,293,760 * 84 * 2 = 385,351,680 bytes; with recompute the 24
+    layers keep their outputs (s*b*h*4 = 9,175,040 each) and one layer's intermediates instead of 24."""
+    over = ["actor_config.model=qwen2_5_0_5b", "actor_config.micro_batch_size=4", "generate_config.max_prompt_length=512",
+            "generate_config.max_tokens=128", "rl_config.batch_size=4", "rl_config.num_generations=4"]
+    m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
+    plain = plan(load_config(GRPOConfig, overrides=over), m).activations
+    recomputed = plan(load_config(GRPOConfig, overrides=over + ["actor_config.recompute=true"]), m).activations
+    assert plain - recomputed == 24 * 385_351_680 - (24 * 9_175_040 + 385_351_680)
