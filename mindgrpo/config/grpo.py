@@ -197,7 +197,8 @@ class ActorConfig:
     # tokens at a time with a hand-written backward (mindgrpo/models/fused_head.py); 0: autodiff
     logprob_chunk_size: int = 0
     # activation recompute in the training graph, per decoder layer (Qwen2ForCausalLM.recompute_layers):
-    # a layer's intermediates are recomputed in the backward pass instead of kept; the same gradients
+    # a layer's intermediates are recomputed in the backward pass instead of kept; the same gradients.
+    # On MindSpore 2.10's CPU runtime it saves no memory and costs time (benchmarks/results/recompute.md)
     recompute: bool = False
     # Micro-batches by tokens (mindgrpo/grpo/packing.py), for the update and the old log-probs. > 0: a
     # mini-batch's samples, sorted by length, are cut into micro-batches of at most this many tokens,

@@ -81,7 +81,8 @@ class PolicyUpdater:
         (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout).
         max_tokens, packing, attention: as `Scorer`'s.
         recompute: activation recompute per decoder layer in the training graph
-        (`Qwen2ForCausalLM.recompute_layers`); the same gradients with less memory held."""
+        (`Qwen2ForCausalLM.recompute_layers`): the same gradients; less memory where the runtime
+        frees intermediates in time (not MindSpore 2.10's CPU runtime: `benchmarks/recompute.py`)."""
         self.lm = lm
         if recompute:
             lm.recompute_layers()
