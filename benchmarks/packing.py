@@ -85,7 +85,7 @@ def ours_worker(conn, name: str, side: str, prompts, responses, advantages) -> N
     ms.set_device("CPU")
     from mindgrpo.grpo.actor import PolicyUpdater, Scorer
     from mindgrpo.grpo.experience import pack
-    from mindgrpo.grpo.ms_algos import GRPOLoss
+    from mindgrpo.grpo.ms_objective import GRPOLoss
     from mindgrpo.grpo.packing import plan
     from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 

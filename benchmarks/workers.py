@@ -11,16 +11,20 @@
 A target is `target(conn, *args)`: it talks to the parent over `conn`; when it returns, the parent
 gets its peak RSS. An exception in a side comes back as a RuntimeError carrying the side's traceback;
 a side that ends without a word (the kernel's OOM killer sends SIGKILL) as a RuntimeError with its
-exit code. While waiting on a side, the parent checks every second that the side is still alive.
+exit code. While waiting on a side, the parent checks every second that the side is still alive; a
+side ends with its parent, however the parent ends (SIGKILL included), so none is left behind.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import traceback
 from typing import Callable, List
 
 from benchmarks.harness import peak_rss_gb
+from mindgrpo.utils.process import die_with_parent
 
 POLL_S = 1.0  # how often a waiting parent checks that the side it waits on is alive
 STOP_GRACE_S = 10.0  # SIGTERM, then this long, then SIGKILL
@@ -38,7 +42,7 @@ class Worker:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.name = target.__name__
-        self.proc = ctx.Process(target=_serve, args=(child, target, *args), name=self.name)
+        self.proc = ctx.Process(target=_serve, args=(child, os.getpid(), target, *args), name=self.name)
         self.proc.start()
         child.close()  # the child's end lives in the child only: its death closes the pipe
 
@@ -107,7 +111,8 @@ class Workers:
             w.stop()
 
 
-def _serve(conn, target: Callable, *args) -> None:
+def _serve(conn, parent: int, target: Callable, *args) -> None:
+    die_with_parent(parent, signal.SIGKILL)
     try:
         target(conn, *args)
         conn.send(peak_rss_gb())

@@ -19,6 +19,7 @@ LAYERS = (
     ("utils",),  # plain Python: registries, logging, progress, plots
     ("data", "rewards", "models", "memory", "grpo.algos"),  # tokens and datasets, reward functions,
     # the model and its weight files, the memory ledger (memory.swap), the algorithm's pure numpy math
+    ("grpo.corrections",),  # the rollout corrections' numpy math (built on grpo.algos)
     ("config", "inference"),  # the run's frozen config (validated against grpo.algos), the rollout engine
     ("parallel",),  # placement: devices, collectives, layouts, resharding, checkpoint I/O
     ("grpo", "memory.plan"),  # the trainer and its composition root; the memory planner
@@ -179,8 +180,8 @@ def test_the_checker_sees_function_level_cycles_and_upward_imports(tmp_path):
     assert cycles(graph) == [["mindgrpo.models.a", "mindgrpo.parallel.b"],
                              ["mindgrpo.parallel.c", "mindgrpo.parallel.d"]]
     assert layer_violations(graph) == [
-        "mindgrpo.models.a (models, layer 2) imports mindgrpo.parallel (parallel, layer 4)",
-        "mindgrpo.models.a (models, layer 2) imports mindgrpo.parallel.b (parallel, layer 4)"]
+        "mindgrpo.models.a (models, layer 2) imports mindgrpo.parallel (parallel, layer 5)",
+        "mindgrpo.models.a (models, layer 2) imports mindgrpo.parallel.b (parallel, layer 5)"]
     assert unit_of("mindgrpo.grpo.algos") == "grpo.algos" and unit_of("mindgrpo.grpo.trainer") == "grpo"
     with pytest.raises(AssertionError, match="belongs to no layer"):
         unit_of("mindgrpo.newpackage.x")

@@ -27,8 +27,8 @@ from mindgrpo.grpo.algos import (
     KL_ESTIMATORS,
     POLICY_LOSSES,
     REWARD_SCALES,
-    ROLLOUT_CORRECTIONS,
 )
+from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS
 
 
 def _check_name(registry, name: str, key: str) -> None:

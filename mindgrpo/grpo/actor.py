@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindgrpo.grpo.experience import Experience
-from mindgrpo.grpo.ms_algos import GRPOLoss
+from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
 from mindgrpo.grpo.packing import Batching, MicroBatch, gather_samples, plan
 from mindgrpo.grpo.train_graph import MAXIMA, SUMMED, GRPOGradStep, PolicyLoss, StageGradStep, metric_keys

@@ -1,5 +1,5 @@
-"""GRPO math in numpy: advantages, KL estimators, policy losses, the rollout correction, loss
-aggregation.
+"""GRPO math in numpy: advantages, KL estimators, policy losses, loss aggregation. The rollout
+correction is in `corrections.py`, the objective that combines them in `objective.py`.
 
 Pure functions: arrays and explicit scalars in, arrays and a metrics dict out. No config
 objects, no logging, no collectives. `ms_algos.py` is the same math in MindSpore ops for the
@@ -16,8 +16,6 @@ function's keyword-only parameters are its settings, named like the `rl_config` 
     KL_ESTIMATORS        per-token KL           fn(logp, ref_logp) -> (B, R)
     POLICY_LOSSES        per-token policy loss  fn(logp, old_logp, advantages, mask, *, ...)
                                                     -> ((B, R) loss, metrics)
-    ROLLOUT_CORRECTIONS  rollout/training       fn(old_logp, rollout_logp, mask, *, ...)
-                         importance weights         -> (B, R) or (B, 1) weight, or None
     AGG_MODES            loss aggregation       fn(loss, mask, max_len, global_tokens, global_seqs)
                                                     -> scalar
 """
@@ -35,7 +33,6 @@ ADVANTAGES = Registry("advantage estimator")
 REWARD_SCALES = Registry("advantage scale")
 KL_ESTIMATORS = Registry("KL estimator")
 POLICY_LOSSES = Registry("policy loss")
-ROLLOUT_CORRECTIONS = Registry("rollout correction")
 AGG_MODES = Registry("loss aggregation mode")
 
 Metrics = Dict[str, float]
@@ -344,87 +341,6 @@ def top_entropy_mask(entropy, mask, top_entropy_quantile: float):
 
 
 # ---------------------------------------------------------------------------------------
-# Rollout/training mismatch: old_logp (the training side's log-probs before the update),
-# rollout_logp (the rollout engine's, of the distribution it sampled from, after top-k/p) (B, R)
-# -> weights of the per-token policy loss, (B, R) per token or (B, 1) per sequence, or None
-# ---------------------------------------------------------------------------------------
-
-
-def _log_weight(old_logp, rollout_logp, mask, sequence: bool):
-    d = (np.asarray(old_logp) - np.asarray(rollout_logp)) * mask  # (B, R); padding: weight 1
-    return d.sum(axis=-1, keepdims=True) if sequence else d
-
-
-def _truncated(log_w, threshold):
-    with np.errstate(over="ignore"):  # exp overflows to inf, which the cap takes down to threshold
-        return np.minimum(np.exp(log_w), threshold)
-
-
-def _masked(log_w, threshold):
-    with np.errstate(over="ignore"):
-        w = np.exp(log_w)
-    return np.where((w >= 1.0 / threshold) & (w <= threshold), w, 0.0)
-
-
-@ROLLOUT_CORRECTIONS.register("none")
-def no_correction(old_logp, rollout_logp, mask):
-    return None
-
-
-@ROLLOUT_CORRECTIONS.register("tis_token")
-def tis_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    """Truncated importance sampling per token (Yao et al. 2025): min(exp(old - rollout), threshold)
-    (TRL's vllm_importance_sampling_mode="token_truncate", clip_max = threshold, no clip_min)."""
-    return _truncated(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
-
-
-@ROLLOUT_CORRECTIONS.register("tis_sequence")
-def tis_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    """One truncated weight per sequence: min(prod of its tokens' ratios, threshold)
-    (TRL's "sequence_truncate")."""
-    return _truncated(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
-
-
-@ROLLOUT_CORRECTIONS.register("mask_token")
-def mask_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    """Tokens whose ratio leaves [1 / threshold, threshold] get weight 0, the others their ratio
-    (TRL's "token_mask", clip_min = 1 / threshold, clip_max = threshold)."""
-    return _masked(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
-
-
-@ROLLOUT_CORRECTIONS.register("mask_sequence")
-def mask_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    """Sequences whose ratio (the product of their tokens') leaves [1 / threshold, threshold] get
-    weight 0, the others their ratio (TRL's "sequence_mask")."""
-    return _masked(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
-
-
-def correction_metrics(weight, raw_log_weight, mask) -> Metrics:
-    """weight: a correction's (B, R) or (B, 1) output; raw_log_weight: its uncorrected log (the
-    same shape). Token means over mask, a sequence's weight counting for each of its tokens:
-    weight_mean, weight_max, clipfrac (tokens whose weight was truncated or masked)."""
-    w = np.broadcast_to(weight, np.shape(mask))
-    with np.errstate(over="ignore"):
-        changed = np.broadcast_to(np.exp(raw_log_weight) != weight, np.shape(mask))
-    return {"rollout_correction/weight_mean": float(masked_mean(w, mask)),
-            "rollout_correction/weight_max": masked_max(w, mask),
-            "rollout_correction/clipfrac": float(masked_mean(changed, mask))}
-
-
-def mismatch_metrics(train_logp, rollout_logp, mask) -> Metrics:
-    """How far the rollout engine's log-probs are from the training graph's for the same tokens
-    (token means over mask): mean and max |train - rollout|, the k3 estimate of
-    KL(rollout || train) (the tokens are samples of the rollout's distribution), and
-    log_ppl_ratio = mean(rollout - train), the log of the training perplexity over the rollout
-    perplexity (the trainer logs its exp as ppl_ratio)."""
-    d = np.asarray(train_logp) - np.asarray(rollout_logp)
-    return {"mismatch/abs_diff_mean": float(masked_mean(np.abs(d), mask)),
-            "mismatch/abs_diff_max": masked_max(np.abs(d), mask),
-            "mismatch/k3": float(masked_mean(kl_k3(rollout_logp, train_logp), mask)),
-            "mismatch/log_ppl_ratio": float(masked_mean(-d, mask))}
-
-
-# ---------------------------------------------------------------------------------------
 # Loss aggregation
 #
 # Every mode is   sum over this batch's sequences / a count   so a global batch split into
@@ -475,53 +391,3 @@ def aggregate(per_token_loss, mask, mode: str = "token-mean", max_len: Optional[
     fn = AGG_MODES.get(mode)
     max_len = loss.shape[-1] if max_len is None else max_len
     return fn(loss, mask, max_len, global_tokens, global_seqs)
-
-
-# ---------------------------------------------------------------------------------------
-# The GRPO objective
-# ---------------------------------------------------------------------------------------
-
-
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0.0,
-              kl_kind: str = "low_var_kl", agg_mode: str = "token-mean", max_len: Optional[int] = None,
-              global_tokens: Optional[float] = None, global_seqs: Optional[float] = None,
-              policy_loss: str = "ppo_clip", entropy=None, top_entropy_quantile: float = 1.0,
-              rollout_logp=None, rollout_correction: str = "none", rollout_correction_threshold: float = 2.0,
-              **loss_params):
-    """aggregate(policy loss * top-entropy mask * rollout weight) + beta * aggregate(KL to the
-    reference), both with `agg_mode`, as TRL's _compute_loss (the KL term is neither masked nor
-    weighted). Masked tokens keep counting in the normalisers.
-
-    loss_params: the keyword parameters of `policy_loss` (e.g. clip_low=0.2).
-    entropy (B, R): needed when top_entropy_quantile < 1.
-    rollout_logp (B, R): the rollout engine's log-probs of the sampled distribution; with
-    rollout_correction != "none" the per-token policy loss is weighted by the correction's weights
-    (computed against old_logp) and their metrics are reported. None: no correction.
-    ref_logp may be None when beta == 0; when given, its KL is reported even with beta == 0.
-    Returns (loss scalar, metrics).
-    """
-    pg_tok, metrics = POLICY_LOSSES.get(policy_loss)(logp, old_logp, advantages, mask, **loss_params)
-    if top_entropy_quantile < 1.0:
-        if entropy is None:
-            raise ValueError("grpo_loss: top_entropy_quantile < 1 needs entropy")
-        pg_tok = pg_tok * top_entropy_mask(entropy, mask, top_entropy_quantile)
-    correct = ROLLOUT_CORRECTIONS.get(rollout_correction)
-    if rollout_logp is not None and rollout_correction != "none":
-        weight = correct(old_logp, rollout_logp, mask, rollout_correction_threshold=rollout_correction_threshold)
-        pg_tok = pg_tok * weight
-        raw = _log_weight(old_logp, rollout_logp, mask, sequence=np.shape(weight)[-1] == 1)
-        metrics.update(correction_metrics(weight, raw, mask))
-    norm = dict(mode=agg_mode, max_len=max_len, global_tokens=global_tokens, global_seqs=global_seqs)
-    pg = aggregate(pg_tok, mask, **norm)
-    loss = pg
-    metrics["pg_loss"] = float(pg)
-    if beta != 0.0 and ref_logp is None:
-        raise ValueError("grpo_loss: beta != 0 needs ref_logp")
-    if ref_logp is not None:
-        kl_tok = kl_penalty(logp, ref_logp, kl_kind)  # (B, R)
-        kl = aggregate(kl_tok, mask, **norm)
-        metrics["kl_loss"] = float(kl)
-        metrics["kl"] = float(masked_mean(kl_tok, mask))
-        if beta != 0.0:
-            loss = pg + beta * kl
-    return loss, metrics

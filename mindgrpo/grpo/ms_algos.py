@@ -10,11 +10,11 @@ Two layers:
     source of names):
         KL_ESTIMATORS        fn(logp, ref_logp) -> (B, R)
         POLICY_LOSSES        fn(logp, old_logp, advantages, mask, *, ...) -> ((B, R) loss, metrics)
-        ROLLOUT_CORRECTIONS  fn(old_logp, rollout_logp, mask, *, ...) -> (B, R) or (B, 1) weight, or None
         AGG_MODES            fn(loss, mask, max_len, global_tokens, global_seqs) -> 0-d
   * Cells that resolve names through those registries when they are built (in Python, where
     unknown names fail listing the valid ones) and only do tensor math in `construct`:
-        KLPenalty(kind), Aggregate(mode, max_len), GRPOLoss(beta, kl_kind, agg_mode, ...).
+        KLPenalty(kind), Aggregate(mode, max_len); GRPOLoss, which combines them with the rollout
+        correction, is in `ms_objective.py`.
     The lookup cannot happen inside `construct`: MindSpore's graph compiler parses every
     function called there, and `Registry.get` contains a try/except, which it rejects.
 
@@ -31,14 +31,13 @@ from __future__ import annotations
 from typing import Optional
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 
 from mindgrpo.grpo import algos
 from mindgrpo.utils.registry import Registry
 
 KL_ESTIMATORS = Registry("KL estimator", names_from=algos.KL_ESTIMATORS)
 POLICY_LOSSES = Registry("policy loss", names_from=algos.POLICY_LOSSES)
-ROLLOUT_CORRECTIONS = Registry("rollout correction", names_from=algos.ROLLOUT_CORRECTIONS)
 AGG_MODES = Registry("loss aggregation mode", names_from=algos.AGG_MODES)
 
 
@@ -219,65 +218,6 @@ def top_entropy_mask(entropy, mask, quantile):
 
 
 # ---------------------------------------------------------------------------------------
-# Rollout/training mismatch (see algos.py)
-# ---------------------------------------------------------------------------------------
-
-
-def _log_weight(old_logp, rollout_logp, mask, sequence: bool):
-    d = (old_logp - rollout_logp) * mask  # (B, R); padding: weight 1
-    return d.sum(-1, keepdims=True) if sequence else d
-
-
-def _truncated(log_w, threshold):
-    return ops.clamp(ops.exp(log_w), max=threshold)
-
-
-def _masked(log_w, threshold):
-    w = ops.exp(log_w)
-    keep = ops.logical_and(w >= 1.0 / threshold, w <= threshold)
-    return ops.where(keep, w, ops.zeros_like(w))
-
-
-@ROLLOUT_CORRECTIONS.register("none")
-def no_correction(old_logp, rollout_logp, mask):
-    return None
-
-
-@ROLLOUT_CORRECTIONS.register("tis_token")
-def tis_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    return _truncated(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
-
-
-@ROLLOUT_CORRECTIONS.register("tis_sequence")
-def tis_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    return _truncated(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
-
-
-@ROLLOUT_CORRECTIONS.register("mask_token")
-def mask_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    return _masked(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
-
-
-@ROLLOUT_CORRECTIONS.register("mask_sequence")
-def mask_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    return _masked(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
-
-
-def correction_metrics(weight, raw_log_weight, mask):
-    """(weight_mean, weight_max, clipfrac) as algos.correction_metrics."""
-    w = ops.broadcast_to(weight, mask.shape)
-    changed = ops.broadcast_to((ops.exp(raw_log_weight) != weight).astype(mask.dtype), mask.shape)
-    return masked_mean(w, mask), masked_max(w, mask), masked_mean(changed, mask)
-
-
-def mismatch_metrics(train_logp, rollout_logp, mask):
-    """(abs_diff_mean, abs_diff_max, k3, log_ppl_ratio) as algos.mismatch_metrics."""
-    d = ops.abs(train_logp - rollout_logp)
-    return (masked_mean(d, mask), masked_max(d, mask), masked_mean(kl_k3(rollout_logp, train_logp), mask),
-            masked_mean(rollout_logp - train_logp, mask))
-
-
-# ---------------------------------------------------------------------------------------
 # Loss aggregation: sum over this batch's sequences / a (global) count
 # ---------------------------------------------------------------------------------------
 
@@ -330,80 +270,3 @@ class Aggregate(nn.Cell):
     def construct(self, per_token_loss, mask, global_tokens=None, global_seqs=None):
         max_len = per_token_loss.shape[-1] if self.max_len is None else self.max_len
         return self.reduce(per_token_loss, mask, max_len, global_tokens, global_seqs)
-
-
-def _settings(registry: Registry, name: str, given: dict) -> dict:
-    """`given` checked against the keyword parameters of `name`'s function."""
-    unknown = sorted(set(given) - set(registry.params(name)))
-    if unknown:
-        raise TypeError(f"{registry.kind} {name!r} has no parameter {', '.join(unknown)}; "
-                        f"its parameters: {', '.join(registry.params(name)) or '(none)'}")
-    return dict(given)
-
-
-class GRPOLoss(nn.Cell):
-    """aggregate(policy loss * top-entropy mask * rollout weight) + beta * aggregate(KL), as
-    algos.grpo_loss.
-
-    construct(logp, old_logp, ref_logp, advantages, mask, global_tokens=None, global_seqs=None,
-              entropy=None, rollout_logp=None)
-        logp, old_logp, ref_logp, mask, entropy, rollout_logp: (B, R); advantages: (B,) or (B, R);
-        ref_logp may be None when beta == 0; entropy is needed when top_entropy_quantile < 1;
-        rollout_logp None: no rollout correction. Returns (0-d loss, metrics of 0-d tensors).
-    loss_params: the keyword parameters of `policy_loss` (e.g. clip_low=0.2).
-    """
-
-    def __init__(self, beta: float = 0.0, kl_kind: str = "low_var_kl", agg_mode: str = "token-mean",
-                 max_len: Optional[int] = None, policy_loss: str = "ppo_clip", top_entropy_quantile: float = 1.0,
-                 rollout_correction: str = "none", rollout_correction_threshold: float = 2.0, **loss_params):
-        super().__init__()
-        dual_clip = loss_params.get("dual_clip")
-        if dual_clip is not None and dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-        if not 0.0 <= top_entropy_quantile <= 1.0:
-            raise ValueError(f"top_entropy_quantile must be in [0, 1], got {top_entropy_quantile}")
-        self.beta = beta
-        self.policy_loss = POLICY_LOSSES.get(policy_loss)
-        self.loss_params = _settings(POLICY_LOSSES, policy_loss, loss_params)
-        self.quantile = None if top_entropy_quantile >= 1.0 else Tensor(1.0 - top_entropy_quantile, ms.float64)
-        self.correct = ROLLOUT_CORRECTIONS.get(rollout_correction)
-        self.correction_params = {k: rollout_correction_threshold
-                                  for k in ROLLOUT_CORRECTIONS.params(rollout_correction)}
-        self.corrects = rollout_correction != "none"  # rollout_logp, when given, weighs the loss
-        self.kl = KLPenalty(kl_kind)
-        self.aggregate = Aggregate(agg_mode, max_len)
-
-    @property
-    def needs_entropy(self) -> bool:
-        return self.quantile is not None
-
-    def construct(self, logp, old_logp, ref_logp, advantages, mask, global_tokens=None, global_seqs=None,
-                  entropy=None, rollout_logp=None):
-        if ref_logp is None and self.beta != 0.0:
-            raise ValueError("GRPOLoss: beta != 0 needs ref_logp")
-        pg_tok, metrics = self.policy_loss(logp, old_logp, advantages, mask, **self.loss_params)
-        if self.quantile is not None:
-            if entropy is None:
-                raise ValueError("GRPOLoss: top_entropy_quantile < 1 needs entropy")
-            pg_tok = pg_tok * top_entropy_mask(entropy, mask, self.quantile)
-        if rollout_logp is not None:
-            weight = self.correct(old_logp, rollout_logp, mask, **self.correction_params)
-            if weight is not None:
-                weight = ops.stop_gradient(weight)
-                pg_tok = pg_tok * weight
-                raw = ops.stop_gradient(_log_weight(old_logp, rollout_logp, mask, weight.shape[-1] == 1))
-                w_mean, w_max, w_clipped = correction_metrics(weight, raw, mask)
-                metrics["rollout_correction/weight_mean"] = w_mean
-                metrics["rollout_correction/weight_max"] = w_max
-                metrics["rollout_correction/clipfrac"] = w_clipped
-        pg = self.aggregate(pg_tok, mask, global_tokens, global_seqs)
-        loss = pg
-        metrics["pg_loss"] = pg
-        if ref_logp is not None:
-            kl_tok = self.kl(logp, ref_logp)  # (B, R)
-            kl = self.aggregate(kl_tok, mask, global_tokens, global_seqs)
-            metrics["kl_loss"] = kl
-            metrics["kl"] = masked_mean(kl_tok, mask)
-            if self.beta != 0.0:
-                loss = pg + self.beta * kl
-        return loss, metrics

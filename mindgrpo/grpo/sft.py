@@ -17,7 +17,7 @@ import numpy as np
 from mindgrpo.data.synthetic import flawed_solution
 from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.experience import pack
-from mindgrpo.grpo.ms_algos import GRPOLoss
+from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptSource
 

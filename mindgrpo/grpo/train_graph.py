@@ -14,7 +14,8 @@ from typing import Sequence
 import mindspore as ms
 from mindspore import Parameter, nn, ops
 
-from mindgrpo.grpo.ms_algos import GRPOLoss, mismatch_metrics
+from mindgrpo.grpo.ms_corrections import mismatch_metrics
+from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import AccumulateGrads, GradBuffer
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import PackedTokenLogProbs, TokenLogProbs
@@ -22,8 +23,8 @@ from mindgrpo.models.scoring import PackedTokenLogProbs, TokenLogProbs
 # per-micro-batch metrics of the training graph; all but pg_loss are token means (nll: -log p of the
 # scored tokens under the policy before the update, free with the forward pass)
 METRIC_KEYS = ("pg_loss", "kl", "entropy", "clipfrac", "clipfrac_low", "clipfrac_high", "nll")
-# with the rollout engine's log-probs: how far they are from the training graph's (algos.mismatch_metrics),
-# and, with a rollout correction, its weights (algos.correction_metrics)
+# with the rollout engine's log-probs: how far they are from the training graph's (corrections.mismatch_metrics),
+# and, with a rollout correction, its weights (corrections.correction_metrics)
 MISMATCH_KEYS = ("mismatch/abs_diff_mean", "mismatch/abs_diff_max", "mismatch/k3", "mismatch/log_ppl_ratio")
 CORRECTION_KEYS = ("rollout_correction/weight_mean", "rollout_correction/weight_max", "rollout_correction/clipfrac")
 # how a step combines its micro-batches' values: pg_loss is already normalised globally (summed), the

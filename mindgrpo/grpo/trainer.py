@@ -135,7 +135,7 @@ class GRPOTrainer:
         memory.register("optimizer", self.updater.resident_parameters())
 
     def _loss(self):
-        from mindgrpo.grpo.ms_algos import GRPOLoss
+        from mindgrpo.grpo.ms_objective import GRPOLoss
 
         rl = self.cfg.rl_config
         return GRPOLoss(beta=rl.beta, kl_kind=rl.kl_kind, agg_mode=rl.loss_agg_mode,

@@ -3,6 +3,9 @@ instead of being waited for (the GRPO step benchmark hung when TRL's side failed
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -61,3 +64,51 @@ def test_sides_answer_and_end_with_their_peak_memory():
         peak_gib = side.ask("stop")
     assert isinstance(peak_gib, float) and peak_gib > 0
     assert side.proc.exitcode == 0
+
+
+SIDE_OF_A_KILLED_PARENT = """
+import os, sys, time
+
+def idle(conn):
+    conn.send(os.getpid())
+    time.sleep(600)
+
+if __name__ == "__main__":
+    from benchmarks.workers import Workers
+    with Workers() as sides:
+        print(sides.start(idle).recv(), flush=True)
+        time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's zombie may wait long for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sides end with their parent on Linux only")
+def test_a_side_ends_when_its_parent_is_killed(tmp_path):
+    """Killing a benchmark (SIGKILL: no handler runs) must not leave its sides running."""
+    script = tmp_path / "parent.py"
+    script.write_text(SIDE_OF_A_KILLED_PARENT)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=repo,
+                              env={**os.environ, "PYTHONPATH": repo})
+    side = None
+    try:
+        side = int(parent.stdout.readline())
+        assert _running(side)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while _running(side) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(side)
+    finally:
+        parent.kill()
+        if side is not None and _running(side):
+            os.kill(side, signal.SIGKILL)

@@ -21,7 +21,8 @@ import trl
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
-from mindgrpo.grpo import algos
+from mindgrpo.grpo import algos, corrections
+from mindgrpo.grpo.objective import grpo_loss
 from mindgrpo.grpo.algos import (
     ADVANTAGES,
     AGG_MODES,
@@ -29,7 +30,6 @@ from mindgrpo.grpo.algos import (
     POLICY_LOSSES,
     aggregate,
     group_advantages,
-    grpo_loss,
     kl_penalty,
     masked_mean,
     masked_sum,
@@ -466,7 +466,7 @@ def test_micro_batches_with_global_tokens_match_trl_dapo():
 def test_registries_hold_what_the_module_exports():
     assert ADVANTAGES.names() == ["dr_grpo", "grpo", "reinforce_plus_plus_baseline", "rloo"]
     assert POLICY_LOSSES.names() == ["cispo", "gmpo", "gspo", "ppo_clip", "sapo"]
-    assert algos.ROLLOUT_CORRECTIONS.names() == ["mask_sequence", "mask_token", "none", "tis_sequence", "tis_token"]
+    assert corrections.ROLLOUT_CORRECTIONS.names() == ["mask_sequence", "mask_token", "none", "tis_sequence", "tis_token"]
     assert KL_ESTIMATORS.names() == ["k1", "k2", "k3", "low_var_kl"]
     assert AGG_MODES.names() == ["seq-mean-token-mean", "seq-mean-token-sum-norm", "token-mean"]
     assert algos.REWARD_SCALES.names() == ["batch", "group", "none"]

@@ -9,7 +9,7 @@ from mindgrpo.config import GRPOConfig
 from mindgrpo.config.loader import from_dict
 from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.experience import pack
-from mindgrpo.grpo.ms_algos import GRPOLoss
+from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.prompts import PromptSource
 from mindgrpo.grpo.trainer import GRPOTrainer, TrainingStopped
 from mindgrpo.inference.engine import Completion

@@ -17,8 +17,9 @@ import pytest
 import torch
 from mindspore import Tensor, nn
 
-from mindgrpo.grpo import algos, ms_algos
-from mindgrpo.grpo.ms_algos import Aggregate, GRPOLoss, KLPenalty
+from mindgrpo.grpo import algos, ms_algos, objective
+from mindgrpo.grpo.ms_algos import Aggregate, KLPenalty
+from mindgrpo.grpo.ms_objective import GRPOLoss
 from test_algos import TRL_MODES, TRLLoss, random_batch, torch_of  # tests/grpo is on sys.path under pytest
 
 FP32_CONST = 1e-7
@@ -122,7 +123,7 @@ def test_grpo_loss_matches_numpy(mode, kind, dual_clip):
     logp, old, ref, adv, mask = random_batch(rng, B=8, spread=0.8)
     cell = GRPOLoss(beta=0.05, kl_kind=kind, clip_low=0.2, clip_high=0.28, dual_clip=dual_clip, agg_mode=mode)
     loss, metrics = cell(t(logp), t(old), t(ref), t(adv), t(mask))
-    np_loss, np_metrics = algos.grpo_loss(logp, old, ref, adv, mask, beta=0.05, kl_kind=kind, clip_low=0.2,
+    np_loss, np_metrics = objective.grpo_loss(logp, old, ref, adv, mask, beta=0.05, kl_kind=kind, clip_low=0.2,
                                           clip_high=0.28, dual_clip=dual_clip, agg_mode=mode)
     assert loss.asnumpy() == pytest.approx(np_loss, rel=FP32_CONST, abs=FP32_CONST)
     assert set(metrics) == set(np_metrics)
@@ -135,11 +136,11 @@ def test_grpo_loss_float32_and_no_reference():
     logp, old, ref, adv, mask = random_batch(rng)
     f32 = [t(a, ms.float32) for a in (logp, old, ref, adv, mask)]
     loss, _ = GRPOLoss(beta=0.1, kl_kind="k3", agg_mode="seq-mean-token-mean")(*f32)
-    np_loss, _ = algos.grpo_loss(logp, old, ref, adv, mask, beta=0.1, kl_kind="k3", agg_mode="seq-mean-token-mean")
+    np_loss, _ = objective.grpo_loss(logp, old, ref, adv, mask, beta=0.1, kl_kind="k3", agg_mode="seq-mean-token-mean")
     assert loss.dtype == ms.float32 and loss.asnumpy() == pytest.approx(np_loss, rel=1e-5)
     # beta 0: ref_logp may be None, and the loss is the policy term alone
     loss, metrics = GRPOLoss()(t(logp), t(old), None, t(adv), t(mask))
-    assert loss.asnumpy() == pytest.approx(algos.grpo_loss(logp, old, None, adv, mask)[0], rel=FP32_CONST)
+    assert loss.asnumpy() == pytest.approx(objective.grpo_loss(logp, old, None, adv, mask)[0], rel=FP32_CONST)
     assert "kl" not in metrics
 
 
@@ -193,14 +194,14 @@ def test_gradient_matches_trl_autograd(loss_type):
 
 
 def numeric_grad(logp, old, ref, adv, mask, kw, h=1e-6):
-    """d algos.grpo_loss / d logp by central differences (float64), one element at a time."""
+    """d objective.grpo_loss / d logp by central differences (float64), one element at a time."""
     fd = np.zeros_like(logp)
     for idx in np.ndindex(logp.shape):
         up, down = logp.copy(), logp.copy()
         up[idx] += h
         down[idx] -= h
-        fd[idx] = (algos.grpo_loss(up, old, ref, adv, mask, **kw)[0]
-                   - algos.grpo_loss(down, old, ref, adv, mask, **kw)[0]) / (2 * h)
+        fd[idx] = (objective.grpo_loss(up, old, ref, adv, mask, **kw)[0]
+                   - objective.grpo_loss(down, old, ref, adv, mask, **kw)[0]) / (2 * h)
     return fd
 
 

@@ -15,7 +15,7 @@ import pytest
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.algos import AGG_MODES
 from mindgrpo.grpo.experience import Experience, pack
-from mindgrpo.grpo.ms_algos import GRPOLoss
+from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.packing import Batching, bucket_length, bucket_tokens, plan, pow2, shape_bound
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 

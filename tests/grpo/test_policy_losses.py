@@ -14,8 +14,9 @@ import torch
 from mindspore import Tensor, nn
 
 from mindgrpo.grpo import algos, ms_algos
-from mindgrpo.grpo.algos import POLICY_LOSSES, grpo_loss, top_entropy_mask
-from mindgrpo.grpo.ms_algos import GRPOLoss
+from mindgrpo.grpo.algos import POLICY_LOSSES, top_entropy_mask
+from mindgrpo.grpo.objective import grpo_loss
+from mindgrpo.grpo.ms_objective import GRPOLoss
 from test_algos import HAND_ADV, HAND_MASK, HAND_RATIOS, TRLLoss, random_batch, torch_of
 from test_ms_algos import numeric_grad
 

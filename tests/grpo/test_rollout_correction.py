@@ -18,11 +18,12 @@ import torch
 from mindspore import Tensor, nn
 
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
-from mindgrpo.grpo import algos, ms_algos
+from mindgrpo.grpo import algos, corrections, ms_algos, ms_corrections
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
-from mindgrpo.grpo.algos import ROLLOUT_CORRECTIONS, grpo_loss, mismatch_metrics
+from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS, mismatch_metrics
 from mindgrpo.grpo.experience import pack
-from mindgrpo.grpo.ms_algos import GRPOLoss
+from mindgrpo.grpo.ms_objective import GRPOLoss
+from mindgrpo.grpo.objective import grpo_loss
 from mindgrpo.grpo.train_graph import CORRECTION_KEYS, METRIC_KEYS, MISMATCH_KEYS
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from test_algos import HAND_ADV, HAND_MASK, TRLLoss, random_batch, torch_of
@@ -190,7 +191,7 @@ class LossAndMismatch(nn.Cell):
 
     def construct(self, logp, old_logp, ref_logp, advantages, mask, rollout_logp):
         loss, metrics = self.loss(logp, old_logp, ref_logp, advantages, mask, None, None, None, rollout_logp)
-        return loss, metrics, ms_algos.mismatch_metrics(old_logp, rollout_logp, mask)
+        return loss, metrics, ms_corrections.mismatch_metrics(old_logp, rollout_logp, mask)
 
 
 @pytest.mark.parametrize("mode", ["none"] + list(TRL_MODES))
@@ -307,18 +308,17 @@ def test_trainer_uses_the_rollout_logprobs(graph_mode):
 
 def test_registries_twin_and_settings_are_config_keys():
     from mindgrpo.config import RLConfig
-    from mindgrpo.grpo import ms_algos
 
     for np_reg, ms_reg in ((algos.POLICY_LOSSES, ms_algos.POLICY_LOSSES), (algos.KL_ESTIMATORS, ms_algos.KL_ESTIMATORS),
                            (algos.AGG_MODES, ms_algos.AGG_MODES),
-                           (algos.ROLLOUT_CORRECTIONS, ms_algos.ROLLOUT_CORRECTIONS)):
+                           (corrections.ROLLOUT_CORRECTIONS, ms_corrections.ROLLOUT_CORRECTIONS)):
         assert ms_reg.names() == np_reg.names(), np_reg.kind
         for name in np_reg.names():
             assert ms_reg.params(name) == np_reg.params(name), name
     with pytest.raises(ValueError, match="not a name of its source registry"):
         ms_algos.POLICY_LOSSES.register("ppo")(lambda: None)
     fields = set(RLConfig.__dataclass_fields__)
-    for registry in (algos.ADVANTAGES, algos.POLICY_LOSSES, algos.ROLLOUT_CORRECTIONS):
+    for registry in (algos.ADVANTAGES, algos.POLICY_LOSSES, corrections.ROLLOUT_CORRECTIONS):
         for name in registry.names():
             assert set(registry.params(name)) <= fields, name
     cfg = replace(RLConfig(), policy_loss="sapo")

@@ -20,7 +20,7 @@ ms.set_device("CPU")
 
 from mindgrpo.grpo.actor import PolicyUpdater  # noqa: E402
 from mindgrpo.grpo.experience import pack  # noqa: E402
-from mindgrpo.grpo.ms_algos import GRPOLoss  # noqa: E402
+from mindgrpo.grpo.ms_objective import GRPOLoss  # noqa: E402
 from mindgrpo.inference.engine import RolloutEngine  # noqa: E402
 from mindgrpo.inference.sampling import SamplingParams  # noqa: E402
 from mindgrpo.models.checkpoint import load_state  # noqa: E402
