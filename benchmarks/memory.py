@@ -47,7 +47,7 @@ def side(conn, layers: int, vocab: int, recompute: bool, chunk: int) -> None:
 
     from mindgrpo.grpo.actor import PolicyUpdater, Scorer
     from mindgrpo.grpo.experience import pack
-    from mindgrpo.grpo.ms_algos import GRPOLoss
+    from mindgrpo.grpo.ms_objective import GRPOLoss
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.inference.sampling import SamplingParams
     from mindgrpo.models.presets import preset_config

@@ -46,7 +46,7 @@ def side(conn, layers: int, vocab: int, recompute: bool) -> None:
     import mindspore as ms
 
     from mindgrpo.grpo.actor import PolicyUpdater
-    from mindgrpo.grpo.ms_algos import GRPOLoss
+    from mindgrpo.grpo.ms_objective import GRPOLoss
     from mindgrpo.models.presets import preset_config
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 

@@ -14,7 +14,7 @@ from mindspore import Tensor
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
 from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.experience import pack
-from mindgrpo.grpo.ms_algos import GRPOLoss
+from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 
