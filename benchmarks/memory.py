@@ -10,8 +10,8 @@ batches of 4 rows, beta 0.04. In the order a run builds and runs them:
 
     policy            the policy's fp32 parameters
     inference         the inference model (a second copy) and its first sync from the policy
-    generate (1st)    the rollout engine's first call: prefill / copy / decode graphs compiled, the
-                      KV cache and the fused copies of the layer weights made
+    generate (1st)    the rollout engine built and its first call: prefill / copy / decode graphs
+                      compiled, the KV cache and the fused copies of the layer weights made
     generate (2nd)    a second call on the same shapes
     reference         the reference model's parameters
     reference scoring (1st, 2nd)   the scoring graph over the reference, micro-batch by micro-batch
@@ -21,7 +21,8 @@ batches of 4 rows, beta 0.04. In the order a run builds and runs them:
 
 Per part: resident memory before and after (held: CPU memory pools keep what a graph used) and the
 peak while it ran (VmHWM, reset before each part), in GB = 10^9 bytes. Two layer counts give every
-part as fixed + per layer x layers, extrapolated to the 24 layers of Qwen2.5-0.5B.
+part as fixed + per layer x layers, extrapolated to the 24 layers of Qwen2.5-0.5B, beside what
+`scripts/plan_memory.py` plans for it on the same workload (`PLANNED`: its groups per part).
 """
 
 from __future__ import annotations
@@ -88,9 +89,13 @@ def side(conn, layers: int, vocab: int, recompute: bool, chunk: int) -> None:
         state["sync"]()
 
     part("inference", inference)
-    state["engine"] = RolloutEngine(state["inference"], max_num_seqs=len(prompts) * G,
-                                    max_model_len=max(PROMPT_LENGTHS) + RESPONSE)
-    part("generate (1st)", lambda: state.update(completions=state["engine"].generate(prompts, params)))
+
+    def first_generate():
+        state["engine"] = RolloutEngine(state["inference"], max_num_seqs=len(prompts) * G,
+                                        max_model_len=max(PROMPT_LENGTHS) + RESPONSE)
+        state["completions"] = state["engine"].generate(prompts, params)
+
+    part("generate (1st)", first_generate)
     part("generate (2nd)", lambda: state.update(completions=state["engine"].generate(prompts, params)))
     experience()
 
@@ -147,6 +152,31 @@ def fit(res: dict) -> dict:
     return out
 
 
+# what mindgrpo/memory/plan.py counts for each part (its groups, bytes)
+PLANNED = {"policy": ("policy",), "inference": ("inference model", "transient"), "generate (1st)": ("fused", "kv_cache"),
+           "reference": ("reference",), "reference scoring (1st)": (), "grads + AdamW": ("grads", "optimizer"),
+           "update (1st)": ("activations",)}
+
+
+def planned(vocab: int, layers: int = FULL_LAYERS) -> dict:
+    """part -> GB that `scripts/plan_memory.py` plans for it, on this workload (one device, fp32)."""
+    from mindgrpo.config import GRPOConfig, load_config
+    from mindgrpo.memory.plan import inference_copy_bytes, piece_bytes, plan
+    from mindgrpo.models.presets import preset_config
+    from mindgrpo.parallel.layout import ParallelLayout
+
+    cfg = load_config(GRPOConfig, overrides=[
+        f"rl_config.batch_size={len(PROMPT_LENGTHS)}", f"rl_config.num_generations={G}", f"rl_config.beta={BETA}",
+        f"generate_config.max_prompt_length={max(PROMPT_LENGTHS)}", f"generate_config.max_tokens={RESPONSE}",
+        f"generate_config.max_num_seqs={len(PROMPT_LENGTHS) * G}", f"actor_config.micro_batch_size={MICRO_BATCH}"])
+    mcfg = preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
+    p = plan(cfg, mcfg)
+    one = ParallelLayout()
+    groups = dict(p.groups, activations=p.activations, fused=inference_copy_bytes(mcfg, one))
+    groups["inference model"] = piece_bytes(mcfg, one)
+    return {part: sum(groups[g] for g in names) / 1e9 for part, names in PLANNED.items()}
+
+
 def markdown(res: dict) -> str:
     counts = sorted(int(k) for k in res["layers"])
     lines = ["# Where the memory of a GRPO step goes (Qwen2.5-0.5B shape)", "",
@@ -159,8 +189,9 @@ def markdown(res: dict) -> str:
              f"{res['recompute']}, logprob_chunk_size {res['chunk']}. Resident memory in GB (10^9 bytes): held = "
              "after the part (CPU memory pools keep what a graph used); peak = while it ran.", ""]
     head = "| part | " + " | ".join(f"{n} layers: s, +held, peak" for n in counts) + \
-        " | +held = fixed + per layer | at 24 layers: +held | peak over before at 24 |"
-    lines += [head, "|" + "---|" * (2 + len(counts) + 2)]
+        " | +held = fixed + per layer | at 24 layers: +held | peak over before at 24 | plan_memory at 24 |"
+    lines += [head, "|" + "---|" * (2 + len(counts) + 3)]
+    plans = res.get("planned_gb_at_24", {})
     fits = fit(res) if len(counts) >= 2 else {}
     for i, first in enumerate(res["layers"][str(counts[0])]):
         cells = []
@@ -170,7 +201,8 @@ def markdown(res: dict) -> str:
         f = fits.get(first["part"])
         tail = (f"{f['adds']['fixed']:+.2f} {f['adds']['per_layer']:+.3f}/layer | {f['adds']['at_24']:+.2f} | "
                 f"{f['peak_over_before']['at_24']:.2f}") if f else " | | "
-        lines.append(f"| {first['part']} | " + " | ".join(cells) + f" | {tail} |")
+        plan_cell = f"{plans[first['part']]:.2f}" if first["part"] in plans else ""
+        lines.append(f"| {first['part']} | " + " | ".join(cells) + f" | {tail} | {plan_cell} |")
     if fits:
         held = sum(f["adds"]["at_24"] for f in fits.values())
         peak = max(f["peak"]["at_24"] for f in fits.values())
@@ -193,6 +225,7 @@ def main(argv=None) -> int:
         res["layers"][str(layers)] = measure(layers, args.vocab, args.recompute, args.chunk)
     if len(args.layers) >= 2:
         res["fit"] = fit(res)
+    res["planned_gb_at_24"] = planned(args.vocab)
     res["load_average_end"] = os.getloadavg()[0]
     write_results(args.output, res, markdown(res))
     print(markdown(res))
