@@ -17,11 +17,12 @@ PACKAGE = "mindgrpo"
 
 LAYERS = (
     ("utils",),  # plain Python: registries, logging, progress, plots
-    ("data", "rewards", "models", "memory", "grpo.algos"),  # tokens and datasets, reward functions,
-    # the model and its weight files, the memory ledger (memory.swap), the algorithm's pure numpy math
+    ("data", "rewards", "models", "memory", "grpo.algos", "eval.metrics"),  # tokens and datasets, reward
+    # functions, the model and its weight files, the memory ledger (memory.swap), the algorithm's pure numpy
+    # math, pass@k / maj@k
     ("grpo.corrections",),  # the rollout corrections' numpy math (built on grpo.algos)
     ("config", "inference"),  # the run's frozen config (validated against grpo.algos), the rollout engine
-    ("parallel",),  # placement: devices, collectives, layouts, resharding, checkpoint I/O
+    ("parallel", "eval"),  # placement: devices, collectives, layouts, resharding, checkpoint I/O; evaluation
     ("grpo", "memory.plan"),  # the trainer and its composition root; the memory planner
 )
 

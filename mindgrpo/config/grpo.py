@@ -21,6 +21,7 @@ from typing import Literal, Optional
 from mindgrpo.config.loader import ConfigError, check, to_dict
 from mindgrpo.data.synthetic import ArithmeticTask
 from mindgrpo.data.templates import TEMPLATES
+from mindgrpo.eval.metrics import ks_up_to
 from mindgrpo.grpo.algos import (
     ADVANTAGES,
     AGG_MODES,
@@ -120,6 +121,10 @@ class RLConfig:
     # loop
     val_interval: int = 0  # steps between validations; 0 never
     val_size: int = 64  # validation prompts
+    val_n: int = 1  # samples per validation prompt: val/pass@k for k = 1, 2, 4, ... val_n, val/mean@n, val/maj@n
+    val_temperature: float = 0.0  # 0: greedy (then val_n must be 1); top-k / top-p / min-p from generate_config
+    val_before_train: bool = True  # validate at step 0, before the first update
+    save_best: Optional[str] = None  # a val/ metric (higher is better): the best validated step kept as checkpoints/best
     save_interval: int = 0  # steps between checkpoints; 0 only at the end
     keep_last_k: int = 2  # checkpoints kept
     log_interval: int = 1  # steps between console progress lines; metrics.jsonl gets every step
@@ -131,6 +136,9 @@ class RLConfig:
     # first run of each phase, which compiles its graphs, gets compile_timeout_s instead. 0: no watchdog
     collective_timeout_s: float = 1800.0  # HCCL's own execution timeout
     compile_timeout_s: float = 3600.0
+    # one device's peak TFLOP/s for perf/mfu; null: Ascend 910B bf16 (313) on Ascend, 0.12 (fp32 matmul peak
+    # measured on 2 AVX2 cores) on CPU (mindgrpo/grpo/throughput.py)
+    device_peak_tflops: Optional[float] = None
     # data: None means the built-in synthetic arithmetic data
     dataset_path: Optional[str] = None
     val_dataset_path: Optional[str] = None
@@ -160,10 +168,24 @@ class RLConfig:
         check(self.rollout_correction_threshold > 1, "rollout_correction_threshold",
               f"must be > 1, got {self.rollout_correction_threshold}")
         check(self.val_interval == 0 or self.val_size >= 1, "val_size", "must be >= 1 when val_interval > 0")
+        _check_positive(self, "val_n")
+        _check_non_negative(self, "val_temperature")
+        check(self.val_temperature > 0 or self.val_n == 1, "val_n",
+              f"must be 1 with val_temperature 0 (greedy samples are all alike), got {self.val_n}")
+        check(self.save_best is None or self.save_best in self.val_metric_names, "save_best",
+              f"must be a validation metric ({', '.join(self.val_metric_names)}), got {self.save_best!r}")
+        check(self.device_peak_tflops is None or self.device_peak_tflops > 0, "device_peak_tflops",
+              f"must be > 0 or null, got {self.device_peak_tflops}")
         _check_non_negative(self, "collective_timeout_s")
         check(self.collective_timeout_s == 0 or self.compile_timeout_s >= self.collective_timeout_s,
               "compile_timeout_s", f"must be >= collective_timeout_s = {self.collective_timeout_s}, "
               f"got {self.compile_timeout_s}")
+
+    @property
+    def val_metric_names(self) -> list:
+        """What a validation logs (rl_config.val_n samples per prompt)."""
+        return ["val/accuracy", *(f"val/pass@{k}" for k in ks_up_to(self.val_n)), f"val/mean@{self.val_n}",
+                f"val/maj@{self.val_n}"]
 
     @property
     def rollout_rows(self) -> int:
@@ -369,6 +391,9 @@ INERT_UNLESS = (
      "has no effect unless reward_config.verifier_function lists cosine"),
     ("reward_config.soft_overlong", lambda c: "soft_overlong" in c.reward_config.verifier_function,
      "has no effect unless reward_config.verifier_function lists soft_overlong"),
+    *((f"rl_config.{key}", lambda c: c.rl_config.val_interval > 0,
+       "has no effect with rl_config.val_interval = 0 (no validation)")
+      for key in ("val_n", "val_temperature", "val_before_train", "save_best")),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
      "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
 )

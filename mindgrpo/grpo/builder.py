@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Tuple
 
 from mindgrpo.config.grpo import GRPOConfig
+from mindgrpo.config.loader import check
 from mindgrpo.grpo.prompts import PromptSource, check_vocabulary
 from mindgrpo.models.presets import resolve_model_config
 
@@ -189,6 +190,9 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         raise ValueError(f"the model's vocab_size {mcfg.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size}")
     check_vocabulary(mcfg.vocab_size, model_source, train, val)
+    check(val is not None or not rl.val_interval or rl.save_best is None, "rl_config.save_best",
+          f"needs validation prompts, and rl_config.dataset_path {train.path} comes without any: give "
+          "rl_config.val_dataset_path (--val_dataset)")
     rewards = build_rewards(cfg)
     # the columns every reward call gets (the trainer's Rollouts.columns): a reward needing another fails now
     rewards.check_columns([*train.columns, "completion_length"], "the training prompts")

@@ -21,7 +21,9 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
+from mindgrpo.grpo.throughput import DEFAULT_PEAK_TFLOPS, PHASES, model_shape, perf_metrics, update_flops
 from mindgrpo.grpo.train_graph import MAXIMA
+from mindgrpo.grpo.validation import Best, val_metrics
 from mindgrpo.inference.engine import Completion, RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel import checkpoints as checkpoint_files
@@ -104,7 +106,12 @@ class GRPOTrainer:
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)
         temperature = gen.temperature if gen.temperature > 0 else 1.0
         chunk = actor.logprob_chunk_size
-        cfg.check_device(ms.get_context("device_target"))
+        device = ms.get_context("device_target")
+        cfg.check_device(device)
+        # perf/*: the run's devices and one device's peak (mindgrpo/grpo/throughput.py)
+        self.devices = actor.parallel_config.world_size
+        self.peak_tflops = rl.device_peak_tflops or DEFAULT_PEAK_TFLOPS.get(device, DEFAULT_PEAK_TFLOPS["CPU"])
+        self.step_lengths = ([], [])  # the trained batch's prompt and response lengths (B,) each
         # micro-batches (mindgrpo/grpo/packing.py): the update and the old log-probs by actor_config, the reference
         # pass by its own budget
         batching = dict(max_tokens=actor.max_tokens_per_micro_batch, packing=actor.packing,
@@ -129,6 +136,7 @@ class GRPOTrainer:
         self.sample_seed = rl.seed if gen.seed is None else gen.seed
         self.step = 0
         self.val_history: List[float] = []
+        self.best = Best(rl.save_best) if rl.save_best else None
         # steps with a skipped update (non-finite loss or gradient norm): in all, and the last ones in a row
         self.bad_steps = {"total": 0, "in_a_row": 0}
         memory.register("grads", extra_bytes=self.updater.buffer.nbytes())
@@ -198,6 +206,7 @@ class GRPOTrainer:
         lengths = np.array([len(c.token_ids) for c in r.completions])
         clipped = np.array([c.finish_reason == "length" for c in r.completions])
         out = {"reward_mean": float(r.rewards.mean()), "reward_std": float(sample_std(r.rewards)),
+               "prompt_length/mean": float(np.mean([len(p) for p in r.prompt_ids])),
                "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
                "response_length/clip_ratio": float(clipped.mean())}
         if "accuracy" in r.per_function:
@@ -290,27 +299,45 @@ class GRPOTrainer:
         with p.phase("sync"):
             metrics.update(self.sync_weights())
         metrics.update({f"advantage/{k}": float(v) for k, v in adv_metrics.items()})
+        self.step_lengths = ([len(p) for p in r.prompt_ids], [len(c.token_ids) for c in r.completions])
         self.maybe_log_completions(r)
         if self.save_data_file and self.rank == 0:
             self.save_experience(r, exp)
         return metrics
 
     def validate(self) -> Dict[str, float]:
+        """rl_config.val_n samples per validation prompt at val_temperature (greedy at 0), scored by
+        `accuracy` (mindgrpo/grpo/validation.py)."""
         if self.val_prompts is None:
             return {}
-        n = min(self.cfg.rl_config.val_size, len(self.val_prompts))
+        rl = self.cfg.rl_config
+        n = min(rl.val_size, len(self.val_prompts))
         batch = self.val_prompts.take(range(n))
+        params = self.sampling(rl.val_n, seed=0, greedy=rl.val_temperature == 0)
+        if rl.val_temperature > 0:
+            params = replace(params, temperature=rl.val_temperature)
         with self.progress.phase("validate"), self.memory.phase("validate"):
-            comps = self.engine.generate(batch.ids, self.sampling(1, seed=0, greedy=True))
+            comps = self.engine.generate(batch.ids, params)
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
-        _, per_fn, _ = self.rewards(texts, **batch.columns,
-                                    completion_length=[len(c.token_ids) for c in comps])
+        columns = {k: [v[c.prompt_index] for c in comps] for k, v in batch.columns.items()}
+        _, per_fn, _ = self.rewards(texts, **columns, completion_length=[len(c.token_ids) for c in comps])
         if "accuracy" not in per_fn:
             from mindgrpo.rewards import get_reward
-            per_fn["accuracy"] = np.array(get_reward("accuracy")(texts, **batch.columns), np.float32)
-        acc = float(np.nan_to_num(np.asarray(per_fn["accuracy"], np.float32)).mean())
-        self.val_history.append(acc)
-        return {"val/accuracy": acc}
+            per_fn["accuracy"] = np.array(get_reward("accuracy")(texts, **columns), np.float32)
+        metrics = val_metrics(np.asarray(per_fn["accuracy"], np.float32), texts, rl.val_n)
+        self.val_history.append(metrics["val/accuracy"])
+        return metrics
+
+    def perf(self, metrics: Dict[str, float]) -> Dict[str, float]:
+        """perf/* of the step just done from its lengths and phase times (validation not counted)."""
+        prompts, responses = self.step_lengths
+        seconds = {"step": metrics["time/step"] - metrics.get("time/validate", 0.0),
+                   **{phase: metrics.get(f"time/{phase}", 0.0) for phase in PHASES}}
+        if self.ref_scorer is None:  # beta 0: the phase ran empty
+            seconds["ref"] = 0.0
+        flops = update_flops([p + r for p, r in zip(prompts, responses)], responses,
+                             passes=self.cfg.rl_config.num_iterations, **model_shape(self.policy.config))
+        return perf_metrics(prompts, responses, self.devices, seconds, flops, self.peak_tflops)
 
     def maybe_log_completions(self, r: Rollouts) -> None:
         every = self.cfg.rl_config.completions_interval
@@ -373,11 +400,15 @@ class GRPOTrainer:
                 f"{self.step - n}; look for nan/inf in the rewards and the data, or lower actor_config.lr, then "
                 "--resume from the last checkpoint")
 
-    def save(self) -> str:
+    def save(self, name: Optional[str] = None) -> str:
+        """A checkpoint of this step: checkpoints/step_<N>, or with name="best" checkpoints/best."""
         state = {"step": self.step, "optimizer_steps": self.updater.optimizer_steps,
                  "train_prompts": self.train_prompts.state(), "val_history": self.val_history,
                  "bad_steps": self.bad_steps, "config": asdict(self.cfg)}
-        return self.checkpoints.save(self.step, self.checkpoint_groups(), state, self.policy.config.to_hf_dict())
+        if self.best is not None:
+            state["best"] = self.best.state()
+        return self.checkpoints.save(self.step, self.checkpoint_groups(), state, self.policy.config.to_hf_dict(),
+                                     **({"name": name} if name else {}))
 
     def resume(self, path: str) -> None:
         state = self.checkpoints.load(path, self.checkpoint_groups(), self.policy.config.to_hf_dict())
@@ -386,6 +417,8 @@ class GRPOTrainer:
         self.train_prompts.load_state(state["train_prompts"])
         self.val_history = list(state["val_history"])
         self.bad_steps = {"total": int(state["bad_steps"]["total"]), "in_a_row": int(state["bad_steps"]["in_a_row"])}
+        if self.best is not None and "best" in state:  # checkpoints of runs without save_best have none
+            self.best.load_state(state["best"])
         self.sync()  # the inference copy follows the restored policy
         logger.info("resumed from %s at step %d", path, self.step)
 
@@ -393,7 +426,7 @@ class GRPOTrainer:
     def fit(self) -> Dict[str, float]:
         rl = self.cfg.rl_config
         last: Dict[str, float] = {}
-        if rl.val_interval and self.step == 0:
+        if rl.val_interval and rl.val_before_train and self.step == 0:
             m = self.validate()
             self.log.log(0, m)
         while self.step < rl.max_steps:
@@ -404,14 +437,20 @@ class GRPOTrainer:
                 metrics.update(self.validate())
             metrics.update(self.memory.step_metrics())
             metrics.update(self.progress.step_done(self.step))
+            metrics.update(self.perf(metrics))
             self.log.log(self.step, metrics)
             if self.step % rl.log_interval == 0 or self.step == rl.max_steps:
                 shown = {k: metrics[k] for k in ("reward_mean", "loss", "kl", "grad_norm", "response_length/mean",
                                                  "val/accuracy") if k in metrics}
+                if "perf/e2e_tokens_per_s_per_device" in metrics:
+                    shown["e2e tok/s/device"] = metrics["perf/e2e_tokens_per_s_per_device"]
                 logger.info(self.progress.line(self.step, shown))
             self.check_bad_steps()  # after logging the step, before saving it
             if (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps:
                 with heartbeat.phase("save"):  # barriers under msrun: the watchdog names this phase
                     self.save()
+            if self.best is not None and self.best.update(metrics, self.step):
+                with heartbeat.phase("save"):
+                    self.save(checkpoint_files.BEST)
             last = metrics
         return last

@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 TMP_DIR = re.compile(r"^\.step_\d{8}\.tmp")
+OLD_DIR = re.compile(r"^\.(step_\d{8}|best)\.old$")  # a folder set aside while its replacement is renamed in
+BEST = "best"  # rl_config.save_best's checkpoint, beside the step folders (not counted by keep_last_k)
 MANIFEST = "manifest.json"
 OWNER = "owner.json"  # in a folder being written: who writes it
 FORMAT = 1
@@ -162,14 +164,22 @@ def write_manifest(folder: str, step: int, files: Dict[str, dict]) -> None:
 
 
 def publish(tmp: str, final: str) -> None:
-    """Rename the written folder to its step name, durably; a same-named older folder goes first."""
+    """Rename the written folder to its final name, durably. A folder already there (the same step
+    saved again, or `best` replaced) is renamed aside first, to `.NAME.old`, and removed once the new
+    one is in place: a crash between the two renames leaves the old folder aside, and
+    `remove_leftovers` puts it back."""
     os.remove(os.path.join(tmp, OWNER))
     fsync_path(tmp)
     root = os.path.dirname(final)
+    old = os.path.join(root, f".{os.path.basename(final)}.old")
     if os.path.exists(final):
-        discard(final)
+        if os.path.exists(old):
+            discard(old)
+        os.replace(final, old)
     os.replace(tmp, final)
     fsync_path(root)
+    if os.path.exists(old):
+        discard(old)
 
 
 def discard(path: str) -> None:
@@ -202,10 +212,21 @@ def _owner_alive(folder: str) -> bool:
 
 
 def remove_leftovers(root: str) -> List[str]:
-    """Remove the `.step_*.tmp*` folders of killed saves (not those of a live process); returns them."""
+    """Remove the `.step_*.tmp*` folders of killed saves (not those of a live process) and put back a
+    folder that a killed save had renamed aside (`.NAME.old` without NAME), else remove it; returns
+    what it removed."""
     removed = []
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
         path = os.path.join(root, name)
+        if OLD_DIR.match(name) and os.path.isdir(path):
+            final = os.path.join(root, OLD_DIR.match(name).group(1))
+            if os.path.exists(final):
+                discard(path)
+                removed.append(path)
+            else:
+                os.replace(path, final)
+                logger.info("put %s back as %s: a save that replaced it was interrupted", path, final)
+            continue
         if TMP_DIR.match(name) and os.path.isdir(path) and not _owner_alive(path):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
@@ -213,12 +234,23 @@ def remove_leftovers(root: str) -> List[str]:
     return removed
 
 
+def best_step(path: str) -> int:
+    """The step of the checkpoint at `path` by its manifest; -1 when there is none or it is unreadable
+    (a damaged `best` is left where it is, for the next better validation to replace)."""
+    try:
+        with open(os.path.join(path, MANIFEST)) as f:
+            return int(json.load(f)["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
+
+
 def set_aside_after(root: str, step: int, why: str) -> List[str]:
-    """Rename the checkpoints beyond `step` to abandoned_step_<N>.<time>; returns the new paths."""
+    """Rename the checkpoints beyond `step` to abandoned_step_<N>.<time> (and `best`, when it was saved
+    beyond `step`, to abandoned_best.<time>); returns the new paths."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     moved = []
-    for path in step_dirs(root):
-        if step_of(path) <= step:
+    for path in step_dirs(root) + [os.path.join(root, BEST)]:
+        if (step_of(path) if STEP_DIR.match(os.path.basename(path)) else best_step(path)) <= step:
             continue
         new = os.path.join(root, f"abandoned_{os.path.basename(path)}.{stamp}")
         n = 1
@@ -343,10 +375,11 @@ def load_params(file: str, params: Sequence[ms.Parameter], hint: str = "") -> No
 
 
 def save(root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict,
-         keep_last: int) -> str:
+         keep_last: int, name: Optional[str] = None) -> str:
+    """Into root/step_<step>, or root/<name> (BEST)."""
     os.makedirs(root, exist_ok=True)
-    final = os.path.join(root, f"step_{step:08d}")
-    tmp = os.path.join(root, f".step_{step:08d}.tmp")
+    final = os.path.join(root, name or f"step_{step:08d}")
+    tmp = os.path.join(root, f".step_{step:08d}.tmp" + (f"-{name}" if name else ""))
     begin_folder(tmp)
     record = Recorder(tmp)
     try:
@@ -408,8 +441,9 @@ class LocalCheckpoints:
     def set_aside_after(self, step: int, why: str) -> List[str]:
         return set_aside_after(self.root, step, why)
 
-    def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict) -> str:
-        return save(self.root, step, groups, state, model_config, self.keep_last)
+    def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict,
+             name: Optional[str] = None) -> str:
+        return save(self.root, step, groups, state, model_config, self.keep_last, name)
 
     def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]], model_config: dict) -> dict:
         return load(path, groups, model_config, checked=path == self.checked)

@@ -44,10 +44,11 @@ def rank_part(rank: int) -> str:
 
 
 def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict,
-                 model_config: dict, keep_last: int, write_strategy) -> str:
-    """write_strategy(path): rank 0 writes the training layout's strategy file there."""
-    final = os.path.join(root, f"step_{step:08d}")
-    tmp = os.path.join(root, f".step_{step:08d}.tmp")
+                 model_config: dict, keep_last: int, write_strategy, name: Optional[str] = None) -> str:
+    """write_strategy(path): rank 0 writes the training layout's strategy file there. Into
+    root/step_<step>, or root/<name> (checkpoints.BEST)."""
+    final = os.path.join(root, name or f"step_{step:08d}")
+    tmp = os.path.join(root, f".step_{step:08d}.tmp" + (f"-{name}" if name else ""))
     if comm.rank == 0:
         os.makedirs(root, exist_ok=True)
         ckpt.begin_folder(tmp)
@@ -166,9 +167,10 @@ class ShardedCheckpoints:
         self.comm.barrier()
         return moved
 
-    def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict) -> str:
+    def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict,
+             name: Optional[str] = None) -> str:
         return save_sharded(self.comm, self.root, step, groups, state, model_config, self.keep_last,
-                            self.write_strategy)
+                            self.write_strategy, name)
 
     def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]], model_config: dict) -> dict:
         return load_sharded(self.comm, path, groups, model_config, checked=path == self.checked)

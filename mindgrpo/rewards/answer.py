@@ -3,6 +3,7 @@
     extract_answer(completion)  -> the candidate text (last \\boxed{}, <answer>, ####, "the answer is", last number)
     parse_number(text)          -> Fraction or None, after normalize_answer (units, $, %, separators, \\frac, ...)
     is_correct(completion, solution) -> bool
+    answer_key(completion)      -> what a majority vote counts (the exact number, else the normalised text)
 
 Numbers compare exactly as fractions; when neither side is an integer a relative tolerance absorbs rounded
 decimals (0.3333 vs 1/3). Answers that are not plain numbers (MATH-style \\sqrt, intervals, ...) go to
@@ -83,6 +84,19 @@ _UNIT_HEAD = re.compile(r"^(?:rs|usd|inr|eur|gbp)\.?\s*(?=[-+]?[\d.])", re.IGNOR
 _PLAIN = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?", re.IGNORECASE)
 _RATIO = re.compile(r"([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*/\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+))")
 _MIXED = re.compile(r"([-+]?)(\d+)\s+(\d+)\s*/\s*(\d+)")
+
+
+def answer_key(completion: str) -> Optional[str]:
+    """What a majority vote (maj@k) counts: the completion's final answer as an exact number ("7/2",
+    "12") when it states one, else its normalised text without spaces; None when it gives no answer."""
+    text = extract_answer(completion)
+    if text is None:
+        return None
+    number = parse_number(text)
+    if number is not None:
+        return str(number)
+    squashed = "".join(normalize_answer(text).split())
+    return squashed or None
 
 
 def normalize_answer(text: str) -> str:

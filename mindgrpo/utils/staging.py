@@ -148,3 +148,19 @@ def replace_dir(new: str, final: str) -> None:
     os.rename(final, aside)  # replaces the empty folder just made
     os.rename(new, final)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def write_text(final: str, text: str) -> None:
+    """Write `text` to the file `final` whole or not at all: into a staging folder beside it, flushed
+    to disk, then renamed over it (a killed write leaves the old file, or none, and a folder that the
+    next write to `final` removes)."""
+    stage = staging_dir(final)
+    try:
+        tmp = os.path.join(stage, os.path.basename(final))
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

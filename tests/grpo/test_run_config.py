@@ -124,3 +124,18 @@ def test_the_reward_columns_are_checked_before_any_model_is_built(tmp_path):
         builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))), NoModels())
     assert str(info.value) == ("reward 'test_run_config_by_difficulty' needs the column(s) ['difficulty'], which the "
                                "training prompts do not have (columns: answer, completion_length, prompt, solution)")
+
+
+def test_save_best_without_validation_prompts_is_refused_before_any_model_is_built(tmp_path):
+    from mindgrpo.config.loader import ConfigError
+    from mindgrpo.data.mindrecord import PROMPT_SCHEMA, write_mindrecord
+
+    data = str(tmp_path / "train.mindrecord")
+    write_mindrecord(data, PROMPT_SCHEMA, [[{"prompt_ids": np.array([5, 7, 0], np.int32), "prompt_length": np.int32(2),
+                                             "prompt": "q", "solution": "1", "answer": "1"}] * 4])
+    cfg = load_run_config(args(f"actor_config.model={MICRO}", "rl_config.val_interval=5",
+                               "rl_config.save_best=val/accuracy", output_dir=str(tmp_path), mind_dataset_dir=data))
+    with pytest.raises(ConfigError) as info:
+        builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path), mind_dataset_dir=data)), NoModels())
+    assert str(info.value) == (f"config key 'rl_config.save_best': needs validation prompts, and rl_config.dataset_path "
+                               f"{data} comes without any: give rl_config.val_dataset_path (--val_dataset)")

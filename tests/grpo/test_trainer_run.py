@@ -75,6 +75,15 @@ def test_metrics_and_outputs(straight):
                     "response_length/mean", "time/rollout", "time/update", "time/sync", "memory/peak_bytes"):
             assert key in r, key
     assert "val/accuracy" in rows[0] and "val/accuracy" in rows[2] and "val/accuracy" in rows[4]
+    assert {"val/pass@1", "val/mean@1", "val/maj@1"} <= set(rows[2])  # greedy validation: pass@1 is the accuracy
+    assert rows[2]["val/pass@1"] == rows[2]["val/accuracy"]
+    for r in rows[1:]:  # perf/* from the step's logged lengths and times: 2 prompts x G=4 on one device
+        tokens = (r["prompt_length/mean"] + r["response_length/mean"]) * 8
+        step_s = r["time/step"] - r.get("time/validate", 0.0)
+        assert r["perf/e2e_tokens_per_s_per_device"] == pytest.approx(tokens / step_s)
+        for phase, name in (("rollout", "rollout"), ("ref", "reference"), ("update", "update")):
+            assert r[f"perf/{name}_tokens_per_s_per_device"] == pytest.approx(tokens / r[f"time/{phase}"])
+        assert 0 < r["perf/mfu"] < 1
     assert os.path.getsize(os.path.join(straight, "completions.jsonl")) > 0
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(straight, "tensorboard")))
     assert open(os.path.join(straight, "training.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
@@ -82,6 +91,7 @@ def test_metrics_and_outputs(straight):
     # rl_config.log_interval=3: a progress line at step 3 and at the last step; metrics.jsonl has every step
     log = open(os.path.join(straight, "logs", "rank_0.log")).read()
     assert [s for s in range(1, 5) if f"step {s}/4 |" in log] == [3, 4]
+    assert "e2e tok/s/device" in log.split("step 3/4 |")[1].splitlines()[0]
 
 
 @pytest.mark.slow
@@ -179,3 +189,24 @@ def test_a_reward_needing_a_missing_column_stops_the_run_in_one_line(tmp_path):
     assert errors == ["grpo_one_stage: error: reward 'by_difficulty' needs the column(s) ['difficulty'], which the "
                       "training prompts do not have (columns: answer, completion_length, prompt, solution)"], \
         r.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_evaluate_on_the_runs_checkpoint(straight, tmp_path):
+    """scripts/evaluate.py on the short run's last policy.ckpt, its tokenizer and held-out problems."""
+    cache = os.path.join(straight, "cache")
+    val = [os.path.join(cache, d, "val.mindrecord") for d in os.listdir(cache) if d.startswith("tiny_data_")]
+    assert len(val) == 1
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "evaluate.py"), "--model", last_checkpoint(straight),
+                        "--tokenizer_dir", os.path.join(cache, "tiny_tokenizer"), "--data", val[0], "--n", "4",
+                        "--temperature", "1.0", "--max_tokens", "8", "--limit", "4", "--num_workers", "1",
+                        "--output", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 16 and summary["problems"] == 4
+    assert summary["metrics"]["mean@4"] == pytest.approx(np.mean([s["correct"] for s in samples]))
+    assert summary["metrics"]["pass@1"] == pytest.approx(summary["metrics"]["mean@4"])
+    assert summary["metrics"]["pass@4"] == pytest.approx(
+        np.mean([any(s["correct"] for s in samples[4 * p:4 * p + 4]) for p in range(4)]))
+    assert "pass@4" in r.stdout and "ETA" in r.stderr

@@ -204,6 +204,39 @@ def test_a_save_killed_between_files_leaves_no_step_and_its_leftover_is_removed(
     assert ck.LocalCheckpoints(root, 2).clean() == [os.path.join(root, ".step_00000002.tmp")]
 
 
+BEST_CRASH = CRASH.replace("keep_last=2)", "keep_last=2, name=ck.BEST)")
+
+
+def test_best_is_kept_beside_the_last_k_replaced_whole_and_a_killed_replacement_keeps_the_old(run):
+    root, saved = run
+    checkpoints = ck.LocalCheckpoints(root, keep_last=2)
+    checkpoints.save(2, params(2), state(2), MODEL, name=ck.BEST)
+    assert ck.inspect(os.path.join(root, "best"))["step"] == 2
+    checkpoints.save(4, params(4), state(4), MODEL)  # keep_last=2 prunes steps 1 and 2, never best
+    assert sorted(os.listdir(root)) == ["best", "step_00000003", "step_00000004"]
+    checkpoints.save(3, params(3), state(3), MODEL, name=ck.BEST)  # replaced whole, nothing left aside
+    assert sorted(os.listdir(root)) == ["best", "step_00000003", "step_00000004"]
+    loaded = params(99)
+    assert checkpoints.load(os.path.join(root, "best"), loaded, MODEL)["step"] == 3
+    assert same(values(loaded), saved[3])
+    # killed after writing the new best's manifest, before renaming it in: the old best is untouched
+    env = dict(os.environ, **{ck.CRASH_ENV: "2:manifest.json"})
+    r = subprocess.run([sys.executable, "-c", BEST_CRASH, root], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == -9, r.stderr[-2000:]
+    assert ".step_00000002.tmp-best" in os.listdir(root) and ck.inspect(os.path.join(root, "best"))["step"] == 3
+    assert checkpoints.clean() == [os.path.join(root, ".step_00000002.tmp-best")]
+    # killed between setting the old best aside and renaming the new one in: the old one is put back
+    os.rename(os.path.join(root, "best"), os.path.join(root, ".best.old"))
+    checkpoints.clean()
+    assert sorted(os.listdir(root)) == ["best", "step_00000003", "step_00000004"]
+    assert ck.inspect(os.path.join(root, "best"))["step"] == 3
+    # a best saved beyond the step a run resumes at belongs to the abandoned run
+    moved = checkpoints.set_aside_after(3, "this run resumed")  # best (step 3) stays
+    assert [os.path.basename(p).split(".")[0] for p in moved] == ["abandoned_step_00000004"]
+    moved = checkpoints.set_aside_after(2, "this run resumed")
+    assert sorted(os.path.basename(p).split(".")[0] for p in moved) == ["abandoned_best", "abandoned_step_00000003"]
+
+
 # ------------------------------------------------------------------------------ msrun's version, ranks as threads
 
 
@@ -284,3 +317,19 @@ def test_sharded_checkpoints_manifest_resume_and_damage(tmp_path):
     errors = on_ranks(2, resume_from)
     assert isinstance(errors[1], ck.DamagedCheckpoint) and "policy/rank_1/policy.ckpt has 10 bytes" in str(errors[1])
     assert isinstance(errors[0], ck.DamagedCheckpoint) and "rank(s) [1] found their files damaged" in str(errors[0])
+
+
+def test_sharded_best_holds_every_rank_piece_beside_the_steps(tmp_path):
+    root = str(tmp_path / "ckpt")
+    groups = {(step, rank): params(10 * step + rank) for step in (1, 2) for rank in (0, 1)}
+    for step in (1, 2):  # best replaced by step 2's
+        on_ranks(2, lambda rank, comm: sharded(root, rank, comm).save(step, groups[step, rank], state(step), MODEL,
+                                                                      name=ck.BEST))
+    assert sorted(os.listdir(root)) == ["best"]
+
+    def load_best(rank, comm):
+        part, mine = sharded(root, rank, comm), params(99)
+        return part.load(os.path.join(root, "best"), mine, MODEL)["step"], values(mine)
+
+    for rank, (step, got) in enumerate(on_ranks(2, load_best)):
+        assert step == 2 and same(got, values(groups[2, rank]))

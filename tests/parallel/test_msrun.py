@@ -192,6 +192,11 @@ def test_one_stage_under_msrun_writes_the_single_process_step1_metrics(one_stage
         assert parallel[key] == pytest.approx(single[key], rel=1e-5), key
     for key in ("loss", "pg_loss"):  # ~0: the group-normalised advantages sum to zero per group
         assert parallel[key] == pytest.approx(single[key], abs=1e-6), key
+    # perf/* per device: the step's tokens (2 prompts x G=4 samples) over the world size
+    for metrics, devices in ((single, 1), (parallel, 2)):
+        tokens = (metrics["prompt_length/mean"] + metrics["response_length/mean"]) * 8
+        assert metrics["perf/e2e_tokens_per_s_per_device"] == pytest.approx(tokens / devices / metrics["time/step"])
+        assert metrics["perf/update_tokens_per_s_per_device"] == pytest.approx(tokens / devices / metrics["time/update"])
     # rank 0 alone writes metrics (one line for one step); every rank its log; sharded checkpoints
     assert len(open(one_stage / run / "metrics.jsonl").read().splitlines()) == 1
     assert sorted(os.listdir(one_stage / run / "logs")) == ["rank_0.log", "rank_1.log"]

@@ -155,3 +155,12 @@ def test_symbolic_fallback_without_math_verify(monkeypatch):
 
 def test_last_boxed_none_without_box():
     assert last_boxed("no box") is None
+
+
+def test_answer_key_is_the_exact_number_else_the_normalised_text():
+    from mindgrpo.rewards.answer import answer_key
+
+    assert answer_key("so the total is #### 3.50") == answer_key("The answer is $\\frac{7}{2}$") == "7/2"
+    assert answer_key("<answer>1,200</answer>") == answer_key("\\boxed{1200}") == "1200"
+    assert answer_key("\\boxed{x + \\sqrt{2}}") == "x+\\sqrt{2}"
+    assert answer_key("I do not know") is None

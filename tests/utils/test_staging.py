@@ -96,3 +96,18 @@ def test_a_writer_killed_between_the_renames_leaves_the_old_folder(tmp_path, mon
         entry.rename(entry.with_name(entry.name.replace(owner, f"{socket.gethostname()}-{dead_pid()}-")))
     staging.remove_stale(str(final))
     assert sorted(os.listdir(tmp_path)) == ["hf"] and os.listdir(final) == ["old.safetensors"]
+
+
+def test_write_text_replaces_a_file_whole_or_leaves_it(tmp_path, monkeypatch):
+    final = tmp_path / "summary.json"
+    staging.write_text(str(final), "one")
+    staging.write_text(str(final), "two")
+    assert final.read_text() == "two" and os.listdir(tmp_path) == ["summary.json"]
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(staging.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        staging.write_text(str(final), "three")
+    assert final.read_text() == "two" and os.listdir(tmp_path) == ["summary.json"]  # no half file, no folder left

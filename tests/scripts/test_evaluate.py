@@ -1,0 +1,182 @@
+"""scripts/evaluate.py: a run on a random micro model whose summary.json agrees with its samples.jsonl
+(recomputed here by enumeration and counting), the same samples however the problems are chunked,
+bad input refused in one line naming the file, and GSM8K problems (a MindRecord made by
+data_tools/rlhf_data.py, and the .jsonl itself) with the real Qwen2.5 tokenizer and a random model of
+its vocabulary (skipped when ../shared is absent)."""
+
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+QWEN_DIR = SHARED / "tokenizers" / "qwen2_5"
+GSM8K = SHARED / "data" / "gsm8k" / "test.jsonl"
+
+# a reward right on about half of random completions, so that pass@k, mean@K and maj@K are not all 0
+PLUGIN = ("from mindgrpo.rewards import register_reward\n\n"
+          "@register_reward('even_length')\n"
+          "def even_length(completions, **_):\n"
+          "    return [1.0 if len(c) % 2 == 0 else 0.0 for c in completions]\n")
+
+
+@pytest.fixture(scope="module")
+def cli():
+    from scripts import evaluate
+
+    return evaluate
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny tokenizer, a random 1-layer model (policy.ckpt + config.json) and the synthetic task's
+    validation problems as a prompt MindRecord, in one folder."""
+    from mindgrpo.data.synthetic import ArithmeticTask, TinyTokenizerSpec, ensure_tiny_tokenizer, write_arithmetic_dataset
+    from mindgrpo.models.checkpoint import model_state, save_ms_checkpoint
+    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+
+    d = tmp_path_factory.mktemp("model")
+    task = ArithmeticTask(num_train=40, num_val=12)
+    tok = ensure_tiny_tokenizer(str(d), TinyTokenizerSpec(vocab_size=400, task=task))
+    cfg = Qwen2Config(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    save_ms_checkpoint({k: ("F32", a) for k, a in model_state(Qwen2ForCausalLM(cfg)).items()}, str(d / "policy.ckpt"))
+    (d / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    write_arithmetic_dataset(str(d / "data"), tok, task, template="raw", max_prompt_length=32)
+    (d / "my_rewards.py").write_text(PLUGIN)
+    return d
+
+
+def read_outputs(out):
+    summary = json.loads((out / "summary.json").read_text())
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    return summary, samples
+
+
+def recompute(samples, K):
+    """pass@k by enumerating every draw of k of a problem's K samples, mean@K, maj@K by counting votes."""
+    by_problem = {}
+    for s in samples:
+        by_problem.setdefault(s["problem"], []).append(s)
+    out = {}
+    k = 1
+    while True:
+        k = min(k, K)
+        rates = [np.mean([any(rows[j]["correct"] for j in d) for d in itertools.combinations(range(K), k)])
+                 for rows in by_problem.values()]
+        out[f"pass@{k}"] = float(np.mean(rates))
+        if k == K:
+            break
+        k *= 2
+    out[f"mean@{K}"] = float(np.mean([s["correct"] for s in samples]))
+    maj = []
+    for rows in by_problem.values():
+        votes = Counter(r["answer_key"] for r in rows if r["answer_key"] is not None)
+        if not votes:
+            maj.append(0.0)
+            continue
+        top = max(votes.values())
+        winner = next(r for r in rows if r["answer_key"] is not None and votes[r["answer_key"]] == top)
+        maj.append(float(winner["correct"]))
+    out[f"maj@{K}"] = float(np.mean(maj))
+    return out
+
+
+def test_summary_agrees_with_the_samples_and_chunking_changes_no_sample(cli, model_dir, tmp_path, capsys):
+    common = ["--model", str(model_dir / "policy.ckpt"), "--data", str(model_dir / "data" / "val.mindrecord"),
+              "--n", "4", "--temperature", "1.0", "--max_tokens", "8", "--limit", "6", "--seed", "3",
+              "--reward", "even_length", "--reward_plugin", str(model_dir / "my_rewards.py"), "--num_workers", "1"]
+    assert cli.main([*common, "--output", str(tmp_path / "a")]) == 0
+    captured = capsys.readouterr()
+    assert "pass@4" in captured.out and "tok/s" in captured.err and "ETA" in captured.err
+    summary, samples = read_outputs(tmp_path / "a")
+    assert len(samples) == 24 and summary["problems"] == 6 and summary["n"] == 4
+    assert [(s["problem"], s["sample"]) for s in samples] == [(p, j) for p in range(6) for j in range(4)]
+    assert all(s["correct"] == (s["score"] >= 1.0) for s in samples)
+    assert 0 < summary["metrics"]["mean@4"] < 1  # the check below is not between zeros
+    assert summary["metrics"] == pytest.approx(recompute(samples, 4), abs=1e-12)
+    assert summary["generated_tokens"] == sum(s["tokens"] for s in samples)
+    # 8 slots take 2 problems of 4 samples per call: three calls instead of one, the same samples
+    assert cli.main([*common, "--output", str(tmp_path / "b"), "--max_num_seqs", "8"]) == 0
+    _, chunked = read_outputs(tmp_path / "b")
+    assert [s["completion"] for s in chunked] == [s["completion"] for s in samples]
+
+
+def test_greedy_pass_at_1_is_the_accuracy(cli, model_dir, tmp_path):
+    assert cli.main(["--model", str(model_dir / "policy.ckpt"), "--data", str(model_dir / "data" / "val.mindrecord"),
+                     "--max_tokens", "6", "--limit", "5", "--num_workers", "0", "--output", str(tmp_path)]) == 0
+    summary, samples = read_outputs(tmp_path)
+    assert sorted(summary["metrics"]) == ["maj@1", "mean@1", "pass@1"]
+    assert summary["metrics"]["pass@1"] == pytest.approx(np.mean([s["correct"] for s in samples]))
+    assert summary["temperature"] == 0.0 and len(samples) == 5
+
+
+def one_error_line(capsys):
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_bad_input_is_one_line_naming_the_file(cli, model_dir, tmp_path, capsys):
+    from mindgrpo.data.mindrecord import write_mindrecord
+
+    data = str(model_dir / "data" / "val.mindrecord")
+    base = ["--model", str(model_dir / "policy.ckpt"), "--data", data, "--output", str(tmp_path / "out"),
+            "--num_workers", "0", "--max_tokens", "4"]
+    capsys.readouterr()
+    missing = tmp_path / "nope.ckpt"
+    assert cli.main([*base, "--model", str(missing), "--tokenizer_dir", str(model_dir)]) == 1
+    assert one_error_line(capsys) == f"evaluate: error: {missing}: no such file or folder (the weights path does not exist)"
+    assert cli.main([*base, "--data", str(tmp_path / "none.mindrecord")]) == 1
+    assert one_error_line(capsys) == f"evaluate: error: {tmp_path / 'none.mindrecord'}: no such file (--data)"
+    assert cli.main([*base, "--tokenizer_dir", str(tmp_path)]) == 1
+    assert one_error_line(capsys).startswith(f"evaluate: error: {tmp_path / 'vocab.json'}: no such file")
+    odd = str(tmp_path / "odd.mindrecord")
+    write_mindrecord(odd, {"prompt_ids": {"type": "int32", "shape": [-1]}, "question": {"type": "string"}},
+                     [[{"prompt_ids": np.array([1, 2], np.int32), "question": "q"}]])
+    assert cli.main([*base, "--data", odd]) == 1
+    line = one_error_line(capsys)
+    assert line.startswith(f"evaluate: error: {odd}: missing column(s)") and "solution" in line
+    assert cli.main([*base, "--n", "4"]) == 1
+    assert "--temperature 0" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+@pytest.fixture(scope="module")
+def qwen_vocab_model(tmp_path_factory):
+    """A random 1-layer model of Qwen2.5's vocabulary and 3 GSM8K test problems as a MindRecord."""
+    if not (QWEN_DIR / "vocab.json").is_file() or not GSM8K.is_file():
+        pytest.skip(f"the Qwen2.5 tokenizer or GSM8K is not under {SHARED} (read-only ../shared is absent)")
+    from data_tools import rlhf_data
+    from mindgrpo.models.checkpoint import model_state, save_ms_checkpoint
+    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+
+    d = tmp_path_factory.mktemp("qwen_vocab")
+    cfg = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    save_ms_checkpoint({k: ("F32", a) for k, a in model_state(Qwen2ForCausalLM(cfg)).items()}, str(d / "model.ckpt"))
+    (d / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    assert rlhf_data.main(["--vocab_path", str(QWEN_DIR / "vocab.json"), "--merges_file_path",
+                           str(QWEN_DIR / "merges.txt"), "--tokenizer_config", str(QWEN_DIR / "tokenizer_config.json"),
+                           "--file_path", str(GSM8K), "--output_path", str(d / "gsm8k.mindrecord"), "--limit", "3"]) == 0
+    return d
+
+
+@pytest.mark.slow  # 30 s of CPU: 104 s wall beside other jobs (load 7)
+def test_gsm8k_mindrecord_and_jsonl_with_a_random_qwen_vocabulary_model(cli, qwen_vocab_model, tmp_path):
+    d = qwen_vocab_model
+    common = ["--model", str(d / "model.ckpt"), "--tokenizer_dir", str(QWEN_DIR), "--n", "2", "--temperature", "1.0",
+              "--max_tokens", "8", "--num_workers", "1", "--max_num_seqs", "8"]
+    assert cli.main([*common, "--data", str(d / "gsm8k.mindrecord"), "--output", str(tmp_path / "mr")]) == 0
+    summary, samples = read_outputs(tmp_path / "mr")
+    assert summary["problems"] == 3 and len(samples) == 6 and summary["reward"] == "accuracy"
+    assert summary["metrics"] == pytest.approx(recompute(samples, 2), abs=1e-12)
+    first = json.loads(GSM8K.read_text().splitlines()[0])
+    assert samples[0]["solution"] == first["answer"].rsplit("####", 1)[1].strip()
+    # the .jsonl, templated here as rlhf_data.py templates it: the same prompts, so the same samples
+    assert cli.main([*common, "--data", str(GSM8K), "--limit", "3", "--output", str(tmp_path / "jsonl")]) == 0
+    _, from_jsonl = read_outputs(tmp_path / "jsonl")
+    assert [(s["prompt"], s["completion"]) for s in from_jsonl] == [(s["prompt"], s["completion"]) for s in samples]
