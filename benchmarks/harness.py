@@ -136,3 +136,16 @@ def rss_gb() -> float:
 def peak_rss_gb() -> float:
     """This process's peak resident memory, in GiB (VmHWM: ru_maxrss would carry the parent's over exec)."""
     return _status_kb("VmHWM") / 2 ** 20
+
+
+def reset_peak_rss() -> None:
+    """Start this process's peak resident memory (VmHWM) again from its resident memory now, so that
+    the next `peak_since_reset_gb` is one phase's peak (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_since_reset_gb() -> float:
+    """This process's peak resident memory since it started or since the last `reset_peak_rss`, in
+    GB (10^9 bytes, as `rss_gb`)."""
+    return _status_kb("VmHWM") / 1e6

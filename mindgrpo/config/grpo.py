@@ -218,6 +218,10 @@ class ActorConfig:
     # > 0: the vocabulary projection + log-softmax of scoring and training run this many scored
     # tokens at a time with a hand-written backward (mindgrpo/models/fused_head.py); 0: autodiff
     logprob_chunk_size: int = 0
+    # activation recompute in the training graph, per decoder layer (Qwen2ForCausalLM.recompute_layers):
+    # a layer's intermediates are recomputed in the backward pass instead of kept; the same gradients.
+    # On MindSpore 2.10's CPU runtime it saves no memory and costs time (benchmarks/results/recompute.md)
+    recompute: bool = False
     # Micro-batches by tokens (mindgrpo/grpo/packing.py), for the update and the old log-probs. > 0: a
     # mini-batch's samples, sorted by length, are cut into micro-batches of at most this many tokens,
     # padding included, each padded only to its own length (micro_batch_size then sizes the SFT warm start
@@ -240,6 +244,10 @@ class ActorConfig:
         check(self.adam_eps > 0, "adam_eps", f"must be > 0, got {self.adam_eps}")
         check(self.grad_clip is None or self.grad_clip > 0, "grad_clip", f"must be > 0 or null, got {self.grad_clip}")
         _check_positive(self, "micro_batch_size")
+        par = self.parallel_config
+        check(not self.recompute or (par.model_parallel == 1 and par.pipeline_stage == 1), "recompute",
+              "is tested on one device and under data parallelism only: set it false with "
+              f"parallel_config.model_parallel = {par.model_parallel}, pipeline_stage = {par.pipeline_stage}")
 
 
 @dataclass(frozen=True)

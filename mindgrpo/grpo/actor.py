@@ -75,11 +75,17 @@ class PolicyUpdater:
                  use_ref: bool, beta1: float, beta2: float, eps: float, weight_decay: float,
                  grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
                  optimizer_shard: bool = False, chunk: int = 0, pipeline: Optional[Pipeline] = None,
-                 old_is_training: bool = True, max_tokens: int = 0, packing: bool = False, attention: str = "mask"):
+                 old_is_training: bool = True, max_tokens: int = 0, packing: bool = False, attention: str = "mask",
+                 recompute: bool = False):
         """old_is_training: the old log-probs given with the experience come from the training graph
         (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout).
-        max_tokens, packing, attention: as `Scorer`'s."""
+        max_tokens, packing, attention: as `Scorer`'s.
+        recompute: activation recompute per decoder layer in the training graph
+        (`Qwen2ForCausalLM.recompute_layers`): the same gradients; less memory where the runtime
+        frees intermediates in time (not MindSpore 2.10's CPU runtime: `benchmarks/recompute.py`)."""
         self.lm = lm
+        if recompute:
+            lm.recompute_layers()
         self.loss = loss
         self.batching = Batching(micro_batch_size, max_tokens, packing, attention)
         self.pipe = pipe = pipeline or Pipeline()

@@ -26,11 +26,19 @@ The ledger of a run counts exactly these (tests/parallel/test_msrun.py compares)
 activation estimate of the training step (not in the ledger): Megatron's per-layer count for
 tensor parallelism without sequence parallelism or recomputation (Korthikanti et al. 2022,
 s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes for 16-bit activations; x2 for fp32) for this stage's
-layers of one micro-batch, plus on the last stage the scored positions' logits (b * R * V/t
+layers of one micro-batch (with actor_config.recompute: each layer's output, s*b*h, and one
+layer's count, recomputed in the backward pass), plus on the last stage the scored positions' logits (b * R * V/t
 fp32, x3: logits, probabilities, their gradient) and, with pipeline stages, the inputs stage s
 keeps of the pp - s micro-batches 1F1B has in flight (s*b*h each; `parallel.pipeline`). With
 actor_config.max_tokens_per_micro_batch T > 0 a micro-batch holds at most T tokens, padding
 included (`grpo.packing`): s*b is T, a row at most s long, and at most T positions are scored.
+
+Measured on MindSpore 2.10's CPU runtime (`benchmarks/results/memory.md`, the 0.5B shape, 16 rows of
+up to 285 tokens, micro-batches of 4): the parameter groups above agree with the resident memory
+they add (policy, reference, grads + AdamW within 3%), but the runtime keeps buffers for every
+compiled graph that this plan does not count: per decoder layer about 0.71 GB for the update graph
+(the estimate above: 0.12), 0.56 GB for the generation graphs, 0.16 GB for a scoring graph and
+0.05 GB for the weight sync's. A CPU run needs about three times the planned peak.
 """
 
 from __future__ import annotations
@@ -115,6 +123,8 @@ def activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, layout: ParallelLayout,
     layers = len(layout.stage_layers(stage, cfg.num_hidden_layers))
     width = 2 if cfg.compute_dtype != "float32" else 4
     per_layer = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * width / 2
+    if actor.recompute:  # each layer keeps its output (the next one's input); one layer's intermediates at a time
+        per_layer = s * b * h * width + per_layer / max(layers, 1)
     logits = 3 * scored * cfg.vocab_size // tp * 4 if stage == layout.pp - 1 else 0
     kept = 0
     if layout.pp > 1:  # 1F1B: the inputs of the micro-batches in flight, from forward to backward

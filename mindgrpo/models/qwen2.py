@@ -499,6 +499,15 @@ class Qwen2ForCausalLM(nn.Cell):
         self.dtype = _DTYPES[cfg.compute_dtype]
         self.head_matmul = ops.MatMul(transpose_b=True)  # never `.T` in a graph: that copies V*H
 
+    def recompute_layers(self):
+        """Activation recompute, per decoder layer: a graph that differentiates this model (the
+        training step, a pipeline stage's backward) keeps each layer's input only and runs the
+        layer's forward again inside the backward pass, instead of keeping its intermediates
+        (MindSpore's `Cell.recompute`). Exact: the same ops on the same inputs. Graphs compiled
+        after the call see it; graphs without a backward pass are unchanged. Once per model."""
+        for i in self.layer_ids:
+            self.model.layers[i].recompute()
+
     def update_parameters_name(self, prefix="", recurse=True):
         """Keep the checkpoint names when a graph cell wraps this model (MindSpore would prefix
         them with the wrapper's attribute path, e.g. `lm.model.layers.0...`)."""

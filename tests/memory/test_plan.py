@@ -119,3 +119,15 @@ def test_qwen3_configs_count_the_qk_norms_and_no_bias_and_fit_with_swap(name, la
     stage0 = 4 * (m.vocab_size * m.hidden_size // layout.tp + stage_layers * qwen3_layer_params(m, layout.tp))
     assert plan(cfg, m, rank=0).groups["policy"] == stage0
     assert plan(cfg, m).peak(True) < 64 * GiB
+
+
+def test_recompute_keeps_each_layers_output_and_one_layers_intermediates():
+    """Qwen2.5-0.5B (24 layers, h 896, 14 heads) fp32, rows of s = 512 + 128 tokens, b = 4: a layer's
+    intermediates are s*b*h*(34 + 5*a*s/h)*2 = 2,293,760 * 84 * 2 = 385,351,680 bytes; with recompute the 24
+    layers keep their outputs (s*b*h*4 = 9,175,040 each) and one layer's intermediates instead of 24."""
+    over = ["actor_config.model=qwen2_5_0_5b", "actor_config.micro_batch_size=4", "generate_config.max_prompt_length=512",
+            "generate_config.max_tokens=128", "rl_config.batch_size=4", "rl_config.num_generations=4"]
+    m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
+    plain = plan(load_config(GRPOConfig, overrides=over), m).activations
+    recomputed = plan(load_config(GRPOConfig, overrides=over + ["actor_config.recompute=true"]), m).activations
+    assert plain - recomputed == 24 * 385_351_680 - (24 * 9_175_040 + 385_351_680)

@@ -1,0 +1,14 @@
+"""benchmarks.harness: a phase's own peak resident memory (the peak started again before it)."""
+
+import numpy as np
+
+from benchmarks.harness import peak_since_reset_gb, reset_peak_rss, rss_gb
+
+
+def test_the_peak_starts_again_at_a_reset():
+    big = np.ones(400_000_000 // 8)  # 0.4 GB, touched
+    with_big = rss_gb()
+    del big
+    assert peak_since_reset_gb() > rss_gb() + 0.3  # the peak still holds the freed array (read lazily: no ==)
+    reset_peak_rss()
+    assert peak_since_reset_gb() < with_big - 0.3  # ... until the reset
