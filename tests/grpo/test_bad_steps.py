@@ -16,6 +16,7 @@ from mindgrpo.inference.engine import Completion
 from mindgrpo.memory.swap import SwapManager
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.utils.progress import Progress
+from fakes import RecordingLog
 
 CFG = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=64)
@@ -112,17 +113,6 @@ class Rewards:
         return r, {"random": r}, {}
 
 
-class Log:
-    def __init__(self):
-        self.rows = {}
-
-    def log(self, step, metrics):
-        self.rows[step] = dict(metrics)
-
-    def log_completions(self, step, rows):
-        pass
-
-
 class Saves:
     root = "unused"
 
@@ -140,7 +130,7 @@ def trainer(bad, max_steps, max_bad_steps):
     data = {"prompt_ids": [np.array([k]) for k in range(10, 30)], "prompt_length": [1] * 20,
             "solution": [""] * 20, "answer": [""] * 20, "prompt": [""] * 20}
     lm = Qwen2ForCausalLM(CFG, seed=1)
-    log, saves = Log(), Saves()
+    log, saves = RecordingLog(), Saves()
     t = GRPOTrainer(cfg, policy=lm, inference=lm, reference=None, engine=Engine(), sync=lambda: {}, ref_sync=None,
                     memory=SwapManager(enabled=False), rewards=Rewards(bad), tokenizer=Tok(),
                     train_prompts=PromptSource(data, seed=0), val_prompts=None, metrics_log=log,

@@ -15,6 +15,7 @@ from mindgrpo.inference.engine import Completion
 from mindgrpo.memory.swap import SwapManager
 from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindgrpo.utils.progress import Progress
+from fakes import RecordingLog
 
 CFG = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=64)
@@ -79,17 +80,6 @@ class Rewards:
         return r, {"random": r}, {}
 
 
-class Log:
-    def __init__(self):
-        self.rows = {}
-
-    def log(self, step, metrics):
-        self.rows[step] = dict(metrics)
-
-    def log_completions(self, step, rows):
-        pass
-
-
 class Saves:
     root = "unused"
 
@@ -110,7 +100,7 @@ def trainer(val_scores, **rl):
                                                    val_size=2, save_interval=2, **rl),
                                  "actor_config": {"micro_batch_size": 4, "lr": 1e-2}})
     lm = Qwen2ForCausalLM(CFG, seed=1)
-    log, saves, engine = Log(), Saves(), Engine()
+    log, saves, engine = RecordingLog(), Saves(), Engine()
     t = GRPOTrainer(cfg, policy=lm, inference=lm, reference=None, engine=engine, sync=lambda: {}, ref_sync=None,
                     memory=SwapManager(enabled=False), rewards=Rewards(val_scores), tokenizer=Tok(),
                     train_prompts=prompts("", 20), val_prompts=prompts("v", 2), metrics_log=log,
