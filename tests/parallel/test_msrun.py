@@ -49,6 +49,18 @@ def prefixed(arrays, prefix):
     return {k[len(prefix) + 1:]: v for k, v in arrays.items() if k.startswith(prefix + "/")}
 
 
+def assert_resharded_as_transform_checkpoints(arrays, trained, resharded, cfg, work):
+    """Each rank's `resharded` weights (inference dp2) are bit for bit MindSpore's slices of the full
+    weights that transform_checkpoints merges from the ranks' `trained` pieces (training tp2)."""
+    full = mindspore_merge([prefixed(a, trained) for a in arrays], ParallelLayout(dp=1, tp=2), cfg, work)
+    expected = mindspore_slices(full, ParallelLayout(dp=2, tp=1), cfg, work)
+    for rank, a in enumerate(arrays):
+        got = prefixed(a, resharded)
+        assert sorted(got) == sorted(expected[rank])
+        for name, value in expected[rank].items():
+            assert got[name].dtype == value.dtype and got[name].tobytes() == value.tobytes(), (rank, name)
+
+
 # ------------------------------------------------------------------------------ two ranks
 
 
@@ -136,14 +148,8 @@ def test_rollouts_tp2_sampled_and_greedy_after_resharding_match_one_device(two_r
 
 def test_reshard_tp2_to_dp2_is_bit_identical_to_transform_checkpoints(two_ranks, tmp_path):
     arrays, metrics, _ = two_ranks
-    train = ParallelLayout(dp=1, tp=2)
-    full = mindspore_merge([prefixed(a, "b/tp") for a in arrays], train, CFG, str(tmp_path))
-    expected = mindspore_slices(full, ParallelLayout(dp=2, tp=1), CFG, str(tmp_path))
-    for rank, a in enumerate(arrays):
-        got = prefixed(a, "c/infer")
-        assert sorted(got) == sorted(expected[rank])
-        for name, value in expected[rank].items():
-            assert got[name].dtype == value.dtype and got[name].tobytes() == value.tobytes(), (rank, name)
+    assert_resharded_as_transform_checkpoints(arrays, "b/tp", "c/infer", CFG, str(tmp_path))
+    for rank in range(len(arrays)):
         m = metrics[rank]["reshard"]
         # tp2 -> tp1: a rank receives the other half of every split weight, the minimum
         assert m["sync/bytes_received"] == m["sync/bytes_min"] > 0.4 * m["sync/bytes"]
@@ -169,13 +175,7 @@ def test_qwen3_tp2_update_matches_one_device_and_reshards_bit_identical_to_trans
             # gradient near zero turns rounding into up to 1.1e-5 here (an lm_head entry); a QK-norm gradient
             # that missed the other rank's heads moves its weights by ~1e-3
             np.testing.assert_allclose(mine[name], train.shard(name, full, rank), rtol=0, atol=3e-5, err_msg=name)
-    full = mindspore_merge([prefixed(a, "d/tp") for a in arrays], train, CFG_QWEN3, str(tmp_path))
-    expected = mindspore_slices(full, ParallelLayout(dp=2, tp=1), CFG_QWEN3, str(tmp_path))
-    for rank, a in enumerate(arrays):
-        got = prefixed(a, "d/infer")
-        assert sorted(got) == sorted(expected[rank])
-        for name, value in expected[rank].items():
-            assert got[name].dtype == value.dtype and got[name].tobytes() == value.tobytes(), (rank, name)
+    assert_resharded_as_transform_checkpoints(arrays, "d/tp", "d/infer", CFG_QWEN3, str(tmp_path))
 
 
 # ------------------------------------------------------------------------------ the one-stage run
