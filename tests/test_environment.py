@@ -28,3 +28,50 @@ print("ok")
 def test_eager_mode_works_in_the_installed_environment():
     run = subprocess.run([sys.executable, "-c", EAGER], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+
+
+# rl_config.release_graphs rests on this: MindSpore's CPU runtime keeps a compiled graph's buffers after
+# it ran, and frees them when the cell that compiled it is deleted (benchmarks/graph_release.py)
+GRAPH_BUFFERS = """
+import gc
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
+
+
+class Chain(nn.Cell):
+    def construct(self, x):
+        y, total = x, x
+        for _ in range(12):
+            y = ops.sin(y) + x
+            total = total + y.sum(0, keepdims=True)  # every y is used to the end
+        return total.sum()
+
+
+Chain()(Tensor(np.ones((8, 8), np.float32))).asnumpy()  # the runtime's own start-up, not counted
+x = Tensor(np.ones((2048, 2048), np.float32))  # 16 MB
+base = rss()
+graph = Chain()
+graph(x).asnumpy()
+held = rss() - base
+del graph
+gc.collect()
+print(held, rss() - base)
+"""
+
+
+def test_a_compiled_graph_keeps_its_buffers_until_its_cell_is_deleted(tmp_path):
+    script = tmp_path / "graph_buffers.py"  # graph code compiles from a file, not from `python -c`
+    script.write_text(GRAPH_BUFFERS)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    held, left = map(int, run.stdout.split()[-2:])
+    assert held >= 12 * 2 ** 24  # at least the 12 intermediates of 16 MB stay after the call
+    assert left <= 0.25 * held, (held, left)  # and go with the cell

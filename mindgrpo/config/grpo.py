@@ -131,6 +131,11 @@ class RLConfig:
     max_bad_steps: int = 3  # steps in a row with a non-finite loss or gradient norm before the run stops
     completions_interval: int = 10  # steps between logged sample completions; 0 never
     swap: bool = True  # host-memory swap between phases (mindgrpo/memory/swap.py)
+    # drop each phase's compiled graphs when it ends (rollout and validation, reference, old log-probs, update):
+    # MindSpore's CPU runtime keeps a graph's buffers until the cell that compiled it is deleted, so a step then
+    # holds one phase's buffers at a time instead of every phase's, and compiles its graphs again every step
+    # (benchmarks/results/graph_release.md)
+    release_graphs: bool = False
     # msrun runs: a rank with no progress (a blocking call such as a collective that does not return) for
     # this many seconds ends the job naming the phase and the rank (mindgrpo/parallel/watchdog.py); the
     # first run of each phase, which compiles its graphs, gets compile_timeout_s instead. 0: no watchdog
@@ -222,6 +227,11 @@ class ActorConfig:
     # a layer's intermediates are recomputed in the backward pass instead of kept; the same gradients.
     # On MindSpore 2.10's CPU runtime it saves no memory and costs time (benchmarks/results/recompute.md)
     recompute: bool = False
+    # the training step as a host loop over one compiled decoder-layer graph (mindgrpo/grpo/layerwise.py): each
+    # layer's forward, then from the last layer to the first its forward again and its backward; the same
+    # gradients, and the compiled graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime
+    # keeps them all: benchmarks/results/layer_graph.md). One device, right-padded rows
+    layerwise_update: bool = False
     # Micro-batches by tokens (mindgrpo/grpo/packing.py), for the update and the old log-probs. > 0: a
     # mini-batch's samples, sorted by length, are cut into micro-batches of at most this many tokens,
     # padding included, each padded only to its own length (micro_batch_size then sizes the SFT warm start
@@ -248,6 +258,13 @@ class ActorConfig:
         check(not self.recompute or (par.model_parallel == 1 and par.pipeline_stage == 1), "recompute",
               "is tested on one device and under data parallelism only: set it false with "
               f"parallel_config.model_parallel = {par.model_parallel}, pipeline_stage = {par.pipeline_stage}")
+        check(not self.layerwise_update or (par.model_parallel == 1 and par.pipeline_stage == 1), "layerwise_update",
+              "runs the whole model on one device (or under data parallelism): set it false with "
+              f"parallel_config.model_parallel = {par.model_parallel}, pipeline_stage = {par.pipeline_stage}")
+        check(not (self.layerwise_update and self.packing), "layerwise_update",
+              "takes right-padded rows: set it or packing false")
+        check(not (self.layerwise_update and self.recompute), "layerwise_update",
+              "already runs each layer's forward again in its backward: set recompute false")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindgrpo.grpo.experience import Experience
+from mindgrpo.grpo.layerwise import LayerwiseGradStep
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
 from mindgrpo.grpo.packing import Batching, MicroBatch, gather_samples, plan
@@ -52,14 +53,27 @@ class Scorer:
         self.lm = lm
         self.pipe = pipeline or Pipeline()
         self.batching = Batching(micro_batch_size, max_tokens, packing, attention)
+        self.temperature, self.chunk = temperature, chunk
+        self._build()
+
+    def _build(self) -> None:
+        lm, attention = self.lm, self.batching.attention
+        self.stage = self.graph = None
         if not self.pipe.last:
             self.stage = StageHidden(lm, attention)
         elif self.batching.layout == "rows":
-            self.graph = TokenLogProbs(lm, with_entropy=False, temperature=temperature, chunk=chunk)
+            self.graph = TokenLogProbs(lm, with_entropy=False, temperature=self.temperature, chunk=self.chunk)
         else:
-            self.graph = PackedTokenLogProbs(lm, False, temperature, chunk, attention)
+            self.graph = PackedTokenLogProbs(lm, False, self.temperature, self.chunk, attention)
+
+    def release(self) -> None:
+        """Drop the compiled graphs and the buffers the runtime keeps for them (freed only with the
+        cells that compiled them: `benchmarks/graph_release.py`); the next call compiles them again."""
+        self.stage = self.graph = None
 
     def __call__(self, exp: Experience) -> np.ndarray:
+        if self.stage is None and self.graph is None:
+            self._build()
         batches = plan(exp, self.batching)
 
         def last(m, x):
@@ -76,13 +90,16 @@ class PolicyUpdater:
                  grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
                  optimizer_shard: bool = False, chunk: int = 0, pipeline: Optional[Pipeline] = None,
                  old_is_training: bool = True, max_tokens: int = 0, packing: bool = False, attention: str = "mask",
-                 recompute: bool = False):
+                 recompute: bool = False, layerwise: bool = False):
         """old_is_training: the old log-probs given with the experience come from the training graph
         (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout).
         max_tokens, packing, attention: as `Scorer`'s.
         recompute: activation recompute per decoder layer in the training graph
         (`Qwen2ForCausalLM.recompute_layers`): the same gradients; less memory where the runtime
-        frees intermediates in time (not MindSpore 2.10's CPU runtime: `benchmarks/recompute.py`)."""
+        frees intermediates in time (not MindSpore 2.10's CPU runtime: `benchmarks/recompute.py`).
+        layerwise: the training step as a host loop over one compiled decoder-layer graph
+        (`mindgrpo.grpo.layerwise`): the same gradients, one layer's graph buffers instead of every
+        layer's; one device, right-padded rows."""
         self.lm = lm
         if recompute:
             lm.recompute_layers()
@@ -92,14 +109,11 @@ class PolicyUpdater:
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
         self.buffer = GradBuffer(self.params)
-        if pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
-            policy_loss = PolicyLoss(lm, loss, detach_old, use_ref, with_entropy, temperature, chunk,
-                                     old_is_training, packed=self.batching.layout != "rows", attention=attention)
-            self.step_graph = GRPOGradStep(policy_loss, self.params, self.buffer, wrt_inputs=not pipe.first)
-        else:  # a stage before the last: its forward, and its backward from the next stage's gradient
-            self.stage = StageHidden(lm, attention)
-            self.stage_grad = StageGradStep(StageHidden(lm, attention), self.params, self.buffer,
-                                            wrt_inputs=not pipe.first)
+        self._loss_args = (detach_old, use_ref, with_entropy, temperature, chunk, old_is_training)
+        if layerwise and (self.batching.layout != "rows" or not (pipe.first and pipe.last)):
+            raise ValueError("the layerwise update takes right-padded rows on one pipeline stage (no packing)")
+        self.layerwise = layerwise
+        self._build()
         # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1);
         # under tensor parallelism the model's layer factory knows how to sum the pieces' norms, and
         # the pipeline sums them over the stages
@@ -115,6 +129,28 @@ class PolicyUpdater:
         # sums host numbers over the replicas
         self.grad_reducer = grad_reducer
         self.optimizer_steps = 0
+
+    def _build(self) -> None:
+        """The training graphs (not yet compiled: each compiles at its first call)."""
+        lm, pipe, attention = self.lm, self.pipe, self.batching.attention
+        self.step_graph = self.stage = self.stage_grad = None
+        if self.layerwise:  # a host loop over one compiled decoder-layer graph
+            policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, from_hidden=True)
+            self.step_graph = LayerwiseGradStep(policy_loss, lm, self.params, self.buffer)
+        elif pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
+            policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, packed=self.batching.layout != "rows",
+                                     attention=attention)
+            self.step_graph = GRPOGradStep(policy_loss, self.params, self.buffer, wrt_inputs=not pipe.first)
+        else:  # a stage before the last: its forward, and its backward from the next stage's gradient
+            self.stage = StageHidden(lm, attention)
+            self.stage_grad = StageGradStep(StageHidden(lm, attention), self.params, self.buffer,
+                                            wrt_inputs=not pipe.first)
+
+    def release(self) -> None:
+        """Drop the compiled training graphs and the buffers the runtime keeps for them (freed only
+        with the cells that compiled them: `benchmarks/graph_release.py`); the gradient buffers and
+        AdamW's moments stay. The next update compiles the graphs again."""
+        self.step_graph = self.stage = self.stage_grad = None
 
     def state_parameters(self) -> List[ms.Parameter]:
         """What a checkpoint must hold besides the weights to resume exactly."""
@@ -139,6 +175,8 @@ class PolicyUpdater:
         if dp is not None:  # with token budgets, shares of about the same number of tokens to train on
             tokens = exp.lengths() * (exp.mask.sum(-1) > 0) if self.batching.by_tokens else None
             exp = exp.select(dp.rows(len(exp), tokens))
+        if self.step_graph is None and self.stage is None:
+            self._build()
         with_rollout = exp.sampling_logp is not None
         keys = metric_keys(self.loss, with_rollout)
         batches = plan(exp, self.batching)

@@ -49,6 +49,7 @@ class PolicyLoss(nn.Cell):
     packed rows and (positions, segments, tokens, labels, slots). Either way the log-probs come out
     in the samples' (B, R) layout, so the loss below is the same.
 
+    from_hidden: inputs are the hidden states after every decoder layer (`mindgrpo/grpo/layerwise.py`).
     detach_old: the TRL shortcut when each rollout is used for exactly one update: old log-probs
     are the current ones with the gradient stopped (ratio 1), and old_logp is ignored.
     use_ref: False when beta == 0 (the reference model is not run; ref_logp is ignored).
@@ -59,12 +60,14 @@ class PolicyLoss(nn.Cell):
 
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, detach_old: bool, use_ref: bool,
                  with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0, old_is_training: bool = True,
-                 packed: bool = False, attention: str = "mask"):
+                 packed: bool = False, attention: str = "mask", from_hidden: bool = False):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         if loss.needs_entropy and not with_entropy:
             raise ValueError("top_entropy_quantile < 1 needs the entropy: build PolicyLoss with_entropy")
+        if packed and from_hidden:
+            raise ValueError("the layerwise update (from_hidden) takes right-padded rows, not packed ones")
         self.scorer = PackedTokenLogProbs(lm, with_entropy, temperature, chunk, attention) if packed \
-            else TokenLogProbs(lm, with_entropy, temperature, chunk)
+            else TokenLogProbs(lm, with_entropy, temperature, chunk, from_hidden)
         self.loss = loss
         self.detach_old, self.use_ref, self.old_is_training = detach_old, use_ref, old_is_training
 

@@ -125,7 +125,7 @@ class GRPOTrainer:
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
             temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
             pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, recompute=actor.recompute,
-            **batching)
+            layerwise=actor.layerwise_update, **batching)
         self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline,
                                  **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor))) \
             if reference is not None else None
@@ -237,10 +237,17 @@ class GRPOTrainer:
                     rollout_logp=[c.logprobs for c in r.completions] if with_logp else None,
                     sampling_logp=[c.sampling_logprobs for c in r.completions] if with_logp else None)
 
+    def release(self, part) -> None:
+        """With rl_config.release_graphs: a phase's compiled graphs (and the buffers the runtime keeps for
+        them) dropped when the phase ends; `part` is the engine, a scorer or the updater."""
+        if self.cfg.rl_config.release_graphs and part is not None:
+            part.release()
+
     def reference_logprobs(self, exp: Experience) -> None:
         if self.ref_scorer is not None:
             with self.memory.phase("reference"):
                 exp.ref_logp = self.ref_scorer(exp)
+            self.release(self.ref_scorer)
 
     def old_logprobs(self, exp: Experience) -> None:
         if self.cfg.rl_config.old_logprobs_from_rollout:
@@ -251,6 +258,7 @@ class GRPOTrainer:
         elif self.old_scorer is not None:
             with self.memory.phase("old_logprobs"):
                 exp.old_logp = self.old_scorer(exp)
+            self.release(self.old_scorer)
 
     def update(self, exp: Experience) -> Dict[str, float]:
         rl, actor = self.cfg.rl_config, self.cfg.actor_config
@@ -267,6 +275,7 @@ class GRPOTrainer:
                     lr = lr_at(self.updater.optimizer_steps, actor.lr, self.total_optimizer_steps,
                                actor.warmup_steps, actor.lr_schedule, actor.min_lr)
                     results.append(self.updater.update(exp.select(np.sort(order[k * rows:(k + 1) * rows])), lr))
+        self.release(self.updater)
         skipped = sum(m.pop("skipped") for m in results)
         out = {k: float((np.max if k in MAXIMA else np.mean)([m[k] for m in results])) for k in results[0]}
         out["lr"] = results[-1]["lr"]
@@ -287,6 +296,7 @@ class GRPOTrainer:
     def train_step(self) -> Dict[str, float]:
         p = self.progress
         r, metrics = self.collect()
+        self.release(self.engine)  # after every round of dynamic sampling
         with p.phase("advantage"):
             adv, adv_metrics = self.advantages(r)
             exp = self.build_experience(r, adv)
@@ -318,6 +328,7 @@ class GRPOTrainer:
             params = replace(params, temperature=rl.val_temperature)
         with self.progress.phase("validate"), self.memory.phase("validate"):
             comps = self.engine.generate(batch.ids, params)
+        self.release(self.engine)
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
         columns = {k: [v[c.prompt_index] for c in comps] for k, v in batch.columns.items()}
         _, per_fn, _ = self.rewards(texts, **columns, completion_length=[len(c.token_ids) for c in comps])

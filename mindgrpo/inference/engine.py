@@ -130,9 +130,12 @@ class RolloutEngine:
         return self.cache.nbytes if self.cache is not None else 0
 
     def release(self) -> None:
-        """Drop the KV cache and every graph that writes it."""
+        """Drop the KV cache, every compiled graph (prefill, copy, decode and the fused weights'
+        refresh) and the buffers the runtime keeps for them (freed only with the cells that compiled
+        them: `benchmarks/graph_release.py`); the next call compiles again the shapes it needs."""
         self.cache = None
         self._graphs.clear()
+        self.model.weights.release()
 
     def _ensure_cache(self, need: int) -> KVCache:
         """need: the cache positions the call's longest sample writes (at most max_positions - 1).

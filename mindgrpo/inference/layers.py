@@ -107,6 +107,11 @@ class InferenceWeights(nn.Cell):
     def refresh(self) -> None:
         self._refresh()
 
+    def release(self) -> None:
+        """Drop the compiled refresh graph and the buffers the runtime keeps for it (its transposed and
+        concatenated weights); the next `refresh` compiles it again. The copies themselves stay."""
+        self._refresh = _Refresh(self._refresh.lm, self.buffers)
+
 
 def _fused_shapes(layer, fields):
     """The shapes of `fused_layer_weights(layer)` (this rank's pieces), in the order of fields."""

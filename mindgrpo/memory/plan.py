@@ -43,7 +43,7 @@ compiled graph that this plan does not count: per decoder layer about 0.71 GB fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -58,6 +58,23 @@ from mindgrpo.parallel.reshard_plan import exchange_bytes, plan_parameter, sync_
 
 ACTIVE_PHASES = ("rollout", "reference", "old_logprobs", "update", "sync")  # validate == rollout
 _TRAINING = ("update",)  # the backward pass keeps activations; scoring graphs are forward-only
+
+# MindSpore 2.10's CPU runtime keeps the buffers of every compiled graph after it ran, until the cell that
+# compiled it is deleted (rl_config.release_graphs deletes a phase's graphs when the phase ends). Measured
+# at the Qwen2.5-0.5B shape (`benchmarks/results/memory.md`: hidden 896, vocabulary 151,936, 16 rows of
+# up to 288 positions, 128 scored tokens a row, micro-batches of 4 rows, 16 decode slots of 285 positions),
+# as fixed + per decoder layer, and scaled from there by assumption: the per-layer part by the tokens of
+# a micro-batch (the engine's slots x positions for the rollout) x the hidden size, the fixed part by the
+# scored tokens of a micro-batch x the vocabulary. The weight sync's bucket graphs hold about one copy of
+# the weights they move.
+_MEASURED_TOKENS, _MEASURED_SCORED, _MEASURED_H, _MEASURED_V = 4 * 288, 4 * 128, 896, 151936
+_MEASURED_SLOT_POSITIONS = 16 * 285
+CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the measured shape
+    "rollout": (0.038e9, 0.561e9),
+    "reference": (0.307e9, 0.158e9),
+    "old_logprobs": (0.307e9, 0.158e9),
+    "update": (1.985e9, 0.712e9),
+}
 
 
 def _stage_shapes(cfg: Qwen2Config, layout: ParallelLayout, rank: int) -> Dict[str, tuple]:
@@ -133,6 +150,28 @@ def activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, layout: ParallelLayout,
     return int(layers * per_layer + logits + kept)
 
 
+def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int]:
+    """phase -> the buffers its compiled graphs keep on MindSpore 2.10's CPU runtime, on one device
+    (`CPU_GRAPH_BUFFERS`, scaled to this config), for the phases in `phases`."""
+    gen, actor = gcfg.generate_config, gcfg.actor_config
+    s = gen.max_prompt_length + gen.max_tokens
+    tokens = actor.max_tokens_per_micro_batch or actor.micro_batch_size * s
+    scored = actor.max_tokens_per_micro_batch or actor.micro_batch_size * gen.max_tokens
+    capacity = min(s, cfg.max_position_embeddings)
+    slot_positions = kv_slots(capacity, gen.max_num_seqs, gen.max_num_batched_tokens) * capacity
+    width = cfg.hidden_size / _MEASURED_H
+    out = {}
+    for phase in phases:
+        if phase == "sync":  # about one copy of the weights the buckets move
+            out[phase] = piece_bytes(cfg, ParallelLayout())
+            continue
+        fixed, per_layer = CPU_GRAPH_BUFFERS[phase]
+        rows = slot_positions / _MEASURED_SLOT_POSITIONS if phase == "rollout" else tokens / _MEASURED_TOKENS
+        head = 0.0 if phase == "rollout" else scored / _MEASURED_SCORED * cfg.vocab_size / _MEASURED_V
+        out[phase] = int(fixed * head + per_layer * cfg.num_hidden_layers * rows * width)
+    return out
+
+
 @dataclass
 class MemoryPlan:
     groups: Dict[str, int]  # group -> bytes on this device when resident
@@ -141,6 +180,7 @@ class MemoryPlan:
     rank: int = 0  # the rank planned
     stage: int = 0  # its pipeline stage in the training layout
     stages: int = 1  # pipeline stages of the training layout
+    cpu_graphs: Dict[str, int] = field(default_factory=dict)  # phase -> compiled-graph buffers on the CPU runtime
 
     def phase_bytes(self, phase: str, swap: bool) -> int:
         """Ledger bytes during a phase (groups + the sync bucket), without activations."""
@@ -152,6 +192,13 @@ class MemoryPlan:
 
     def peak(self, swap: bool) -> int:
         return max(self.total(p, swap) for p in self.phases)
+
+    def cpu_peak(self, release: bool) -> int:
+        """On MindSpore 2.10's CPU runtime (one device): every group resident (no swap: host and device
+        are the same memory) plus the compiled graphs' buffers, every phase's kept, or with
+        rl_config.release_graphs the largest phase's (they include the update's activations)."""
+        graphs = self.cpu_graphs.values()
+        return self.phase_bytes("sync", False) + (max(graphs) if release else sum(graphs))
 
 
 def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None) -> MemoryPlan:
@@ -181,7 +228,9 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int) -> MemoryPlan:
         del phases["reference"]
     if not (rl.num_iterations > 1 or rl.num_mini_batches > 1):
         del phases["old_logprobs"]
-    return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train, rank), rank, train.stage(rank), train.pp)
+    one_device = train.world_size == 1 and infer.world_size == 1
+    return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train, rank), rank, train.stage(rank), train.pp,
+                      cpu_graph_bytes(mcfg, gcfg, phases) if one_device else {})
 
 
 def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
@@ -201,6 +250,12 @@ def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
         lines.append(f"| {phase} | {', '.join(names)}{extra} | {p.total(phase, True) / div:.2f} | "
                      f"{p.total(phase, False) / div:.2f} |")
     lines.append(f"| **peak** | | **{p.peak(True) / div:.2f}** | **{p.peak(False) / div:.2f}** |")
+    if p.cpu_graphs:
+        lines += ["", f"On MindSpore 2.10's CPU runtime the compiled graphs keep buffers that the groups above do not "
+                  f"count (measured at the Qwen2.5-0.5B shape, scaled: `mindgrpo/memory/plan.py`), in {unit}: "
+                  + ", ".join(f"{k} {v / div:.2f}" for k, v in p.cpu_graphs.items())
+                  + f"; with every group resident (no swap on a CPU), the peak is {p.cpu_peak(False) / div:.2f} with "
+                  f"the graphs kept and {p.cpu_peak(True) / div:.2f} with rl_config.release_graphs."]
     if device_bytes:
         lines.append("")
         for swap in (True, False):

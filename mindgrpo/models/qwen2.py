@@ -199,6 +199,18 @@ class Linear(nn.Cell):
             y = y + (self.bias.astype(self.dtype) if self.cast_needed else self.bias)
         return y
 
+    def apply(self, x, w, b):
+        """`construct` on one device with the given weight (out, in) and bias (out,) or None instead of
+        this layer's: one compiled graph serves every decoder layer (`DecoderLayer.apply`)."""
+        lead = x.shape[:-1]
+        x = x.reshape(-1, x.shape[-1])
+        if self.cast_needed:
+            x, w = x.astype(self.dtype), w.astype(self.dtype)
+        y = self.matmul(x, w)
+        if b is not None:
+            y = y + (b.astype(self.dtype) if self.cast_needed else b)
+        return y.reshape(lead + (y.shape[-1],))
+
 
 class Embedding(nn.Cell):
     def __init__(self, weight: np.ndarray):
@@ -280,6 +292,11 @@ class RMSNorm(nn.Cell):
     def construct(self, x):  # statistics in fp32, like HF
         dtype = x.dtype
         return (self.weight * self.normalize(x)).astype(dtype)
+
+    def apply(self, x, w):
+        """`construct` with the given weight (one device)."""
+        dtype = x.dtype
+        return (w * self.normalize(x)).astype(dtype)
 
     def normalize(self, x):
         """x / rms(x) in fp32, without the weight (the decode path folds it into the next matmul)."""
@@ -380,6 +397,20 @@ class Attention(nn.Cell):
             return self.wo(self._attend(q, k, v, bias, self.scale))
         return self.wo(self._attend_flash(q, k, v, flash[0], flash[1]))
 
+    def apply(self, x, cos, sin, bias, wq, wk, wv, wo, qkv_bias, qk_norms):
+        """`construct` on one device with the given weights instead of this layer's: wq, wk, wv, wo;
+        qkv_bias: (bq, bk, bv), or (None, None, None) without attention_bias; qk_norms: (q_norm,
+        k_norm) weights with qk_norm, else None."""
+        b, s, _ = x.shape
+        q = self.wq.apply(x, wq, qkv_bias[0]).reshape(b, s, self.nh, self.d)  # (B, S, nh, d)
+        k = self.wk.apply(x, wk, qkv_bias[1]).reshape(b, s, self.nkv, self.d)  # (B, S, nkv, d)
+        if self.qk_norm:
+            q, k = self.q_norm.apply(q, qk_norms[0]), self.k_norm.apply(k, qk_norms[1])
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)  # (B, nh, S, d), (B, nkv, S, d)
+        v = self.wv.apply(x, wv, qkv_bias[2]).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.wo.apply(self._attend(q, k, v, bias, self.scale), wo, None)
+
     def _attend_flash(self, q, k, v, seq_ends, causal_mask):
         """Packed rows through Ascend's fused kernel in its TND layout: q (B, nh, S, d), k/v
         (B, nkv, S, d) as T = B*S tokens; seq_ends (K,) int64: the cumulative ends of the runs of
@@ -412,6 +443,10 @@ class MLP(nn.Cell):
         x = self.enter(x)
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
+    def apply(self, x, w1, w3, w2):
+        """`construct` on one device with the given weights."""
+        return self.w2.apply(ops.silu(self.w1.apply(x, w1, None)) * self.w3.apply(x, w3, None), w2, None)
+
 
 class DecoderLayer(nn.Cell):
     def __init__(self, cfg: Qwen2Config, rng, layers: DenseLayers):
@@ -424,6 +459,31 @@ class DecoderLayer(nn.Cell):
     def construct(self, x, cos, sin, bias, flash=None):
         x = x + self.attention(self.attention_norm(x), cos, sin, bias, flash)
         return x + self.feed_forward(self.ffn_norm(x))
+
+    def weights(self) -> tuple:
+        """The layer's parameters in the order `apply` takes them: the two norms, wq, wk, wv, wo, w1, w3,
+        w2, then the q/k/v biases (attention_bias) and the q/k norms (qk_norm)."""
+        att, mlp = self.attention, self.feed_forward
+        out = (self.attention_norm.weight, self.ffn_norm.weight, att.wq.weight, att.wk.weight, att.wv.weight,
+               att.wo.weight, mlp.w1.weight, mlp.w3.weight, mlp.w2.weight)
+        if att.wq.has_bias:
+            out += (att.wq.bias, att.wk.bias, att.wv.bias)
+        if att.qk_norm:
+            out += (att.q_norm.weight, att.k_norm.weight)
+        return out
+
+    def apply(self, x, cos, sin, bias, w):
+        """`construct` on one device with the weights w (a tuple in the order of `weights()`, of any
+        layer of this architecture) instead of this layer's: the same ops, so that one compiled graph
+        runs every layer (`mindgrpo/grpo/layerwise.py`)."""
+        att = self.attention
+        qkv_bias = (w[9], w[10], w[11]) if att.wq.has_bias else (None, None, None)
+        # positive indices only: a negative one into a mutable tuple reads garbage on MindSpore 2.10's CPU
+        norms_at = 12 if att.wq.has_bias else 9
+        qk_norms = (w[norms_at], w[norms_at + 1]) if att.qk_norm else None
+        x = x + att.apply(self.attention_norm.apply(x, w[0]), cos, sin, bias, w[2], w[3], w[4], w[5], qkv_bias,
+                          qk_norms)
+        return x + self.feed_forward.apply(self.ffn_norm.apply(x, w[1]), w[6], w[7], w[8])
 
 
 @dataclass(frozen=True)

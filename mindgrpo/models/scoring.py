@@ -104,9 +104,13 @@ class TokenLogProbs(nn.Cell):
 
     chunk > 0: the projection and log-softmax run `chunk` rows at a time with a hand-written
     backward (`mindgrpo.models.fused_head`; one more matmul in the backward pass, fewer passes over
-    the logits). 0: MindSpore's autodiff over the whole."""
+    the logits). 0: MindSpore's autodiff over the whole.
 
-    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0):
+    from_hidden: the first input is the hidden states (B, S, H) after every decoder layer (the
+    layerwise update, `mindgrpo/grpo/layerwise.py`): only the final norm and the head run here."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0,
+                 from_hidden: bool = False):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         if not lm.last_stage:
             raise ValueError("TokenLogProbs needs the last pipeline stage (the final norm and the lm_head)")
@@ -116,13 +120,17 @@ class TokenLogProbs(nn.Cell):
         self.with_entropy = with_entropy
         self.inv_temperature = 1.0 / temperature
         self.chunk = chunk
+        self.from_hidden = from_hidden
         if chunk > 0:
             self.head = lm.layer_factory.head_logprobs(lm.config.vocab_size, chunk, with_entropy)
 
     def construct(self, inputs, score_pos, labels):
         b, s = inputs.shape[0], inputs.shape[1]  # inputs: ids (B, S), or (B, S, H) from the previous stage
         r = score_pos.shape[1]
-        h = self.lm.hidden_states(inputs, positions(b, s), causal_bias(s))  # (B, S, H)
+        if self.from_hidden:
+            h = inputs
+        else:
+            h = self.lm.hidden_states(inputs, positions(b, s), causal_bias(s))  # (B, S, H)
         flat = (ops.arange(b).astype(ms.int32).reshape(b, 1) * s + score_pos).reshape(-1)
         h = ops.gather(h.reshape(b * s, -1), flat, 0)  # (B*R, H)
         logp, ent = self.project(h, labels.reshape(-1))

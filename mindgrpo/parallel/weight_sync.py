@@ -58,6 +58,11 @@ class WeightSync:
         self.total_bytes = sum(b for _, _, b in self.buckets)
         self.max_bucket_bytes = max(b for _, _, b in self.buckets)
 
+    def release(self) -> None:
+        """Drop the compiled bucket graphs and the buffers the runtime keeps for them (freed only with
+        the cells that compiled them: `benchmarks/graph_release.py`); the next call compiles them again."""
+        self.buckets = [(_CopyBucket(list(graph.dst)), src, size) for graph, src, size in self.buckets]
+
     def __call__(self) -> Dict[str, float]:
         t0 = time.perf_counter()
         for graph, src, size in self.buckets:

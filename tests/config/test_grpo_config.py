@@ -37,9 +37,9 @@ FULL = GRPOConfig(
         ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, val_n=4, val_temperature=0.6,
         val_before_train=False, save_best="val/pass@2", save_interval=5, keep_last_k=3,
-        log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, collective_timeout_s=600.0,
-        compile_timeout_s=1200.5, device_peak_tflops=280.5, dataset_path="data/train.jsonl", val_dataset_path="data/val.jsonl",
-        output_dir="/tmp/mindgrpo-run"),
+        log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, release_graphs=True,
+        collective_timeout_s=600.0, compile_timeout_s=1200.5, device_peak_tflops=280.5, dataset_path="data/train.jsonl",
+        val_dataset_path="data/val.jsonl", output_dir="/tmp/mindgrpo-run"),
     actor_config=ActorConfig(
         model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
         dtype="bfloat16", lr=3e-6, lr_schedule="cosine", warmup_steps=3, min_lr=1e-7, adam_beta1=0.8, adam_beta2=0.95,
@@ -88,10 +88,12 @@ def test_yaml_that_sets_every_key():
     assert loaded.keys() == defaults.keys()
     # teacher_carry_error and synthetic_config need the synthetic task, and this file names a dataset:
     # the file leaves them at their defaults, test_synthetic_config_from_yaml sets them
-    # (and only the actor's parallel_config may shard an optimizer; actor_config.recompute is refused with this
-    # file's tensor and pipeline parallelism, tests/grpo/test_recompute.py sets it)
+    # (and only the actor's parallel_config may shard an optimizer; actor_config.recompute and layerwise_update are
+    # refused with this file's tensor and pipeline parallelism, tests/grpo/test_recompute.py and test_layerwise.py
+    # set them)
     exempt = {"sft_config.teacher_carry_error", "ref_config.parallel_config.optimizer_shard",
-              "generate_config.parallel_config.optimizer_shard", "actor_config.recompute"} | set(VARIANT_SETTINGS)
+              "generate_config.parallel_config.optimizer_shard", "actor_config.recompute",
+              "actor_config.layerwise_update"} | set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
     assert same == [], f"full_grpo.yaml leaves these at their defaults: {same}"
 

@@ -220,3 +220,21 @@ def test_the_limit_is_the_models_context_not_the_cache_bucket(lm):
     with pytest.raises(ValueError, match=r"a prompt of 31 tokens \+ max_tokens 10 = 41 positions, more than the "
                                          r"model's 40"):
         short.generate([[5] * 31], p)
+
+
+def test_release_drops_the_cache_and_the_graphs_and_the_next_call_compiles_them_again(engines):
+    """rl_config.release_graphs: the engine's graphs go with release() (the runtime frees a graph's
+    buffers only with its cell) and the next call, on graphs compiled again, draws the same samples.
+    Last in this file: the tests before it share the engine's compiled graphs."""
+    e = engines[8]
+    p = SamplingParams(max_tokens=12, temperature=1.0, seed=5)  # test_seeded_sampling's call: compiled
+    before = e.generate(PROMPTS, p)
+    compiled, refresh = e.compiled_graphs, e.model.weights._refresh
+    e.release()
+    assert e.cache is None and not e._graphs and e.model.weights._refresh is not refresh
+    after = e.generate(PROMPTS, p)
+    assert e.compiled_graphs > compiled and e.cache is not None
+    assert tokens(after) == tokens(before)
+    for a, b in zip(after, before):
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+        np.testing.assert_array_equal(a.sampling_logprobs, b.sampling_logprobs)

@@ -1,0 +1,148 @@
+"""The training step of one micro-batch as a host loop over one compiled decoder-layer graph
+(`actor_config.layerwise_update`): the same loss, metrics and gradients as `train_graph.GRPOGradStep`,
+with the compiled graphs' buffers of one decoder layer instead of every layer's.
+
+MindSpore 2.10's CPU runtime keeps the buffers of a compiled graph after it ran, so the whole-model
+training graph holds every layer's intermediates for good: about 0.7 GB per decoder layer at the
+Qwen2.5-0.5B shape, micro-batches of (4, 288) (`benchmarks/results/memory.md`). Here the graphs are:
+
+    embed       ids (B, S) -> x_0 (B, S, H), RoPE's cos / sin and the causal bias
+    layer       x_i, layer i's weights (graph inputs) -> x_{i+1}; called for i = 0 .. N-1, each x_i kept
+    head        x_N -> loss, metrics (`train_graph.PolicyLoss` from the hidden states), the gradient of
+                the loss with respect to x_N, the final norm's and the head's gradients accumulated
+    layer_grad  x_i, layer i's weights, dL/dx_{i+1} -> dL/dx_i and layer i's weight gradients: the layer
+                run again from x_i and differentiated against the incoming gradient; called for
+                i = N-1 .. 0, each layer's gradients accumulated by a small graph of its own
+    embed_grad  ids, dL/dx_0 -> the embedding's gradient accumulated (the head's too when tied)
+
+Between the calls the host holds the N layer inputs (B, S, H) (4 MB each at the 0.5B shape). One device,
+right-padded rows (no pipeline stages, tensor parallelism or packed rows: the config refuses them).
+The gradients equal the whole graph's to rounding (the layers' forward runs twice, as with recompute).
+Shapes use the vocabulary of `mindgrpo/__init__.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import mindspore as ms
+from mindspore import Parameter, nn, ops
+
+from mindgrpo.grpo.optim import AccumulateGrads, GradBuffer
+from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.models.scoring import causal_bias, positions
+
+
+class _Accumulators:
+    """Some of a GradBuffer's accumulators, in the order of `params`, for `AccumulateGrads`."""
+
+    def __init__(self, buffer: GradBuffer, all_params: Sequence[Parameter], params: Sequence[Parameter]):
+        index = {id(p): i for i, p in enumerate(all_params)}
+        self.bufs = ms.ParameterTuple(buffer.bufs[index[id(p)]] for p in params)
+
+
+class _Embed(nn.Cell):
+    """ids (B, S) -> x_0 (B, S, H), cos, sin (B, 1, S, d), causal bias (1, 1, S, S)."""
+
+    def __init__(self, lm: Qwen2ForCausalLM):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.lm = lm
+
+    def construct(self, ids):
+        b, s = ids.shape
+        cos, sin = self.lm.rope(positions(b, s))
+        return self.lm.model.tok_embeddings(ids).astype(self.lm.dtype), cos, sin, causal_bias(s)
+
+
+class _Lookup(nn.Cell):
+    """ids (B, S) -> x_0 (B, S, H): what `_EmbedGrad` differentiates."""
+
+    def __init__(self, lm: Qwen2ForCausalLM):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+
+    def construct(self, ids):
+        return self.lm.model.tok_embeddings(ids).astype(self.lm.dtype)
+
+
+class _EmbedGrad(nn.Cell):
+    """ids (B, S), dL/dx_0 (B, S, H) -> the embedding's gradient added to its accumulator."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, accumulators: _Accumulators):
+        super().__init__(auto_prefix=False)
+        self.lookup = _Lookup(lm)
+        self.weights = ms.ParameterTuple([lm.model.tok_embeddings.embedding_weight])
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.accumulate = AccumulateGrads(accumulators)
+
+    def construct(self, ids, dx):
+        grads = self.grad(self.lookup, self.weights)(ids, dx)
+        return ops.depend(ops.zeros((1,), ms.float32), self.accumulate(grads))
+
+
+class _Layer(nn.Cell):
+    """x (B, S, H), cos, sin, bias, w (a layer's weights, `DecoderLayer.weights()` order) -> (B, S, H).
+    `layer` lends its code only (any layer of the model): the weights are the inputs."""
+
+    def __init__(self, layer: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+
+    def construct(self, x, cos, sin, bias, w):
+        return self.layer.apply(x, cos, sin, bias, w)
+
+
+class _LayerGrad(nn.Cell):
+    """x (B, S, H), cos, sin, bias, w, dy (B, S, H) -> dL/dx (B, S, H), the weights' gradients (a
+    tuple in w's order): the layer run again from x, its vector-Jacobian product with dy."""
+
+    def __init__(self, layer: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.layer = _Layer(layer)
+        self.grad = ops.GradOperation(get_all=True, sens_param=True)
+
+    def construct(self, x, cos, sin, bias, w, dy):
+        grads = self.grad(self.layer)(x, cos, sin, bias, w, dy)
+        return grads[0], grads[4]
+
+
+class LayerwiseGradStep:
+    """One micro-batch, called as `GRPOGradStep` is (the same inputs; loss and metrics out, every
+    gradient accumulated into `buffer`), through the graphs of the module docstring."""
+
+    def __init__(self, policy_loss: PolicyLoss, lm: Qwen2ForCausalLM, params: Sequence[Parameter],
+                 buffer: GradBuffer):
+        if not (lm.first_stage and lm.last_stage) or lm.tp != 1:
+            raise ValueError("the layerwise update runs the whole model on one device (no pipeline stages or "
+                             "tensor parallelism)")
+        trained = {id(p) for p in params}
+        layers = [lm.model.layers[i] for i in lm.layer_ids]
+        self.layer_weights = [layer.weights() for layer in layers]
+        if any(id(p) not in trained for w in self.layer_weights for p in w):
+            raise ValueError("the layerwise update trains every decoder layer weight")
+        embedding = lm.model.tok_embeddings.embedding_weight
+        in_layers = {id(p) for w in self.layer_weights for p in w}
+        head = [p for p in params if id(p) not in in_layers and (lm.tied or p is not embedding)]
+        self.embed = _Embed(lm)
+        self.layer = _Layer(layers[0])
+        self.layer_grad = _LayerGrad(layers[0])
+        self.accumulate = [AccumulateGrads(_Accumulators(buffer, params, w)) for w in self.layer_weights]
+        self.head = GRPOGradStep(policy_loss, head, _Accumulators(buffer, params, head), wrt_inputs=True)
+        self.embed_grad = _EmbedGrad(lm, _Accumulators(buffer, params, [embedding]))
+
+    def __call__(self, ids, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
+                 rollout_logp=None):
+        x, cos, sin, bias = self.embed(ids)
+        weights = [ms.mutable(tuple(p.value() for p in w)) for w in self.layer_weights]  # inputs, not constants
+        inputs = []
+        for w in weights:
+            inputs.append(x)
+            x = self.layer(x, cos, sin, bias, w)
+        loss, metrics, dx = self.head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
+                                      rollout_logp)
+        for i in reversed(range(len(weights))):
+            dx, grads = self.layer_grad(inputs[i], cos, sin, bias, weights[i], dx)
+            self.accumulate[i](grads)
+        self.embed_grad(ids, dx)
+        return loss, metrics
