@@ -230,7 +230,7 @@ class ActorConfig:
     # the training step as a host loop over one compiled decoder-layer graph (mindgrpo/grpo/layerwise.py): each
     # layer's forward, then from the last layer to the first its forward again and its backward; the same
     # gradients, and the compiled graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime
-    # keeps them all: benchmarks/results/layer_graph.md). One device, right-padded rows
+    # keeps them all: benchmarks/results/layerwise.md). One device, right-padded rows
     layerwise_update: bool = False
     # Micro-batches by tokens (mindgrpo/grpo/packing.py), for the update and the old log-probs. > 0: a
     # mini-batch's samples, sorted by length, are cut into micro-batches of at most this many tokens,

@@ -10,11 +10,13 @@ Qwen2.5-0.5B shape, micro-batches of (4, 288) (`benchmarks/results/memory.md`). 
     layer       x_i, layer i's weights (graph inputs) -> x_{i+1}; called for i = 0 .. N-1, each x_i kept
     head        x_N -> loss, metrics (`train_graph.PolicyLoss` from the hidden states), the gradient of
                 the loss with respect to x_N, the final norm's and the head's gradients accumulated
-    layer_grad  x_i, layer i's weights, dL/dx_{i+1} -> dL/dx_i and layer i's weight gradients: the layer
-                run again from x_i and differentiated against the incoming gradient; called for
-                i = N-1 .. 0, each layer's gradients accumulated by a small graph of its own
+    layer_grad  x_i, layer i's weights and their accumulators, dL/dx_{i+1} -> dL/dx_i, layer i's weight
+                gradients added to its accumulators: the layer run again from x_i and differentiated
+                against the incoming gradient; called for i = N-1 .. 0
     embed_grad  ids, dL/dx_0 -> the embedding's gradient accumulated (the head's too when tied)
 
+A layer's weights and accumulators go in as graph inputs (a mutable tuple of the Parameters themselves:
+read and written in place, no copy and no compile per layer; `Parameter.value()` would copy each one).
 Between the calls the host holds the N layer inputs (B, S, H) (4 MB each at the 0.5B shape). One device,
 right-padded rows (no pipeline stages, tensor parallelism or packed rows: the config refuses them).
 The gradients equal the whole graph's to rounding (the layers' forward runs twice, as with recompute).
@@ -94,17 +96,22 @@ class _Layer(nn.Cell):
 
 
 class _LayerGrad(nn.Cell):
-    """x (B, S, H), cos, sin, bias, w, dy (B, S, H) -> dL/dx (B, S, H), the weights' gradients (a
-    tuple in w's order): the layer run again from x, its vector-Jacobian product with dy."""
+    """x (B, S, H), cos, sin, bias, w, dy (B, S, H), acc (w's accumulators, in w's order) -> dL/dx
+    (B, S, H); the weights' gradients added to acc: the layer run again from x, its vector-Jacobian
+    product with dy."""
 
     def __init__(self, layer: nn.Cell):
         super().__init__(auto_prefix=False)
         self.layer = _Layer(layer)
         self.grad = ops.GradOperation(get_all=True, sens_param=True)
+        self.n = len(layer.weights())
 
-    def construct(self, x, cos, sin, bias, w, dy):
+    def construct(self, x, cos, sin, bias, w, dy, acc):
         grads = self.grad(self.layer)(x, cos, sin, bias, w, dy)
-        return grads[0], grads[4]
+        done = ()
+        for k in range(self.n):
+            done = done + (ops.assign_add(acc[k], grads[4][k].astype(ms.float32)),)
+        return ops.depend(grads[0], done)
 
 
 class LayerwiseGradStep:
@@ -118,31 +125,31 @@ class LayerwiseGradStep:
                              "tensor parallelism)")
         trained = {id(p) for p in params}
         layers = [lm.model.layers[i] for i in lm.layer_ids]
-        self.layer_weights = [layer.weights() for layer in layers]
-        if any(id(p) not in trained for w in self.layer_weights for p in w):
+        weights = [layer.weights() for layer in layers]
+        if any(id(p) not in trained for w in weights for p in w):
             raise ValueError("the layerwise update trains every decoder layer weight")
         embedding = lm.model.tok_embeddings.embedding_weight
-        in_layers = {id(p) for w in self.layer_weights for p in w}
+        in_layers = {id(p) for w in weights for p in w}
         head = [p for p in params if id(p) not in in_layers and (lm.tied or p is not embedding)]
+        # graph inputs: the Parameters themselves (in place, no copy), the same tuples at every call
+        self.layer_weights = [ms.mutable(tuple(w)) for w in weights]
+        self.layer_accumulators = [ms.mutable(tuple(_Accumulators(buffer, params, w).bufs)) for w in weights]
         self.embed = _Embed(lm)
         self.layer = _Layer(layers[0])
         self.layer_grad = _LayerGrad(layers[0])
-        self.accumulate = [AccumulateGrads(_Accumulators(buffer, params, w)) for w in self.layer_weights]
         self.head = GRPOGradStep(policy_loss, head, _Accumulators(buffer, params, head), wrt_inputs=True)
         self.embed_grad = _EmbedGrad(lm, _Accumulators(buffer, params, [embedding]))
 
     def __call__(self, ids, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                  rollout_logp=None):
         x, cos, sin, bias = self.embed(ids)
-        weights = [ms.mutable(tuple(p.value() for p in w)) for w in self.layer_weights]  # inputs, not constants
         inputs = []
-        for w in weights:
+        for w in self.layer_weights:
             inputs.append(x)
             x = self.layer(x, cos, sin, bias, w)
         loss, metrics, dx = self.head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                                       rollout_logp)
-        for i in reversed(range(len(weights))):
-            dx, grads = self.layer_grad(inputs[i], cos, sin, bias, weights[i], dx)
-            self.accumulate[i](grads)
+        for i in reversed(range(len(self.layer_weights))):
+            dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], dx, self.layer_accumulators[i])
         self.embed_grad(ids, dx)
         return loss, metrics
