@@ -5,7 +5,10 @@
 
 Groups: weights (policy, inference, reference), gradients, AdamW states, KV cache, the largest
 resharding bucket, and an activation estimate for the update (mindgrpo/memory/plan.py says how
-each is counted). The model comes from actor_config.model (a preset name or a file).
+each is counted). The model comes from actor_config.model (a preset name or a file). On one device
+it adds what MindSpore 2.10's CPU runtime keeps for the compiled graphs of each phase (measured at
+the Qwen2.5-0.5B shape, scaled) and the CPU peak with the graphs kept or released
+(rl_config.release_graphs).
 """
 
 from __future__ import annotations

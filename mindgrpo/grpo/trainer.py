@@ -296,7 +296,7 @@ class GRPOTrainer:
     def train_step(self) -> Dict[str, float]:
         p = self.progress
         r, metrics = self.collect()
-        self.release(self.engine)  # after every round of dynamic sampling
+        self.release(self.engine)  # after all of dynamic sampling's rounds, which share the graphs
         with p.phase("advantage"):
             adv, adv_metrics = self.advantages(r)
             exp = self.build_experience(r, adv)

@@ -36,9 +36,11 @@ included (`grpo.packing`): s*b is T, a row at most s long, and at most T positio
 Measured on MindSpore 2.10's CPU runtime (`benchmarks/results/memory.md`, the 0.5B shape, 16 rows of
 up to 285 tokens, micro-batches of 4): the parameter groups above agree with the resident memory
 they add (policy, reference, grads + AdamW within 3%), but the runtime keeps buffers for every
-compiled graph that this plan does not count: per decoder layer about 0.71 GB for the update graph
-(the estimate above: 0.12), 0.56 GB for the generation graphs, 0.16 GB for a scoring graph and
-0.05 GB for the weight sync's. A CPU run needs about three times the planned peak.
+compiled graph: per decoder layer about 0.71 GB for the update graph (the estimate above: 0.12),
+0.56 GB for the generation graphs, 0.16 GB for a scoring graph. On one device the plan adds them
+(`cpu_graph_bytes`, `MemoryPlan.cpu_peak`): every phase's kept, or with rl_config.release_graphs the
+largest phase's (`benchmarks/results/graph_release.md`: 11.65 and 9.37 GB measured at 2 layers, 10.46
+and 8.71 planned); actor_config.layerwise_update shrinks the update's (`benchmarks/results/layerwise.md`).
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ _TRAINING = ("update",)  # the backward pass keeps activations; scoring graphs a
 # up to 288 positions, 128 scored tokens a row, micro-batches of 4 rows, 16 decode slots of 285 positions),
 # as fixed + per decoder layer, and scaled from there by assumption: the per-layer part by the tokens of
 # a micro-batch (the engine's slots x positions for the rollout) x the hidden size, the fixed part by the
-# scored tokens of a micro-batch x the vocabulary. The weight sync's bucket graphs hold about one copy of
-# the weights they move.
+# scored tokens of a micro-batch x the vocabulary. The first weight sync adds about one copy of the weights
+# it moves, and releasing its graphs frees none of it (`benchmarks/results/graph_release.md`).
 _MEASURED_TOKENS, _MEASURED_SCORED, _MEASURED_H, _MEASURED_V = 4 * 288, 4 * 128, 896, 151936
 _MEASURED_SLOT_POSITIONS = 16 * 285
 CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the measured shape
@@ -74,6 +76,9 @@ CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the 
     "reference": (0.307e9, 0.158e9),
     "old_logprobs": (0.307e9, 0.158e9),
     "update": (1.985e9, 0.712e9),
+    # actor_config.layerwise_update (`benchmarks/results/layerwise.md`: against the whole graph, 1.55 GB less
+    # fixed and 18% of its per-layer growth beyond the weights, gradients and moments)
+    "update_layerwise": (0.43e9, 0.128e9),
 }
 
 
@@ -165,7 +170,8 @@ def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int
         if phase == "sync":  # about one copy of the weights the buckets move
             out[phase] = piece_bytes(cfg, ParallelLayout())
             continue
-        fixed, per_layer = CPU_GRAPH_BUFFERS[phase]
+        fixed, per_layer = CPU_GRAPH_BUFFERS["update_layerwise" if phase == "update" and actor.layerwise_update
+                                             else phase]
         rows = slot_positions / _MEASURED_SLOT_POSITIONS if phase == "rollout" else tokens / _MEASURED_TOKENS
         head = 0.0 if phase == "rollout" else scored / _MEASURED_SCORED * cfg.vocab_size / _MEASURED_V
         out[phase] = int(fixed * head + per_layer * cfg.num_hidden_layers * rows * width)
@@ -196,9 +202,11 @@ class MemoryPlan:
     def cpu_peak(self, release: bool) -> int:
         """On MindSpore 2.10's CPU runtime (one device): every group resident (no swap: host and device
         are the same memory) plus the compiled graphs' buffers, every phase's kept, or with
-        rl_config.release_graphs the largest phase's (they include the update's activations)."""
-        graphs = self.cpu_graphs.values()
-        return self.phase_bytes("sync", False) + (max(graphs) if release else sum(graphs))
+        rl_config.release_graphs the largest phase's and the weight sync's (which that key leaves); they
+        include the update's activations."""
+        phases = [v for k, v in self.cpu_graphs.items() if k != "sync"]  # the weight sync's are never released
+        kept = self.cpu_graphs.get("sync", 0)
+        return self.phase_bytes("sync", False) + kept + (max(phases) if release else sum(phases))
 
 
 def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None) -> MemoryPlan:

@@ -131,3 +131,28 @@ def test_recompute_keeps_each_layers_output_and_one_layers_intermediates():
     plain = plan(load_config(GRPOConfig, overrides=over), m).activations
     recomputed = plan(load_config(GRPOConfig, overrides=over + ["actor_config.recompute=true"]), m).activations
     assert plain - recomputed == 24 * 385_351_680 - (24 * 9_175_040 + 385_351_680)
+
+
+def test_the_cpu_graph_buffers_match_the_measured_peaks_kept_and_released():
+    """benchmarks/results/graph_release.md: the 0.5B shape cut to 2 layers, 4 prompts (up to 157 tokens) x 4
+    samples x 128 tokens, micro-batches of 4, beta 0.04, two steps: process peak 11.65 GB with the graphs kept,
+    9.37 GB with rl_config.release_graphs (MindSpore 2.10's CPU runtime; measured, not by the plan)."""
+    over = ["rl_config.batch_size=4", "rl_config.num_generations=4", "rl_config.beta=0.04",
+            "generate_config.max_prompt_length=157", "generate_config.max_tokens=128",
+            "generate_config.max_num_seqs=16", "actor_config.micro_batch_size=4"]
+    m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
+    two = Qwen2Config(**{**m.__dict__, "num_hidden_layers": 2})
+    p = plan(load_config(GRPOConfig, overrides=over), two)
+    assert set(p.cpu_graphs) == {"rollout", "reference", "update", "sync"}
+    assert p.cpu_peak(False) == pytest.approx(11.65e9, rel=0.15)
+    assert p.cpu_peak(True) == pytest.approx(9.37e9, rel=0.15)
+    # the layerwise update shrinks the update's buffers; at 24 layers the rollout's are then the largest
+    layerwise = plan(load_config(GRPOConfig, overrides=over + ["actor_config.layerwise_update=true"]), m)
+    whole = plan(load_config(GRPOConfig, overrides=over), m)
+    assert layerwise.cpu_graphs["update"] < 0.25 * whole.cpu_graphs["update"]
+    assert max(layerwise.cpu_graphs, key=layerwise.cpu_graphs.get) == "rollout"
+    # a layout over several devices: no CPU figures (measured on one device only)
+    assert not plan(load_config(GRPOConfig, overrides=over + ["actor_config.parallel_config.data_parallel=2",
+                                                              "generate_config.parallel_config.data_parallel=2",
+                                                              "ref_config.parallel_config.data_parallel=2"]),
+                    m).cpu_graphs
