@@ -224,7 +224,8 @@ def test_the_limit_is_the_models_context_not_the_cache_bucket(lm):
 
 def test_release_drops_the_cache_and_the_graphs_and_the_next_call_compiles_them_again(engines):
     """rl_config.release_graphs: the engine's graphs go with release() (the runtime frees a graph's
-    buffers only with its cell) and the next call, on graphs compiled again, draws the same samples.
+    buffers only with its cell) and the next call, on graphs compiled again, draws the same samples
+    (log-probs within rounding).
     Last in this file: the tests before it share the engine's compiled graphs."""
     e = engines[8]
     p = SamplingParams(max_tokens=12, temperature=1.0, seed=5)  # test_seeded_sampling's call: compiled
@@ -235,6 +236,6 @@ def test_release_drops_the_cache_and_the_graphs_and_the_next_call_compiles_them_
     after = e.generate(PROMPTS, p)
     assert e.compiled_graphs > compiled and e.cache is not None
     assert tokens(after) == tokens(before)
-    for a, b in zip(after, before):
-        np.testing.assert_array_equal(a.logprobs, b.logprobs)
-        np.testing.assert_array_equal(a.sampling_logprobs, b.sampling_logprobs)
+    for a, b in zip(after, before):  # bit for bit alone; within 1.5e-6 after this file's other calls
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a.sampling_logprobs, b.sampling_logprobs, rtol=0, atol=1e-5)
