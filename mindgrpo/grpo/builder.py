@@ -175,7 +175,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
     from mindgrpo.memory.swap import SwapManager
-    from mindgrpo.models.qwen2 import Qwen2Config
+    from mindgrpo.models.config import Qwen2Config
     from mindgrpo.parallel.checkpoints import checkpoint_root
     from mindgrpo.parallel.placement import OneDevice
 
