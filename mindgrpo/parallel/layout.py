@@ -63,7 +63,7 @@ class ParallelLayout:
 
     @classmethod
     def from_config(cls, parallel_config) -> "ParallelLayout":
-        """From a `mindgrpo.config.grpo.ParallelConfig` (or anything with its three fields)."""
+        """From a `mindgrpo.config.sections.ParallelConfig` (or anything with its three fields)."""
         pc = parallel_config
         return cls(pc.data_parallel, pc.model_parallel, pc.pipeline_stage)
 

@@ -92,7 +92,7 @@ def test_invalid_layouts(kwargs, message):
 
 
 def test_from_parallel_config():
-    from mindgrpo.config.grpo import ParallelConfig
+    from mindgrpo.config.sections import ParallelConfig
 
     assert ParallelLayout.from_config(ParallelConfig(data_parallel=2, model_parallel=4)) == ParallelLayout(2, 4)
 
