@@ -194,7 +194,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
           f"needs validation prompts, and rl_config.dataset_path {train.path} comes without any: give "
           "rl_config.val_dataset_path (--val_dataset)")
     rewards = build_rewards(cfg)
-    # the columns every reward call gets (the trainer's Rollouts.columns): a reward needing another fails now
+    # the columns every reward call gets (grpo/rollouts.Rollouts.columns): a reward needing another fails now
     rewards.check_columns([*train.columns, "completion_length"], "the training prompts")
     if val is not None:
         rewards.check_columns([*val.columns, "completion_length"], "the validation prompts")

@@ -8,7 +8,8 @@ import pytest
 from mindgrpo.config import GRPOConfig
 from mindgrpo.config.loader import from_dict
 from mindgrpo.grpo.prompts import PromptSource
-from mindgrpo.grpo.trainer import ROLLOUT_STATS, GRPOTrainer
+from mindgrpo.grpo.rollouts import ROLLOUT_STATS
+from mindgrpo.grpo.trainer import GRPOTrainer
 from mindgrpo.inference.engine import Completion
 from mindgrpo.memory.swap import SwapManager
 from mindgrpo.models.config import Qwen2Config
