@@ -27,7 +27,8 @@ from mindgrpo.grpo.train_graph import MAXIMA
 from mindgrpo.grpo.validation import Best, val_metrics
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
-from mindgrpo.parallel import checkpoints as checkpoint_files
+from mindgrpo.parallel.checkpoint_folders import BEST
+from mindgrpo.parallel.checkpoints import LocalCheckpoints, checkpoint_root
 from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,7 @@ class GRPOTrainer:
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
         self.save_data_file = save_data_file
-        self.checkpoints = checkpoints or checkpoint_files.LocalCheckpoints(
-            checkpoint_files.checkpoint_root(cfg, output_dir), rl.keep_last_k)
+        self.checkpoints = checkpoints or LocalCheckpoints(checkpoint_root(cfg, output_dir), rl.keep_last_k)
         self.G = rl.num_generations
         self.needs_old = rl.num_iterations > 1 or rl.num_mini_batches > 1
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)
@@ -360,6 +360,6 @@ class GRPOTrainer:
                     self.save()
             if self.best is not None and self.best.update(metrics, self.step):
                 with heartbeat.phase("save"):
-                    self.save(checkpoint_files.BEST)
+                    self.save(BEST)
             last = metrics
         return last
