@@ -20,7 +20,8 @@ LAYERS = (
     ("data", "rewards", "models", "memory", "grpo.algos", "eval.metrics"),  # tokens and datasets, reward
     # functions, the model and its weight files, the memory ledger (memory.swap), the algorithm's pure numpy
     # math, pass@k / maj@k
-    ("grpo.corrections",),  # the rollout corrections' numpy math (built on grpo.algos)
+    ("grpo.corrections", "data.questions"),  # the rollout corrections' numpy math (built on grpo.algos); math
+    # questions from .jsonl / .json files (their final answers read as rewards.answer reads them)
     ("config", "inference"),  # the run's frozen config (validated against grpo.algos), the rollout engine
     ("parallel", "eval"),  # placement: devices, collectives, layouts, resharding, checkpoint I/O; evaluation
     ("grpo", "memory.plan"),  # the trainer and its composition root; the memory planner
