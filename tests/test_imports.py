@@ -8,6 +8,8 @@ independent of each other.
 
 import ast
 import os
+import subprocess
+import sys
 from typing import Dict, List, Set
 
 import pytest
@@ -146,6 +148,18 @@ def test_no_import_cycles():
 def test_layers_import_downward_only():
     found = layer_violations(import_graph())
     assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+# modules that size, check or find things before any model is built: plain Python, no MindSpore
+PLAIN_PYTHON = ("mindgrpo.models.config", "mindgrpo.models.presets", "mindgrpo.parallel.checkpoint_folders",
+                "mindgrpo.data.questions")
+
+
+def test_the_plain_python_modules_load_without_mindspore():
+    code = f"import sys, {', '.join(PLAIN_PYTHON)}; print(sorted(m for m in sys.modules if m.startswith('mindspore')))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]", f"importing {PLAIN_PYTHON} loads {r.stdout.strip()[:300]}"
 
 
 # ---------------------------------------------------------------------------- the checker itself
