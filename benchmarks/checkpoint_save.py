@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default=os.path.join(RESULTS, "checkpoint_save.json"))
     args = ap.parse_args(argv)
     from mindgrpo.parallel import checkpoints
+    from mindgrpo.parallel.checkpoint_folders import fsync_path
 
     parts = groups(args.gb)
     state = {"step": 0, "optimizer_steps": 0, "train_prompts": {"epoch": 0, "index": 0}, "val_history": [],
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
                 shutil.rmtree(os.path.join(root, f"step_{r + 1:08d}"))
             policy = os.path.join(work, "policy.ckpt")
             checkpoints.save_params(parts["policy"], policy)
-            times["fsync"] += time_calls(lambda: checkpoints.fsync_path(policy), 1)
+            times["fsync"] += time_calls(lambda: fsync_path(policy), 1)
             for name in ("sha256", "blake2b"):
                 times[name] += time_calls(lambda: hash_file(policy, name), 1)
             os.remove(policy)

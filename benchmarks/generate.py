@@ -51,7 +51,8 @@ def run_ours(engine, prompts, new_tokens):
 def per_layer_cost(name: str, batch: int, new_tokens: int, repeats: int) -> dict:
     """Decode ms per step (first token excluded) with 1 and 4 layers, alternating."""
     from mindgrpo.inference.engine import RolloutEngine
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     prompts = [list(range(10, 42))] * batch
     engines = {n: RolloutEngine(Qwen2ForCausalLM(Qwen2Config(**dict(CONFIGS[name], num_hidden_layers=n),
@@ -83,7 +84,8 @@ def decode_parts(name: str, batch: int, repeats: int, steps: int = 30) -> dict:
 
     from mindgrpo.inference.graphs import DecodeGraph
     from mindgrpo.inference.engine import RolloutEngine
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     class LayersOnly(DecodeGraph):
         def construct(self, token, position, slot, u, temperature):

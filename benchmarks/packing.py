@@ -87,7 +87,8 @@ def ours_worker(conn, name: str, side: str, prompts, responses, advantages) -> N
     from mindgrpo.grpo.experience import pack
     from mindgrpo.grpo.ms_objective import GRPOLoss
     from mindgrpo.grpo.packing import plan
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     cfg = Qwen2Config(**ALL_CONFIGS[name], max_position_embeddings=4096)
     budget = MICRO * padded_len(prompts, responses)

@@ -46,8 +46,9 @@ def worker(args) -> None:
     ms.set_device("CPU")
     from mindspore.parallel import transform_checkpoints
 
+    from mindgrpo.models.config import Qwen2Config
     from mindgrpo.models.convert import expected_shapes
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
     from mindgrpo.parallel.comm import init_comm
     from mindgrpo.parallel.layout import ParallelLayout
     from mindgrpo.parallel.pipeline import stage_spec

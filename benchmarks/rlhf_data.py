@@ -41,8 +41,8 @@ def run_command(out_path: str) -> float:
 
 
 def stages(out_path: str) -> dict:
-    from data_tools import rlhf_data
     from mindgrpo.data.mindrecord import write_prompt_dataset
+    from mindgrpo.data.questions import read_rows
     from mindgrpo.data.templates import render_prompt
     from mindgrpo.data.tokenizer import QwenTokenizer
 
@@ -52,7 +52,7 @@ def stages(out_path: str) -> dict:
             str(QWEN_DIR / "vocab.json"), str(QWEN_DIR / "merges.txt"), str(QWEN_DIR / "tokenizer_config.json")
         ), 1
     )
-    t["read + validate jsonl"], read = timed(lambda: rlhf_data.read_rows(str(TRAIN), "gsm8k", {}, False, None), 1)
+    t["read + validate jsonl"], read = timed(lambda: read_rows(str(TRAIN), "gsm8k", {}, False, None), 1)
     prompts = [render_prompt("qwen_r1", r.question) for r in read.rows]
     # alternate, best of three: both share the tokenizer's word cache
     runs = alternate({"batch": lambda: tok.encode_batch(prompts), "loop": lambda: [tok.encode(p) for p in prompts]}, 3)

@@ -2,7 +2,8 @@
 it replaced and transformers' `generate`, identical weights and sampling, in one invocation.
 
     python -m benchmarks.rollout [--configs tiny-qwen-vocab tiny-small-vocab] [--prompts 64] [--group 8]
-        [--max_tokens 512] [--slots 64] [--repeats 1] [--output benchmarks/results/rollout.json]
+        [--max_tokens 512] [--slots 64] [--repeats 1] [--sides engine static transformers]
+        [--output benchmarks/results/rollout.json]
 
 Workloads (64 prompts x G = 8 by default, prompts of 20 to 60 random tokens, temperature 1, no
 top-k / top-p / min-p, at most 512 new tokens):
@@ -177,32 +178,32 @@ def side_worker(conn, side: str, config: str, kind: str, weights: str, prompts: 
 
 def compare(name: str, kind: str, weights: str, args) -> tuple:
     """The three sides of one (config, workload), each in its own process, taking turns."""
-    runs = {s: [] for s in SIDES}
+    sides_run = args.sides
+    runs = {s: [] for s in sides_run}
     warm, rss = {}, {}
     with Workers() as workers:
         sides = {}
-        for side in SIDES:  # one set-up and warm-up at a time: they would time each other's compilation
+        for side in sides_run:  # one set-up and warm-up at a time: they would time each other's compilation
             sides[side] = workers.start(side_worker, side, name, kind, weights, args.prompts, args.group,
                                         args.max_tokens, args.slots)
             warm[side] = sides[side].recv()
             print(f"  {name} {kind} {side}: warm-up {warm[side]['warmup_seconds']:.0f}s", flush=True)
         for _ in range(args.repeats):
-            for side in SIDES:
+            for side in sides_run:
                 r = sides[side].ask("run")
                 runs[side].append(r)
                 print(f"  {name} {kind} {side}: {r['tokens'] / r['seconds']:.0f} tok/s, {r['tokens']} tokens in "
                       f"{r['seconds']:.1f}s, useful fraction {r['useful_fraction']:.3f}", flush=True)
-        for side in SIDES:
+        for side in sides_run:
             rss[side] = sides[side].ask("stop")  # a side's last message: its peak RSS (GiB)
-    rate = {s: median([r["tokens"] / r["seconds"] for r in runs[s]]) for s in SIDES}
+    rate = {s: median([r["tokens"] / r["seconds"] for r in runs[s]]) if s in runs else None for s in SIDES}
+    fraction = {s: median([r["useful_fraction"] for r in runs[s]]) if s in runs else None for s in SIDES}
     summary = {"engine_tokens_per_s": rate["engine"], "static_tokens_per_s": rate["static"],
-               "transformers_tokens_per_s": rate["transformers"],
-               "useful_fraction": median([r["useful_fraction"] for r in runs["engine"]]),
-               "static_useful_fraction": median([r["useful_fraction"] for r in runs["static"]]),
-               "peak_rss_gb": rss["engine"]}
+               "transformers_tokens_per_s": rate["transformers"], "useful_fraction": fraction["engine"],
+               "static_useful_fraction": fraction["static"], "peak_rss_gb": rss["engine"]}
     details = {s: {"runs": runs[s], "warmup": warm[s], "peak_rss_gb": rss[s],
                    "mean_length": float(np.mean([r["tokens"] for r in runs[s]])) / (args.prompts * args.group)}
-               for s in SIDES}
+               for s in sides_run}
     return summary, details
 
 
@@ -216,31 +217,34 @@ def markdown(res: dict, args) -> str:
              f"{args.repeats} timed run(s) per side after a warm-up run, sides taking turns, each in its own process. "
              "longtail: a random model whose V/150 stop ids end a sample with probability ~1/150 per token; "
              "forced: every sample runs the whole length.", "",
-             "| config | workload | mean length | engine tok/s | static tok/s | transformers tok/s | engine / static | "
-             "engine / transformers | useful fraction (engine) | useful fraction (static) | peak RSS GB "
+             "| config | workload | mean length | engine tok/s | static tok/s | transformers tok/s | engine / static (x) | "
+             "engine / transformers (x) | useful fraction (engine) | useful fraction (static) | peak RSS GB "
              "(engine / static / transformers) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    def ratio(r, side):
+        other = r[f"{side}_tokens_per_s"]
+        return None if other is None else r["engine_tokens_per_s"] / other
+
     for name, per in res["configs"].items():
         for kind, r in per.items():
             d = res["details"][name][kind]
+            rss = " / ".join(num(d[s]["peak_rss_gb"], ".2f") if s in d else "-" for s in SIDES)
             lines.append(
                 f"| {name} | {kind} | {d['engine']['mean_length']:.0f} | {r['engine_tokens_per_s']:.0f} | "
-                f"{r['static_tokens_per_s']:.0f} | {r['transformers_tokens_per_s']:.0f} | "
-                f"{r['engine_tokens_per_s'] / r['static_tokens_per_s']:.2f}x | "
-                f"{r['engine_tokens_per_s'] / r['transformers_tokens_per_s']:.2f}x | {r['useful_fraction']:.3f} | "
-                f"{r['static_useful_fraction']:.3f} | {d['engine']['peak_rss_gb']:.2f} / "
-                f"{d['static']['peak_rss_gb']:.2f} / {d['transformers']['peak_rss_gb']:.2f} |")
+                f"{num(r['static_tokens_per_s'], '.0f')} | {num(r['transformers_tokens_per_s'], '.0f')} | "
+                f"{num(ratio(r, 'static'), '.2f')} | {num(ratio(r, 'transformers'), '.2f')} | "
+                f"{r['useful_fraction']:.3f} | {num(r['static_useful_fraction'], '.3f')} | {rss} |")
     lines += ["", "Goals (issue 21): longtail engine >= 2.5x static, >= 2x transformers, useful fraction >= 0.9; "
-              "forced engine >= 0.9x static.", ""]
+              "forced engine >= 0.9x static. A side not run in this invocation (--sides) shows '-'.", ""]
     for name, per in res["configs"].items():
         for kind, r in per.items():
             checks = []
             g = GOALS[kind]
-            if "static" in g:
-                checks.append(f"vs static {r['engine_tokens_per_s'] / r['static_tokens_per_s']:.2f}x "
-                              f"(goal {g['static']}x)")
-            if "transformers" in g:
-                checks.append(f"vs transformers {r['engine_tokens_per_s'] / r['transformers_tokens_per_s']:.2f}x "
-                              f"(goal {g['transformers']}x)")
+            for side in ("static", "transformers"):
+                if side in g and ratio(r, side) is not None:
+                    checks.append(f"vs {side} {ratio(r, side):.2f}x (goal {g[side]}x)")
             if "fraction" in g:
                 checks.append(f"useful fraction {r['useful_fraction']:.3f} (goal {g['fraction']})")
             lines.append(f"- {name} {kind}: " + ", ".join(checks))
@@ -256,8 +260,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max_tokens", type=int, default=512)
     ap.add_argument("--slots", type=int, default=64, help="sequences each side holds at once")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES,
+                    help="which sides to run (the engine always runs: every figure is relative to it)")
     ap.add_argument("--output", default=os.path.join(RESULTS, "rollout.json"))
     args = ap.parse_args(argv)
+    args.sides = ["engine"] + [s for s in args.sides if s != "engine"]
 
     res = {**run_stamp("benchmarks.rollout", argv), "configs": {}, "details": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -268,6 +275,7 @@ def main(argv=None) -> int:
             for kind in args.workloads:
                 summary, details = compare(name, kind, weights, args)
                 res["configs"][name][kind], res["details"][name][kind] = summary, details
+                write_results(args.output, res, markdown(res, args))  # what is done so far survives a later failure
     text = markdown(res, args)
     write_results(args.output, res, text)
     print(text)

@@ -28,8 +28,9 @@ def hf_model(name: str, seed: int = 0, overrides: dict = None):
 def ours_from_hf(hf):
     """Our model with the HF model's weights (through the converter's name table)."""
     from mindgrpo.models.checkpoint import load_state
+    from mindgrpo.models.config import Qwen2Config
     from mindgrpo.models.convert import check_state, hf_to_ms_name
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     cfg = Qwen2Config.from_hf_dict(hf.config.to_dict())
     lm = Qwen2ForCausalLM(cfg)

@@ -37,8 +37,8 @@ LAYOUTS = {"tp8": (1, 8), "dp2 x tp4": (2, 4)}
 def make_checkpoint(path: str) -> int:
     import mindspore as ms
 
+    from mindgrpo.models.config import Qwen2Config
     from mindgrpo.models.convert import expected_shapes
-    from mindgrpo.models.qwen2 import Qwen2Config
 
     rng = np.random.default_rng(0)
     items = [{"name": name, "data": ms.Tensor(rng.standard_normal(shape, dtype=np.float32))}
@@ -60,8 +60,8 @@ def main() -> None:
     ap.add_argument("--skip_mindspore", action="store_true", help="do not time MindSpore's transform_checkpoints")
     args = ap.parse_args()
 
+    from mindgrpo.models.config import Qwen2Config
     from mindgrpo.models.convert import expected_shapes
-    from mindgrpo.models.qwen2 import Qwen2Config
     from mindgrpo.parallel.layout import ParallelLayout
     from mindgrpo.parallel.strategy import write_strategy_file
 

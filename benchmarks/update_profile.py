@@ -80,11 +80,12 @@ def read_profile(folder: str, vocab_size: int) -> Dict[str, float]:
 
 def build(model: dict, micro_batch: int, group: int, new_tokens: int, prompt_lens: List[int], seed: int = 0):
     """The policy, its updater as the trainer builds it (grpo_step's settings) and one rollout batch."""
-    from mindgrpo.config.grpo import ActorConfig
+    from mindgrpo.config.sections import ActorConfig
     from mindgrpo.grpo.actor import PolicyUpdater
     from mindgrpo.grpo.experience import pack
     from mindgrpo.grpo.ms_objective import GRPOLoss
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     lm = Qwen2ForCausalLM(Qwen2Config(**model, rope_theta=1000000.0, rms_norm_eps=1e-6), seed=seed,
                           max_positions=4096)

@@ -32,9 +32,9 @@ import sys
 import time
 
 from mindgrpo.models.checkpoint import read_ms_checkpoint, save_ms_checkpoint
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import (WeightError, bf16_to_f32, check_state, f32_to_bf16, hf_to_ms_state,
                                      is_hf_model_file, ms_to_hf_name, read_hf_state, write_safetensors)
-from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.utils.staging import carry_over, replace_dir, staging_dir
 
 DTYPES = {"fp32": "F32", "bf16": "BF16", None: None}

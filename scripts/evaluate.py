@@ -83,16 +83,12 @@ def load_tokenizer(args):
 
 
 def load_problems(args, tokenizer):
-    from mindgrpo.eval.runner import problems_from_mindrecord, problems_from_rows
+    from mindgrpo.eval.runner import problems_from_mindrecord, problems_from_questions
 
     if not is_jsonl(args.data):
         return problems_from_mindrecord(args.data, args.limit)
-    from data_tools.rlhf_data import read_rows
-
-    rows = read_rows(args.data, "auto", {}, skip_invalid=False, limit=args.limit).rows
-    if not rows:
-        raise InputError(f"{args.data}: no problems")
-    return problems_from_rows(rows, tokenizer, args.template or "qwen_r1", args.max_prompt_length or 512, args.data)
+    return problems_from_questions(args.data, tokenizer, args.template or "qwen_r1", args.max_prompt_length or 512,
+                                   args.limit)
 
 
 def check_problems(problems, vocab_size: int, max_positions: int, max_tokens: int) -> int:

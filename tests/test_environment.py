@@ -17,7 +17,8 @@ from mindspore import Tensor
 x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
 np.testing.assert_allclose(((x * 0.5) @ x.T).asnumpy(), (np.arange(6).reshape(2, 3) * 0.5) @ np.arange(6).reshape(2, 3).T)
 from mindgrpo.inference.engine import RolloutEngine
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 RolloutEngine(Qwen2ForCausalLM(cfg))  # makes its fused weight copies eagerly

@@ -8,6 +8,8 @@ independent of each other.
 
 import ast
 import os
+import subprocess
+import sys
 from typing import Dict, List, Set
 
 import pytest
@@ -20,7 +22,8 @@ LAYERS = (
     ("data", "rewards", "models", "memory", "grpo.algos", "eval.metrics"),  # tokens and datasets, reward
     # functions, the model and its weight files, the memory ledger (memory.swap), the algorithm's pure numpy
     # math, pass@k / maj@k
-    ("grpo.corrections",),  # the rollout corrections' numpy math (built on grpo.algos)
+    ("grpo.corrections", "data.questions"),  # the rollout corrections' numpy math (built on grpo.algos); math
+    # questions from .jsonl / .json files (their final answers read as rewards.answer reads them)
     ("config", "inference"),  # the run's frozen config (validated against grpo.algos), the rollout engine
     ("parallel", "eval"),  # placement: devices, collectives, layouts, resharding, checkpoint I/O; evaluation
     ("grpo", "memory.plan"),  # the trainer and its composition root; the memory planner
@@ -145,6 +148,18 @@ def test_no_import_cycles():
 def test_layers_import_downward_only():
     found = layer_violations(import_graph())
     assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+# modules that size, check or find things before any model is built: plain Python, no MindSpore
+PLAIN_PYTHON = ("mindgrpo.models.config", "mindgrpo.models.presets", "mindgrpo.parallel.checkpoint_folders",
+                "mindgrpo.data.questions")
+
+
+def test_the_plain_python_modules_load_without_mindspore():
+    code = f"import sys, {', '.join(PLAIN_PYTHON)}; print(sorted(m for m in sys.modules if m.startswith('mindspore')))"
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]", f"importing {PLAIN_PYTHON} loads {r.stdout.strip()[:300]}"
 
 
 # ---------------------------------------------------------------------------- the checker itself

@@ -16,7 +16,7 @@ class OurSide:
 
     def __init__(self, work: Workload, folder: str, group: int, new_tokens: int, micro_batch: int,
                  logprob_chunk: int = 0):
-        from mindgrpo.config.grpo import ActorConfig, GenerateConfig, GRPOConfig, RLConfig, RewardConfig
+        from mindgrpo.config import ActorConfig, GenerateConfig, GRPOConfig, RLConfig, RewardConfig
         from mindgrpo.grpo import builder
         from mindgrpo.rewards import register_reward
         from mindgrpo.utils.metrics_log import MetricsLogger

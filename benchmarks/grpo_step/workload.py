@@ -82,6 +82,6 @@ class Workload:
 
 
 def _num_params(model: dict) -> int:
-    from mindgrpo.models.qwen2 import Qwen2Config
+    from mindgrpo.models.config import Qwen2Config
 
     return Qwen2Config(**model).num_params()

@@ -1,18 +1,6 @@
 """Configs: frozen dataclasses holding every default, overridden by YAML, then by dotted CLI keys."""
 
-from mindgrpo.config.grpo import (
-    ActorConfig,
-    CosineRewardConfig,
-    GenerateConfig,
-    GRPOConfig,
-    ParallelConfig,
-    RefConfig,
-    RewardConfig,
-    RLConfig,
-    SFTConfig,
-    SoftOverlongConfig,
-    SyntheticConfig,
-)
+from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import (
     ConfigError,
     check,
@@ -22,6 +10,18 @@ from mindgrpo.config.loader import (
     parse_overrides,
     to_dict,
     to_yaml,
+)
+from mindgrpo.config.sections import (
+    ActorConfig,
+    CosineRewardConfig,
+    GenerateConfig,
+    ParallelConfig,
+    RefConfig,
+    RewardConfig,
+    RLConfig,
+    SFTConfig,
+    SoftOverlongConfig,
+    SyntheticConfig,
 )
 
 __all__ = [

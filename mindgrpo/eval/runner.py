@@ -1,7 +1,7 @@
 """An evaluation run: K samples per problem from the rollout engine, scored by a registered reward
 function, summarised as pass@k / mean@K / maj@K (`mindgrpo/eval/metrics.py`).
 
-    problems = problems_from_mindrecord(path)                    # or problems_from_rows(...) for jsonl
+    problems = problems_from_mindrecord(path)                    # or problems_from_questions(...) for jsonl
     result = evaluate(engine, tokenizer, problems, params, rewards, "accuracy")
     write_outputs(output_dir, result)                            # summary.json, samples.jsonl
     print(format_table(result.summary))
@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from mindgrpo.data.mindrecord import PromptRow, encode_prompts, load_prompt_dataset
+from mindgrpo.data.questions import read_rows
 from mindgrpo.eval.metrics import summarize
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.rewards.answer import answer_key
@@ -62,8 +63,8 @@ def problems_from_mindrecord(path: str, limit: Optional[int] = None) -> Problems
 
 def problems_from_rows(rows: Sequence[PromptRow], tokenizer, template: str, max_prompt_length: int,
                        path: str) -> Problems:
-    """Questions read from a jsonl file (data_tools/rlhf_data.read_rows), templated and tokenized as
-    the MindRecord writer does; prompts over max_prompt_length tokens are left out."""
+    """Questions read from a .jsonl / .json file (`mindgrpo/data/questions.read_rows`), templated and
+    tokenized as the MindRecord writer does; prompts over max_prompt_length tokens are left out."""
     enc = encode_prompts([r.question for r in rows], tokenizer, max_prompt_length, None, template)
     if not enc.kept:
         raise ValueError(f"{path}: every prompt is longer than max_prompt_length {max_prompt_length} tokens")
@@ -71,6 +72,16 @@ def problems_from_rows(rows: Sequence[PromptRow], tokenizer, template: str, max_
     columns = {"solution": [rows[i].solution for i in enc.kept], "answer": [rows[i].answer for i in enc.kept],
                "prompt": list(enc.texts)}
     return Problems(ids, columns, list(enc.kept), path)
+
+
+def problems_from_questions(path: str, tokenizer, template: str, max_prompt_length: int,
+                            limit: Optional[int] = None) -> Problems:
+    """A GSM8K- or MATH-style .jsonl / .json file (its type detected from the first row; its first
+    `limit` valid rows) through `problems_from_rows`; a bad row fails naming the file and line."""
+    rows = read_rows(path, "auto", {}, skip_invalid=False, limit=limit).rows
+    if not rows:
+        raise ValueError(f"{path}: no problems")
+    return problems_from_rows(rows, tokenizer, template, max_prompt_length, path)
 
 
 @dataclass

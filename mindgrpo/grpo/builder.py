@@ -175,7 +175,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
     from mindgrpo.memory.swap import SwapManager
-    from mindgrpo.models.qwen2 import Qwen2Config
+    from mindgrpo.models.config import Qwen2Config
     from mindgrpo.parallel.checkpoints import checkpoint_root
     from mindgrpo.parallel.placement import OneDevice
 
@@ -194,7 +194,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
           f"needs validation prompts, and rl_config.dataset_path {train.path} comes without any: give "
           "rl_config.val_dataset_path (--val_dataset)")
     rewards = build_rewards(cfg)
-    # the columns every reward call gets (the trainer's Rollouts.columns): a reward needing another fails now
+    # the columns every reward call gets (grpo/rollouts.Rollouts.columns): a reward needing another fails now
     rewards.check_columns([*train.columns, "completion_length"], "the training prompts")
     if val is not None:
         rewards.check_columns([*val.columns, "completion_length"], "the validation prompts")

@@ -23,7 +23,9 @@ ROLLOUT_CORRECTIONS = Registry("rollout correction")
 # ---------------------------------------------------------------------------------------
 
 
-def _log_weight(old_logp, rollout_logp, mask, sequence: bool):
+def log_importance_weight(old_logp, rollout_logp, mask, sequence: bool):
+    """log(old / rollout) of each token (B, R), or summed over each sequence's tokens (B, 1) with
+    `sequence`; 0 (weight 1) at padding. Before any truncation or masking."""
     d = (np.asarray(old_logp) - np.asarray(rollout_logp)) * mask  # (B, R); padding: weight 1
     return d.sum(axis=-1, keepdims=True) if sequence else d
 
@@ -48,28 +50,28 @@ def no_correction(old_logp, rollout_logp, mask):
 def tis_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
     """Truncated importance sampling per token (Yao et al. 2025): min(exp(old - rollout), threshold)
     (TRL's vllm_importance_sampling_mode="token_truncate", clip_max = threshold, no clip_min)."""
-    return _truncated(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
+    return _truncated(log_importance_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
 
 
 @ROLLOUT_CORRECTIONS.register("tis_sequence")
 def tis_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
     """One truncated weight per sequence: min(prod of its tokens' ratios, threshold)
     (TRL's "sequence_truncate")."""
-    return _truncated(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
+    return _truncated(log_importance_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
 
 
 @ROLLOUT_CORRECTIONS.register("mask_token")
 def mask_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
     """Tokens whose ratio leaves [1 / threshold, threshold] get weight 0, the others their ratio
     (TRL's "token_mask", clip_min = 1 / threshold, clip_max = threshold)."""
-    return _masked(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
+    return _masked(log_importance_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
 
 
 @ROLLOUT_CORRECTIONS.register("mask_sequence")
 def mask_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
     """Sequences whose ratio (the product of their tokens') leaves [1 / threshold, threshold] get
     weight 0, the others their ratio (TRL's "sequence_mask")."""
-    return _masked(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
+    return _masked(log_importance_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
 
 
 def correction_metrics(weight, raw_log_weight, mask) -> Metrics:

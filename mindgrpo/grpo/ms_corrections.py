@@ -17,7 +17,8 @@ ROLLOUT_CORRECTIONS = Registry("rollout correction", names_from=corrections.ROLL
 # ---------------------------------------------------------------------------------------
 
 
-def _log_weight(old_logp, rollout_logp, mask, sequence: bool):
+def log_importance_weight(old_logp, rollout_logp, mask, sequence: bool):
+    """corrections.log_importance_weight in graph ops: (B, R), or (B, 1) with `sequence`."""
     d = (old_logp - rollout_logp) * mask  # (B, R); padding: weight 1
     return d.sum(-1, keepdims=True) if sequence else d
 
@@ -39,22 +40,22 @@ def no_correction(old_logp, rollout_logp, mask):
 
 @ROLLOUT_CORRECTIONS.register("tis_token")
 def tis_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    return _truncated(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
+    return _truncated(log_importance_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
 
 
 @ROLLOUT_CORRECTIONS.register("tis_sequence")
 def tis_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    return _truncated(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
+    return _truncated(log_importance_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
 
 
 @ROLLOUT_CORRECTIONS.register("mask_token")
 def mask_token(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    return _masked(_log_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
+    return _masked(log_importance_weight(old_logp, rollout_logp, mask, False), rollout_correction_threshold)
 
 
 @ROLLOUT_CORRECTIONS.register("mask_sequence")
 def mask_sequence(old_logp, rollout_logp, mask, *, rollout_correction_threshold: float = 2.0):
-    return _masked(_log_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
+    return _masked(log_importance_weight(old_logp, rollout_logp, mask, True), rollout_correction_threshold)
 
 
 def correction_metrics(weight, raw_log_weight, mask):

@@ -10,7 +10,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgrpo.grpo.ms_algos import POLICY_LOSSES, Aggregate, KLPenalty, masked_mean, top_entropy_mask
-from mindgrpo.grpo.ms_corrections import ROLLOUT_CORRECTIONS, _log_weight, correction_metrics
+from mindgrpo.grpo.ms_corrections import ROLLOUT_CORRECTIONS, correction_metrics, log_importance_weight
 from mindgrpo.utils.registry import Registry
 
 
@@ -73,7 +73,7 @@ class GRPOLoss(nn.Cell):
             if weight is not None:
                 weight = ops.stop_gradient(weight)
                 pg_tok = pg_tok * weight
-                raw = ops.stop_gradient(_log_weight(old_logp, rollout_logp, mask, weight.shape[-1] == 1))
+                raw = ops.stop_gradient(log_importance_weight(old_logp, rollout_logp, mask, weight.shape[-1] == 1))
                 w_mean, w_max, w_clipped = correction_metrics(weight, raw, mask)
                 metrics["rollout_correction/weight_mean"] = w_mean
                 metrics["rollout_correction/weight_max"] = w_max

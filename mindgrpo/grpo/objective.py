@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from mindgrpo.grpo.algos import POLICY_LOSSES, aggregate, kl_penalty, masked_mean, top_entropy_mask
-from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS, _log_weight, correction_metrics
+from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS, correction_metrics, log_importance_weight
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0.0,
@@ -39,7 +39,7 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0.0,
     if rollout_logp is not None and rollout_correction != "none":
         weight = correct(old_logp, rollout_logp, mask, rollout_correction_threshold=rollout_correction_threshold)
         pg_tok = pg_tok * weight
-        raw = _log_weight(old_logp, rollout_logp, mask, sequence=np.shape(weight)[-1] == 1)
+        raw = log_importance_weight(old_logp, rollout_logp, mask, sequence=np.shape(weight)[-1] == 1)
         metrics.update(correction_metrics(weight, raw, mask))
     norm = dict(mode=agg_mode, max_len=max_len, global_tokens=global_tokens, global_seqs=global_seqs)
     pg = aggregate(pg_tok, mask, **norm)

@@ -89,7 +89,7 @@ def _overrides(args) -> list:
 def start_from_checkpoint(trainer, resume_from: Optional[str], resume: bool) -> None:
     """Remove what killed saves left; with `resume`, load `resume_from` or the newest complete
     checkpoint; then set aside the checkpoints beyond the step this run starts from."""
-    from mindgrpo.parallel.checkpoints import CheckpointError
+    from mindgrpo.parallel.checkpoint_folders import CheckpointError
 
     checkpoints = trainer.checkpoints
     checkpoints.clean()

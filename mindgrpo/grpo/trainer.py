@@ -21,68 +21,20 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
+from mindgrpo.grpo.rollouts import Rollouts, rollout_metrics, save_experience
 from mindgrpo.grpo.throughput import DEFAULT_PEAK_TFLOPS, PHASES, model_shape, perf_metrics, update_flops
 from mindgrpo.grpo.train_graph import MAXIMA
 from mindgrpo.grpo.validation import Best, val_metrics
-from mindgrpo.inference.engine import Completion, RolloutEngine
+from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
-from mindgrpo.parallel import checkpoints as checkpoint_files
+from mindgrpo.parallel.checkpoint_folders import BEST
+from mindgrpo.parallel.checkpoints import LocalCheckpoints, checkpoint_root
 from mindgrpo.utils import heartbeat
-from mindgrpo.utils.stats import sample_std
 
 logger = logging.getLogger(__name__)
 
-# the engine's per-call figures logged as rollout/<key> (mindgrpo.inference.engine.RolloutEngine.last_stats)
-ROLLOUT_STATS = ("useful_fraction", "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps",
-                 "compiled_graphs")
-
-
 class TrainingStopped(Exception):
     """rl_config.max_bad_steps steps in a row had a non-finite loss or gradient norm."""
-
-
-class Rollouts:
-    """The samples of one step: B = prompts * G rows, a prompt's G rows adjacent."""
-
-    def __init__(self, batch: PromptBatch, completions: List[Completion], texts: List[str], group: int):
-        self.batch, self.completions, self.texts, self.group = batch, completions, texts, group
-        self.prompt_ids = [batch.ids[c.prompt_index] for c in completions]
-        self.columns = {k: [v[c.prompt_index] for c in completions] for k, v in batch.columns.items()}
-        self.columns["completion_length"] = [len(c.token_ids) for c in completions]
-        self.rewards = np.zeros(len(completions), np.float32)
-        self.per_function: Dict[str, np.ndarray] = {}
-
-    def __len__(self) -> int:
-        return len(self.completions)
-
-    def groups(self, keep: np.ndarray) -> "Rollouts":
-        """The rollouts of the groups where keep (prompts,) is True."""
-        rows = np.repeat(keep, self.group)
-        picked = [i for i, k in enumerate(rows) if k]
-        prompts = sorted({self.completions[i].prompt_index for i in picked})
-        remap = {p: j for j, p in enumerate(prompts)}
-        batch = PromptBatch([self.batch.ids[p] for p in prompts],
-                            {k: [v[p] for p in prompts] for k, v in self.batch.columns.items()})
-        comps = [replace(self.completions[i], prompt_index=remap[self.completions[i].prompt_index]) for i in picked]
-        out = Rollouts(batch, comps, [self.texts[i] for i in picked], self.group)
-        out.rewards = self.rewards[rows]
-        out.per_function = {k: v[rows] for k, v in self.per_function.items()}
-        return out
-
-    @staticmethod
-    def concat(parts: List["Rollouts"]) -> "Rollouts":
-        ids, cols, comps, texts, offset = [], {}, [], [], 0
-        for r in parts:
-            ids += r.batch.ids
-            for k, v in r.batch.columns.items():
-                cols.setdefault(k, []).extend(v)
-            comps += [replace(c, prompt_index=c.prompt_index + offset) for c in r.completions]
-            texts += r.texts
-            offset += len(r.batch.ids)
-        out = Rollouts(PromptBatch(ids, cols), comps, texts, parts[0].group)
-        out.rewards = np.concatenate([r.rewards for r in parts])
-        out.per_function = {k: np.concatenate([r.per_function[k] for r in parts]) for k in parts[0].per_function}
-        return out
 
 
 class GRPOTrainer:
@@ -99,8 +51,7 @@ class GRPOTrainer:
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
         self.save_data_file = save_data_file
-        self.checkpoints = checkpoints or checkpoint_files.LocalCheckpoints(
-            checkpoint_files.checkpoint_root(cfg, output_dir), rl.keep_last_k)
+        self.checkpoints = checkpoints or LocalCheckpoints(checkpoint_root(cfg, output_dir), rl.keep_last_k)
         self.G = rl.num_generations
         self.needs_old = rl.num_iterations > 1 or rl.num_mini_batches > 1
         # every log-prob is of the distribution the rollouts sample: softmax(logits / T)
@@ -186,7 +137,7 @@ class GRPOTrainer:
             m = self.reward(r)
             if rounds == 0:
                 metrics.update(m)
-                metrics.update(self.rollout_metrics(r))
+                metrics.update(rollout_metrics(r, self.engine.last_stats))
             if not rl.dynamic_sampling:
                 return r, metrics
             informative = r.rewards.reshape(-1, self.G).std(-1) > 0
@@ -201,26 +152,6 @@ class GRPOTrainer:
         metrics.update({"dynamic_sampling/rounds": rounds,
                         "dynamic_sampling/kept_groups": float(min(have, want))})
         return r, metrics
-
-    def rollout_metrics(self, r: Rollouts) -> Dict[str, float]:
-        lengths = np.array([len(c.token_ids) for c in r.completions])
-        clipped = np.array([c.finish_reason == "length" for c in r.completions])
-        out = {"reward_mean": float(r.rewards.mean()), "reward_std": float(sample_std(r.rewards)),
-               "prompt_length/mean": float(np.mean([len(p) for p in r.prompt_ids])),
-               "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
-               "response_length/clip_ratio": float(clipped.mean())}
-        if "accuracy" in r.per_function:
-            out["train/accuracy"] = float(np.nan_to_num(r.per_function["accuracy"]).mean())
-        stats = self.engine.last_stats
-        out["rollout/tokens_per_s"] = stats.get("tokens_per_s", 0.0)
-        out["rollout/new_tokens"] = float(lengths.sum())
-        if all(c.logprobs is not None for c in r.completions):  # -log p of the sampled tokens under the inference graph:
-            # the update's `nll` scores the same tokens with the training graph (their gap is the mismatch)
-            out["rollout/nll"] = float(-np.concatenate([c.logprobs for c in r.completions]).mean())
-        for key in ROLLOUT_STATS:  # the engine's account of this call (this replica's, under data parallelism)
-            if key in stats:
-                out[f"rollout/{key}"] = float(stats[key])
-        return out
 
     def advantages(self, r: Rollouts) -> tuple:
         rl = self.cfg.rl_config
@@ -312,7 +243,7 @@ class GRPOTrainer:
         self.step_lengths = ([len(p) for p in r.prompt_ids], [len(c.token_ids) for c in r.completions])
         self.maybe_log_completions(r)
         if self.save_data_file and self.rank == 0:
-            self.save_experience(r, exp)
+            save_experience(self.save_data_file, self.step, r, exp)
         return metrics
 
     def validate(self) -> Dict[str, float]:
@@ -360,28 +291,6 @@ class GRPOTrainer:
                          "completion": r.texts[i], "reward": float(r.rewards[i]),
                          "solution": r.columns.get("solution", [""] * len(r))[i]})
         self.log.log_completions(self.step, rows)
-
-    def save_experience(self, r: Rollouts, exp: Experience) -> str:
-        """This step's experience as MindRecord: `<save_data_file stem>_step<N>.mindrecord`."""
-        from mindgrpo.data.mindrecord import write_mindrecord
-
-        stem = self.save_data_file[:-len(".mindrecord")] if self.save_data_file.endswith(".mindrecord") \
-            else self.save_data_file
-        path = f"{stem}_step{self.step + 1:06d}.mindrecord"
-        schema = {"prompt_ids": {"type": "int32", "shape": [-1]}, "response_ids": {"type": "int32", "shape": [-1]},
-                  "reward": {"type": "float32"}, "advantage": {"type": "float32"},
-                  "loss_mask": {"type": "float32", "shape": [-1]}, "completion": {"type": "string"},
-                  "ref_logp": {"type": "float32", "shape": [-1]}}
-        rows = []
-        for i, c in enumerate(r.completions):
-            n = len(c.token_ids)
-            ref = exp.ref_logp[i, :n] if exp.ref_logp is not None else np.zeros(n, np.float32)
-            rows.append({"prompt_ids": np.asarray(r.prompt_ids[i], np.int32),
-                         "response_ids": np.asarray(c.token_ids, np.int32), "reward": float(r.rewards[i]),
-                         "advantage": float(exp.advantages[i]), "loss_mask": exp.mask[i, :n].astype(np.float32),
-                         "completion": r.texts[i], "ref_logp": ref.astype(np.float32)})
-        write_mindrecord(path, schema, [rows], overwrite=True, description="mindgrpo experience")
-        return path
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_groups(self) -> Dict[str, list]:
@@ -462,6 +371,6 @@ class GRPOTrainer:
                     self.save()
             if self.best is not None and self.best.update(metrics, self.step):
                 with heartbeat.phase("save"):
-                    self.save(checkpoint_files.BEST)
+                    self.save(BEST)
             last = metrics
         return last

@@ -53,8 +53,8 @@ import numpy as np
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.inference.engine import kv_slots
 from mindgrpo.memory.swap import PHASES
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
-from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.reshard_plan import exchange_bytes, plan_parameter, sync_buckets
 

@@ -8,9 +8,10 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import mindspore as ms
 
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import (WeightError, atomic_path, bf16_to_f32, check_state, f32_to_bf16,
                                      load_hf_model_state)
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
 
 def save_ms_checkpoint(state: Dict[str, Tuple[str, np.ndarray]], path: str) -> None:

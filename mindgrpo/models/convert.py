@@ -15,7 +15,7 @@ from typing import Dict, Iterable, Tuple
 
 import numpy as np
 
-from mindgrpo.models.qwen2 import Qwen2Config
+from mindgrpo.models.config import Qwen2Config
 
 # (HF name, MindSpore name); {i} is the layer index.
 NAME_TABLE: Tuple[Tuple[str, str], ...] = (

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from mindgrpo.models.config import Qwen2Config
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_CONFIG_DIR = os.path.join(REPO, "model_configs")
 
@@ -22,6 +24,4 @@ def resolve_model_config(name: str) -> str:
 
 def preset_config(name: str, **overrides):
     """The Qwen2Config of a preset name or a config file (overrides: e.g. compute_dtype)."""
-    from mindgrpo.models.qwen2 import Qwen2Config  # MindSpore: only when a config is made
-
     return Qwen2Config.load(resolve_model_config(name), **overrides)

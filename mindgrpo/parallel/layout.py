@@ -27,8 +27,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
-from mindgrpo.models.qwen2 import Qwen2Config
 
 # (pattern on the parameter name, split dim or None); the first match wins.
 SPLIT_RULES: Tuple[Tuple[str, Optional[int]], ...] = (
@@ -63,7 +63,7 @@ class ParallelLayout:
 
     @classmethod
     def from_config(cls, parallel_config) -> "ParallelLayout":
-        """From a `mindgrpo.config.grpo.ParallelConfig` (or anything with its three fields)."""
+        """From a `mindgrpo.config.sections.ParallelConfig` (or anything with its three fields)."""
         pc = parallel_config
         return cls(pc.data_parallel, pc.model_parallel, pc.pipeline_stage)
 

@@ -36,9 +36,10 @@ import mindspore as ms
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.memory.swap import SwapManager
 from mindgrpo.models.checkpoint import load_state, read_model_state
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.presets import preset_config
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, load_params
 from mindgrpo.parallel.comm import Comm, init_parallel, layouts_of
 from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads

@@ -19,7 +19,7 @@ own files (in parallel) and records them in `manifest.rank_<k>.json`; rank 0 the
 files, merges the ranks' records into the manifest, flushes it and renames the folder (barriers
 around), so a crash leaves no step folder without a complete manifest. Resuming, every rank
 checks the manifest, the state and its own files of a candidate, and the ranks agree on the
-newest checkpoint complete on all of them (`mindgrpo/parallel/checkpoints.py` for the rules).
+newest checkpoint complete on all of them (`mindgrpo/parallel/checkpoint_folders.py` for the rules).
 Needs a file system every rank sees (as MindSpore's own checkpoints of a multi-node job do).
 """
 
@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import mindspore as ms
 
+from mindgrpo.parallel import checkpoint_folders as folders
 from mindgrpo.parallel import checkpoints as ckpt
 from mindgrpo.parallel.comm import Comm
 
@@ -46,37 +47,37 @@ def rank_part(rank: int) -> str:
 def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict,
                  model_config: dict, keep_last: int, write_strategy, name: Optional[str] = None) -> str:
     """write_strategy(path): rank 0 writes the training layout's strategy file there. Into
-    root/step_<step>, or root/<name> (checkpoints.BEST)."""
+    root/step_<step>, or root/<name> (checkpoint_folders.BEST)."""
     final = os.path.join(root, name or f"step_{step:08d}")
     tmp = os.path.join(root, f".step_{step:08d}.tmp" + (f"-{name}" if name else ""))
     if comm.rank == 0:
         os.makedirs(root, exist_ok=True)
-        ckpt.begin_folder(tmp)
+        folders.begin_folder(tmp)
     comm.barrier()
-    record = ckpt.Recorder(tmp)
+    record = folders.Recorder(tmp)
     for name in ckpt.largest_first(groups):
         rel = os.path.join(name, f"rank_{comm.rank}", f"{name}.ckpt")
         os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
         ckpt.save_params(groups[name], os.path.join(tmp, rel))
         record.add(rel)
-        ckpt.crash_point(step, f"{name}.ckpt")
-    ckpt.write_json(os.path.join(tmp, rank_part(comm.rank)), record.entries())
-    ckpt.fsync_path(os.path.join(tmp, rank_part(comm.rank)))
+        folders.crash_point(step, f"{name}.ckpt")
+    folders.write_json(os.path.join(tmp, rank_part(comm.rank)), record.entries())
+    folders.fsync_path(os.path.join(tmp, rank_part(comm.rank)))
     comm.barrier()
     if comm.rank == 0:
-        ckpt.write_json(os.path.join(tmp, "state.json"), state, indent=2, sort_keys=True)
-        ckpt.write_json(os.path.join(tmp, "config.json"), model_config, indent=2)
+        folders.write_json(os.path.join(tmp, "state.json"), state, indent=2, sort_keys=True)
+        folders.write_json(os.path.join(tmp, "config.json"), model_config, indent=2)
         write_strategy(os.path.join(tmp, "train_strategy.ckpt"))
-        files = {rel: ckpt.file_entry(os.path.join(tmp, rel))
+        files = {rel: folders.file_entry(os.path.join(tmp, rel))
                  for rel in ("state.json", "config.json", "train_strategy.ckpt")}
         for rank in range(comm.world):
             with open(os.path.join(tmp, rank_part(rank))) as f:
                 files.update(json.load(f))
             os.remove(os.path.join(tmp, rank_part(rank)))
-        ckpt.write_manifest(tmp, step, files)
-        ckpt.crash_point(step, ckpt.MANIFEST)
-        ckpt.publish(tmp, final)
-        ckpt.prune(root, keep_last)
+        folders.write_manifest(tmp, step, files)
+        folders.crash_point(step, folders.MANIFEST)
+        folders.publish(tmp, final)
+        folders.prune(root, keep_last)
     comm.barrier()
     return final
 
@@ -86,28 +87,28 @@ def mine(rank: int):
     return lambda rel: "/rank_" not in rel or f"/rank_{rank}/" in rel
 
 
-def agree(comm: Comm, error: Optional[ckpt.CheckpointError], path: str) -> None:
+def agree(comm: Comm, error: Optional[folders.CheckpointError], path: str) -> None:
     """Every rank raises when any rank found an error: its own, or one naming the other ranks
     (a DamagedCheckpoint when theirs was one), so that no rank goes on alone."""
     flags = np.zeros((2, comm.world), np.float32)
     if error is not None:
-        flags[int(isinstance(error, ckpt.DamagedCheckpoint)), comm.rank] = 1
+        flags[int(isinstance(error, folders.DamagedCheckpoint)), comm.rank] = 1
     flags = comm.host_sum(flags, comm.group(range(comm.world)))
     if error is not None:
         raise error
     ranks = [int(r) for r in np.flatnonzero(flags.sum(0))]
     if flags[1].any():
-        raise ckpt.DamagedCheckpoint(path, f"rank(s) {ranks} found their files damaged (see their logs)")
+        raise folders.DamagedCheckpoint(path, f"rank(s) {ranks} found their files damaged (see their logs)")
     if ranks:
-        raise ckpt.CheckpointError(f"checkpoint {path}: rank(s) {ranks} cannot load it (see their logs)")
+        raise folders.CheckpointError(f"checkpoint {path}: rank(s) {ranks} cannot load it (see their logs)")
 
 
 def check_everywhere(comm: Comm, path: str) -> dict:
     """The state of `path` when it is complete for every rank, else DamagedCheckpoint on all ranks."""
     state, damaged = None, None
     try:
-        state = ckpt.inspect(path, mine(comm.rank))
-    except ckpt.DamagedCheckpoint as e:
+        state = folders.inspect(path, mine(comm.rank))
+    except folders.DamagedCheckpoint as e:
         damaged = e
     agree(comm, damaged, path)
     return state
@@ -120,22 +121,22 @@ def load_sharded(comm: Comm, path: str, groups: Dict[str, Sequence[ms.Parameter]
     state = check_everywhere(comm, path) if not checked else None
     error = None
     try:
-        manifest = ckpt.read_manifest(path)
-        state = state or ckpt.read_state(path, manifest)
+        manifest = folders.read_manifest(path)
+        state = state or folders.read_state(path, manifest)
         for name in groups:
             rel = os.path.join(name, f"rank_{comm.rank}", f"{name}.ckpt")
             if rel not in manifest["files"]:
-                raise ckpt.CheckpointError(f"checkpoint {path} has no {rel} (saved by a run with another world "
+                raise folders.CheckpointError(f"checkpoint {path} has no {rel} (saved by a run with another world "
                                            "size, or without this group: another beta?)")
-        ckpt.check_model_config(path, model_config)
-    except ckpt.CheckpointError as e:
+        folders.check_model_config(path, model_config)
+    except folders.CheckpointError as e:
         error = e
     agree(comm, error, path)  # before any weight is touched
     try:
         for name, params in groups.items():
             ckpt.load_params(os.path.join(path, name, f"rank_{comm.rank}", f"{name}.ckpt"), params,
                              hint=" (saved in another layout?)")
-    except ckpt.CheckpointError as e:
+    except folders.CheckpointError as e:
         error = e
     agree(comm, error, path)
     return state
@@ -150,7 +151,7 @@ class ShardedCheckpoints:
         self.checked: Optional[str] = None
 
     def clean(self) -> List[str]:
-        removed = ckpt.remove_leftovers(self.root) if self.comm.rank == 0 else []
+        removed = folders.remove_leftovers(self.root) if self.comm.rank == 0 else []
         self.comm.barrier()
         return removed
 
@@ -158,12 +159,12 @@ class ShardedCheckpoints:
         if path is not None:
             check_everywhere(self.comm, path)
         else:
-            path = ckpt.newest_complete(self.root, lambda p: check_everywhere(self.comm, p))
+            path = folders.newest_complete(self.root, lambda p: check_everywhere(self.comm, p))
         self.checked = path
         return path
 
     def set_aside_after(self, step: int, why: str) -> List[str]:
-        moved = ckpt.set_aside_after(self.root, step, why) if self.comm.rank == 0 else []
+        moved = folders.set_aside_after(self.root, step, why) if self.comm.rank == 0 else []
         self.comm.barrier()
         return moved
 

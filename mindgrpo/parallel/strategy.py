@@ -34,8 +34,8 @@ import numpy as np
 from mindspore.parallel import build_searched_strategy, merge_pipeline_strategys
 from mindspore.train.node_strategy_pb2 import ParallelStrategyMap
 
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import atomic_path, expected_shapes
-from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.parallel.layout import OPTIMIZER_PREFIXES, ParallelLayout, num_layers_of
 
 TRAIN_STRATEGY = "train_strategy.ckpt"  # actor (training) layout, with the Adam moments

@@ -303,9 +303,9 @@ def test_every_rule_names_a_real_key():
 def test_the_default_model_is_a_preset_of_qwen2_5_0_5b():
     import numpy as np
 
+    from mindgrpo.models.config import Qwen2Config
     from mindgrpo.models.presets import resolve_model_config
     from mindgrpo.models.convert import expected_shapes
-    from mindgrpo.models.qwen2 import Qwen2Config
 
     cfg = Qwen2Config.load(resolve_model_config(GRPOConfig().actor_config.model))
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import mindspore as ms
 
-from mindgrpo.parallel.checkpoints import CRASH_ENV
+from mindgrpo.parallel.checkpoint_folders import CRASH_ENV
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "grpo_one_stage.py")

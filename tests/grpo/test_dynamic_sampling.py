@@ -12,7 +12,8 @@ from mindgrpo.grpo.trainer import GRPOTrainer
 from mindgrpo.inference.engine import Completion
 from mindgrpo.memory.swap import SwapManager
 from mindgrpo.rewards import RewardError, RewardSet, load_reward_plugin
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils.progress import Progress
 
 G = 4

@@ -15,7 +15,8 @@ from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.layerwise import LayerwiseGradStep
 from mindgrpo.grpo.ms_objective import GRPOLoss
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
 pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/grpo/conftest.py
 

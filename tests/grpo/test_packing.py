@@ -17,7 +17,8 @@ from mindgrpo.grpo.algos import AGG_MODES
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.packing import Batching, bucket_length, bucket_tokens, plan, pow2, shape_bound
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
 # one layer keeps the compiles short (a leak between packed samples changes its attention's output)
 CFG = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,

@@ -16,7 +16,8 @@ from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
 pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/grpo/conftest.py
 

@@ -15,7 +15,8 @@ from mindspore import Tensor
 from mindgrpo.grpo.experience import pack
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import TokenLogProbs
 from mindgrpo.parallel.weight_sync import WeightSync
 

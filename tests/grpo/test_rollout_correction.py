@@ -25,7 +25,8 @@ from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.objective import grpo_loss
 from mindgrpo.grpo.train_graph import CORRECTION_KEYS, METRIC_KEYS, MISMATCH_KEYS
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from test_algos import HAND_ADV, HAND_MASK, TRLLoss, random_batch, torch_of
 
 LN = math.log

@@ -8,10 +8,12 @@ import pytest
 from mindgrpo.config import GRPOConfig
 from mindgrpo.config.loader import from_dict
 from mindgrpo.grpo.prompts import PromptSource
-from mindgrpo.grpo.trainer import ROLLOUT_STATS, GRPOTrainer
+from mindgrpo.grpo.rollouts import ROLLOUT_STATS
+from mindgrpo.grpo.trainer import GRPOTrainer
 from mindgrpo.inference.engine import Completion
 from mindgrpo.memory.swap import SwapManager
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils.progress import Progress
 
 CFG = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,

@@ -12,7 +12,8 @@ import mindspore as ms
 
 from mindgrpo.grpo import builder
 from mindgrpo.grpo.run import SetupError, load_run_config, run_paths
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.placement import OneDevice
 from mindgrpo.rewards import RewardError, register_reward
 

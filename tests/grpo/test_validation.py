@@ -13,7 +13,8 @@ from mindgrpo.grpo.trainer import GRPOTrainer
 from mindgrpo.grpo.validation import Best, val_metrics
 from mindgrpo.inference.engine import Completion
 from mindgrpo.memory.swap import SwapManager
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils.progress import Progress
 from fakes import RecordingLog
 

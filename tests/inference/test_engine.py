@@ -11,7 +11,8 @@ from mindgrpo.grpo.experience import pack
 from mindgrpo.inference.engine import RolloutEngine, graph_bound
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.memory.plan import kv_cache_bytes
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs
 from mindgrpo.parallel.layout import ParallelLayout
 

@@ -11,7 +11,7 @@ import pytest
 from mindgrpo.config import GRPOConfig, load_config
 from mindgrpo.models.presets import resolve_model_config
 from mindgrpo.memory.plan import plan
-from mindgrpo.models.qwen2 import Qwen2Config
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.parallel.layout import ParallelLayout
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

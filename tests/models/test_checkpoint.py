@@ -3,8 +3,8 @@
 import pytest
 
 from mindgrpo.models.checkpoint import find_config, load_model, read_model_state
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import WeightError
-from mindgrpo.models.qwen2 import Qwen2Config
 
 
 @pytest.mark.parametrize("load", [lambda p: load_model(p), lambda p: find_config(p),

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from mindgrpo.models.qwen2 import Qwen2Config
+from mindgrpo.models.config import Qwen2Config
 
 
 @pytest.mark.parametrize("line", ["rope_theta: .inf", "rms_norm_eps: .nan", "param_init_std: -.inf"])

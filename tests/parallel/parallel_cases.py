@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from mindgrpo.models.qwen2 import Qwen2Config
+from mindgrpo.models.config import Qwen2Config
 
 # nh=4, nkv=2: tp=2 splits whole kv groups; untied so lm_head is vocabulary-parallel on its own;
 # one layer keeps the compile times of the msrun tier down (the four-rank case has two)

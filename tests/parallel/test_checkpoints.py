@@ -1,5 +1,5 @@
-"""Crash-safe training checkpoints (mindgrpo/parallel/checkpoints.py and, with ranks as threads,
-mindgrpo/parallel/sharded_checkpoints.py): the manifest, resuming from the newest complete checkpoint,
+"""Crash-safe training checkpoints (mindgrpo/parallel/checkpoint_folders.py, checkpoints.py and, with ranks as
+threads, mindgrpo/parallel/sharded_checkpoints.py): the manifest, resuming from the newest complete checkpoint,
 damaged ones skipped or refused, leftovers removed, abandoned steps set aside."""
 
 import hashlib
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import mindspore as ms
 
+from mindgrpo.parallel import checkpoint_folders as folders
 from mindgrpo.parallel import checkpoints as ck
 from mindgrpo.parallel.sharded_checkpoints import ShardedCheckpoints
 from mindgrpo.parallel.comm import Group
@@ -103,7 +104,7 @@ def test_resume_skips_a_damaged_checkpoint_naming_the_reason_and_takes_the_next_
     root, saved = run
     damage(step_dir(root, 3), how)
     checkpoints = ck.LocalCheckpoints(root, keep_last=5)
-    with caplog.at_level(logging.WARNING, logger="mindgrpo.parallel.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="mindgrpo.parallel.checkpoint_folders"):
         assert checkpoints.find() == step_dir(root, 2)
     assert any(step_dir(root, 3) in r.getMessage() and REASONS[how] in r.getMessage() for r in caplog.records), \
         caplog.text
@@ -112,9 +113,9 @@ def test_resume_skips_a_damaged_checkpoint_naming_the_reason_and_takes_the_next_
     assert same(values(groups), saved[2])
     # the explicit --resume_from of the damaged one fails naming the reason, touching no weight
     groups = params(9)
-    with pytest.raises(ck.DamagedCheckpoint, match=REASONS[how]):
+    with pytest.raises(folders.DamagedCheckpoint, match=REASONS[how]):
         checkpoints.find(step_dir(root, 3))
-    with pytest.raises(ck.DamagedCheckpoint, match=REASONS[how]):
+    with pytest.raises(folders.DamagedCheckpoint, match=REASONS[how]):
         checkpoints.load(step_dir(root, 3), groups, MODEL)
     assert same(values(groups), values(params(9)))
 
@@ -136,7 +137,7 @@ def test_a_state_that_is_complete_but_wrong_is_damaged(tmp_path, bad_state, reas
     root = str(tmp_path / "ckpt")
     ck.save(root, 1, params(1), {**state(1), **bad_state}, MODEL, keep_last=2)
     groups = params(5)
-    with pytest.raises(ck.DamagedCheckpoint, match=reason):
+    with pytest.raises(folders.DamagedCheckpoint, match=reason):
         ck.LocalCheckpoints(root, 2).load(step_dir(root, 1), groups, MODEL)
     assert same(values(groups), values(params(5)))
 
@@ -144,9 +145,9 @@ def test_a_state_that_is_complete_but_wrong_is_damaged(tmp_path, bad_state, reas
 def test_a_checkpoint_of_another_model_or_without_a_group_touches_no_weight(run):
     root, _ = run
     groups = params(5)
-    with pytest.raises(ck.CheckpointError, match="holds another model: hidden_size 8, this run's 16"):
+    with pytest.raises(folders.CheckpointError, match="holds another model: hidden_size 8, this run's 16"):
         ck.load(step_dir(root, 2), groups, {**MODEL, "hidden_size": 16})
-    with pytest.raises(ck.CheckpointError, match="has no reference.ckpt"):
+    with pytest.raises(folders.CheckpointError, match="has no reference.ckpt"):
         ck.load(step_dir(root, 2), {**groups, "reference": groups["policy"]}, MODEL)
     assert same(values(groups), values(params(5)))
 
@@ -158,7 +159,7 @@ def test_leftovers_of_killed_saves_are_removed_but_not_those_of_a_live_process(r
                         (".step_00000001.tmp-del-123", None), (".step_00000006.tmp", os.getpid())):
         os.makedirs(os.path.join(root, name, "policy"))
         if owner is not None:
-            ck.write_json(os.path.join(root, name, ck.OWNER), {"host": os.uname().nodename, "pid": owner})
+            folders.write_json(os.path.join(root, name, folders.OWNER), {"host": os.uname().nodename, "pid": owner})
     removed = ck.LocalCheckpoints(root, 2).clean()
     assert sorted(os.path.basename(p) for p in removed) == [".step_00000001.tmp-del-123", ".step_00000004.tmp",
                                                             ".step_00000005.tmp"]
@@ -168,7 +169,7 @@ def test_leftovers_of_killed_saves_are_removed_but_not_those_of_a_live_process(r
 def test_resuming_an_older_step_sets_the_newer_aside_and_keep_last_k_ignores_them(run, caplog):
     root, saved = run
     checkpoints = ck.LocalCheckpoints(root, keep_last=1)
-    with caplog.at_level(logging.WARNING, logger="mindgrpo.parallel.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="mindgrpo.parallel.checkpoint_folders"):
         moved = checkpoints.set_aside_after(1, "this run resumed")
     assert len(moved) == 2 and all(os.path.basename(p).startswith(("abandoned_step_00000002.",
                                                                       "abandoned_step_00000003.")) for p in moved)
@@ -195,7 +196,7 @@ ck.save(sys.argv[1], 2, {"policy": p, "optimizer": p}, state, {}, keep_last=2)
 
 def test_a_save_killed_between_files_leaves_no_step_and_its_leftover_is_removed(run):
     root, _ = run
-    env = dict(os.environ, **{ck.CRASH_ENV: "2:policy.ckpt"})
+    env = dict(os.environ, **{folders.CRASH_ENV: "2:policy.ckpt"})
     os.rename(step_dir(root, 2), os.path.join(root, "elsewhere"))
     r = subprocess.run([sys.executable, "-c", CRASH, root], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == -9, r.stderr[-2000:]
@@ -204,32 +205,32 @@ def test_a_save_killed_between_files_leaves_no_step_and_its_leftover_is_removed(
     assert ck.LocalCheckpoints(root, 2).clean() == [os.path.join(root, ".step_00000002.tmp")]
 
 
-BEST_CRASH = CRASH.replace("keep_last=2)", "keep_last=2, name=ck.BEST)")
+BEST_CRASH = CRASH.replace("keep_last=2)", f"keep_last=2, name={folders.BEST!r})")
 
 
 def test_best_is_kept_beside_the_last_k_replaced_whole_and_a_killed_replacement_keeps_the_old(run):
     root, saved = run
     checkpoints = ck.LocalCheckpoints(root, keep_last=2)
-    checkpoints.save(2, params(2), state(2), MODEL, name=ck.BEST)
-    assert ck.inspect(os.path.join(root, "best"))["step"] == 2
+    checkpoints.save(2, params(2), state(2), MODEL, name=folders.BEST)
+    assert folders.inspect(os.path.join(root, "best"))["step"] == 2
     checkpoints.save(4, params(4), state(4), MODEL)  # keep_last=2 prunes steps 1 and 2, never best
     assert sorted(os.listdir(root)) == ["best", "step_00000003", "step_00000004"]
-    checkpoints.save(3, params(3), state(3), MODEL, name=ck.BEST)  # replaced whole, nothing left aside
+    checkpoints.save(3, params(3), state(3), MODEL, name=folders.BEST)  # replaced whole, nothing left aside
     assert sorted(os.listdir(root)) == ["best", "step_00000003", "step_00000004"]
     loaded = params(99)
     assert checkpoints.load(os.path.join(root, "best"), loaded, MODEL)["step"] == 3
     assert same(values(loaded), saved[3])
     # killed after writing the new best's manifest, before renaming it in: the old best is untouched
-    env = dict(os.environ, **{ck.CRASH_ENV: "2:manifest.json"})
+    env = dict(os.environ, **{folders.CRASH_ENV: "2:manifest.json"})
     r = subprocess.run([sys.executable, "-c", BEST_CRASH, root], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == -9, r.stderr[-2000:]
-    assert ".step_00000002.tmp-best" in os.listdir(root) and ck.inspect(os.path.join(root, "best"))["step"] == 3
+    assert ".step_00000002.tmp-best" in os.listdir(root) and folders.inspect(os.path.join(root, "best"))["step"] == 3
     assert checkpoints.clean() == [os.path.join(root, ".step_00000002.tmp-best")]
     # killed between setting the old best aside and renaming the new one in: the old one is put back
     os.rename(os.path.join(root, "best"), os.path.join(root, ".best.old"))
     checkpoints.clean()
     assert sorted(os.listdir(root)) == ["best", "step_00000003", "step_00000004"]
-    assert ck.inspect(os.path.join(root, "best"))["step"] == 3
+    assert folders.inspect(os.path.join(root, "best"))["step"] == 3
     # a best saved beyond the step a run resumes at belongs to the abandoned run
     moved = checkpoints.set_aside_after(3, "this run resumed")  # best (step 3) stays
     assert [os.path.basename(p).split(".")[0] for p in moved] == ["abandoned_step_00000004"]
@@ -315,8 +316,9 @@ def test_sharded_checkpoints_manifest_resume_and_damage(tmp_path):
         return sharded(root, rank, comm).find(folder)
 
     errors = on_ranks(2, resume_from)
-    assert isinstance(errors[1], ck.DamagedCheckpoint) and "policy/rank_1/policy.ckpt has 10 bytes" in str(errors[1])
-    assert isinstance(errors[0], ck.DamagedCheckpoint) and "rank(s) [1] found their files damaged" in str(errors[0])
+    damaged = folders.DamagedCheckpoint
+    assert isinstance(errors[1], damaged) and "policy/rank_1/policy.ckpt has 10 bytes" in str(errors[1])
+    assert isinstance(errors[0], damaged) and "rank(s) [1] found their files damaged" in str(errors[0])
 
 
 def test_sharded_best_holds_every_rank_piece_beside_the_steps(tmp_path):
@@ -324,7 +326,7 @@ def test_sharded_best_holds_every_rank_piece_beside_the_steps(tmp_path):
     groups = {(step, rank): params(10 * step + rank) for step in (1, 2) for rank in (0, 1)}
     for step in (1, 2):  # best replaced by step 2's
         on_ranks(2, lambda rank, comm: sharded(root, rank, comm).save(step, groups[step, rank], state(step), MODEL,
-                                                                      name=ck.BEST))
+                                                                      name=folders.BEST))
     assert sorted(os.listdir(root)) == ["best"]
 
     def load_best(rank, comm):

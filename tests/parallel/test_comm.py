@@ -8,7 +8,8 @@ import pytest
 from mindspore import Tensor
 
 from mindgrpo.config import GRPOConfig, load_config
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs
 from mindgrpo.parallel.comm import Comm, Group, check_layouts, layouts_of, single_group
 from mindgrpo.parallel.data_parallel import DataParallelGrads, share, share_by_tokens

@@ -5,8 +5,8 @@ import re
 import numpy as np
 import pytest
 
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
-from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
 
 SMALL = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -92,7 +92,7 @@ def test_invalid_layouts(kwargs, message):
 
 
 def test_from_parallel_config():
-    from mindgrpo.config.grpo import ParallelConfig
+    from mindgrpo.config.sections import ParallelConfig
 
     assert ParallelLayout.from_config(ParallelConfig(data_parallel=2, model_parallel=4)) == ParallelLayout(2, 4)
 

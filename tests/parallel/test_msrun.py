@@ -26,8 +26,9 @@ from mindspore.parallel import transform_checkpoints
 
 from mindgrpo.config import GRPOConfig, load_config
 from mindgrpo.memory.plan import plan
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
-from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import write_strategy_file
 from msrun_util import REPO, load_results, mindspore_slices, run_msrun, save_sharded

@@ -10,8 +10,8 @@ import mindspore as ms
 from mindspore.parallel import build_searched_strategy, transform_checkpoints
 from mindspore.train.node_strategy_pb2 import ParallelStrategyMap
 
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
-from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
 from mindgrpo.parallel.strategy import (INFER_STRATEGY, TRAIN_STRATEGY, StrategyError, TensorLayout, device_num,
                                         read_strategy, strategy_file, write_layout_strategies, write_layouts,

@@ -36,7 +36,8 @@ def model_dir(tmp_path_factory):
     validation problems as a prompt MindRecord, in one folder."""
     from mindgrpo.data.synthetic import ArithmeticTask, TinyTokenizerSpec, ensure_tiny_tokenizer, write_arithmetic_dataset
     from mindgrpo.models.checkpoint import model_state, save_ms_checkpoint
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     d = tmp_path_factory.mktemp("model")
     task = ArithmeticTask(num_train=40, num_val=12)
@@ -152,7 +153,8 @@ def qwen_vocab_model(tmp_path_factory):
         pytest.skip(f"the Qwen2.5 tokenizer or GSM8K is not under {SHARED} (read-only ../shared is absent)")
     from data_tools import rlhf_data
     from mindgrpo.models.checkpoint import model_state, save_ms_checkpoint
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     d = tmp_path_factory.mktemp("qwen_vocab")
     cfg = Qwen2Config(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -17,7 +17,8 @@ def model_dir(tmp_path_factory):
     """A tiny tokenizer and a 64-position model (policy.ckpt + config.json) in one folder."""
     from mindgrpo.data.synthetic import ArithmeticTask, TinyTokenizerSpec, ensure_tiny_tokenizer
     from mindgrpo.models.checkpoint import model_state, save_ms_checkpoint
-    from mindgrpo.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     d = tmp_path_factory.mktemp("model")
     tok = ensure_tiny_tokenizer(str(d), TinyTokenizerSpec(vocab_size=400, task=ArithmeticTask(num_train=300, num_val=50)))

@@ -12,8 +12,8 @@ import pytest
 import mindspore as ms
 from mindspore.parallel import transform_checkpoint_by_rank, transform_checkpoints
 
+from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
-from mindgrpo.models.qwen2 import Qwen2Config
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import TensorLayout, layout_strategy, write_layouts, write_strategy_file
 from scripts.transform_checkpoint import main

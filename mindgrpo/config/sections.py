@@ -1,0 +1,395 @@
+"""The sections of the GRPO config, each a frozen dataclass with every default and the checks of
+its own keys: rl_config (the algorithm and the loop), actor_config (policy model and optimiser),
+ref_config (reference model), generate_config (sampling), reward_config (verifiers), sft_config
+(the warm start), synthetic_config (the built-in task), and the parallel_config of the three
+models. The whole config and the rules across sections are `mindgrpo/config/grpo.py`'s.
+
+Names of registered variants (advantage estimators, policy losses, KL estimators, aggregation
+modes, rollout corrections, templates) are checked against their registries here, so a typo fails
+at start-up listing the valid names.
+
+Shape vocabulary: each step draws `rl_config.batch_size` prompts and samples G =
+`rl_config.num_generations` completions per prompt (TRL's name; mindrlhf's num_generations,
+verl's rollout.n), giving B = batch_size * G rollout rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Literal, Optional
+
+from mindgrpo.config.loader import check
+from mindgrpo.data.synthetic import ArithmeticTask
+from mindgrpo.data.templates import TEMPLATES
+from mindgrpo.eval.metrics import ks_up_to
+from mindgrpo.grpo.algos import (
+    ADVANTAGES,
+    AGG_MODES,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    REWARD_SCALES,
+)
+from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS
+
+
+def _check_name(registry, name: str, key: str) -> None:
+    check(name in registry, key, f"unknown {registry.kind} {name!r}; valid names: {', '.join(registry.names())}")
+
+
+def _check_settings(cfg, registry, key: str) -> None:
+    """A setting of some variant in `registry` (a keyword parameter of its function, named like the
+    config key) moved from its default while the variant chosen by `key` does not read it is refused."""
+    chosen = getattr(cfg, key)
+    read = set(registry.params(chosen))
+    defaults = {f.name: f.default for f in fields(cfg)}
+    for name in registry.names():
+        for setting in registry.params(name):
+            readers = [n for n in registry.names() if setting in registry.params(n)]
+            check(setting in read or getattr(cfg, setting) == defaults[setting], setting,
+                  f"is a setting of {key} {' / '.join(readers)}, and {key} is {chosen!r}, which does not read it")
+
+
+def _check_positive(cfg, *keys: str) -> None:
+    for key in keys:
+        check(getattr(cfg, key) >= 1, key, f"must be >= 1, got {getattr(cfg, key)}")
+
+
+def _check_non_negative(cfg, *keys: str) -> None:
+    for key in keys:
+        check(getattr(cfg, key) >= 0, key, f"must be >= 0, got {getattr(cfg, key)}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    data_parallel: int = 1
+    model_parallel: int = 1
+    pipeline_stage: int = 1
+    # ZeRO-1 (training layout only): the AdamW moments are split across the data-parallel replicas
+    optimizer_shard: bool = False
+
+    def __post_init__(self):
+        _check_positive(self, "data_parallel", "model_parallel", "pipeline_stage")
+
+    @property
+    def world_size(self) -> int:
+        return self.data_parallel * self.model_parallel * self.pipeline_stage
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    seed: int = 42
+    max_steps: int = 1000
+    batch_size: int = 8  # prompts per step
+    num_generations: int = 8  # G, completions per prompt
+    num_iterations: int = 1  # policy updates per rollout batch (GRPO's mu)
+    num_mini_batches: int = 1  # optimiser steps per iteration; the B rows are split into this many
+    # loss
+    beta: float = 0.0  # KL coefficient; 0 skips the reference model
+    kl_kind: str = "low_var_kl"
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # 0.28 for DAPO's clip-higher
+    dual_clip: Optional[float] = None  # c > 1 bounds negative-advantage token losses at c * |A|
+    loss_agg_mode: str = "token-mean"
+    advantage_scale: str = "group"  # adv_estimator grpo: group | batch | none (= dr_grpo)
+    advantage_eps: float = 1e-6  # adv_estimator grpo and reinforce_plus_plus_baseline
+    # The algorithm's variants, by registered name (mindgrpo/grpo/algos.py). A variant's settings are the
+    # keys named like its function's keyword parameters (clip_low, clip_high and dual_clip above are
+    # those of ppo_clip and gspo); a setting moved from its default is refused when the variant chosen
+    # does not read it. Reward stds are sample stds (n - 1) throughout (mindgrpo/utils/stats.py).
+    adv_estimator: str = "grpo"  # grpo | dr_grpo | rloo | reinforce_plus_plus_baseline
+    policy_loss: str = "ppo_clip"  # ppo_clip | gspo (sequence-level ratio) | cispo | sapo | gmpo
+    cispo_epsilon_max: float = 5.0  # cispo: the cap of the importance weight (ScaleRL's value)
+    sapo_temperature_pos: float = 1.0  # sapo: the gate's temperature where A > 0 (TRL's default)
+    sapo_temperature_neg: float = 1.05  # sapo: ... where A <= 0
+    gmpo_epsilon: float = 0.4  # gmpo: token log-ratios clipped to [-epsilon, epsilon] (the paper's)
+    # the policy loss counts the top rho of tokens by entropy, ranked within each micro-batch of a replica
+    # (TRL ranks each micro-batch gathered over its processes); 1: all tokens
+    top_entropy_quantile: float = 1.0
+    # Rollout/training mismatch, from the rollout engine's log-probs of the sampled tokens: the weight of a
+    # token is exp(old log-prob - its log-prob under the distribution the engine sampled from); tis_*
+    # truncate it at the threshold, mask_* drop tokens (sequences) whose weight leaves [1/threshold, threshold]
+    rollout_correction: str = "none"  # none | tis_token | tis_sequence | mask_token | mask_sequence
+    rollout_correction_threshold: float = 2.0
+    # the engine's log-probs under softmax(logits / T) (before top-k / top-p) are the old ones: no scoring pass
+    old_logprobs_from_rollout: bool = False
+    # reference model
+    ref_model_sync_steps: int = 0  # copy the policy into the reference every this many steps; 0 never
+    # DAPO
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, resample to refill
+    max_resample_times: int = 3  # rollout rounds per step before training on what was kept
+    overlong_filtering: bool = False  # mask out completions cut at max_tokens
+    # loop
+    val_interval: int = 0  # steps between validations; 0 never
+    val_size: int = 64  # validation prompts
+    val_n: int = 1  # samples per validation prompt: val/pass@k for k = 1, 2, 4, ... val_n, val/mean@n, val/maj@n
+    val_temperature: float = 0.0  # 0: greedy (then val_n must be 1); top-k / top-p / min-p from generate_config
+    val_before_train: bool = True  # validate at step 0, before the first update
+    save_best: Optional[str] = None  # a val/ metric (higher is better): the best validated step kept as checkpoints/best
+    save_interval: int = 0  # steps between checkpoints; 0 only at the end
+    keep_last_k: int = 2  # checkpoints kept
+    log_interval: int = 1  # steps between console progress lines; metrics.jsonl gets every step
+    max_bad_steps: int = 3  # steps in a row with a non-finite loss or gradient norm before the run stops
+    completions_interval: int = 10  # steps between logged sample completions; 0 never
+    swap: bool = True  # host-memory swap between phases (mindgrpo/memory/swap.py)
+    # drop each phase's compiled graphs when it ends (rollout and validation, reference, old log-probs, update):
+    # MindSpore's CPU runtime keeps a graph's buffers until the cell that compiled it is deleted, so a step then
+    # holds one phase's buffers at a time instead of every phase's, and compiles its graphs again every step
+    # (benchmarks/results/graph_release.md)
+    release_graphs: bool = False
+    # msrun runs: a rank with no progress (a blocking call such as a collective that does not return) for
+    # this many seconds ends the job naming the phase and the rank (mindgrpo/parallel/watchdog.py); the
+    # first run of each phase, which compiles its graphs, gets compile_timeout_s instead. 0: no watchdog
+    collective_timeout_s: float = 1800.0  # HCCL's own execution timeout
+    compile_timeout_s: float = 3600.0
+    # one device's peak TFLOP/s for perf/mfu; null: Ascend 910B bf16 (313) on Ascend, 0.12 (fp32 matmul peak
+    # measured on 2 AVX2 cores) on CPU (mindgrpo/grpo/throughput.py)
+    device_peak_tflops: Optional[float] = None
+    # data: None means the built-in synthetic arithmetic data
+    dataset_path: Optional[str] = None
+    val_dataset_path: Optional[str] = None
+    output_dir: str = "outputs/grpo"
+
+    def __post_init__(self):
+        _check_positive(self, "max_steps", "batch_size", "num_iterations", "num_mini_batches", "keep_last_k",
+                        "log_interval", "max_bad_steps")
+        check(self.num_generations >= 2, "num_generations",
+              f"must be >= 2 (group advantages of one sample are 0), got {self.num_generations}")
+        _check_non_negative(self, "beta", "advantage_eps", "ref_model_sync_steps", "max_resample_times",
+                            "val_interval", "val_size", "save_interval", "completions_interval")
+        check(0 < self.clip_low < 1, "clip_low", f"must be in (0, 1), got {self.clip_low}")
+        check(self.clip_high > 0, "clip_high", f"must be > 0, got {self.clip_high}")
+        check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", f"must be > 1 or null, got {self.dual_clip}")
+        _check_name(KL_ESTIMATORS, self.kl_kind, "kl_kind")
+        _check_name(AGG_MODES, self.loss_agg_mode, "loss_agg_mode")
+        _check_name(REWARD_SCALES, self.advantage_scale, "advantage_scale")
+        for registry, key in ((ADVANTAGES, "adv_estimator"), (POLICY_LOSSES, "policy_loss"),
+                              (ROLLOUT_CORRECTIONS, "rollout_correction")):
+            _check_name(registry, getattr(self, key), key)
+            _check_settings(self, registry, key)
+        for key in ("cispo_epsilon_max", "sapo_temperature_pos", "sapo_temperature_neg", "gmpo_epsilon"):
+            check(getattr(self, key) > 0, key, f"must be > 0, got {getattr(self, key)}")
+        check(0 <= self.top_entropy_quantile <= 1, "top_entropy_quantile",
+              f"must be in [0, 1], got {self.top_entropy_quantile}")
+        check(self.rollout_correction_threshold > 1, "rollout_correction_threshold",
+              f"must be > 1, got {self.rollout_correction_threshold}")
+        check(self.val_interval == 0 or self.val_size >= 1, "val_size", "must be >= 1 when val_interval > 0")
+        _check_positive(self, "val_n")
+        _check_non_negative(self, "val_temperature")
+        check(self.val_temperature > 0 or self.val_n == 1, "val_n",
+              f"must be 1 with val_temperature 0 (greedy samples are all alike), got {self.val_n}")
+        check(self.save_best is None or self.save_best in self.val_metric_names, "save_best",
+              f"must be a validation metric ({', '.join(self.val_metric_names)}), got {self.save_best!r}")
+        check(self.device_peak_tflops is None or self.device_peak_tflops > 0, "device_peak_tflops",
+              f"must be > 0 or null, got {self.device_peak_tflops}")
+        _check_non_negative(self, "collective_timeout_s")
+        check(self.collective_timeout_s == 0 or self.compile_timeout_s >= self.collective_timeout_s,
+              "compile_timeout_s", f"must be >= collective_timeout_s = {self.collective_timeout_s}, "
+              f"got {self.compile_timeout_s}")
+
+    @property
+    def val_metric_names(self) -> list:
+        """What a validation logs (rl_config.val_n samples per prompt)."""
+        return ["val/accuracy", *(f"val/pass@{k}" for k in ks_up_to(self.val_n)), f"val/mean@{self.val_n}",
+                f"val/maj@{self.val_n}"]
+
+    @property
+    def rollout_rows(self) -> int:
+        """B = batch_size * G."""
+        return self.batch_size * self.num_generations
+
+    def settings(self, registry, name: str) -> dict:
+        """The keys `name`'s function in `registry` reads (its keyword parameters) and their values."""
+        return {key: getattr(self, key) for key in registry.params(name)}
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    model: str = "qwen2_5_0_5b"  # preset name (model_configs/NAME.yaml) or path to a model config
+    # weights the policy (and, unless given their own, the inference copy and the reference) start
+    # from: an HF directory or a MindSpore .ckpt, like --sft_path_train; None: random init from `model`
+    load_checkpoint: Optional[str] = None
+    checkpoint_dir: Optional[str] = None  # None: <rl_config.output_dir>/checkpoints
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    lr: float = 1e-6
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    min_lr: float = 0.0  # cosine floor
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: Optional[float] = 1.0  # global grad-norm clip; None off
+    micro_batch_size: int = 4  # rows per forward/backward; gradients accumulate over a mini-batch
+    # > 0: the vocabulary projection + log-softmax of scoring and training run this many scored
+    # tokens at a time with a hand-written backward (mindgrpo/models/fused_head.py); 0: autodiff
+    logprob_chunk_size: int = 0
+    # activation recompute in the training graph, per decoder layer (Qwen2ForCausalLM.recompute_layers):
+    # a layer's intermediates are recomputed in the backward pass instead of kept; the same gradients.
+    # On MindSpore 2.10's CPU runtime it saves no memory and costs time (benchmarks/results/recompute.md)
+    recompute: bool = False
+    # the training step as a host loop over one compiled decoder-layer graph (mindgrpo/grpo/layerwise.py): each
+    # layer's forward, then from the last layer to the first its forward again and its backward; the same
+    # gradients, and the compiled graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime
+    # keeps them all: benchmarks/results/layerwise.md). One device, right-padded rows
+    layerwise_update: bool = False
+    # Micro-batches by tokens (mindgrpo/grpo/packing.py), for the update and the old log-probs. > 0: a
+    # mini-batch's samples, sorted by length, are cut into micro-batches of at most this many tokens,
+    # padding included, each padded only to its own length (micro_batch_size then sizes the SFT warm start
+    # only); data-parallel replicas get about the same number of tokens. 0: micro_batch_size samples each
+    max_tokens_per_micro_batch: int = 0
+    packing: bool = False  # several samples per row of a token-budget micro-batch, each attending only to itself
+    # how packed rows keep samples apart: "mask" (a block-diagonal causal bias, any device) or "flash"
+    # (Ascend's flash_attention_score in its TND layout; not available on CPU)
+    packed_attention: Literal["mask", "flash"] = "mask"
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
+        _check_non_negative(self, "warmup_steps", "weight_decay", "logprob_chunk_size", "max_tokens_per_micro_batch")
+        check(not self.packing or self.max_tokens_per_micro_batch > 0, "packing",
+              "needs max_tokens_per_micro_batch > 0 (the tokens of a micro-batch's packed rows)")
+        for key in ("adam_beta1", "adam_beta2"):
+            check(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
+        check(self.adam_eps > 0, "adam_eps", f"must be > 0, got {self.adam_eps}")
+        check(self.grad_clip is None or self.grad_clip > 0, "grad_clip", f"must be > 0 or null, got {self.grad_clip}")
+        _check_positive(self, "micro_batch_size")
+        par = self.parallel_config
+        check(not self.recompute or (par.model_parallel == 1 and par.pipeline_stage == 1), "recompute",
+              "is tested on one device and under data parallelism only: set it false with "
+              f"parallel_config.model_parallel = {par.model_parallel}, pipeline_stage = {par.pipeline_stage}")
+        check(not self.layerwise_update or (par.model_parallel == 1 and par.pipeline_stage == 1), "layerwise_update",
+              "runs the whole model on one device (or under data parallelism): set it false with "
+              f"parallel_config.model_parallel = {par.model_parallel}, pipeline_stage = {par.pipeline_stage}")
+        check(not (self.layerwise_update and self.packing), "layerwise_update",
+              "takes right-padded rows: set it or packing false")
+        check(not (self.layerwise_update and self.recompute), "layerwise_update",
+              "already runs each layer's forward again in its backward: set recompute false")
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    """The reference model (beta > 0 only). It has the policy's architecture and vocabulary."""
+
+    load_checkpoint: Optional[str] = None  # like --ref_path; None: the policy's starting weights
+    # the reference pass's token budget (mindgrpo/grpo/packing.py; it packs when actor_config.packing):
+    # None: actor_config.max_tokens_per_micro_batch; 0: actor_config.micro_batch_size samples per micro-batch
+    max_tokens_per_micro_batch: Optional[int] = None
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        check(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 0,
+              "max_tokens_per_micro_batch", f"must be >= 0 or null, got {self.max_tokens_per_micro_batch}")
+
+    def max_tokens(self, actor: ActorConfig) -> int:
+        """The reference pass's token budget (0: rows)."""
+        return actor.max_tokens_per_micro_batch if self.max_tokens_per_micro_batch is None \
+            else self.max_tokens_per_micro_batch
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    max_prompt_length: int = 512  # P
+    max_tokens: int = 512  # R, completion tokens
+    temperature: float = 1.0  # 0 is greedy
+    top_k: int = 0  # 0 off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()  # besides the tokenizer's EOS
+    seed: Optional[int] = None  # None: rl_config.seed
+    # the rollout engine (vLLM's names): decode slots per inference replica, and the KV cache of a
+    # replica in tokens (slots x (max_prompt_length + max_tokens) at most; null: as many as the slots need)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: Optional[int] = None
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        _check_positive(self, "max_prompt_length", "max_tokens", "max_num_seqs")
+        capacity = self.max_prompt_length + self.max_tokens
+        check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= capacity,
+              "max_num_batched_tokens", f"must hold one sequence of max_prompt_length + max_tokens = {capacity} "
+              f"tokens, got {self.max_num_batched_tokens}")
+        _check_non_negative(self, "temperature", "top_k")
+        check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        check(0 <= self.min_p < 1, "min_p", f"must be in [0, 1), got {self.min_p}")
+
+
+@dataclass(frozen=True)
+class CosineRewardConfig:
+    """Length-scaled correctness reward (Yeo et al. 2025; open-r1's cosine_scaled): short correct
+    answers earn the most, short wrong ones lose the most; in between along half a cosine."""
+
+    min_value_wrong: float = -1.0  # a wrong answer of length 0
+    max_value_wrong: float = -0.5  # a wrong answer of max_len tokens or more
+    min_value_correct: float = 0.5  # a correct answer of max_len tokens or more
+    max_value_correct: float = 1.0  # a correct answer of length 0
+    max_len: Optional[int] = None  # None: generate_config.max_tokens
+
+
+@dataclass(frozen=True)
+class SoftOverlongConfig:
+    """DAPO's soft overlong punishment: linear penalty over the last buffer_len tokens, 0 down to -1
+    (scaled by its entry in reward_config.verifier_weight, DAPO's penalty factor)."""
+
+    buffer_len: int = 128
+    max_len: Optional[int] = None  # None: generate_config.max_tokens
+
+    def __post_init__(self):
+        _check_positive(self, "buffer_len")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    verifier_function: tuple[str, ...] = ("accuracy", "format")  # registered reward names
+    verifier_weight: tuple[float, ...] = (1.0, 1.0)  # one per verifier_function
+    reward_plugin: Optional[str] = None  # path to a .py file registering more reward functions
+    # reward functions run in this many worker processes, each call bounded by timeout_s seconds (a call
+    # that times out scores None for its completions, counted in reward/<name>/timeouts); 0 runs them in
+    # the trainer's process, without a timeout (mindgrpo/rewards/pool.py)
+    num_workers: int = 2
+    timeout_s: float = 10.0
+    cosine: CosineRewardConfig = field(default_factory=CosineRewardConfig)
+    soft_overlong: SoftOverlongConfig = field(default_factory=SoftOverlongConfig)
+
+    def __post_init__(self):
+        check(len(self.verifier_function) >= 1, "verifier_function", "needs at least one reward function")
+        check(len(set(self.verifier_function)) == len(self.verifier_function), "verifier_function",
+              f"has duplicates: {list(self.verifier_function)}")
+        check(len(self.verifier_weight) == len(self.verifier_function), "verifier_weight",
+              f"has {len(self.verifier_weight)} weights for {len(self.verifier_function)} verifier_function entries")
+        _check_non_negative(self, "num_workers")
+        check(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """An optional supervised warm start on the dataset's reference solutions before GRPO."""
+
+    steps: int = 0  # 0: none
+    lr: float = 1e-3
+    batch_size: int = 32
+    # A flawed teacher (built-in synthetic task only): each addition of a warm-start solution that carries
+    # out of the ones column forgets the carry with this probability (mindgrpo.data.synthetic.flawed_solution).
+    teacher_carry_error: float = 0.0
+
+    def __post_init__(self):
+        _check_non_negative(self, "steps")
+        _check_positive(self, "batch_size")
+        check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
+        check(0.0 <= self.teacher_carry_error <= 1.0, "teacher_carry_error",
+              f"must be in [0, 1], got {self.teacher_carry_error}")
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The built-in task, used when rl_config.dataset_path is null."""
+
+    template: str = "qwen_r1"  # prompt template (mindgrpo.data.templates)
+    task: ArithmeticTask = field(default_factory=ArithmeticTask)
+
+    def __post_init__(self):
+        _check_name(TEMPLATES, self.template, "template")
+
+
+__all__ = ["ActorConfig", "CosineRewardConfig", "GenerateConfig", "ParallelConfig", "RLConfig", "RefConfig",
+           "RewardConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig"]
