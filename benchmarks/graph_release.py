@@ -33,7 +33,7 @@ import numpy as np
 
 from benchmarks.harness import (RESULTS, code_version, peak_since_reset_gb, reset_peak_rss, rss_gb, run_stamp,
                                 write_results)
-from benchmarks.recompute import BETA, G, MICRO_BATCH, PROMPT_LENGTHS, RESPONSE
+from benchmarks.update_sides import BETA, G, MICRO_BATCH, PROMPT_LENGTHS, RESPONSE
 from benchmarks.workers import Workers
 
 SIDES = ("keep", "release")

@@ -1,0 +1,104 @@
+"""The issue-20 update workload on the Qwen2.5-0.5B shape, shared by the memory benchmarks: its
+constants, its experience, and one side per process that builds the policy with given
+`PolicyUpdater` options and runs updates on request (`benchmarks/recompute.py`,
+`benchmarks/layerwise.py`; `benchmarks/memory.py` and `graph_release.py` use the constants).
+
+Workload: 4 GSM8K prompts of 157, 118, 149 and 127 tokens (the qwen_r1 template, Qwen2.5 tokens)
+x G = 4, 128 response tokens each, micro-batches of 4 rows, beta 0.04 with given reference log-probs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.harness import median, peak_since_reset_gb, reset_peak_rss, rss_gb, time_calls
+from benchmarks.workers import Workers
+
+PROMPT_LENGTHS = (157, 118, 149, 127)  # the issue's 4 GSM8K prompts under the qwen_r1 template (Qwen2.5 tokens)
+G, RESPONSE, MICRO_BATCH, BETA = 4, 128, 4, 0.04
+
+
+def experience(vocab: int, prompt_lengths=PROMPT_LENGTHS):
+    """G rows per prompt: random token ids, advantages and reference log-probs."""
+    from mindgrpo.grpo.experience import pack
+
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, vocab, n).tolist() for n in prompt_lengths for _ in range(G)]
+    responses = [rng.integers(1, vocab, RESPONSE).tolist() for _ in prompts]
+    exp = pack(prompts, responses, rng.standard_normal(len(prompts)).astype(np.float32))
+    exp.ref_logp = (-3.0 + 0.1 * rng.standard_normal(exp.labels.shape)).astype(np.float32) * exp.mask
+    return exp
+
+
+def side(conn, layers: int, vocab: int, prompt_lengths, options: dict) -> None:
+    """A `benchmarks.workers` side: builds the policy, its gradient buffers and AdamW with the given
+    PolicyUpdater options, then runs one update per "update" message."""
+    import mindspore as ms
+
+    from mindgrpo.grpo.actor import PolicyUpdater
+    from mindgrpo.grpo.ms_objective import GRPOLoss
+    from mindgrpo.models.presets import preset_config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
+    exp = experience(vocab, prompt_lengths)
+    lm = Qwen2ForCausalLM(cfg, seed=0, max_positions=exp.input_ids.shape[1])
+    updater = PolicyUpdater(lm, GRPOLoss(beta=BETA, kl_kind="k3"), micro_batch_size=MICRO_BATCH, detach_old=True,
+                            use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
+                            **options)
+    conn.send({"built_gb": rss_gb(), "params": int(sum(p.size for p in updater.params))})
+    while conn.recv() == "update":
+        before = rss_gb()
+        reset_peak_rss()
+        out = {}
+        secs = time_calls(lambda: out.update(updater.update(exp, lr=1e-6)), 1)[0]
+        conn.send({"seconds": secs, "before_gb": before, "peak_gb": peak_since_reset_gb(), "after_gb": rss_gb(),
+                   "loss": out["loss"], "grad_norm": out["grad_norm"]})
+
+
+def measure(layers: int, vocab: int, updates: int, prompt_lengths, sides: dict) -> dict:
+    """Each side (name -> PolicyUpdater options) in its own process, one after the other (two at once
+    would not fit beside other jobs): a compiling update, then `updates` measured ones."""
+    out = {}
+    for name, options in sides.items():
+        with Workers() as workers:
+            worker = workers.start(side, layers, vocab, prompt_lengths, options)
+            built = worker.recv()
+            runs = [worker.ask("update") for _ in range(updates + 1)]
+            peak_gib = worker.ask("stop")
+        first, later = runs[0], runs[1:]
+        out[name] = {**built, "first_update_s": first["seconds"], "first_update_peak_gb": first["peak_gb"],
+                     "update_s": median([r["seconds"] for r in later]),
+                     "update_peak_gb": max(r["peak_gb"] for r in later),
+                     "held_after_update_gb": later[-1]["after_gb"],
+                     "process_peak_gb": peak_gib * 2 ** 30 / 1e9,
+                     "losses": [r["loss"] for r in runs], "grad_norms": [r["grad_norm"] for r in runs]}
+        print(f"layers {layers} {name}: update {out[name]['update_s']:.1f} s, process peak "
+              f"{out[name]['process_peak_gb']:.2f} GB, held {out[name]['held_after_update_gb']:.2f} GB", flush=True)
+    return out
+
+
+def per_layer(res: dict, key: str, name: str):
+    """(fixed, per layer) of a figure from the smallest and largest layer counts measured."""
+    counts = sorted(int(k) for k in res["layers"])
+    lo, hi = res["layers"][str(counts[0])][name][key], res["layers"][str(counts[-1])][name][key]
+    slope = (hi - lo) / (counts[-1] - counts[0])
+    return lo - slope * counts[0], slope
+
+
+def table(res: dict, side_header: str, baseline: str, same_header: str, same) -> list:
+    """The per-(layers, side) markdown table of `measure`'s figures, time and peak as ratios to the
+    `baseline` side; the last column is same(side, baseline) (do the two agree?)."""
+    lines = [f"| layers | {side_header} | params | built | first update s | first update peak | update s | "
+             f"update peak | held | process peak | time / {baseline} | peak / {baseline} | {same_header} |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for layers, sides in res["layers"].items():
+        base = sides[baseline]
+        for name, r in sides.items():
+            lines.append(f"| {layers} | {name} | {r['params'] / 1e6:.0f} M | {r['built_gb']:.2f} | "
+                         f"{r['first_update_s']:.1f} | {r['first_update_peak_gb']:.2f} | {r['update_s']:.1f} | "
+                         f"{r['update_peak_gb']:.2f} | {r['held_after_update_gb']:.2f} | {r['process_peak_gb']:.2f} | "
+                         f"{r['update_s'] / base['update_s']:.2f}x | "
+                         f"{r['process_peak_gb'] / base['process_peak_gb']:.2f}x | {same(r, base)} |")
+    return lines
