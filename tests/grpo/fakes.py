@@ -1,5 +1,5 @@
-"""Stand-ins for the trainer's collaborators, shared by the trainer tests that drive a real trainer
-without files (tests/grpo is on sys.path under pytest)."""
+"""Stand-ins for the trainer's collaborators and small inputs shared by the tests of tests/grpo (which is on
+sys.path under pytest)."""
 
 
 class RecordingLog:
@@ -13,3 +13,18 @@ class RecordingLog:
 
     def log_completions(self, step, rows):
         pass
+
+
+def ragged_experience():
+    """Four samples of a 512-token vocabulary with prompts of 9, 5, 7 and 12 and responses of 6, 11, 3
+    and 8 tokens (padded to a multiple of 8), random advantages and reference log-probs."""
+    import numpy as np
+
+    from mindgrpo.grpo.experience import pack
+
+    rng = np.random.default_rng(20)
+    prompts = [rng.integers(1, 512, n).tolist() for n in (9, 5, 7, 12)]
+    responses = [rng.integers(1, 512, n).tolist() for n in (6, 11, 3, 8)]
+    exp = pack(prompts, responses, rng.standard_normal(4).astype(np.float32), step=8)
+    exp.ref_logp = (-6.0 + 0.3 * rng.standard_normal(exp.labels.shape)).astype(np.float32) * exp.mask
+    return exp

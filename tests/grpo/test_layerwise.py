@@ -12,11 +12,12 @@ from mindspore import Tensor
 
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
 from mindgrpo.grpo.actor import PolicyUpdater
-from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.layerwise import LayerwiseGradStep
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+from fakes import ragged_experience as experience  # tests/grpo is on sys.path under pytest
 
 pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/grpo/conftest.py
 
@@ -26,15 +27,6 @@ QWEN2 = Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hi
 QWEN3 = Qwen2Config(model_type="qwen3", vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                     tie_word_embeddings=False)
-
-
-def experience():
-    rng = np.random.default_rng(20)
-    prompts = [rng.integers(1, 512, n).tolist() for n in (9, 5, 7, 12)]
-    responses = [rng.integers(1, 512, n).tolist() for n in (6, 11, 3, 8)]
-    exp = pack(prompts, responses, rng.standard_normal(4).astype(np.float32), step=8)
-    exp.ref_logp = (-6.0 + 0.3 * rng.standard_normal(exp.labels.shape)).astype(np.float32) * exp.mask
-    return exp
 
 
 def updater(cfg, layerwise):
