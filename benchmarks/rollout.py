@@ -178,23 +178,22 @@ def side_worker(conn, side: str, config: str, kind: str, weights: str, prompts: 
 
 def compare(name: str, kind: str, weights: str, args) -> tuple:
     """The three sides of one (config, workload), each in its own process, taking turns."""
-    sides_run = args.sides
-    runs = {s: [] for s in sides_run}
+    runs = {s: [] for s in args.sides}
     warm, rss = {}, {}
     with Workers() as workers:
         sides = {}
-        for side in sides_run:  # one set-up and warm-up at a time: they would time each other's compilation
+        for side in args.sides:  # one set-up and warm-up at a time: they would time each other's compilation
             sides[side] = workers.start(side_worker, side, name, kind, weights, args.prompts, args.group,
                                         args.max_tokens, args.slots)
             warm[side] = sides[side].recv()
             print(f"  {name} {kind} {side}: warm-up {warm[side]['warmup_seconds']:.0f}s", flush=True)
         for _ in range(args.repeats):
-            for side in sides_run:
+            for side in args.sides:
                 r = sides[side].ask("run")
                 runs[side].append(r)
                 print(f"  {name} {kind} {side}: {r['tokens'] / r['seconds']:.0f} tok/s, {r['tokens']} tokens in "
                       f"{r['seconds']:.1f}s, useful fraction {r['useful_fraction']:.3f}", flush=True)
-        for side in sides_run:
+        for side in args.sides:
             rss[side] = sides[side].ask("stop")  # a side's last message: its peak RSS (GiB)
     rate = {s: median([r["tokens"] / r["seconds"] for r in runs[s]]) if s in runs else None for s in SIDES}
     fraction = {s: median([r["useful_fraction"] for r in runs[s]]) if s in runs else None for s in SIDES}
@@ -203,7 +202,7 @@ def compare(name: str, kind: str, weights: str, args) -> tuple:
                "static_useful_fraction": fraction["static"], "peak_rss_gb": rss["engine"]}
     details = {s: {"runs": runs[s], "warmup": warm[s], "peak_rss_gb": rss[s],
                    "mean_length": float(np.mean([r["tokens"] for r in runs[s]])) / (args.prompts * args.group)}
-               for s in sides_run}
+               for s in args.sides}
     return summary, details
 
 
@@ -275,9 +274,8 @@ def main(argv=None) -> int:
             for kind in args.workloads:
                 summary, details = compare(name, kind, weights, args)
                 res["configs"][name][kind], res["details"][name][kind] = summary, details
-                write_results(args.output, res, markdown(res, args))  # what is done so far survives a later failure
-    text = markdown(res, args)
-    write_results(args.output, res, text)
+                text = markdown(res, args)
+                write_results(args.output, res, text)  # after each workload: what is done survives a later failure
     print(text)
     return 0
 
