@@ -27,19 +27,22 @@ it in turn, the two alternated step by step for --repeats rounds (`measure`):
           token mean over the whole batch); TRL's defaults otherwise (gradient checkpointing on)
 Seconds are medians of the rounds (padded's over all its rounds; the ratios against padded from the
 rounds beside it); peak RSS is each process's VmHWM at the end (the warm-up's compiles included). Writes --output (`{"configs": {NAME: {"longtail": {...}, "equal": {...}}}}`, the
-details beside) and a markdown table with the same name.
+details beside, each config's run stamp in "stamps") and a markdown table with the same name.
+--keep FILE: the configs of an earlier results file that this run does not measure are kept in
+--output beside the new ones, with their own run stamps (one config at a time into one table).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from typing import Dict, List
 
 import numpy as np
 
-from benchmarks.harness import RESULTS, median, run_stamp, write_results
+from benchmarks.harness import RESULTS, code_version, median, run_stamp, write_results
 from benchmarks.tiny_models import ALL_CONFIGS, hf_model
 from benchmarks.workers import Workers
 
@@ -74,11 +77,9 @@ def padded_len(prompts, responses) -> int:
 
 
 # ----------------------------------------------------------------------------------- our sides
-def ours_worker(conn, name: str, side: str, prompts, responses, advantages) -> None:
-    """A `benchmarks.workers` side: our reference scorer and PolicyUpdater with `side`'s batching;
-    one warm-up step, then one timed step per "step" message (-> (reference s, update s, shapes))."""
-    import time
-
+def build_side(name: str, side: str, prompts, responses, advantages):
+    """Our side `side` (padded, budget or packed) of config `name` in this process (GRAPH_MODE, CPU):
+    (reference Scorer, PolicyUpdater, Experience), nothing compiled yet."""
     import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -86,7 +87,6 @@ def ours_worker(conn, name: str, side: str, prompts, responses, advantages) -> N
     from mindgrpo.grpo.actor import PolicyUpdater, Scorer
     from mindgrpo.grpo.experience import pack
     from mindgrpo.grpo.ms_objective import GRPOLoss
-    from mindgrpo.grpo.packing import plan
     from mindgrpo.models.config import Qwen2Config
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
@@ -100,7 +100,17 @@ def ours_worker(conn, name: str, side: str, prompts, responses, advantages) -> N
     updater = PolicyUpdater(policy, GRPOLoss(beta=BETA, kl_kind="k3", agg_mode="token-mean"), micro_batch_size=MICRO,
                             detach_old=True, use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                             grad_clip=1.0, chunk=chunk, **batching)
-    exp = pack(prompts, responses, advantages)
+    return scorer, updater, pack(prompts, responses, advantages)
+
+
+def ours_worker(conn, name: str, side: str, prompts, responses, advantages) -> None:
+    """A `benchmarks.workers` side: our reference scorer and PolicyUpdater with `side`'s batching;
+    one warm-up step, then one timed step per "step" message (-> (reference s, update s, shapes))."""
+    import time
+
+    from mindgrpo.grpo.packing import plan
+
+    scorer, updater, exp = build_side(name, side, prompts, responses, advantages)
     shapes = sorted({mb.ids.shape + (len(mb.exp),) for mb in plan(exp, updater.batching)})  # (rows, S, samples)
 
     def step():
@@ -228,14 +238,16 @@ def summary(details: dict) -> dict:
 
 
 def markdown(res: dict) -> str:
-    lines = [f"# Reference + update: padded, token budget, packed, TRL ({res['stamp']['date']})", "",
-             f"`{res['stamp']['command']}` on {res['stamp']['machine']}, load average {res['stamp']['load_average']}.",
-             "Seconds per step (the reference log-probs, then one optimizer step over every sample), medians of "
-             f"{res['repeats']} rounds; each ratio (above 1: faster than padded) from rounds alternated with the "
-             "padded side; peak RSS of each side's process.", "",
-             "| config | workload | padded s | budget s | packed s | TRL s | padded / budget | padded / packed | "
-             "padded / TRL | padded peak GB | packed peak GB | budget peak GB | TRL peak GB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    stamps = res["stamps"]
+    lines = [f"# Reference + update: padded, token budget, packed, TRL ({max(s['date'] for s in stamps.values())})", ""]
+    lines += [f"{name}: `{s['command']}` on {s['date']}, {s['machine']}, load average {s['load_average']}, "
+              f"{s['repeats']} rounds{', ' + s['code'] if 'code' in s else ''}." for name, s in stamps.items()]
+    lines += ["", "Seconds per step (the reference log-probs, then one optimizer step over every sample), medians of "
+              "the rounds; each ratio (above 1: faster than padded) from rounds alternated with the "
+              "padded side; peak RSS of each side's process.", "",
+              "| config | workload | padded s | budget s | packed s | TRL s | padded / budget | padded / packed | "
+              "padded / TRL | padded peak GB | packed peak GB | budget peak GB | TRL peak GB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, kinds in res["configs"].items():
         for kind, row in kinds.items():
             d = res["details"][name][kind]
@@ -264,18 +276,39 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="PyTorch's threads (TRL's side)")
     ap.add_argument("--output", default=os.path.join(RESULTS, "update.json"))
+    ap.add_argument("--keep", help="an earlier results file whose configs this run does not measure stay in --output")
     args = ap.parse_args(argv)
     if args.samples % MICRO:
         ap.error(f"--samples must be a multiple of {MICRO} (the micro-batch), got {args.samples}")
-    res = {"stamp": run_stamp("benchmarks.packing", argv), "repeats": args.repeats, "configs": {}, "details": {}}
+    stamp = dict(run_stamp("benchmarks.packing", argv), repeats=args.repeats, code=code_version())
+    res = {"stamp": stamp, "configs": {}, "details": {}, "stamps": {}}
+    if args.keep:
+        res = kept(args.keep, res, args.configs)
     with tempfile.TemporaryDirectory() as folder:
         for name in args.configs:
+            res["stamps"][name] = stamp
             for kind in args.kinds:
                 d = measure(name, kind, args.samples, args.max_len, args.repeats, folder, args.threads)
                 res["details"].setdefault(name, {})[kind] = d
                 res["configs"].setdefault(name, {})[kind] = summary(d)
                 print(name, kind, res["configs"][name][kind], flush=True)
                 write_results(args.output, res, markdown(res))  # after each workload: a long run keeps its part
+    return res
+
+
+def kept(path: str, res: dict, measured: List[str]) -> dict:
+    """res with the configs of the results file `path` that are not in `measured`, each with its run
+    stamp (a file written before "stamps" existed: its one stamp and "repeats")."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+        for name in old["configs"]:
+            if name not in measured:
+                res["configs"][name], res["details"][name] = old["configs"][name], old["details"][name]
+                res["stamps"][name] = old["stamps"][name] if "stamps" in old else dict(old["stamp"],
+                                                                                       repeats=old["repeats"])
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"--keep {path}: not a benchmarks.packing results file ({type(e).__name__}: {e})")
     return res
 
 

@@ -25,14 +25,16 @@ def positions(b: int, s: int):
 def segment_bias(segments):
     """segments (B, S) int32, the sample each token of a packed row belongs to -> (B, 1, S, S)
     additive: 0 where the key is at or before the query and in the same sample, NEG_INF elsewhere.
-    The broadcasts are explicit (an implicit one keeps a buffer of its result's size alive)."""
+
+    Built as (key elsewhere) cast to fp32 times NEG_INF (-0.0 where kept: adding it changes no
+    score), one side's broadcast explicit: `ops.where(keep, 0.0, NEG_INF)` over implicit broadcasts
+    of both sides held 3.5 (B, S, S) fp32 buffers more in a differentiated graph
+    (`benchmarks/packing_memory.py`)."""
     b, s = segments.shape
     query = ops.broadcast_to(segments.reshape(b, s, 1), (b, s, s))
-    key = ops.broadcast_to(segments.reshape(b, 1, s), (b, s, s))
-    causal = ops.broadcast_to((ops.arange(s).reshape(s, 1) >= ops.arange(s).reshape(1, s)).reshape(1, s, s),
-                              (b, s, s))
-    keep = ops.logical_and(query == key, causal)
-    return ops.where(keep, 0.0, NEG_INF).astype(ms.float32).reshape(b, 1, s, s)
+    after = (ops.arange(s).reshape(s, 1) < ops.arange(s).reshape(1, s)).reshape(1, s, s)  # the key follows the query
+    elsewhere = ops.logical_or(query != segments.reshape(b, 1, s), after)  # (B, S, S) bool
+    return (elsewhere.astype(ms.float32) * NEG_INF).reshape(b, 1, s, s)
 
 
 # How packed rows keep samples apart (`mindgrpo/grpo/packing.py` makes the matching runs input):

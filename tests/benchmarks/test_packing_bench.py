@@ -1,8 +1,11 @@
-"""benchmarks.packing's workload and result layout (no run: its sides compile for minutes)."""
+"""benchmarks.packing's workload, result layout and --keep (no run: its sides compile for minutes)."""
+
+import json
 
 import numpy as np
+import pytest
 
-from benchmarks.packing import SIDES, padded_len, summary, workload
+from benchmarks.packing import SIDES, kept, markdown, padded_len, summary, workload
 
 
 def test_the_long_tail_has_mean_about_0_3_of_max_and_reaches_max():
@@ -27,3 +30,40 @@ def test_the_summary_has_the_issues_keys():
     details = {side: {"step_s": float(i + 1), "peak_rss_gb": 10.0 + i} for i, side in enumerate(SIDES)}
     assert summary(details) == {"padded_s": 1.0, "budget_s": 2.0, "packed_s": 3.0, "trl_s": 4.0,
                                 "padded_peak_rss_gb": 10.0, "packed_peak_rss_gb": 12.0}
+
+
+def _details(value):
+    side = {"step_s": value, "peak_rss_gb": value, "vs_padded": 1.0, "shapes": [[4, 576, 4]]}
+    work = {"samples": 32, "response_mean": 165.0, "response_max": 512, "padded_len": 576, "tokens": 7900}
+    return {"longtail": dict({s: dict(side) for s in SIDES}, workload=work)}
+
+
+def test_keep_carries_the_configs_this_run_does_not_measure_with_their_own_stamps(tmp_path):
+    old_stamp = {"command": "python -m benchmarks.packing --configs a", "date": "2026-11-25", "machine": "m",
+                 "load_average": "0.1 0.2 0.3"}
+    stored = {"stamp": old_stamp, "repeats": 3,  # the layout before per-config stamps
+              "configs": {"a": {"longtail": summary(_details(1.0)["longtail"])},
+                          "b": {"longtail": summary(_details(2.0)["longtail"])}},
+              "details": {"a": _details(1.0), "b": _details(2.0)}}
+    path = tmp_path / "update.json"
+    path.write_text(json.dumps(stored))
+    new_stamp = dict(old_stamp, command="python -m benchmarks.packing --configs b", date="2026-11-26", repeats=2)
+    res = kept(str(path), {"stamp": new_stamp, "configs": {}, "details": {}, "stamps": {}}, ["b"])
+    assert list(res["configs"]) == ["a"] and res["details"]["a"] == stored["details"]["a"]
+    assert res["stamps"] == {"a": dict(old_stamp, repeats=3)}
+    res["configs"]["b"], res["details"]["b"], res["stamps"]["b"] = {"longtail": summary(_details(5.0)["longtail"])}, \
+        _details(5.0), new_stamp
+    table = markdown(res)
+    assert "a: `python -m benchmarks.packing --configs a` on 2026-11-25" in table and "3 rounds" in table
+    assert "b: `python -m benchmarks.packing --configs b` on 2026-11-26" in table and "2 rounds" in table
+    assert "| a | longtail | 1.00 |" in table and "| b | longtail | 5.00 |" in table
+    # a file of the new layout keeps its per-config stamps
+    path.write_text(json.dumps(res))
+    assert kept(str(path), {"configs": {}, "details": {}, "stamps": {}}, ["a"])["stamps"] == {"b": new_stamp}
+
+
+def test_keep_refuses_a_file_that_is_not_a_results_file_naming_it(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"configs": {"a": {}}}))
+    with pytest.raises(SystemExit, match=f"--keep {path}: not a benchmarks.packing results file"):
+        kept(str(path), {"configs": {}, "details": {}, "stamps": {}}, [])

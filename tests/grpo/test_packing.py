@@ -9,6 +9,9 @@ loss aggregation mode, the log-probs, loss, metrics, gradient norm and updated w
 1e-5 (fp32).
 """
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -260,6 +263,113 @@ def test_update_matches_the_padded_path_for_every_aggregation_mode(scored, mode)
             assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), (name, key)
         for n, value in weights.items():
             np.testing.assert_allclose(mine[n], value, rtol=0, atol=1e-5, err_msg=f"{name} {n}")
+
+
+def test_the_block_diagonal_bias_is_causal_within_each_sample():
+    from mindspore import Tensor, nn
+
+    from mindgrpo.models.qwen2 import NEG_INF
+    from mindgrpo.models.scoring import segment_bias
+
+    class Bias(nn.Cell):
+        def construct(self, segments):
+            return segment_bias(segments)
+
+    segments = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], np.int32)
+    got = Bias()(Tensor(segments)).asnumpy()
+    assert got.shape == (2, 1, 6, 6) and got.dtype == np.float32
+    i, j = np.arange(6)[:, None], np.arange(6)[None, :]
+    for row, seg in zip(got[:, 0], segments):
+        keep = (seg[:, None] == seg[None, :]) & (j <= i)
+        np.testing.assert_array_equal(row, np.where(keep, 0.0, NEG_INF))  # -0.0 == 0.0
+
+
+# The memory a differentiated graph over packed rows holds against one over right-padded rows of the
+# same shape (4 rows of 1024 tokens, 4 samples per packed row, the same number of scored tokens). The
+# packed one needs its block-diagonal bias (rows, 1, S, S), where the padded one has a causal (1, 1, S, S):
+# it may hold that bias in fp32 and its bool mask (5 bytes per (rows, S, S) element), not the 27 bytes
+# per element that `where` over broadcast segments held. On the benchmark's workloads the packed
+# rows' fewer scored tokens more than pay for it (benchmarks/packing_memory.py). One process per side;
+# graph code compiles from a file.
+GRAPH_MEMORY = """
+import sys
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.models.scoring import PackedTokenLogProbs, TokenLogProbs
+
+ms.set_context(mode=ms.GRAPH_MODE)
+ROWS, S, PER_ROW, SCORED = 4, 1024, 4, 64  # each packed sample: S / PER_ROW tokens, its last SCORED scored
+CFG = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, max_position_embeddings=S)
+
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
+
+
+class Total(nn.Cell):
+    def __init__(self, scorer):
+        super().__init__(auto_prefix=False)
+        self.scorer = scorer
+
+    def construct(self, *inputs):
+        return self.scorer(*inputs)[0].sum()
+
+
+class Grad(nn.Cell):
+    def __init__(self, scorer, lm):
+        super().__init__(auto_prefix=False)
+        self.grad = ms.value_and_grad(Total(scorer), None, lm.trainable_params())
+
+    def construct(self, *inputs):
+        return self.grad(*inputs)[0]
+
+
+def inputs(packed, s):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(2, 64, (ROWS, s)).astype(np.int32)
+    n = s // PER_ROW
+    scored = min(SCORED, n - 1)
+    if not packed:  # the same scored count: PER_ROW * scored at the end of each row
+        pos = np.broadcast_to(np.arange(s - PER_ROW * scored - 1, s - 1), (ROWS, PER_ROW * scored))
+        return ids, pos.astype(np.int32), rng.integers(2, 64, pos.shape).astype(np.int32)
+    positions = np.tile(np.arange(n), (ROWS, PER_ROW)).astype(np.int32)
+    segments = np.repeat(np.arange(1, PER_ROW + 1), n)[None].repeat(ROWS, 0).astype(np.int32)
+    starts = np.arange(ROWS * PER_ROW) * n  # each sample's first token in ROWS * s
+    tokens = (starts[:, None] + np.arange(n - scored - 1, n - 1)).reshape(-1).astype(np.int32)
+    slots = np.arange(tokens.size).reshape(ROWS * PER_ROW, scored).astype(np.int32)
+    return ids, positions, segments, tokens, rng.integers(2, 64, tokens.size).astype(np.int32), slots
+
+
+packed = sys.argv[1] == "packed"
+lm = Qwen2ForCausalLM(CFG, seed=0)
+make = (lambda: PackedTokenLogProbs(lm)) if packed else (lambda: TokenLogProbs(lm))
+Grad(make(), lm)(*map(Tensor, inputs(packed, 32))).asnumpy()  # the runtime's own start-up, not counted
+graph, feed = Grad(make(), lm), tuple(map(Tensor, inputs(packed, S)))
+base = rss()
+graph(*feed).asnumpy()
+print(rss() - base)
+"""
+
+
+def test_a_differentiated_graph_on_packed_rows_holds_only_its_bias_beyond_padded_rows(tmp_path):
+    script = tmp_path / "graph_memory.py"
+    script.write_text(GRAPH_MEMORY)
+    held = {}
+    for side in ("padded", "packed"):
+        run = subprocess.run([sys.executable, str(script), side], capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        held[side] = int(run.stdout.split()[-1])
+    element = 4 * 1024 * 1024  # (rows, S, S)
+    assert held["padded"] >= 2 * (2 * element * 4), held  # it sees the attention's scores, (rows, nh, S, S) fp32
+    # measured 4.64 bytes per element (2026-11-26); 6 leaves room for the noise of RSS readings (~2 MB)
+    assert held["packed"] - held["padded"] <= 6 * element, (held, (held["packed"] - held["padded"]) / element)
 
 
 def test_flash_attention_is_refused_off_ascend_naming_the_key():
