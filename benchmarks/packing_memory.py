@@ -8,7 +8,8 @@ The workload, models and batching are `benchmarks.packing`'s (`build_side`). Eac
 (the reference log-probs, then one optimizer step over every sample) and reads its resident memory
 (VmRSS, GB = 10^9 bytes) after the models are built, after every micro-batch's graph call (the first
 call of a shape compiles it; MindSpore's CPU runtime keeps each compiled graph's buffers while its
-cell lives) and after each step; the peak is VmHWM at the end. So a side's memory splits into
+cell lives) and after each step; the peak is VmHWM at the end (in GB here too; benchmarks.packing
+reports it in GiB). So a side's memory splits into
     models      both models' parameters (and the gradient buffers and AdamW moments once they are written)
     reference   what the reference pass's first step adds: its graphs, one per micro-batch shape
     update      what the update's first step adds: its graphs, the gradients and moments written first
@@ -32,7 +33,7 @@ SIDES = ("padded", "budget", "packed")
 
 def side_worker(conn, name: str, side: str, kind: str, samples: int, max_len: int) -> None:
     """A `benchmarks.workers` side: two steps, the resident memory read after each graph call; sends
-    the readings [(phase, step, micro-batch shape or None, GB)] and the peak (GiB, as benchmarks.packing)."""
+    the readings [(phase, step, micro-batch shape or None, GB)] and the peak (GB)."""
     from mindgrpo.grpo.packing import plan
 
     prompts, responses, adv = workload(kind, samples, max_len, ALL_CONFIGS[name]["vocab_size"])
@@ -60,7 +61,7 @@ def side_worker(conn, name: str, side: str, kind: str, samples: int, max_len: in
         readings.append(("reference done", step[0], None, rss_gb()))
         updater.update(exp, lr=LR)
         readings.append(("update done", step[0], None, rss_gb()))
-    conn.send((readings, peak_rss_gb()))
+    conn.send((readings, peak_rss_gb() * 2 ** 30 / 1e9))
 
 
 def split(readings: List[tuple]) -> dict:
@@ -87,16 +88,16 @@ def markdown(res: dict) -> str:
              f"`{s['command']}` on {s['machine']}, load average {s['load_average']}, {res['code']}.",
              "Resident memory (GB = 10^9 bytes) each side's process holds after its models are built, and what the "
              "first step's reference pass and update add (their compiled graphs; the update also writes the "
-             "gradient buffers and AdamW's moments), what the second step adds, and the process peak (VmHWM, GiB, "
-             "as `benchmarks/results/update.md`).", "",
-             "| config | workload | side | models | + reference | + update | + step 2 | held | peak GiB |",
+             "gradient buffers and AdamW's moments), what the second step adds, and the process peak (VmHWM; "
+             "`benchmarks/results/update.md` gives it in GiB).", "",
+             "| config | workload | side | models | + reference | + update | + step 2 | held | peak |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, kinds in res["configs"].items():
         for kind, sides in kinds.items():
             for side, d in sides.items():
                 held = d["models_gb"] + d["reference_gb"] + d["update_gb"] + d["step2_gb"]
                 lines.append(f"| {name} | {kind} | {side} | {d['models_gb']:.3f} | {d['reference_gb']:+.3f} | "
-                             f"{d['update_gb']:+.3f} | {d['step2_gb']:+.3f} | {held:.3f} | {d['peak_rss_gb']:.3f} |")
+                             f"{d['update_gb']:+.3f} | {d['step2_gb']:+.3f} | {held:.3f} | {d['peak_gb']:.3f} |")
     lines += ["", "What the first call of each micro-batch shape (rows, length, samples, scored tokens) added, GB:", ""]
     for name, kinds in res["configs"].items():
         for kind, sides in kinds.items():
@@ -123,7 +124,7 @@ def main(argv=None) -> dict:
                     w = sides.start(side_worker, name, side, kind, args.samples, args.max_len)
                     readings, peak = w.recv()
                     w.recv()  # the worker's own peak message as it ends
-                d = dict(split(readings), peak_rss_gb=peak, readings=readings)
+                d = dict(split(readings), peak_gb=peak, readings=readings)
                 res["configs"].setdefault(name, {}).setdefault(kind, {})[side] = d
                 print(name, kind, side, {k: round(v, 3) for k, v in d.items() if k.endswith("_gb")}, flush=True)
                 write_results(args.output, res, markdown(res))
