@@ -67,3 +67,20 @@ def test_keep_refuses_a_file_that_is_not_a_results_file_naming_it(tmp_path):
     path.write_text(json.dumps({"configs": {"a": {}}}))
     with pytest.raises(SystemExit, match=f"--keep {path}: not a benchmarks.packing results file"):
         kept(str(path), {"configs": {}, "details": {}, "stamps": {}}, [])
+
+
+def test_packing_memory_splits_a_sides_readings_by_phase_and_new_shape():
+    from benchmarks.packing_memory import split
+
+    a, b = [4, 576, 4, 2048], [3, 128, 3, 160]
+    readings = [("models", 0, None, 1.0),
+                ("reference", 1, a, 1.5), ("reference", 1, b, 1.75), ("reference done", 1, None, 1.75),
+                ("update", 1, a, 2.5), ("update", 1, a, 2.5), ("update", 1, b, 3.0), ("update done", 1, None, 3.25),
+                ("reference", 2, a, 3.25), ("reference done", 2, None, 3.25), ("update", 2, a, 3.25),
+                ("update done", 2, None, 3.5)]
+    got = split(readings)
+    assert (got["models_gb"], got["reference_gb"], got["update_gb"], got["step2_gb"]) == (1.0, 0.75, 1.5, 0.25)
+    assert got["per_shape"] == [{"phase": "reference", "shape": a, "added_gb": 0.5},
+                                {"phase": "reference", "shape": b, "added_gb": 0.25},
+                                {"phase": "update", "shape": a, "added_gb": 0.75},
+                                {"phase": "update", "shape": b, "added_gb": 0.5}]
