@@ -26,8 +26,9 @@ it in turn, the two alternated step by step for --repeats rounds (`measure`):
           completions right-padded to the batch's longest), grad clip, its AdamW; loss_type dapo (a
           token mean over the whole batch); TRL's defaults otherwise (gradient checkpointing on)
 Seconds are medians of the rounds (padded's over all its rounds; the ratios against padded from the
-rounds beside it); peak RSS is each process's VmHWM at the end (the warm-up's compiles included). Writes --output (`{"configs": {NAME: {"longtail": {...}, "equal": {...}}}}`, the
-details beside, each config's run stamp in "stamps") and a markdown table with the same name.
+rounds beside it); peak RSS is each process's VmHWM at the end (the warm-up's compiles included).
+Writes --output (`{"configs": {NAME: {"longtail": {...}, "equal": {...}}}}`, the details beside,
+each config's run stamp in "stamps") and a markdown table with the same name.
 --keep FILE: the configs of an earlier results file that this run does not measure are kept in
 --output beside the new ones, with their own run stamps (one config at a time into one table).
 """
