@@ -25,10 +25,13 @@ from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
 from parallel_cases import CFG4, SEED, token_batch  # noqa: E402
+from worker_clock import Clock  # noqa: E402
 
+clock = Clock("four_ranks")
 out_dir = sys.argv[1]
 train, infer, tp4 = ParallelLayout(dp=2, tp=2), ParallelLayout(dp=4, tp=1), ParallelLayout(dp=1, tp=4)
 comm = init_comm(train=train, infer=infer)
+clock.mark("init")
 arrays, metrics = {}, {}
 shapes = expected_shapes(CFG4)
 
@@ -41,8 +44,10 @@ for key, layout in (("dp4", infer), ("tp4", tp4)):
     metrics[key] = Reshard(policy, dst, train, layout, comm, shapes)()
     for name, p in named_parameters(dst).items():
         arrays[f"{key}/{name}"] = p.asnumpy()
+    clock.mark(f"reshard to {key}")
 ids, mask, _, _ = token_batch()
 arrays["logits_tp4"] = SequenceLogits(dst)(Tensor(ids), Tensor(mask)).asnumpy()
+clock.mark("tp4 logits")
 
 np.savez(os.path.join(out_dir, f"rank_{comm.rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{comm.rank}.json"), "w") as f:

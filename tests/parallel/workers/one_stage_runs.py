@@ -12,6 +12,7 @@ import os
 import sys
 
 from scripts import grpo_one_stage
+from worker_clock import Clock
 
 TP2 = ["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"]
 PP2 = ["actor_config.parallel_config.pipeline_stage=2", "generate_config.parallel_config.data_parallel=2"]
@@ -31,9 +32,11 @@ out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
 unknown = [n for n in names if n not in RUNS]
 if unknown:
     sys.exit(f"one_stage_runs.py: unknown runs {unknown}; valid: {sorted(RUNS)}")
+clock = Clock("one_stage_runs")
 for name in names:
     for flags, more in RUNS[name]:
         code = grpo_one_stage.main(["--use_parallel", "True", *flags, "--output_dir", os.path.join(out, name),
                                     *overrides, *more])
         if code:
             sys.exit(code)
+        clock.mark(" ".join([name, *flags]))
