@@ -10,6 +10,7 @@ inference (dp4, tp1); a Qwen3's update through (dp1, tp2, pp2).
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics).
 """
 
+import gc
 import json
 import os
 import sys
@@ -37,6 +38,10 @@ from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 from parallel_cases import CFG_PP, CFG_PP_QWEN3, LOSS, SEED, experience_arrays, prompts, updater_kwargs  # noqa: E402
 from parallel_cases import sampling_logprobs  # noqa: E402
 from worker_clock import Clock  # noqa: E402
+
+# what the imports made stays out of the full collection MindSpore runs before each compile (tests/conftest.py)
+gc.collect()
+gc.freeze()
 
 clock = Clock("pipeline_ranks")
 out_dir = sys.argv[1]
