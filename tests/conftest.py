@@ -39,8 +39,9 @@ def pytest_collection_finish(session):
     """Leave what collection made (every test module and what they import: torch, transformers, trl,
     MindSpore; ~575k objects for the whole suite) out of every later garbage collection. MindSpore runs a
     full gc.collect() before it compiles each graph, which then takes ~0.6 s per graph in a test process:
-    20 compiles of a one-op cell took 8 s of CPU, 0.7 s after gc.freeze(). Only live objects are frozen
-    (garbage is collected first), and those live for the session anyway."""
+    20 compiles of a one-op cell took 8 s of CPU, 0.7 s after gc.freeze(); tests/models/test_qwen2_parity.py
+    (the suite collected, -k) 236 s of user CPU against 262 and 262 without, run alternately at load 5-7.
+    Only live objects are frozen (garbage is collected first), and those live for the session anyway."""
     gc.collect()
     gc.freeze()
 
