@@ -27,13 +27,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
-from benchmarks.harness import (RESULTS, code_version, peak_since_reset_gb, reset_peak_rss, rss_gb, run_stamp,
-                                write_results)
-from benchmarks.update_sides import BETA, G, MICRO_BATCH, PROMPT_LENGTHS, RESPONSE
+from benchmarks.harness import RESULTS, code_version, run_stamp, write_results
+from benchmarks.update_sides import (BETA, G, MICRO_BATCH, PROMPT_LENGTHS, RESPONSE, make_engine, make_updater,
+                                     part_recorder, step_workload)
 from benchmarks.workers import Workers
 
 SIDES = ("keep", "release")
@@ -43,31 +42,15 @@ def side(conn, layers: int, vocab: int, steps: int, release: bool) -> None:
     """A `benchmarks.workers` side: builds, then runs the steps; one record per part, then "done"."""
     import mindspore as ms
 
-    from mindgrpo.grpo.actor import PolicyUpdater, Scorer
+    from mindgrpo.grpo.actor import Scorer
     from mindgrpo.grpo.experience import pack
-    from mindgrpo.grpo.ms_objective import GRPOLoss
-    from mindgrpo.inference.engine import RolloutEngine
-    from mindgrpo.inference.sampling import SamplingParams
-    from mindgrpo.models.presets import preset_config
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
     from mindgrpo.parallel.weight_sync import WeightSync
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
-    positions = max(PROMPT_LENGTHS) + RESPONSE + 64
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(1, vocab, n).tolist() for n in PROMPT_LENGTHS]
+    cfg, positions, prompts, params, rng = step_workload(layers, vocab)
     advantages = rng.standard_normal(len(prompts) * G).astype(np.float32)
-    params = SamplingParams(max_tokens=RESPONSE, n=G, ignore_stop=True, seed=0)
-
-    def part(name, fn):
-        before = rss_gb()
-        reset_peak_rss()
-        t0 = time.perf_counter()
-        out = fn()
-        conn.send({"part": name, "seconds": time.perf_counter() - t0, "before_gb": before,
-                   "peak_gb": peak_since_reset_gb(), "after_gb": rss_gb()})
-        return out
+    part = part_recorder(conn)
 
     def build():
         policy = Qwen2ForCausalLM(cfg, seed=0, max_positions=positions)
@@ -76,10 +59,7 @@ def side(conn, layers: int, vocab: int, steps: int, release: bool) -> None:
         reference = Qwen2ForCausalLM(cfg, seed=0, max_positions=positions)
         for p in reference.get_parameters():
             p.requires_grad = False
-        engine = RolloutEngine(inference, max_num_seqs=len(prompts) * G, max_model_len=max(PROMPT_LENGTHS) + RESPONSE)
-        updater = PolicyUpdater(policy, GRPOLoss(beta=BETA, kl_kind="k3"), micro_batch_size=MICRO_BATCH,
-                                detach_old=True, use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                                grad_clip=1.0)
+        engine, updater = make_engine(inference, prompts), make_updater(policy)
         return engine, Scorer(reference, MICRO_BATCH), updater, sync
 
     engine, scorer, updater, sync = part("build", build)

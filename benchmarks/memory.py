@@ -30,13 +30,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
-from benchmarks.harness import (RESULTS, code_version, peak_since_reset_gb, reset_peak_rss, rss_gb, run_stamp,
-                                write_results)
-from benchmarks.update_sides import BETA, G, MICRO_BATCH, PROMPT_LENGTHS, RESPONSE
+from benchmarks.harness import RESULTS, code_version, rss_gb, run_stamp, write_results
+from benchmarks.update_sides import (BETA, G, MICRO_BATCH, PROMPT_LENGTHS, RESPONSE, make_engine, make_updater,
+                                     part_recorder, step_workload)
 from benchmarks.workers import Workers
 
 FULL_LAYERS = 24  # Qwen2.5-0.5B
@@ -46,30 +45,15 @@ def side(conn, layers: int, vocab: int, recompute: bool, chunk: int) -> None:
     """A `benchmarks.workers` side: every part in turn; sends one record per part, then "done"."""
     import mindspore as ms
 
-    from mindgrpo.grpo.actor import PolicyUpdater, Scorer
+    from mindgrpo.grpo.actor import Scorer
     from mindgrpo.grpo.experience import pack
-    from mindgrpo.grpo.ms_objective import GRPOLoss
-    from mindgrpo.inference.engine import RolloutEngine
-    from mindgrpo.inference.sampling import SamplingParams
-    from mindgrpo.models.presets import preset_config
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
     from mindgrpo.parallel.weight_sync import WeightSync
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
-    positions = max(PROMPT_LENGTHS) + RESPONSE + 64
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(1, vocab, n).tolist() for n in PROMPT_LENGTHS]
-    params = SamplingParams(max_tokens=RESPONSE, n=G, ignore_stop=True, seed=0)
+    cfg, positions, prompts, params, rng = step_workload(layers, vocab)
     state = {}
-
-    def part(name, fn):
-        before = rss_gb()
-        reset_peak_rss()
-        t0 = time.perf_counter()
-        fn()
-        conn.send({"part": name, "seconds": time.perf_counter() - t0, "before_gb": before,
-                   "peak_gb": peak_since_reset_gb(), "after_gb": rss_gb()})
+    part = part_recorder(conn)
 
     def experience():
         done = state["completions"]
@@ -91,8 +75,7 @@ def side(conn, layers: int, vocab: int, recompute: bool, chunk: int) -> None:
     part("inference", inference)
 
     def first_generate():
-        state["engine"] = RolloutEngine(state["inference"], max_num_seqs=len(prompts) * G,
-                                        max_model_len=max(PROMPT_LENGTHS) + RESPONSE)
+        state["engine"] = make_engine(state["inference"], prompts)
         state["completions"] = state["engine"].generate(prompts, params)
 
     part("generate (1st)", first_generate)
@@ -108,10 +91,8 @@ def side(conn, layers: int, vocab: int, recompute: bool, chunk: int) -> None:
     part("reference", reference)
     part("reference scoring (1st)", score)
     part("reference scoring (2nd)", score)
-    part("grads + AdamW", lambda: state.update(updater=PolicyUpdater(
-        state["policy"], GRPOLoss(beta=BETA, kl_kind="k3"), micro_batch_size=MICRO_BATCH, detach_old=True,
-        use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0, chunk=chunk,
-        recompute=recompute)))
+    part("grads + AdamW", lambda: state.update(updater=make_updater(state["policy"], chunk=chunk,
+                                                                    recompute=recompute)))
     part("update (1st)", lambda: state["updater"].update(state["exp"], lr=1e-6))
     part("update (2nd)", lambda: state["updater"].update(state["exp"], lr=1e-6))
     part("sync", lambda: state["sync"]())

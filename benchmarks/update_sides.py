@@ -1,13 +1,15 @@
 """The issue-20 update workload on the Qwen2.5-0.5B shape, shared by the memory benchmarks: its
 constants, its experience, and one side per process that builds the policy with given
 `PolicyUpdater` options and runs updates on request (`benchmarks/recompute.py`,
-`benchmarks/layerwise.py`; `benchmarks/memory.py` and `graph_release.py` use the constants).
+`benchmarks/layerwise.py`), and the parts of a whole step (`benchmarks/memory.py`, `graph_release.py`).
 
 Workload: 4 GSM8K prompts of 157, 118, 149 and 127 tokens (the qwen_r1 template, Qwen2.5 tokens)
 x G = 4, 128 response tokens each, micro-batches of 4 rows, beta 0.04 with given reference log-probs.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -30,13 +32,55 @@ def experience(vocab: int, prompt_lengths=PROMPT_LENGTHS):
     return exp
 
 
+def step_workload(layers: int, vocab: int):
+    """A whole step's inputs: the model config, the positions its models hold, the prompts' token ids,
+    the sampling parameters (G samples of RESPONSE forced tokens) and the random generator that made
+    the prompts (the caller draws its advantages from it)."""
+    from mindgrpo.inference.sampling import SamplingParams
+    from mindgrpo.models.presets import preset_config
+
+    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, vocab, n).tolist() for n in PROMPT_LENGTHS]
+    params = SamplingParams(max_tokens=RESPONSE, n=G, ignore_stop=True, seed=0)
+    return cfg, max(PROMPT_LENGTHS) + RESPONSE + 64, prompts, params, rng
+
+
+def make_engine(inference, prompts):
+    """The rollout engine for the workload: a slot per sample."""
+    from mindgrpo.inference.engine import RolloutEngine
+
+    return RolloutEngine(inference, max_num_seqs=len(prompts) * G, max_model_len=max(PROMPT_LENGTHS) + RESPONSE)
+
+
+def make_updater(policy, **options):
+    """The workload's PolicyUpdater (GRPO loss with a k3 KL to given reference log-probs, AdamW)."""
+    from mindgrpo.grpo.actor import PolicyUpdater
+    from mindgrpo.grpo.ms_objective import GRPOLoss
+
+    return PolicyUpdater(policy, GRPOLoss(beta=BETA, kl_kind="k3"), micro_batch_size=MICRO_BATCH, detach_old=True,
+                         use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0, **options)
+
+
+def part_recorder(conn):
+    """part(name, fn): runs fn and sends the part's seconds, the resident memory before and after it and
+    its peak in between; returns what fn returns."""
+    def part(name, fn):
+        before = rss_gb()
+        reset_peak_rss()
+        t0 = time.perf_counter()
+        out = fn()
+        conn.send({"part": name, "seconds": time.perf_counter() - t0, "before_gb": before,
+                   "peak_gb": peak_since_reset_gb(), "after_gb": rss_gb()})
+        return out
+    return part
+
+
 def side(conn, layers: int, vocab: int, prompt_lengths, options: dict) -> None:
     """A `benchmarks.workers` side: builds the policy, its gradient buffers and AdamW with the given
     PolicyUpdater options, then runs one update per "update" message."""
     import mindspore as ms
 
-    from mindgrpo.grpo.actor import PolicyUpdater
-    from mindgrpo.grpo.ms_objective import GRPOLoss
     from mindgrpo.models.presets import preset_config
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
@@ -44,9 +88,7 @@ def side(conn, layers: int, vocab: int, prompt_lengths, options: dict) -> None:
     cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
     exp = experience(vocab, prompt_lengths)
     lm = Qwen2ForCausalLM(cfg, seed=0, max_positions=exp.input_ids.shape[1])
-    updater = PolicyUpdater(lm, GRPOLoss(beta=BETA, kl_kind="k3"), micro_batch_size=MICRO_BATCH, detach_old=True,
-                            use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
-                            **options)
+    updater = make_updater(lm, **options)
     conn.send({"built_gb": rss_gb(), "params": int(sum(p.size for p in updater.params))})
     while conn.recv() == "update":
         before = rss_gb()
