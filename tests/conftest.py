@@ -1,23 +1,27 @@
+import gc
 import os
 
 import pytest
 
-# The test files that take longest (seconds in the fresh-clone CI of 2026-11-25 on 2 cores), run
-# first: with `-n 2 --dist loadfile` a file runs whole on one worker, so a long file started late
-# leaves the other worker idle at the end. Longest first keeps both busy. Files not named here
-# follow in collection order; a name that no longer exists is ignored.
+# The test files that take longest, run first: with `-n 2 --dist loadfile` a file runs whole on one
+# worker, so a long file started late leaves the other worker idle at the end. Longest first keeps both
+# busy. Files not named here follow in collection order (tests/test_suite.py checks that these exist).
+# xdist hands a worker its next file as soon as fewer than three of its tests are pending: the worker
+# that takes test_learning.py (two tests) takes test_pipeline.py with it at the start, so the two msrun
+# jobs (2 and 4 ranks) run at the same time only if the learning test ends before the 2-rank job.
+# Seconds: the fresh-clone CI of e99273b (2026-11-26, -n 2, 2 cores), else of 2026-11-25.
 HEAVY_FIRST = (
-    "tests/parallel/test_msrun.py",  # ~900: the 2-rank job
-    "tests/grpo/test_learning.py",  # ~750
-    "tests/parallel/test_pipeline.py",  # ~540: the 4-rank job
-    "tests/grpo/test_chaos.py",  # ~210
-    "tests/grpo/test_trainer_run.py",  # ~200
-    "tests/parallel/test_launch.py",  # ~140
-    "tests/inference/test_engine.py",  # ~130
-    "tests/benchmarks/test_rollout_smoke.py",  # ~130
+    "tests/parallel/test_msrun.py",  # 760: the 2-rank job
+    "tests/grpo/test_learning.py",  # 1230 (450 alone)
+    "tests/parallel/test_pipeline.py",  # 500: the 4-rank job
+    "tests/grpo/test_chaos.py",  # 205
+    "tests/grpo/test_trainer_run.py",  # over 170
+    "tests/parallel/test_launch.py",  # over 140
+    "tests/inference/test_engine.py",  # over 170
+    "tests/benchmarks/test_rollout_smoke.py",  # 174
     "tests/models/test_qwen2_parity.py",  # ~130
     "tests/models/test_qwen3_parity.py",  # ~60 (135 under load)
-    "tests/grpo/test_packing.py",  # ~90
+    "tests/grpo/test_packing.py",  # over 90
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,6 +33,17 @@ def pytest_configure(config):
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
+
+
+def pytest_collection_finish(session):
+    """Leave what collection made (every test module and what they import: torch, transformers, trl,
+    MindSpore; ~575k objects for the whole suite) out of every later garbage collection. MindSpore runs a
+    full gc.collect() before it compiles each graph, which then takes ~0.6 s per graph in a test process:
+    20 compiles of a one-op cell took 8 s of CPU, 0.7 s after gc.freeze(); tests/models/test_qwen2_parity.py
+    (the suite collected, -k) 236 s of user CPU against 262 and 262 without, run alternately at load 5-7.
+    Only live objects are frozen (garbage is collected first), and those live for the session anyway."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):

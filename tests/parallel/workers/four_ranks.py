@@ -6,6 +6,7 @@
 Writes OUT_DIR/rank_<k>.npz (weights after each resharding, logits) and OUT_DIR/rank_<k>.json.
 """
 
+import gc
 import json
 import os
 import sys
@@ -25,10 +26,17 @@ from mindgrpo.parallel.reshard import Reshard, named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
 from parallel_cases import CFG4, SEED, token_batch  # noqa: E402
+from worker_clock import Clock  # noqa: E402
 
+# what the imports made stays out of the full collection MindSpore runs before each compile (tests/conftest.py)
+gc.collect()
+gc.freeze()
+
+clock = Clock("four_ranks")
 out_dir = sys.argv[1]
 train, infer, tp4 = ParallelLayout(dp=2, tp=2), ParallelLayout(dp=4, tp=1), ParallelLayout(dp=1, tp=4)
 comm = init_comm(train=train, infer=infer)
+clock.mark("init")
 arrays, metrics = {}, {}
 shapes = expected_shapes(CFG4)
 
@@ -41,8 +49,10 @@ for key, layout in (("dp4", infer), ("tp4", tp4)):
     metrics[key] = Reshard(policy, dst, train, layout, comm, shapes)()
     for name, p in named_parameters(dst).items():
         arrays[f"{key}/{name}"] = p.asnumpy()
+    clock.mark(f"reshard to {key}")
 ids, mask, _, _ = token_batch()
 arrays["logits_tp4"] = SequenceLogits(dst)(Tensor(ids), Tensor(mask)).asnumpy()
+clock.mark("tp4 logits")
 
 np.savez(os.path.join(out_dir, f"rank_{comm.rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{comm.rank}.json"), "w") as f:

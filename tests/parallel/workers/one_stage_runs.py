@@ -8,10 +8,18 @@ opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1). opt_sh
 one step and resumes (--resume) for the second: its sharded checkpoint is read back by every rank.
 """
 
+import gc
 import os
 import sys
 
+import mindgrpo.grpo.builder  # noqa: F401  (imported by each run: here so that they are frozen below)
+import mindgrpo.grpo.trainer  # noqa: F401
 from scripts import grpo_one_stage
+from worker_clock import Clock
+
+# what the imports made stays out of the full collection MindSpore runs before each compile (tests/conftest.py)
+gc.collect()
+gc.freeze()
 
 TP2 = ["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"]
 PP2 = ["actor_config.parallel_config.pipeline_stage=2", "generate_config.parallel_config.data_parallel=2"]
@@ -31,9 +39,11 @@ out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
 unknown = [n for n in names if n not in RUNS]
 if unknown:
     sys.exit(f"one_stage_runs.py: unknown runs {unknown}; valid: {sorted(RUNS)}")
+clock = Clock("one_stage_runs")
 for name in names:
     for flags, more in RUNS[name]:
         code = grpo_one_stage.main(["--use_parallel", "True", *flags, "--output_dir", os.path.join(out, name),
                                     *overrides, *more])
         if code:
             sys.exit(code)
+        clock.mark(" ".join([name, *flags]))

@@ -10,10 +10,10 @@ inference (dp4, tp1); a Qwen3's update through (dp1, tp2, pp2).
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics).
 """
 
+import gc
 import json
 import os
 import sys
-import time
 
 import numpy as np
 import mindspore as ms
@@ -37,20 +37,20 @@ from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
 from parallel_cases import CFG_PP, CFG_PP_QWEN3, LOSS, SEED, experience_arrays, prompts, updater_kwargs  # noqa: E402
 from parallel_cases import sampling_logprobs  # noqa: E402
+from worker_clock import Clock  # noqa: E402
 
-T0 = time.time()
+# what the imports made stays out of the full collection MindSpore runs before each compile (tests/conftest.py)
+gc.collect()
+gc.freeze()
 
-
-def mark(what):
-    print(f"[{time.time() - T0:6.1f}s] {what}", flush=True)
-
-
+clock = Clock("pipeline_ranks")
 out_dir = sys.argv[1]
 TP_PP, DP_PP, PP4 = ParallelLayout(dp=1, tp=2, pp=2), ParallelLayout(dp=2, tp=1, pp=2), ParallelLayout(pp=4)
 DP4 = ParallelLayout(dp=4, tp=1)
 # the reference slot creates the (dp2, pp2) groups
 comm = init_comm(train=TP_PP, infer=DP4, ref=DP_PP, reshards=[(DP_PP, DP4), (PP4, DP4)])
 rank = comm.rank
+clock.mark("init")
 arrays, metrics = {}, {}
 shapes = expected_shapes(CFG_PP)
 
@@ -78,7 +78,7 @@ for key, layout in (("tp_pp", TP_PP), ("dp_pp", DP_PP), ("pp4", PP4)):
 PACKED = dict(max_tokens=64, packing=True)
 arrays["a/logp_tp_pp_packed"] = Scorer(stage_model(TP_PP), 3, pipeline=Pipeline(comm, TP_PP), **PACKED)(exp)
 
-mark("log-probs")
+clock.mark("(a) log-probs of four layouts")
 # (b) one GRPO update: micro-batches of 2 (four of them through the pipeline), clipping active
 policies = {}
 for key, layout, reducer, micro, batching in (
@@ -90,6 +90,7 @@ for key, layout, reducer, micro, batching in (
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
     policies[key] = lm
+    clock.mark(f"(b) update {key}")
 
 # a Qwen3 (QK-norm weights replicated over the tp pieces, in their layer's stage) through (dp1, tp2, pp2)
 lm = stage_model(TP_PP, cfg=CFG_PP_QWEN3)
@@ -97,7 +98,7 @@ updater = PolicyUpdater(lm, GRPOLoss(**LOSS), pipeline=Pipeline(comm, TP_PP), **
 metrics["update/qwen3_tp_pp"] = updater.update(exp, lr=1e-3)
 weights(lm, "b/qwen3_tp_pp")
 
-mark("updates")
+clock.mark("(b) update qwen3_tp_pp")
 # (c) resharding the updated stages into inference layouts, and greedy rollouts after one of them
 greedy = SamplingParams(max_tokens=8, temperature=0.0, n=2)
 for key, src_layout, dst_layout in (("tp_pp_to_dp4", TP_PP, DP4), ("dp_pp_to_dp4", DP_PP, DP4),
@@ -110,7 +111,7 @@ for key, src_layout, dst_layout in (("tp_pp_to_dp4", TP_PP, DP4), ("dp_pp_to_dp4
     if key == "tp_pp_to_dp4":  # the others' weights are checked bit for bit; a rollout compiles for ~25 s
         engine = DataParallelEngine(RolloutEngine(dst), comm, comm.dp_group(dst_layout))
         metrics[f"rollout/greedy/{key}"] = [c.token_ids for c in engine.generate(prompts(), greedy)]
-    mark(key)
+    clock.mark(f"(c) {key}")
 
 np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{rank}.json"), "w") as f:

@@ -8,6 +8,7 @@ Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics); the te
 """
 
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -37,19 +38,17 @@ from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
 from parallel_cases import CFG, CFG_QWEN3, LOSS, SEED, experience_arrays, prompts, token_batch  # noqa: E402
 from parallel_cases import sampling_logprobs, updater_kwargs  # noqa: E402
+from worker_clock import Clock  # noqa: E402
 
-import time  # noqa: E402
-T0 = time.time()
+# what the imports made stays out of the full collection MindSpore runs before each compile (tests/conftest.py)
+gc.collect()
+gc.freeze()
 
-
-def mark(what):
-    print(f"[{time.time() - T0:6.1f}s] {what}", flush=True)
-
-
+clock = Clock("two_ranks")
 out_dir, shards_dir = sys.argv[1], sys.argv[2]
 comm = init_comm(train=ParallelLayout(dp=1, tp=2), infer=ParallelLayout(dp=2, tp=1))
 rank = comm.rank
-mark("init")
+clock.mark("init")
 arrays, metrics = {}, {}
 
 
@@ -72,14 +71,14 @@ for key, lm in (("dense", dense), ("tp", tp)):
 logp, ent = TokenLogProbs(tp, chunk=5)(ids, pos, labels)  # the fused, chunked head over the vocab slice
 arrays["a/logp_tp_chunked"], arrays["a/ent_tp_chunked"] = logp.asnumpy(), ent.asnumpy()
 
-mark("logits")
+clock.mark("(a) logits, log-probs, entropy")
 # sampled rollouts of the tensor-parallel model (greedy ones after the update, below)
 engines = {"dense": RolloutEngine(dense), "tp": RolloutEngine(tp)}
 for key, engine in engines.items():
     comps = engine.generate(prompts(), SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=3))
     metrics[f"rollout/sampled/{key}"] = [c.token_ids for c in comps]
 
-mark("rollouts")
+clock.mark("sampled rollouts")
 # (b) one GRPO update: one device, training tp=2, training dp=2 (each rank a whole model)
 exp = pack(*experience_arrays())
 exp.sampling_logp = sampling_logprobs(exp.mask)  # the rollout engine's, for the mismatch
@@ -99,8 +98,8 @@ for key, lm, reducer, chunk, batching in (
                             **updater_kwargs(), **batching)
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
+    clock.mark(f"(b) update {key}")
 
-mark("updates")
 # (c) resharding: training (dp1, tp2) -> inference (dp2, tp1), then greedy rollouts
 inference = Qwen2ForCausalLM(CFG, seed=SEED + 1, max_positions=128)  # other values until the sync
 sync = Reshard(tp, inference, comm.train, comm.infer, comm, expected_shapes(CFG))
@@ -120,7 +119,7 @@ for key, engine in (("dp2", dp_engine), ("dp1", engines["dense"])):
     metrics[f"rollout/sampled_resharded/{key}"] = [c.token_ids for c in comps]
     arrays[f"c/sampled_logp_{key}"] = np.concatenate([c.logprobs for c in comps])
 
-mark("reshard+rollouts")
+clock.mark("(c) resharding and rollouts")
 # (a) shards written by scripts/transform_checkpoint.py, loaded into the tp=2 model
 load_shard(tp, os.path.join(shards_dir, f"rank_{rank}"))
 arrays["a/shard_logits"] = tp_logits(ids, mask).asnumpy()
@@ -137,7 +136,7 @@ inference3 = Qwen2ForCausalLM(CFG_QWEN3, seed=SEED + 1, max_positions=128)
 Reshard(qwen3["tp"], inference3, comm.train, comm.infer, comm, expected_shapes(CFG_QWEN3))()
 weights(inference3, "d/infer")
 
-mark("qwen3")
+clock.mark("(a) shards, (d) qwen3 updates and resharding")
 np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{rank}.json"), "w") as f:
     json.dump(metrics, f)
