@@ -120,8 +120,21 @@ def check_weight_paths(args) -> None:
             raise SetupError(f"{flag} {path}: no such file or folder")
 
 
+def check_compile_cache(args) -> None:
+    """MindSpore 2.10's compile cache finds a graph by the order in which the process compiles it, not
+    by what it computes (tests/test_environment.py pins it): a run that compiles in another order
+    than the run that filled the cache (a resumed run, another config, another version of this code)
+    would run other graphs, silently when their inputs match. The flag stays for command lines that
+    pass it off."""
+    if args.enable_compile_cache:
+        raise SetupError("--enable_compile_cache is refused: MindSpore 2.10's compile cache finds a graph by "
+                         "its order of compilation, not by what it computes, so a resumed run or another "
+                         "config could silently run other graphs")
+
+
 def run(args) -> int:
     check_weight_paths(args)
+    check_compile_cache(args)
     import mindspore as ms
 
     from mindgrpo.config import ConfigError
@@ -139,8 +152,6 @@ def run(args) -> int:
     rl = cfg.rl_config
     out = rl.output_dir
     ms.set_context(mode=ms.GRAPH_MODE)
-    if args.enable_compile_cache:
-        ms.set_context(enable_compile_cache=True, compile_cache_path=os.path.join(out, "compile_cache"))
 
     from mindgrpo.parallel.placement import placement_for
 

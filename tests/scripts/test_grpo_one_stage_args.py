@@ -1,4 +1,5 @@
-"""scripts/grpo_one_stage.py: a weights flag naming a missing path stops at once, naming the flag."""
+"""scripts/grpo_one_stage.py: a weights flag naming a missing path stops at once, naming the flag;
+--enable_compile_cache True is refused the same way."""
 
 import os
 
@@ -26,3 +27,10 @@ def test_a_path_that_is_not_loaded_is_not_checked(cli, tmp_path):
 
     args = cli.parse_args(["--sft_path_train", str(tmp_path / "nope"), "--load_sft_checkpoint_train", "False"])
     check_weight_paths(args)  # raises nothing: the weights are not read
+
+
+def test_the_compile_cache_is_refused_before_anything_is_made(cli, tmp_path, capsys):
+    assert cli.main(["--enable_compile_cache", "True", "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("grpo_one_stage: error: --enable_compile_cache is refused")
+    assert os.listdir(tmp_path) == []
