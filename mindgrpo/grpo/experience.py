@@ -78,17 +78,23 @@ class Experience:
 
 
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], advantages: np.ndarray,
-         pad_id: int = 0, step: int = 32, loss_mask: Optional[np.ndarray] = None,
+         pad_id: int = 0, step: int = 32, caps: Optional[tuple] = None, loss_mask: Optional[np.ndarray] = None,
          rollout_logp: Optional[Sequence[np.ndarray]] = None,
          sampling_logp: Optional[Sequence[np.ndarray]] = None) -> Experience:
-    """loss_mask (B,) bool: rows to train on (False rows get an all-zero mask, e.g. overlong
+    """Rows of S positions (the longest prompt + response rounded up to `step`) and R scored positions
+    (the longest response, rounded up). caps (S, R): the most the caller's data can need; a rounded-up
+    length beyond its cap is cut back to the cap (a caller whose batches all round up past the caps
+    compiles one shape, with less padding).
+    loss_mask (B,) bool: rows to train on (False rows get an all-zero mask, e.g. overlong
     filtering); default all. rollout_logp, sampling_logp: the engine's log-probs of each response's
     tokens (`Completion.logprobs`, `.sampling_logprobs`), laid out like labels."""
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses differ in length")
     b = len(prompts)
-    s = round_up(max(len(p) + len(r) for p, r in zip(prompts, responses)), step)
-    r_len = round_up(max(max(len(r) for r in responses), 1), step)
+    longest = max(len(p) + len(r) for p, r in zip(prompts, responses)), max(max(len(r) for r in responses), 1)
+    s, r_len = (round_up(n, step) for n in longest)
+    if caps is not None:
+        s, r_len = (max(min(n, cap), need) for n, cap, need in zip((s, r_len), caps, longest))
     input_ids = np.full((b, s), pad_id, np.int32)
     score_pos = np.zeros((b, r_len), np.int32)
     labels = np.zeros((b, r_len), np.int32)

@@ -16,7 +16,7 @@ import numpy as np
 
 from mindgrpo.data.synthetic import flawed_solution
 from mindgrpo.grpo.actor import PolicyUpdater
-from mindgrpo.grpo.experience import pack
+from mindgrpo.grpo.experience import pack, round_up
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptSource
@@ -50,6 +50,10 @@ def sft_warm_start(policy, prompts: PromptSource, tokenizer, *, steps: int, lr: 
     source = PromptSource({"prompt_ids": [np.array(i) for i in prompts.ids],
                            "prompt_length": [len(i) for i in prompts.ids], **prompts.columns}, seed=seed)
     teacher_rng = np.random.default_rng([seed, 1])
+    # no batch pads beyond the data's longest prompt + target (a flawed teacher's are no longer) rounded up
+    # to 8: on short, even data (the built-in task) one compiled shape with little padding
+    full = sft_targets(list(prompts.columns["answer"]), list(prompts.columns["solution"]), tokenizer)
+    caps = (round_up(max(len(p) + len(t) for p, t in zip(prompts.ids, full)), 8), round_up(max(map(len, full)), 8))
     t0, nll = time.perf_counter(), float("nan")
     for step in range(steps):
         batch = source.next(batch_size)
@@ -57,7 +61,7 @@ def sft_warm_start(policy, prompts: PromptSource, tokenizer, *, steps: int, lr: 
         if teacher_carry_error > 0:
             answers, solutions = zip(*(flawed_solution(a, teacher_rng, teacher_carry_error) for a in answers))
         targets = sft_targets(list(answers), list(solutions), tokenizer)
-        exp = pack(batch.ids, targets, np.ones(len(targets), np.float32), pad_id=tokenizer.pad_token_id)
+        exp = pack(batch.ids, targets, np.ones(len(targets), np.float32), pad_id=tokenizer.pad_token_id, caps=caps)
         m = updater.update(exp, lr_at(step, lr, steps, warmup_steps=max(1, steps // 10), schedule="cosine",
                                       min_lr=lr * 0.1))
         nll = m["nll"]  # of this batch, before its update
