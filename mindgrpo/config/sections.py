@@ -200,6 +200,7 @@ class RLConfig:
 
     @property
     def weight_sync_bucket_bytes(self) -> int:
+        """weight_sync_bucket_mb in bytes."""
         return int(self.weight_sync_bucket_mb * 2 ** 20)
 
     @property

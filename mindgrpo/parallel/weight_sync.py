@@ -14,7 +14,8 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 
 from mindgrpo.memory.swap import nbytes
-from mindgrpo.parallel.reshard_plan import layer_buckets, merge_buckets
+from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.reshard_plan import sync_buckets
 
 
 def named_parameters(model: nn.Cell) -> Dict[str, Parameter]:
@@ -48,14 +49,13 @@ class _CopyBucket(nn.Cell):
 class WeightSync:
     """Same-layout sync: dst parameters take the values of the src parameters of the same name,
     one bucket at a time; bucket_bytes: consecutive layer buckets joined up to this many bytes of
-    the destination's parameters (0: one per decoder layer)."""
+    fp32 parameters (0: one per decoder layer), as `reshard_plan.sync_buckets` and the memory plan."""
 
     def __init__(self, src: nn.Cell, dst: nn.Cell, memory=None, bucket_bytes: int = 0):
         src_p, dst_p = named_parameters(src), named_parameters(dst)
         _check_same_names(src_p, dst_p)
-        layers = layer_buckets(list(src_p))
         self.buckets = []
-        for names in merge_buckets(layers, [nbytes([dst_p[n] for n in b]) for b in layers], bucket_bytes):
+        for names in sync_buckets({n: p.shape for n, p in src_p.items()}, ParallelLayout(), bucket_bytes):
             src_b, dst_b = [src_p[n] for n in names], [dst_p[n] for n in names]
             self.buckets.append((_CopyBucket(dst_b), tuple(src_b), nbytes(dst_b)))
         self.memory = memory
