@@ -43,7 +43,7 @@ def side(model: str, layers: int, budget_mb: float) -> dict:
 
 
 def markdown(res: dict) -> str:
-    base = res["sides"][str(res["budgets"][0])]
+    base = res["sides"][f"{res['budgets'][0]:g}"]
     lines = [f"# Weight-sync buckets, one device ({res['model']}, {res['layers'] or 'all'} layers)", "",
              f"Command: `{res['command']}`", "",
              f"Date {res['date']}, library code at {res['code']}. Machine: {res['machine']}; load average "
@@ -52,7 +52,7 @@ def markdown(res: dict) -> str:
              "| budget (MiB) | buckets = graphs | largest bucket (MiB) | first sync, compiling (s) | vs first | "
              "warm sync (s) | vs first | bit-exact |", "|---|---|---|---|---|---|---|---|"]
     for b in res["budgets"]:
-        s = res["sides"][str(b)]
+        s = res["sides"][f"{b:g}"]
         lines.append(f"| {b:g} | {s['buckets']} | {s['max_bucket_mib']:.1f} | {s['first_s']:.2f} | "
                      f"{s['first_s'] / base['first_s']:.2f}x | {s['warm_s']:.3f} | "
                      f"{s['warm_s'] / base['warm_s']:.2f}x | {s['exact']} |")
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         for b in args.budgets:
             runs[b].append(side(args.model, args.layers, b))
             gc.collect()
-    res["sides"] = {str(b): dict(r[-1], first_s=median([x["first_s"] for x in r]),
+    res["sides"] = {f"{b:g}": dict(r[-1], first_s=median([x["first_s"] for x in r]),
                                  warm_s=median([x["warm_s"] for x in r]), exact=all(x["exact"] for x in r))
                     for b, r in runs.items()}
     from benchmarks.harness import load_average
