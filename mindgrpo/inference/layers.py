@@ -87,7 +87,9 @@ class _Refresh(nn.Cell):
 
 class InferenceWeights(nn.Cell):
     """The fused copies of every layer's weights, in buffers of their own (`layer_fields` per
-    layer); `refresh()` remakes them from the model's parameters."""
+    layer); `refresh()` remakes them from the model's parameters. They hold zeros until the first
+    `refresh()`: every generate starts with one (a refresh here as well compiled the graph twice, since
+    the first call after building the engine compiles it again)."""
 
     def __init__(self, lm: Qwen2ForCausalLM):
         super().__init__(auto_prefix=False)
@@ -98,7 +100,6 @@ class InferenceWeights(nn.Cell):
             for i, layer in enumerate(lm.model.layers)
             for field, shape in zip(self.fields, _fused_shapes(layer, self.fields)))
         self._refresh = _Refresh(lm, self.buffers)
-        self.refresh()
 
     def get(self, i: int, field: str):
         """Layer i's copy named `field` (a Python constant in a graph: resolved at compile time)."""
