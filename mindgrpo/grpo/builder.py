@@ -9,15 +9,15 @@ checks (the tokenizer's and every prompt token id against the model's), the rewa
 columns checked against the prompts', the models (policy, inference, reference), the memory
 ledger, the reference frozen, the rollout engine, the weight syncs and the initial sync, the
 gradient reducer, the pipeline stages and the checkpoint I/O. The start-up checks come before any
-model is built.
+model is built. What depends on the devices (each model's piece and how it loads, the engine's
+data parallelism, same-layout copy or resharding, who scores the rewards, the gradient sum,
+sharded or whole checkpoints) is the placement's; the trainer never reaches for a global.
 
 One copy where the layouts match (`inference_shares_policy`): when the inference model would hold
 exactly the policy's parameters in the same layout, the engine generates with the policy model
 itself (its fused layer copies remade from the policy's parameters at every call, as always): no
 second model, and the weight sync is the placement's `shared_sync`, which moves nothing.
-`generate_config.inference_weights: copy` keeps the copy. What depends on the devices (each model's piece and how it loads, the engine's
-data parallelism, same-layout copy or resharding, who scores the rewards, the gradient sum,
-sharded or whole checkpoints) is the placement's; the trainer never reaches for a global.
+`generate_config.inference_weights: copy` keeps the copy.
 """
 
 from __future__ import annotations
