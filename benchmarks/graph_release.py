@@ -101,8 +101,8 @@ def measure(layers: int, vocab: int, steps: int) -> dict:
                 parts.append(msg)
                 print(f"  {name:7s} {msg['part']:20s} {msg['seconds']:7.1f} s  held {msg['after_gb']:6.2f} GB  "
                       f"peak {msg['peak_gb']:6.2f} GB", flush=True)
-            peak_gib = worker.recv()
-        out[name] = {"parts": parts, "losses": losses, "process_peak_gb": peak_gib * 2 ** 30 / 1e9}
+            peak_gb = worker.recv()
+        out[name] = {"parts": parts, "losses": losses, "process_peak_gb": peak_gb}
     return out
 
 

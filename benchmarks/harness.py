@@ -134,8 +134,9 @@ def rss_gb() -> float:
 
 
 def peak_rss_gb() -> float:
-    """This process's peak resident memory, in GiB (VmHWM: ru_maxrss would carry the parent's over exec)."""
-    return _status_kb("VmHWM") / 2 ** 20
+    """This process's peak resident memory, in GB (10^9 bytes, as `rss_gb`; VmHWM: ru_maxrss would carry
+    the parent's over exec). Results written before 2026-11-26 07:00 UTC held GiB here (2^30 bytes)."""
+    return _status_kb("VmHWM") / 1e6
 
 
 def reset_peak_rss() -> None:

@@ -35,7 +35,7 @@ import numpy as np
 
 from benchmarks.harness import RESULTS, code_version, rss_gb, run_stamp, write_results
 from benchmarks.update_sides import (BETA, G, MICRO_BATCH, PROMPT_LENGTHS, RESPONSE, make_engine, make_updater,
-                                     part_recorder, step_workload)
+                                     model_config, part_recorder, step_workload)
 from benchmarks.workers import Workers
 
 FULL_LAYERS = 24  # Qwen2.5-0.5B
@@ -143,14 +143,13 @@ def planned(vocab: int, layers: int = FULL_LAYERS) -> dict:
     """part -> GB that `scripts/plan_memory.py` plans for it, on this workload (one device, fp32)."""
     from mindgrpo.config import GRPOConfig, load_config
     from mindgrpo.memory.plan import inference_copy_bytes, piece_bytes, plan
-    from mindgrpo.models.presets import preset_config
     from mindgrpo.parallel.layout import ParallelLayout
 
     cfg = load_config(GRPOConfig, overrides=[
         f"rl_config.batch_size={len(PROMPT_LENGTHS)}", f"rl_config.num_generations={G}", f"rl_config.beta={BETA}",
         f"generate_config.max_prompt_length={max(PROMPT_LENGTHS)}", f"generate_config.max_tokens={RESPONSE}",
         f"generate_config.max_num_seqs={len(PROMPT_LENGTHS) * G}", f"actor_config.micro_batch_size={MICRO_BATCH}"])
-    mcfg = preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
+    mcfg = model_config(layers, vocab)
     p = plan(cfg, mcfg)
     one = ParallelLayout()
     groups = dict(p.groups, activations=p.activations, fused=inference_copy_bytes(mcfg, one))

@@ -8,8 +8,7 @@ The workload, models and batching are `benchmarks.packing`'s (`build_side`). Eac
 (the reference log-probs, then one optimizer step over every sample) and reads its resident memory
 (VmRSS, GB = 10^9 bytes) after the models are built, after every micro-batch's graph call (the first
 call of a shape compiles it; MindSpore's CPU runtime keeps each compiled graph's buffers while its
-cell lives) and after each step; the peak is VmHWM at the end (in GB here too; benchmarks.packing
-reports it in GiB). So a side's memory splits into
+cell lives) and after each step; the peak is VmHWM at the end (in GB here too). So a side's memory splits into
     models      both models' parameters (and the gradient buffers and AdamW moments once they are written)
     reference   what the reference pass's first step adds: its graphs, one per micro-batch shape
     update      what the update's first step adds: its graphs, the gradients and moments written first
@@ -61,7 +60,7 @@ def side_worker(conn, name: str, side: str, kind: str, samples: int, max_len: in
         readings.append(("reference done", step[0], None, rss_gb()))
         updater.update(exp, lr=LR)
         readings.append(("update done", step[0], None, rss_gb()))
-    conn.send((readings, peak_rss_gb() * 2 ** 30 / 1e9))
+    conn.send((readings, peak_rss_gb()))
 
 
 def split(readings: List[tuple]) -> dict:
@@ -88,8 +87,7 @@ def markdown(res: dict) -> str:
              f"`{s['command']}` on {s['machine']}, load average {s['load_average']}, {res['code']}.",
              "Resident memory (GB = 10^9 bytes) each side's process holds after its models are built, and what the "
              "first step's reference pass and update add (their compiled graphs; the update also writes the "
-             "gradient buffers and AdamW's moments), what the second step adds, and the process peak (VmHWM; "
-             "`benchmarks/results/update.md` gives it in GiB).", "",
+             "gradient buffers and AdamW's moments), what the second step adds, and the process peak (VmHWM).", "",
              "| config | workload | side | models | + reference | + update | + step 2 | held | peak |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, kinds in res["configs"].items():

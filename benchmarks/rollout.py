@@ -194,7 +194,7 @@ def compare(name: str, kind: str, weights: str, args) -> tuple:
                 print(f"  {name} {kind} {side}: {r['tokens'] / r['seconds']:.0f} tok/s, {r['tokens']} tokens in "
                       f"{r['seconds']:.1f}s, useful fraction {r['useful_fraction']:.3f}", flush=True)
         for side in args.sides:
-            rss[side] = sides[side].ask("stop")  # a side's last message: its peak RSS (GiB)
+            rss[side] = sides[side].ask("stop")  # a side's last message: its peak RSS (GB)
     rate = {s: median([r["tokens"] / r["seconds"] for r in runs[s]]) if s in runs else None for s in SIDES}
     fraction = {s: median([r["useful_fraction"] for r in runs[s]]) if s in runs else None for s in SIDES}
     summary = {"engine_tokens_per_s": rate["engine"], "static_tokens_per_s": rate["static"],

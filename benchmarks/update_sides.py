@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from benchmarks.harness import median, peak_since_reset_gb, reset_peak_rss, rss_gb, time_calls
+from benchmarks.harness import median, peak_since_reset_gb, reset_peak_rss, rss_gb
 from benchmarks.workers import Workers
 
 PROMPT_LENGTHS = (157, 118, 149, 127)  # the issue's 4 GSM8K prompts under the qwen_r1 template (Qwen2.5 tokens)
@@ -32,14 +32,20 @@ def experience(vocab: int, prompt_lengths=PROMPT_LENGTHS):
     return exp
 
 
+def model_config(layers: int, vocab: int):
+    """The Qwen2.5-0.5B shape with the given decoder layers and vocabulary."""
+    from mindgrpo.models.presets import preset_config
+
+    return preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
+
+
 def step_workload(layers: int, vocab: int):
     """A whole step's inputs: the model config, the positions its models hold, the prompts' token ids,
     the sampling parameters (G samples of RESPONSE forced tokens) and the random generator that made
     the prompts (the caller draws its advantages from it)."""
     from mindgrpo.inference.sampling import SamplingParams
-    from mindgrpo.models.presets import preset_config
 
-    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
+    cfg = model_config(layers, vocab)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, vocab, n).tolist() for n in PROMPT_LENGTHS]
     params = SamplingParams(max_tokens=RESPONSE, n=G, ignore_stop=True, seed=0)
@@ -62,16 +68,21 @@ def make_updater(policy, **options):
                          use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0, **options)
 
 
+def measured(fn):
+    """(what fn returns, {its seconds, the resident memory before and after it, its peak in between})."""
+    before = rss_gb()
+    reset_peak_rss()
+    t0 = time.perf_counter()
+    out = fn()
+    return out, {"seconds": time.perf_counter() - t0, "before_gb": before, "peak_gb": peak_since_reset_gb(),
+                 "after_gb": rss_gb()}
+
+
 def part_recorder(conn):
-    """part(name, fn): runs fn and sends the part's seconds, the resident memory before and after it and
-    its peak in between; returns what fn returns."""
+    """part(name, fn): runs fn and sends the part's `measured` figures; returns what fn returns."""
     def part(name, fn):
-        before = rss_gb()
-        reset_peak_rss()
-        t0 = time.perf_counter()
-        out = fn()
-        conn.send({"part": name, "seconds": time.perf_counter() - t0, "before_gb": before,
-                   "peak_gb": peak_since_reset_gb(), "after_gb": rss_gb()})
+        out, figures = measured(fn)
+        conn.send({"part": name, **figures})
         return out
     return part
 
@@ -81,22 +92,17 @@ def side(conn, layers: int, vocab: int, prompt_lengths, options: dict) -> None:
     PolicyUpdater options, then runs one update per "update" message."""
     import mindspore as ms
 
-    from mindgrpo.models.presets import preset_config
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=layers, vocab_size=vocab)
+    cfg = model_config(layers, vocab)
     exp = experience(vocab, prompt_lengths)
     lm = Qwen2ForCausalLM(cfg, seed=0, max_positions=exp.input_ids.shape[1])
     updater = make_updater(lm, **options)
     conn.send({"built_gb": rss_gb(), "params": int(sum(p.size for p in updater.params))})
     while conn.recv() == "update":
-        before = rss_gb()
-        reset_peak_rss()
-        out = {}
-        secs = time_calls(lambda: out.update(updater.update(exp, lr=1e-6)), 1)[0]
-        conn.send({"seconds": secs, "before_gb": before, "peak_gb": peak_since_reset_gb(), "after_gb": rss_gb(),
-                   "loss": out["loss"], "grad_norm": out["grad_norm"]})
+        out, figures = measured(lambda: updater.update(exp, lr=1e-6))
+        conn.send({**figures, "loss": out["loss"], "grad_norm": out["grad_norm"]})
 
 
 def measure(layers: int, vocab: int, updates: int, prompt_lengths, sides: dict) -> dict:
@@ -108,13 +114,13 @@ def measure(layers: int, vocab: int, updates: int, prompt_lengths, sides: dict) 
             worker = workers.start(side, layers, vocab, prompt_lengths, options)
             built = worker.recv()
             runs = [worker.ask("update") for _ in range(updates + 1)]
-            peak_gib = worker.ask("stop")
+            peak_gb = worker.ask("stop")
         first, later = runs[0], runs[1:]
         out[name] = {**built, "first_update_s": first["seconds"], "first_update_peak_gb": first["peak_gb"],
                      "update_s": median([r["seconds"] for r in later]),
                      "update_peak_gb": max(r["peak_gb"] for r in later),
                      "held_after_update_gb": later[-1]["after_gb"],
-                     "process_peak_gb": peak_gib * 2 ** 30 / 1e9,
+                     "process_peak_gb": peak_gb,
                      "losses": [r["loss"] for r in runs], "grad_norms": [r["grad_norm"] for r in runs]}
         print(f"layers {layers} {name}: update {out[name]['update_s']:.1f} s, process peak "
               f"{out[name]['process_peak_gb']:.2f} GB, held {out[name]['held_after_update_gb']:.2f} GB", flush=True)

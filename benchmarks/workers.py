@@ -5,7 +5,7 @@
         ours.recv()                                  # its first message ("ready")
         trl = sides.start(trl_worker, work, ...)
         ... ours.ask("step") ... trl.recv() ...
-        ours.ask("stop")                             # a side's last message: its peak RSS (GiB)
+        ours.ask("stop")                             # a side's last message: its peak RSS (GB)
     # leaving the block stops every side still running (SIGTERM, then SIGKILL), on an error at once
 
 A target is `target(conn, *args)`: it talks to the parent over `conn`; when it returns, the parent

@@ -52,15 +52,19 @@ def sft_warm_start(policy, prompts: PromptSource, tokenizer, *, steps: int, lr: 
     teacher_rng = np.random.default_rng([seed, 1])
     # no batch pads beyond the data's longest prompt + target (a flawed teacher's are no longer) rounded up
     # to 8: on short, even data (the built-in task) one compiled shape with little padding
-    full = sft_targets(list(prompts.columns["answer"]), list(prompts.columns["solution"]), tokenizer)
+    columns = (prompts.columns["answer"], prompts.columns["solution"])
+    full = sft_targets(list(columns[0]), list(columns[1]), tokenizer)
+    tokenized = dict(zip(zip(*columns), full))  # (answer, solution) -> target ids: the faithful teacher's
     caps = (round_up(max(len(p) + len(t) for p, t in zip(prompts.ids, full)), 8), round_up(max(map(len, full)), 8))
     t0, nll = time.perf_counter(), float("nan")
     for step in range(steps):
         batch = source.next(batch_size)
         answers, solutions = batch.columns["answer"], batch.columns["solution"]
-        if teacher_carry_error > 0:
+        if teacher_carry_error > 0:  # solutions redrawn per use: tokenized per batch
             answers, solutions = zip(*(flawed_solution(a, teacher_rng, teacher_carry_error) for a in answers))
-        targets = sft_targets(list(answers), list(solutions), tokenizer)
+            targets = sft_targets(list(answers), list(solutions), tokenizer)
+        else:
+            targets = [tokenized[key] for key in zip(answers, solutions)]
         exp = pack(batch.ids, targets, np.ones(len(targets), np.float32), pad_id=tokenizer.pad_token_id, caps=caps)
         m = updater.update(exp, lr_at(step, lr, steps, warmup_steps=max(1, steps // 10), schedule="cosine",
                                       min_lr=lr * 0.1))

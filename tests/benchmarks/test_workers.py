@@ -61,8 +61,8 @@ def test_sides_answer_and_end_with_their_peak_memory():
         side = sides.start(_echo)
         assert side.recv() == "ready"
         assert [side.ask(k) for k in (1, 2, 3)] == [2, 4, 6]
-        peak_gib = side.ask("stop")
-    assert isinstance(peak_gib, float) and peak_gib > 0
+        peak_gb = side.ask("stop")
+    assert isinstance(peak_gb, float) and peak_gb > 0
     assert side.proc.exitcode == 0
 
 
