@@ -256,10 +256,10 @@ def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
         lines += [f"Rank {p.rank}, training pipeline stage {p.stage} of {p.stages} (the stage with the largest peak).",
                   ""]
     if p.shared:
-        lines += ["One copy of the weights: the inference layout is the training layout, so the engine generates with "
-                  "the policy model itself (generate_config.inference_weights: auto; a run given --sft_path_infer of its "
-                  "own, or inference_weights: copy, keeps a second copy). The inference group is the engine's fused "
-                  "layer copies alone, generating keeps the policy resident, and the sync moves nothing.", ""]
+        lines += ["One copy of the weights: the inference layout is the training layout, so the engine generates "
+                  "with the policy model itself (generate_config.inference_weights: auto; a run given --sft_path_infer "
+                  "of its own, or inference_weights: copy, keeps a second copy). The inference group is the engine's "
+                  "fused layer copies alone, generating keeps the policy resident, and the sync moves nothing.", ""]
     lines += [f"| group | {unit} on each device |", "|-------|--------------------|"]
     label = {"inference": "inference (the fused layer copies alone)"} if p.shared else {}
     lines += [f"| {label.get(g, g)} | {b / div:.2f} |" for g, b in p.groups.items()]

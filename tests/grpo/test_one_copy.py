@@ -105,7 +105,8 @@ def test_one_device_generates_with_the_policy_itself_and_the_sync_moves_nothing(
 def assert_same_completions(a, b, what):
     assert len(a) == len(b), what
     for i, (x, y) in enumerate(zip(a, b)):
-        assert (x.prompt_index, x.token_ids, x.finish_reason) == (y.prompt_index, y.token_ids, y.finish_reason), (what, i)
+        assert (x.prompt_index, x.token_ids, x.finish_reason) == (y.prompt_index, y.token_ids, y.finish_reason), \
+            (what, i)
         for field in ("logprobs", "sampling_logprobs"):
             u, v = getattr(x, field), getattr(y, field)
             assert u.dtype == v.dtype and u.tobytes() == v.tobytes(), (what, i, field)

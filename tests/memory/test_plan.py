@@ -194,7 +194,8 @@ def test_one_copy_of_the_weights_where_the_inference_layout_is_the_training_layo
 def test_plan_memory_says_when_it_counts_one_copy():
     script = os.path.join(REPO, "scripts", "plan_memory.py")
     tiny = os.path.join(CONFIGS, "tiny", "grpo_config.yaml")
-    shared = subprocess.run([sys.executable, script, "--config", tiny], capture_output=True, text=True, check=True).stdout
+    shared = subprocess.run([sys.executable, script, "--config", tiny], capture_output=True, text=True,
+                            check=True).stdout
     copy = subprocess.run([sys.executable, script, "--config", tiny, "generate_config.inference_weights=copy"],
                           capture_output=True, text=True, check=True).stdout
     assert "One copy of the weights" in shared and "One copy of the weights" not in copy
