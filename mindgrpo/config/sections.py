@@ -136,6 +136,12 @@ class RLConfig:
     # holds one phase's buffers at a time instead of every phase's, and compiles its graphs again every step
     # (benchmarks/results/graph_release.md)
     release_graphs: bool = False
+    # the weight sync (policy -> inference, reference) moves consecutive decoder layers (and the embedding,
+    # the final norm, the head) together up to this many MiB of full fp32 parameters per bucket: a collective
+    # and a compiled graph per bucket, not per layer. A bigger layer goes alone (Qwen2.5-7B: 889 MiB, one a
+    # bucket as with 0; the tiny models: one bucket); the largest bucket is the sync's transient memory
+    # (scripts/plan_memory.py). 0: one bucket per decoder layer
+    weight_sync_bucket_mb: float = 512.0
     # msrun runs: a rank with no progress (a blocking call such as a collective that does not return) for
     # this many seconds ends the job naming the phase and the rank (mindgrpo/parallel/watchdog.py); the
     # first run of each phase, which compiles its graphs, gets compile_timeout_s instead. 0: no watchdog
@@ -181,7 +187,7 @@ class RLConfig:
               f"must be a validation metric ({', '.join(self.val_metric_names)}), got {self.save_best!r}")
         check(self.device_peak_tflops is None or self.device_peak_tflops > 0, "device_peak_tflops",
               f"must be > 0 or null, got {self.device_peak_tflops}")
-        _check_non_negative(self, "collective_timeout_s")
+        _check_non_negative(self, "collective_timeout_s", "weight_sync_bucket_mb")
         check(self.collective_timeout_s == 0 or self.compile_timeout_s >= self.collective_timeout_s,
               "compile_timeout_s", f"must be >= collective_timeout_s = {self.collective_timeout_s}, "
               f"got {self.compile_timeout_s}")
@@ -191,6 +197,11 @@ class RLConfig:
         """What a validation logs (rl_config.val_n samples per prompt)."""
         return ["val/accuracy", *(f"val/pass@{k}" for k in ks_up_to(self.val_n)), f"val/mean@{self.val_n}",
                 f"val/maj@{self.val_n}"]
+
+    @property
+    def weight_sync_bucket_bytes(self) -> int:
+        """weight_sync_bucket_mb in bytes."""
+        return int(self.weight_sync_bucket_mb * 2 ** 20)
 
     @property
     def rollout_rows(self) -> int:

@@ -253,12 +253,13 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     if shared:
         sync = placement.shared_sync()
     else:
-        sync = placement.weight_sync(policy, inference, "inference", memory)
+        sync = placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes)
         if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
             sync()  # start the inference copy from the policy's weights
     ref_sync = None
     if reference is not None:
-        ref_sync = placement.weight_sync(policy, reference, "reference")  # the trainer logs it as ref_sync/...
+        ref_sync = placement.weight_sync(policy, reference, "reference",  # the trainer logs it as ref_sync/...
+                                         bucket_bytes=rl.weight_sync_bucket_bytes)
         if not (paths.ref_path or paths.sft_path_train):
             ref_sync()  # random init: the reference starts as the policy
     return Parts(tokenizer, policy, inference, reference, train, val, placement.rewards(rewards), memory, engine, sync,

@@ -126,11 +126,13 @@ def kv_cache_bytes(cfg: Qwen2Config, gen, layout: ParallelLayout) -> int:
     return 2 * cfg.num_hidden_layers * (slots + 1) * (cfg.num_key_value_heads // layout.tp) * capacity * cfg.d * width
 
 
-def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayout, rank: int = 0) -> int:
-    """Bytes of the largest resharding bucket on `rank`: its destination pieces + what it receives."""
+def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayout, rank: int = 0,
+                        bucket_bytes: int = 0) -> int:
+    """Bytes of the largest resharding bucket on `rank`: its destination pieces + what it receives
+    (bucket_bytes: rl_config.weight_sync_bucket_mb in bytes)."""
     shapes = expected_shapes(cfg)
     best = 0
-    for names in sync_buckets(shapes, src):
+    for names in sync_buckets(shapes, src, bucket_bytes):
         plans = [plan_parameter(n, shapes[n], 4, src, dst, rank, cfg.num_hidden_layers) for n in names]
         size = sum(4 * int(np.prod(dst.shard_shape(n, shapes[n]))) for n, p in zip(names, plans) if p.needed)
         best = max(best, size + exchange_bytes(plans, [shapes[n] for n in names]))
@@ -237,7 +239,7 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int) -> MemoryPlan:
         groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config),
                                           rank=rank)
     groups["kv_cache"] = kv_cache_bytes(mcfg, gen, infer)
-    groups["transient"] = 0 if shared else largest_sync_bucket(mcfg, train, infer, rank)
+    groups["transient"] = 0 if shared else largest_sync_bucket(mcfg, train, infer, rank, rl.weight_sync_bucket_bytes)
     phases = {p: [g for g in (SHARED_PHASES if shared else PHASES)[p] if g in groups] for p in ACTIVE_PHASES}
     if rl.beta == 0:
         del phases["reference"]

@@ -120,8 +120,8 @@ class OneDevice:
         return rollout
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
-                    memory: Optional[SwapManager] = None) -> Sync:
-        return WeightSync(src, dst, memory)
+                    memory: Optional[SwapManager] = None, bucket_bytes: int = 0) -> Sync:
+        return WeightSync(src, dst, memory, bucket_bytes)
 
     def same_layout(self, role: str) -> bool:
         """One device holds every model whole: the role's parameters are the policy's, laid out alike."""
@@ -195,9 +195,9 @@ class ParallelPlacement:
         return DataParallelEngine(rollout, self.comm, self.comm.infer_dp)
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
-                    memory: Optional[SwapManager] = None) -> Sync:
+                    memory: Optional[SwapManager] = None, bucket_bytes: int = 0) -> Sync:
         sync = Reshard(src, dst, self.layouts["policy"], self.layouts[role], self.comm,
-                       expected_shapes(src.config), memory)
+                       expected_shapes(src.config), memory, bucket_bytes=bucket_bytes)
         logger.info("rank %d: resharding policy %s -> %s %s receives %.1f MB per sync (minimum %.1f MB)",
                     self.rank, self.layouts["policy"], role, self.layouts[role], sync.received / 2 ** 20,
                     sync.minimum / 2 ** 20)

@@ -1,9 +1,10 @@
 """Moving policy weights into the inference (or reference) model across layouts: any two layouts
 over the same world (tp 2 -> 1 with dp 2, 1 -> 2, dp2 x tp2 -> tp4, pipeline stages on either side,
-...), bucket by bucket (one decoder layer, or the embedding, the final norm, the head), inside
-compiled graphs, never through the host or the disk; the extra device memory at any moment is one
-bucket. What moves where is the plan (`mindgrpo.parallel.reshard_plan`); this module runs it: per
-bucket, each exchange's contribution, its collective, then the assembly of the destination pieces.
+...), bucket by bucket (a decoder layer, or the embedding, the final norm, the head; consecutive
+ones joined up to a byte budget, rl_config.weight_sync_bucket_mb), inside compiled graphs, never
+through the host or the disk; the extra device memory at any moment is one bucket. What moves
+where is the plan (`mindgrpo.parallel.reshard_plan`); this module runs it: per bucket, each
+exchange's contribution, its collective, then the assembly of the destination pieces.
 
 Bytes per rank are logged against the minimum the two layouts require. (MindSpore 2.10's CPU
 collectives have no Send/Receive, and AllGather and Broadcast only over the whole world: within a
@@ -148,12 +149,14 @@ class Reshard:
     """Policy (src_layout) -> inference or reference model (dst_layout), bucket by bucket.
 
     src and dst are this rank's pieces of the two models (tensor-parallel models of the two
-    layouts, holding their pipeline stage's parameters); comm gives the exchange groups.
-    Calling it returns per-rank metrics: seconds, bytes received, the minimum bytes, the largest
-    bucket."""
+    layouts, holding their pipeline stage's parameters); comm gives the exchange groups;
+    bucket_bytes joins consecutive buckets up to that many bytes of full fp32 parameters
+    (`reshard_plan.sync_buckets`; 0: one per decoder layer). Calling it returns per-rank metrics:
+    seconds, bytes received, the minimum bytes, the largest bucket."""
 
     def __init__(self, src: nn.Cell, dst: nn.Cell, src_layout: ParallelLayout, dst_layout: ParallelLayout,
-                 comm, full_shapes: Dict[str, Tuple[int, ...]], memory=None, prefix: str = "sync"):
+                 comm, full_shapes: Dict[str, Tuple[int, ...]], memory=None, prefix: str = "sync",
+                 bucket_bytes: int = 0):
         src_p, dst_p = named_parameters(src), named_parameters(dst)
         for side, params in (("source", src_p), ("destination", dst_p)):
             unknown = sorted(set(params) - set(full_shapes))
@@ -162,7 +165,7 @@ class Reshard:
         num_layers = num_layers_of(list(full_shapes))
         self.buckets = []
         self.received = self.minimum = 0
-        for names in sync_buckets(full_shapes, src_layout):
+        for names in sync_buckets(full_shapes, src_layout, bucket_bytes):
             plans = [plan_parameter(n, full_shapes[n], 4, src_layout, dst_layout, comm.rank, num_layers)
                      for n in names]
             for n, p in zip(names, plans):

@@ -13,7 +13,7 @@ only the givers fill in when few give to many (`_exchange_mode`); each member th
 from what it holds and what arrived.
 
     plan_parameter(name, shape, itemsize, src, dst, rank, num_layers)   one rank's ParamPlan
-    sync_buckets(shapes, src)           the buckets moved one at a time
+    sync_buckets(shapes, src, budget)   the buckets moved one at a time
     exchange_groups(src, dst)           every group an exchange may use (`comm.init_comm` creates them)
     exchange_bytes(plans, shapes)       bytes one rank receives in a bucket's exchanges
     apply_plans(plans, pieces, shapes)  the numpy twin of the bucket graphs (`parallel/reshard.py`), for tests
@@ -275,24 +275,42 @@ def plan_parameter(name: str, shape: Sequence[int], itemsize: int, src: Parallel
                      missing * unit * rest * itemsize, flow.per_src * unit if holds else 0, flow.split, gives)
 
 
-def sync_buckets(shapes: Dict[str, Sequence[int]], src: ParallelLayout) -> List[List[str]]:
+def merge_buckets(buckets: Sequence[List[str]], sizes: Sequence[int], budget: int) -> List[List[str]]:
+    """Consecutive buckets joined while their bytes together stay within `budget`; a bucket larger
+    than the budget stays alone, and budget 0 keeps every bucket as it is."""
+    out: List[List[str]] = []
+    total = 0
+    for bucket, size in zip(buckets, sizes):
+        if out and total + size <= budget:
+            out[-1] = out[-1] + list(bucket)
+            total += size
+        else:
+            out.append(list(bucket))
+            total = size
+    return out
+
+
+def sync_buckets(shapes: Dict[str, Sequence[int]], src: ParallelLayout, budget: int = 0,
+                 itemsize: int = 4) -> List[List[str]]:
     """The buckets resharding moves one at a time: a decoder layer (or the embedding, the final
     norm, the head). With pipeline stages on the source side, one bucket of every stage together,
     largest with largest (the embedding with the head, layer with layer), so that each exchange
     carries data both ways (a stage gives what it holds and takes the other stages' share) instead
-    of a pair's one-way traffic padded back."""
+    of a pair's one-way traffic padded back. Then consecutive ones (pairs with stages) joined up to
+    `budget` bytes of the full parameters, `itemsize` bytes an element (`merge_buckets`): fewer,
+    larger collectives and fewer graphs to compile. Full shapes only: the same on every rank."""
     buckets = layer_buckets(list(shapes))
-    if src.pp == 1:
-        return buckets
-    num_layers = num_layers_of(list(shapes))
 
     def size(bucket):
         return sum(int(np.prod(shapes[n])) for n in bucket)
 
-    per_stage = [sorted((b for b in buckets if src.param_stage(b[0], num_layers) == s), key=size, reverse=True)
-                 for s in range(src.pp)]
-    rounds = max(len(b) for b in per_stage)
-    return [[n for stage in per_stage if k < len(stage) for n in stage[k]] for k in range(rounds)]
+    if src.pp > 1:
+        num_layers = num_layers_of(list(shapes))
+        per_stage = [sorted((b for b in buckets if src.param_stage(b[0], num_layers) == s), key=size, reverse=True)
+                     for s in range(src.pp)]
+        rounds = max(len(b) for b in per_stage)
+        buckets = [[n for stage in per_stage if k < len(stage) for n in stage[k]] for k in range(rounds)]
+    return merge_buckets(buckets, [itemsize * size(b) for b in buckets], budget)
 
 
 def row_elements(p: ParamPlan, shape: Sequence[int]) -> int:

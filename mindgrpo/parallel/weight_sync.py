@@ -1,7 +1,8 @@
 """Moving policy weights into the inference (or reference) model of the same layout (one process):
-a copy per bucket (one decoder layer, or the embedding, the final norm, the head), inside compiled
-graphs, never through the host or the disk; the extra device memory at any moment is one bucket.
-Across layouts: `mindgrpo.parallel.reshard`."""
+a copy per bucket (a decoder layer, or the embedding, the final norm, the head; consecutive ones
+joined up to a byte budget, rl_config.weight_sync_bucket_mb), inside compiled graphs, never through
+the host or the disk; the extra device memory at any moment is one bucket. Across layouts:
+`mindgrpo.parallel.reshard`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 
 from mindgrpo.memory.swap import nbytes
-from mindgrpo.parallel.reshard_plan import layer_buckets
+from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.reshard_plan import sync_buckets
 
 
 def named_parameters(model: nn.Cell) -> Dict[str, Parameter]:
@@ -45,13 +47,15 @@ class _CopyBucket(nn.Cell):
 
 
 class WeightSync:
-    """Same-layout sync: dst parameters take the values of the src parameters of the same name."""
+    """Same-layout sync: dst parameters take the values of the src parameters of the same name,
+    one bucket at a time; bucket_bytes: consecutive layer buckets joined up to this many bytes of
+    fp32 parameters (0: one per decoder layer), as `reshard_plan.sync_buckets` and the memory plan."""
 
-    def __init__(self, src: nn.Cell, dst: nn.Cell, memory=None):
+    def __init__(self, src: nn.Cell, dst: nn.Cell, memory=None, bucket_bytes: int = 0):
         src_p, dst_p = named_parameters(src), named_parameters(dst)
         _check_same_names(src_p, dst_p)
         self.buckets = []
-        for names in layer_buckets(list(src_p)):
+        for names in sync_buckets({n: p.shape for n, p in src_p.items()}, ParallelLayout(), bucket_bytes):
             src_b, dst_b = [src_p[n] for n in names], [dst_p[n] for n in names]
             self.buckets.append((_CopyBucket(dst_b), tuple(src_b), nbytes(dst_b)))
         self.memory = memory

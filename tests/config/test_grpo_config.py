@@ -38,7 +38,7 @@ FULL = GRPOConfig(
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, val_n=4, val_temperature=0.6,
         val_before_train=False, save_best="val/pass@2", save_interval=5, keep_last_k=3,
         log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, release_graphs=True,
-        collective_timeout_s=600.0, compile_timeout_s=1200.5, device_peak_tflops=280.5, dataset_path="data/train.jsonl",
+        weight_sync_bucket_mb=64.5, collective_timeout_s=600.0, compile_timeout_s=1200.5, device_peak_tflops=280.5, dataset_path="data/train.jsonl",
         val_dataset_path="data/val.jsonl", output_dir="/tmp/mindgrpo-run"),
     actor_config=ActorConfig(
         model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
@@ -212,6 +212,7 @@ def test_nested_unknown_key():
     (["reward_config.num_workers=-1"], "reward_config.num_workers", "must be >= 0"),
     (["reward_config.timeout_s=0"], "reward_config.timeout_s", "must be > 0"),
     (["rl_config.collective_timeout_s=-5"], "rl_config.collective_timeout_s", "must be >= 0"),
+    (["rl_config.weight_sync_bucket_mb=-1"], "rl_config.weight_sync_bucket_mb", "must be >= 0"),
     (["rl_config.collective_timeout_s=600", "rl_config.compile_timeout_s=60"], "rl_config.compile_timeout_s",
      "must be >= collective_timeout_s = 600"),
     (["sft_config.teacher_carry_error=0.5", "rl_config.dataset_path=data/train.mindrecord"],

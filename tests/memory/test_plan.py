@@ -70,6 +70,22 @@ def test_7b_sync_bucket_is_a_piece_and_what_it_lacks():
         assert plan(cfg, m, rank=rank).groups["transient"] == 3 * piece
 
 
+def test_the_sync_transient_is_the_largest_bucket_of_rl_config_weight_sync_bucket_mb():
+    """The 7B's layers (889 MiB each) stay one a bucket under the default 512 MiB: the transient is the same
+    as with one bucket per layer. The tiny default (one device) syncs in one bucket: its transient is the
+    whole model, counted by hand; with 0 a decoder layer, the largest single bucket (the embedding is tied)."""
+    assert plan(*load("qwen2_5_7b")).groups["transient"] == plan(*load(
+        "qwen2_5_7b", "rl_config.weight_sync_bucket_mb=0")).groups["transient"]
+    copy = "generate_config.inference_weights=copy"  # one device shares the policy by default: no sync at all
+    cfg, m = load("tiny", copy)
+    assert cfg.rl_config.weight_sync_bucket_mb == 512 and m.tie_word_embeddings
+    embedding = m.vocab_size * m.hidden_size
+    whole = embedding + m.num_hidden_layers * layer_params(m, 1) + m.hidden_size
+    assert plan(cfg, m).groups["transient"] == 4 * whole
+    cfg, m = load("tiny", copy, "rl_config.weight_sync_bucket_mb=0")
+    assert layer_params(m, 1) > embedding and plan(cfg, m).groups["transient"] == 4 * layer_params(m, 1)
+
+
 def test_32b_trains_in_four_stages_and_fits_with_swap_only():
     cfg, m = load("qwen2_5_32b")
     train = ParallelLayout.from_config(cfg.actor_config.parallel_config)

@@ -5,8 +5,9 @@ each check of this file on a tiny model, each against an independent reference (
 or run, and MindSpore's own `transform_checkpoints`):
     two_ranks    tp=2 logits / log-probs / entropy, shards from scripts/transform_checkpoint.py,
                  one GRPO update with tp=2 and with dp=2 (also packed rows under tp=2,
-                 token budgets under dp=2), rollouts, tp2 -> (dp2, tp1) resharding; the update and
-                 the resharding again on a Qwen3 (QK-norm, no q/k/v bias, head_dim != H / nh)
+                 token budgets under dp=2), rollouts, tp2 -> (dp2, tp1) resharding (a bucket per layer,
+                 and in one bucket); the update and the resharding again on a Qwen3 (QK-norm, no q/k/v
+                 bias, head_dim != H / nh)
     one_stage    scripts/grpo_one_stage.py under msrun (tp2 swap on, then off; two pipeline stages) vs one process;
                  one process on packed rows vs one process
     zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1),
@@ -156,6 +157,21 @@ def test_reshard_tp2_to_dp2_is_bit_identical_to_transform_checkpoints(two_ranks,
         # tp2 -> tp1: a rank receives the other half of every split weight, the minimum
         assert m["sync/bytes_received"] == m["sync/bytes_min"] > 0.4 * m["sync/bytes"]
         assert metrics[rank]["reshard_again"]["sync/seconds"] < m["sync/seconds"]  # compiled once
+
+
+def test_reshard_in_one_bucket_gives_the_per_layer_buckets_bits_and_bytes(two_ranks):
+    """rl_config.weight_sync_bucket_mb: the embedding, the layer, the norm and the head in one bucket (one
+    AllGather, one assembly) give each rank the bits of one bucket per layer, receiving the same bytes."""
+    arrays, metrics, _ = two_ranks
+    for a, m in zip(arrays, metrics):
+        assert m["reshard_buckets"] == [CFG.num_hidden_layers + 3, 1]
+        per_layer, one = prefixed(a, "c/infer"), prefixed(a, "c/infer_one_bucket")
+        assert sorted(one) == sorted(per_layer)
+        for name, value in per_layer.items():
+            assert one[name].dtype == value.dtype and one[name].tobytes() == value.tobytes(), name
+        for key in ("sync/bytes", "sync/bytes_received", "sync/bytes_min"):
+            assert m["reshard_one_bucket"][key] == m["reshard"][key], key
+        assert m["reshard_one_bucket"]["sync/max_bucket_bytes"] > m["reshard"]["sync/max_bucket_bytes"]
 
 
 def test_qwen3_tp2_update_matches_one_device_and_reshards_bit_identical_to_transform_checkpoints(two_ranks, tmp_path):

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
-from mindgrpo.parallel.reshard_plan import apply_plans, exchange_bytes, layer_buckets, plan_parameter, sync_buckets
+from mindgrpo.parallel.reshard_plan import (apply_plans, exchange_bytes, layer_buckets, merge_buckets, plan_parameter,
+                                            sync_buckets)
 
 LAYER = {"attention.wq.weight": (24, 8), "attention.wq.bias": (24,), "attention.wo.weight": (8, 24),
          "attention_norm.weight": (8,), "feed_forward.w2.weight": (8, 48)}
@@ -176,3 +177,34 @@ def test_layer_buckets():
     names = ["model.tok_embeddings.embedding_weight"] + [f"model.layers.0.{k}" for k in LAYER] + ["lm_head.weight"]
     assert layer_buckets(names) == [["model.tok_embeddings.embedding_weight"],
                                     [f"model.layers.0.{k}" for k in LAYER], ["lm_head.weight"]]
+
+
+def test_merge_buckets_joins_consecutive_ones_up_to_the_budget():
+    buckets, sizes = [["a"], ["b"], ["c"], ["d"], ["e"]], [4, 3, 10, 2, 2]
+    assert merge_buckets(buckets, sizes, 0) == buckets  # 0: as given
+    assert merge_buckets(buckets, sizes, 7) == [["a", "b"], ["c"], ["d", "e"]]  # c (10) is over it: alone
+    assert merge_buckets(buckets, sizes, 6) == [["a"], ["b"], ["c"], ["d", "e"]]  # 4 + 3 > 6
+    assert merge_buckets(buckets, sizes, 21) == [["a", "b", "c", "d", "e"]]
+
+
+def test_sync_buckets_by_bytes_keep_whole_layers_and_the_stages_pairs():
+    """One stage: layers joined in order up to the budget (bytes of full fp32 parameters, counted here by
+    hand). Two source stages: whole pairs (a bucket of every stage) joined, so every bucket still holds
+    both stages' parameters; the joined bucket's exchanges receive no more than the pairs' did."""
+    names = list(SHAPES)
+    layer = 4 * (24 * 8 + 24 + 8 * 24 + 8 + 8 * 48)  # 3200 bytes
+    emb = 4 * 48 * 8  # 1536, as the head
+    one = ParallelLayout(2, 1)
+    assert sync_buckets(SHAPES, one, 0) == layer_buckets(names)
+    assert sync_buckets(SHAPES, one, emb + layer) == [names[:6], names[6:12], names[12:]]  # head: 4768 > 4736
+    assert sync_buckets(SHAPES, one, emb + 2 * layer + 32 + emb) == [names]
+    src, dst = ParallelLayout(1, 4, 2), ParallelLayout(2, 4, 1)
+    pairs = sync_buckets(SHAPES, src)  # the two layers; the embedding with the head; the norm
+    assert sync_buckets(SHAPES, src, 2 * emb + 32) == [pairs[0], pairs[1] + pairs[2]]
+    joined = sync_buckets(SHAPES, src, 2 * layer + 2 * emb + 32)
+    assert joined == [pairs[0] + pairs[1] + pairs[2]]
+    for r in range(8):
+        plans = [plan_parameter(n, SHAPES[n], 4, src, dst, r, LAYERS) for n in joined[0]]
+        by_pair = sum(exchange_bytes([plan_parameter(n, SHAPES[n], 4, src, dst, r, LAYERS) for n in b],
+                                     [SHAPES[n] for n in b]) for b in pairs)
+        assert sum(p.minimum for p in plans) <= exchange_bytes(plans, [SHAPES[n] for n in joined[0]]) <= by_pair

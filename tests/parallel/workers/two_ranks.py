@@ -3,7 +3,9 @@ update, resharding and rollouts against the one-device model computed in the sam
 
     msrun --worker_num=2 ... two_ranks.py OUT_DIR SHARDS_DIR
 
-(d) repeats the update and the resharding on a Qwen3 (QK-norm, no q/k/v bias, head_dim != H / nh).
+(c) reshards with one bucket per decoder layer (or the embedding, the norm, the head), then again in one
+bucket; (d) repeats the update and the resharding (in one bucket) on a Qwen3 (QK-norm, no q/k/v bias,
+head_dim != H / nh).
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics); the test compares.
 """
 
@@ -106,6 +108,12 @@ sync = Reshard(tp, inference, comm.train, comm.infer, comm, expected_shapes(CFG)
 metrics["reshard"] = sync()
 metrics["reshard_again"] = sync()  # warm: no compile
 weights(inference, "c/infer")
+# the same in one bucket (rl_config.weight_sync_bucket_mb): every parameter in one exchange and one assembly
+one_bucket = Qwen2ForCausalLM(CFG, seed=SEED + 2, max_positions=128)
+sync_one = Reshard(tp, one_bucket, comm.train, comm.infer, comm, expected_shapes(CFG), bucket_bytes=2 ** 30)
+metrics["reshard_one_bucket"] = sync_one()
+metrics["reshard_buckets"] = [len(sync.buckets), len(sync_one.buckets)]
+weights(one_bucket, "c/infer_one_bucket")
 greedy = SamplingParams(max_tokens=8, temperature=0.0, n=2)
 metrics["rollout/greedy/dense"] = [c.token_ids for c in engines["dense"].generate(prompts(), greedy)]
 dp_engine = DataParallelEngine(RolloutEngine(inference, max_num_seqs=2), comm, comm.infer_dp)
@@ -133,7 +141,7 @@ for key, lm in qwen3.items():
     metrics[f"update/qwen3_{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"d/{key}")
 inference3 = Qwen2ForCausalLM(CFG_QWEN3, seed=SEED + 1, max_positions=128)
-Reshard(qwen3["tp"], inference3, comm.train, comm.infer, comm, expected_shapes(CFG_QWEN3))()
+Reshard(qwen3["tp"], inference3, comm.train, comm.infer, comm, expected_shapes(CFG_QWEN3), bucket_bytes=2 ** 30)()
 weights(inference3, "d/infer")
 
 clock.mark("(a) shards, (d) qwen3 updates and resharding")
