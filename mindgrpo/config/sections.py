@@ -312,6 +312,11 @@ class GenerateConfig:
     # replica in tokens (slots x (max_prompt_length + max_tokens) at most; null: as many as the slots need)
     max_num_seqs: int = 256
     max_num_batched_tokens: Optional[int] = None
+    # the inference model's weights (mindgrpo/grpo/builder.py): "auto" generates with the policy model itself
+    # (one copy of the weights, no weight sync) where it would hold exactly the policy's parameters in the same
+    # layout: one device, or parallel_config equal to actor_config's, and no --sft_path_infer of its own; else a
+    # copy, synced after every update. "copy": always the copy (to check the sync, or the old memory figures)
+    inference_weights: Literal["auto", "copy"] = "auto"
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):

@@ -12,10 +12,17 @@ gradient reducer, the pipeline stages and the checkpoint I/O. The start-up check
 model is built. What depends on the devices (each model's piece and how it loads, the engine's
 data parallelism, same-layout copy or resharding, who scores the rewards, the gradient sum,
 sharded or whole checkpoints) is the placement's; the trainer never reaches for a global.
+
+One copy where the layouts match (`inference_shares_policy`): when the inference model would hold
+exactly the policy's parameters in the same layout, the engine generates with the policy model
+itself (its fused layer copies remade from the policy's parameters at every call, as always): no
+second model, and the weight sync is the placement's `shared_sync`, which moves nothing.
+`generate_config.inference_weights: copy` keeps the copy.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Tuple
@@ -33,6 +40,9 @@ if TYPE_CHECKING:  # for the types of Parts only: importing these here would loa
     from mindgrpo.parallel.pipeline import Pipeline
     from mindgrpo.parallel.placement import Checkpoints, Engine, Placement, Rewards, Sync
     from mindgrpo.rewards import RewardSet
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,7 @@ class Parts:
 
     tokenizer: QwenTokenizer
     policy: Qwen2ForCausalLM  # this rank's piece of it (all of it on one device)
-    inference: Qwen2ForCausalLM
+    inference: Qwen2ForCausalLM  # the policy itself where the layouts match (`inference_shares_policy`)
     reference: Optional[Qwen2ForCausalLM]  # None when beta == 0
     train_prompts: PromptSource
     val_prompts: Optional[PromptSource]
@@ -171,6 +181,18 @@ def build_engine(cfg: GRPOConfig, inference, pad_token_id: int):
                          max_model_len=gen.max_prompt_length + gen.max_tokens)
 
 
+def inference_shares_policy(cfg: GRPOConfig, paths: Paths, placement: Placement) -> bool:
+    """Whether the inference model is the policy model itself: generate_config.inference_weights is auto,
+    the inference layout is the policy's (always on one device) and the inference weights come from the
+    policy's (no --sft_path_infer loaded, or the same file as the policy's)."""
+    if cfg.generate_config.inference_weights == "copy" or not placement.same_layout("inference"):
+        return False
+    if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
+        return True
+    return bool(paths.sft_path_train and paths.load_sft_checkpoint_train) and \
+        os.path.realpath(paths.sft_path_infer) == os.path.realpath(paths.sft_path_train)
+
+
 def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
@@ -206,24 +228,34 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         return placement.model(role, mcfg, path, load, rl.seed, max_positions)
 
     policy = model("policy", paths.sft_path_train, paths.load_sft_checkpoint_train)
-    inference = model("inference", paths.sft_path_infer or paths.sft_path_train, paths.load_sft_checkpoint_infer)
+    shared = inference_shares_policy(cfg, paths, placement)
+    if shared:
+        inference = policy
+        logger.info("inference: the policy model itself (one copy of the weights, no weight sync; "
+                    "generate_config.inference_weights=copy keeps a copy)")
+    else:
+        inference = model("inference", paths.sft_path_infer or paths.sft_path_train, paths.load_sft_checkpoint_infer)
     reference = None
     if rl.beta > 0:
         reference = model("reference", paths.ref_path or cfg.ref_config.load_checkpoint or paths.sft_path_train,
                           paths.load_ref_checkpoint)
         for p in reference.get_parameters():
             p.requires_grad = False
-    memory = SwapManager(enabled=rl.swap, device=placement.device)  # real moves on Ascend
+    memory = SwapManager(enabled=rl.swap, device=placement.device, shared_inference=shared)  # real moves on Ascend
     rollout = build_engine(cfg, inference, tokenizer.pad_token_id)
     memory.register("policy", policy.get_parameters())
-    memory.register("inference", rollout.resident_parameters())
+    held = {id(p) for p in policy.get_parameters()}  # shared: the inference group is the fused copies alone
+    memory.register("inference", [p for p in rollout.resident_parameters() if id(p) not in held])
     if reference is not None:
         memory.register("reference", reference.get_parameters())
     engine = placement.engine(rollout)
     memory.register("kv_cache", sizer=engine.cache_bytes)
-    sync = placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes)
-    if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
-        sync()  # start the inference copy from the policy's weights
+    if shared:
+        sync = placement.shared_sync()
+    else:
+        sync = placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes)
+        if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
+            sync()  # start the inference copy from the policy's weights
     ref_sync = None
     if reference is not None:
         ref_sync = placement.weight_sync(policy, reference, "reference",  # the trainer logs it as ref_sync/...

@@ -1,9 +1,10 @@
 """The one-stage GRPO loop: rollout, reward, advantage, reference, update, sync, log.
 
 The trainer is given its parts (`mindgrpo/grpo/builder.py` makes them): the policy being trained,
-the inference model that generates (its own copy of the weights, in its own layout), the
-reference model (None when beta == 0), a rollout engine, a weight sync, a swap manager, the
-reward set, the prompt sources and a metrics logger. Each step method below is one phase.
+the inference model that generates (its own copy of the weights, in its own layout; where the
+layouts match, the policy model itself, and the weight sync moves nothing), the reference model
+(None when beta == 0), a rollout engine, a weight sync, a swap manager, the reward set, the prompt
+sources and a metrics logger. Each step method below is one phase.
 """
 
 from __future__ import annotations

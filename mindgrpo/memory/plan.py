@@ -12,7 +12,12 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
                 copy of that 1/dp of the weights, which the fused update rewrites (`optim.AdamW`)
     inference   the inference model's piece (inference layout), fp32 like the policy, plus the
                 engine's fused copies of its layer weights (all but the norms) in the compute
-                dtype (`mindgrpo.inference.layers.InferenceWeights`)
+                dtype (`mindgrpo.inference.layers.InferenceWeights`). Where the inference layout
+                is the training layout and generate_config.inference_weights is auto, the
+                inference model is the policy itself (one copy of the weights,
+                `mindgrpo.grpo.builder.inference_shares_policy`; a run given --sft_path_infer of
+                its own keeps a copy): the group is the fused copies alone, generating needs the
+                policy resident (`swap.SHARED_PHASES`) and there is no sync bucket
     reference   the reference model's piece (reference layout), when beta > 0
     kv_cache    the rollout engine's cache, sized from generate_config as the engine sizes it
                 (`mindgrpo.inference.engine`): S = max_num_seqs slots, fewer if the budget
@@ -52,7 +57,7 @@ import numpy as np
 
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.inference.engine import kv_slots
-from mindgrpo.memory.swap import PHASES
+from mindgrpo.memory.swap import PHASES, SHARED_PHASES
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.parallel.layout import ParallelLayout
@@ -189,6 +194,7 @@ class MemoryPlan:
     stage: int = 0  # its pipeline stage in the training layout
     stages: int = 1  # pipeline stages of the training layout
     cpu_graphs: Dict[str, int] = field(default_factory=dict)  # phase -> compiled-graph buffers on the CPU runtime
+    shared: bool = False  # the inference model is the policy: one copy of the weights, no sync
 
     def phase_bytes(self, phase: str, swap: bool) -> int:
         """Ledger bytes during a phase (groups + the sync bucket), without activations."""
@@ -226,21 +232,23 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int) -> MemoryPlan:
     infer = ParallelLayout.from_config(gen.parallel_config)
     policy = piece_bytes(mcfg, train, rank=rank)
     optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard, rank)
-    groups = {"policy": policy, "grads": policy, "optimizer": optimizer,
-              "inference": piece_bytes(mcfg, infer) + inference_copy_bytes(mcfg, infer)}
+    shared = gen.inference_weights == "auto" and infer == train  # as grpo.builder.inference_shares_policy decides
+    inference = inference_copy_bytes(mcfg, infer) + (0 if shared else piece_bytes(mcfg, infer))
+    groups = {"policy": policy, "grads": policy, "optimizer": optimizer, "inference": inference}
     if rl.beta > 0:
         groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config),
                                           rank=rank)
     groups["kv_cache"] = kv_cache_bytes(mcfg, gen, infer)
-    groups["transient"] = largest_sync_bucket(mcfg, train, infer, rank, rl.weight_sync_bucket_bytes)
-    phases = {p: [g for g in PHASES[p] if g in groups] for p in ACTIVE_PHASES}
+    groups["transient"] = 0 if shared else largest_sync_bucket(mcfg, train, infer, rank, rl.weight_sync_bucket_bytes)
+    phases = {p: [g for g in (SHARED_PHASES if shared else PHASES)[p] if g in groups] for p in ACTIVE_PHASES}
     if rl.beta == 0:
         del phases["reference"]
     if not (rl.num_iterations > 1 or rl.num_mini_batches > 1):
         del phases["old_logprobs"]
     one_device = train.world_size == 1 and infer.world_size == 1
+    graphs = [p for p in phases if not (shared and p == "sync")]  # shared: no sync graphs
     return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train, rank), rank, train.stage(rank), train.pp,
-                      cpu_graph_bytes(mcfg, gcfg, phases) if one_device else {})
+                      cpu_graph_bytes(mcfg, gcfg, graphs) if one_device else {}, shared)
 
 
 def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
@@ -249,14 +257,20 @@ def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
     if p.stages > 1:
         lines += [f"Rank {p.rank}, training pipeline stage {p.stage} of {p.stages} (the stage with the largest peak).",
                   ""]
+    if p.shared:
+        lines += ["One copy of the weights: the inference layout is the training layout, so the engine generates "
+                  "with the policy model itself (generate_config.inference_weights: auto; a run given --sft_path_infer "
+                  "of its own, or inference_weights: copy, keeps a second copy). The inference group is the engine's "
+                  "fused layer copies alone, generating keeps the policy resident, and the sync moves nothing.", ""]
     lines += [f"| group | {unit} on each device |", "|-------|--------------------|"]
-    lines += [f"| {g} | {b / div:.2f} |" for g, b in p.groups.items()]
+    label = {"inference": "inference (the fused layer copies alone)"} if p.shared else {}
+    lines += [f"| {label.get(g, g)} | {b / div:.2f} |" for g, b in p.groups.items()]
     lines += [f"| activations (update, estimate) | {p.activations / div:.2f} |", "",
               f"| phase | resident with swap | {unit}, swap on | {unit}, swap off |",
               "|-------|--------------------|--------------|---------------|"]
     for phase, names in p.phases.items():
         extra = " + activations" if phase in _TRAINING else ""
-        extra += " + sync bucket" if phase == "sync" else ""
+        extra += " + sync bucket" if phase == "sync" and not p.shared else ""
         lines.append(f"| {phase} | {', '.join(names)}{extra} | {p.total(phase, True) / div:.2f} | "
                      f"{p.total(phase, False) / div:.2f} |")
     lines.append(f"| **peak** | | **{p.peak(True) / div:.2f}** | **{p.peak(False) / div:.2f}** |")

@@ -6,6 +6,11 @@ loads the ones it does. The manager keeps a ledger of device-resident bytes per 
 that no two of the exclusive groups (policy, reference, inference) are resident at once, and
 records the peak.
 
+When the inference model is the policy model itself (one copy of the weights where the layouts
+match: `mindgrpo/grpo/builder.py`), the "inference" group holds only what generating adds to the
+policy's parameters (the engine's fused copies of the layer weights), and generating needs the
+policy resident: `SHARED_PHASES`, and only policy and reference exclude each other.
+
 On Ascend the moves are `Parameter._offload()` / `_load()`. On CPU those calls do nothing
 (host and device are the same memory), so only the ledger moves; the ledger is then the
 figure that `scripts/plan_memory.py` predicts. With swap disabled every group stays resident
@@ -35,6 +40,9 @@ PHASES: Dict[str, Tuple[str, ...]] = {
     "sync": ("policy",),  # the inference side arrives bucket by bucket: see `transient`
     "validate": ("inference", "kv_cache"),
 }
+# the inference model being the policy: generating reads the policy's own weights (not its moments)
+SHARED_PHASES: Dict[str, Tuple[str, ...]] = {**PHASES, "rollout": ("policy", "inference", "kv_cache"),
+                                             "validate": ("policy", "inference", "kv_cache")}
 
 
 def nbytes(params) -> int:
@@ -54,8 +62,12 @@ class Group:
 
 
 class SwapManager:
-    def __init__(self, enabled: bool = True, device: str = "CPU"):
+    """shared_inference: the inference model is the policy itself (`SHARED_PHASES`)."""
+
+    def __init__(self, enabled: bool = True, device: str = "CPU", shared_inference: bool = False):
         self.enabled = enabled
+        self.phases = SHARED_PHASES if shared_inference else PHASES
+        self.exclusive = tuple(n for n in EXCLUSIVE if not (shared_inference and n == "inference"))
         self.real_moves = device == "Ascend"
         self.groups: Dict[str, Group] = {}
         self.peak = 0
@@ -82,7 +94,7 @@ class SwapManager:
 
     def _check_and_record(self) -> None:
         if self.enabled:
-            both = [n for n in EXCLUSIVE if n in self.groups and self.groups[n].resident]
+            both = [n for n in self.exclusive if n in self.groups and self.groups[n].resident]
             if len(both) > 1:
                 raise RuntimeError(f"swap invariant broken in phase {self.current!r}: {both} resident together")
         now = self.resident_bytes()
@@ -105,9 +117,9 @@ class SwapManager:
     @contextmanager
     def phase(self, name: str):
         """Run a block with the phase's groups resident (and, with swap on, the rest on host)."""
-        if name not in PHASES:
-            raise KeyError(f"unknown memory phase {name!r}; valid: {', '.join(PHASES)}")
-        need = PHASES[name]
+        if name not in self.phases:
+            raise KeyError(f"unknown memory phase {name!r}; valid: {', '.join(self.phases)}")
+        need = self.phases[name]
         self.current = name
         if self.enabled:
             for g in self.groups.values():  # offload first, so the invariant holds in between

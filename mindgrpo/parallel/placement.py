@@ -11,6 +11,9 @@ depends on how the run is laid out over devices, and runs the same build sequenc
     engine(...)     the RolloutEngine                  a DataParallelEngine: its replica's prompts,
                                                        the completions gathered on every rank
     weight_sync     WeightSync (a copy per bucket)     Reshard (policy layout -> the role's layout)
+    same_layout     True                               the role's layout equals the policy's
+    shared_sync     SharedWeights: nothing to move (the inference model is the policy), WeightSync's or
+                    Reshard's metrics keys at 0
     grad_reducer    None                               DataParallelGrads over the training dp group
     pipeline(role)  None (one stage)                   the role's Pipeline (its stage's hand-offs)
     rewards(set)    the RewardSet                      SharedRewards: rank 0 scores, every rank gets its scores
@@ -59,9 +62,32 @@ logger = logging.getLogger(__name__)
 
 ROLES = ("policy", "inference", "reference")
 Engine = Union[RolloutEngine, DataParallelEngine]
-Sync = Union[WeightSync, Reshard]
 Checkpoints = Union[LocalCheckpoints, ShardedCheckpoints]
 Rewards = Union[RewardSet, SharedRewards]
+
+
+# the metrics of the syncs SharedWeights stands in for (weight_sync.WeightSync, reshard.Reshard), so that a run
+# whose inference model is the policy keeps the columns of metrics.jsonl
+WEIGHT_SYNC_METRICS = ("sync/seconds", "sync/bytes", "sync/max_bucket_bytes")
+RESHARD_METRICS = ("sync/seconds", "sync/bytes", "sync/bytes_received", "sync/bytes_min", "sync/max_bucket_bytes")
+
+
+class SharedWeights:
+    """The weight sync of an inference model that is the policy model itself (`mindgrpo.grpo.builder`: one
+    copy where the layouts match): there is nothing to move; each call reports the metrics of the sync it
+    stands in for, all 0."""
+
+    def __init__(self, keys):
+        self.keys = tuple(keys)
+
+    def release(self) -> None:
+        """No graphs to drop."""
+
+    def __call__(self) -> Dict[str, float]:
+        return {k: 0.0 for k in self.keys}
+
+
+Sync = Union[WeightSync, Reshard, SharedWeights]
 
 
 def shard_dir(path: str, rank: int) -> Optional[str]:
@@ -96,6 +122,13 @@ class OneDevice:
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0) -> Sync:
         return WeightSync(src, dst, memory, bucket_bytes)
+
+    def same_layout(self, role: str) -> bool:
+        """One device holds every model whole: the role's parameters are the policy's, laid out alike."""
+        return True
+
+    def shared_sync(self) -> Sync:
+        return SharedWeights(WEIGHT_SYNC_METRICS)
 
     def rewards(self, rewards: RewardSet) -> Rewards:
         return rewards
@@ -169,6 +202,13 @@ class ParallelPlacement:
                     self.rank, self.layouts["policy"], role, self.layouts[role], sync.received / 2 ** 20,
                     sync.minimum / 2 ** 20)
         return sync
+
+    def same_layout(self, role: str) -> bool:
+        """The role's layout equals the policy's: every rank would build the same piece of the same model."""
+        return self.layouts[role] == self.layouts["policy"]
+
+    def shared_sync(self) -> Sync:
+        return SharedWeights(RESHARD_METRICS)
 
     def rewards(self, rewards: RewardSet) -> Rewards:
         """Rank 0 scores (only its reward pool starts), every rank gets the same scores."""

@@ -119,6 +119,39 @@ def test_resume_from_an_older_step_sets_the_newer_aside_and_resume_continues_exa
         assert r.get("loss") == sa[r["step"]].get("loss")
 
 
+# what differs between two runs of the same work: wall-clock figures
+TIMING = ("time/", "perf/", "seconds", "tokens_per_s", "throughput/")
+
+
+@pytest.mark.slow
+def test_an_inference_copy_gives_the_steps_of_the_shared_policy(tmp_path):
+    """On one device the run generates with the policy model itself (generate_config.inference_weights auto: one
+    copy of the weights, no sync). Forced to keep an inference copy synced after every update, the same run (a
+    dense reward, so that both steps update the policy and the second rollout reads the update) logs the same
+    validation and steps, in the same columns."""
+    dense = [f"reward_config.reward_plugin={os.path.join(REPO, 'tests', 'grpo', 'text_length_reward.py')}",
+             "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]"]
+    rows = {}
+    for weights in ("auto", "copy"):
+        run(tmp_path / weights, *dense, "sft_config.steps=0", "rl_config.max_steps=2", "rl_config.val_interval=2",
+            "rl_config.beta=0", "rl_config.num_mini_batches=1",  # fewer graphs: no reference, no old log-probs
+            f"generate_config.inference_weights={weights}")
+        rows[weights] = metrics(tmp_path / weights)
+    assert [r["step"] for r in rows["auto"]] == [r["step"] for r in rows["copy"]] == [0, 1, 2]
+    for a, b in zip(rows["auto"], rows["copy"]):
+        assert a.keys() == b.keys()
+        same = [k for k in a if not any(s in k for s in TIMING) and not k.startswith(("sync/", "memory/"))]
+        assert {k: a[k] for k in same} == {k: b[k] for k in same}, a["step"]
+    for a, b in zip(rows["auto"][1:], rows["copy"][1:]):
+        assert a["grad_norm"] > 0 and a["reward_std"] > 0  # each step updated the policy
+        assert a["sync/bytes"] == 0 < b["sync/bytes"]
+        # swap on: one copy of the weights resident at a time either way, so the same rollout and update phases;
+        # the sync phase has no bucket to take in
+        for phase in ("rollout", "update"):
+            assert a[f"memory/peak_bytes/{phase}"] == b[f"memory/peak_bytes/{phase}"], phase
+        assert a["memory/peak_bytes/sync"] < b["memory/peak_bytes/sync"]
+
+
 @pytest.mark.parametrize("extra, needle", [
     (["actor_config.load_checkpoint=/nonexistent/model.ckpt"],
      "config key 'actor_config.load_checkpoint': /nonexistent/model.ckpt does not exist"),

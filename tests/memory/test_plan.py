@@ -76,12 +76,13 @@ def test_the_sync_transient_is_the_largest_bucket_of_rl_config_weight_sync_bucke
     whole model, counted by hand; with 0 a decoder layer, the largest single bucket (the embedding is tied)."""
     assert plan(*load("qwen2_5_7b")).groups["transient"] == plan(*load(
         "qwen2_5_7b", "rl_config.weight_sync_bucket_mb=0")).groups["transient"]
-    cfg, m = load("tiny")
+    copy = "generate_config.inference_weights=copy"  # one device shares the policy by default: no sync at all
+    cfg, m = load("tiny", copy)
     assert cfg.rl_config.weight_sync_bucket_mb == 512 and m.tie_word_embeddings
     embedding = m.vocab_size * m.hidden_size
     whole = embedding + m.num_hidden_layers * layer_params(m, 1) + m.hidden_size
     assert plan(cfg, m).groups["transient"] == 4 * whole
-    cfg, m = load("tiny", "rl_config.weight_sync_bucket_mb=0")
+    cfg, m = load("tiny", copy, "rl_config.weight_sync_bucket_mb=0")
     assert layer_params(m, 1) > embedding and plan(cfg, m).groups["transient"] == 4 * layer_params(m, 1)
 
 
@@ -154,7 +155,8 @@ def test_the_cpu_graph_buffers_match_the_measured_peaks_kept_and_released():
     9.37 GB with rl_config.release_graphs (MindSpore 2.10's CPU runtime; measured, not by the plan)."""
     over = ["rl_config.batch_size=4", "rl_config.num_generations=4", "rl_config.beta=0.04",
             "generate_config.max_prompt_length=157", "generate_config.max_tokens=128",
-            "generate_config.max_num_seqs=16", "actor_config.micro_batch_size=4"]
+            "generate_config.max_num_seqs=16", "actor_config.micro_batch_size=4",
+            "generate_config.inference_weights=copy"]  # the benchmark builds the inference copy and its sync
     m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
     two = Qwen2Config(**{**m.__dict__, "num_hidden_layers": 2})
     p = plan(load_config(GRPOConfig, overrides=over), two)
@@ -171,3 +173,47 @@ def test_the_cpu_graph_buffers_match_the_measured_peaks_kept_and_released():
                                                               "generate_config.parallel_config.data_parallel=2",
                                                               "ref_config.parallel_config.data_parallel=2"]),
                     m).cpu_graphs
+
+
+def test_one_copy_of_the_weights_where_the_inference_layout_is_the_training_layout():
+    """The tiny default on one device: the inference model is the policy (generate_config.inference_weights
+    auto), so the weights are counted once (tiny_qwen2: vocabulary 512, hidden 128, 4 layers, 4 heads / 2 kv
+    heads of 32, intermediate 512, tied: its parameters and the engine's fused copies counted by hand here)."""
+    tiny = os.path.join(CONFIGS, "tiny", "grpo_config.yaml")
+    m = Qwen2Config.load(resolve_model_config("tiny_qwen2"))
+    assert (m.vocab_size, m.hidden_size, m.num_hidden_layers, m.intermediate_size, m.tie_word_embeddings) == \
+        (512, 128, 4, 512, True)
+    q, kv = 4 * 32, 2 * 32
+    params = 4 * (512 * 128 + 4 * layer_params(m, 1) + 128)
+    fused = 4 * 4 * (128 * (q + 2 * kv) + (q + 2 * kv) + q * 128 + 2 * 128 * 512 + 512 * 128)
+    shared, copy = plan(load_config(GRPOConfig, tiny), m), \
+        plan(load_config(GRPOConfig, tiny, ["generate_config.inference_weights=copy"]), m)
+    assert shared.shared and not copy.shared
+    assert shared.groups["policy"] == copy.groups["policy"] == params
+    assert shared.groups["inference"] == fused and copy.groups["inference"] == params + fused
+    assert shared.groups["transient"] == 0 < copy.groups["transient"]
+    # generating needs the weights either way: the policy's, or the copy's
+    assert shared.phases["rollout"] == ["policy", "inference", "kv_cache"]
+    assert shared.phase_bytes("rollout", True) == copy.phase_bytes("rollout", True) == params + fused + \
+        shared.groups["kv_cache"]
+    # with every group resident one copy fewer (the peak: the update with its activations), and on the CPU
+    # runtime also neither the sync bucket nor the sync's graphs
+    assert copy.peak(False) - shared.peak(False) == params
+    assert "sync" not in shared.cpu_graphs and copy.cpu_graphs["sync"] == params
+    assert copy.cpu_peak(False) - shared.cpu_peak(False) == 2 * params + copy.groups["transient"]
+    # other layouts keep the copy (resharded), and so does the key
+    apart = plan(load_config(GRPOConfig, tiny, ["actor_config.parallel_config.model_parallel=2",
+                                                 "generate_config.parallel_config.data_parallel=2"]), m)
+    assert not apart.shared and apart.groups["inference"] > fused
+
+
+def test_plan_memory_says_when_it_counts_one_copy():
+    script = os.path.join(REPO, "scripts", "plan_memory.py")
+    tiny = os.path.join(CONFIGS, "tiny", "grpo_config.yaml")
+    shared = subprocess.run([sys.executable, script, "--config", tiny], capture_output=True, text=True,
+                            check=True).stdout
+    copy = subprocess.run([sys.executable, script, "--config", tiny, "generate_config.inference_weights=copy"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "One copy of the weights" in shared and "One copy of the weights" not in copy
+    assert "| inference (the fused layer copies alone) |" in shared and "| sync | policy |" in shared
+    assert "| sync | policy + sync bucket |" in copy

@@ -11,7 +11,8 @@ or run, and MindSpore's own `transform_checkpoints`):
     one_stage    scripts/grpo_one_stage.py under msrun (tp2 swap on, then off; two pipeline stages) vs one process;
                  one process on packed rows vs one process
     zero1        scripts/grpo_one_stage.py under msrun with dp=2, AdamW moments whole and split (ZeRO-1),
-                 the split run stopped after one step and resumed from its sharded checkpoint
+                 the split run stopped after one step and resumed from its sharded checkpoint; inference
+                 also dp=2, so both generate with the policy itself (one copy of the weights)
 The four-rank job (resharding from (dp2, tp2), tp=4, pipeline stages) is in test_pipeline.py.
 """
 
@@ -371,3 +372,28 @@ def test_optimizer_shard_updates_bit_identically_and_keeps_half_the_moments(zero
                        ONE_STAGE + DP2 + ["actor_config.parallel_config.optimizer_shard=true"])
     assert shard[0]["memory/peak_bytes/update"] == pytest.approx(plan(gcfg, cfg).phase_bytes("update", True),
                                                                  rel=0.05)
+
+
+def test_equal_layouts_generate_with_the_policy_itself_and_the_sync_moves_nothing(zero1, one_stage):
+    """Training dp2 and inference dp2 (opt_whole, opt_shard): each rank generates with its policy replica itself
+    (one copy of the weights; mindgrpo/grpo/builder.py): the sync moves nothing and logs Reshard's columns at 0,
+    and the ledger's sync phase holds the policy alone, as scripts/plan_memory.py plans. Training tp2 against
+    inference dp2 (swap_on) keeps a resharded copy."""
+    from mindgrpo.parallel.placement import RESHARD_METRICS
+
+    for run in ("opt_whole", "opt_shard"):
+        for m in metrics(zero1 / run):
+            assert {k: m[k] for k in RESHARD_METRICS} == {k: 0.0 for k in RESHARD_METRICS}, run
+        for rank in (0, 1):
+            assert "inference: the policy model itself" in open(zero1 / run / "logs" / f"rank_{rank}.log").read()
+    assert step1(one_stage / "swap_on")["sync/bytes"] > 0
+    assert "inference: the policy model itself" not in open(one_stage / "swap_on" / "logs" / "rank_0.log").read()
+    whole = metrics(zero1 / "opt_whole")[0]
+    cfg = Qwen2Config.load(MICRO)
+    policy = sum(4 * int(np.prod(s)) for s in expected_shapes(cfg).values())  # dp2: every rank the whole model
+    gcfg = load_config(GRPOConfig, os.path.join(REPO, "model_configs", "qwen_grpo", "tiny", "grpo_config.yaml"),
+                       ONE_STAGE + DP2 + ["actor_config.parallel_config.optimizer_shard=false"])
+    predicted = plan(gcfg, cfg)
+    assert predicted.shared and predicted.phase_bytes("sync", True) == policy
+    assert whole["memory/peak_bytes/sync"] == policy
+    assert whole["memory/peak_bytes/rollout"] <= predicted.phase_bytes("rollout", True)
