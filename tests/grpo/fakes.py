@@ -1,6 +1,10 @@
 """Stand-ins for the trainer's collaborators and small inputs shared by the tests of tests/grpo (which is on
 sys.path under pytest)."""
 
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 
 class RecordingLog:
     """The metrics log: keeps each step's metrics in `rows`; completions are dropped."""
@@ -28,3 +32,15 @@ def ragged_experience():
     exp = pack(prompts, responses, rng.standard_normal(4).astype(np.float32), step=8)
     exp.ref_logp = (-6.0 + 0.3 * rng.standard_normal(exp.labels.shape)).astype(np.float32) * exp.mask
     return exp
+
+
+def one_layer_micro(folder) -> str:
+    """tests/grpo/micro_qwen2.yaml with one decoder layer, written into `folder`: its path. A graph of one
+    layer compiles in about 0.6x the CPU time of two."""
+    with open(os.path.join(HERE, "micro_qwen2.yaml")) as f:
+        text = f.read().replace("num_hidden_layers: 2", "num_hidden_layers: 1")
+    assert "num_hidden_layers: 1" in text
+    path = os.path.join(str(folder), "micro_one_layer.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path

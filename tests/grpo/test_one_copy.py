@@ -18,6 +18,8 @@ from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.weight_sync import WeightSync
 from mindgrpo.utils.progress import Progress
 
+from fakes import one_layer_micro  # tests/grpo is on sys.path under pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 # as test_variants.py: a dense reward (every group has a spread, so the step moves the weights), swap on (the
 # ledger moves groups in and out at each phase and checks which may be resident together); 8 decode slots and
@@ -67,11 +69,7 @@ def run(tmp_path_factory):
     previous = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE)
     out = tmp_path_factory.mktemp("one_copy")
-    with open(os.path.join(HERE, "micro_qwen2.yaml")) as f:  # one layer: fewer seconds of compiling
-        text = f.read().replace("num_hidden_layers: 2", "num_hidden_layers: 1")
-    assert "num_hidden_layers: 1" in text
-    model = out / "micro_one_layer.yaml"
-    model.write_text(text)
+    model = one_layer_micro(out)  # fewer seconds of compiling
     cfg = load_config(GRPOConfig, None, MICRO + [f"actor_config.model={model}", f"rl_config.output_dir={out}"])
     parts = builder.build(cfg, builder.Paths(output_dir=str(out)))
     trainer = builder.make_trainer(cfg, parts, NoLog(), Progress(1), str(out))

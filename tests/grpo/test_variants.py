@@ -23,6 +23,8 @@ from mindgrpo.inference.engine import Completion
 from mindgrpo.models.scoring import SequenceLogits
 from mindgrpo.utils.progress import Progress
 
+from fakes import one_layer_micro  # tests/grpo is on sys.path under pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MICRO = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
          "generate_config.max_tokens=8", "synthetic_config.template=raw", "actor_config.lr=1e-3",
@@ -50,12 +52,7 @@ def trainer_for(tmp_path_factory):
     previous = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE)
     out = tmp_path_factory.mktemp("variants")
-    # micro_qwen2.yaml with one layer: each loss graph compiles in 0.6x the CPU time of two layers
-    with open(os.path.join(HERE, "micro_qwen2.yaml")) as f:
-        text = f.read().replace("num_hidden_layers: 2", "num_hidden_layers: 1")
-    assert "num_hidden_layers: 1" in text
-    model = out / "micro_one_layer.yaml"
-    model.write_text(text)
+    model = one_layer_micro(out)  # fewer seconds of compiling
     base = load_config(GRPOConfig, None, MICRO + [f"actor_config.model={model}", f"rl_config.output_dir={out}"])
     parts = builder.build(base, builder.Paths(output_dir=str(out)))
     trainers = {}
