@@ -28,9 +28,10 @@ it in turn, the two alternated step by step for --repeats rounds (`measure`):
 Seconds are medians of the rounds (padded's over all its rounds; the ratios against padded from the
 rounds beside it); peak RSS is each process's VmHWM at the end (the warm-up's compiles included).
 Writes --output (`{"configs": {NAME: {"longtail": {...}, "equal": {...}}}}`, the details beside,
-each config's run stamp in "stamps") and a markdown table with the same name.
---keep FILE: the configs of an earlier results file that this run does not measure are kept in
---output beside the new ones, with their own run stamps (one config at a time into one table).
+each workload's run stamp in "stamps": {NAME: {KIND: stamp}}) and a markdown table with the same name.
+--keep FILE: the workloads (config and kind) of an earlier results file that this run does not
+measure are kept in --output beside the new ones, with their own run stamps (one workload at a time
+into one table).
 """
 
 from __future__ import annotations
@@ -239,10 +240,10 @@ def summary(details: dict) -> dict:
 
 
 def markdown(res: dict) -> str:
-    stamps = res["stamps"]
-    lines = [f"# Reference + update: padded, token budget, packed, TRL ({max(s['date'] for s in stamps.values())})", ""]
-    lines += [f"{name}: `{s['command']}` on {s['date']}, {s['machine']}, load average {s['load_average']}, "
-              f"{s['repeats']} rounds{', ' + s['code'] if 'code' in s else ''}." for name, s in stamps.items()]
+    stamps = [(f"{name} {kind}", s) for name, by_kind in res["stamps"].items() for kind, s in by_kind.items()]
+    lines = [f"# Reference + update: padded, token budget, packed, TRL ({max(s['date'] for _, s in stamps)})", ""]
+    lines += [f"{workload}: `{s['command']}` on {s['date']}, {s['machine']}, load average {s['load_average']}, "
+              f"{s['repeats']} rounds{', ' + s['code'] if 'code' in s else ''}." for workload, s in stamps]
     lines += ["", "Seconds per step (the reference log-probs, then one optimizer step over every sample), medians of "
               "the rounds; each ratio (above 1: faster than padded) from rounds alternated with the "
               "padded side; peak RSS of each side's process.", "",
@@ -277,19 +278,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="PyTorch's threads (TRL's side)")
     ap.add_argument("--output", default=os.path.join(RESULTS, "update.json"))
-    ap.add_argument("--keep", help="an earlier results file whose configs this run does not measure stay in --output")
+    ap.add_argument("--keep", help="an earlier results file whose workloads (config, kind) this run does not "
+                    "measure stay in --output")
     args = ap.parse_args(argv)
     if args.samples % MICRO:
         ap.error(f"--samples must be a multiple of {MICRO} (the micro-batch), got {args.samples}")
     stamp = dict(run_stamp("benchmarks.packing", argv), repeats=args.repeats, code=code_version())
     res = {"stamp": stamp, "configs": {}, "details": {}, "stamps": {}}
     if args.keep:
-        res = kept(args.keep, res, args.configs)
+        res = kept(args.keep, res, args.configs, args.kinds)
     with tempfile.TemporaryDirectory() as folder:
         for name in args.configs:
-            res["stamps"][name] = stamp
             for kind in args.kinds:
                 d = measure(name, kind, args.samples, args.max_len, args.repeats, folder, args.threads)
+                res["stamps"].setdefault(name, {})[kind] = stamp
                 res["details"].setdefault(name, {})[kind] = d
                 res["configs"].setdefault(name, {})[kind] = summary(d)
                 print(name, kind, res["configs"][name][kind], flush=True)
@@ -297,21 +299,25 @@ def main(argv=None) -> dict:
     return res
 
 
-def kept(path: str, res: dict, measured: List[str]) -> dict:
-    """res with the configs of the results file `path` that are not in `measured`, each with its run
-    stamp (a file written before "stamps" existed: its one stamp and "repeats")."""
+def kept(path: str, res: dict, configs: List[str], kinds: List[str]) -> dict:
+    """res with the workloads of the results file `path` that this run does not measure (a config of
+    `configs` with a kind of `kinds`), each with its run stamp. Older layouts: one stamp per config
+    ("stamps": {NAME: stamp}), or one for the file ("stamp" and "repeats")."""
     try:
         with open(path) as f:
             old = json.load(f)
-        for name in old["configs"]:
-            if name not in measured:
-                res["configs"][name], res["details"][name] = old["configs"][name], old["details"][name]
-                res["stamps"][name] = old["stamps"][name] if "stamps" in old else dict(old["stamp"],
-                                                                                       repeats=old["repeats"])
-    except (OSError, ValueError, KeyError) as e:
+        for name, by_kind in old["configs"].items():
+            stamps = old["stamps"][name] if "stamps" in old else dict(old["stamp"], repeats=old["repeats"])
+            for kind in by_kind:
+                if name in configs and kind in kinds:
+                    continue
+                stamp = stamps if "command" in stamps else stamps[kind]
+                res["configs"].setdefault(name, {})[kind] = by_kind[kind]
+                res["details"].setdefault(name, {})[kind] = old["details"][name][kind]
+                res["stamps"].setdefault(name, {})[kind] = stamp
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"--keep {path}: not a benchmarks.packing results file ({type(e).__name__}: {e})")
     return res
-
 
 if __name__ == "__main__":
     main()

@@ -38,7 +38,7 @@ def _details(value):
     return {"longtail": dict({s: dict(side) for s in SIDES}, workload=work)}
 
 
-def test_keep_carries_the_configs_this_run_does_not_measure_with_their_own_stamps(tmp_path):
+def test_keep_carries_the_workloads_this_run_does_not_measure_with_their_own_stamps(tmp_path):
     old_stamp = {"command": "python -m benchmarks.packing --configs a", "date": "2026-11-25", "machine": "m",
                  "load_average": "0.1 0.2 0.3"}
     stored = {"stamp": old_stamp, "repeats": 3,  # the layout before per-config stamps
@@ -48,25 +48,35 @@ def test_keep_carries_the_configs_this_run_does_not_measure_with_their_own_stamp
     path = tmp_path / "update.json"
     path.write_text(json.dumps(stored))
     new_stamp = dict(old_stamp, command="python -m benchmarks.packing --configs b", date="2026-11-26", repeats=2)
-    res = kept(str(path), {"stamp": new_stamp, "configs": {}, "details": {}, "stamps": {}}, ["b"])
+    res = kept(str(path), {"stamp": new_stamp, "configs": {}, "details": {}, "stamps": {}}, ["b"], ["longtail"])
     assert list(res["configs"]) == ["a"] and res["details"]["a"] == stored["details"]["a"]
-    assert res["stamps"] == {"a": dict(old_stamp, repeats=3)}
+    assert res["stamps"] == {"a": {"longtail": dict(old_stamp, repeats=3)}}
     res["configs"]["b"], res["details"]["b"], res["stamps"]["b"] = {"longtail": summary(_details(5.0)["longtail"])}, \
-        _details(5.0), new_stamp
+        _details(5.0), {"longtail": new_stamp}
     table = markdown(res)
-    assert "a: `python -m benchmarks.packing --configs a` on 2026-11-25" in table and "3 rounds" in table
-    assert "b: `python -m benchmarks.packing --configs b` on 2026-11-26" in table and "2 rounds" in table
+    assert "a longtail: `python -m benchmarks.packing --configs a` on 2026-11-25" in table and "3 rounds" in table
+    assert "b longtail: `python -m benchmarks.packing --configs b` on 2026-11-26" in table and "2 rounds" in table
     assert "| a | longtail | 1.00 |" in table and "| b | longtail | 5.00 |" in table
-    # a file of the new layout keeps its per-config stamps
+    # a file of the current layout: a workload of a measured config that this run does not measure
+    # stays (b's longtail beside a run of b's equal), with its own stamp
     path.write_text(json.dumps(res))
-    assert kept(str(path), {"configs": {}, "details": {}, "stamps": {}}, ["a"])["stamps"] == {"b": new_stamp}
+    again = kept(str(path), {"configs": {}, "details": {}, "stamps": {}}, ["a", "b"], ["equal"])
+    assert again["stamps"] == {"a": {"longtail": dict(old_stamp, repeats=3)}, "b": {"longtail": new_stamp}}
+    assert again["configs"]["b"] == res["configs"]["b"]
+    assert kept(str(path), {"configs": {}, "details": {}, "stamps": {}}, ["a"], ["longtail"])["stamps"] == {
+        "b": {"longtail": new_stamp}}
+    # the layout of one stamp per config (2026-11-26): that stamp for each of its workloads
+    per_config = dict(res, stamps={"a": dict(old_stamp, repeats=3), "b": new_stamp})
+    path.write_text(json.dumps(per_config))
+    assert kept(str(path), {"configs": {}, "details": {}, "stamps": {}}, ["a"], ["longtail"])["stamps"] == {
+        "b": {"longtail": new_stamp}}
 
 
 def test_keep_refuses_a_file_that_is_not_a_results_file_naming_it(tmp_path):
     path = tmp_path / "other.json"
     path.write_text(json.dumps({"configs": {"a": {}}}))
     with pytest.raises(SystemExit, match=f"--keep {path}: not a benchmarks.packing results file"):
-        kept(str(path), {"configs": {}, "details": {}, "stamps": {}}, [])
+        kept(str(path), {"configs": {}, "details": {}, "stamps": {}}, [], [])
 
 
 def test_packing_memory_splits_a_sides_readings_by_phase_and_new_shape():
