@@ -66,16 +66,11 @@ Checkpoints = Union[LocalCheckpoints, ShardedCheckpoints]
 Rewards = Union[RewardSet, SharedRewards]
 
 
-# the metrics of the syncs SharedWeights stands in for (weight_sync.WeightSync, reshard.Reshard), so that a run
-# whose inference model is the policy keeps the columns of metrics.jsonl
-WEIGHT_SYNC_METRICS = ("sync/seconds", "sync/bytes", "sync/max_bucket_bytes")
-RESHARD_METRICS = ("sync/seconds", "sync/bytes", "sync/bytes_received", "sync/bytes_min", "sync/max_bucket_bytes")
-
-
 class SharedWeights:
     """The weight sync of an inference model that is the policy model itself (`mindgrpo.grpo.builder`: one
     copy where the layouts match): there is nothing to move; each call reports the metrics of the sync it
-    stands in for, all 0."""
+    stands in for, all 0 (its keys: WeightSync.METRICS or Reshard.metric_names(), so that a run whose
+    inference model is the policy keeps the columns of metrics.jsonl)."""
 
     def __init__(self, keys):
         self.keys = tuple(keys)
@@ -128,7 +123,7 @@ class OneDevice:
         return True
 
     def shared_sync(self) -> Sync:
-        return SharedWeights(WEIGHT_SYNC_METRICS)
+        return SharedWeights(WeightSync.METRICS)
 
     def rewards(self, rewards: RewardSet) -> Rewards:
         return rewards
@@ -208,7 +203,7 @@ class ParallelPlacement:
         return self.layouts[role] == self.layouts["policy"]
 
     def shared_sync(self) -> Sync:
-        return SharedWeights(RESHARD_METRICS)
+        return SharedWeights(Reshard.metric_names())
 
     def rewards(self, rewards: RewardSet) -> Rewards:
         """Rank 0 scores (only its reward pool starts), every rank gets the same scores."""

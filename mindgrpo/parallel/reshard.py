@@ -154,6 +154,13 @@ class Reshard:
     (`reshard_plan.sync_buckets`; 0: one per decoder layer). Calling it returns per-rank metrics:
     seconds, bytes received, the minimum bytes, the largest bucket."""
 
+    METRICS = ("seconds", "bytes", "bytes_received", "bytes_min", "max_bucket_bytes")  # after "<prefix>/"
+
+    @classmethod
+    def metric_names(cls, prefix: str = "sync") -> tuple:
+        """The keys of each call's metrics for a sync logged under `prefix`."""
+        return tuple(f"{prefix}/{m}" for m in cls.METRICS)
+
     def __init__(self, src: nn.Cell, dst: nn.Cell, src_layout: ParallelLayout, dst_layout: ParallelLayout,
                  comm, full_shapes: Dict[str, Tuple[int, ...]], memory=None, prefix: str = "sync",
                  bucket_bytes: int = 0):
@@ -190,7 +197,6 @@ class Reshard:
         for graph, src, size in self.buckets:
             with self.memory.transient(size) if self.memory is not None else nullcontext():
                 graph(tuple(p.value() for p in src))
-        k = self.prefix
-        return {f"{k}/seconds": time.perf_counter() - t0, f"{k}/bytes": float(self.total_bytes),
-                f"{k}/bytes_received": float(self.received), f"{k}/bytes_min": float(self.minimum),
-                f"{k}/max_bucket_bytes": float(self.max_bucket_bytes)}
+        values = (time.perf_counter() - t0, float(self.total_bytes), float(self.received), float(self.minimum),
+                  float(self.max_bucket_bytes))
+        return dict(zip(self.metric_names(self.prefix), values))

@@ -51,6 +51,8 @@ class WeightSync:
     one bucket at a time; bucket_bytes: consecutive layer buckets joined up to this many bytes of
     fp32 parameters (0: one per decoder layer), as `reshard_plan.sync_buckets` and the memory plan."""
 
+    METRICS = ("sync/seconds", "sync/bytes", "sync/max_bucket_bytes")  # the keys of each call's metrics
+
     def __init__(self, src: nn.Cell, dst: nn.Cell, memory=None, bucket_bytes: int = 0):
         src_p, dst_p = named_parameters(src), named_parameters(dst)
         _check_same_names(src_p, dst_p)
@@ -72,5 +74,5 @@ class WeightSync:
         for graph, src, size in self.buckets:
             with self.memory.transient(size) if self.memory is not None else nullcontext():
                 graph(ms.mutable(tuple(p.value() for p in src)))  # inputs, not constants: no recompiling
-        return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(self.total_bytes),
-                "sync/max_bucket_bytes": float(self.max_bucket_bytes)}
+        return dict(zip(self.METRICS, (time.perf_counter() - t0, float(self.total_bytes),
+                                       float(self.max_bucket_bytes))))
