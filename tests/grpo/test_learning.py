@@ -11,8 +11,8 @@ start, then 20 GRPO steps with the accuracy reward, the 2-layer model): held-out
 rise by 0.25 (seeds 1, 2 and 3 rose by 0.40 to 0.52 when measured; README). About 3 minutes alone on
 a 2-core machine, more in CI beside the other tests: the subprocess timeout only guards against a hang.
 The outcome depends on the whole trajectory, which any change of rounding moves: with the
-embedding's gradient summed in another order (tried 2026-11-24 on the 4-layer model of the time, correct to 1e-6, then reverted)
-seed 1 rose only 0.28 -> 0.47 by step 20 and stalled at 0.45 through step 100, while seeds 2 and 3
+embedding's gradient summed in another order (tried 2026-11-24 on the 4-layer model of the time,
+correct to 1e-6, then reverted) seed 1 rose only 0.28 -> 0.47 by step 20 and stalled at 0.45 through step 100, while seeds 2 and 3
 rose by 0.60 and 0.55; this test is what caught it.
 """
 
