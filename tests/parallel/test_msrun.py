@@ -70,7 +70,8 @@ def assert_resharded_as_transform_checkpoints(arrays, trained, resharded, cfg, w
 @pytest.fixture(scope="module")
 def two_rank_job(tmp_path_factory):
     """Every two-rank check of this file in one msrun launch: the two_ranks worker on shards that
-    scripts/transform_checkpoint.py cut, then the one-stage runs (whose single-process peer runs first)."""
+    scripts/transform_checkpoint.py cut, then the one-stage runs (whose single-process peers, one process on
+    padded rows and on packed rows (tests/parallel/workers/one_stage_runs.py), run first)."""
     work = tmp_path_factory.mktemp("two_rank_job")
     full = Qwen2ForCausalLM(CFG, seed=SHARD_SEED)
     ms.save_checkpoint([{"name": n, "data": p} for n, p in full.parameters_and_names()], str(work / "full.ckpt"))
@@ -78,10 +79,14 @@ def two_rank_job(tmp_path_factory):
     subprocess.run([sys.executable, os.path.join(REPO, "scripts", "transform_checkpoint.py"),
                     f"--src_checkpoint={work / 'full.ckpt'}", f"--dst_checkpoint={work / 'shards'}",
                     f"--dst_strategy={strategy}"], check=True, capture_output=True, timeout=600)
-    for run, extra in (("single", []), ("single_packed", PACKED)):
-        subprocess.run([sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--swap", "False",
-                        "--output_dir", str(work / "runs" / run), *ONE_STAGE, *extra], check=True,
-                       capture_output=True, timeout=900)  # a guard against a hang: 20 to 60 s alone, minutes if busy
+    # both single-process peers in one process (one start-up); tests/parallel on the path: worker_clock
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    single = subprocess.run([sys.executable, os.path.join(REPO, "tests", "parallel", "workers", "one_stage_runs.py"),
+                             str(work / "runs"), "single,single_packed", *ONE_STAGE], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=1200)  # a guard against a hang: 20 to 60 s a run alone
+    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
+    print(single.stdout, end="")  # its [clock ...] lines, shown with -s or on a failure
     (work / "out").mkdir()
     run_msrun("several.py", 2, str(work / "log"),
               ["two_ranks.py", work / "out", work / "shards",
@@ -206,8 +211,6 @@ ONE_STAGE = ["rl_config.max_steps=1", "sft_config.steps=0", "rl_config.val_inter
              "reward_config.reward_plugin=" + os.path.join(REPO, "tests", "parallel", "workers", "text_length_reward.py")]
 TP2 = ["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"]
 PP2 = ["actor_config.parallel_config.pipeline_stage=2", "generate_config.parallel_config.data_parallel=2"]
-# the single-process peer on packed rows (mindgrpo/grpo/packing.py): the trainer's update through them
-PACKED = ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true"]
 
 
 def step1(folder):

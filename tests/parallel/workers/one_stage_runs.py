@@ -1,11 +1,14 @@
-"""msrun worker for tests/parallel/test_msrun.py: scripts/grpo_one_stage.py several times in one job,
+"""Worker for tests/parallel/test_msrun.py: scripts/grpo_one_stage.py several times in one process,
 with the given key=value settings plus each run's own, into folders of OUT_DIR named after the runs:
 
     msrun --worker_num=2 ... one_stage_runs.py OUT_DIR RUN[,RUN ...] [key=value ...]
+    python one_stage_runs.py OUT_DIR single,single_packed [key=value ...]
 
-Runs: swap_on, swap_off (training tp2, swap on and off), pp2 (two pipeline stages), opt_whole,
-opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1). opt_shard stops after
-one step and resumes (--resume) for the second: its sharded checkpoint is read back by every rank.
+Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and off), pp2 (two
+pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1).
+opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
+back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
+one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
 """
 
 import gc
@@ -25,14 +28,19 @@ TP2 = ["actor_config.parallel_config.model_parallel=2", "generate_config.paralle
 PP2 = ["actor_config.parallel_config.pipeline_stage=2", "generate_config.parallel_config.data_parallel=2"]
 DP2 = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel_config.data_parallel=2",
        "rl_config.max_steps=2"]  # two steps: the second update reads the moments of the first
+# the single-process peer on packed rows (mindgrpo/grpo/packing.py): the trainer's update through them
+PACKED = ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true"]
+MSRUN = ["--use_parallel", "True"]
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
-    "swap_on": [(["--swap", "True"], TP2)],
-    "swap_off": [(["--swap", "False"], TP2)],
-    "pp2": [(["--swap", "True"], PP2)],
-    "opt_whole": [([], DP2 + ["actor_config.parallel_config.optimizer_shard=false"])],
-    "opt_shard": [([], DP2 + ["actor_config.parallel_config.optimizer_shard=true", "rl_config.max_steps=1"]),
-                  (["--resume"], DP2 + ["actor_config.parallel_config.optimizer_shard=true"])],
+    "swap_on": [(MSRUN + ["--swap", "True"], TP2)],
+    "swap_off": [(MSRUN + ["--swap", "False"], TP2)],
+    "pp2": [(MSRUN + ["--swap", "True"], PP2)],
+    "opt_whole": [(MSRUN, DP2 + ["actor_config.parallel_config.optimizer_shard=false"])],
+    "opt_shard": [(MSRUN, DP2 + ["actor_config.parallel_config.optimizer_shard=true", "rl_config.max_steps=1"]),
+                  (MSRUN + ["--resume"], DP2 + ["actor_config.parallel_config.optimizer_shard=true"])],
+    "single": [(["--swap", "False"], [])],
+    "single_packed": [(["--swap", "False"], PACKED)],
 }
 
 out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
@@ -42,8 +50,7 @@ if unknown:
 clock = Clock("one_stage_runs")
 for name in names:
     for flags, more in RUNS[name]:
-        code = grpo_one_stage.main(["--use_parallel", "True", *flags, "--output_dir", os.path.join(out, name),
-                                    *overrides, *more])
+        code = grpo_one_stage.main([*flags, "--output_dir", os.path.join(out, name), *overrides, *more])
         if code:
             sys.exit(code)
         clock.mark(" ".join([name, *flags]))

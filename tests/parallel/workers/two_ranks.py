@@ -93,7 +93,7 @@ dp_budget = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
 for key, lm, reducer, chunk, batching in (
         ("dense", dense, None, 0, {}), ("tp", tp, None, 0, {}),
         ("dp", dp_model, DataParallelGrads(dp_comm, dp_comm.train_dp), 0, {}),
-        ("tp_chunked", tp_chunked, None, 3, {}),
+        ("tp_chunked", tp_chunked, None, 24, {}),  # (2, 32) micro-batches: chunks of 24, 24 and 16 rows
         ("tp_packed", tp_packed, None, 0, dict(max_tokens=96, packing=True)),
         ("dp_budget", dp_budget, DataParallelGrads(dp_comm, dp_comm.train_dp), 0, dict(max_tokens=64))):
     updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=reducer, chunk=chunk,
