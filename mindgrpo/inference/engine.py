@@ -22,6 +22,15 @@ about 8 rows and 32 positions, so a run compiles at most (`graph_bound`)
 call of 64 prompts x 8 samples compiles about 8, 2 and 3). Prefill and copy graphs touch only
 the rows they write and compile faster than a decode graph.
 
+With `layerwise` (generate_config.layerwise) a prefill or decode step is a few graphs instead of one:
+its inputs (`PrefillInputs`, `DecodeInputs`: embedding, RoPE rows, cache rows, mask), one layer graph
+(`PrefillLayer`, `DecodeLayer`) called for every decoder layer with that layer's weights and cache as
+inputs, and (decode) `DecodeHead`: the final norm, the head and the sampler; the fused copies are
+refreshed by one layer graph too (`layers.InferenceWeights`). The same ops on the same shapes, so the
+same tokens and log-probs bit for bit (`tests/inference/test_layerwise.py`); MindSpore's CPU runtime then
+keeps one layer's graph buffers instead of every layer's (`benchmarks/results/layerwise_generate.md`), and
+a shape compiles the same few graphs whatever the number of layers (each key above: three graphs).
+
 The cache (`graphs.KVCache`) is allocated once, at the first call, for S slots of capacity C =
 `max_model_len` (or the first call's longest prompt + max_tokens, grown if a later call needs
 more); `cache_bytes()` is what the memory ledger counts.

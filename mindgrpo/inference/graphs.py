@@ -24,6 +24,12 @@ tokens, a copy's padding) is masked until the row overwrites it.
                           samples -> (B, 3): token, its log-prob under the
                           sampled distribution, its log-prob under softmax(logits / T); and the
                           logits (B, V)
+
+Layer by layer (the engine's `layerwise`): PrefillInputs / DecodeInputs make what the layers share,
+PrefillLayer / DecodeLayer run one layer given its weights and its k/v caches as graph inputs (mutable
+tuples of the Parameters themselves: read and written in place, one compile for every layer), DecodeHead
+the head and the sampler. The whole graphs and the layer graphs call the same per-layer functions
+(`_prefill_layer`, `_decode_layer`), so they compute the same thing bit for bit.
 """
 
 from __future__ import annotations
