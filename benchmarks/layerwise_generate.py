@@ -10,9 +10,10 @@ memory   The 0.5B shape (hidden 896, intermediate 4864, 14 / 2 heads, tied, voca
          first call (prefill, copy and decode graphs compiled, the fused copies refreshed), then a second
          call. Resident memory after each and its peak (VmHWM) in GB = 10^9 bytes; fixed + per layer from
          the two layer counts, extrapolated to 24. The sides' tokens and log-probs must be equal bit for bit.
-tiny     The tiny default's rollout (tiny_qwen2: 4 layers, hidden 128, vocabulary 512; 32 prompts of 20 to
-         60 random tokens x G = 8, 40 forced tokens at temperature 0.7, 256 slots) in one process: each side's
-         first call (compiles), then --tiny-rounds rounds of one call per side, alternating; the median.
+tiny     The tiny default's rollout (32 prompts of 20 to 60 random tokens x G = 8, 40 forced tokens at
+         temperature 0.7, 256 slots) on tiny_qwen2 (4 layers, hidden 128, vocabulary 512) and on its 2-layer
+         cut with an MLP of 256 (the tiny default's model on main since 5374cc1), each in its own process:
+         each side's first call (compiles), then --tiny-rounds rounds of one call per side, alternating.
 
 MindSpore 2.10's CPU runtime keeps the buffers of every compiled graph after it ran: the whole-model
 prefill and decode graphs and the fused-weight refresh keep every layer's intermediates; the layer graphs
@@ -85,13 +86,20 @@ def fit(res: dict, side: str) -> dict:
     return {"fixed_gb": fixed, "per_layer_gb": slope, "at_24_gb": fixed + slope * FULL_LAYERS}
 
 
+# tiny_qwen2, and the 2-layer model with an MLP of 256 that the tiny default trains on main since 5374cc1
+TINY_MODELS = {"tiny_qwen2 (4 layers)": {}, "2 layers, MLP 256": {"num_hidden_layers": 2, "intermediate_size": 256}}
+
+
 def tiny_timing(rounds: int) -> dict:
-    """Both sides on the tiny default's rollout in this process (a child: MindSpore's threads stay there)."""
-    with Workers() as workers:
-        return workers.start(_tiny_side, rounds).recv()
+    """Both sides on the tiny default's rollout, per tiny model, each model in its own process."""
+    out = {}
+    for name, overrides in TINY_MODELS.items():
+        with Workers() as workers:
+            out[name] = workers.start(_tiny_side, rounds, overrides).recv()
+    return out
 
 
-def _tiny_side(conn, rounds: int) -> None:
+def _tiny_side(conn, rounds: int, overrides: dict) -> None:
     import mindspore as ms
 
     from mindgrpo.inference.engine import RolloutEngine
@@ -100,7 +108,7 @@ def _tiny_side(conn, rounds: int) -> None:
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    lm = Qwen2ForCausalLM(preset_config("tiny_qwen2"), seed=0)
+    lm = Qwen2ForCausalLM(preset_config("tiny_qwen2", **overrides), seed=0)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 512, int(n)).tolist() for n in rng.integers(20, 61, 32)]
     params = SamplingParams(max_tokens=40, temperature=0.7, n=8, seed=1, ignore_stop=True)
@@ -145,16 +153,15 @@ def markdown(res: dict) -> str:
         f = res["fit"][side]
         lines.append(f"- {side}: +held = {f['fixed_gb']:.3f} + {f['per_layer_gb']:.3f} GB per layer -> "
                      f"{f['at_24_gb']:.2f} GB at 24 layers")
-    t = res["tiny"]
     lines += ["", "## Time: the tiny default's rollout", "",
-              "tiny_qwen2 (4 layers, hidden 128, vocabulary 512), 32 prompts of 20-60 random tokens x G = 8, 40 "
-              f"forced tokens at temperature 0.7, 256 slots; one process, {len(t['times_s']['whole'])} alternating "
-              "rounds after each side's first (compiling) call.", "",
-              "| side | first call s | median later call s | ratio |", "|---|---|---|---|"]
-    for side in SIDES:
-        lines.append(f"| {side} | {t['first_s'][side]:.2f} | {t['median_s'][side]:.3f} | "
-                     f"{t['median_s'][side] / t['median_s']['whole']:.2f}x |")
-    lines += ["", f"Same tokens: {t['same_tokens']}."]
+              "32 prompts of 20-60 random tokens x G = 8, 40 forced tokens at temperature 0.7, 256 slots (vocabulary "
+              "512, hidden 128); each model in its own process, both sides in it: each side's first (compiling) call, "
+              "then alternating rounds of one call each.", "",
+              "| model | side | first call s | median later call s | ratio | same tokens |", "|---|---|---|---|---|---|"]
+    for model, t in res["tiny"].items():
+        for side in SIDES:
+            lines.append(f"| {model} | {side} | {t['first_s'][side]:.2f} | {t['median_s'][side]:.3f} | "
+                         f"{t['median_s'][side] / t['median_s']['whole']:.2f}x | {t['same_tokens']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -166,7 +173,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     res = dict(run_stamp("benchmarks.layerwise_generate", argv), code=code_version())
     res["tiny"] = tiny_timing(args.tiny_rounds)
-    print(f"tiny: {res['tiny']['median_s']}", flush=True)
+    print(f"tiny: {[t['median_s'] for t in res['tiny'].values()]}", flush=True)
     res["memory"] = measure_memory(args.layers)
     res["fit"] = {side: fit(res["memory"], side) for side in SIDES}
     res["load_average_end"] = os.getloadavg()[0]
