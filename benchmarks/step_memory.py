@@ -196,6 +196,9 @@ def main(argv=None) -> int:
             print(f"step: {step['step_s']:.1f} s, peak {step['step_peak_gb']:.2f} GB; "
                   + ", ".join(f"{r['phase']} {r['seconds']:.1f} s {r['peak_gb']:.2f} GB" for r in step["phases"]),
                   flush=True)
+            res["process_peak_gb"] = max([res["built"]["build_peak_gb"]] + [s["step_peak_gb"] for s in res["steps"]])
+            res["load_average_end"] = os.getloadavg()[0]
+            write_results(output, res, markdown(res))  # each step as it comes: a run stopped later keeps it
         worker.ask("stop")
         res["process_peak_gb"] = max([res["built"]["build_peak_gb"]] + [s["step_peak_gb"] for s in res["steps"]])
     res["load_average_end"] = os.getloadavg()[0]
