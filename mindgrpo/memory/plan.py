@@ -46,8 +46,11 @@ compiled graph: per decoder layer about 0.71 GB for the update graph (the estima
 (`cpu_graph_bytes`, `MemoryPlan.cpu_peak`): every phase's kept, or with rl_config.release_graphs the
 largest phase's (`benchmarks/results/graph_release.md`: 11.65 and 9.37 GB measured at 2 layers, 10.46
 and 8.71 planned); actor_config.layerwise_update shrinks the update's (`benchmarks/results/layerwise.md`) and
-generate_config.layerwise the rollout's (`benchmarks/results/layerwise_generate.md`: 0.064 against 0.53 GB per
-layer, the engine's fused copies and KV cache nearly all of it).
+generate_config.layerwise the rollout's (`benchmarks/results/layerwise_generate.md`: 0.064 against 0.52 GB per
+layer, the engine's fused copies and KV cache nearly all of it). Not counted yet: the issue-20 step through the
+trainer with the three switches holds 14.0 GB after its build at 24 layers where the groups are 11.4, and its
+reference phase peaks at about 19.7 GB extrapolated from 2 and 6 layers where this plans 15.5
+(`benchmarks/results/step_memory_*_layers.md`).
 """
 
 from __future__ import annotations
