@@ -317,6 +317,10 @@ class GenerateConfig:
     # layout: one device, or parallel_config equal to actor_config's, and no --sft_path_infer of its own; else a
     # copy, synced after every update. "copy": always the copy (to check the sync, or the old memory figures)
     inference_weights: Literal["auto", "copy"] = "auto"
+    # the engine's graphs one decoder layer at a time (mindgrpo/inference/engine.py): one compiled prefill / decode
+    # layer graph (and fused-weight refresh) run for every layer, so MindSpore's CPU runtime keeps one layer's
+    # buffers instead of every layer's; the same tokens and log-probs bit for bit. No tensor parallelism
+    layerwise: bool = False
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
@@ -328,6 +332,8 @@ class GenerateConfig:
         _check_non_negative(self, "temperature", "top_k")
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(0 <= self.min_p < 1, "min_p", f"must be in [0, 1), got {self.min_p}")
+        check(not self.layerwise or self.parallel_config.model_parallel == 1, "layerwise",
+              "runs one device's whole layers (no tensor parallelism: parallel_config.model_parallel must be 1)")
 
 
 @dataclass(frozen=True)

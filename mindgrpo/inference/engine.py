@@ -22,6 +22,15 @@ about 8 rows and 32 positions, so a run compiles at most (`graph_bound`)
 call of 64 prompts x 8 samples compiles about 8, 2 and 3). Prefill and copy graphs touch only
 the rows they write and compile faster than a decode graph.
 
+With `layerwise` (generate_config.layerwise) a prefill or decode step is a few graphs instead of one:
+its inputs (`PrefillInputs`, `DecodeInputs`: embedding, RoPE rows, cache rows, mask), one layer graph
+(`PrefillLayer`, `DecodeLayer`) called for every decoder layer with that layer's weights and cache as
+inputs, and (decode) `DecodeHead`: the final norm, the head and the sampler; the fused copies are
+refreshed by one layer graph too (`layers.InferenceWeights`). The same ops on the same shapes, so the
+same tokens and log-probs bit for bit (`tests/inference/test_layerwise.py`); MindSpore's CPU runtime then
+keeps one layer's graph buffers instead of every layer's (`benchmarks/results/layerwise_generate.md`), and
+a shape compiles the same few graphs whatever the number of layers (each key above: three graphs).
+
 The cache (`graphs.KVCache`) is allocated once, at the first call, for S slots of capacity C =
 `max_model_len` (or the first call's longest prompt + max_tokens, grown if a later call needs
 more); `cache_bytes()` is what the memory ledger counts.
@@ -36,7 +45,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from mindspore import Tensor
 
-from mindgrpo.inference.graphs import CopyGraph, DecodeGraph, KVCache, PrefillGraph
+from mindgrpo.inference.graphs import (CopyGraph, DecodeGraph, DecodeHead, DecodeInputs, DecodeLayer, KVCache,
+                                       PrefillGraph, PrefillInputs, PrefillLayer)
 from mindgrpo.inference.layers import InferenceModel
 from mindgrpo.inference.sampling import Sampler, SamplingParams
 from mindgrpo.inference.scheduler import SlotScheduler, halving_bucket, halving_buckets, pow2_bucket
@@ -98,11 +108,13 @@ class RolloutEngine:
     max_num_batched_tokens // capacity) slots."""
 
     def __init__(self, lm: Qwen2ForCausalLM, pad_token_id: int = 0, max_num_seqs: int = 256,
-                 max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None):
+                 max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,
+                 layerwise: bool = False):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.lm = lm
-        self.model = InferenceModel(lm)
+        self.layerwise = layerwise
+        self.model = InferenceModel(lm, layerwise)
         self.pad = pad_token_id
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.fixed_capacity = None if max_model_len is None else min(max_model_len, self.max_positions)
@@ -225,15 +237,34 @@ class RolloutEngine:
         u = np.zeros(rows.size, np.float32)
         if not params.greedy:
             u[mine] = call.uniforms(live)
-        graph = self._graph(("decode", rows.size, length, params.graph_key()), lambda: DecodeGraph(
-            self.model, cache, Sampler(params, self.lm.config.vocab_size), length, whole))
-        out, logits = graph(Tensor(call.token[rows].astype(np.int32)), Tensor(call.position[rows].astype(np.int32)),
-                            Tensor(rows.astype(np.int32)), Tensor(u), Tensor(call.temperature[:rows.size]))
+        inputs = (Tensor(call.token[rows].astype(np.int32)), Tensor(call.position[rows].astype(np.int32)),
+                  Tensor(rows.astype(np.int32)))
+        sampling = (Tensor(u), Tensor(call.temperature[:rows.size]))
+        if self.layerwise:
+            out, logits = self._decode_layerwise(cache, inputs, sampling, length, whole, params)
+        else:
+            graph = self._graph(("decode", rows.size, length, params.graph_key()), lambda: DecodeGraph(
+                self.model, cache, Sampler(params, self.lm.config.vocab_size), length, whole))
+            out, logits = graph(*inputs, *sampling)
         res = out.asnumpy()[mine]  # (live, 3) host sync: the stop check needs the tokens
         call.record(live, res, logits.asnumpy()[mine] if call.logits else None)
         heartbeat.beat()  # a decode step (its collectives, under tensor parallelism) came back
         call.stats["decode_steps"] += 1
         call.stats["rows_computed"] += rows.size
+
+    def _decode_layerwise(self, cache: KVCache, inputs: tuple, sampling: tuple, length: int, whole: bool,
+                          params: SamplingParams):
+        """A decode step as DecodeInputs, one DecodeLayer graph called for every layer, DecodeHead:
+        what the DecodeGraph of the same shape computes (the same ops), holding one layer's buffers."""
+        b = inputs[0].shape[0]
+        first = self._graph(("decode_inputs", b, length), lambda: DecodeInputs(self.model, cache, length))
+        layer = self._graph(("decode_layer", b, length, whole), lambda: DecodeLayer(self.model, whole))
+        head = self._graph(("decode_head", b, params.graph_key()),
+                           lambda: DecodeHead(self.model, Sampler(params, self.lm.config.vocab_size)))
+        x, cos, sin, write, read, bias = first(*inputs)
+        for w, kv in zip(self.model.layer_inputs, cache.layer_caches):
+            x = layer(x, cos, sin, write, read, bias, w, kv)
+        return head(x, *sampling)
 
     def _prefill(self, cache: KVCache, prompts: List[Sequence[int]], homes: List[int], p_len: int) -> None:
         """Every prompt but its last token into its home slot, one graph call (padding prompts
@@ -245,8 +276,18 @@ class RolloutEngine:
             ids[i, :len(p) - 1] = p[:-1]
         slot = np.full(bp, cache.slots, np.int32)  # the trash slot
         slot[:n] = homes
-        graph = self._graph(("prefill", bp, p_len), lambda: PrefillGraph(self.model, cache))
-        graph(Tensor(ids), Tensor(slot)).asnumpy()
+        if not self.layerwise:
+            graph = self._graph(("prefill", bp, p_len), lambda: PrefillGraph(self.model, cache))
+            graph(Tensor(ids), Tensor(slot)).asnumpy()
+            return
+        first = self._graph(("prefill_inputs", bp, p_len), lambda: PrefillInputs(self.model, cache))
+        x, cos, sin, rows, bias = first(Tensor(ids), Tensor(slot))
+        n = self.model.n_layers
+        for i, (w, kv) in enumerate(zip(self.model.layer_inputs, cache.layer_caches)):
+            last = i + 1 == n
+            layer = self._graph(("prefill_layer", bp, p_len, last), lambda: PrefillLayer(self.model, last))
+            x = layer(x, cos, sin, rows, bias, w, kv)
+        x.asnumpy()
 
     def _copy(self, cache: KVCache, src: List[int], dst: List[int], p_len: int) -> None:
         """Cache positions [0, p_len) of each src slot to its dst slot, one graph call; padding

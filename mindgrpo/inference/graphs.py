@@ -24,6 +24,12 @@ tokens, a copy's padding) is masked until the row overwrites it.
                           samples -> (B, 3): token, its log-prob under the
                           sampled distribution, its log-prob under softmax(logits / T); and the
                           logits (B, V)
+
+Layer by layer (the engine's `layerwise`): PrefillInputs / DecodeInputs make what the layers share,
+PrefillLayer / DecodeLayer run one layer given its weights and its k/v caches as graph inputs (mutable
+tuples of the Parameters themselves: read and written in place, one compile for every layer), DecodeHead
+the head and the sampler. The whole graphs and the layer graphs call the same per-layer functions
+(`_prefill_layer`, `_decode_layer`), so they compute the same thing bit for bit.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ class KVCache(nn.Cell):
         self.v = ms.ParameterTuple(Parameter(initializer("zeros", shape, model.dtype), name=f"kv_cache.v.{i}",
                                              requires_grad=False) for i in range(n))
         self.nbytes = 2 * n * shape[0] * shape[1] * (4 if model.dtype == ms.float32 else 2)
+        # the layer graphs' inputs (`layerwise`): each layer's (k, v), the Parameters themselves
+        self.layer_caches = [ms.mutable((self.k[i], self.v[i])) for i in range(n)]
 
     def rows(self, slot, positions):
         """slot (N,) int32, positions (T,) int32 -> row indices (N, T, nkv) int32: the rows of
@@ -71,6 +79,35 @@ def _attend(q, keys, values, bias):
     return ops.BatchMatMul()(probs, values.astype(q.dtype))
 
 
+def _prefill_layer(m: InferenceModel, layer, w, kc, vc, write, x, cos, sin, rows, bias, last: bool):
+    """One layer of a prefill: writes the k/v of x (Bp*P, H) into its caches kc, vc at rows; unless
+    last, returns the next residual (Bp*P, H) (else x). bias (1, 1, 1, P, P) the causal mask.
+    -> (x, the writes)."""
+    p = bias.shape[-1]
+    bp = x.shape[0] // p
+    nh, nkv, g, d = m.nh, m.nkv, m.g, m.d
+    q, k, v = m.layer_qkv(layer, w, x, cos, sin)  # (Bp*P, nh or nkv, d)
+    done = (write(kc, rows, k.reshape(-1, d).astype(kc.dtype)), write(vc, rows, v.reshape(-1, d).astype(vc.dtype)))
+    if last:  # the last layer's output is not needed: only its k/v
+        return x, done
+    q = q.reshape(bp, p, nh, d).transpose(0, 2, 1, 3).reshape(bp, nkv, g * p, d)
+    k = k.reshape(bp, p, nkv, d).transpose(0, 2, 1, 3)  # (Bp, nkv, P, d)
+    v = v.reshape(bp, p, nkv, d).transpose(0, 2, 1, 3)
+    out = _attend(q, k, v, bias).reshape(bp, nh, p, d).transpose(0, 2, 1, 3)  # (Bp, P, nh, d)
+    return m.layer_mlp(layer, w, m.layer_attention_out(layer, w, x, out.reshape(bp * p, nh * d))), done
+
+
+def _prefill_inputs(m: InferenceModel, cache: KVCache, ids, slot):
+    """ids (Bp, P), slot (Bp,) -> x (Bp*P, H), cos, sin, the cache rows (Bp*P*nkv,), the causal bias."""
+    bp, p = ids.shape
+    positions = ops.arange(p, dtype=ms.int32)
+    rows = cache.rows(slot, positions).reshape(-1)  # (Bp*P*nkv,)
+    causal = ops.arange(p).reshape(p, 1) >= ops.arange(p).reshape(1, p)  # right padding: enough
+    bias = ops.where(causal, 0.0, NEG_INF).astype(ms.float32).reshape(1, 1, 1, p, p)
+    cos, sin = m.rope(ops.tile(positions, (bp,)))  # (Bp*P*(nh+nkv), d)
+    return m.embed(ids.reshape(-1)), cos, sin, rows, bias  # x (Bp*P, H)
+
+
 class PrefillGraph(nn.Cell):
     """ids (Bp, P) int32, right-padded; slot (Bp,) int32 home slots (the trash slot for padding
     prompts) -> a scalar; writes k/v of positions [0, P) of each home slot."""
@@ -82,26 +119,44 @@ class PrefillGraph(nn.Cell):
 
     def construct(self, ids, slot):
         m = self.model
-        bp, p = ids.shape
-        nh, nkv, g, d = m.nh, m.nkv, m.g, m.d
-        positions = ops.arange(p, dtype=ms.int32)
-        rows = self.cache.rows(slot, positions).reshape(-1)  # (Bp*P*nkv,)
-        causal = ops.arange(p).reshape(p, 1) >= ops.arange(p).reshape(1, p)  # right padding: enough
-        bias = ops.where(causal, 0.0, NEG_INF).astype(ms.float32).reshape(1, 1, 1, p, p)
-        cos, sin = m.rope(ops.tile(positions, (bp,)))  # (Bp*P*(nh+nkv), d)
-        x = m.embed(ids.reshape(-1))  # (Bp*P, H)
+        x, cos, sin, rows, bias = _prefill_inputs(m, self.cache, ids, slot)
         done = ()
         for i in range(m.n_layers):
-            q, k, v = m.qkv(i, x, cos, sin)  # (Bp*P, nh or nkv, d)
-            done = done + (self.write(self.cache.k[i], rows, k.reshape(-1, d).astype(self.cache.k[i].dtype)),
-                           self.write(self.cache.v[i], rows, v.reshape(-1, d).astype(self.cache.v[i].dtype)))
-            if i + 1 < m.n_layers:  # the last layer's output is not needed: only its k/v
-                q = q.reshape(bp, p, nh, d).transpose(0, 2, 1, 3).reshape(bp, nkv, g * p, d)
-                k = k.reshape(bp, p, nkv, d).transpose(0, 2, 1, 3)  # (Bp, nkv, P, d)
-                v = v.reshape(bp, p, nkv, d).transpose(0, 2, 1, 3)
-                out = _attend(q, k, v, bias).reshape(bp, nh, p, d).transpose(0, 2, 1, 3)  # (Bp, P, nh, d)
-                x = m.mlp(i, m.attention_out(i, x, out.reshape(bp * p, nh * d)))
+            x, wrote = _prefill_layer(m, m.lm.model.layers[i], m.layer_weights(i), self.cache.k[i], self.cache.v[i],
+                                      self.write, x, cos, sin, rows, bias, i + 1 == m.n_layers)
+            done = done + wrote
         return ops.depend(ops.zeros((1,), ms.float32), done)
+
+
+class PrefillInputs(nn.Cell):
+    """The layerwise prefill's first graph: ids (Bp, P), slot (Bp,) -> x (Bp*P, H), cos, sin, the
+    cache rows, the causal bias (`PrefillLayer`'s inputs)."""
+
+    def __init__(self, model: InferenceModel, cache: KVCache):
+        super().__init__(auto_prefix=False)
+        self.model, self.cache = model, cache
+
+    def construct(self, ids, slot):
+        return _prefill_inputs(self.model, self.cache, ids, slot)
+
+
+class PrefillLayer(nn.Cell):
+    """One prefill layer, called for every layer (`layerwise`): x (Bp*P, H), cos, sin, rows, bias,
+    w (the layer's `layer_weights`), kv (its k and v caches) -> the next x (last: a scalar); writes
+    the layer's k/v. `model.lm`'s first layer lends its code only."""
+
+    def __init__(self, model: InferenceModel, last: bool):
+        super().__init__(auto_prefix=False)
+        self.model, self.last = model, last
+        self.write = ops.ScatterUpdate()
+
+    def construct(self, x, cos, sin, rows, bias, w, kv):
+        m = self.model
+        y, done = _prefill_layer(m, m.lm.model.layers[0], w, kv[0], kv[1], self.write, x, cos, sin, rows, bias,
+                                 self.last)
+        if self.last:
+            return ops.depend(ops.zeros((1,), ms.float32), done)
+        return ops.depend(y, done)
 
 
 class CopyGraph(nn.Cell):
@@ -122,6 +177,38 @@ class CopyGraph(nn.Cell):
             for cache in (self.cache.k[i], self.cache.v[i]):
                 done = done + (self.write(cache, dst_rows, ops.gather(cache, src_rows, 0)),)
         return ops.depend(ops.zeros((1,), ms.float32), done)
+
+
+def _decode_inputs(m: InferenceModel, cache: KVCache, length: int, token, position, slot):
+    """token, position, slot (B,) -> x (B, H), cos, sin, the rows each row writes (B*nkv,) and reads
+    (B*nkv*L,), the bias (B, 1, 1, 1, L) hiding positions beyond each row's."""
+    b = token.shape[0]
+    nkv = m.nkv
+    span = ops.arange(length, dtype=ms.int32)
+    first = cache.rows(slot, ops.zeros((1,), ms.int32)).reshape(b, nkv)  # (B, nkv): position 0's rows
+    write = (first + position.reshape(b, 1)).reshape(-1)  # (B*nkv,)
+    read = (first.reshape(b, nkv, 1) + span.reshape(1, 1, length)).reshape(-1)  # (B*nkv*L,)
+    visible = span.reshape(1, length) <= position.reshape(b, 1)  # (B, L)
+    bias = ops.where(visible, 0.0, NEG_INF).astype(ms.float32).reshape(b, 1, 1, 1, length)
+    cos, sin = m.rope(position)  # (B*(nh+nkv), d)
+    return m.embed(token), cos, sin, write, read, bias  # x (B, H)
+
+
+def _decode_layer(m: InferenceModel, layer, w, kc, vc, scatter, x, cos, sin, write, read, bias, whole: bool):
+    """One layer of a decode step: writes each row's k/v at its position, attends over [0, L) of its
+    slot -> the next residual (B, H)."""
+    b, length = x.shape[0], bias.shape[-1]
+    nh, nkv, g, d = m.nh, m.nkv, m.g, m.d
+    q, k, v = m.layer_qkv(layer, w, x, cos, sin)  # (B, nh or nkv, d)
+    kc = scatter(kc, write, k.reshape(b * nkv, d).astype(kc.dtype))
+    vc = scatter(vc, write, v.reshape(b * nkv, d).astype(vc.dtype))
+    if whole:
+        keys, values = kc.reshape(b, nkv, length, d), vc.reshape(b, nkv, length, d)
+    else:
+        keys = ops.gather(kc, read, 0).reshape(b, nkv, length, d)
+        values = ops.gather(vc, read, 0).reshape(b, nkv, length, d)
+    out = _attend(q.reshape(b, nkv, g, d), keys, values, bias)  # (B, nkv, g, d)
+    return m.layer_mlp(layer, w, m.layer_attention_out(layer, w, x, out.reshape(b, nh * d)))
 
 
 class DecodeGraph(nn.Cell):
@@ -146,25 +233,50 @@ class DecodeGraph(nn.Cell):
         """The layers: writes each row's k/v at its position, attends over [0, L) of its slot
         -> the last residual (B, H)."""
         m = self.model
-        b, length = token.shape[0], self.length
-        nh, nkv, g, d = m.nh, m.nkv, m.g, m.d
-        span = ops.arange(length, dtype=ms.int32)
-        first = self.cache.rows(slot, ops.zeros((1,), ms.int32)).reshape(b, nkv)  # (B, nkv): position 0's rows
-        write = (first + position.reshape(b, 1)).reshape(-1)  # (B*nkv,)
-        read = (first.reshape(b, nkv, 1) + span.reshape(1, 1, length)).reshape(-1)  # (B*nkv*L,)
-        visible = span.reshape(1, length) <= position.reshape(b, 1)  # (B, L)
-        bias = ops.where(visible, 0.0, NEG_INF).astype(ms.float32).reshape(b, 1, 1, 1, length)
-        cos, sin = m.rope(position)  # (B*(nh+nkv), d)
-        x = m.embed(token)  # (B, H)
+        x, cos, sin, write, read, bias = _decode_inputs(m, self.cache, self.length, token, position, slot)
         for i in range(m.n_layers):
-            q, k, v = m.qkv(i, x, cos, sin)  # (B, nh or nkv, d)
-            kc = self.write(self.cache.k[i], write, k.reshape(b * nkv, d).astype(self.cache.k[i].dtype))
-            vc = self.write(self.cache.v[i], write, v.reshape(b * nkv, d).astype(self.cache.v[i].dtype))
-            if self.whole:
-                keys, values = kc.reshape(b, nkv, length, d), vc.reshape(b, nkv, length, d)
-            else:
-                keys = ops.gather(kc, read, 0).reshape(b, nkv, length, d)
-                values = ops.gather(vc, read, 0).reshape(b, nkv, length, d)
-            out = _attend(q.reshape(b, nkv, g, d), keys, values, bias)  # (B, nkv, g, d)
-            x = m.mlp(i, m.attention_out(i, x, out.reshape(b, nh * d)))
+            x = _decode_layer(m, m.lm.model.layers[i], m.layer_weights(i), self.cache.k[i], self.cache.v[i],
+                              self.write, x, cos, sin, write, read, bias, self.whole)
         return x
+
+
+class DecodeInputs(nn.Cell):
+    """The layerwise decode's first graph: token, position, slot (B,) -> x (B, H), cos, sin, the
+    rows to write and read, the bias (`DecodeLayer`'s inputs)."""
+
+    def __init__(self, model: InferenceModel, cache: KVCache, length: int):
+        super().__init__(auto_prefix=False)
+        self.model, self.cache, self.length = model, cache, length
+
+    def construct(self, token, position, slot):
+        return _decode_inputs(self.model, self.cache, self.length, token, position, slot)
+
+
+class DecodeLayer(nn.Cell):
+    """One decode layer, called for every layer (`layerwise`): x (B, H), cos, sin, write, read, bias,
+    w (the layer's `layer_weights`), kv (its k and v caches) -> the next x; writes the layer's k/v.
+    `model.lm`'s first layer lends its code only."""
+
+    def __init__(self, model: InferenceModel, whole: bool):
+        super().__init__(auto_prefix=False)
+        self.model, self.whole = model, whole
+        self.write = ops.ScatterUpdate()
+
+    def construct(self, x, cos, sin, write, read, bias, w, kv):
+        m = self.model
+        return _decode_layer(m, m.lm.model.layers[0], w, kv[0], kv[1], self.write, x, cos, sin, write, read, bias,
+                             self.whole)
+
+
+class DecodeHead(nn.Cell):
+    """The layerwise decode's last graph: x (B, H) the last residual, u, temperature (B,) -> what
+    `DecodeGraph` returns: (B, 3) [token, sampled log-prob, scaled log-prob] and the logits (B, V)."""
+
+    def __init__(self, model: InferenceModel, sampler: Sampler):
+        super().__init__(auto_prefix=False)
+        self.model, self.sampler = model, sampler
+
+    def construct(self, x, u, temperature):
+        logits = self.model.logits(x)
+        tok, sampled, scaled = self.sampler(logits, u, temperature)
+        return ops.stack((tok.astype(ms.float32), sampled, scaled), 1), logits

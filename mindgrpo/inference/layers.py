@@ -55,16 +55,22 @@ def rotate_half_matrix(d: int) -> np.ndarray:
 
 def fused_layer_weights(layer):
     """A DecoderLayer's inference copies (see the module docstring), in its compute dtype."""
-    att, mlp = layer.attention, layer.feed_forward
+    return fuse_layer(layer, layer.weights())
+
+
+def fuse_layer(layer, w):
+    """The inference copies of the weights w (`DecoderLayer.weights()` order: the two norms, wq, wk,
+    wv, wo, w1, w3, w2, then the q/k/v biases) of any layer of `layer`'s architecture, in its compute
+    dtype: the same ops whichever layer's weights they are, so one compiled graph serves every layer."""
+    att = layer.attention
     dt = att.dtype
     q_scale = 1.0 if att.qk_norm else att.scale  # with QK-norm the scale is applied after the norm
-    w = ops.concat((att.wq.weight * q_scale, att.wk.weight, att.wv.weight), 0)  # ((nh+2nkv)d, H)
-    qkv = w.transpose(1, 0) * layer.attention_norm.weight.reshape(-1, 1)
-    w13 = ops.concat((mlp.w1.weight, mlp.w3.weight), 0).transpose(1, 0) * layer.ffn_norm.weight.reshape(-1, 1)
-    rest = (att.wo.weight.transpose(1, 0).astype(dt), w13.astype(dt), mlp.w2.weight.transpose(1, 0).astype(dt))
+    qkv = ops.concat((w[2] * q_scale, w[3], w[4]), 0).transpose(1, 0) * w[0].reshape(-1, 1)  # (H, (nh+2nkv)d)
+    w13 = ops.concat((w[6], w[7]), 0).transpose(1, 0) * w[1].reshape(-1, 1)  # (H, 2I)
+    rest = (w[5].transpose(1, 0).astype(dt), w13.astype(dt), w[8].transpose(1, 0).astype(dt))
     if not att.wq.has_bias:
         return (qkv.astype(dt),) + rest
-    b = ops.concat((att.wq.bias * q_scale, att.wk.bias, att.wv.bias), 0)
+    b = ops.concat((w[9] * q_scale, w[10], w[11]), 0)
     return (qkv.astype(dt), b.astype(dt)) + rest
 
 
@@ -85,13 +91,32 @@ class _Refresh(nn.Cell):
         return out
 
 
+class _RefreshLayer(nn.Cell):
+    """w (a layer's weights, `DecoderLayer.weights()` order), out (its fused buffers) -> assigns
+    them: one graph called for every layer, which keeps one layer's intermediates (`layerwise`).
+    `layer` lends its code only."""
+
+    def __init__(self, layer, n: int):
+        super().__init__(auto_prefix=False)
+        self.layer, self.n = layer, n
+
+    def construct(self, w, out):
+        fused = fuse_layer(self.layer, w)
+        done = ()
+        for k in range(self.n):
+            done = done + (ops.assign(out[k], fused[k]),)
+        return done
+
+
 class InferenceWeights(nn.Cell):
     """The fused copies of every layer's weights, in buffers of their own (`layer_fields` per
     layer); `refresh()` remakes them from the model's parameters. They hold zeros until the first
     `refresh()`: every generate starts with one (a refresh here as well compiled the graph twice, since
-    the first call after building the engine compiles it again)."""
+    the first call after building the engine compiles it again). layerwise: the refresh is one
+    compiled layer graph run for every layer (its buffers: one layer's transposed and concatenated
+    weights instead of every layer's)."""
 
-    def __init__(self, lm: Qwen2ForCausalLM):
+    def __init__(self, lm: Qwen2ForCausalLM, layerwise: bool = False):
         super().__init__(auto_prefix=False)
         self.fields = layer_fields(lm.model.layers[0].attention)
         self.buffers = ms.ParameterTuple(
@@ -99,19 +124,33 @@ class InferenceWeights(nn.Cell):
                       requires_grad=False)
             for i, layer in enumerate(lm.model.layers)
             for field, shape in zip(self.fields, _fused_shapes(layer, self.fields)))
-        self._refresh = _Refresh(lm, self.buffers)
+        self.lm, self.layerwise = lm, layerwise
+        n = len(self.fields)
+        # graph inputs of the layer graphs: the Parameters themselves, the same tuples at every call
+        self.sources = [ms.mutable(tuple(layer.weights()[:12 if layer.attention.wq.has_bias else 9]))
+                        for layer in lm.model.layers]
+        self.layer_buffers = [ms.mutable(tuple(self.buffers[i * n:(i + 1) * n])) for i in range(len(self.sources))]
+        self._refresh = self._make_refresh()
+
+    def _make_refresh(self):
+        layer = self.lm.model.layers[0]
+        return _RefreshLayer(layer, len(self.fields)) if self.layerwise else _Refresh(self.lm, self.buffers)
 
     def get(self, i: int, field: str):
         """Layer i's copy named `field` (a Python constant in a graph: resolved at compile time)."""
         return self.buffers[i * len(self.fields) + self.fields.index(field)]
 
     def refresh(self) -> None:
-        self._refresh()
+        if not self.layerwise:
+            self._refresh()
+            return
+        for w, out in zip(self.sources, self.layer_buffers):
+            self._refresh(w, out)
 
     def release(self) -> None:
         """Drop the compiled refresh graph and the buffers the runtime keeps for it (its transposed and
         concatenated weights); the next `refresh` compiles it again. The copies themselves stay."""
-        self._refresh = _Refresh(self._refresh.lm, self.buffers)
+        self._refresh = self._make_refresh()
 
 
 def _fused_shapes(layer, fields):
@@ -128,12 +167,12 @@ def _fused_shapes(layer, fields):
 class InferenceModel(nn.Cell):
     """The pieces of the inference forward; graphs call its methods inside their `construct`."""
 
-    def __init__(self, lm: Qwen2ForCausalLM):
+    def __init__(self, lm: Qwen2ForCausalLM, layerwise: bool = False):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         if not (lm.first_stage and lm.last_stage):
             raise ValueError("generation needs the whole model on one stage (inference has no pipeline stages)")
         self.lm = lm
-        self.weights = InferenceWeights(lm)
+        self.weights = InferenceWeights(lm, layerwise)
         att = lm.model.layers[0].attention
         self.nh, self.nkv, self.g, self.d = att.nh, att.nkv, att.g, att.d  # heads on this rank
         self.qk_norm, self.has_bias, self.scale = att.qk_norm, att.wq.has_bias, att.scale
@@ -142,6 +181,8 @@ class InferenceModel(nn.Cell):
         self.matmul = ops.MatMul()
         self.head_matmul = ops.MatMul(transpose_b=True)  # never `.T` on the head in a graph: it copies V*H
         self.rotate = Tensor(rotate_half_matrix(self.d), self.dtype)
+        # the layer graphs' inputs (`layerwise`): each layer's `layer_weights`, the Parameters themselves
+        self.layer_inputs = [ms.mutable(self.layer_weights(i)) for i in range(self.n_layers)]
 
     def resident_parameters(self) -> list:
         """The model's parameters and the fused copies made from them (for the memory ledger)."""
@@ -159,39 +200,65 @@ class InferenceModel(nn.Cell):
         sin = ops.broadcast_to(ops.gather(self.lm.rope_sin, positions, 0).reshape(n, 1, d), (n, heads, d))
         return cos.reshape(n * heads, d).astype(self.dtype), sin.reshape(n * heads, d).astype(self.dtype)
 
+    def layer_weights(self, i: int) -> tuple:
+        """Layer i's weights as the `layer_*` methods take them: its fused copies in the order of
+        `weights.fields`, then (qk_norm) its q_norm and k_norm weights."""
+        att = self.lm.model.layers[i].attention
+        bias = (self.weights.get(i, "qkv_bias"),) if self.has_bias else ()
+        norms = (att.q_norm.weight, att.k_norm.weight) if self.qk_norm else ()
+        return (self.weights.get(i, "qkv"),) + bias + (self.weights.get(i, "wo"), self.weights.get(i, "w13"),
+                                                       self.weights.get(i, "w2")) + norms
+
+    def at(self, field: str) -> int:
+        """The index of a fused copy in a `layer_weights` tuple (a constant in a graph)."""
+        return self.weights.fields.index(field)
+
     def qkv(self, i: int, x, cos, sin):
-        """Layer i's attention input: x (N, H) the residual stream -> q (N, nh, d) scaled by
-        1/sqrt(d), k (N, nkv, d), both rotated, v (N, nkv, d)."""
-        layer = self.lm.model.layers[i]
+        """Layer i's attention input (`layer_qkv` with layer i's weights)."""
+        return self.layer_qkv(self.lm.model.layers[i], self.layer_weights(i), x, cos, sin)
+
+    def attention_out(self, i: int, x, attended):
+        """`layer_attention_out` with layer i's weights."""
+        return self.layer_attention_out(self.lm.model.layers[i], self.layer_weights(i), x, attended)
+
+    def mlp(self, i: int, x):
+        """`layer_mlp` with layer i's weights."""
+        return self.layer_mlp(self.lm.model.layers[i], self.layer_weights(i), x)
+
+    def layer_qkv(self, layer, w, x, cos, sin):
+        """The attention input of the layer whose weights are w (`layer_weights`; `layer`, any layer of
+        the model, lends its norm's epsilon and its tensor-parallel entry): x (N, H) the residual stream
+        -> q (N, nh, d) scaled by 1/sqrt(d), k (N, nkv, d), both rotated, v (N, nkv, d)."""
         n, nh, nkv, d = x.shape[0], self.nh, self.nkv, self.d
         h = layer.attention_norm.normalize(x).astype(x.dtype)  # the norm's weight is in qkv
-        y = self.matmul(layer.attention.enter(h), self.weights.get(i, "qkv"))  # (N, (nh+2nkv)d)
+        y = self.matmul(layer.attention.enter(h), w[0])  # (N, (nh+2nkv)d)
         if self.has_bias:
-            y = y + self.weights.get(i, "qkv_bias")
+            y = y + w[1]
         qk, v = ops.split(y, ((nh + nkv) * d, nkv * d), 1)
         if self.qk_norm:
-            qk = self.head_norms(layer.attention, qk.reshape(n, nh + nkv, d))
+            nf = len(self.weights.fields)
+            qk = self.head_norms(layer.attention, qk.reshape(n, nh + nkv, d), w[nf], w[nf + 1])
         qk = qk.reshape(n * (nh + nkv), d)
         qk = (qk * cos + self.matmul(qk, self.rotate) * sin).reshape(n, nh + nkv, d)  # RoPE, q and k at once
         q, k = ops.split(qk, (nh, nkv), 1)
         return q, k, v.reshape(n, nkv, d)
 
-    def head_norms(self, att, qk):
-        """Qwen3's QK-norm on qk (N, nh+nkv, d) -> the same shape, the q heads also scaled by
-        1/sqrt(d) (through their weight: the norm would undo a scale folded into wq)."""
-        w = ops.concat((ops.broadcast_to((att.q_norm.weight * self.scale).reshape(1, -1), (self.nh, self.d)),
-                        ops.broadcast_to(att.k_norm.weight.reshape(1, -1), (self.nkv, self.d))), 0)  # (nh+nkv, d)
+    def head_norms(self, att, qk, q_norm, k_norm):
+        """Qwen3's QK-norm with the weights q_norm, k_norm (d,) on qk (N, nh+nkv, d) -> the same shape,
+        the q heads also scaled by 1/sqrt(d) (through their weight: the norm would undo a scale folded
+        into wq)."""
+        w = ops.concat((ops.broadcast_to((q_norm * self.scale).reshape(1, -1), (self.nh, self.d)),
+                        ops.broadcast_to(k_norm.reshape(1, -1), (self.nkv, self.d))), 0)  # (nh+nkv, d)
         return (att.q_norm.normalize(qk) * w.astype(ms.float32)).astype(qk.dtype)
 
-    def attention_out(self, i: int, x, attended):
-        """x (N, H) + wo(attended (N, nh*d)): the residual after layer i's attention."""
-        wo = self.weights.get(i, "wo")
-        return x + self.lm.model.layers[i].attention.wo.finish(self.matmul(attended, wo))
+    def layer_attention_out(self, layer, w, x, attended):
+        """x (N, H) + wo(attended (N, nh*d)): the residual after the attention of the layer whose
+        weights are w."""
+        return x + layer.attention.wo.finish(self.matmul(attended, w[self.at("wo")]))
 
-    def mlp(self, i: int, x):
-        """x (N, H) -> x + layer i's MLP(x)."""
-        layer = self.lm.model.layers[i]
-        w13, w2 = self.weights.get(i, "w13"), self.weights.get(i, "w2")
+    def layer_mlp(self, layer, w, x):
+        """x (N, H) -> x + the MLP of the layer whose weights are w."""
+        w13, w2 = w[self.at("w13")], w[self.at("w2")]
         h = layer.ffn_norm.normalize(x).astype(x.dtype)  # the norm's weight is in w13
         gate, up = ops.split(self.matmul(layer.feed_forward.enter(h), w13), w13.shape[1] // 2, 1)  # (N, I) each
         return x + layer.feed_forward.w2.finish(self.matmul(ops.silu(gate) * up, w2))

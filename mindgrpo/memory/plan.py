@@ -45,7 +45,12 @@ compiled graph: per decoder layer about 0.71 GB for the update graph (the estima
 0.56 GB for the generation graphs, 0.16 GB for a scoring graph. On one device the plan adds them
 (`cpu_graph_bytes`, `MemoryPlan.cpu_peak`): every phase's kept, or with rl_config.release_graphs the
 largest phase's (`benchmarks/results/graph_release.md`: 11.65 and 9.37 GB measured at 2 layers, 10.46
-and 8.71 planned); actor_config.layerwise_update shrinks the update's (`benchmarks/results/layerwise.md`).
+and 8.71 planned); actor_config.layerwise_update shrinks the update's (`benchmarks/results/layerwise.md`) and
+generate_config.layerwise the rollout's (`benchmarks/results/layerwise_generate.md`: 0.064 against 0.52 GB per
+layer, the engine's fused copies and KV cache nearly all of it). Not counted yet: the issue-20 step through the
+trainer with the three switches holds 14.0 GB after its build at 24 layers where the groups are 11.4, and its
+reference phase peaks at about 19.7 GB extrapolated from 2 and 6 layers where this plans 15.5
+(`benchmarks/results/step_memory_*_layers.md`).
 """
 
 from __future__ import annotations
@@ -84,6 +89,10 @@ CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the 
     # actor_config.layerwise_update (`benchmarks/results/layerwise.md`: against the whole graph, 1.55 GB less
     # fixed and 18% of its per-layer growth beyond the weights, gradients and moments)
     "update_layerwise": (0.43e9, 0.128e9),
+    # generate_config.layerwise (`benchmarks/results/layerwise_generate.md`): one layer's prefill, decode and
+    # refresh graphs (the fixed part), and per layer the engine's fused copies and KV cache alone (0.060 + 0.005
+    # GB), as the whole rollout's per-layer figure also counts them
+    "rollout_layerwise": (0.694e9, 0.064e9),
 }
 
 
@@ -177,10 +186,12 @@ def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int
         if phase == "sync":  # about one copy of the weights the buckets move
             out[phase] = piece_bytes(cfg, ParallelLayout())
             continue
-        fixed, per_layer = CPU_GRAPH_BUFFERS["update_layerwise" if phase == "update" and actor.layerwise_update
-                                             else phase]
+        key = {("update", True): "update_layerwise", ("rollout", True): "rollout_layerwise"}.get(
+            (phase, actor.layerwise_update if phase == "update" else gen.layerwise), phase)
+        fixed, per_layer = CPU_GRAPH_BUFFERS[key]
         rows = slot_positions / _MEASURED_SLOT_POSITIONS if phase == "rollout" else tokens / _MEASURED_TOKENS
-        head = 0.0 if phase == "rollout" else scored / _MEASURED_SCORED * cfg.vocab_size / _MEASURED_V
+        # the rollout's fixed part is (layerwise) one layer's graphs: scaled as a layer's
+        head = rows * width if phase == "rollout" else scored / _MEASURED_SCORED * cfg.vocab_size / _MEASURED_V
         out[phase] = int(fixed * head + per_layer * cfg.num_hidden_layers * rows * width)
     return out
 

@@ -1,0 +1,211 @@
+"""The issue-20 GRPO step at the Qwen2.5-0.5B shape through the project's own trainer, alone in its process:
+resident memory and seconds per phase, with the memory switches on or off.
+
+    python -m benchmarks.step_memory [--layers 24] [--steps 2] [--switches on|off] [--output PATH]
+
+The model: the qwen2_5_0_5b preset (hidden 896, intermediate 4864, 14 / 2 heads, tied, vocabulary 151,936;
+random weights) with --layers decoder layers. The work: the first 4 GSM8K test questions under the qwen_r1
+template, Qwen2.5's tokenizer (`../shared`), G = 4 samples of 128 forced new tokens each (temperature 1, no
+stop), micro-batches of 4 rows, beta 0.04 (k3), one update per step, a cheap in-process reward (the share of
+digits). One device: the engine generates with the policy itself (generate_config.inference_weights: auto).
+`--switches on` sets rl_config.release_graphs, actor_config.layerwise_update and generate_config.layerwise.
+
+The trainer is built by `grpo.builder.build` and stepped by `train_step`, as `scripts/grpo_one_stage.py`
+does. Per step and phase (the trainer's own: rollout, reward, ref, update, sync): seconds, resident
+memory after it and its peak while it ran (VmHWM, reset when the phase starts), in GB = 10^9 bytes; the
+process peak. The first step compiles its graphs (and, with release_graphs, every step does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+
+from benchmarks.harness import (RESULTS, SHARED, code_version, peak_since_reset_gb, reset_peak_rss, rss_gb,
+                                run_stamp, write_results)
+from benchmarks.workers import Workers
+
+PROMPTS, G, RESPONSE, MICRO_BATCH, BETA = 4, 4, 128, 4, 0.04
+SWITCHES = ("rl_config.release_graphs", "actor_config.layerwise_update", "generate_config.layerwise")
+
+
+def _questions(n: int):
+    with open(os.path.join(SHARED, "data", "gsm8k", "test.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line)["question"] for _, line in zip(range(n), f)]
+
+
+def _model_file(folder: str, layers: int) -> str:
+    """The qwen2_5_0_5b preset with `layers` decoder layers, as a model config file."""
+    from mindgrpo.models.presets import resolve_model_config
+
+    with open(resolve_model_config("qwen2_5_0_5b"), encoding="utf-8") as f:
+        text = f.read().replace("num_hidden_layers: 24", f"num_hidden_layers: {layers}")
+    path = os.path.join(folder, f"qwen2_5_0_5b_{layers}_layers.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def _dataset(folder: str, tokenizer_dir: str):
+    """The prompts' MindRecord (the qwen_r1 template rendered here, written raw) and their lengths in tokens."""
+    from mindgrpo.data.mindrecord import PromptRow, write_prompt_dataset
+    from mindgrpo.data.templates import render_prompt
+    from mindgrpo.data.tokenizer import QwenTokenizer
+
+    texts = [render_prompt("qwen_r1", q) for q in _questions(PROMPTS)]
+    tok = QwenTokenizer.from_dir(tokenizer_dir)
+    lengths = [len(ids) for ids in tok.encode_batch(texts)]
+    path = os.path.join(folder, "prompts.mindrecord")
+    write_prompt_dataset(path, [PromptRow(question=t, answer="", solution="0") for t in texts], tok, template="raw",
+                         max_prompt_length=max(lengths), overwrite=True)
+    return path, lengths
+
+
+class _PhaseMemory:
+    """Wraps a Progress's `phase`: the resident memory after each phase and its peak (VmHWM reset at the
+    phase's start; a phase inside another folds its peak into the outer one's)."""
+
+    def __init__(self, progress):
+        self.records, self._stack, self.max_peak = [], [], 0.0
+        inner = progress.phase
+
+        @contextlib.contextmanager
+        def phase(name):
+            if self._stack:
+                self._stack[-1] = max(self._stack[-1], peak_since_reset_gb())
+            reset_peak_rss()
+            self._stack.append(0.0)
+            t0 = time.perf_counter()
+            try:
+                with inner(name):
+                    yield
+            finally:
+                peak = max(self._stack.pop(), peak_since_reset_gb())
+                self.records.append({"phase": name, "seconds": time.perf_counter() - t0, "after_gb": rss_gb(),
+                                     "peak_gb": peak})
+                if self._stack:
+                    self._stack[-1] = max(self._stack[-1], peak)
+                self.max_peak = max(self.max_peak, peak)
+                reset_peak_rss()
+
+        progress.phase = phase
+
+
+def _digit_share(completions, **_):
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+
+
+def side(conn, layers: int, switches: bool, folder: str) -> None:
+    """A `benchmarks.workers` side: builds the trainer, then one step per "step" message."""
+    import mindspore as ms
+
+    from mindgrpo.config import GRPOConfig, load_config
+    from mindgrpo.grpo import builder
+    from mindgrpo.rewards import register_reward
+    from mindgrpo.utils.metrics_log import MetricsLogger
+    from mindgrpo.utils.progress import Progress
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    register_reward("benchmark_digit_share", overwrite=True)(_digit_share)
+    tokenizer_dir = os.path.join(SHARED, "tokenizers", "qwen2_5")
+    dataset, lengths = _dataset(folder, tokenizer_dir)
+    overrides = [f"actor_config.model={_model_file(folder, layers)}", "rl_config.seed=0", "rl_config.max_steps=1000",
+                 f"rl_config.batch_size={PROMPTS}", f"rl_config.num_generations={G}", f"rl_config.beta={BETA}",
+                 "rl_config.kl_kind=k3", "rl_config.completions_interval=0", f"rl_config.output_dir={folder}",
+                 f"actor_config.micro_batch_size={MICRO_BATCH}", "actor_config.lr=1e-6", "actor_config.grad_clip=1.0",
+                 f"generate_config.max_prompt_length={max(lengths)}", f"generate_config.max_tokens={RESPONSE}",
+                 "generate_config.temperature=1.0", f"generate_config.max_num_seqs={PROMPTS * G}",
+                 "reward_config.verifier_function=[benchmark_digit_share]", "reward_config.verifier_weight=[1.0]",
+                 "reward_config.num_workers=0"] + [f"{k}={'true' if switches else 'false'}" for k in SWITCHES]
+    cfg = load_config(GRPOConfig, overrides=overrides)
+    t0 = time.perf_counter()
+    reset_peak_rss()
+    paths = builder.Paths(output_dir=folder, vocab_path=os.path.join(tokenizer_dir, "vocab.json"),
+                          merges_file_path=os.path.join(tokenizer_dir, "merges.txt"),
+                          tokenizer_config=os.path.join(tokenizer_dir, "tokenizer_config.json"), dataset=dataset)
+    parts = builder.build(cfg, paths)
+    trainer = builder.make_trainer(cfg, parts, MetricsLogger(folder, tensorboard=False, console=False),
+                                   Progress(cfg.rl_config.max_steps), folder)
+    trainer.stop_ids = ()  # no early stop: every completion has exactly RESPONSE tokens
+    memory = _PhaseMemory(trainer.progress)
+    build_peak = peak_since_reset_gb()
+    memory.max_peak = build_peak
+    conn.send({"build_s": time.perf_counter() - t0, "built_gb": rss_gb(), "build_peak_gb": build_peak,
+               "prompt_tokens": lengths, "overrides": overrides, "shared": parts.inference is parts.policy})
+    while conn.recv() == "step":
+        memory.records.clear()
+        reset_peak_rss()
+        t0 = time.perf_counter()
+        metrics = trainer.train_step()
+        wall = time.perf_counter() - t0
+        trainer.step += 1
+        trainer.progress.step_done(trainer.step)
+        tokens = trainer.engine.last_stats["new_tokens"]
+        step_peak = max([r["peak_gb"] for r in memory.records] + [peak_since_reset_gb()])
+        memory.max_peak = max(memory.max_peak, step_peak)
+        conn.send({"step_s": wall, "phases": list(memory.records), "new_tokens": tokens,
+                   "loss": float(metrics.get("loss", float("nan"))), "step_peak_gb": step_peak,
+                   "process_peak_gb": memory.max_peak})
+
+
+def markdown(res: dict) -> str:
+    lines = [f"# The issue-20 GRPO step at the Qwen2.5-0.5B shape, {res['layers']} layers, through the trainer", "",
+             f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
+             f"{res['load_average_end']:.1f} at the end (other jobs shared the machine: the seconds are rough).", "",
+             f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", "",
+             f"Workload: the qwen2_5_0_5b preset with {res['layers']} decoder layers (random weights), 4 GSM8K test "
+             f"prompts (qwen_r1 template, {res['built']['prompt_tokens']} tokens) x G = {G}, {RESPONSE} forced new "
+             f"tokens, micro-batches of {MICRO_BATCH} rows, beta {BETA} (k3), one update per step; switches "
+             f"({', '.join(SWITCHES)}): {res['switches']}; one copy of the weights (the engine generates with "
+             "the policy). Resident memory in GB (10^9 bytes): after = when the phase ended; peak = while it ran "
+             "(VmHWM).", "",
+             f"Built in {res['built']['build_s']:.1f} s: resident {res['built']['built_gb']:.2f} GB, peak "
+             f"{res['built']['build_peak_gb']:.2f} GB.", "",
+             "| step | phase | s | after | peak |", "|---|---|---|---|---|"]
+    for i, step in enumerate(res["steps"], 1):
+        for r in step["phases"]:
+            lines.append(f"| {i} | {r['phase']} | {r['seconds']:.1f} | {r['after_gb']:.2f} | {r['peak_gb']:.2f} |")
+        lines.append(f"| {i} | **step** | **{step['step_s']:.1f}** | | **{step['step_peak_gb']:.2f}** |")
+    lines += ["", f"Process peak: {res['process_peak_gb']:.2f} GB. Tokens generated per step: "
+              f"{[s['new_tokens'] for s in res['steps']]}; losses {[s['loss'] for s in res['steps']]}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--switches", choices=("on", "off"), default="on")
+    ap.add_argument("--output", default=None)
+    args = ap.parse_args(argv)
+    output = args.output or os.path.join(RESULTS, f"step_memory_{args.layers}_layers.json")
+    res = dict(run_stamp("benchmarks.step_memory", argv), code=code_version(), layers=args.layers,
+               switches=args.switches, steps=[])
+    with tempfile.TemporaryDirectory() as folder, Workers() as workers:
+        worker = workers.start(side, args.layers, args.switches == "on", folder)
+        res["built"] = worker.recv()
+        print(f"built: {res['built']['build_s']:.1f} s, {res['built']['built_gb']:.2f} GB", flush=True)
+        for _ in range(args.steps):
+            step = worker.ask("step")
+            res["steps"].append(step)
+            print(f"step: {step['step_s']:.1f} s, peak {step['step_peak_gb']:.2f} GB; "
+                  + ", ".join(f"{r['phase']} {r['seconds']:.1f} s {r['peak_gb']:.2f} GB" for r in step["phases"]),
+                  flush=True)
+            res["process_peak_gb"] = max([res["built"]["build_peak_gb"]] + [s["step_peak_gb"] for s in res["steps"]])
+            res["load_average_end"] = os.getloadavg()[0]
+            write_results(output, res, markdown(res))  # each step as it comes: a run stopped later keeps it
+        worker.ask("stop")
+        res["process_peak_gb"] = max([res["built"]["build_peak_gb"]] + [s["step_peak_gb"] for s in res["steps"]])
+    res["load_average_end"] = os.getloadavg()[0]
+    write_results(output, res, markdown(res))
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
