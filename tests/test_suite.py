@@ -1,5 +1,5 @@
 """How the suite runs itself (tests/conftest.py): what collection imported is left out of garbage
-collection, and the files it runs first exist."""
+collection, the files it runs first exist, and no two test files share a name."""
 
 import gc
 import os
@@ -17,3 +17,15 @@ def test_the_files_run_first_exist(pytestconfig):
     (root,) = [p for p in pytestconfig.pluginmanager.get_plugins() if hasattr(p, "HEAVY_FIRST")]
     missing = [name for name in root.HEAVY_FIRST if not os.path.isfile(os.path.join(root.REPO, name))]
     assert not missing, missing
+
+
+def test_no_two_test_files_share_a_name():
+    # the test folders are not packages (rootdir-relative imports): pytest imports each test file as a module
+    # named after the file, so a second tests/*/test_x.py fails collection ("import file mismatch")
+    here = os.path.dirname(os.path.abspath(__file__))
+    seen = {}
+    for folder, _, files in os.walk(here):
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py"):
+                seen.setdefault(name, []).append(os.path.relpath(os.path.join(folder, name), here))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}

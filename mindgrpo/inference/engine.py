@@ -27,7 +27,7 @@ its inputs (`PrefillInputs`, `DecodeInputs`: embedding, RoPE rows, cache rows, m
 (`PrefillLayer`, `DecodeLayer`) called for every decoder layer with that layer's weights and cache as
 inputs, and (decode) `DecodeHead`: the final norm, the head and the sampler; the fused copies are
 refreshed by one layer graph too (`layers.InferenceWeights`). The same ops on the same shapes, so the
-same tokens and log-probs bit for bit (`tests/inference/test_layerwise.py`); MindSpore's CPU runtime then
+same tokens and log-probs bit for bit (`tests/inference/test_layerwise_engine.py`); MindSpore's CPU runtime then
 keeps one layer's graph buffers instead of every layer's (`benchmarks/results/layerwise_generate.md`), and
 a shape compiles the same few graphs whatever the number of layers (each key above: three graphs).
 
