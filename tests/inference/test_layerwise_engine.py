@@ -37,6 +37,7 @@ def assert_identical(a, b):
             assert np.array_equal(u, v)
 
 
+@pytest.mark.slow  # each compiles both engines' graphs: over a minute under -n 2
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 def test_layerwise_generation_equals_the_whole_graphs_bit_for_bit(kind):
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -55,6 +56,7 @@ def test_layerwise_generation_equals_the_whole_graphs_bit_for_bit(kind):
             assert_identical(run(layerwise, params), whole)
 
 
+@pytest.mark.slow
 def test_layerwise_sees_updated_weights_and_compiles_no_graph_per_layer():
     from mindgrpo.models.checkpoint import load_state, model_state
 
