@@ -282,9 +282,8 @@ class RolloutEngine:
             return
         first = self._graph(("prefill_inputs", bp, p_len), lambda: PrefillInputs(self.model, cache))
         x, cos, sin, rows, bias = first(Tensor(ids), Tensor(slot))
-        n = self.model.n_layers
         for i, (w, kv) in enumerate(zip(self.model.layer_inputs, cache.layer_caches)):
-            last = i + 1 == n
+            last = i + 1 == self.model.n_layers
             layer = self._graph(("prefill_layer", bp, p_len, last), lambda: PrefillLayer(self.model, last))
             x = layer(x, cos, sin, rows, bias, w, kv)
         x.asnumpy()
