@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindgrpo.grpo.experience import Experience
-from mindgrpo.grpo.layerwise import LayerwiseGradStep
+from mindgrpo.grpo.layerwise import LayerwiseGradStep, LayerwiseLogProbs
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
 from mindgrpo.grpo.packing import Batching, MicroBatch, gather_samples, plan
@@ -45,21 +45,27 @@ class Scorer:
     pipeline: lm's pipeline stage (`mindgrpo.parallel.pipeline.Pipeline`); default one stage.
     Every stage returns the log-probs (the last computes them).
     max_tokens, packing, attention: token-budget micro-batches, packed rows and how they keep
-    samples apart (`mindgrpo.grpo.packing`)."""
+    samples apart (`mindgrpo.grpo.packing`).
+    layerwise: a host loop over one compiled decoder-layer graph (`mindgrpo.grpo.layerwise.LayerwiseLogProbs`):
+    the same log-probs, one layer's graph buffers instead of every layer's; one device, right-padded rows."""
 
     def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0, chunk: int = 0,
                  pipeline: Optional[Pipeline] = None, max_tokens: int = 0, packing: bool = False,
-                 attention: str = "mask"):
+                 attention: str = "mask", layerwise: bool = False):
         self.lm = lm
         self.pipe = pipeline or Pipeline()
         self.batching = Batching(micro_batch_size, max_tokens, packing, attention)
-        self.temperature, self.chunk = temperature, chunk
+        if layerwise and (self.batching.layout != "rows" or not (self.pipe.first and self.pipe.last)):
+            raise ValueError("layerwise scoring takes right-padded rows on one pipeline stage (no token budget)")
+        self.temperature, self.chunk, self.layerwise = temperature, chunk, layerwise
         self._build()
 
     def _build(self) -> None:
         lm, attention = self.lm, self.batching.attention
         self.stage = self.graph = None
-        if not self.pipe.last:
+        if self.layerwise:
+            self.graph = LayerwiseLogProbs(lm, with_entropy=False, temperature=self.temperature, chunk=self.chunk)
+        elif not self.pipe.last:
             self.stage = StageHidden(lm, attention)
         elif self.batching.layout == "rows":
             self.graph = TokenLogProbs(lm, with_entropy=False, temperature=self.temperature, chunk=self.chunk)

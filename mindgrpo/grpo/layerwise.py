@@ -20,6 +20,10 @@ read and written in place, no copy and no compile per layer; `Parameter.value()`
 Between the calls the host holds the N layer inputs (B, S, H) (4 MB each at the 0.5B shape). One device,
 right-padded rows (no pipeline stages, tensor parallelism or packed rows: the config refuses them).
 The gradients equal the whole graph's to rounding (the layers' forward runs twice, as with recompute).
+
+`LayerwiseLogProbs` is the no-grad scoring pass so (`ref_config.layerwise`: the reference's log-probs):
+embed, layer for i = 0 .. N-1 (only the last x kept), then the final norm and the head
+(`scoring.TokenLogProbs` from the hidden states); the same log-probs as the whole-model graph.
 Shapes use the vocabulary of `mindgrpo/__init__.py`.
 """
 
@@ -33,7 +37,7 @@ from mindspore import Parameter, nn, ops
 from mindgrpo.grpo.optim import AccumulateGrads, GradBuffer
 from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
-from mindgrpo.models.scoring import causal_bias, positions
+from mindgrpo.models.scoring import TokenLogProbs, causal_bias, positions
 
 
 class _Accumulators:
@@ -153,3 +157,25 @@ class LayerwiseGradStep:
             dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], dx, self.layer_accumulators[i])
         self.embed_grad(ids, dx)
         return loss, metrics
+
+
+class LayerwiseLogProbs:
+    """Called as `scoring.TokenLogProbs` is on right-padded rows: ids (B, S), score_pos (B, R), labels (B, R)
+    -> logp (B, R), entropy (B, R); through the embed graph, one layer graph run for every decoder layer
+    (the layer's weights the graph inputs) and the head graph (module docstring)."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = False, temperature: float = 1.0, chunk: int = 0):
+        if not (lm.first_stage and lm.last_stage) or lm.tp != 1:
+            raise ValueError("layerwise scoring runs the whole model on one device (no pipeline stages or tensor "
+                             "parallelism)")
+        layers = [lm.model.layers[i] for i in lm.layer_ids]
+        self.layer_weights = [ms.mutable(tuple(layer.weights())) for layer in layers]  # in place, no copy
+        self.embed = _Embed(lm)
+        self.layer = _Layer(layers[0])
+        self.head = TokenLogProbs(lm, with_entropy, temperature, chunk, from_hidden=True)
+
+    def __call__(self, ids, score_pos, labels):
+        x, cos, sin, bias = self.embed(ids)  # (B, S, H)
+        for w in self.layer_weights:
+            x = self.layer(x, cos, sin, bias, w)
+        return self.head(x, score_pos, labels)

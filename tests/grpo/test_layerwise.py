@@ -87,3 +87,41 @@ def test_layerwise_is_off_by_default_and_refused_where_it_does_not_apply():
         load_config(GRPOConfig, overrides=["actor_config.layerwise_update=true", "actor_config.packing=true",
                                            "actor_config.max_tokens_per_micro_batch=64"])
     assert info.value.key == "actor_config.layerwise_update", str(info.value)
+
+
+@pytest.mark.parametrize("cfg, temperature", [(QWEN2, 1.0), (QWEN3, 0.7)], ids=["qwen2-tied", "qwen3-T0.7"])
+def test_layerwise_scoring_gives_the_log_probs_of_the_whole_graph(cfg, temperature):
+    """ref_config.layerwise: the Scorer's log-probs through one layer graph run per layer equal the whole-model
+    graph's (the path the reference took before), micro-batch by micro-batch over ragged rows."""
+    from mindgrpo.grpo.actor import Scorer
+    from mindgrpo.grpo.layerwise import LayerwiseLogProbs
+
+    exp = experience()
+    lm = Qwen2ForCausalLM(cfg, seed=7)
+    whole, layerwise = Scorer(lm, 2, temperature), Scorer(lm, 2, temperature, layerwise=True)
+    assert isinstance(layerwise.graph, LayerwiseLogProbs) and not isinstance(whole.graph, LayerwiseLogProbs)
+    a, b = whole(exp), layerwise(exp)
+    assert a.shape == exp.labels.shape and np.all(a[exp.mask > 0] < 0) and np.all(a[exp.mask == 0] == 0)
+    np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    layerwise.release()  # compiled again on the next call: the same numbers
+    np.testing.assert_allclose(layerwise(exp), b, rtol=0, atol=0)
+
+
+def test_layerwise_scoring_is_off_by_default_and_refused_where_it_does_not_apply():
+    from mindgrpo.grpo.actor import Scorer
+
+    assert GRPOConfig().ref_config.layerwise is False
+    on = ["rl_config.beta=0.04", "ref_config.layerwise=true"]
+    assert load_config(GRPOConfig, overrides=on).ref_config.layerwise
+    for other in ("ref_config.parallel_config.model_parallel=2", "ref_config.parallel_config.pipeline_stage=2"):
+        with pytest.raises(ConfigError) as info:
+            load_config(GRPOConfig, overrides=on + [other])
+        assert info.value.key == "ref_config.layerwise", str(info.value)
+    with pytest.raises(ConfigError) as info:  # token budgets (and so packed rows) are not right-padded rows
+        load_config(GRPOConfig, overrides=on + ["ref_config.max_tokens_per_micro_batch=1024"])
+    assert info.value.key == "ref_config.layerwise", str(info.value)
+    with pytest.raises(ConfigError) as info:  # no reference model: the key cannot act
+        load_config(GRPOConfig, overrides=["ref_config.layerwise=true"])
+    assert info.value.key == "ref_config.layerwise", str(info.value)
+    with pytest.raises(ValueError, match="right-padded rows"):
+        Scorer(Qwen2ForCausalLM(QWEN2, seed=7), 2, max_tokens=64, layerwise=True)
