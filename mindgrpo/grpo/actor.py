@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindgrpo.grpo.experience import Experience
-from mindgrpo.grpo.layerwise import LayerwiseGradStep, LayerwiseLogProbs
+from mindgrpo.grpo.layerwise import LayerwiseAdamW, LayerwiseGradStep, LayerwiseLogProbs
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
 from mindgrpo.grpo.packing import Batching, MicroBatch, gather_samples, plan
@@ -105,7 +105,8 @@ class PolicyUpdater:
         frees intermediates in time (not MindSpore 2.10's CPU runtime: `benchmarks/recompute.py`).
         layerwise: the training step as a host loop over one compiled decoder-layer graph
         (`mindgrpo.grpo.layerwise`): the same gradients, one layer's graph buffers instead of every
-        layer's; one device, right-padded rows."""
+        layer's; one device, right-padded rows. Without ZeRO-1 the gradient norm and AdamW's step run
+        group by group too (`layerwise.LayerwiseAdamW`: bit for bit, no copy of every gradient kept)."""
         self.lm = lm
         if recompute:
             lm.recompute_layers()
@@ -129,6 +130,8 @@ class PolicyUpdater:
         sq_norm = pipe.sq_norm(lm.layer_factory.grad_sq_norm([n for n, _ in named]), len(named))
         self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay, sq_norm=sq_norm, shard=shard,
                            sharded=[layout.opt_shard_parts(n, full[n]) > 1 for n, _ in named])
+        if layerwise and shard is None and sq_norm is None:  # the norm and the step group by group too
+            self.adamw = LayerwiseAdamW(self.adamw, self.params)
         self.beta1, self.beta2, self.grad_clip = beta1, beta2, grad_clip
         # data parallelism (mindgrpo.parallel.data_parallel.DataParallelGrads), when set:
         # rows(n) picks this replica's rows, __call__(buffer) sums the gradients, sum(values)
@@ -155,8 +158,11 @@ class PolicyUpdater:
     def release(self) -> None:
         """Drop the compiled training graphs and the buffers the runtime keeps for them (freed only
         with the cells that compiled them: `benchmarks/graph_release.py`); the gradient buffers and
-        AdamW's moments stay. The next update compiles the graphs again."""
+        AdamW's moments stay (and the layerwise optimizer's group graphs go). The next update compiles the
+        graphs again."""
         self.step_graph = self.stage = self.stage_grad = None
+        if isinstance(self.adamw, LayerwiseAdamW):
+            self.adamw.release()
 
     def state_parameters(self) -> List[ms.Parameter]:
         """What a checkpoint must hold besides the weights to resume exactly."""

@@ -125,3 +125,40 @@ def test_layerwise_scoring_is_off_by_default_and_refused_where_it_does_not_apply
     assert info.value.key == "ref_config.layerwise", str(info.value)
     with pytest.raises(ValueError, match="right-padded rows"):
         Scorer(Qwen2ForCausalLM(QWEN2, seed=7), 2, max_tokens=64, layerwise=True)
+
+
+@pytest.mark.parametrize("clip", [1e-3, 0.0], ids=["clipped", "no-clip"])
+def test_layerwise_optimizer_step_is_bit_for_bit_the_whole_one(clip):
+    """LayerwiseAdamW (the norm and AdamW's step group by group, with the layerwise update) against optim.AdamW on
+    the same gradients: the same norm, weights and moments bit for bit over two steps, weight decay on (the norms
+    and biases exempt), clipping active or off; the accumulators zeroed after each step."""
+    from mindgrpo.grpo.layerwise import LayerwiseAdamW
+    from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
+
+    sides = []
+    for layerwise in (False, True):
+        lm = Qwen2ForCausalLM(QWEN2, seed=7)
+        params = [p for p in lm.get_parameters() if p.requires_grad]
+        buffer = GradBuffer(params)
+        opt = AdamW(params, buffer, 0.9, 0.999, 1e-8, weight_decay=0.1)
+        sides.append((params, buffer, LayerwiseAdamW(opt, params) if layerwise else opt))
+    assert len(sides[1][2].groups) == 2 + QWEN2.num_hidden_layers  # embedding, each layer, the final norm
+    rng = np.random.default_rng(3)
+    for step in (1, 2):
+        grads = [rng.standard_normal(p.shape).astype(np.float32) for p in sides[0][0]]
+        norms = []
+        for params, buffer, opt in sides:
+            for b, g in zip(buffer.bufs, grads):
+                b.set_data(Tensor(g))
+            norm = opt.grad_norm()
+            bc1, bc2 = adam_scalars(step, 0.9, 0.999)
+            opt(Tensor(np.float32(1e-2)), bc1, bc2, Tensor(np.float32(clip)), norm)
+            norms.append(norm.asnumpy())
+            assert all(not b.asnumpy().any() for b in buffer.bufs)
+        assert norms[0] == norms[1] and norms[0] > 0
+        for a, b, ma, mb, va, vb in zip(sides[0][0], sides[1][0], sides[0][2].m, sides[1][2].whole.m,
+                                        sides[0][2].v, sides[1][2].whole.v):
+            assert np.array_equal(a.asnumpy(), b.asnumpy()), a.name
+            assert np.array_equal(ma.asnumpy(), mb.asnumpy()) and np.array_equal(va.asnumpy(), vb.asnumpy()), a.name
+    start = {p.name: p.asnumpy() for p in Qwen2ForCausalLM(QWEN2, seed=7).get_parameters()}
+    assert all(not np.array_equal(p.asnumpy(), start[p.name]) for p in sides[1][0])
