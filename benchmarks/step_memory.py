@@ -288,7 +288,7 @@ def _trl(res: dict, args, output: str) -> None:
                       "versions": f"trl {trl.__version__}, transformers {transformers.__version__}, "
                                   f"torch {setup_['torch']}"}
         print(f"trl: weights in {setup_['weights_s']:.1f} s", flush=True)
-        for _ in range(args.steps):
+        for _ in range(args.steps):  # run_trl's callback sends each step unasked
             step = worker.recv()
             res["trl"]["steps"].append(step)
             res["trl"]["process_peak_gb"] = max(res["trl"]["process_peak_gb"], step["step_peak_gb"])
@@ -296,9 +296,8 @@ def _trl(res: dict, args, output: str) -> None:
             print(f"trl step: {step['phases']['step']:.1f} s, peak {step['step_peak_gb']:.2f} GB; "
                   + ", ".join(f"{k} {v:.1f}" for k, v in step["phases"].items()), flush=True)
             write_results(output, res, markdown(res))
-            if len(res["trl"]["steps"]) < args.steps:
-                pass  # run_trl's callback sends each step unasked
-        worker.join()
+        # a side's last message: its process peak (VmHWM, reset after each step: the last step's at least)
+        res["trl"]["process_peak_gb"] = max(res["trl"]["process_peak_gb"], worker.recv())
 
 
 def main(argv=None) -> int:
