@@ -44,13 +44,14 @@ they add (policy, reference, grads + AdamW within 3%), but the runtime keeps buf
 compiled graph: per decoder layer about 0.71 GB for the update graph (the estimate above: 0.12),
 0.56 GB for the generation graphs, 0.16 GB for a scoring graph. On one device the plan adds them
 (`cpu_graph_bytes`, `MemoryPlan.cpu_peak`): every phase's kept, or with rl_config.release_graphs the
-largest phase's (`benchmarks/results/graph_release.md`: 11.65 and 9.37 GB measured at 2 layers, 10.46
-and 8.71 planned); actor_config.layerwise_update shrinks the update's (`benchmarks/results/layerwise.md`) and
-generate_config.layerwise the rollout's (`benchmarks/results/layerwise_generate.md`: 0.064 against 0.52 GB per
-layer, the engine's fused copies and KV cache nearly all of it). Not counted yet: the issue-20 step through the
-trainer with the three switches holds 14.0 GB after its build at 24 layers where the groups are 11.4, and its
-reference phase peaks at about 19.7 GB extrapolated from 2 and 6 layers where this plans 15.5
-(`benchmarks/results/step_memory_*_layers.md`).
+largest phase's (`benchmarks/results/graph_release.md`); actor_config.layerwise_update shrinks the update's
+(`benchmarks/results/layerwise.md`), generate_config.layerwise the rollout's
+(`benchmarks/results/layerwise_generate.md`: 0.064 against 0.52 GB per layer, the engine's fused copies and KV
+cache nearly all of it) and ref_config.layerwise the reference's. The process itself (Python, MindSpore's
+runtime, the tokenizer) holds `CPU_RUNTIME_BYTES` before any model (`benchmarks/results/build_memory.md`); the
+weight sync's graphs hold nothing since they read the source Parameters in place (they held two copies of the
+weights, the ~4 GB the plan missed at 24 layers before 2026-11-26 13:30 UTC). The issue-20 step with the four
+switches: `benchmarks/results/step_memory_*_layers.md`, which `tests/memory/test_plan.py` holds the plan to.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ _TRAINING = ("update",)  # the backward pass keeps activations; scoring graphs a
 # up to 288 positions, 128 scored tokens a row, micro-batches of 4 rows, 16 decode slots of 285 positions),
 # as fixed + per decoder layer, and scaled from there by assumption: the per-layer part by the tokens of
 # a micro-batch (the engine's slots x positions for the rollout) x the hidden size, the fixed part by the
-# scored tokens of a micro-batch x the vocabulary. The first weight sync adds about one copy of the weights
-# it moves, and releasing its graphs frees none of it (`benchmarks/results/graph_release.md`).
+# scored tokens of a micro-batch x the vocabulary. The weight sync's bucket graphs keep nothing (they read the
+# source Parameters in place and return a (1,) zero: `benchmarks/results/build_memory.md`).
 _MEASURED_TOKENS, _MEASURED_SCORED, _MEASURED_H, _MEASURED_V = 4 * 288, 4 * 128, 896, 151936
 _MEASURED_SLOT_POSITIONS = 16 * 285
 CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the measured shape
@@ -86,14 +87,19 @@ CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the 
     "reference": (0.307e9, 0.158e9),
     "old_logprobs": (0.307e9, 0.158e9),
     "update": (1.985e9, 0.712e9),
-    # actor_config.layerwise_update (`benchmarks/results/layerwise.md`: against the whole graph, 1.55 GB less
-    # fixed and 18% of its per-layer growth beyond the weights, gradients and moments)
-    "update_layerwise": (0.43e9, 0.128e9),
     # generate_config.layerwise (`benchmarks/results/layerwise_generate.md`): one layer's prefill, decode and
     # refresh graphs (the fixed part), and per layer the engine's fused copies and KV cache alone (0.060 + 0.005
     # GB), as the whole rollout's per-layer figure also counts them
     "rollout_layerwise": (0.694e9, 0.064e9),
+    # the issue-20 step through the trainer with release_graphs and the three layerwise switches
+    # (`benchmarks/results/step_memory_{2,6}_layers.md`, two steps each): the update's peak above the built
+    # trainer, the largest of either step (2.41 and 2.37 GB at 2 and 6 layers: nothing per layer), with the
+    # layerwise optimizer step (`layerwise.LayerwiseAdamW`: the embedding's squared and clipped gradient, 1.09 GB,
+    # are nearly half of it); the reference's first call with ref_config.layerwise (1.01 and 0.98 GB)
+    "update_layerwise": (2.41e9, 0.0),
+    "reference_layerwise": (1.01e9, 0.0),
 }
+CPU_RUNTIME_BYTES = 0.47e9  # the process before any model: Python, MindSpore's runtime, the tokenizer
 
 
 def _stage_shapes(cfg: Qwen2Config, layout: ParallelLayout, rank: int) -> Dict[str, tuple]:
@@ -183,11 +189,12 @@ def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int
     width = cfg.hidden_size / _MEASURED_H
     out = {}
     for phase in phases:
-        if phase == "sync":  # about one copy of the weights the buckets move
-            out[phase] = piece_bytes(cfg, ParallelLayout())
+        if phase == "sync":  # the bucket graphs read and write the Parameters in place
+            out[phase] = 0
             continue
-        key = {("update", True): "update_layerwise", ("rollout", True): "rollout_layerwise"}.get(
-            (phase, actor.layerwise_update if phase == "update" else gen.layerwise), phase)
+        layerwise = {"update": actor.layerwise_update, "rollout": gen.layerwise,
+                     "reference": gcfg.ref_config.layerwise}.get(phase, False)
+        key = f"{phase}_layerwise" if layerwise else phase
         fixed, per_layer = CPU_GRAPH_BUFFERS[key]
         rows = slot_positions / _MEASURED_SLOT_POSITIONS if phase == "rollout" else tokens / _MEASURED_TOKENS
         # the rollout's fixed part is (layerwise) one layer's graphs: scaled as a layer's
@@ -219,13 +226,14 @@ class MemoryPlan:
         return max(self.total(p, swap) for p in self.phases)
 
     def cpu_peak(self, release: bool) -> int:
-        """On MindSpore 2.10's CPU runtime (one device): every group resident (no swap: host and device
-        are the same memory) plus the compiled graphs' buffers, every phase's kept, or with
-        rl_config.release_graphs the largest phase's and the weight sync's (which that key leaves); they
-        include the update's activations."""
+        """On MindSpore 2.10's CPU runtime (one device): the process's own (`CPU_RUNTIME_BYTES`), every group
+        resident (no swap: host and device are the same memory) plus the compiled graphs' buffers, every
+        phase's kept, or with rl_config.release_graphs the largest phase's and the weight sync's (which that
+        key leaves); they include the update's activations."""
         phases = [v for k, v in self.cpu_graphs.items() if k != "sync"]  # the weight sync's are never released
         kept = self.cpu_graphs.get("sync", 0)
-        return self.phase_bytes("sync", False) + kept + (max(phases) if release else sum(phases))
+        return int(CPU_RUNTIME_BYTES) + self.phase_bytes("sync", False) + kept + \
+            (max(phases) if release else sum(phases))
 
 
 def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None) -> MemoryPlan:

@@ -10,7 +10,7 @@ import pytest
 
 from mindgrpo.config import GRPOConfig, load_config
 from mindgrpo.models.presets import resolve_model_config
-from mindgrpo.memory.plan import plan
+from mindgrpo.memory.plan import CPU_RUNTIME_BYTES, plan
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.parallel.layout import ParallelLayout
 
@@ -197,6 +197,29 @@ def test_layerwise_generation_keeps_one_layers_rollout_graphs():
     assert whole.cpu_peak(True) > 24e9 > layerwise.cpu_peak(True)
 
 
+STEP_MEMORY = ["rl_config.batch_size=4", "rl_config.num_generations=4", "rl_config.beta=0.04",
+               "generate_config.max_prompt_length=157", "generate_config.max_tokens=128",
+               "generate_config.max_num_seqs=16", "actor_config.micro_batch_size=4", "rl_config.release_graphs=true",
+               "actor_config.layerwise_update=true", "generate_config.layerwise=true", "ref_config.layerwise=true"]
+
+
+@pytest.mark.parametrize("layers, built, peak", [(2, 3.92e9, 6.33e9), (6, 5.37e9, 7.74e9)])
+def test_the_issue_20_step_with_the_four_switches_is_planned_as_measured(layers, built, peak):
+    """benchmarks/results/step_memory_{2,6}_layers.md (python -m benchmarks.step_memory --layers N, machine C,
+    2026-11-26; measured, not by the plan): the 0.5B shape with N layers, through the trainer, the four switches,
+    one copy of the weights. The built trainer is the process's own memory and the groups (every copy of the
+    weights it holds: policy, reference, gradients, two moments, the engine's fused layer copies); the process
+    peak over two steps is that plus the update's graphs (with the layerwise optimizer step). The reference's
+    layerwise scoring keeps no per-layer buffers."""
+    m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
+    p = plan(load_config(GRPOConfig, overrides=STEP_MEMORY), Qwen2Config(**{**m.__dict__, "num_hidden_layers": layers}))
+    assert p.shared and p.cpu_graphs["reference"] < p.cpu_graphs["update"]
+    assert CPU_RUNTIME_BYTES + p.phase_bytes("sync", False) == pytest.approx(built, rel=0.02)
+    assert p.cpu_peak(True) == pytest.approx(peak, rel=0.02)
+    deep = plan(load_config(GRPOConfig, overrides=STEP_MEMORY), m)  # 24 layers: the reference graphs do not grow
+    assert deep.cpu_graphs["reference"] == p.cpu_graphs["reference"]
+
+
 def test_one_copy_of_the_weights_where_the_inference_layout_is_the_training_layout():
     """The tiny default on one device: the inference model is the policy (generate_config.inference_weights
     auto), so the weights are counted once (tiny_qwen2: vocabulary 512, hidden 128, 4 layers, 4 heads / 2 kv
@@ -219,10 +242,11 @@ def test_one_copy_of_the_weights_where_the_inference_layout_is_the_training_layo
     assert shared.phase_bytes("rollout", True) == copy.phase_bytes("rollout", True) == params + fused + \
         shared.groups["kv_cache"]
     # with every group resident one copy fewer (the peak: the update with its activations), and on the CPU
-    # runtime also neither the sync bucket nor the sync's graphs
+    # runtime also no sync bucket; the sync's graphs keep nothing (they read the Parameters in place:
+    # benchmarks/results/build_memory.md)
     assert copy.peak(False) - shared.peak(False) == params
-    assert "sync" not in shared.cpu_graphs and copy.cpu_graphs["sync"] == params
-    assert copy.cpu_peak(False) - shared.cpu_peak(False) == 2 * params + copy.groups["transient"]
+    assert "sync" not in shared.cpu_graphs and copy.cpu_graphs["sync"] == 0
+    assert copy.cpu_peak(False) - shared.cpu_peak(False) == params + copy.groups["transient"]
     # other layouts keep the copy (resharded), and so does the key
     apart = plan(load_config(GRPOConfig, tiny, ["actor_config.parallel_config.model_parallel=2",
                                                  "generate_config.parallel_config.data_parallel=2"]), m)
