@@ -227,9 +227,10 @@ def _trl_markdown(res: dict) -> list:
     lines += ["", f"TRL's process peak: {trl['process_peak_gb']:.2f} GB."]
     if res.get("steps") and trl["steps"]:
         ours, theirs = res["steps"][-1]["step_s"], trl["steps"][-1]["phases"]["step"]
+        peaks = res["process_peak_gb"], trl["process_peak_gb"]
         lines += ["", f"**Last step: TRL {theirs:.1f} s against ours {ours:.1f} s: ours {theirs / ours:.2f}x faster "
-                  f"(TRL s/step / ours); peak {res['process_peak_gb']:.2f} GB ours against {trl['process_peak_gb']:.2f} "
-                  f"GB TRL's ({res['process_peak_gb'] / trl['process_peak_gb']:.2f}x).**"]
+                  f"(TRL s/step / ours); peak {peaks[0]:.2f} GB ours against {peaks[1]:.2f} GB TRL's "
+                  f"({peaks[0] / peaks[1]:.2f}x).**"]
     return lines
 
 

@@ -87,10 +87,11 @@ CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the 
     "reference": (0.307e9, 0.158e9),
     "old_logprobs": (0.307e9, 0.158e9),
     "update": (1.985e9, 0.712e9),
-    # generate_config.layerwise (`benchmarks/results/layerwise_generate.md`): one layer's prefill, decode and
-    # refresh graphs (the fixed part), and per layer the engine's fused copies and KV cache alone (0.060 + 0.005
-    # GB), as the whole rollout's per-layer figure also counts them
-    "rollout_layerwise": (0.694e9, 0.064e9),
+    # generate_config.layerwise: one layer's prefill, decode and refresh graphs (`benchmarks/results/
+    # layerwise_generate.md` found 0.694 GB fixed and per layer 0.064, the engine's fused copies and KV cache, which
+    # the groups count); through the trainer the rollout peaked 0.71 and 0.69 GB above the built trainer at 2 and 6
+    # layers (`benchmarks/results/step_memory_{2,6}_layers.md`): nothing per layer beyond the groups
+    "rollout_layerwise": (0.71e9, 0.0),
     # the issue-20 step through the trainer with release_graphs and the three layerwise switches
     # (`benchmarks/results/step_memory_{2,6}_layers.md`, two steps each): the update's peak above the built
     # trainer, the largest of either step (2.41 and 2.37 GB at 2 and 6 layers: nothing per layer), with the
@@ -213,6 +214,7 @@ class MemoryPlan:
     stages: int = 1  # pipeline stages of the training layout
     cpu_graphs: Dict[str, int] = field(default_factory=dict)  # phase -> compiled-graph buffers on the CPU runtime
     shared: bool = False  # the inference model is the policy: one copy of the weights, no sync
+    fused: int = 0  # the engine's fused layer copies (in the inference group)
 
     def phase_bytes(self, phase: str, swap: bool) -> int:
         """Ledger bytes during a phase (groups + the sync bucket), without activations."""
@@ -229,11 +231,14 @@ class MemoryPlan:
         """On MindSpore 2.10's CPU runtime (one device): the process's own (`CPU_RUNTIME_BYTES`), every group
         resident (no swap: host and device are the same memory) plus the compiled graphs' buffers, every
         phase's kept, or with rl_config.release_graphs the largest phase's and the weight sync's (which that
-        key leaves); they include the update's activations."""
-        phases = [v for k, v in self.cpu_graphs.items() if k != "sync"]  # the weight sync's are never released
-        kept = self.cpu_graphs.get("sync", 0)
-        return int(CPU_RUNTIME_BYTES) + self.phase_bytes("sync", False) + kept + \
-            (max(phases) if release else sum(phases))
+        key leaves); they include the update's activations. With release_graphs the engine's KV cache and
+        fused layer copies go with its graphs (`RolloutEngine.release`): resident in the rollout only."""
+        phases = {k: v for k, v in self.cpu_graphs.items() if k != "sync"}  # the weight sync's are never released
+        base = int(CPU_RUNTIME_BYTES) + self.phase_bytes("sync", False) + self.cpu_graphs.get("sync", 0)
+        if not release:
+            return base + sum(phases.values())
+        engine = self.fused + self.groups["kv_cache"]
+        return base + max(v - (0 if k == "rollout" else engine) for k, v in phases.items())
 
 
 def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None) -> MemoryPlan:
@@ -267,7 +272,7 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int) -> MemoryPlan:
     one_device = train.world_size == 1 and infer.world_size == 1
     graphs = [p for p in phases if not (shared and p == "sync")]  # shared: no sync graphs
     return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train, rank), rank, train.stage(rank), train.pp,
-                      cpu_graph_bytes(mcfg, gcfg, graphs) if one_device else {}, shared)
+                      cpu_graph_bytes(mcfg, gcfg, graphs) if one_device else {}, shared, inference_copy_bytes(mcfg, infer))
 
 
 def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
