@@ -68,6 +68,7 @@ def side(conn, layers: int, switches: bool, folder: str) -> None:
                                    Progress(cfg.rl_config.max_steps), folder)
     marks.append(("trainer", rss_gb()))
     policy = list(parts.policy.get_parameters())
+    adamw = getattr(trainer.updater.adamw, "whole", trainer.updater.adamw)  # LayerwiseAdamW wraps it
     held = {id(p) for p in policy}
     groups = {
         "policy": _layer_bytes(policy),
@@ -75,8 +76,7 @@ def side(conn, layers: int, switches: bool, folder: str) -> None:
         "engine fused copies": _layer_bytes([p for p in trainer.engine.resident_parameters() if id(p) not in held]),
         "gradient buffers": sum(b.nbytes for b, p in zip(trainer.updater.buffer.bufs, trainer.updater.params)
                                 if "layers." in p.name),
-        "AdamW m and v": sum(m.nbytes + v.nbytes for m, v, p in zip(trainer.updater.adamw.m, trainer.updater.adamw.v,
-                                                                 trainer.updater.params)
+        "AdamW m and v": sum(m.nbytes + v.nbytes for m, v, p in zip(adamw.m, adamw.v, trainer.updater.params)
                              if "layers." in p.name),
     }
     conn.send({"marks": marks, "groups": groups, "layer_params": sum(p.size for p in policy if "layers." in p.name),

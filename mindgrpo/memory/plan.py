@@ -49,9 +49,11 @@ largest phase's (`benchmarks/results/graph_release.md`); actor_config.layerwise_
 (`benchmarks/results/layerwise_generate.md`: 0.064 against 0.52 GB per layer, the engine's fused copies and KV
 cache nearly all of it) and ref_config.layerwise the reference's. The process itself (Python, MindSpore's
 runtime, the tokenizer) holds `CPU_RUNTIME_BYTES` before any model (`benchmarks/results/build_memory.md`); the
-weight sync's graphs hold nothing since they read the source Parameters in place (they held two copies of the
-weights, the ~4 GB the plan missed at 24 layers before 2026-11-26 13:30 UTC). The issue-20 step with the four
-switches: `benchmarks/results/step_memory_*_layers.md`, which `tests/memory/test_plan.py` holds the plan to.
+weight sync's graphs hold nothing since they read the source Parameters in place (the reference's first sync held
+two copies of the weights: 1.31 GB at 2 layers, `benchmarks/results/build_memory_6b82433.md`; with the process's
+own memory, what the groups missed of the built trainer before). The issue-20 step with the four switches:
+`benchmarks/results/step_memory_*_layers.md`, which `tests/memory/test_plan.py` holds the plan to (built: the
+runtime and the groups within 1%).
 """
 
 from __future__ import annotations
@@ -93,12 +95,13 @@ CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the 
     # layers (`benchmarks/results/step_memory_{2,6}_layers.md`): nothing per layer beyond the groups
     "rollout_layerwise": (0.71e9, 0.0),
     # the issue-20 step through the trainer with release_graphs and the three layerwise switches
-    # (`benchmarks/results/step_memory_{2,6}_layers.md`, two steps each): the update's peak above the built
-    # trainer, the largest of either step (2.41 and 2.37 GB at 2 and 6 layers: nothing per layer), with the
-    # layerwise optimizer step (`layerwise.LayerwiseAdamW`: the embedding's squared and clipped gradient, 1.09 GB,
-    # are nearly half of it); the reference's first call with ref_config.layerwise (1.01 and 0.98 GB)
-    "update_layerwise": (2.41e9, 0.0),
-    "reference_layerwise": (1.01e9, 0.0),
+    # (`benchmarks/results/step_memory_{2,6}_layers.md`, two steps each): the process peak, the update's, less
+    # the runtime and the groups resident then (all but the engine's KV cache and fused copies): 2.42 and 2.50 GB
+    # at 2 and 6 layers, with the layerwise optimizer step (`layerwise.LayerwiseAdamW`: the embedding's squared
+    # and clipped gradient, 1.09 GB, are nearly half of it); the reference's first call with ref_config.layerwise
+    # likewise (1.07 and 1.20 GB)
+    "update_layerwise": (2.383e9, 0.0193e9),
+    "reference_layerwise": (1.005e9, 0.0325e9),
 }
 CPU_RUNTIME_BYTES = 0.47e9  # the process before any model: Python, MindSpore's runtime, the tokenizer
 
@@ -303,7 +306,9 @@ def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
                   f"count (measured at the Qwen2.5-0.5B shape, scaled: `mindgrpo/memory/plan.py`), in {unit}: "
                   + ", ".join(f"{k} {v / div:.2f}" for k, v in p.cpu_graphs.items())
                   + f"; with every group resident (no swap on a CPU), the peak is {p.cpu_peak(False) / div:.2f} with "
-                  f"the graphs kept and {p.cpu_peak(True) / div:.2f} with rl_config.release_graphs."]
+                  f"the graphs kept and {p.cpu_peak(True) / div:.2f} with rl_config.release_graphs (which also drops "
+                  "the engine's KV cache and fused copies between rollouts), the process's own "
+                  f"{CPU_RUNTIME_BYTES / div:.2f} included."]
     if device_bytes:
         lines.append("")
         for swap in (True, False):
