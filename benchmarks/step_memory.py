@@ -21,7 +21,7 @@ checkpointing, fp32, every core's thread) on the same work in a process of its o
 ended (both at once do not fit at 24 layers): random HF weights of the same shape (transformers' init, seed
 0), the same prompt texts and reward, `min_new_tokens` forcing the same 128 tokens. Per step: its phases'
 seconds (generation, reference, update = the step less its input preparation) and its peak resident memory
-(the first step's includes TRL's set-up and the model's load); the ratio of TRL's seconds per step to ours,
+(the first step's includes TRL's set-up and the model's load; not the writing of the random weights before); the ratio of TRL's seconds per step to ours,
 on the last step of each side (the first compiles / warms up).
 """
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -202,8 +203,11 @@ def trl_side(conn, layers: int, folder: str, steps: int, threads: int) -> None:
                  num_key_value_heads=c.num_key_value_heads, tie_word_embeddings=c.tie_word_embeddings)
     t0 = time.perf_counter()
     work = _HFOnly("qwen2.5-0.5b-shape", model, os.path.join(folder, "work"), PROMPTS)
+    gc.collect()
     conn.send({"weights_s": time.perf_counter() - t0, "prompt_tokens": [len(p) for p in work.prompt_ids],
-               "rss_gb": rss_gb(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__})
+               "rss_gb": rss_gb(), "writing_peak_gb": peak_since_reset_gb(), "torch_threads": torch.get_num_threads(),
+               "torch": torch.__version__})
+    reset_peak_rss()  # TRL's own from here: the model written above is not its
 
     def after_step(phases: dict) -> None:
         conn.send({"phases": phases, "step_peak_gb": peak_since_reset_gb(), "after_gb": rss_gb()})
