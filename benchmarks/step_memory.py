@@ -21,8 +21,8 @@ checkpointing, fp32, every core's thread) on the same work in a process of its o
 ended (both at once do not fit at 24 layers): random HF weights of the same shape (transformers' init, seed
 0), the same prompt texts and reward, `min_new_tokens` forcing the same 128 tokens. Per step: its phases'
 seconds (generation, reference, update = the step less its input preparation) and its peak resident memory
-(the first step's includes TRL's set-up and the model's load; not the writing of the random weights before); the ratio of TRL's seconds per step to ours,
-on the last step of each side (the first compiles / warms up).
+(the first step's includes TRL's set-up and the model's load, not the writing of the random weights before);
+the ratio of TRL's seconds per step to ours, on the last step of each side (the first compiles / warms up).
 """
 
 from __future__ import annotations
