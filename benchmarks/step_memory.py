@@ -1,25 +1,35 @@
 """The issue-20 GRPO step at the Qwen2.5-0.5B shape through the project's own trainer, alone in its process:
 resident memory and seconds per phase, with the memory switches on or off.
 
-    python -m benchmarks.step_memory [--layers 24] [--steps 2] [--switches on|off] [--output PATH]
+    python -m benchmarks.step_memory [--layers 24] [--steps 2] [--switches on|off] [--sides ours trl] [--output PATH]
 
 The model: the qwen2_5_0_5b preset (hidden 896, intermediate 4864, 14 / 2 heads, tied, vocabulary 151,936;
 random weights) with --layers decoder layers. The work: the first 4 GSM8K test questions under the qwen_r1
 template, Qwen2.5's tokenizer (`../shared`), G = 4 samples of 128 forced new tokens each (temperature 1, no
 stop), micro-batches of 4 rows, beta 0.04 (k3), one update per step, a cheap in-process reward (the share of
 digits). One device: the engine generates with the policy itself (generate_config.inference_weights: auto).
-`--switches on` sets rl_config.release_graphs, actor_config.layerwise_update and generate_config.layerwise.
+`--switches on` sets rl_config.release_graphs, actor_config.layerwise_update, generate_config.layerwise and
+ref_config.layerwise.
 
 The trainer is built by `grpo.builder.build` and stepped by `train_step`, as `scripts/grpo_one_stage.py`
 does. Per step and phase (the trainer's own: rollout, reward, ref, update, sync): seconds, resident
 memory after it and its peak while it ran (VmHWM, reset when the phase starts), in GB = 10^9 bytes; the
 process peak. The first step compiles its graphs (and, with release_graphs, every step does).
+
+`--sides ours trl`: then TRL's GRPOTrainer (`benchmarks.grpo_step.trl_side.run_trl`, its default gradient
+checkpointing, fp32, every core's thread) on the same work in a process of its own, started after ours has
+ended (both at once do not fit at 24 layers): random HF weights of the same shape (transformers' init, seed
+0), the same prompt texts and reward, `min_new_tokens` forcing the same 128 tokens. Per step: its phases'
+seconds (generation, reference, update = the step less its input preparation) and its peak resident memory
+(the first step's includes TRL's set-up and the model's load, not the writing of the random weights before);
+the ratio of TRL's seconds per step to ours, on the last step of each side (the first compiles / warms up).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -31,7 +41,8 @@ from benchmarks.harness import (RESULTS, SHARED, code_version, peak_since_reset_
 from benchmarks.workers import Workers
 
 PROMPTS, G, RESPONSE, MICRO_BATCH, BETA = 4, 4, 128, 4, 0.04
-SWITCHES = ("rl_config.release_graphs", "actor_config.layerwise_update", "generate_config.layerwise")
+SWITCHES = ("rl_config.release_graphs", "actor_config.layerwise_update", "generate_config.layerwise",
+            "ref_config.layerwise")
 
 
 def _questions(n: int):
@@ -100,17 +111,12 @@ def _digit_share(completions, **_):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
-def side(conn, layers: int, switches: bool, folder: str) -> None:
-    """A `benchmarks.workers` side: builds the trainer, then one step per "step" message."""
-    import mindspore as ms
-
+def setup(folder: str, layers: int, switches: bool):
+    """The workload's config, paths, overrides and prompt lengths (the reward registered, the files written)."""
     from mindgrpo.config import GRPOConfig, load_config
     from mindgrpo.grpo import builder
     from mindgrpo.rewards import register_reward
-    from mindgrpo.utils.metrics_log import MetricsLogger
-    from mindgrpo.utils.progress import Progress
 
-    ms.set_context(mode=ms.GRAPH_MODE)
     register_reward("benchmark_digit_share", overwrite=True)(_digit_share)
     tokenizer_dir = os.path.join(SHARED, "tokenizers", "qwen2_5")
     dataset, lengths = _dataset(folder, tokenizer_dir)
@@ -123,11 +129,24 @@ def side(conn, layers: int, switches: bool, folder: str) -> None:
                  "reward_config.verifier_function=[benchmark_digit_share]", "reward_config.verifier_weight=[1.0]",
                  "reward_config.num_workers=0"] + [f"{k}={'true' if switches else 'false'}" for k in SWITCHES]
     cfg = load_config(GRPOConfig, overrides=overrides)
-    t0 = time.perf_counter()
-    reset_peak_rss()
     paths = builder.Paths(output_dir=folder, vocab_path=os.path.join(tokenizer_dir, "vocab.json"),
                           merges_file_path=os.path.join(tokenizer_dir, "merges.txt"),
                           tokenizer_config=os.path.join(tokenizer_dir, "tokenizer_config.json"), dataset=dataset)
+    return cfg, paths, overrides, lengths
+
+
+def side(conn, layers: int, switches: bool, folder: str) -> None:
+    """A `benchmarks.workers` side: builds the trainer, then one step per "step" message."""
+    import mindspore as ms
+
+    from mindgrpo.grpo import builder
+    from mindgrpo.utils.metrics_log import MetricsLogger
+    from mindgrpo.utils.progress import Progress
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    cfg, paths, overrides, lengths = setup(folder, layers, switches)
+    t0 = time.perf_counter()
+    reset_peak_rss()
     parts = builder.build(cfg, paths)
     trainer = builder.make_trainer(cfg, parts, MetricsLogger(folder, tensorboard=False, console=False),
                                    Progress(cfg.rl_config.max_steps), folder)
@@ -153,39 +172,100 @@ def side(conn, layers: int, switches: bool, folder: str) -> None:
                    "process_peak_gb": memory.max_peak})
 
 
+def trl_side(conn, layers: int, folder: str, steps: int, threads: int) -> None:
+    """A `benchmarks.workers` side: TRL's GRPOTrainer on the workload for `steps` steps; sends each step's
+    phases and peak resident memory (VmHWM since the previous step ended)."""
+    import torch
+
+    from benchmarks.grpo_step.trl_side import run_trl
+    from benchmarks.grpo_step.workload import Workload
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.presets import resolve_model_config
+
+    class _HFOnly(Workload):
+        """The HF weights and prompt ids only: TRL's process imports no MindSpore (its memory would count)."""
+
+        def _weights(self, seed: int) -> None:
+            from benchmarks.tiny_models import hf_model
+
+            hf_model(self.name, seed=seed, overrides=self.model).save_pretrained(self.hf_dir)
+
+        def _dataset(self):
+            from transformers import AutoTokenizer
+
+            return None, AutoTokenizer.from_pretrained(self.tokenizer_dir)(text=self.texts)["input_ids"]
+
+    torch.set_num_threads(threads)  # a MindSpore parent passes OMP_NUM_THREADS=1 on (trl_side.trl_worker)
+    reset_peak_rss()
+    c = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
+    model = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                 num_hidden_layers=layers, num_attention_heads=c.num_attention_heads,
+                 num_key_value_heads=c.num_key_value_heads, tie_word_embeddings=c.tie_word_embeddings)
+    t0 = time.perf_counter()
+    work = _HFOnly("qwen2.5-0.5b-shape", model, os.path.join(folder, "work"), PROMPTS)
+    gc.collect()
+    conn.send({"weights_s": time.perf_counter() - t0, "prompt_tokens": [len(p) for p in work.prompt_ids],
+               "rss_gb": rss_gb(), "writing_peak_gb": peak_since_reset_gb(), "torch_threads": torch.get_num_threads(),
+               "torch": torch.__version__})
+    reset_peak_rss()  # TRL's own from here: the model written above is not its
+
+    def after_step(phases: dict) -> None:
+        conn.send({"phases": phases, "step_peak_gb": peak_since_reset_gb(), "after_gb": rss_gb()})
+        reset_peak_rss()
+
+    run_trl(work, os.path.join(folder, "trl"), G, RESPONSE, MICRO_BATCH, steps, after_step)
+
+
+def _trl_markdown(res: dict) -> list:
+    trl = res["trl"]
+    lines = ["", f"## TRL's GRPOTrainer on the same work, alone in its process after ours ({trl['versions']})", "",
+             f"Random HF weights written in {trl['setup']['weights_s']:.1f} s (resident {trl['setup']['rss_gb']:.2f} "
+             f"GB); prompts {trl['setup']['prompt_tokens']} tokens; gradient checkpointing on, fp32, "
+             f"{trl['setup']['torch_threads']} torch threads.", "",
+             "| step | generation s | reference s | update s | other s | step s | step peak GB |",
+             "|---|---|---|---|---|---|---|"]
+    for i, s in enumerate(trl["steps"], 1):
+        p = s["phases"]
+        lines.append(f"| {i} | {p['generation']:.1f} | {p['reference']:.1f} | {p['update']:.1f} | {p['other']:.1f} | "
+                     f"**{p['step']:.1f}** | {s['step_peak_gb']:.2f} |")
+    lines += ["", f"TRL's process peak: {trl['process_peak_gb']:.2f} GB."]
+    if res.get("steps") and trl["steps"]:
+        ours, theirs = res["steps"][-1]["step_s"], trl["steps"][-1]["phases"]["step"]
+        peaks = res["process_peak_gb"], trl["process_peak_gb"]
+        lines += ["", f"**Last step: TRL {theirs:.1f} s against ours {ours:.1f} s: ours {theirs / ours:.2f}x faster "
+                  f"(TRL s/step / ours); peak {peaks[0]:.2f} GB ours against {peaks[1]:.2f} GB TRL's "
+                  f"({peaks[0] / peaks[1]:.2f}x).**"]
+    return lines
+
+
 def markdown(res: dict) -> str:
     lines = [f"# The issue-20 GRPO step at the Qwen2.5-0.5B shape, {res['layers']} layers, through the trainer", "",
              f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
-             f"{res['load_average_end']:.1f} at the end (other jobs shared the machine: the seconds are rough).", "",
+             f"{res['load_average_end']:.1f} at the end.", "",
              f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", "",
              f"Workload: the qwen2_5_0_5b preset with {res['layers']} decoder layers (random weights), 4 GSM8K test "
-             f"prompts (qwen_r1 template, {res['built']['prompt_tokens']} tokens) x G = {G}, {RESPONSE} forced new "
-             f"tokens, micro-batches of {MICRO_BATCH} rows, beta {BETA} (k3), one update per step; switches "
-             f"({', '.join(SWITCHES)}): {res['switches']}; one copy of the weights (the engine generates with "
-             "the policy). Resident memory in GB (10^9 bytes): after = when the phase ended; peak = while it ran "
-             "(VmHWM).", "",
-             f"Built in {res['built']['build_s']:.1f} s: resident {res['built']['built_gb']:.2f} GB, peak "
-             f"{res['built']['build_peak_gb']:.2f} GB.", "",
-             "| step | phase | s | after | peak |", "|---|---|---|---|---|"]
-    for i, step in enumerate(res["steps"], 1):
-        for r in step["phases"]:
-            lines.append(f"| {i} | {r['phase']} | {r['seconds']:.1f} | {r['after_gb']:.2f} | {r['peak_gb']:.2f} |")
-        lines.append(f"| {i} | **step** | **{step['step_s']:.1f}** | | **{step['step_peak_gb']:.2f}** |")
-    lines += ["", f"Process peak: {res['process_peak_gb']:.2f} GB. Tokens generated per step: "
-              f"{[s['new_tokens'] for s in res['steps']]}; losses {[s['loss'] for s in res['steps']]}."]
+             f"prompts (qwen_r1 template) x G = {G}, {RESPONSE} forced new tokens, micro-batches of {MICRO_BATCH} "
+             f"rows, beta {BETA} (k3), one update per step. Resident memory in GB (10^9 bytes): after = when the "
+             "phase ended; peak = while it ran (VmHWM)."]
+    if "built" in res:
+        lines += ["", f"## Ours: switches ({', '.join(SWITCHES)}): {res['switches']}; one copy of the weights (the "
+                  f"engine generates with the policy); prompts {res['built']['prompt_tokens']} tokens", "",
+                  f"Built in {res['built']['build_s']:.1f} s: resident {res['built']['built_gb']:.2f} GB, peak "
+                  f"{res['built']['build_peak_gb']:.2f} GB.", "",
+                  "| step | phase | s | after | peak |", "|---|---|---|---|---|"]
+        for i, step in enumerate(res["steps"], 1):
+            for r in step["phases"]:
+                lines.append(f"| {i} | {r['phase']} | {r['seconds']:.1f} | {r['after_gb']:.2f} | {r['peak_gb']:.2f} |")
+            lines.append(f"| {i} | **step** | **{step['step_s']:.1f}** | | **{step['step_peak_gb']:.2f}** |")
+        if "process_peak_gb" in res:
+            lines += ["", f"Process peak: {res['process_peak_gb']:.2f} GB. Tokens generated per step: "
+                      f"{[s['new_tokens'] for s in res['steps']]}; losses {[s['loss'] for s in res['steps']]}."]
+    if "trl" in res:
+        lines += _trl_markdown(res)
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--switches", choices=("on", "off"), default="on")
-    ap.add_argument("--output", default=None)
-    args = ap.parse_args(argv)
-    output = args.output or os.path.join(RESULTS, f"step_memory_{args.layers}_layers.json")
-    res = dict(run_stamp("benchmarks.step_memory", argv), code=code_version(), layers=args.layers,
-               switches=args.switches, steps=[])
+def _ours(res: dict, args, output: str) -> None:
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
         worker = workers.start(side, args.layers, args.switches == "on", folder)
         res["built"] = worker.recv()
@@ -200,7 +280,47 @@ def main(argv=None) -> int:
             res["load_average_end"] = os.getloadavg()[0]
             write_results(output, res, markdown(res))  # each step as it comes: a run stopped later keeps it
         worker.ask("stop")
-        res["process_peak_gb"] = max([res["built"]["build_peak_gb"]] + [s["step_peak_gb"] for s in res["steps"]])
+
+
+def _trl(res: dict, args, output: str) -> None:
+    import transformers
+    import trl
+
+    with tempfile.TemporaryDirectory() as folder, Workers() as workers:
+        worker = workers.start(trl_side, args.layers, folder, args.steps, args.torch_threads)
+        setup_ = worker.recv()
+        res["trl"] = {"setup": setup_, "steps": [], "process_peak_gb": setup_["rss_gb"],
+                      "versions": f"trl {trl.__version__}, transformers {transformers.__version__}, "
+                                  f"torch {setup_['torch']}"}
+        print(f"trl: weights in {setup_['weights_s']:.1f} s", flush=True)
+        for _ in range(args.steps):  # run_trl's callback sends each step unasked
+            step = worker.recv()
+            res["trl"]["steps"].append(step)
+            res["trl"]["process_peak_gb"] = max(res["trl"]["process_peak_gb"], step["step_peak_gb"])
+            res["load_average_end"] = os.getloadavg()[0]
+            print(f"trl step: {step['phases']['step']:.1f} s, peak {step['step_peak_gb']:.2f} GB; "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in step["phases"].items()), flush=True)
+            write_results(output, res, markdown(res))
+        # a side's last message: its process peak (VmHWM, reset after each step: the last step's at least)
+        res["trl"]["process_peak_gb"] = max(res["trl"]["process_peak_gb"], worker.recv())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--switches", choices=("on", "off"), default="on")
+    ap.add_argument("--sides", nargs="+", choices=("ours", "trl"), default=["ours"])
+    ap.add_argument("--torch_threads", type=int, default=os.cpu_count(), help="PyTorch threads on TRL's side")
+    ap.add_argument("--output", default=None)
+    args = ap.parse_args(argv)
+    output = args.output or os.path.join(RESULTS, f"step_memory_{args.layers}_layers.json")
+    res = dict(run_stamp("benchmarks.step_memory", argv), code=code_version(), layers=args.layers,
+               switches=args.switches, steps=[], load_average_end=os.getloadavg()[0])
+    if "ours" in args.sides:  # first, then TRL alone: both at once do not fit at 24 layers
+        _ours(res, args, output)
+    if "trl" in args.sides:
+        _trl(res, args, output)
     res["load_average_end"] = os.getloadavg()[0]
     write_results(output, res, markdown(res))
     print(markdown(res))

@@ -286,11 +286,20 @@ class RefConfig:
     # the reference pass's token budget (mindgrpo/grpo/packing.py; it packs when actor_config.packing):
     # None: actor_config.max_tokens_per_micro_batch; 0: actor_config.micro_batch_size samples per micro-batch
     max_tokens_per_micro_batch: Optional[int] = None
+    # the reference's scoring as a host loop over one compiled decoder-layer graph (mindgrpo/grpo/layerwise.py,
+    # LayerwiseLogProbs), as actor_config.layerwise_update runs the update: the same log-probs, and the compiled
+    # graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime keeps them all). One device,
+    # right-padded rows (max_tokens_per_micro_batch 0)
+    layerwise: bool = False
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
         check(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 0,
               "max_tokens_per_micro_batch", f"must be >= 0 or null, got {self.max_tokens_per_micro_batch}")
+        par = self.parallel_config
+        check(not self.layerwise or (par.model_parallel == 1 and par.pipeline_stage == 1), "layerwise",
+              "runs the whole reference on one device (or under data parallelism): set it false with "
+              f"parallel_config.model_parallel = {par.model_parallel}, pipeline_stage = {par.pipeline_stage}")
 
     def max_tokens(self, actor: ActorConfig) -> int:
         """The reference pass's token budget (0: rows)."""

@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindgrpo.grpo.experience import Experience
-from mindgrpo.grpo.layerwise import LayerwiseGradStep
+from mindgrpo.grpo.layerwise import LayerwiseAdamW, LayerwiseGradStep, LayerwiseLogProbs
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
 from mindgrpo.grpo.packing import Batching, MicroBatch, gather_samples, plan
@@ -45,21 +45,27 @@ class Scorer:
     pipeline: lm's pipeline stage (`mindgrpo.parallel.pipeline.Pipeline`); default one stage.
     Every stage returns the log-probs (the last computes them).
     max_tokens, packing, attention: token-budget micro-batches, packed rows and how they keep
-    samples apart (`mindgrpo.grpo.packing`)."""
+    samples apart (`mindgrpo.grpo.packing`).
+    layerwise: a host loop over one compiled decoder-layer graph (`mindgrpo.grpo.layerwise.LayerwiseLogProbs`):
+    the same log-probs, one layer's graph buffers instead of every layer's; one device, right-padded rows."""
 
     def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0, chunk: int = 0,
                  pipeline: Optional[Pipeline] = None, max_tokens: int = 0, packing: bool = False,
-                 attention: str = "mask"):
+                 attention: str = "mask", layerwise: bool = False):
         self.lm = lm
         self.pipe = pipeline or Pipeline()
         self.batching = Batching(micro_batch_size, max_tokens, packing, attention)
-        self.temperature, self.chunk = temperature, chunk
+        if layerwise and (self.batching.layout != "rows" or not (self.pipe.first and self.pipe.last)):
+            raise ValueError("layerwise scoring takes right-padded rows on one pipeline stage (no token budget)")
+        self.temperature, self.chunk, self.layerwise = temperature, chunk, layerwise
         self._build()
 
     def _build(self) -> None:
         lm, attention = self.lm, self.batching.attention
         self.stage = self.graph = None
-        if not self.pipe.last:
+        if self.layerwise:
+            self.graph = LayerwiseLogProbs(lm, with_entropy=False, temperature=self.temperature, chunk=self.chunk)
+        elif not self.pipe.last:
             self.stage = StageHidden(lm, attention)
         elif self.batching.layout == "rows":
             self.graph = TokenLogProbs(lm, with_entropy=False, temperature=self.temperature, chunk=self.chunk)
@@ -99,7 +105,8 @@ class PolicyUpdater:
         frees intermediates in time (not MindSpore 2.10's CPU runtime: `benchmarks/recompute.py`).
         layerwise: the training step as a host loop over one compiled decoder-layer graph
         (`mindgrpo.grpo.layerwise`): the same gradients, one layer's graph buffers instead of every
-        layer's; one device, right-padded rows."""
+        layer's; one device, right-padded rows. Without ZeRO-1 the gradient norm and AdamW's step run
+        group by group too (`layerwise.LayerwiseAdamW`: bit for bit, no copy of every gradient kept)."""
         self.lm = lm
         if recompute:
             lm.recompute_layers()
@@ -123,6 +130,8 @@ class PolicyUpdater:
         sq_norm = pipe.sq_norm(lm.layer_factory.grad_sq_norm([n for n, _ in named]), len(named))
         self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay, sq_norm=sq_norm, shard=shard,
                            sharded=[layout.opt_shard_parts(n, full[n]) > 1 for n, _ in named])
+        if layerwise and shard is None and sq_norm is None:  # the norm and the step group by group too
+            self.adamw = LayerwiseAdamW(self.adamw, self.params)
         self.beta1, self.beta2, self.grad_clip = beta1, beta2, grad_clip
         # data parallelism (mindgrpo.parallel.data_parallel.DataParallelGrads), when set:
         # rows(n) picks this replica's rows, __call__(buffer) sums the gradients, sum(values)
@@ -149,8 +158,11 @@ class PolicyUpdater:
     def release(self) -> None:
         """Drop the compiled training graphs and the buffers the runtime keeps for them (freed only
         with the cells that compiled them: `benchmarks/graph_release.py`); the gradient buffers and
-        AdamW's moments stay. The next update compiles the graphs again."""
+        AdamW's moments stay (and the layerwise optimizer's group graphs go). The next update compiles the
+        graphs again."""
         self.step_graph = self.stage = self.stage_grad = None
+        if isinstance(self.adamw, LayerwiseAdamW):
+            self.adamw.release()
 
     def state_parameters(self) -> List[ms.Parameter]:
         """What a checkpoint must hold besides the weights to resume exactly."""

@@ -20,20 +20,31 @@ read and written in place, no copy and no compile per layer; `Parameter.value()`
 Between the calls the host holds the N layer inputs (B, S, H) (4 MB each at the 0.5B shape). One device,
 right-padded rows (no pipeline stages, tensor parallelism or packed rows: the config refuses them).
 The gradients equal the whole graph's to rounding (the layers' forward runs twice, as with recompute).
+
+`LayerwiseAdamW` runs the gradient norm and the optimizer step so: one compiled graph per kind of parameter
+group (the embedding, a decoder layer, the final norm) called for every group in the parameters' order, each
+element's arithmetic and the norm's order of summation unchanged (bit for bit `optim.AdamW`'s), with one group's
+buffers kept instead of a copy of every gradient (the clipped gradient) and of their squares.
+
+`LayerwiseLogProbs` is the no-grad scoring pass so (`ref_config.layerwise`: the reference's log-probs):
+embed, layer for i = 0 .. N-1 (only the last x kept), then the final norm and the head
+(`scoring.TokenLogProbs` from the hidden states); the same log-probs as the whole-model graph.
 Shapes use the vocabulary of `mindgrpo/__init__.py`.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import re
+from typing import Dict, List, Sequence
 
 import mindspore as ms
 from mindspore import Parameter, nn, ops
 
-from mindgrpo.grpo.optim import AccumulateGrads, GradBuffer
+from mindgrpo.grpo.optim import AccumulateGrads, AdamW, GradBuffer
 from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
-from mindgrpo.models.scoring import causal_bias, positions
+from mindgrpo.models.reductions import squared_sum
+from mindgrpo.models.scoring import TokenLogProbs, causal_bias, positions
 
 
 class _Accumulators:
@@ -153,3 +164,138 @@ class LayerwiseGradStep:
             dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], dx, self.layer_accumulators[i])
         self.embed_grad(ids, dx)
         return loss, metrics
+
+
+class LayerwiseLogProbs:
+    """Called as `scoring.TokenLogProbs` is on right-padded rows: ids (B, S), score_pos (B, R), labels (B, R)
+    -> logp (B, R), entropy (B, R); through the embed graph, one layer graph run for every decoder layer
+    (the layer's weights the graph inputs) and the head graph (module docstring)."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = False, temperature: float = 1.0, chunk: int = 0):
+        if not (lm.first_stage and lm.last_stage) or lm.tp != 1:
+            raise ValueError("layerwise scoring runs the whole model on one device (no pipeline stages or tensor "
+                             "parallelism)")
+        layers = [lm.model.layers[i] for i in lm.layer_ids]
+        self.layer_weights = [ms.mutable(tuple(layer.weights())) for layer in layers]  # in place, no copy
+        self.embed = _Embed(lm)
+        self.layer = _Layer(layers[0])
+        self.head = TokenLogProbs(lm, with_entropy, temperature, chunk, from_hidden=True)
+
+    def __call__(self, ids, score_pos, labels):
+        x, cos, sin, bias = self.embed(ids)  # (B, S, H)
+        for w in self.layer_weights:
+            x = self.layer(x, cos, sin, bias, w)
+        return self.head(x, score_pos, labels)
+
+
+class _SqSum(nn.Cell):
+    """sq (0-d), bufs (a group's gradient accumulators) -> sq + the squares of each, added in order."""
+
+    def __init__(self, n: int):
+        super().__init__(auto_prefix=False)
+        self.n = n
+
+    def construct(self, sq, bufs):
+        for i in range(self.n):
+            sq = sq + squared_sum(bufs[i])
+        return sq
+
+
+class _Sqrt(nn.Cell):
+    def construct(self, x):
+        return ops.sqrt(x)
+
+
+class _AdamScalars(nn.Cell):
+    """lr, bias corrections, max_norm, norm -> clip coefficient, AdamW's step size and epsilon (`optim.AdamW`'s
+    arithmetic, in the same order)."""
+
+    def __init__(self, eps: float):
+        super().__init__(auto_prefix=False)
+        self.eps = eps
+
+    def construct(self, lr, bias_correction1, bias_correction2, max_norm, norm):
+        coef = ops.where(max_norm > 0, ops.minimum(max_norm / (norm + 1e-6), 1.0), 1.0)
+        root = ops.sqrt(bias_correction2)
+        return coef, lr * root / bias_correction1, self.eps * root
+
+
+class _AdamGroup(nn.Cell):
+    """One group's AdamW step (`optim.AdamW.construct`'s loop body): params, m, v, bufs (mutable tuples of the
+    Parameters, written in place), lr, step, eps, coef; then the group's accumulators zeroed."""
+
+    def __init__(self, decay: tuple, beta1: float, beta2: float):
+        super().__init__(auto_prefix=False)
+        self.decay, self.beta1, self.beta2, self.n = decay, beta1, beta2, len(decay)
+        self.adam = ops.AdamWeightDecay()
+
+    def construct(self, params, m, v, bufs, lr, step, eps, coef):
+        out = ()
+        for i in range(self.n):
+            g = bufs[i] * coef
+            decay = lr * self.decay[i] / step
+            done = self.adam(params[i], m[i], v[i], step, self.beta1, self.beta2, eps, decay, g)
+            out = out + (ops.depend(ops.assign(bufs[i], ops.zeros_like(bufs[i])), done),)
+        return ops.depend(ops.zeros((1,), ms.float32), out)
+
+
+class LayerwiseAdamW:
+    """`optim.AdamW` (its moments, its state for checkpoints, its zero_grads) with `grad_norm()` and the step
+    run group by group (module docstring): one device, unsharded moments, the whole gradient local."""
+
+    def __init__(self, adamw: AdamW, params: Sequence[Parameter]):
+        if adamw.grad_norm.sq_norm is not None or any(adamw.sharded):
+            raise ValueError("the layerwise optimizer step takes one device's whole gradient (no ZeRO-1 or tensor "
+                             "parallelism)")
+        self.whole = adamw
+        groups: List[List[int]] = []  # consecutive runs of params of one decoder layer (or one outside any layer)
+        last = None
+        for i, p in enumerate(params):
+            layer = re.search(r"layers\.(\d+)\.", p.name)
+            key = layer.group(1) if layer else f"other{i}"
+            if key != last:
+                groups.append([])
+            groups[-1].append(i)
+            last = key
+        pick = lambda tup, idx: ms.mutable(tuple(tup[i] for i in idx))  # noqa: E731
+        self.groups = [(pick(adamw.params, g), pick(adamw.m, g), pick(adamw.v, g), pick(adamw.bufs, g),
+                        self._signature(adamw, params, g)) for g in groups]
+        self.norm_graphs: Dict[tuple, _SqSum] = {}
+        self.adam_graphs: Dict[tuple, _AdamGroup] = {}
+        self.scalars = _AdamScalars(adamw.eps)
+        self.sqrt = _Sqrt()
+
+    @staticmethod
+    def _signature(adamw: AdamW, params, idx) -> tuple:
+        return tuple((tuple(params[i].shape), adamw.decay[i]) for i in idx)
+
+    def state_parameters(self) -> List[Parameter]:
+        return self.whole.state_parameters()
+
+    def resident_parameters(self) -> List[Parameter]:
+        return self.whole.resident_parameters()
+
+    def zero_grads(self):
+        return self.whole.zero_grads()
+
+    def release(self) -> None:
+        """Drop the compiled group graphs and the buffers the runtime keeps for them; compiled again when used."""
+        self.norm_graphs, self.adam_graphs = {}, {}
+
+    def grad_norm(self):
+        sq = ms.Tensor(0.0, ms.float32)
+        for _, _, _, bufs, sig in self.groups:
+            if sig not in self.norm_graphs:
+                self.norm_graphs[sig] = _SqSum(len(sig))
+            sq = self.norm_graphs[sig](sq, bufs)
+        return self.sqrt(sq)
+
+    def __call__(self, lr, bias_correction1, bias_correction2, max_norm, norm=None):
+        if norm is None:
+            norm = self.grad_norm()
+        coef, step, eps = self.scalars(lr, bias_correction1, bias_correction2, max_norm, norm)
+        for params, m, v, bufs, sig in self.groups:
+            if sig not in self.adam_graphs:
+                self.adam_graphs[sig] = _AdamGroup(tuple(d for _, d in sig), self.whole.beta1, self.whole.beta2)
+            self.adam_graphs[sig](params, m, v, bufs, lr, step, eps, coef)
+        return norm

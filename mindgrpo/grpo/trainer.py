@@ -79,7 +79,8 @@ class GRPOTrainer:
             pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, recompute=actor.recompute,
             layerwise=actor.layerwise_update, **batching)
         self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline,
-                                 **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor))) \
+                                 **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor)),
+                                 layerwise=cfg.ref_config.layerwise) \
             if reference is not None else None
         self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline, **batching) \
             if self.needs_old and not rl.old_logprobs_from_rollout else None

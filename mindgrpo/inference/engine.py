@@ -144,7 +144,8 @@ class RolloutEngine:
     def release(self) -> None:
         """Drop the KV cache, every compiled graph (prefill, copy, decode and the fused weights'
         refresh) and the buffers the runtime keeps for them (freed only with the cells that compiled
-        them: `benchmarks/graph_release.py`); the next call compiles again the shapes it needs."""
+        them: `benchmarks/graph_release.py`), and the fused layer copies (remade at every call anyway);
+        the next call compiles again the shapes it needs."""
         self.cache = None
         self._graphs.clear()
         self.model.weights.release()

@@ -110,8 +110,8 @@ class _RefreshLayer(nn.Cell):
 
 class InferenceWeights(nn.Cell):
     """The fused copies of every layer's weights, in buffers of their own (`layer_fields` per
-    layer); `refresh()` remakes them from the model's parameters. They hold zeros until the first
-    `refresh()`: every generate starts with one (a refresh here as well compiled the graph twice, since
+    layer); `refresh()` remakes them from the model's parameters (`release()` empties them until then).
+    They hold zeros until the first `refresh()`: every generate starts with one (a refresh here as well compiled the graph twice, since
     the first call after building the engine compiles it again). layerwise: the refresh is one
     compiled layer graph run for every layer (its buffers: one layer's transposed and concatenated
     weights instead of every layer's)."""
@@ -119,11 +119,13 @@ class InferenceWeights(nn.Cell):
     def __init__(self, lm: Qwen2ForCausalLM, layerwise: bool = False):
         super().__init__(auto_prefix=False)
         self.fields = layer_fields(lm.model.layers[0].attention)
+        self.shapes = [shape for layer in lm.model.layers for shape in _fused_shapes(layer, self.fields)]
         self.buffers = ms.ParameterTuple(
             Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype), name=f"inference_weights.{i}.{field}",
                       requires_grad=False)
             for i, layer in enumerate(lm.model.layers)
             for field, shape in zip(self.fields, _fused_shapes(layer, self.fields)))
+        self.emptied = False
         self.lm, self.layerwise = lm, layerwise
         n = len(self.fields)
         # graph inputs of the layer graphs: the Parameters themselves, the same tuples at every call
@@ -141,6 +143,10 @@ class InferenceWeights(nn.Cell):
         return self.buffers[i * len(self.fields) + self.fields.index(field)]
 
     def refresh(self) -> None:
+        if self.emptied:  # full size again (zeros, as built): every element is written below
+            for p, shape in zip(self.buffers, self.shapes):
+                p.set_data(Tensor(np.zeros(shape, np.float32), self.lm.dtype))
+            self.emptied = False
         if not self.layerwise:
             self._refresh()
             return
@@ -149,8 +155,15 @@ class InferenceWeights(nn.Cell):
 
     def release(self) -> None:
         """Drop the compiled refresh graph and the buffers the runtime keeps for it (its transposed and
-        concatenated weights); the next `refresh` compiles it again. The copies themselves stay."""
+        concatenated weights), and the copies themselves (each Parameter shrunk to one element: the same
+        Parameters stay in the graphs' inputs and the memory ledger); the next `refresh` makes them again at
+        full size and compiles its graph again. Exact: every generate call rewrites every element of the
+        copies before it reads one. Call it only with the graphs that read the copies dropped as well
+        (`RolloutEngine.release`): they were compiled for the full shapes."""
         self._refresh = self._make_refresh()
+        for p in self.buffers:
+            p.set_data(Tensor(np.zeros((1,) * len(p.shape), np.float32), self.lm.dtype))
+        self.emptied = True
 
 
 def _fused_shapes(layer, fields):

@@ -44,13 +44,16 @@ they add (policy, reference, grads + AdamW within 3%), but the runtime keeps buf
 compiled graph: per decoder layer about 0.71 GB for the update graph (the estimate above: 0.12),
 0.56 GB for the generation graphs, 0.16 GB for a scoring graph. On one device the plan adds them
 (`cpu_graph_bytes`, `MemoryPlan.cpu_peak`): every phase's kept, or with rl_config.release_graphs the
-largest phase's (`benchmarks/results/graph_release.md`: 11.65 and 9.37 GB measured at 2 layers, 10.46
-and 8.71 planned); actor_config.layerwise_update shrinks the update's (`benchmarks/results/layerwise.md`) and
-generate_config.layerwise the rollout's (`benchmarks/results/layerwise_generate.md`: 0.064 against 0.52 GB per
-layer, the engine's fused copies and KV cache nearly all of it). Not counted yet: the issue-20 step through the
-trainer with the three switches holds 14.0 GB after its build at 24 layers where the groups are 11.4, and its
-reference phase peaks at about 19.7 GB extrapolated from 2 and 6 layers where this plans 15.5
-(`benchmarks/results/step_memory_*_layers.md`).
+largest phase's (`benchmarks/results/graph_release.md`); actor_config.layerwise_update shrinks the update's
+(`benchmarks/results/layerwise.md`), generate_config.layerwise the rollout's
+(`benchmarks/results/layerwise_generate.md`: 0.064 against 0.52 GB per layer, the engine's fused copies and KV
+cache nearly all of it) and ref_config.layerwise the reference's. The process itself (Python, MindSpore's
+runtime, the tokenizer) holds `CPU_RUNTIME_BYTES` before any model (`benchmarks/results/build_memory.md`); the
+weight sync's graphs hold nothing since they read the source Parameters in place (the reference's first sync held
+two copies of the weights: 1.31 GB at 2 layers, `benchmarks/results/build_memory_6b82433.md`; with the process's
+own memory, what the groups missed of the built trainer before). The issue-20 step with the four switches:
+`benchmarks/results/step_memory_*_layers.md`, which `tests/memory/test_plan.py` holds the plan to (built: the
+runtime and the groups within 2%).
 """
 
 from __future__ import annotations
@@ -77,8 +80,8 @@ _TRAINING = ("update",)  # the backward pass keeps activations; scoring graphs a
 # up to 288 positions, 128 scored tokens a row, micro-batches of 4 rows, 16 decode slots of 285 positions),
 # as fixed + per decoder layer, and scaled from there by assumption: the per-layer part by the tokens of
 # a micro-batch (the engine's slots x positions for the rollout) x the hidden size, the fixed part by the
-# scored tokens of a micro-batch x the vocabulary. The first weight sync adds about one copy of the weights
-# it moves, and releasing its graphs frees none of it (`benchmarks/results/graph_release.md`).
+# scored tokens of a micro-batch x the vocabulary. The weight sync's bucket graphs keep nothing (they read the
+# source Parameters in place and return a (1,) zero: `benchmarks/results/build_memory.md`).
 _MEASURED_TOKENS, _MEASURED_SCORED, _MEASURED_H, _MEASURED_V = 4 * 288, 4 * 128, 896, 151936
 _MEASURED_SLOT_POSITIONS = 16 * 285
 CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the measured shape
@@ -86,14 +89,22 @@ CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the 
     "reference": (0.307e9, 0.158e9),
     "old_logprobs": (0.307e9, 0.158e9),
     "update": (1.985e9, 0.712e9),
-    # actor_config.layerwise_update (`benchmarks/results/layerwise.md`: against the whole graph, 1.55 GB less
-    # fixed and 18% of its per-layer growth beyond the weights, gradients and moments)
-    "update_layerwise": (0.43e9, 0.128e9),
-    # generate_config.layerwise (`benchmarks/results/layerwise_generate.md`): one layer's prefill, decode and
-    # refresh graphs (the fixed part), and per layer the engine's fused copies and KV cache alone (0.060 + 0.005
-    # GB), as the whole rollout's per-layer figure also counts them
-    "rollout_layerwise": (0.694e9, 0.064e9),
+    # generate_config.layerwise: one layer's prefill, decode and refresh graphs (`benchmarks/results/
+    # layerwise_generate.md` found 0.694 GB fixed and per layer 0.064, the engine's fused copies and KV cache, which
+    # the groups count); through the trainer the rollout peaked 0.71 and 0.69 GB above the built trainer at 2 and 6
+    # layers (`benchmarks/results/step_memory_{2,6}_layers.md`): nothing per layer beyond the groups
+    "rollout_layerwise": (0.71e9, 0.0),
+    # the issue-20 step through the trainer with release_graphs and the three layerwise switches
+    # (`benchmarks/results/step_memory_{2,6,24}_layers.md`, two steps each): the process peak less the runtime and
+    # the groups resident in the update (all but the engine's KV cache and fused copies): 2.42, 2.50 and 3.99 GB at
+    # 2, 6 and 24 layers, the line through 2 and 24 (6: 0.21 GB over). It is the second step's peak, on top of
+    # what the first step left (about 1.2 GB the runtime keeps after the first update), with the layerwise
+    # optimizer step (`layerwise.LayerwiseAdamW`: the embedding's squared and clipped gradient, 1.09 GB); the
+    # reference's first call with ref_config.layerwise, likewise (1.07 and 1.20 GB at 2 and 6 layers)
+    "update_layerwise": (2.277e9, 0.0714e9),
+    "reference_layerwise": (1.005e9, 0.0325e9),
 }
+CPU_RUNTIME_BYTES = 0.47e9  # the process before any model: Python, MindSpore's runtime, the tokenizer
 
 
 def _stage_shapes(cfg: Qwen2Config, layout: ParallelLayout, rank: int) -> Dict[str, tuple]:
@@ -183,11 +194,12 @@ def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int
     width = cfg.hidden_size / _MEASURED_H
     out = {}
     for phase in phases:
-        if phase == "sync":  # about one copy of the weights the buckets move
-            out[phase] = piece_bytes(cfg, ParallelLayout())
+        if phase == "sync":  # the bucket graphs read and write the Parameters in place
+            out[phase] = 0
             continue
-        key = {("update", True): "update_layerwise", ("rollout", True): "rollout_layerwise"}.get(
-            (phase, actor.layerwise_update if phase == "update" else gen.layerwise), phase)
+        layerwise = {"update": actor.layerwise_update, "rollout": gen.layerwise,
+                     "reference": gcfg.ref_config.layerwise}.get(phase, False)
+        key = f"{phase}_layerwise" if layerwise else phase
         fixed, per_layer = CPU_GRAPH_BUFFERS[key]
         rows = slot_positions / _MEASURED_SLOT_POSITIONS if phase == "rollout" else tokens / _MEASURED_TOKENS
         # the rollout's fixed part is (layerwise) one layer's graphs: scaled as a layer's
@@ -206,6 +218,7 @@ class MemoryPlan:
     stages: int = 1  # pipeline stages of the training layout
     cpu_graphs: Dict[str, int] = field(default_factory=dict)  # phase -> compiled-graph buffers on the CPU runtime
     shared: bool = False  # the inference model is the policy: one copy of the weights, no sync
+    fused: int = 0  # the engine's fused layer copies (in the inference group)
 
     def phase_bytes(self, phase: str, swap: bool) -> int:
         """Ledger bytes during a phase (groups + the sync bucket), without activations."""
@@ -219,13 +232,17 @@ class MemoryPlan:
         return max(self.total(p, swap) for p in self.phases)
 
     def cpu_peak(self, release: bool) -> int:
-        """On MindSpore 2.10's CPU runtime (one device): every group resident (no swap: host and device
-        are the same memory) plus the compiled graphs' buffers, every phase's kept, or with
-        rl_config.release_graphs the largest phase's and the weight sync's (which that key leaves); they
-        include the update's activations."""
-        phases = [v for k, v in self.cpu_graphs.items() if k != "sync"]  # the weight sync's are never released
-        kept = self.cpu_graphs.get("sync", 0)
-        return self.phase_bytes("sync", False) + kept + (max(phases) if release else sum(phases))
+        """On MindSpore 2.10's CPU runtime (one device): the process's own (`CPU_RUNTIME_BYTES`), every group
+        resident (no swap: host and device are the same memory) plus the compiled graphs' buffers, every
+        phase's kept, or with rl_config.release_graphs the largest phase's and the weight sync's (which that
+        key leaves); they include the update's activations. With release_graphs the engine's KV cache and
+        fused layer copies go with its graphs (`RolloutEngine.release`): resident in the rollout only."""
+        phases = {k: v for k, v in self.cpu_graphs.items() if k != "sync"}  # the weight sync's are never released
+        base = int(CPU_RUNTIME_BYTES) + self.phase_bytes("sync", False) + self.cpu_graphs.get("sync", 0)
+        if not release:
+            return base + sum(phases.values())
+        engine = self.fused + self.groups["kv_cache"]
+        return base + max(v - (0 if k == "rollout" else engine) for k, v in phases.items())
 
 
 def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None) -> MemoryPlan:
@@ -259,7 +276,7 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int) -> MemoryPlan:
     one_device = train.world_size == 1 and infer.world_size == 1
     graphs = [p for p in phases if not (shared and p == "sync")]  # shared: no sync graphs
     return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train, rank), rank, train.stage(rank), train.pp,
-                      cpu_graph_bytes(mcfg, gcfg, graphs) if one_device else {}, shared)
+                      cpu_graph_bytes(mcfg, gcfg, graphs) if one_device else {}, shared, inference_copy_bytes(mcfg, infer))
 
 
 def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
@@ -290,7 +307,9 @@ def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
                   f"count (measured at the Qwen2.5-0.5B shape, scaled: `mindgrpo/memory/plan.py`), in {unit}: "
                   + ", ".join(f"{k} {v / div:.2f}" for k, v in p.cpu_graphs.items())
                   + f"; with every group resident (no swap on a CPU), the peak is {p.cpu_peak(False) / div:.2f} with "
-                  f"the graphs kept and {p.cpu_peak(True) / div:.2f} with rl_config.release_graphs."]
+                  f"the graphs kept and {p.cpu_peak(True) / div:.2f} with rl_config.release_graphs (which also drops "
+                  "the engine's KV cache and fused copies between rollouts), the process's own "
+                  f"{CPU_RUNTIME_BYTES / div:.2f} included."]
     if device_bytes:
         lines.append("")
         for swap in (True, False):

@@ -88,12 +88,13 @@ def test_yaml_that_sets_every_key():
     assert loaded.keys() == defaults.keys()
     # teacher_carry_error and synthetic_config need the synthetic task, and this file names a dataset:
     # the file leaves them at their defaults, test_synthetic_config_from_yaml sets them
-    # (and only the actor's parallel_config may shard an optimizer; actor_config.recompute and layerwise_update and
-    # generate_config.layerwise are refused with this file's tensor and pipeline parallelism,
-    # tests/grpo/test_recompute.py, test_layerwise.py and tests/inference/test_engine.py set them)
+    # (and only the actor's parallel_config may shard an optimizer; actor_config.recompute and layerwise_update,
+    # generate_config.layerwise and ref_config.layerwise are refused with this file's tensor and pipeline
+    # parallelism, tests/grpo/test_recompute.py, test_layerwise.py and tests/inference/test_engine.py set them)
     exempt = {"sft_config.teacher_carry_error", "ref_config.parallel_config.optimizer_shard",
               "generate_config.parallel_config.optimizer_shard", "actor_config.recompute",
-              "actor_config.layerwise_update", "generate_config.layerwise"} | set(VARIANT_SETTINGS)
+              "actor_config.layerwise_update", "generate_config.layerwise", "ref_config.layerwise"} | \
+        set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
     assert same == [], f"full_grpo.yaml leaves these at their defaults: {same}"
 

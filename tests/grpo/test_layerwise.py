@@ -87,3 +87,78 @@ def test_layerwise_is_off_by_default_and_refused_where_it_does_not_apply():
         load_config(GRPOConfig, overrides=["actor_config.layerwise_update=true", "actor_config.packing=true",
                                            "actor_config.max_tokens_per_micro_batch=64"])
     assert info.value.key == "actor_config.layerwise_update", str(info.value)
+
+
+@pytest.mark.parametrize("cfg, temperature", [(QWEN2, 1.0), (QWEN3, 0.7)], ids=["qwen2-tied", "qwen3-T0.7"])
+def test_layerwise_scoring_gives_the_log_probs_of_the_whole_graph(cfg, temperature):
+    """ref_config.layerwise: the Scorer's log-probs through one layer graph run per layer equal the whole-model
+    graph's (the path the reference took before), micro-batch by micro-batch over ragged rows."""
+    from mindgrpo.grpo.actor import Scorer
+    from mindgrpo.grpo.layerwise import LayerwiseLogProbs
+
+    exp = experience()
+    lm = Qwen2ForCausalLM(cfg, seed=7)
+    whole, layerwise = Scorer(lm, 2, temperature), Scorer(lm, 2, temperature, layerwise=True)
+    assert isinstance(layerwise.graph, LayerwiseLogProbs) and not isinstance(whole.graph, LayerwiseLogProbs)
+    a, b = whole(exp), layerwise(exp)
+    assert a.shape == exp.labels.shape and np.all(a[exp.mask > 0] < 0) and np.all(a[exp.mask == 0] == 0)
+    np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    layerwise.release()  # compiled again on the next call: the same numbers
+    np.testing.assert_allclose(layerwise(exp), b, rtol=0, atol=0)
+
+
+def test_layerwise_scoring_is_off_by_default_and_refused_where_it_does_not_apply():
+    from mindgrpo.grpo.actor import Scorer
+
+    assert GRPOConfig().ref_config.layerwise is False
+    on = ["rl_config.beta=0.04", "ref_config.layerwise=true"]
+    assert load_config(GRPOConfig, overrides=on).ref_config.layerwise
+    for other in ("ref_config.parallel_config.model_parallel=2", "ref_config.parallel_config.pipeline_stage=2"):
+        with pytest.raises(ConfigError) as info:
+            load_config(GRPOConfig, overrides=on + [other])
+        assert info.value.key == "ref_config.layerwise", str(info.value)
+    with pytest.raises(ConfigError) as info:  # token budgets (and so packed rows) are not right-padded rows
+        load_config(GRPOConfig, overrides=on + ["ref_config.max_tokens_per_micro_batch=1024"])
+    assert info.value.key == "ref_config.layerwise", str(info.value)
+    with pytest.raises(ConfigError) as info:  # no reference model: the key cannot act
+        load_config(GRPOConfig, overrides=["ref_config.layerwise=true"])
+    assert info.value.key == "ref_config.layerwise", str(info.value)
+    with pytest.raises(ValueError, match="right-padded rows"):
+        Scorer(Qwen2ForCausalLM(QWEN2, seed=7), 2, max_tokens=64, layerwise=True)
+
+
+@pytest.mark.parametrize("clip", [1e-3, 0.0], ids=["clipped", "no-clip"])
+def test_layerwise_optimizer_step_is_bit_for_bit_the_whole_one(clip):
+    """LayerwiseAdamW (the norm and AdamW's step group by group, with the layerwise update) against optim.AdamW on
+    the same gradients: the same norm, weights and moments bit for bit over two steps, weight decay on (the norms
+    and biases exempt), clipping active or off; the accumulators zeroed after each step."""
+    from mindgrpo.grpo.layerwise import LayerwiseAdamW
+    from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
+
+    sides = []
+    for layerwise in (False, True):
+        lm = Qwen2ForCausalLM(QWEN2, seed=7)
+        params = [p for p in lm.get_parameters() if p.requires_grad]
+        buffer = GradBuffer(params)
+        opt = AdamW(params, buffer, 0.9, 0.999, 1e-8, weight_decay=0.1)
+        sides.append((params, buffer, LayerwiseAdamW(opt, params) if layerwise else opt))
+    assert len(sides[1][2].groups) == 2 + QWEN2.num_hidden_layers  # embedding, each layer, the final norm
+    rng = np.random.default_rng(3)
+    for step in (1, 2):
+        grads = [rng.standard_normal(p.shape).astype(np.float32) for p in sides[0][0]]
+        norms = []
+        for params, buffer, opt in sides:
+            for b, g in zip(buffer.bufs, grads):
+                b.set_data(Tensor(g))
+            norm = opt.grad_norm()
+            bc1, bc2 = adam_scalars(step, 0.9, 0.999)
+            opt(Tensor(np.float32(1e-2)), bc1, bc2, Tensor(np.float32(clip)), norm)
+            norms.append(norm.asnumpy())
+            assert all(not b.asnumpy().any() for b in buffer.bufs)
+        assert norms[0] == norms[1] and norms[0] > 0
+        for a, b, ma, mb, va, vb in zip(sides[0][0], sides[1][0], sides[0][2].m, sides[1][2].whole.m,
+                                        sides[0][2].v, sides[1][2].whole.v):
+            assert np.array_equal(a.asnumpy(), b.asnumpy()), a.name
+            assert np.array_equal(ma.asnumpy(), mb.asnumpy()) and np.array_equal(va.asnumpy(), vb.asnumpy()), a.name
+    start = {p.name: p.asnumpy() for p in Qwen2ForCausalLM(QWEN2, seed=7).get_parameters()}
+    assert all(not np.array_equal(p.asnumpy(), start[p.name]) for p in sides[1][0])

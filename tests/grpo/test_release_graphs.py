@@ -62,11 +62,13 @@ class Saves:
         pass
 
 
-def run(release: bool):
-    """STEPS steps with beta > 0 (reference scoring) and two updates per rollout (old log-probs scored)."""
+def run(release: bool, layerwise: bool = False):
+    """STEPS steps with beta > 0 (reference scoring) and two updates per rollout (old log-probs scored);
+    layerwise: actor_config.layerwise_update and ref_config.layerwise on."""
     cfg = from_dict(GRPOConfig, {"rl_config": dict(batch_size=2, num_generations=G, max_steps=STEPS, beta=0.04,
                                                    num_iterations=2, release_graphs=release),
-                                 "actor_config": {"micro_batch_size": 4, "lr": 1e-2}})
+                                 "actor_config": {"micro_batch_size": 4, "lr": 1e-2, "layerwise_update": layerwise},
+                                 "ref_config": {"layerwise": layerwise}})
     data = {"prompt_ids": [np.array([k, k + 1]) for k in range(10, 30)], "prompt_length": [2] * 20,
             "solution": [""] * 20, "answer": [""] * 20, "prompt": [""] * 20}
     lm, ref = Qwen2ForCausalLM(CFG, seed=1), Qwen2ForCausalLM(CFG, seed=1)
@@ -84,12 +86,17 @@ def run(release: bool):
 
 
 @pytest.mark.slow  # issue 18: over 30 s under -n 2 at load 6 (the -m "not slow" loop of 2026-11-26)
-def test_released_graphs_give_the_same_run():
-    kept, released = run(False), run(True)
+@pytest.mark.parametrize("layerwise", [False, True], ids=["whole", "layerwise"])
+def test_released_graphs_give_the_same_run(layerwise):
+    """With the layerwise switches (actor_config.layerwise_update, ref_config.layerwise) too: the layerwise
+    optimizer's group graphs are released with the updater's."""
+    kept, released = run(False, layerwise), run(True, layerwise)
     t_kept, t_released = kept[0], released[0]
     # the switch reached every phase: released after each step (and compiled again for the next one)
     assert t_released.engine.releases == STEPS and t_kept.engine.releases == 0
     assert t_released.updater.step_graph is None and t_kept.updater.step_graph is not None
+    if layerwise:  # the layerwise optimizer's group graphs go with the updater's
+        assert not t_released.updater.adamw.adam_graphs and t_kept.updater.adamw.adam_graphs
     assert t_released.ref_scorer.graph is None and t_kept.ref_scorer.graph is not None
     assert t_released.old_scorer.graph is None and t_kept.old_scorer.graph is not None
     rows_kept, rows_released = kept[1], released[1]

@@ -228,18 +228,22 @@ def test_the_limit_is_the_models_context_not_the_cache_bucket(lm):
 
 @pytest.mark.slow  # issue 18: over 30 s under -n 2 at load 6 (the -m "not slow" loop of 2026-11-26)
 def test_release_drops_the_cache_and_the_graphs_and_the_next_call_compiles_them_again(engines):
-    """rl_config.release_graphs: the engine's graphs go with release() (the runtime frees a graph's
-    buffers only with its cell) and the next call, on graphs compiled again, draws the same samples
-    (log-probs within rounding).
+    """rl_config.release_graphs: the engine's graphs and its fused layer copies go with release() (the runtime
+    frees a graph's buffers only with its cell) and the next call, on graphs compiled again and copies made
+    again, draws the same samples (log-probs within rounding).
     Last in this file: the tests before it share the engine's compiled graphs."""
     e = engines[8]
     p = SamplingParams(max_tokens=12, temperature=1.0, seed=5)  # test_seeded_sampling's call: compiled
     before = e.generate(PROMPTS, p)
     compiled, refresh = e.compiled_graphs, e.model.weights._refresh
+    shapes = [p.shape for p in e.model.weights.buffers]
     e.release()
     assert e.cache is None and not e._graphs and e.model.weights._refresh is not refresh
+    # the fused layer copies go too (one element each), and the next call makes them again
+    assert all(int(np.prod(b.shape)) == 1 for b in e.model.weights.buffers) and max(map(np.prod, shapes)) > 1
     after = e.generate(PROMPTS, p)
     assert e.compiled_graphs > compiled and e.cache is not None
+    assert [b.shape for b in e.model.weights.buffers] == shapes
     assert tokens(after) == tokens(before)
     for a, b in zip(after, before):  # bit for bit alone; within 1.5e-6 after this file's other calls
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)

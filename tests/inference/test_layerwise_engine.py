@@ -51,9 +51,11 @@ def test_layerwise_generation_equals_the_whole_graphs_bit_for_bit(kind):
         layerwise = RolloutEngine(lm, max_num_seqs=slots, layerwise=True)
         assert_identical(run(layerwise, params), whole)
         if slots == 8 and params.temperature == 0.0:
-            layerwise.release()  # release_graphs: compiled again, the same again
-            assert not layerwise._graphs
+            layerwise.release()  # release_graphs: compiled again and the fused copies made again, the same again
+            assert not layerwise._graphs and layerwise.model.weights.emptied
+            assert all(int(np.prod(b.shape)) == 1 for b in layerwise.model.weights.buffers)
             assert_identical(run(layerwise, params), whole)
+            assert [b.shape for b in layerwise.model.weights.buffers] == layerwise.model.weights.shapes
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 
 from mindgrpo.config import GRPOConfig, load_config
 from mindgrpo.models.presets import resolve_model_config
-from mindgrpo.memory.plan import plan
+from mindgrpo.memory.plan import CPU_GRAPH_BUFFERS, CPU_RUNTIME_BYTES, plan
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.parallel.layout import ParallelLayout
 
@@ -178,8 +178,10 @@ def test_the_cpu_graph_buffers_match_the_measured_peaks_kept_and_released():
 def test_layerwise_generation_keeps_one_layers_rollout_graphs():
     """benchmarks/results/layerwise_generate.md (the 0.5B shape at 2 and 4 layers, the issue-20 rollout): the first
     generate adds 0.124 + 0.527 GB per layer with the whole graphs, 0.694 + 0.064 with generate_config.layerwise
-    (one layer's graphs; per layer the fused copies and the KV cache). At 24 layers the rollout's buffers go from
-    the largest phase's to below the reference's, and the step with the three switches plans under 24 GB."""
+    (one layer's graphs; per layer the fused copies and the KV cache, which the groups count: through the trainer,
+    benchmarks/results/step_memory_{2,6}_layers.md, the rollout peaked 0.71 and 0.69 GB above the built process).
+    At 24 layers the rollout's buffers go from the largest phase's to below the reference's, and the step with
+    the three switches plans under 24 GB."""
     over = ["rl_config.batch_size=4", "rl_config.num_generations=4", "rl_config.beta=0.04",
             "generate_config.max_prompt_length=157", "generate_config.max_tokens=128",
             "generate_config.max_num_seqs=16", "actor_config.micro_batch_size=4", "rl_config.release_graphs=true",
@@ -189,12 +191,40 @@ def test_layerwise_generation_keeps_one_layers_rollout_graphs():
     layerwise = plan(load_config(GRPOConfig, overrides=over + ["generate_config.layerwise=true"]), m)
     # the measured slot positions: 16 slots of 285 (157 + 128) positions, so no scaling but the layers'
     assert whole.cpu_graphs["rollout"] == pytest.approx(0.038e9 + 24 * 0.561e9, rel=1e-6)
-    assert layerwise.cpu_graphs["rollout"] == pytest.approx(0.694e9 + 24 * 0.064e9, rel=1e-6)
+    assert layerwise.cpu_graphs["rollout"] == pytest.approx(0.71e9, rel=1e-6)
     assert max(whole.cpu_graphs, key=whole.cpu_graphs.get) == "rollout"
     assert layerwise.cpu_graphs["rollout"] < layerwise.cpu_graphs["reference"]
     assert {k: v for k, v in layerwise.cpu_graphs.items() if k != "rollout"} == \
         {k: v for k, v in whole.cpu_graphs.items() if k != "rollout"}
     assert whole.cpu_peak(True) > 24e9 > layerwise.cpu_peak(True)
+
+
+STEP_MEMORY = ["rl_config.batch_size=4", "rl_config.num_generations=4", "rl_config.beta=0.04",
+               "generate_config.max_prompt_length=157", "generate_config.max_tokens=128",
+               "generate_config.max_num_seqs=16", "actor_config.micro_batch_size=4", "rl_config.release_graphs=true",
+               "actor_config.layerwise_update=true", "generate_config.layerwise=true", "ref_config.layerwise=true"]
+
+
+@pytest.mark.parametrize("layers, built, peak", [(2, 3.92e9, 6.21e9), (6, 5.37e9, 7.48e9), (24, 11.73e9, 14.34e9)])
+def test_the_issue_20_step_with_the_four_switches_is_planned_as_measured(layers, built, peak):
+    """benchmarks/results/step_memory_{2,6,24}_layers.md (python -m benchmarks.step_memory --layers N, machine C,
+    2026-11-26; measured, not by the plan): the 0.5B shape with N layers, through the trainer, the four switches,
+    one copy of the weights. The built trainer is the process's own memory and the groups (every copy of the
+    weights it holds: policy, reference, gradients, two moments, the engine's fused layer copies); the process
+    peak over two steps is that less the engine's KV cache and fused copies (released with its graphs) plus the
+    update's graphs (with the layerwise optimizer step). The reference's layerwise scoring keeps a few MB per
+    layer."""
+    m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
+    p = plan(load_config(GRPOConfig, overrides=STEP_MEMORY), Qwen2Config(**{**m.__dict__, "num_hidden_layers": layers}))
+    assert p.shared and p.cpu_graphs["reference"] < p.cpu_graphs["update"]
+    assert CPU_RUNTIME_BYTES + p.phase_bytes("sync", False) == pytest.approx(built, rel=0.02)
+    assert p.cpu_peak(True) == pytest.approx(peak, rel=0.03)
+    deep = plan(load_config(GRPOConfig, overrides=STEP_MEMORY), m)  # 24 layers: the update is still the peak
+    # the layerwise reference grows by a quarter or less of the whole scoring graph's 0.158 GB per layer
+    assert deep.cpu_graphs["reference"] - p.cpu_graphs["reference"] <= \
+        (24 - layers) * 0.25 * CPU_GRAPH_BUFFERS["reference"][1]
+    assert deep.cpu_peak(True) - deep.cpu_graphs["update"] == pytest.approx(
+        CPU_RUNTIME_BYTES + deep.phase_bytes("sync", False) - deep.fused - deep.groups["kv_cache"], rel=1e-9)
 
 
 def test_one_copy_of_the_weights_where_the_inference_layout_is_the_training_layout():
@@ -219,10 +249,11 @@ def test_one_copy_of_the_weights_where_the_inference_layout_is_the_training_layo
     assert shared.phase_bytes("rollout", True) == copy.phase_bytes("rollout", True) == params + fused + \
         shared.groups["kv_cache"]
     # with every group resident one copy fewer (the peak: the update with its activations), and on the CPU
-    # runtime also neither the sync bucket nor the sync's graphs
+    # runtime also no sync bucket; the sync's graphs keep nothing (they read the Parameters in place:
+    # benchmarks/results/build_memory.md)
     assert copy.peak(False) - shared.peak(False) == params
-    assert "sync" not in shared.cpu_graphs and copy.cpu_graphs["sync"] == params
-    assert copy.cpu_peak(False) - shared.cpu_peak(False) == 2 * params + copy.groups["transient"]
+    assert "sync" not in shared.cpu_graphs and copy.cpu_graphs["sync"] == 0
+    assert copy.cpu_peak(False) - shared.cpu_peak(False) == params + copy.groups["transient"]
     # other layouts keep the copy (resharded), and so does the key
     apart = plan(load_config(GRPOConfig, tiny, ["actor_config.parallel_config.model_parallel=2",
                                                  "generate_config.parallel_config.data_parallel=2"]), m)
