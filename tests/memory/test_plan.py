@@ -227,6 +227,21 @@ def test_the_issue_20_step_with_the_four_switches_is_planned_as_measured(layers,
         CPU_RUNTIME_BYTES + deep.phase_bytes("sync", False) - deep.fused - deep.groups["kv_cache"], rel=1e-9)
 
 
+def test_the_0_5b_recipe_sets_the_four_switches_and_is_planned_to_fit_a_24_gb_cpu_machine():
+    """model_configs/qwen_grpo/qwen2_5_0_5b: the issue-20 workload with answers of up to 256 tokens, one device.
+    Its plan on a CPU (every group resident, graph buffers counted, release_graphs on) stays under 20 GB, the
+    24 GB machine's room beside the system; the same file without the switches would not fit."""
+    cfg, m = load("qwen2_5_0_5b")
+    assert (cfg.rl_config.release_graphs, cfg.actor_config.layerwise_update, cfg.ref_config.layerwise,
+            cfg.generate_config.layerwise) == (True, True, True, True)
+    assert (m.num_hidden_layers, m.hidden_size, m.vocab_size) == (24, 896, 151936) and cfg.rl_config.beta > 0
+    p = plan(cfg, m)
+    assert p.shared and p.cpu_peak(True) < 20e9
+    off = plan(*load("qwen2_5_0_5b", "rl_config.release_graphs=false", "actor_config.layerwise_update=false",
+                     "ref_config.layerwise=false", "generate_config.layerwise=false"))
+    assert off.cpu_peak(False) > 24e9
+
+
 def test_one_copy_of_the_weights_where_the_inference_layout_is_the_training_layout():
     """The tiny default on one device: the inference model is the policy (generate_config.inference_weights
     auto), so the weights are counted once (tiny_qwen2: vocabulary 512, hidden 128, 4 layers, 4 heads / 2 kv
