@@ -18,7 +18,7 @@ from mindgrpo.parallel.checkpoint_folders import CRASH_ENV
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "scripts", "grpo_one_stage.py")
-STEPS = 10
+STEPS = 14  # room for both random kills (below) with steps to spare: their delays are bounded in steps
 ARGS = [f"actor_config.model={os.path.join(REPO, 'tests', 'grpo', 'micro_qwen2.yaml')}",
         "--reward_plugin", os.path.join(REPO, "tests", "grpo", "digit_reward.py"),
         "reward_config.verifier_function=[test_digit_share]", "reward_config.verifier_weight=[1.0]",
@@ -51,11 +51,14 @@ def complete_steps(out):
     return sorted(int(d[5:]) for d in os.listdir(root) if d.startswith("step_")) if os.path.isdir(root) else []
 
 
-def kill_after_progress(proc, out, delay, timeout=600):
-    """SIGKILL `proc` `delay` seconds after a checkpoint newer than those it started with appears."""
+def kill_after_progress(proc, out, steps, delay, timeout=600):
+    """SIGKILL `proc` `delay` seconds after it completed `steps` checkpoints beyond those it started with.
+    A step of this run takes about 0.2 s on a 2-core CPU, so the kill lands 0-2 steps later, in any phase;
+    the kills are bounded in steps (the earlier 0.0-0.8 s delays on 10 steps could let the first resumed run
+    reach the last step before its kill, and the second then had nothing left to do)."""
     before = max(complete_steps(out), default=0)
     t0 = time.monotonic()
-    while max(complete_steps(out), default=0) <= before:
+    while max(complete_steps(out), default=0) < before + steps:
         assert proc.poll() is None, finish(proc)[1][-3000:]
         assert time.monotonic() - t0 < timeout, "no progress"
         time.sleep(0.05)
@@ -91,7 +94,7 @@ def test_killed_three_times_the_run_ends_as_an_uninterrupted_one(tmp_path):
     assert os.path.isdir(root / f".step_{crash_step:08d}.tmp") and complete_steps(chaos)[-1] == crash_step - 1
     # 2, 3: resumed, then killed at a random moment after it saved a new checkpoint
     for _ in range(2):
-        kill_after_progress(start(chaos, "--resume"), chaos, delay=rng.uniform(0.0, 0.8))
+        kill_after_progress(start(chaos, "--resume"), chaos, steps=rng.randint(1, 2), delay=rng.uniform(0.0, 0.4))
     code, err = finish(start(chaos, "--resume"))
     assert code == 0, err[-3000:]
     assert not [d for d in os.listdir(root) if d.startswith(".step_")], os.listdir(root)  # leftovers removed
