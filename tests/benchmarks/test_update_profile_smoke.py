@@ -37,5 +37,8 @@ def test_update_profile_accounts_for_the_update(tmp_path):
     for r in res["rounds"]:  # each round's parts add up to its update
         assert abs(r["graphs"] + r["adamw"] + r["host"] - r["update"]) < 1e-9
         assert r["peak"]["peak"] == max(v for k, v in r["peak"].items() if k != "peak")
-    assert res["matmul_only_gflops_per_s"] > res["update_gflops_per_s"] > 0
+    # rates only: the profiled matmuls and the timed update run in different rounds, so on a loaded machine
+    # either can be the slower (the fresh-clone CI of 595bf31 timed the matmuls alone at 5.3 GFLOP/s, the
+    # whole update at 7.7): no order between them is asserted
+    assert res["matmul_only_gflops_per_s"] > 0 and res["update_gflops_per_s"] > 0
     assert "| update (as the trainer runs it) |" in (tmp_path / "update_profile.md").read_text()
