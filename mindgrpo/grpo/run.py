@@ -144,7 +144,7 @@ def run(args) -> int:
     from mindgrpo.grpo.trainer import TrainingStopped
     from mindgrpo.utils.metrics_log import MetricsLogger, setup_logging
     from mindgrpo.utils.plot import plot_training
-    from mindgrpo.utils.progress import Progress
+    from mindgrpo.utils.progress import Progress, Ticker
 
     # MindSpore runs a full gc.collect() before compiling each graph: what the imports made lives for
     # the whole run, so it leaves the collector's lists (~0.1 s less per graph; DEVELOPERS.md)
@@ -200,6 +200,7 @@ def run(args) -> int:
         logger.info("sft warm start done: %s", json.dumps(m))
 
     t0 = time.perf_counter()
+    ticker = Ticker(progress, logger.info).start()  # a line a minute while a step runs for minutes
     try:
         trainer.fit()
     except TrainingStopped as e:
@@ -207,6 +208,7 @@ def run(args) -> int:
         logger.error("%s", e)
         return 1
     finally:
+        ticker.stop()
         parts.rewards.close()  # the reward workers (also stopped at exit)
     hist = trainer.val_history
     if hist:

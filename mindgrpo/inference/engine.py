@@ -249,7 +249,7 @@ class RolloutEngine:
             out, logits = graph(*inputs, *sampling)
         res = out.asnumpy()[mine]  # (live, 3) host sync: the stop check needs the tokens
         call.record(live, res, logits.asnumpy()[mine] if call.logits else None)
-        heartbeat.beat()  # a decode step (its collectives, under tensor parallelism) came back
+        heartbeat.beat(live.size)  # a decode step (its collectives, under tensor parallelism) came back: a token a row
         call.stats["decode_steps"] += 1
         call.stats["rows_computed"] += rows.size
 

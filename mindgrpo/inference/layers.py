@@ -120,14 +120,13 @@ class InferenceWeights(nn.Cell):
         super().__init__(auto_prefix=False)
         self.fields = layer_fields(lm.model.layers[0].attention)
         self.shapes = [shape for layer in lm.model.layers for shape in _fused_shapes(layer, self.fields)]
+        n = len(self.fields)
         self.buffers = ms.ParameterTuple(
-            Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype), name=f"inference_weights.{i}.{field}",
-                      requires_grad=False)
-            for i, layer in enumerate(lm.model.layers)
-            for field, shape in zip(self.fields, _fused_shapes(layer, self.fields)))
+            Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype),
+                      name=f"inference_weights.{k // n}.{self.fields[k % n]}", requires_grad=False)
+            for k, shape in enumerate(self.shapes))
         self.emptied = False
         self.lm, self.layerwise = lm, layerwise
-        n = len(self.fields)
         # graph inputs of the layer graphs: the Parameters themselves, the same tuples at every call
         self.sources = [ms.mutable(tuple(layer.weights()[:12 if layer.attention.wq.has_bias else 9]))
                         for layer in lm.model.layers]

@@ -23,6 +23,7 @@ import time
 from typing import Dict, Iterator, List, Optional, Tuple
 
 _last = time.monotonic()  # the last beat
+_tokens = 0  # tokens generated in this process so far (the decode loop counts them as it beats)
 _active: List[str] = []  # phases running now, innermost last
 _finished: set = set()  # phases that have run to the end at least once
 _runs: Dict[str, int] = {}  # phase -> times entered
@@ -30,10 +31,16 @@ _stall: Optional[Tuple[str, int]] = None  # tests: (phase, run) that hangs this 
 _stalled = False
 
 
-def beat() -> None:
-    """Something that may wait on other ranks has just come back."""
-    global _last
+def beat(tokens: int = 0) -> None:
+    """Something that may wait on other ranks has just come back (having generated `tokens` tokens)."""
+    global _last, _tokens
     _last = time.monotonic()
+    _tokens += int(tokens)
+
+
+def tokens() -> int:
+    """Tokens generated in this process so far: the in-step progress line's count (utils/progress.Ticker)."""
+    return _tokens
 
 
 @contextlib.contextmanager

@@ -18,8 +18,10 @@ of the same name within one step add up.
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 import time
-from typing import Callable, Dict, Iterator, List, Mapping, Optional
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from mindgrpo.utils import heartbeat
 
@@ -56,6 +58,7 @@ class Progress:
         self._phase_seconds: Dict[str, float] = {}
         self._phase_tokens: Dict[str, float] = {}
         self._active: List[str] = []  # the phases running now, innermost last
+        self._starts: List[Tuple[float, int]] = []  # each running phase's (start, heartbeat.tokens() then)
         self._last_phase: Optional[str] = None
 
     @contextlib.contextmanager
@@ -66,12 +69,14 @@ class Progress:
         if self._step_start is None:
             self._step_start = start
         self._active.append(name)
+        self._starts.append((start, heartbeat.tokens()))
         self._last_phase = name
         try:
             with heartbeat.phase(name):
                 yield
         finally:
             self._active.pop()
+            self._starts.pop()
             self._phase_seconds[name] = self._phase_seconds.get(name, 0.0) + self.clock() - start
 
     def add_tokens(self, phase: str, tokens: float) -> None:
@@ -137,3 +142,80 @@ class Progress:
             parts.append(f"{_format_number(mean)} s/step")
             parts.append(f"ETA {format_duration(self.eta_seconds(step))}")
         return " | ".join(parts)
+
+    def running_line(self) -> Optional[str]:
+        """The step in flight, for a step that runs for minutes: `step 2/40 | phase rollout for 4m10s |
+        2048 new tokens at 8.2 tok/s | 212 s/step | ETA 2h18m` (tokens: those the decode loop reported to
+        the heartbeat since the phase began, shown when there are any); None outside every phase."""
+        if not self._active:
+            return None
+        start, tokens0 = self._starts[-1]
+        secs = self.clock() - start
+        step = self.last_step + 1
+        parts = [f"step {step}/{self.total_steps}", f"phase {self._active[-1]} for {format_duration(secs)}"]
+        tokens = heartbeat.tokens() - tokens0
+        if tokens > 0:
+            parts.append(f"{tokens} new tokens at {_format_number(tokens / max(secs, 1e-9))} tok/s")
+        mean = self.mean_step_seconds
+        if mean is not None:
+            parts.append(f"{_format_number(mean)} s/step")
+            parts.append(f"ETA {format_duration(self.eta_seconds(step))}")
+        return " | ".join(parts)
+
+    @property
+    def step_started(self) -> Optional[float]:
+        """When the step in flight began (the previous step's end), None before the first phase."""
+        return self._step_start
+
+
+class Ticker:
+    """Logs `progress.running_line()` every `interval_s` seconds of a step in flight, so that a step of
+    minutes (a real model's rollout, its first compile) shows where it is; quiet during steps shorter
+    than that (the trainer's own line at each step's end is their view).
+
+        ticker = Ticker(progress, logger.info, interval_s=60).start()
+        ...                                   # the run
+        ticker.stop()
+
+    `tick()` is the whole decision (the thread only calls it every `poll_s`): a line when a phase is
+    running and `interval_s` have passed since the step began or the last line, whichever is later."""
+
+    def __init__(self, progress: Progress, emit: Callable[[str], object], interval_s: float = 60.0,
+                 poll_s: float = 1.0):
+        self.progress, self.emit, self.interval_s, self.poll_s = progress, emit, float(interval_s), float(poll_s)
+        self._last: Optional[float] = None  # the progress clock at the last line
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def tick(self) -> Optional[str]:
+        """Emits and returns the line if one is due, else None."""
+        began = self.progress.step_started
+        if began is None:
+            return None
+        since = began if self._last is None else max(began, self._last)
+        now = self.progress.clock()
+        if now - since < self.interval_s:
+            return None
+        line = self.progress.running_line()
+        if line is None:
+            return None
+        self._last = now
+        self.emit(line)
+        return line
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.tick()
+            except Exception as e:  # noqa: BLE001  a progress line must never end the run
+                logging.getLogger(__name__).debug("progress ticker: %s", e)
+
+    def start(self) -> "Ticker":
+        self._thread = threading.Thread(target=self._run, name="progress-ticker", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,5 +1,7 @@
 """Progress: phase timing, throughput and ETA, on a fake clock."""
 
+import time
+
 import pytest
 
 from mindgrpo.utils.progress import Progress, format_duration
@@ -110,3 +112,65 @@ def test_resumed_eta_counts_from_start_step():
 )
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
+
+
+def test_the_step_in_flight_shows_its_phase_tokens_and_eta():
+    from mindgrpo.utils import heartbeat
+
+    clock = FakeClock()
+    progress = Progress(total_steps=4, clock=clock)
+    assert progress.running_line() is None  # before any phase
+    _step(progress, clock, 1)  # one step of 5.5 s: the mean for the ETA
+    with progress.phase("rollout"):
+        heartbeat.beat(16)  # the decode loop: a token for each of 16 rows, twice
+        heartbeat.beat(16)
+        clock.advance(4.0)
+        # step 2 of 4, 32 tokens in 4 s; ETA: the rest of this step (5.5 - 4 s taken) + 2 more of 5.5 s
+        assert progress.running_line() == "step 2/4 | phase rollout for 4s | 32 new tokens at 8 tok/s | " \
+                                          "5.5 s/step | ETA 12s"
+        with progress.phase("reward"):  # the innermost phase, counted from its own start: no tokens yet
+            clock.advance(75.0)
+            assert progress.running_line() == "step 2/4 | phase reward for 1m15s | 5.5 s/step | ETA 11s"
+    assert progress.running_line() is None
+
+
+def test_the_ticker_logs_a_long_step_once_a_minute_and_a_short_one_never():
+    from mindgrpo.utils.progress import Ticker
+
+    clock = FakeClock()
+    progress = Progress(total_steps=3, clock=clock)
+    lines = []
+    ticker = Ticker(progress, lines.append, interval_s=60)
+    assert ticker.tick() is None  # nothing has started
+    _step(progress, clock, 1, rollout=20.0, update=30.0)  # 50.5 s: no line during it (ticks at every second)
+    with progress.phase("rollout"):
+        for _ in range(59):
+            clock.advance(1.0)
+            assert ticker.tick() is None
+        clock.advance(1.0)  # 60 s into step 2
+        assert ticker.tick() == lines[-1] and lines[-1].startswith("step 2/3 | phase rollout for 1m00s")
+        clock.advance(30.0)
+        assert ticker.tick() is None  # 30 s since that line
+        clock.advance(30.0)
+        assert ticker.tick() is not None and lines[-1].startswith("step 2/3 | phase rollout for 2m00s")
+    progress.step_done(2)
+    with progress.phase("update"):
+        clock.advance(59.0)  # a new step: counted from its start, not from the last line
+        assert ticker.tick() is None and len(lines) == 2
+    assert ticker.tick() is None  # between phases: nothing to name
+
+
+def test_the_ticker_thread_stops():
+    from mindgrpo.utils.progress import Ticker
+
+    progress = Progress(total_steps=1)
+    lines = []
+    ticker = Ticker(progress, lines.append, interval_s=0.0, poll_s=0.01).start()
+    with progress.phase("rollout"):
+        for _ in range(3000):  # a line comes within the first polls (waits 30 s at most)
+            if lines:
+                break
+            time.sleep(0.01)
+    ticker.stop()
+    assert lines and lines[0].startswith("step 1/1 | phase rollout for")
+    assert not ticker._thread.is_alive()
