@@ -152,11 +152,11 @@ class PrefillLayer(nn.Cell):
 
     def construct(self, x, cos, sin, rows, bias, w, kv):
         m = self.model
-        y, done = _prefill_layer(m, m.lm.model.layers[0], w, kv[0], kv[1], self.write, x, cos, sin, rows, bias,
-                                 self.last)
-        if self.last:
-            return ops.depend(ops.zeros((1,), ms.float32), done)
-        return ops.depend(y, done)
+        out = _prefill_layer(m, m.lm.model.layers[0], w, kv[0], kv[1], self.write, x, cos, sin, rows, bias,
+                             self.last)
+        if self.last:  # out[0] not taken: an unused `y` of `y, done = ...` drew MindSpore's warning that
+            return ops.depend(ops.zeros((1,), ms.float32), out[1])  # "side effect nodes were eliminated"
+        return ops.depend(out[0], out[1])
 
 
 class CopyGraph(nn.Cell):
