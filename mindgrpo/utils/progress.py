@@ -137,11 +137,14 @@ class Progress:
         for key, value in (extra or {}).items():
             shown = _format_number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
             parts.append(f"{key} {shown}")
+        return " | ".join(parts + self._timing(step))
+
+    def _timing(self, step: int) -> List[str]:
+        """The line's last fields, once a step is done: the mean step time and the ETA seen at `step`."""
         mean = self.mean_step_seconds
-        if mean is not None:
-            parts.append(f"{_format_number(mean)} s/step")
-            parts.append(f"ETA {format_duration(self.eta_seconds(step))}")
-        return " | ".join(parts)
+        if mean is None:
+            return []
+        return [f"{_format_number(mean)} s/step", f"ETA {format_duration(self.eta_seconds(step))}"]
 
     def running_line(self) -> Optional[str]:
         """The step in flight, for a step that runs for minutes: `step 2/40 | phase rollout for 4m10s |
@@ -156,11 +159,7 @@ class Progress:
         tokens = heartbeat.tokens() - tokens0
         if tokens > 0:
             parts.append(f"{tokens} new tokens at {_format_number(tokens / max(secs, 1e-9))} tok/s")
-        mean = self.mean_step_seconds
-        if mean is not None:
-            parts.append(f"{_format_number(mean)} s/step")
-            parts.append(f"ETA {format_duration(self.eta_seconds(step))}")
-        return " | ".join(parts)
+        return " | ".join(parts + self._timing(step))
 
     @property
     def step_started(self) -> Optional[float]:
