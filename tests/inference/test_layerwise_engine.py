@@ -92,29 +92,30 @@ def test_layerwise_sees_updated_weights_and_compiles_no_graph_per_layer(engines)
     greedy = GREEDY  # the calls of the shared pair's greedy case: no new shape to compile
     whole, e = engines("qwen2", 8)
     lm = whole.lm
-    before = run(e, greedy)
-    assert_identical(before, run(whole, greedy))
     initial = {n: a.copy() for n, a in model_state(lm).items()}
-    load_state(lm, model_state(Qwen2ForCausalLM(config("qwen2"), seed=2)))  # the refresh reads the new weights
+    used = []  # the graph keys the layerwise engine's last call looks up
     try:
+        before = run(e, greedy)
+        assert_identical(before, run(whole, greedy))
+        load_state(lm, model_state(Qwen2ForCausalLM(config("qwen2"), seed=2)))  # the refresh reads the new weights
         after = run(e, greedy)
         assert after[0] != before[0]
         assert_identical(after, run(whole, greedy))
-    finally:
-        load_state(lm, initial)  # the shared model as the other tests know it
-    # a model of 5 layers compiles, for the same call, the graphs that the 3-layer engine's call looks up
-    used = []
-    lookup = e._graph
+        lookup = e._graph
 
-    def recorded(key, make):
-        used.append(key)
-        return lookup(key, make)
+        def recorded(key, make):
+            used.append(key)
+            return lookup(key, make)
 
-    e._graph = recorded
-    try:
+        e._graph = recorded
         e.generate(PROMPTS, greedy)
     finally:
-        del e._graph
+        # the shared pair as the fixture made it (a test after this one may compare it with a fresh engine)
+        vars(e).pop("_graph", None)
+        load_state(lm, initial)
+        whole.release()
+        e.release()
+    # a model of 5 layers compiles, for the same call, the graphs that the 3-layer engine's call looks up
     five = RolloutEngine(Qwen2ForCausalLM(config("qwen2", 5), seed=1), max_num_seqs=8, layerwise=True)
     five.generate(PROMPTS, greedy)
     assert sorted(five._graphs) == sorted(set(used)) and len(used) > 0
