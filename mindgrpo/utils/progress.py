@@ -150,12 +150,13 @@ class Progress:
         """The step in flight, for a step that runs for minutes: `step 2/40 | phase rollout for 4m10s |
         2048 new tokens at 8.2 tok/s | 212 s/step | ETA 2h18m` (tokens: those the decode loop reported to
         the heartbeat since the phase began, shown when there are any); None outside every phase."""
-        if not self._active:
+        active = list(zip(self._active, self._starts))  # one read: the Ticker's thread calls this
+        if not active:
             return None
-        start, tokens0 = self._starts[-1]
+        name, (start, tokens0) = active[-1]
         secs = self.clock() - start
         step = self.last_step + 1
-        parts = [f"step {step}/{self.total_steps}", f"phase {self._active[-1]} for {format_duration(secs)}"]
+        parts = [f"step {step}/{self.total_steps}", f"phase {name} for {format_duration(secs)}"]
         tokens = heartbeat.tokens() - tokens0
         if tokens > 0:
             parts.append(f"{tokens} new tokens at {_format_number(tokens / max(secs, 1e-9))} tok/s")
