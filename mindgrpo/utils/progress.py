@@ -57,8 +57,8 @@ class Progress:
         self._step_start: Optional[float] = None
         self._phase_seconds: Dict[str, float] = {}
         self._phase_tokens: Dict[str, float] = {}
-        self._active: List[str] = []  # the phases running now, innermost last
-        self._starts: List[Tuple[float, int]] = []  # each running phase's (start, heartbeat.tokens() then)
+        # the phases running now, innermost last: (name, start, heartbeat.tokens() at the start)
+        self._active: List[Tuple[str, float, int]] = []
         self._last_phase: Optional[str] = None
 
     @contextlib.contextmanager
@@ -68,15 +68,13 @@ class Progress:
         start = self.clock()
         if self._step_start is None:
             self._step_start = start
-        self._active.append(name)
-        self._starts.append((start, heartbeat.tokens()))
+        self._active.append((name, start, heartbeat.tokens()))
         self._last_phase = name
         try:
             with heartbeat.phase(name):
                 yield
         finally:
             self._active.pop()
-            self._starts.pop()
             self._phase_seconds[name] = self._phase_seconds.get(name, 0.0) + self.clock() - start
 
     def add_tokens(self, phase: str, tokens: float) -> None:
@@ -128,7 +126,7 @@ class Progress:
         the last step done; `extra` ({label: value}) adds `label value` fields before the timing.
         """
         parts = [f"step {step}/{self.total_steps}"]
-        phase = self._active[-1] if self._active else self._last_phase
+        phase = self._active[-1][0] if self._active else self._last_phase
         if phase is not None:
             parts.append(f"phase {phase}")
         for key, value in self.last_metrics.items():
@@ -150,10 +148,10 @@ class Progress:
         """The step in flight, for a step that runs for minutes: `step 2/40 | phase rollout for 4m10s |
         2048 new tokens at 8.2 tok/s | 212 s/step | ETA 2h18m` (tokens: those the decode loop reported to
         the heartbeat since the phase began, shown when there are any); None outside every phase."""
-        active = list(zip(self._active, self._starts))  # one read: the Ticker's thread calls this
+        active = self._active[-1:]  # one read: the Ticker's thread calls this while phases come and go
         if not active:
             return None
-        name, (start, tokens0) = active[-1]
+        name, start, tokens0 = active[0]
         secs = self.clock() - start
         step = self.last_step + 1
         parts = [f"step {step}/{self.total_steps}", f"phase {name} for {format_duration(secs)}"]
