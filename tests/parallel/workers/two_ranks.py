@@ -105,8 +105,19 @@ for key, lm, reducer, chunk, batching in (
 # (c) resharding: training (dp1, tp2) -> inference (dp2, tp1), then greedy rollouts
 inference = Qwen2ForCausalLM(CFG, seed=SEED + 1, max_positions=128)  # other values until the sync
 sync = Reshard(tp, inference, comm.train, comm.infer, comm, expected_shapes(CFG))
+
+
+def compiled(reshard: Reshard) -> int:
+    """Graph phases its bucket graphs (contributions and assemblies) have compiled so far."""
+    cells = [c for graph, _, _ in reshard.buckets for c, _ in graph.exchanges]
+    cells += [graph.assemble for graph, _, _ in reshard.buckets if graph.assemble is not None]
+    return sum(len(c.compile_cache) for c in cells)
+
+
 metrics["reshard"] = sync()
+metrics["reshard_compiled"] = [compiled(sync)]
 metrics["reshard_again"] = sync()  # warm: no compile
+metrics["reshard_compiled"].append(compiled(sync))
 weights(inference, "c/infer")
 # the same in one bucket (rl_config.weight_sync_bucket_mb): every parameter in one exchange and one assembly
 one_bucket = Qwen2ForCausalLM(CFG, seed=SEED + 2, max_positions=128)
