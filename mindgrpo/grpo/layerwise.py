@@ -13,8 +13,7 @@ Qwen2.5-0.5B shape, micro-batches of (4, 288) (`benchmarks/results/memory.md`). 
     layer_grad  x_i, layer i's weights and their accumulators, dL/dx_{i+1} -> dL/dx_i, layer i's weight
                 gradients added to its accumulators: the layer run again from x_i and differentiated
                 against the incoming gradient; called for i = N-1 .. 0
-    embed_grad  ids, dL/dx_0 -> the embedding's gradient added to its accumulator (the head's too when tied),
-                on the rows of the micro-batch's distinct ids only (no dense (V, H) gradient)
+    embed_grad  ids, dL/dx_0 -> the embedding's gradient accumulated (the head's too when tied)
 
 A layer's weights and accumulators go in as graph inputs (a mutable tuple of the Parameters themselves:
 read and written in place, no copy and no compile per layer; `Parameter.value()` would copy each one).
@@ -39,11 +38,9 @@ import re
 from typing import Dict, List, Sequence
 
 import mindspore as ms
-import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
-from mindspore.ops.auto_generate.gen_ops_prim import InplaceMul, InplaceSubExt
+from mindspore import Parameter, nn, ops
 
-from mindgrpo.grpo.optim import AdamW, GradBuffer
+from mindgrpo.grpo.optim import AccumulateGrads, AdamW, GradBuffer
 from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.reductions import squared_sum
@@ -51,7 +48,7 @@ from mindgrpo.models.scoring import TokenLogProbs, causal_bias, positions
 
 
 class _Accumulators:
-    """Some of a GradBuffer's accumulators, in the order of `params` (`optim.AccumulateGrads`, `_EmbedGrad`)."""
+    """Some of a GradBuffer's accumulators, in the order of `params`, for `AccumulateGrads`."""
 
     def __init__(self, buffer: GradBuffer, all_params: Sequence[Parameter], params: Sequence[Parameter]):
         index = {id(p): i for i, p in enumerate(all_params)}
@@ -71,36 +68,30 @@ class _Embed(nn.Cell):
         return self.lm.model.tok_embeddings(ids).astype(self.lm.dtype), cos, sin, causal_bias(s)
 
 
-class _EmbedGrad(nn.Cell):
-    """uniq (U,) distinct token ids, inverse (B*S,) each token's index in uniq, dL/dx_0 (B, S, H) -> the
-    embedding's gradient added to its accumulator, on the rows of uniq only: each distinct id's rows of dx
-    summed in token order (as the lookup's own backward, `UnsortedSegmentSum`, sums them, into a dense (V, H)
-    gradient, zeros elsewhere: 0.54 GB at Qwen2.5's vocabulary, kept by the compiled graph), then added to
-    its accumulator row in place (`ScatterAdd`). The other rows are left as they are, where the dense gradient
-    added +0.0 to them (the same values: an accumulator, zeroed to +0.0, never holds -0.0). uniq is padded
-    with ids the micro-batch lacks (they get +0.0), so U is fixed by the shape: one compile."""
+class _Lookup(nn.Cell):
+    """ids (B, S) -> x_0 (B, S, H): what `_EmbedGrad` differentiates."""
 
-    def __init__(self, accumulators: _Accumulators):
+    def __init__(self, lm: Qwen2ForCausalLM):
         super().__init__(auto_prefix=False)
-        self.bufs = accumulators.bufs  # the embedding's accumulator alone
-        self.scatter_add = ops.ScatterAdd()
+        self.lm = lm
 
-    def construct(self, uniq, inverse, dx):
-        n = inverse.shape[0]
-        rows = ops.unsorted_segment_sum(dx.reshape(n, -1), inverse, uniq.shape[0])  # (U, H)
-        done = self.scatter_add(self.bufs[0], uniq, rows.astype(ms.float32))
-        return ops.depend(ops.zeros((1,), ms.float32), done)
+    def construct(self, ids):
+        return self.lm.model.tok_embeddings(ids).astype(self.lm.dtype)
 
 
-def distinct_ids(ids: np.ndarray, vocab: int) -> tuple:
-    """ids (B, S) -> uniq (U,), inverse (B*S,) int32 for `_EmbedGrad`: the distinct ids, padded with ids not
-    among them to U = min(B*S, vocab), and each token's index in uniq."""
-    flat = ids.reshape(-1)
-    uniq, inverse = np.unique(flat, return_inverse=True)
-    free = np.ones(vocab, bool)
-    free[uniq] = False
-    pad = np.flatnonzero(free)[:min(flat.size, vocab) - uniq.size]
-    return np.concatenate([uniq, pad]).astype(np.int32), inverse.reshape(-1).astype(np.int32)
+class _EmbedGrad(nn.Cell):
+    """ids (B, S), dL/dx_0 (B, S, H) -> the embedding's gradient added to its accumulator."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, accumulators: _Accumulators):
+        super().__init__(auto_prefix=False)
+        self.lookup = _Lookup(lm)
+        self.weights = ms.ParameterTuple([lm.model.tok_embeddings.embedding_weight])
+        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.accumulate = AccumulateGrads(accumulators)
+
+    def construct(self, ids, dx):
+        grads = self.grad(self.lookup, self.weights)(ids, dx)
+        return ops.depend(ops.zeros((1,), ms.float32), self.accumulate(grads))
 
 
 class _Layer(nn.Cell):
@@ -158,8 +149,7 @@ class LayerwiseGradStep:
         self.layer = _Layer(layers[0])
         self.layer_grad = _LayerGrad(layers[0])
         self.head = GRPOGradStep(policy_loss, head, _Accumulators(buffer, params, head), wrt_inputs=True)
-        self.embed_grad = _EmbedGrad(_Accumulators(buffer, params, [embedding]))
-        self.vocab = embedding.shape[0]
+        self.embed_grad = _EmbedGrad(lm, _Accumulators(buffer, params, [embedding]))
 
     def __call__(self, ids, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                  rollout_logp=None):
@@ -172,8 +162,7 @@ class LayerwiseGradStep:
                                       rollout_logp)
         for i in reversed(range(len(self.layer_weights))):
             dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], dx, self.layer_accumulators[i])
-        uniq, inverse = distinct_ids(ids.asnumpy(), self.vocab)
-        self.embed_grad(Tensor(uniq), Tensor(inverse), dx)
+        self.embed_grad(ids, dx)
         return loss, metrics
 
 
@@ -233,27 +222,20 @@ class _AdamScalars(nn.Cell):
 
 class _AdamGroup(nn.Cell):
     """One group's AdamW step (`optim.AdamW.construct`'s loop body): params, m, v, bufs (mutable tuples of the
-    Parameters, written in place), lr, step, eps, coef; then the group's accumulators zeroed.
-
-    In place, to keep no gradient-sized buffer (two of the embedding's, 1.09 GB at Qwen2.5's vocabulary): the
-    accumulator is scaled by the clip coefficient where it lies (`bufs[i] * coef`, the same products) and given
-    to AdamW as its gradient, then zeroed as bufs[i] - bufs[i]: +0.0 for every finite element, and this step
-    runs only on a finite gradient norm, so on finite gradients (`PolicyUpdater.update` skips the others)."""
+    Parameters, written in place), lr, step, eps, coef; then the group's accumulators zeroed."""
 
     def __init__(self, decay: tuple, beta1: float, beta2: float):
         super().__init__(auto_prefix=False)
         self.decay, self.beta1, self.beta2, self.n = decay, beta1, beta2, len(decay)
         self.adam = ops.AdamWeightDecay()
-        self.scale = InplaceMul()
-        self.sub = InplaceSubExt()
 
     def construct(self, params, m, v, bufs, lr, step, eps, coef):
         out = ()
         for i in range(self.n):
-            g = self.scale(bufs[i], coef)  # the clipped gradient, in the accumulator
+            g = bufs[i] * coef
             decay = lr * self.decay[i] / step
             done = self.adam(params[i], m[i], v[i], step, self.beta1, self.beta2, eps, decay, g)
-            out = out + (self.sub(bufs[i], ops.depend(g, done)),)
+            out = out + (ops.depend(ops.assign(bufs[i], ops.zeros_like(bufs[i])), done),)
         return ops.depend(ops.zeros((1,), ms.float32), out)
 
 
