@@ -108,36 +108,9 @@ class _RefreshLayer(nn.Cell):
         return done
 
 
-class _Fused(nn.Cell):
-    """() -> every layer's fused weights, as new tensors (`refresh` after `release`)."""
-
-    def __init__(self, lm: Qwen2ForCausalLM):
-        super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.lm = lm
-
-    def construct(self):
-        out = ()
-        for layer in self.lm.model.layers:
-            out = out + tuple(fused_layer_weights(layer))
-        return out
-
-
-class _FusedLayer(nn.Cell):
-    """w (a layer's weights, `DecoderLayer.weights()` order) -> its fused weights, as new tensors: one graph
-    called for every layer (`layerwise`). `layer` lends its code only."""
-
-    def __init__(self, layer):
-        super().__init__(auto_prefix=False)
-        self.layer = layer
-
-    def construct(self, w):
-        return fuse_layer(self.layer, w)
-
-
 class InferenceWeights(nn.Cell):
     """The fused copies of every layer's weights, in buffers of their own (`layer_fields` per
-    layer); `refresh()` remakes them from the model's parameters (`release()` empties them until then, and the
-    refresh after it makes them as new graph outputs: `_remake`).
+    layer); `refresh()` remakes them from the model's parameters (`release()` empties them until then).
     They hold zeros until the first `refresh()`: every generate starts with one (a refresh here as well compiled the graph twice, since
     the first call after building the engine compiles it again). layerwise: the refresh is one
     compiled layer graph run for every layer (its buffers: one layer's transposed and concatenated
@@ -169,29 +142,15 @@ class InferenceWeights(nn.Cell):
         return self.buffers[i * len(self.fields) + self.fields.index(field)]
 
     def refresh(self) -> None:
-        if self.emptied:
-            self._remake()
-            return
+        if self.emptied:  # full size again (zeros, as built): every element is written below
+            for p, shape in zip(self.buffers, self.shapes):
+                p.set_data(Tensor(np.zeros(shape, np.float32), self.lm.dtype))
+            self.emptied = False
         if not self.layerwise:
             self._refresh()
             return
         for w, out in zip(self.sources, self.layer_buffers):
             self._refresh(w, out)
-
-    def _remake(self) -> None:
-        """The copies at full size again after `release`: each one a graph's output handed to its Parameter
-        (`set_data`, no copy). A graph's output comes from the memory the runtime keeps for its graphs, where
-        the phases before left room (the update's buffers, after release_graphs: 1.2 GB at the 0.5B shape), and
-        zeros made on the host do not (`benchmarks/results/step_memory_24_layers.md`). The same ops as the
-        refresh: the same values."""
-        if self.layerwise:
-            layer = _FusedLayer(self.lm.model.layers[0])
-            fused = [t for w in self.sources for t in layer(w)]
-        else:
-            fused = _Fused(self.lm)()
-        for p, t in zip(self.buffers, fused):
-            p.set_data(t)
-        self.emptied = False
 
     def release(self) -> None:
         """Drop the compiled refresh graph and the buffers the runtime keeps for it (its transposed and
