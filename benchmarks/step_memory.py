@@ -160,7 +160,8 @@ def _malloc_trim():
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, extra: tuple = ()) -> None:
+def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, extra: tuple = (),
+         pool: tuple = ()) -> None:
     """A `benchmarks.workers` side: builds the trainer, then one step per "step" message."""
     import mindspore as ms
 
@@ -169,6 +170,8 @@ def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, ext
     from mindgrpo.utils.progress import Progress
 
     ms.set_context(mode=ms.GRAPH_MODE)
+    if pool:
+        ms.runtime.set_memory(*pool)  # the runtime's memory pool: its first block, then each block it adds
     cfg, paths, overrides, lengths = setup(folder, layers, switches, extra)
     t0 = time.perf_counter()
     reset_peak_rss()
@@ -292,7 +295,8 @@ def markdown(res: dict) -> str:
 
 def _ours(res: dict, args, output: str) -> None:
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
-        worker = workers.start(side, args.layers, args.switches == "on", folder, args.malloc_trim, tuple(args.set))
+        worker = workers.start(side, args.layers, args.switches == "on", folder, args.malloc_trim, tuple(args.set),
+                                tuple(args.pool))
         res["built"] = worker.recv()
         print(f"built: {res['built']['build_s']:.1f} s, {res['built']['built_gb']:.2f} GB", flush=True)
         for _ in range(args.steps):
@@ -341,6 +345,8 @@ def main(argv=None) -> int:
     ap.add_argument("--torch_threads", type=int, default=os.cpu_count(), help="PyTorch threads on TRL's side")
     ap.add_argument("--malloc_trim", action="store_true", help="glibc's malloc_trim(0) after every phase")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides for our side")
+    ap.add_argument("--pool", nargs=2, default=[], metavar=("INIT", "INCREASE"),
+                    help="ms.runtime.set_memory(init_size, increase_size) in our side, e.g. 0.01GB 0.01GB")
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
     output = args.output or os.path.join(RESULTS, f"step_memory_{args.layers}_layers.json")
