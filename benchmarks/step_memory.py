@@ -2,6 +2,7 @@
 resident memory and seconds per phase, with the memory switches on or off.
 
     python -m benchmarks.step_memory [--layers 24] [--steps 2] [--switches on|off] [--sides ours trl] [--output PATH]
+        [--set KEY=VALUE ...] [--malloc_trim] [--pool INIT INCREASE]
 
 The model: the qwen2_5_0_5b preset (hidden 896, intermediate 4864, 14 / 2 heads, tied, vocabulary 151,936;
 random weights) with --layers decoder layers. The work: the first 4 GSM8K test questions under the qwen_r1
@@ -10,6 +11,12 @@ stop), micro-batches of 4 rows, beta 0.04 (k3), one update per step, a cheap in-
 digits). One device: the engine generates with the policy itself (generate_config.inference_weights: auto).
 `--switches on` sets rl_config.release_graphs, actor_config.layerwise_update, generate_config.layerwise and
 ref_config.layerwise.
+
+For experiments on our side: `--set` adds config overrides (e.g. actor_config.logprob_chunk_size=256),
+`--malloc_trim` calls glibc's malloc_trim(0) after every phase, `--pool` sets MindSpore's memory pool
+(`ms.runtime.set_memory(init_size, increase_size)`); glibc's own settings go in the environment
+(MALLOC_MMAP_THRESHOLD_=..., inherited by the side's process). The JSON holds, per phase, glibc's heap, its free part
+and its mmapped blocks after it (mallinfo2, GB) beside the resident memory.
 
 The trainer is built by `grpo.builder.build` and stepped by `train_step`, as `scripts/grpo_one_stage.py`
 does. Per step and phase (the trainer's own: rollout, reward, ref, update, sync): seconds, resident
