@@ -154,8 +154,11 @@ def _mallinfo() -> dict:
         _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _Info
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Info
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return {"heap_gb": float("nan"), "heap_free_gb": float("nan"), "mmapped_gb": float("nan")}
     m = libc.mallinfo2()
     return {"heap_gb": m.arena / 1e9, "heap_free_gb": m.fordblks / 1e9, "mmapped_gb": m.hblkhd / 1e9}
 
