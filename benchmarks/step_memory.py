@@ -2,6 +2,7 @@
 resident memory and seconds per phase, with the memory switches on or off.
 
     python -m benchmarks.step_memory [--layers 24] [--steps 2] [--switches on|off] [--sides ours trl] [--output PATH]
+        [--set KEY=VALUE ...] [--malloc_trim] [--pool INIT INCREASE]
 
 The model: the qwen2_5_0_5b preset (hidden 896, intermediate 4864, 14 / 2 heads, tied, vocabulary 151,936;
 random weights) with --layers decoder layers. The work: the first 4 GSM8K test questions under the qwen_r1
@@ -10,6 +11,12 @@ stop), micro-batches of 4 rows, beta 0.04 (k3), one update per step, a cheap in-
 digits). One device: the engine generates with the policy itself (generate_config.inference_weights: auto).
 `--switches on` sets rl_config.release_graphs, actor_config.layerwise_update, generate_config.layerwise and
 ref_config.layerwise.
+
+For experiments on our side: `--set` adds config overrides (e.g. actor_config.logprob_chunk_size=256),
+`--malloc_trim` calls glibc's malloc_trim(0) after every phase, `--pool` sets MindSpore's memory pool
+(`ms.runtime.set_memory(init_size, increase_size)`); glibc's own settings go in the environment
+(MALLOC_MMAP_THRESHOLD_=..., inherited by the side's process). The JSON holds, per phase, glibc's heap, its free part
+and its mmapped blocks after it (mallinfo2, GB) beside the resident memory.
 
 The trainer is built by `grpo.builder.build` and stepped by `train_step`, as `scripts/grpo_one_stage.py`
 does. Per step and phase (the trainer's own: rollout, reward, ref, update, sync): seconds, resident
@@ -81,7 +88,7 @@ class _PhaseMemory:
     """Wraps a Progress's `phase`: the resident memory after each phase and its peak (VmHWM reset at the
     phase's start; a phase inside another folds its peak into the outer one's)."""
 
-    def __init__(self, progress):
+    def __init__(self, progress, trim=None):
         self.records, self._stack, self.max_peak = [], [], 0.0
         inner = progress.phase
 
@@ -96,9 +103,11 @@ class _PhaseMemory:
                 with inner(name):
                     yield
             finally:
+                if trim is not None:
+                    trim()
                 peak = max(self._stack.pop(), peak_since_reset_gb())
                 self.records.append({"phase": name, "seconds": time.perf_counter() - t0, "after_gb": rss_gb(),
-                                     "peak_gb": peak})
+                                     "peak_gb": peak, **_mallinfo()})
                 if self._stack:
                     self._stack[-1] = max(self._stack[-1], peak)
                 self.max_peak = max(self.max_peak, peak)
@@ -111,7 +120,7 @@ def _digit_share(completions, **_):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
-def setup(folder: str, layers: int, switches: bool):
+def setup(folder: str, layers: int, switches: bool, extra: tuple = ()):
     """The workload's config, paths, overrides and prompt lengths (the reward registered, the files written)."""
     from mindgrpo.config import GRPOConfig, load_config
     from mindgrpo.grpo import builder
@@ -127,7 +136,8 @@ def setup(folder: str, layers: int, switches: bool):
                  f"generate_config.max_prompt_length={max(lengths)}", f"generate_config.max_tokens={RESPONSE}",
                  "generate_config.temperature=1.0", f"generate_config.max_num_seqs={PROMPTS * G}",
                  "reward_config.verifier_function=[benchmark_digit_share]", "reward_config.verifier_weight=[1.0]",
-                 "reward_config.num_workers=0"] + [f"{k}={'true' if switches else 'false'}" for k in SWITCHES]
+                 "reward_config.num_workers=0"] + [f"{k}={'true' if switches else 'false'}" for k in SWITCHES] \
+        + list(extra)
     cfg = load_config(GRPOConfig, overrides=overrides)
     paths = builder.Paths(output_dir=folder, vocab_path=os.path.join(tokenizer_dir, "vocab.json"),
                           merges_file_path=os.path.join(tokenizer_dir, "merges.txt"),
@@ -135,7 +145,33 @@ def setup(folder: str, layers: int, switches: bool):
     return cfg, paths, overrides, lengths
 
 
-def side(conn, layers: int, switches: bool, folder: str) -> None:
+def _mallinfo() -> dict:
+    """glibc's mallinfo2 over every arena, in GB: heap = obtained by brk/sbrk or arena mmaps, free = of it
+    free but kept by the allocator, mmapped = in blocks mmapped one by one (returned to the system when freed)."""
+    import ctypes
+
+    class _Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Info
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return {"heap_gb": float("nan"), "heap_free_gb": float("nan"), "mmapped_gb": float("nan")}
+    m = libc.mallinfo2()
+    return {"heap_gb": m.arena / 1e9, "heap_free_gb": m.fordblks / 1e9, "mmapped_gb": m.hblkhd / 1e9}
+
+
+def _malloc_trim():
+    """glibc's malloc_trim(0): hands the heaps' free pages back to the system."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, extra: tuple = (),
+         pool: tuple = ()) -> None:
     """A `benchmarks.workers` side: builds the trainer, then one step per "step" message."""
     import mindspore as ms
 
@@ -144,14 +180,16 @@ def side(conn, layers: int, switches: bool, folder: str) -> None:
     from mindgrpo.utils.progress import Progress
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    cfg, paths, overrides, lengths = setup(folder, layers, switches)
+    if pool:
+        ms.runtime.set_memory(*pool)  # the runtime's memory pool: its first block, then each block it adds
+    cfg, paths, overrides, lengths = setup(folder, layers, switches, extra)
     t0 = time.perf_counter()
     reset_peak_rss()
     parts = builder.build(cfg, paths)
     trainer = builder.make_trainer(cfg, parts, MetricsLogger(folder, tensorboard=False, console=False),
                                    Progress(cfg.rl_config.max_steps), folder)
     trainer.stop_ids = ()  # no early stop: every completion has exactly RESPONSE tokens
-    memory = _PhaseMemory(trainer.progress)
+    memory = _PhaseMemory(trainer.progress, _malloc_trim if trim else None)
     build_peak = peak_since_reset_gb()
     memory.max_peak = build_peak
     conn.send({"build_s": time.perf_counter() - t0, "built_gb": rss_gb(), "build_peak_gb": build_peak,
@@ -267,14 +305,17 @@ def markdown(res: dict) -> str:
 
 def _ours(res: dict, args, output: str) -> None:
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
-        worker = workers.start(side, args.layers, args.switches == "on", folder)
+        worker = workers.start(side, args.layers, args.switches == "on", folder, args.malloc_trim, tuple(args.set),
+                                tuple(args.pool))
         res["built"] = worker.recv()
         print(f"built: {res['built']['build_s']:.1f} s, {res['built']['built_gb']:.2f} GB", flush=True)
         for _ in range(args.steps):
             step = worker.ask("step")
             res["steps"].append(step)
             print(f"step: {step['step_s']:.1f} s, peak {step['step_peak_gb']:.2f} GB; "
-                  + ", ".join(f"{r['phase']} {r['seconds']:.1f} s {r['peak_gb']:.2f} GB" for r in step["phases"]),
+                  + ", ".join(f"{r['phase']} {r['seconds']:.1f} s {r['peak_gb']:.2f} GB (after {r['after_gb']:.2f}: heap "
+                            f"{r['heap_gb']:.2f}, free {r['heap_free_gb']:.2f}, mmapped {r['mmapped_gb']:.2f})"
+                            for r in step["phases"]),
                   flush=True)
             res["process_peak_gb"] = max([res["built"]["build_peak_gb"]] + [s["step_peak_gb"] for s in res["steps"]])
             res["load_average_end"] = os.getloadavg()[0]
@@ -312,6 +353,10 @@ def main(argv=None) -> int:
     ap.add_argument("--switches", choices=("on", "off"), default="on")
     ap.add_argument("--sides", nargs="+", choices=("ours", "trl"), default=["ours"])
     ap.add_argument("--torch_threads", type=int, default=os.cpu_count(), help="PyTorch threads on TRL's side")
+    ap.add_argument("--malloc_trim", action="store_true", help="glibc's malloc_trim(0) after every phase")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more config overrides for our side")
+    ap.add_argument("--pool", nargs=2, default=[], metavar=("INIT", "INCREASE"),
+                    help="ms.runtime.set_memory(init_size, increase_size) in our side, e.g. 0.01GB 0.01GB")
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
     output = args.output or os.path.join(RESULTS, f"step_memory_{args.layers}_layers.json")
