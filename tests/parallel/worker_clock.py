@@ -39,6 +39,11 @@ def _install():
     _cell_graph_executor.compile = counted
 
 
+def graphs_compiled() -> int:
+    """Graphs this process has compiled so far (counted once a Clock has been made)."""
+    return _TOTALS["graphs"]
+
+
 class Clock:
     """`clock.mark(name)` prints what the process spent since the previous mark (or since the clock
     was made): wall and CPU seconds, graphs compiled and their compile seconds."""

@@ -40,7 +40,7 @@ from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
 from parallel_cases import CFG, CFG_QWEN3, LOSS, SEED, experience_arrays, prompts, token_batch  # noqa: E402
 from parallel_cases import sampling_logprobs, updater_kwargs  # noqa: E402
-from worker_clock import Clock  # noqa: E402
+from worker_clock import Clock, graphs_compiled  # noqa: E402
 
 # what the imports made stays out of the full collection MindSpore runs before each compile (tests/conftest.py)
 gc.collect()
@@ -105,19 +105,11 @@ for key, lm, reducer, chunk, batching in (
 # (c) resharding: training (dp1, tp2) -> inference (dp2, tp1), then greedy rollouts
 inference = Qwen2ForCausalLM(CFG, seed=SEED + 1, max_positions=128)  # other values until the sync
 sync = Reshard(tp, inference, comm.train, comm.infer, comm, expected_shapes(CFG))
-
-
-def compiled(reshard: Reshard) -> int:
-    """Graph phases its bucket graphs (contributions and assemblies) have compiled so far."""
-    cells = [c for graph, _, _ in reshard.buckets for c, _ in graph.exchanges]
-    cells += [graph.assemble for graph, _, _ in reshard.buckets if graph.assemble is not None]
-    return sum(len(c.compile_cache) for c in cells)
-
-
+before = graphs_compiled()
 metrics["reshard"] = sync()
-metrics["reshard_compiled"] = [compiled(sync)]
-metrics["reshard_again"] = sync()  # warm: no compile
-metrics["reshard_compiled"].append(compiled(sync))
+after_first = graphs_compiled()
+sync()  # warm: no compile
+metrics["reshard_compiled"] = [after_first - before, graphs_compiled() - after_first]  # graphs each sync compiled
 weights(inference, "c/infer")
 # the same in one bucket (rl_config.weight_sync_bucket_mb): every parameter in one exchange and one assembly
 one_bucket = Qwen2ForCausalLM(CFG, seed=SEED + 2, max_positions=128)
