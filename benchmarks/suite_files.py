@@ -45,14 +45,20 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_files(tree: str, files, extra) -> dict:
-    """pytest on `files` in `tree`: wall, CPU of it and its waited-for descendants, the outcome line."""
-    env = dict(os.environ, PYTHONPATH=tree)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, *files]
+def run_files(tree: str, files, extra, env=None) -> dict:
+    """pytest on `files` in `tree` (in `env`, default this process's): wall, CPU of it and its waited-for
+    descendants, the outcome line."""
+    return run_command([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, *files], tree,
+                       dict(env if env is not None else os.environ, PYTHONPATH=tree))
+
+
+def run_command(cmd, cwd: str, env, outcome: str = r"\d+ (passed|failed|error)") -> dict:
+    """`cmd` in `cwd`: wall, CPU of it and its waited-for descendants, its last output line matching `outcome`
+    (by default pytest's count of tests)."""
     cpu0, wall0, load0 = children_cpu(), time.perf_counter(), load_average()
-    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     wall, cpu = time.perf_counter() - wall0, children_cpu() - cpu0
-    lines = [ln for ln in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
+    lines = [ln for ln in proc.stdout.splitlines() if re.search(outcome, ln)]
     return {"wall_s": wall, "cpu_s": cpu, "returncode": proc.returncode, "outcome": lines[-1] if lines else "",
             "load_start": load0, "load_end": load_average(), "tail": proc.stdout.splitlines()[-40:]}
 

@@ -75,4 +75,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from mindgrpo.utils.malloc import reexec_with_allocator
+
+    reexec_with_allocator()  # jemalloc preloaded when found: graph compiles take ~0.8x the CPU
     sys.exit(main())
