@@ -1,14 +1,17 @@
-"""Per-token log-probs from (N, V) logits, forward + backward, two ways in one run:
+"""Per-token log-probs from (N, V) logits, forward + backward, three ways in one run:
 
     chain        max, shift, exp, sum, log, shift again (with explicit broadcasts), gather:
                  the dense LogProbs of mindgrpo up to commit 939fc5e
-    log_softmax  one fused ops.log_softmax, gather: LogProbs now (`mindgrpo/models/qwen2.py`)
+    log_softmax  one fused ops.log_softmax, gather: LogProbs up to commit fc2e531 (MindSpore 2.10's
+                 CPU LogSoftmax kernel can stop computing: DEVELOPERS.md)
+    softmax      one fused ops.softmax, lse = max - log(max p) + log(sum p), a hand-written
+                 backward onehot - p / sum p: LogProbs now (`mindgrpo/models/qwen2.py`)
 
     python -m benchmarks.logprobs [--rows 256] [--vocab 151936] [--repeats 5]
 
-The loss is sum(w * log p(label)) + 0.01 * sum(entropy) or without the entropy term, differentiated
-with value_and_grad in graph mode; both are checked against float64 numpy (loss and d loss / d logits).
-The two alternate run by run; medians. Then the other ops of one micro-batch's vocabulary head, each
+The loss is sum(w * log p(label)) + 0.01 * sum(entropy) or without the entropy term, the entropy under
+stop_gradient as in the training graph, differentiated with value_and_grad in graph mode; each is
+checked against float64 numpy (loss and d loss / d logits). They alternate run by run; medians. Then the other ops of one micro-batch's vocabulary head, each
 alone at the same shape (hidden 256): the projection, its two gradients, the log-softmax forward and
 the entropy metric's forward. 256 rows is one update micro-batch of the grpo_step benchmark
 (4 rows x 64 scored tokens) on the Qwen2.5 vocabulary.
@@ -27,7 +30,8 @@ from benchmarks.harness import RESULTS, alternate, run_stamp, timed, write_resul
 
 
 def numpy_reference(x: np.ndarray, labels: np.ndarray, w: np.ndarray, ent_coef: float):
-    """float64 loss and gradient of sum(w * logp[label]) + ent_coef * sum(entropy)."""
+    """float64 loss sum(w * logp[label]) + ent_coef * sum(entropy), and its gradient with the
+    entropy held constant."""
     x = x.astype(np.float64)
     z = x - x.max(1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(1, keepdims=True))
@@ -37,7 +41,6 @@ def numpy_reference(x: np.ndarray, labels: np.ndarray, w: np.ndarray, ent_coef: 
     loss = (w * logp[rows, labels]).sum() + ent_coef * ent.sum()
     grad = -p * w[:, None]
     grad[rows, labels] += w
-    grad += ent_coef * (-p * (logp + ent[:, None]))  # d entropy / d logits
     return loss, grad
 
 
@@ -67,6 +70,13 @@ def main(argv=None) -> int:
             ent = -(ops.exp(logp_all) * logp_all).sum(-1) if with_entropy else ops.zeros_like(logp)
             return logp, ent
 
+    class LogSoftmaxKernel(nn.Cell):
+        def construct(self, logits, labels, with_entropy: bool):
+            logp_all = ops.log_softmax(logits, -1)
+            logp = ops.gather_elements(logp_all, 1, labels.reshape(-1, 1)).reshape(-1)
+            ent = -(ops.softmax(logits, -1) * logp_all).sum(-1) if with_entropy else ops.zeros_like(logp)
+            return logp, ent
+
     class Loss(nn.Cell):
         def __init__(self, head, with_entropy):
             super().__init__()
@@ -74,7 +84,7 @@ def main(argv=None) -> int:
 
         def construct(self, x, labels, w):
             logp, ent = self.head(x, labels, self.with_entropy)
-            return (logp * w).sum() + 0.01 * ent.sum()
+            return (logp * w).sum() + 0.01 * ops.stop_gradient(ent).sum()
 
     class Grad(nn.Cell):
         def __init__(self, net):
@@ -94,7 +104,8 @@ def main(argv=None) -> int:
     print(f"(N, V) = ({args.rows}, {args.vocab}); forward + backward, median of {args.repeats}")
     for with_entropy in (False, True):
         want_loss, want_grad = numpy_reference(x, labels, w, 0.01 if with_entropy else 0.0)
-        nets = {"chain": Grad(Loss(Chain(), with_entropy)), "log_softmax": Grad(Loss(LogProbs(), with_entropy))}
+        nets = {"chain": Grad(Loss(Chain(), with_entropy)), "log_softmax": Grad(Loss(LogSoftmaxKernel(), with_entropy)),
+                "softmax": Grad(Loss(LogProbs(), with_entropy))}
         errors = {}
         for name, net in nets.items():
             loss, grad = net(*inputs)  # compiles
@@ -108,8 +119,8 @@ def main(argv=None) -> int:
                                      "grad_max_abs_error": errors[name][1]}
             print(f"{key:24s} {ms_med:7.1f} ms   |loss - float64| {errors[name][0]:.2e}   "
                   f"max |grad - float64| {errors[name][1]:.2e}", flush=True)
-        ratio = np.median(times["chain"]) / np.median(times["log_softmax"])
-        print(f"  chain / log_softmax = {ratio:.2f}x")
+        for name in ("chain", "log_softmax"):
+            print(f"  {name} / softmax = {np.median(times[name]) / np.median(times['softmax']):.2f}x")
     # the rest of a micro-batch's vocabulary head, each op alone at the same shape (hidden --hidden)
     h = Tensor(rng.standard_normal((args.rows, args.hidden)).astype(np.float32))
     weight = Tensor((0.02 * rng.standard_normal((args.vocab, args.hidden))).astype(np.float32))

@@ -105,7 +105,7 @@ class Sampler(nn.Cell):
             tok = ops.where(greedy, best, drawn)
             scaled = ops.log(_pick(probs, tok))  # exact to fp32 rounding of p: no (B, V) log
         else:
-            scaled_all = ops.log_softmax(logits, -1)  # (B, V), for the scaled log-prob only
+            probs = ops.softmax(logits, -1)  # (B, V), for the scaled log-prob only (no ops.log_softmax: see LogProbs)
             if self.top_k > 0:
                 top, idx = ops.topk(logits, self.top_k)  # (B, K), sorted descending
             else:
@@ -119,7 +119,7 @@ class Sampler(nn.Cell):
                 weights = ops.where(weights >= self.min_p, weights, ops.zeros_like(weights))
             pick, sampled = self.draw(weights, u)
             tok = ops.where(greedy, best, _pick(idx, pick).astype(ms.int32))
-            scaled = _pick(scaled_all, tok)
+            scaled = ops.log(_pick(probs, tok))  # as above; a drawn token has weight > 0, so p > 0 in practice
         return tok, ops.where(greedy, ops.zeros_like(sampled), sampled), scaled
 
     def draw(self, weights, u):

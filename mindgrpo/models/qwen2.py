@@ -90,20 +90,59 @@ class Embedding(nn.Cell):
 
 
 class LogProbs(nn.Cell):
-    """logits (N, V) fp32, labels (N,) -> log p(label) (N,), entropy (N,) or zeros."""
+    """logits (N, V) fp32, labels (N,) -> log p(label) (N,), entropy (N,) or zeros.
+
+    No `ops.log_softmax`: MindSpore 2.10's CPU LogSoftmax kernel can stop computing after a dozen
+    launches and hand out an earlier launch's values (DEVELOPERS.md, "MindSpore 2.10 on a CPU").
+    `_SoftmaxLogProbs` computes them from the fused softmax kernel, with a hand-written backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.plain, self.with_entropy = _SoftmaxLogProbs(False), _SoftmaxLogProbs(True)
 
     def construct(self, logits, labels, with_entropy: bool):
-        # one fused kernel: forward and backward of a (256, 152k) micro-batch take 58 ms on this
-        # CPU against 290 for max, shift, exp, sum, log and shift again (`benchmarks/logprobs.py`)
-        logp_all = ops.log_softmax(logits, -1)  # (N, V)
-        logp = ops.gather_elements(logp_all, 1, labels.reshape(-1, 1)).reshape(-1)
-        if with_entropy:
-            # p from the softmax kernel, not exp(logp_all): exp turns logp's absolute rounding into
-            # p's relative error (entropy error 1.9e-5 against 3.7e-6 at V=96, vs float64)
-            ent = -(ops.softmax(logits, -1) * logp_all).sum(-1)
-        else:
-            ent = ops.zeros_like(logp)
+        logp, ent, _ = (self.with_entropy if with_entropy else self.plain)(logits, labels)
         return logp, ent
+
+
+class _SoftmaxLogProbs(nn.Cell):
+    """logits (N, V), labels (N,) -> log p(label), entropy or zeros, c (N,) each:
+
+        p    = softmax(logits)                   (N, V), one kernel; p_max = 1 / its normaliser
+        c    = sum(p)                            what that normaliser missed (~2e-5 at V = 152k)
+        lse  = max(logits) - log(p_max) + log(c)
+        log p(label) = logits[label] - lse,      entropy = lse - sum(p * logits) / c
+
+    Row sums are matmuls against ones (blocked accumulation: a plain reduction over 152k terms is
+    off by ~3e-6). Backward: d log p(label) / d logits = onehot(label) - p / c, p made again by the
+    softmax kernel (autodiff of this forward held two (N, V) buffers more). The entropy is for
+    metrics and masks: no gradient. (`ops.softmax` and `ops.zeros_like` do not compile inside a
+    bprop in MindSpore 2.10: the primitives.)"""
+
+    def __init__(self, with_entropy: bool):
+        super().__init__()
+        self.entropy = with_entropy
+        self.softmax = ops.Softmax(-1)
+        self.scatter_add = ops.TensorScatterElements(axis=1, reduction="add")
+
+    def construct(self, logits, labels):
+        ones = ops.ones((logits.shape[-1], 1), ms.float32)  # (V, 1)
+        p = self.softmax(logits)  # (N, V)
+        c = ops.matmul(p, ones).reshape(-1)  # (N,)
+        lse = logits.max(axis=-1) - ops.log(p.max(axis=-1)) + ops.log(c)
+        logp = ops.gather_elements(logits, 1, labels.reshape(-1, 1)).reshape(-1) - lse
+        if self.entropy:
+            ent = lse - ops.matmul(p * logits, ones).reshape(-1) / c
+        else:
+            ent = ops.zeros(logp.shape, logp.dtype)
+        return logp, ent, c
+
+    def bprop(self, logits, labels, out, dout):
+        g = dout[0]  # (N,) d loss / d log p(label)
+        p = self.softmax(logits)
+        dlogits = p * ops.broadcast_to((-g / out[2]).reshape(-1, 1), p.shape)  # explicit: models/fused_head.py
+        dlogits = self.scatter_add(dlogits, labels.reshape(-1, 1), g.reshape(-1, 1))
+        return dlogits, ops.zeros(labels.shape, labels.dtype)
 
 
 class DenseLayers:
