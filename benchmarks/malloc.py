@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 from benchmarks.harness import RESULTS, REPO, load_average, median, run_stamp, write_results
-from benchmarks.suite_files import run_command, run_files
+from benchmarks.suite_files import ratio_rows, run_command, run_files
 from mindgrpo.utils.malloc import ENV, allocator, with_allocator
 
 
@@ -38,17 +38,12 @@ def environments() -> dict:
 
 def markdown(res: dict) -> str:
     sides = list(res["sides"])
-    base = res["sides"][sides[0]]
     lines = [f"# glibc's malloc against {sides[1]}: {res['work']}", "", f"Command: `{res['command']}`", "",
              f"Date {res['date']}. Machine: {res['machine']}; load average {res['load_start']} at the start, "
              f"{res['load_end']} at the end. {res['rounds']} round(s), the sides alternating; medians. CPU: the "
              "process and every process it waited for.", "",
              "| allocator | wall (s) | vs glibc | CPU (s) | vs glibc | outcome |", "|---|---|---|---|---|---|"]
-    for name in sides:
-        s = res["sides"][name]
-        lines.append(f"| {name} | {s['wall_s']:.0f} | {s['wall_s'] / base['wall_s']:.2f}x | {s['cpu_s']:.0f} | "
-                     f"{s['cpu_s'] / base['cpu_s']:.2f}x | {s['outcome']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ratio_rows(res["sides"], sides, sides[0])) + "\n"
 
 
 def main(argv=None) -> int:

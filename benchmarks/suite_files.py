@@ -71,12 +71,14 @@ def markdown(res: dict) -> str:
              f"{res['load_end']} at the end (other jobs shared the machine). {res['rounds']} round(s), the commits "
              f"alternating; medians. CPU: pytest and every process it waited for (msrun, its workers).", "",
              "| commit | wall (s) | vs first | CPU (s) | vs first | outcome |", "|---|---|---|---|---|---|"]
-    b = res["sides"][base]
-    for c in res["commits"]:
-        s = res["sides"][c]
-        lines.append(f"| {c} | {s['wall_s']:.0f} | {s['wall_s'] / b['wall_s']:.2f}x | {s['cpu_s']:.0f} | "
-                     f"{s['cpu_s'] / b['cpu_s']:.2f}x | {s['outcome']} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ratio_rows(res["sides"], res["commits"], base)) + "\n"
+
+
+def ratio_rows(sides: dict, order, base: str) -> list:
+    """One markdown row per side (wall and CPU seconds, each as a ratio to the base side's, the outcome)."""
+    b = sides[base]
+    return [f"| {k} | {sides[k]['wall_s']:.0f} | {sides[k]['wall_s'] / b['wall_s']:.2f}x | {sides[k]['cpu_s']:.0f} | "
+            f"{sides[k]['cpu_s'] / b['cpu_s']:.2f}x | {sides[k]['outcome']} |" for k in order]
 
 
 def main(argv=None) -> int:
