@@ -93,19 +93,17 @@ class Sampler(nn.Cell):
         greedy = temperature <= 0.0  # (B,)
         best = ops.argmax(logits, -1).astype(ms.int32)
         logits = logits / ops.where(greedy, 1.0, temperature).reshape(-1, 1)
-        if self.whole_vocab:
-            # one fused softmax kernel: 2.1 to 2.7 ms a draw on (16, 152k) here, against 5.4 to 6.3 for
-            # exp(logits - max) in separate ops, though `draw` needs no normalisation (benchmarks/sampler.py)
-            probs = ops.softmax(logits, -1)  # (B, V)
+        # one fused softmax kernel: 2.1 to 2.7 ms a draw on (16, 152k) here, against 5.4 to 6.3 for
+        # exp(logits - max) in separate ops (benchmarks/sampler.py); no ops.log_softmax (see models/qwen2.LogProbs)
+        probs = ops.softmax(logits, -1)  # (B, V)
+        if self.whole_vocab:  # `draw` needs no normalisation, but the probabilities are at hand
             weights = probs
             if self.min_p > 0.0:
                 keep = probs >= self.min_p * probs.max(axis=-1, keepdims=True)
                 weights = ops.where(keep, probs, ops.zeros_like(probs))
             drawn, sampled = self.draw(weights, u)
             tok = ops.where(greedy, best, drawn)
-            scaled = ops.log(_pick(probs, tok))  # exact to fp32 rounding of p: no (B, V) log
         else:
-            probs = ops.softmax(logits, -1)  # (B, V), for the scaled log-prob only (no ops.log_softmax: see LogProbs)
             if self.top_k > 0:
                 top, idx = ops.topk(logits, self.top_k)  # (B, K), sorted descending
             else:
@@ -119,7 +117,8 @@ class Sampler(nn.Cell):
                 weights = ops.where(weights >= self.min_p, weights, ops.zeros_like(weights))
             pick, sampled = self.draw(weights, u)
             tok = ops.where(greedy, best, _pick(idx, pick).astype(ms.int32))
-            scaled = ops.log(_pick(probs, tok))  # as above; a drawn token has weight > 0, so p > 0 in practice
+        # exact to fp32 rounding of p, no (B, V) log; a drawn token has weight > 0, so p > 0 in practice
+        scaled = ops.log(_pick(probs, tok))
         return tok, ops.where(greedy, ops.zeros_like(sampled), sampled), scaled
 
     def draw(self, weights, u):
