@@ -28,8 +28,9 @@ sys.exit(allocator() is None)' 2>/dev/null; then
   if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
       && (cd "$tmp" && apt-get download -q libjemalloc2 >/dev/null 2>&1) \
       && dpkg-deb -x "$tmp"/libjemalloc2_*.deb "$tmp/x"; then
-    mkdir -p .venv/lib/jemalloc
-    cp "$tmp"/x/usr/lib/*/libjemalloc.so.2 .venv/lib/jemalloc/
+    mkdir -p .venv/lib/jemalloc  # a temporary name, then a rename: never a half-copied library to preload
+    cp "$tmp"/x/usr/lib/*/libjemalloc.so.2 .venv/lib/jemalloc/libjemalloc.so.2.tmp
+    mv .venv/lib/jemalloc/libjemalloc.so.2.tmp .venv/lib/jemalloc/libjemalloc.so.2
   else
     echo "setup_env.sh: no jemalloc (apt-get download libjemalloc2 failed): graph compiles will take longer" >&2
   fi
