@@ -20,7 +20,7 @@ import tempfile
 
 from benchmarks.harness import RESULTS, REPO, load_average, median, run_stamp, write_results
 from benchmarks.suite_files import ratio_rows, run_command, run_files
-from mindgrpo.utils.malloc import ENV, allocator, with_allocator
+from mindgrpo.utils.malloc import ENV, allocator, preloaded, with_allocator
 
 
 def environments() -> dict:
@@ -30,7 +30,8 @@ def environments() -> dict:
         raise SystemExit("benchmarks.malloc: no allocator to compare (scripts/setup_env.sh unpacks jemalloc into the "
                          f"venv; or set {ENV}=PATH)")
     base = dict(os.environ)
-    kept = [p for p in base.pop("LD_PRELOAD", "").replace(":", " ").split() if p != lib]
+    kept = [p for p in preloaded(base) if p != lib]
+    base.pop("LD_PRELOAD", None)
     if kept:
         base["LD_PRELOAD"] = " ".join(kept)
     return {"glibc": dict(base, **{ENV: "system"}), os.path.basename(lib): with_allocator(dict(base, **{ENV: lib}))}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 ENV = "MINDGRPO_MALLOC"
 LIBRARY = "libjemalloc.so.2"
@@ -41,14 +41,19 @@ def allocator(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     return None
 
 
+def preloaded(environ: Mapping[str, str] = os.environ) -> List[str]:
+    """The libraries LD_PRELOAD names (separated by spaces or colons, as ld.so reads it)."""
+    return environ.get("LD_PRELOAD", "").replace(":", " ").split()
+
+
 def with_allocator(environ: Mapping[str, str] = os.environ) -> dict:
     """A copy of `environ` whose LD_PRELOAD starts with `allocator()` (unchanged when there is none, or when
     it is already there)."""
     env = dict(environ)
     lib = allocator(environ)
-    preloaded = env.get("LD_PRELOAD", "").replace(":", " ").split()
-    if lib is not None and lib not in preloaded:
-        env["LD_PRELOAD"] = " ".join([lib, *preloaded])
+    libs = preloaded(env)
+    if lib is not None and lib not in libs:
+        env["LD_PRELOAD"] = " ".join([lib, *libs])
     return env
 
 
