@@ -8,7 +8,9 @@ write its own CPU seconds when it exits, with the test that was running when it 
 
 The suite keeps both cores busy, so its wall time follows its CPU seconds (DEVELOPERS.md): this says which
 tests to make cheaper. A process killed by a signal writes nothing (the chaos test's killed runs), so the
-sum is below the CPU seconds of pytest and everything it waited for, which are given beside it.
+sum is below the CPU seconds of pytest and everything it waited for, which are given beside it. A process
+is named by its sys.argv when it exits: the ranks of a `tests/parallel/workers/several.py` job by the last
+worker script they ran.
 """
 
 from __future__ import annotations
@@ -51,14 +53,15 @@ def kind(argv: List[str]) -> str:
 
 
 def summarise(lines: List[dict]) -> dict:
-    """Per test file (the file of the test that ran when the process started; the pytest processes apart) and
+    """Per test file (the file of the test that ran when the process started; pytest's own processes apart) and
     per kind of process: processes, CPU seconds, sorted by CPU, largest first."""
     by_file: Dict[str, List[float]] = defaultdict(lambda: [0, 0.0])
     by_kind: Dict[str, List[float]] = defaultdict(lambda: [0, 0.0])
     for p in lines:
         k = kind(p["argv"])
-        f = "(pytest itself: the tests run in its processes)" if k == "pytest" else \
-            (p["test"].split("::")[0] or "(no test)")
+        # pytest and its workers start before any test; a pytest a test starts counts for that test's file
+        f = p["test"].split("::")[0] or ("(pytest and its workers: the tests that run in them)" if k == "pytest"
+                                         else "(no test)")
         for table, key in ((by_file, f), (by_kind, k)):
             table[key][0] += 1
             table[key][1] += p["cpu_s"]
@@ -67,7 +70,7 @@ def summarise(lines: List[dict]) -> dict:
         return [{"name": k, "processes": n, "cpu_s": c} for k, (n, c) in sorted(table.items(), key=lambda kv: -kv[1][1])]
 
     return {"processes": len(lines), "cpu_s": sum(p["cpu_s"] for p in lines), "by_file": rows(by_file),
-            "by_kind": rows(by_kind)}
+            "by_kind": rows(by_kind), "each": lines}
 
 
 def markdown(res: dict, top: int = 20) -> str:

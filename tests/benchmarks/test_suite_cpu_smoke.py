@@ -26,3 +26,16 @@ def test_kinds_of_process():
     assert suite_cpu.kind(["-c"]) == "pytest"
     assert suite_cpu.kind(["-m", "mindgrpo.rewards.worker", "5"]) == "mindgrpo.rewards.worker"
     assert suite_cpu.kind([suite_cpu.REPO + "/scripts/grpo_one_stage.py", "--output_dir"]) == "scripts/grpo_one_stage.py"
+
+
+def test_processes_count_for_the_test_that_started_them():
+    lines = [{"argv": ["-c"], "cpu_s": 10.0, "test": ""},  # an xdist worker
+             {"argv": ["/x/pytest/__main__.py", "-q"], "cpu_s": 2.0, "test": "tests/a.py::t (call)"},  # started by a test
+             {"argv": ["-m", "mindgrpo.rewards.worker"], "cpu_s": 1.0, "test": "tests/a.py::u (setup)"},
+             {"argv": ["tool.py"], "cpu_s": 0.5, "test": ""}]
+    s = suite_cpu.summarise(lines)
+    assert s["processes"] == 4 and s["cpu_s"] == 13.5
+    assert [(r["name"], r["processes"], r["cpu_s"]) for r in s["by_file"]] == [
+        ("(pytest and its workers: the tests that run in them)", 1, 10.0), ("tests/a.py", 2, 3.0), ("(no test)", 1, 0.5)]
+    assert [(r["name"], r["processes"]) for r in s["by_kind"]] == [("pytest", 2), ("mindgrpo.rewards.worker", 1),
+                                                                   ("tool.py", 1)]
