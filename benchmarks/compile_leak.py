@@ -1,0 +1,144 @@
+"""What MindSpore 2.10 keeps of a graph after its cell is gone, and what that makes of `rl_config.release_graphs`
+over many steps.
+
+    python -m benchmarks.compile_leak [--cycles 10] [--tiny_steps 20]
+
+cycles: in this process, each of `--cycles` times: a fresh tiny model (`tiny_qwen2_2layer`) with a fresh
+Scorer (its scoring graph) or PolicyUpdater (its update graphs), one call on 8 rows, then everything deleted and
+collected; the resident memory and the number of Python objects after each cycle, and whether the model
+outlived its cycle (a weak reference). A cycle that gave back all it took would leave all three flat. The first two cycles of each kind are left out of the slope (MindSpore's
+one-time set-up).
+
+tiny_steps: `scripts/grpo_one_stage.py` on the tiny default without its warm start for that many GRPO steps
+(no validation or checkpoints), with `rl_config.release_graphs` off and on, each in its own process one after
+the other; its resident memory read when each step's progress line appears, and the slope over the second
+half of the steps. MB = 10^6 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import weakref
+
+import numpy as np
+
+from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, write_results
+
+
+def rss_mb(pid: str = "self") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) * 1024 / 1e6
+    return float("nan")
+
+
+def slope(values) -> float:
+    """Least-squares change per cycle (or step) of `values`."""
+    y = np.asarray(values, np.float64)
+    return float(np.polyfit(np.arange(len(y)), y, 1)[0]) if len(y) > 1 else float("nan")
+
+
+def cycles(kind: str, n: int) -> dict:
+    """n fresh models with a fresh scorer or updater, one call each, all deleted after it."""
+    import mindspore as ms
+    from mindgrpo.grpo.actor import PolicyUpdater, Scorer
+    from mindgrpo.grpo.experience import pack
+    from mindgrpo.grpo.ms_objective import GRPOLoss
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.presets import resolve_model_config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    cfg = Qwen2Config.load(resolve_model_config("tiny_qwen2_2layer"))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, cfg.vocab_size, 12) for _ in range(8)]
+    responses = [rng.integers(1, cfg.vocab_size, 20) for _ in range(8)]
+    exp = pack(prompts, responses, rng.standard_normal(8).astype(np.float32))
+    rss, objects, alive = [], [], 0
+    for i in range(n):
+        lm = Qwen2ForCausalLM(cfg, seed=i)
+        if kind == "score":
+            part = Scorer(lm, 8)
+            part(exp)
+        else:
+            part = PolicyUpdater(lm, GRPOLoss(beta=0.0, agg_mode="token-mean"), micro_batch_size=8, detach_old=True,
+                                 use_ref=False, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0, grad_clip=1.0)
+            part.update(exp, lr=1e-3)
+        model = weakref.ref(lm)
+        del part, lm
+        gc.collect()
+        alive += model() is not None
+        rss.append(rss_mb())
+        objects.append(len(gc.get_objects()))
+        print(f"{kind} cycle {i + 1}: {rss[-1]:.1f} MB, {objects[-1]} objects", flush=True)
+    return {"rss_mb": rss, "objects": objects, "mb_per_cycle": slope(rss[2:]),
+            "objects_per_cycle": slope(objects[2:]), "models_alive": alive}
+
+
+def tiny_run(steps: int, release: bool, out: str) -> dict:
+    """The tiny default's GRPO steps in a child process; its resident memory at each step's progress line."""
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", out,
+           "sft_config.steps=0", f"rl_config.max_steps={steps}", "rl_config.val_interval=0",
+           "rl_config.save_interval=0", "rl_config.completions_interval=0",
+           f"rl_config.release_graphs={str(release).lower()}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    at = {}
+    for line in proc.stdout:
+        m = re.search(r"step (\d+)/\d+ \|", line)
+        if m:
+            at[int(m.group(1))] = rss_mb(str(proc.pid))
+    if proc.wait() != 0:
+        raise SystemExit(f"compile_leak: {' '.join(cmd)} failed with {proc.returncode}")
+    rss = [at[k] for k in sorted(at)]
+    return {"rss_mb": rss, "mb_per_step": slope(rss[len(rss) // 2:])}
+
+
+def markdown(res: dict) -> str:
+    out = ["# What MindSpore 2.10 keeps of a released graph", "", f"Command: `{res['command']}`", "",
+           f"Date {res['date']}. Machine: {res['machine']}; load average {res['load_average']} at the start. "
+           f"Code: {res['code']}. MB = 10^6 bytes.", ""]
+    if res.get("cycles"):
+        out += ["A fresh `tiny_qwen2_2layer` model with a fresh scorer or updater, one call on 8 rows, all deleted "
+                "and collected, again and again (slope over cycles 3 on):", "",
+                "| part | resident after each cycle (MB) | kept per cycle (MB) | Python objects per cycle | "
+                "models still alive after their cycle |", "|---|---|---|---|---|"]
+        out += [f"| {k} | {', '.join(f'{v:.0f}' for v in r['rss_mb'])} | {r['mb_per_cycle']:.1f} | "
+                f"{r['objects_per_cycle']:.0f} | {r['models_alive']} of {len(r['rss_mb'])} |"
+                for k, r in res["cycles"].items()]
+        out.append("")
+    if res.get("tiny"):
+        out += ["The tiny default without its warm start, resident memory at each GRPO step's progress line "
+                "(slope over the second half):", "", "| release_graphs | resident at steps 1, 2, ... (MB) | per step (MB) |",
+                "|---|---|---|"]
+        out += [f"| {k} | {', '.join(f'{v:.0f}' for v in r['rss_mb'])} | {r['mb_per_step']:.1f} |"
+                for k, r in res["tiny"].items()]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cycles", type=int, default=10, help="cycles of each part (0: none)")
+    ap.add_argument("--tiny_steps", type=int, default=20, help="GRPO steps of each tiny run (0: none)")
+    ap.add_argument("--out", default=os.path.join(RESULTS, "compile_leak.json"))
+    args = ap.parse_args(argv)
+    res = {**run_stamp("benchmarks.compile_leak", argv), "code": code_version()}
+    if args.cycles:
+        res["cycles"] = {kind: cycles(kind, args.cycles) for kind in ("score", "update")}
+    if args.tiny_steps:
+        with tempfile.TemporaryDirectory(prefix="compile_leak_") as root:
+            res["tiny"] = {str(r).lower(): tiny_run(args.tiny_steps, r, os.path.join(root, str(r)))
+                           for r in (False, True)}
+    write_results(args.out, res, markdown(res))
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
