@@ -6,8 +6,8 @@ over many steps.
 cycles: in this process, each of `--cycles` times: a fresh tiny model (`tiny_qwen2_2layer`) with a fresh
 Scorer (its scoring graph) or PolicyUpdater (its update graphs), one call on 8 rows, then everything deleted and
 collected; the resident memory and the number of Python objects after each cycle, and whether the model
-outlived its cycle (a weak reference). A cycle that gave back all it took would leave all three flat. The first two cycles of each kind are left out of the slope (MindSpore's
-one-time set-up).
+outlived its cycle (a weak reference). A cycle that gave back all it took would leave all three flat. The
+first two cycles of each kind are left out of the slopes (MindSpore's one-time set-up).
 
 tiny_steps: `scripts/grpo_one_stage.py` on the tiny default without its warm start for that many GRPO steps
 (no validation or checkpoints), with `rl_config.release_graphs` off and on, each in its own process one after

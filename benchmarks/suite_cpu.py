@@ -41,11 +41,14 @@ if os.environ.get("{ACCOUNT}"):
 '''
 
 
-def kind(argv: List[str]) -> str:
-    """What a process was, from its first arguments: a pytest worker, msrun, a script or module by name."""
+def kind(argv: List[str], test: str = "") -> str:
+    """What a process was, from its first arguments (and the test running when it started): pytest or one of
+    its xdist workers (`python -c`, started before any test), a script or module by name."""
     if not argv:
         return "?"
-    if argv[0] in ("-c", "") or argv[0].endswith("pytest/__main__.py") or argv[0].endswith("xdist/looponfail.py"):
+    if argv[0] == "-c":
+        return "python -c" if test else "pytest"
+    if argv[0].endswith("pytest/__main__.py"):
         return "pytest"
     if argv[0] == "-m" and len(argv) > 1:
         return argv[1]
@@ -58,7 +61,7 @@ def summarise(lines: List[dict]) -> dict:
     by_file: Dict[str, List[float]] = defaultdict(lambda: [0, 0.0])
     by_kind: Dict[str, List[float]] = defaultdict(lambda: [0, 0.0])
     for p in lines:
-        k = kind(p["argv"])
+        k = kind(p["argv"], p["test"])
         # pytest and its workers start before any test; a pytest a test starts counts for that test's file
         f = p["test"].split("::")[0] or ("(pytest and its workers: the tests that run in them)" if k == "pytest"
                                          else "(no test)")

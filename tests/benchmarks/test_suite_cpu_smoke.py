@@ -23,7 +23,8 @@ def test_suite_cpu_accounts_for_the_scripts_a_test_file_starts(tmp_path):
 
 
 def test_kinds_of_process():
-    assert suite_cpu.kind(["-c"]) == "pytest"
+    assert suite_cpu.kind(["-c"]) == "pytest"  # an xdist worker: started before any test
+    assert suite_cpu.kind(["-c"], "tests/a.py::t (call)") == "python -c"
     assert suite_cpu.kind(["-m", "mindgrpo.rewards.worker", "5"]) == "mindgrpo.rewards.worker"
     assert suite_cpu.kind([suite_cpu.REPO + "/scripts/grpo_one_stage.py", "--output_dir"]) == "scripts/grpo_one_stage.py"
 
