@@ -28,15 +28,12 @@ import weakref
 
 import numpy as np
 
-from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, write_results
+from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, status_kb, write_results
 
 
 def rss_mb(pid: str = "self") -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) * 1024 / 1e6
-    return float("nan")
+    """Resident memory of this process (or of a child) in MB = 10^6 bytes (/proc's kB are 1024 bytes)."""
+    return status_kb("VmRSS", pid) * 1024 / 1e6
 
 
 def slope(values) -> float:

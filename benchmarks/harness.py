@@ -123,20 +123,21 @@ def write_results(json_path: str, res: dict, markdown: Optional[str] = None) -> 
 
 
 # ----------------------------------------------------------------------------------- memory
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
+def status_kb(key: str, pid: str = "self") -> int:
+    """A field of /proc/PID/status in kB (VmRSS, VmHWM, ...): this process's by default, or a child's."""
+    with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(key))
 
 
 def rss_gb() -> float:
     """This process's resident memory now, in GB (10^9 bytes; adamw's results are in these)."""
-    return _status_kb("VmRSS") / 1e6
+    return status_kb("VmRSS") / 1e6
 
 
 def peak_rss_gb() -> float:
     """This process's peak resident memory, in GB (10^9 bytes, as `rss_gb`; VmHWM: ru_maxrss would carry
     the parent's over exec). Results written before 2026-11-26 07:00 UTC held GiB here (2^30 bytes)."""
-    return _status_kb("VmHWM") / 1e6
+    return status_kb("VmHWM") / 1e6
 
 
 def reset_peak_rss() -> None:
@@ -149,4 +150,4 @@ def reset_peak_rss() -> None:
 def peak_since_reset_gb() -> float:
     """This process's peak resident memory since it started or since the last `reset_peak_rss`, in
     GB (10^9 bytes, as `rss_gb`)."""
-    return _status_kb("VmHWM") / 1e6
+    return status_kb("VmHWM") / 1e6
