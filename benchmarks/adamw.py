@@ -74,7 +74,7 @@ def side(conn, way: str, rows: int, cols: int, steps: int) -> None:
 
     if way == "fused":
         opt = AdamW([param], buffer, BETA1, BETA2, EPS, WD)
-        run = lambda t: opt(Tensor(np.float32(LR)), *adam_scalars(t, BETA1, BETA2), Tensor(np.float32(0.0)))  # noqa: E731
+        run = lambda t: opt(Tensor(np.float32(LR)), *adam_scalars(t, BETA1, BETA2), Tensor(np.float32(0.0)), None)  # noqa: E731
     else:
         net = Arithmetic()
         run = lambda t: net(Tensor(np.float32(LR)), *adam_scalars(t, BETA1, BETA2))  # noqa: E731

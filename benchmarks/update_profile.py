@@ -116,7 +116,7 @@ def graph_inputs(updater, exp) -> List[tuple]:
     for mb in plan(exp, updater.batching):
         part = mb.exp
         out.append((Tensor(mb.ids), ms.mutable(tensors(mb.feed)), Tensor(part.mask), Tensor(part.advantages),
-                    Tensor(np.zeros(part.labels.shape, np.float32)), Tensor(part.ref_logp), g_tok, g_seq))
+                    Tensor(np.zeros(part.labels.shape, np.float32)), Tensor(part.ref_logp), g_tok, g_seq, None))
     return out
 
 
@@ -137,7 +137,7 @@ def measure(args) -> dict:
             updater.step_graph(*x)[0].asnumpy()
 
     bc1, bc2 = adam_scalars(2, updater.beta1, updater.beta2)
-    adamw = lambda: updater.adamw(Tensor(np.float32(LR)), bc1, bc2, Tensor(np.float32(1.0))).asnumpy()  # noqa: E731
+    adamw = lambda: updater.adamw(Tensor(np.float32(LR)), bc1, bc2, Tensor(np.float32(1.0)), None).asnumpy()  # noqa: E731
     shapes = peak_shapes(model, max(prompt_lens) + args.new_tokens, args.new_tokens, args.micro_batch)
     flops = update_flops(model, [n for n in prompt_lens for _ in range(args.group)], args.new_tokens)
     for _ in range(2):  # compile and warm up

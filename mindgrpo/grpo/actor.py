@@ -39,6 +39,11 @@ def tensors(arrays) -> tuple:
     return tuple(Tensor(a) for a in arrays)
 
 
+def feed_input(arrays) -> tuple:
+    """A graph's tuple input of Tensors (`ms.mutable`: the values are inputs, not constants); () as it is."""
+    return ms.mutable(tensors(arrays)) if len(arrays) else ()
+
+
 class Scorer:
     """log p(labels) (B, R) of an Experience under `lm`, micro-batch by micro-batch.
 
@@ -86,7 +91,7 @@ class Scorer:
             return self.graph(x, *tensors(batches[m].feed))[0].asnumpy()
 
         logps = self.pipe.forward(len(batches), lambda m: Tensor(batches[m].ids), hidden_shape(self.lm, batches),
-                                  lambda m, x: self.stage(x, *tensors(batches[m].stage_feed)), last)
+                                  lambda m, x: self.stage(x, feed_input(batches[m].stage_feed)), last)
         return self.pipe.from_last(gather_samples(exp.labels.shape, batches, logps)) * exp.mask
 
 
@@ -198,15 +203,15 @@ class PolicyUpdater:
             zeros = np.zeros(part.labels.shape, np.float32)
             old = part.old_logp if part.old_logp is not None else zeros
             ref = part.ref_logp if part.ref_logp is not None else zeros
-            out = self.step_graph(x, ms.mutable(tensors(batches[m].feed)), Tensor(part.mask), Tensor(part.advantages),
+            out = self.step_graph(x, feed_input(batches[m].feed), Tensor(part.mask), Tensor(part.advantages),
                                   Tensor(old), Tensor(ref), g_tok, g_seq,
                                   Tensor(part.sampling_logp) if with_rollout else None)
             values = [float(out[0].asnumpy())] + [float(v.asnumpy()) for v in out[1]]
             return values, (out[2] if len(out) == 3 else None)
 
         results = self.pipe.train(len(batches), lambda m: Tensor(batches[m].ids), hidden_shape(self.lm, batches),
-                                  lambda m, x: self.stage(x, *tensors(batches[m].stage_feed)),
-                                  lambda m, x, dy: self.stage_grad(x, dy, *tensors(batches[m].stage_feed)), last_step)
+                                  lambda m, x: self.stage(x, feed_input(batches[m].stage_feed)),
+                                  lambda m, x, dy: self.stage_grad(x, dy, feed_input(batches[m].stage_feed)), last_step)
         summed, maxima = np.isin(keys, SUMMED), np.isin(keys, MAXIMA)
         totals = np.zeros(2 + len(keys))  # loss, tokens, metric sums (or maxima): on the last stage
         for mb, values in zip(batches, results):

@@ -114,10 +114,11 @@ class ZeroGrads(nn.Cell):
 class AdamW(nn.Cell):
     """One optimizer step from the accumulated gradients (then zeroes them).
 
-    construct(lr, bias_correction1, bias_correction2, max_norm, norm=None) -> pre-clip global grad
+    construct(lr, bias_correction1, bias_correction2, max_norm, norm) -> pre-clip global grad
     norm. max_norm <= 0 disables clipping. norm: the gradient's norm from `grad_norm()` (the host
     checks it first and skips the step when it is not finite: `zero_grads()` then discards the
-    gradients); None computes it in the same graph. sq_norm: a cell (buffers,) -> the squared norm
+    gradients), or None to compute it in the same graph (given, not defaulted: `train_graph`'s note
+    on construct signatures). sq_norm: a cell (buffers,) -> the squared norm
     of the whole gradient when the buffers hold pieces of it (tensor parallelism); None: their own sum.
 
     shard, sharded (ZeRO-1): the data-parallel group whose members hold the same parameters and the
@@ -180,7 +181,7 @@ class AdamW(nn.Cell):
         """What the optimizer keeps on the device: the moments and, under ZeRO-1, the pieces."""
         return self.state_parameters() + list(self.piece)
 
-    def construct(self, lr, bias_correction1, bias_correction2, max_norm, norm=None):
+    def construct(self, lr, bias_correction1, bias_correction2, max_norm, norm):
         if norm is None:
             norm = self.grad_norm()
         coef = ops.where(max_norm > 0, ops.minimum(max_norm / (norm + 1e-6), 1.0), 1.0)

@@ -27,6 +27,10 @@ METRIC_KEYS = ("pg_loss", "kl", "entropy", "clipfrac", "clipfrac_low", "clipfrac
 # and, with a rollout correction, its weights (corrections.correction_metrics)
 MISMATCH_KEYS = ("mismatch/abs_diff_mean", "mismatch/abs_diff_max", "mismatch/k3", "mismatch/log_ppl_ratio")
 CORRECTION_KEYS = ("rollout_correction/weight_mean", "rollout_correction/weight_max", "rollout_correction/clipfrac")
+# Every construct compiled as a top graph or differentiated here (PolicyLoss, GRPOGradStep, StageGradStep) takes
+# all its arguments, with no default values and no *args: MindSpore 2.10 keeps such a cell, and the model it
+# holds, alive after the last Python reference is gone (no referrer gc can see), so a graph released with
+# rl_config.release_graphs never gave its memory back (tests/grpo/test_graph_lifetime.py; DEVELOPERS.md, Memory).
 # how a step combines its micro-batches' values: pg_loss is already normalised globally (summed), the
 # maxima (all >= 0) by their maximum, the rest by their token-weighted mean
 SUMMED, MAXIMA = ("pg_loss",), ("mismatch/abs_diff_max", "rollout_correction/weight_max")
@@ -72,7 +76,7 @@ class PolicyLoss(nn.Cell):
         self.detach_old, self.use_ref, self.old_is_training = detach_old, use_ref, old_is_training
 
     def construct(self, inputs, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
-                  rollout_logp=None):
+                  rollout_logp):
         logp, ent = self.scorer(inputs, *feed)
         old = ops.stop_gradient(logp) if self.detach_old else old_logp
         ref = ref_logp if self.use_ref else None
@@ -107,7 +111,7 @@ class GRPOGradStep(nn.Cell):
         self.accumulate = AccumulateGrads(buffer)
 
     def construct(self, inputs, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
-                  rollout_logp=None):
+                  rollout_logp):
         (loss, metrics), grads = self.grad_fn(inputs, feed, mask, advantages, old_logp, ref_logp,
                                               global_tokens, global_seqs, rollout_logp)
         if self.wrt_inputs:
@@ -122,7 +126,7 @@ class StageGradStep(nn.Cell):
     stage sent (`sens`, (B, S, H)); the parameters' gradients are accumulated into `buffer`.
     Returns the gradient with respect to the stage's input (B, S, H), or, on the first stage
     (token ids in), zeros (1,). feed: the stage's other inputs (packed rows' positions and
-    segments), not differentiated."""
+    segments, or () on right-padded rows), not differentiated."""
 
     def __init__(self, stage: nn.Cell, params: Sequence[Parameter], buffer: GradBuffer, wrt_inputs: bool):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
@@ -132,11 +136,11 @@ class StageGradStep(nn.Cell):
         self.grad = ops.GradOperation(get_all=wrt_inputs, get_by_list=True, sens_param=True)
         self.accumulate = AccumulateGrads(buffer)
 
-    def construct(self, inputs, sens, *feed):
+    def construct(self, inputs, sens, feed):
         if self.wrt_inputs:
-            d_all, grads = self.grad(self.stage, self.weights)(inputs, *feed, sens)
+            d_all, grads = self.grad(self.stage, self.weights)(inputs, feed, sens)
             d_inputs = d_all[0]
         else:
-            grads = self.grad(self.stage, self.weights)(inputs, *feed, sens)
+            grads = self.grad(self.stage, self.weights)(inputs, feed, sens)
             d_inputs = ops.zeros((1,), ms.float32)
         return ops.depend(d_inputs, self.accumulate(grads))

@@ -46,8 +46,9 @@ PACKED_ATTENTION = ("mask", "flash")
 class StageHidden(nn.Cell):
     """A pipeline stage before the last: inputs (token ids (B, S) on the first stage, else the
     previous stage's (B, S, H)) -> hidden states (B, S, H) for the next stage. Right-padded rows,
-    positions 0 .. S-1, causal attention, as `TokenLogProbs`; or, given feed = (positions (B, S),
-    runs), packed rows (`packed`)."""
+    positions 0 .. S-1, causal attention, as `TokenLogProbs`, with feed = (); or, given feed =
+    (positions (B, S), runs), packed rows (`packed`). (feed is one tuple input, not `*feed`: see
+    `mindgrpo.grpo.train_graph`'s note on construct signatures.)"""
 
     def __init__(self, lm: Qwen2ForCausalLM, attention: str = "mask"):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
@@ -58,7 +59,7 @@ class StageHidden(nn.Cell):
         if self.flash:  # the kernel's compressed causal mask (sparse_mode 3): 1 above the diagonal
             self.causal = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
 
-    def construct(self, inputs, *feed):
+    def construct(self, inputs, feed):
         if feed:
             return self.packed(inputs, feed[0], feed[1])
         b, s = inputs.shape[0], inputs.shape[1]

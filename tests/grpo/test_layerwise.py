@@ -40,7 +40,7 @@ def one_micro_batch(up, exp):
     loss, metrics = up.step_graph(
         Tensor(exp.input_ids), ms.mutable((Tensor(exp.score_pos), Tensor(exp.labels))), Tensor(exp.mask),
         Tensor(exp.advantages), Tensor(np.zeros_like(exp.mask)), Tensor(exp.ref_logp),
-        Tensor(np.float32(exp.mask.sum())), Tensor(np.float32(len(exp))))
+        Tensor(np.float32(exp.mask.sum())), Tensor(np.float32(len(exp))), None)
     grads = {p.name: b.asnumpy().copy() for p, b in zip(up.params, up.buffer.bufs)}
     return float(loss.asnumpy()), [float(m.asnumpy()) for m in metrics], grads
 

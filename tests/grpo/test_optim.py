@@ -32,7 +32,7 @@ def test_adamw_matches_torch(max_norm):
         for g in micro:
             acc(tuple(Tensor(g[k]) for k in SHAPES))
         bc1, bc2 = adam_scalars(step, 0.9, 0.95)
-        norm = opt(Tensor(np.float32(lr)), bc1, bc2, Tensor(np.float32(max_norm))).asnumpy()
+        norm = opt(Tensor(np.float32(lr)), bc1, bc2, Tensor(np.float32(max_norm)), None).asnumpy()
 
         for k, p in tparams.items():
             p.grad = torch.tensor(micro[0][k] + micro[1][k])

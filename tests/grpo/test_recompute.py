@@ -40,7 +40,7 @@ def one_micro_batch(recompute: bool, save_graphs_to=None):
         loss, metrics = updater.step_graph(
             Tensor(exp.input_ids), ms.mutable((Tensor(exp.score_pos), Tensor(exp.labels))), Tensor(exp.mask),
             Tensor(exp.advantages), Tensor(np.zeros_like(exp.mask)), Tensor(exp.ref_logp),
-            Tensor(np.float32(exp.mask.sum())), Tensor(np.float32(len(exp))))
+            Tensor(np.float32(exp.mask.sum())), Tensor(np.float32(len(exp))), None)
     finally:
         if save_graphs_to is not None:
             ms.set_context(save_graphs=0)
