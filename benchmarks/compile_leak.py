@@ -1,13 +1,16 @@
 """What MindSpore 2.10 keeps of a graph after its cell is gone, and what that makes of `rl_config.release_graphs`
 over many steps.
 
-    python -m benchmarks.compile_leak [--cycles 10] [--tiny_steps 20]
+    python -m benchmarks.compile_leak [--cycles 10] [--tiny_steps 20] [--layers 2]
 
-cycles: in this process, each of `--cycles` times: a fresh tiny model (`tiny_qwen2_2layer`) with a fresh
-Scorer (its scoring graph) or PolicyUpdater (its update graphs), one call on 8 rows, then everything deleted and
-collected; the resident memory and the number of Python objects after each cycle, and whether the model
-outlived its cycle (a weak reference). A cycle that gave back all it took would leave all three flat. The
-first two cycles of each kind are left out of the slopes (MindSpore's one-time set-up).
+cycles: in this process, each of `--cycles` times: a fresh tiny model (`tiny_qwen2_2layer`, with `--layers`
+decoder layers) with a fresh Scorer (its scoring graph) or PolicyUpdater (its update graphs), one call on 8
+rows, then everything deleted and collected; the resident memory and the number of Python objects after each
+cycle, and whether the model outlived its cycle (a weak reference). A cycle that gave back all it took would
+leave all three flat. A third kind, recompile, keeps one model and one Scorer and only drops the scoring
+graph's compiled resources (`del_net_res`, as a deleted cell does) so each call compiles it again: what a
+compile keeps whether or not its cells are new. The first two cycles of each kind are left out of the slopes
+(MindSpore's one-time set-up).
 
 tiny_steps: `scripts/grpo_one_stage.py` on the tiny default without its warm start for that many GRPO steps
 (no validation or checkpoints), with `rl_config.release_graphs` off and on, each in its own process one after
@@ -42,9 +45,13 @@ def slope(values) -> float:
     return float(np.polyfit(np.arange(len(y)), y, 1)[0]) if len(y) > 1 else float("nan")
 
 
-def cycles(kind: str, n: int) -> dict:
-    """n fresh models with a fresh scorer or updater, one call each, all deleted after it."""
+def cycles(kind: str, n: int, layers: int) -> dict:
+    """n fresh models with a fresh scorer or updater, one call each, all deleted after it; or (recompile)
+    one model and scorer, its scoring graph compiled again at every call."""
+    import dataclasses
+
     import mindspore as ms
+    from mindspore.graph.api import _cell_graph_executor
     from mindgrpo.grpo.actor import PolicyUpdater, Scorer
     from mindgrpo.grpo.experience import pack
     from mindgrpo.grpo.ms_objective import GRPOLoss
@@ -53,13 +60,22 @@ def cycles(kind: str, n: int) -> dict:
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    cfg = Qwen2Config.load(resolve_model_config("tiny_qwen2_2layer"))
+    cfg = dataclasses.replace(Qwen2Config.load(resolve_model_config("tiny_qwen2_2layer")), num_hidden_layers=layers)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, cfg.vocab_size, 12) for _ in range(8)]
     responses = [rng.integers(1, cfg.vocab_size, 20) for _ in range(8)]
     exp = pack(prompts, responses, rng.standard_normal(8).astype(np.float32))
     rss, objects, alive = [], [], 0
+    kept = Scorer(Qwen2ForCausalLM(cfg, seed=0), 8) if kind == "recompile" else None
     for i in range(n):
+        if kind == "recompile":  # the same cells; only the compiled graph goes
+            kept(exp)
+            _cell_graph_executor.del_net_res(kept.graph, set(kept.graph.compile_cache))
+            kept.graph.compile_cache.clear()
+            rss.append(rss_mb())
+            objects.append(len(gc.get_objects()))
+            print(f"{kind} cycle {i + 1}: {rss[-1]:.1f} MB, {objects[-1]} objects", flush=True)
+            continue
         lm = Qwen2ForCausalLM(cfg, seed=i)
         if kind == "score":
             part = Scorer(lm, 8)
@@ -76,7 +92,7 @@ def cycles(kind: str, n: int) -> dict:
         objects.append(len(gc.get_objects()))
         print(f"{kind} cycle {i + 1}: {rss[-1]:.1f} MB, {objects[-1]} objects", flush=True)
     return {"rss_mb": rss, "objects": objects, "mb_per_cycle": slope(rss[2:]),
-            "objects_per_cycle": slope(objects[2:]), "models_alive": alive}
+            "objects_per_cycle": slope(objects[2:]), "models_alive": None if kind == "recompile" else alive}
 
 
 def tiny_run(steps: int, release: bool, out: str) -> dict:
@@ -102,12 +118,15 @@ def markdown(res: dict) -> str:
            f"Date {res['date']}. Machine: {res['machine']}; load average {res['load_average']} at the start. "
            f"Code: {res['code']}. MB = 10^6 bytes.", ""]
     if res.get("cycles"):
-        out += ["A fresh `tiny_qwen2_2layer` model with a fresh scorer or updater, one call on 8 rows, all deleted "
-                "and collected, again and again (slope over cycles 3 on):", "",
+        out += [f"A fresh `tiny_qwen2_2layer` model ({res.get('layers', 2)} decoder layers) with a fresh scorer or "
+                "updater, one call on 8 rows, all deleted and collected, again and again; recompile: one model and "
+                "scorer, its scoring graph's compiled resources dropped after each call (slope over cycles 3 on):", "",
                 "| part | resident after each cycle (MB) | kept per cycle (MB) | Python objects per cycle | "
                 "models still alive after their cycle |", "|---|---|---|---|---|"]
         out += [f"| {k} | {', '.join(f'{v:.0f}' for v in r['rss_mb'])} | {r['mb_per_cycle']:.1f} | "
-                f"{r['objects_per_cycle']:.0f} | {r['models_alive']} of {len(r['rss_mb'])} |"
+                f"{r['objects_per_cycle']:.0f} | "
+                + ("(one model throughout)" if r["models_alive"] is None else f"{r['models_alive']} of {len(r['rss_mb'])}")
+                + " |"
                 for k, r in res["cycles"].items()]
         out.append("")
     if res.get("tiny"):
@@ -123,11 +142,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=10, help="cycles of each part (0: none)")
     ap.add_argument("--tiny_steps", type=int, default=20, help="GRPO steps of each tiny run (0: none)")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers of the cycles' model")
     ap.add_argument("--out", default=os.path.join(RESULTS, "compile_leak.json"))
     args = ap.parse_args(argv)
-    res = {**run_stamp("benchmarks.compile_leak", argv), "code": code_version()}
+    res = {**run_stamp("benchmarks.compile_leak", argv), "code": code_version(), "layers": args.layers}
     if args.cycles:
-        res["cycles"] = {kind: cycles(kind, args.cycles) for kind in ("score", "update")}
+        res["cycles"] = {kind: cycles(kind, args.cycles, args.layers) for kind in ("score", "update", "recompile")}
     if args.tiny_steps:
         with tempfile.TemporaryDirectory(prefix="compile_leak_") as root:
             res["tiny"] = {str(r).lower(): tiny_run(args.tiny_steps, r, os.path.join(root, str(r)))

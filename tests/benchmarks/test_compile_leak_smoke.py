@@ -1,5 +1,5 @@
-"""benchmarks/compile_leak.py: the cycles of fresh models and parts run and are reported; the slope is a
-least-squares one."""
+"""benchmarks/compile_leak.py: the cycles of fresh models and parts run and are reported, and no model
+outlives its part (tests/grpo/test_graph_lifetime.py says why); the slope is a least-squares one."""
 
 import json
 
@@ -18,8 +18,9 @@ def test_cycles_write_every_part(tmp_path):
     out = tmp_path / "compile_leak.json"
     assert compile_leak.main(["--cycles", "3", "--tiny_steps", "0", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
-    for kind in ("score", "update"):
+    for kind in ("score", "update", "recompile"):
         r = res["cycles"][kind]
         assert len(r["rss_mb"]) == 3 and all(v > 100 for v in r["rss_mb"])  # MindSpore alone is hundreds of MB
-        assert len(r["objects"]) == 3 and 0 <= r["models_alive"] <= 3
+        assert len(r["objects"]) == 3
+        assert r["models_alive"] == (None if kind == "recompile" else 0)
     assert "| update |" in (tmp_path / "compile_leak.md").read_text()
