@@ -29,8 +29,9 @@ MISMATCH_KEYS = ("mismatch/abs_diff_mean", "mismatch/abs_diff_max", "mismatch/k3
 CORRECTION_KEYS = ("rollout_correction/weight_mean", "rollout_correction/weight_max", "rollout_correction/clipfrac")
 # Every construct compiled as a top graph or differentiated here (PolicyLoss, GRPOGradStep, StageGradStep) takes
 # all its arguments, with no default values and no *args: MindSpore 2.10 keeps such a cell, and the model it
-# holds, alive after the last Python reference is gone (no referrer gc can see), so a graph released with
-# rl_config.release_graphs never gave its memory back (tests/grpo/test_graph_lifetime.py; DEVELOPERS.md, Memory).
+# holds, alive after the last Python reference is gone (no referrer gc can see), so every PolicyUpdater, and
+# every update graph rl_config.release_graphs dropped, kept its PolicyLoss and model for good
+# (tests/grpo/test_graph_lifetime.py; DEVELOPERS.md, Memory).
 # how a step combines its micro-batches' values: pg_loss is already normalised globally (summed), the
 # maxima (all >= 0) by their maximum, the rest by their token-weighted mean
 SUMMED, MAXIMA = ("pg_loss",), ("mismatch/abs_diff_max", "rollout_correction/weight_max")

@@ -3,8 +3,8 @@ reference to it and to its model is deleted, the model is freed (a weak referenc
 
 MindSpore 2.10 keeps a cell alive, with no referrer Python's gc can see, when the construct it
 compiles as a top graph or differentiates has a parameter with a default value or *args (the
-note in `mindgrpo/grpo/train_graph.py`); then `rl_config.release_graphs` dropped our references to
-a phase's graphs and the runtime kept them, with the model they hold."""
+note in `mindgrpo/grpo/train_graph.py`): `PolicyLoss` had one, so every updater, and every update
+graph `rl_config.release_graphs` dropped, left its PolicyLoss and model alive for good."""
 
 import gc
 import weakref
@@ -43,11 +43,11 @@ def run_and_forget(make, call) -> weakref.ref:
     return model
 
 
-def updater(**kw):
-    loss = kw.pop("loss", None) or GRPOLoss(beta=0.0)
-    return lambda lm: PolicyUpdater(lm, loss, micro_batch_size=kw.pop("micro_batch_size", 4), detach_old=True,
-                                    use_ref=False, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
-                                    **kw)
+def updater(loss=None, **kw):
+    """A maker of PolicyUpdaters with these settings (GRPOLoss(beta=0) unless given)."""
+    loss = GRPOLoss(beta=0.0) if loss is None else loss
+    return lambda lm: PolicyUpdater(lm, loss, micro_batch_size=4, detach_old=True, use_ref=False, beta1=0.9,
+                                    beta2=0.99, eps=1e-8, weight_decay=0.0, grad_clip=1.0, **kw)
 
 
 @pytest.mark.parametrize("kind", ["rows", "packed", "layerwise", "rollout_correction"])
