@@ -22,6 +22,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from mindgrpo.utils.host_memory import status_kb
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 SHARED = os.path.join(os.path.dirname(REPO), "shared")  # GSM8K and the Qwen2.5 tokenizer, when present
@@ -123,12 +125,6 @@ def write_results(json_path: str, res: dict, markdown: Optional[str] = None) -> 
 
 
 # ----------------------------------------------------------------------------------- memory
-def status_kb(key: str, pid: str = "self") -> int:
-    """A field of /proc/PID/status in kB (VmRSS, VmHWM, ...): this process's by default, or a child's."""
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(key))
-
-
 def rss_gb() -> float:
     """This process's resident memory now, in GB (10^9 bytes; adamw's results are in these)."""
     return status_kb("VmRSS") / 1e6

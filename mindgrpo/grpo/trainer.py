@@ -30,7 +30,7 @@ from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel.checkpoint_folders import BEST
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, checkpoint_root
-from mindgrpo.utils import heartbeat
+from mindgrpo.utils import heartbeat, host_memory
 
 logger = logging.getLogger(__name__)
 
@@ -358,6 +358,7 @@ class GRPOTrainer:
             if rl.val_interval and self.step % rl.val_interval == 0:
                 metrics.update(self.validate())
             metrics.update(self.memory.step_metrics())
+            metrics.update(host_memory.step_metrics())
             metrics.update(self.progress.step_done(self.step))
             metrics.update(self.perf(metrics))
             self.log.log(self.step, metrics)
@@ -366,6 +367,8 @@ class GRPOTrainer:
                                                  "val/accuracy") if k in metrics}
                 if "perf/e2e_tokens_per_s_per_device" in metrics:
                     shown["e2e tok/s/device"] = metrics["perf/e2e_tokens_per_s_per_device"]
+                if "memory/host_resident_bytes" in metrics:  # the host process, resident now
+                    shown["host"] = f"{metrics['memory/host_resident_bytes'] / 1e9:.2f} GB"
                 logger.info(self.progress.line(self.step, shown))
             self.check_bad_steps()  # after logging the step, before saving it
             if (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps:

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/grpo/conftest.py
 CFG = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=64)
 G, STEPS = 4, 2
-# what differs between two runs of the same work: wall-clock figures
-TIMING = ("time/", "perf/", "seconds", "tokens_per_s")
+# what differs between two runs of the same work: wall-clock figures and the host process's memory
+TIMING = ("time/", "perf/", "seconds", "tokens_per_s", "memory/host_")
 
 
 class Engine:

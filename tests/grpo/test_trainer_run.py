@@ -72,8 +72,11 @@ def test_metrics_and_outputs(straight):
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
     for r in rows[1:]:
         for key in ("loss", "reward_mean", "reward_std", "grad_norm", "kl", "entropy", "lr",
-                    "response_length/mean", "time/rollout", "time/update", "time/sync", "memory/peak_bytes"):
+                    "response_length/mean", "time/rollout", "time/update", "time/sync", "memory/peak_bytes",
+                    "memory/host_resident_bytes", "memory/host_peak_bytes"):
             assert key in r, key
+        # the host process (MindSpore alone is hundreds of MB); its peak so far is at least what it holds now
+        assert 1e8 < r["memory/host_resident_bytes"] <= r["memory/host_peak_bytes"]
     assert "val/accuracy" in rows[0] and "val/accuracy" in rows[2] and "val/accuracy" in rows[4]
     assert {"val/pass@1", "val/mean@1", "val/maj@1"} <= set(rows[2])  # greedy validation: pass@1 is the accuracy
     assert rows[2]["val/pass@1"] == rows[2]["val/accuracy"]
@@ -92,6 +95,8 @@ def test_metrics_and_outputs(straight):
     log = open(os.path.join(straight, "logs", "rank_0.log")).read()
     assert [s for s in range(1, 5) if f"step {s}/4 |" in log] == [3, 4]
     assert "e2e tok/s/device" in log.split("step 3/4 |")[1].splitlines()[0]
+    host = float(log.split("step 3/4 |")[1].splitlines()[0].split("| host ")[1].split(" GB")[0])
+    assert host == pytest.approx(rows[3]["memory/host_resident_bytes"] / 1e9, abs=0.006)  # shown to the hundredth
 
 
 @pytest.mark.slow
