@@ -127,7 +127,8 @@ def markdown(res: dict) -> str:
                 "models still alive after their cycle |", "|---|---|---|---|---|"]
         out += [f"| {k} | {', '.join(f'{v:.0f}' for v in r['rss_mb'])} | {r['mb_per_cycle']:.1f} | "
                 f"{r['objects_per_cycle']:.0f} | "
-                + ("(one model throughout)" if r["models_alive"] is None else f"{r['models_alive']} of {len(r['rss_mb'])}")
+                + ("(one model throughout)" if r["models_alive"] is None
+                   else f"{r['models_alive']} of {len(r['rss_mb'])}")
                 + " |"
                 for k, r in res["cycles"].items()]
         out.append("")

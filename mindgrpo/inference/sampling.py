@@ -101,8 +101,9 @@ class Sampler(nn.Cell):
             if self.min_p > 0.0:
                 keep = probs >= self.min_p * probs.max(axis=-1, keepdims=True)
                 weights = ops.where(keep, probs, ops.zeros_like(probs))
-            drawn, sampled = self.draw(weights, u)
+            drawn, sampled, total = self.draw(weights, u)
             tok = ops.where(greedy, best, drawn)
+            mass = total if self.min_p == 0.0 else _row_sum(probs)  # the draw summed p itself
         else:
             if self.top_k > 0:
                 top, idx = ops.topk(logits, self.top_k)  # (B, K), sorted descending
@@ -115,15 +116,17 @@ class Sampler(nn.Cell):
                 weights = ops.where(before < self.top_p * total, weights, ops.zeros_like(weights))
             if self.min_p > 0.0:
                 weights = ops.where(weights >= self.min_p, weights, ops.zeros_like(weights))
-            pick, sampled = self.draw(weights, u)
+            pick, sampled, _ = self.draw(weights, u)
             tok = ops.where(greedy, best, _pick(idx, pick).astype(ms.int32))
-        # exact to fp32 rounding of p, no (B, V) log; a drawn token has weight > 0, so p > 0 in practice
-        scaled = ops.log(_pick(probs, tok))
+            mass = _row_sum(probs)
+        # log p of the token, no (B, V) log; a drawn token has weight > 0, so p > 0 in practice. The kernel's
+        # probabilities sum to 1 + ~1.5e-5 at V = 152k (its normaliser), so log p is divided by their sum
+        scaled = ops.log(_pick(probs, tok)) - ops.log(mass)
         return tok, ops.where(greedy, ops.zeros_like(sampled), sampled), scaled
 
     def draw(self, weights, u):
         """weights (B, N) >= 0, not all zero per row -> the index i whose cumulative weight interval
-        [c_i - w_i, c_i) holds u * total (B,) int32, and log(w_i / total) (B,). A threshold that
+        [c_i - w_i, c_i) holds u * total (B,) int32, log(w_i / total) (B,) and total (B,). A threshold that
         rounds to the end of a block or of the row takes its last nonzero token (`c < last`), never
         a zero-weight one."""
         b, n = weights.shape
@@ -138,7 +141,14 @@ class Sampler(nn.Cell):
         inner = start + ops.cumsum(ops.gather(rows, ops.arange(b, dtype=ms.int32) * nb + j, 0), -1)  # (B, blk)
         i = ops.logical_and(inner <= threshold, inner < inner[:, -1:]).astype(ms.int32).sum(-1)
         pick = j * blk + i
-        return pick, ops.log(_pick(weights, pick)) - ops.log(total.reshape(-1))
+        total = total.reshape(-1)
+        return pick, ops.log(_pick(weights, pick)) - ops.log(total), total
+
+
+def _row_sum(x):
+    """x (B, N) -> the sum of each row (B,), as a matmul against ones (blocked accumulation: a plain
+    reduction over 152k terms is off by ~3e-6, `models/qwen2._SoftmaxLogProbs`)."""
+    return ops.matmul(x, ops.ones((x.shape[-1], 1), x.dtype)).reshape(-1)
 
 
 def _pick(x, index):
