@@ -65,3 +65,27 @@ def test_a_scored_model_is_freed_with_its_scorer():
     exp = experience(with_rollout=False)
     model = run_and_forget(lambda lm: Scorer(lm, 4), lambda s: s(exp))
     assert model() is None, "the model outlived its Scorer"
+
+
+def test_a_pipeline_stages_model_is_freed_with_its_stage_graphs():
+    """A stage before the last (`StageHidden` forward, `StageGradStep` backward), called as the pipeline calls
+    them on right-padded rows (feed ()), in one process: the graphs msrun's stages compile."""
+    from mindspore import Tensor, ops
+
+    from mindgrpo.grpo.optim import GradBuffer
+    from mindgrpo.grpo.train_graph import StageGradStep
+    from mindgrpo.models.scoring import StageHidden
+
+    ids = Tensor(np.arange(2, 18, dtype=np.int32).reshape(2, 8))
+
+    def stages(lm):
+        params = [p for p in lm.trainable_params()]
+        return StageHidden(lm), StageGradStep(StageHidden(lm), params, GradBuffer(params), wrt_inputs=False)
+
+    def call(parts):
+        forward, backward = parts
+        hidden = forward(ids, ())  # (B, S, H)
+        backward(ids, ops.ones_like(hidden), ()).asnumpy()
+
+    model = run_and_forget(stages, call)
+    assert model() is None, "the model outlived its pipeline stage graphs"
