@@ -74,22 +74,20 @@ def cycles(kind: str, n: int, layers: int) -> dict:
             kept(exp)
             _cell_graph_executor.del_net_res(kept.graph, set(kept.graph.compile_cache))
             kept.graph.compile_cache.clear()
-            rss.append(rss_mb())
-            objects.append(len(gc.get_objects()))
-            print(f"{kind} cycle {i + 1}: {rss[-1]:.1f} MB, {objects[-1]} objects", flush=True)
-            continue
-        lm = Qwen2ForCausalLM(cfg, seed=i)
-        if kind == "score":
-            part = Scorer(lm, 8)
-            part(exp)
         else:
-            part = PolicyUpdater(lm, GRPOLoss(beta=0.0, agg_mode="token-mean"), micro_batch_size=8, detach_old=True,
-                                 use_ref=False, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0, grad_clip=1.0)
-            part.update(exp, lr=1e-3)
-        model = weakref.ref(lm)
-        del part, lm
-        gc.collect()
-        alive += model() is not None
+            lm = Qwen2ForCausalLM(cfg, seed=i)
+            if kind == "score":
+                part = Scorer(lm, 8)
+                part(exp)
+            else:
+                part = PolicyUpdater(lm, GRPOLoss(beta=0.0, agg_mode="token-mean"), micro_batch_size=8,
+                                     detach_old=True, use_ref=False, beta1=0.9, beta2=0.99, eps=1e-8,
+                                     weight_decay=0.0, grad_clip=1.0)
+                part.update(exp, lr=1e-3)
+            model = weakref.ref(lm)
+            del part, lm
+            gc.collect()
+            alive += model() is not None
         rss.append(rss_mb())
         objects.append(len(gc.get_objects()))
         print(f"{kind} cycle {i + 1}: {rss[-1]:.1f} MB, {objects[-1]} objects", flush=True)

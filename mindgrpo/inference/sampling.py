@@ -25,6 +25,8 @@ from typing import Tuple
 import mindspore as ms
 from mindspore import nn, ops
 
+from mindgrpo.models.reductions import row_sum
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -103,7 +105,7 @@ class Sampler(nn.Cell):
                 weights = ops.where(keep, probs, ops.zeros_like(probs))
             drawn, sampled, total = self.draw(weights, u)
             tok = ops.where(greedy, best, drawn)
-            mass = total if self.min_p == 0.0 else _row_sum(probs)  # the draw summed p itself
+            mass = total if self.min_p == 0.0 else row_sum(probs)  # the draw summed p itself
         else:
             if self.top_k > 0:
                 top, idx = ops.topk(logits, self.top_k)  # (B, K), sorted descending
@@ -118,7 +120,7 @@ class Sampler(nn.Cell):
                 weights = ops.where(weights >= self.min_p, weights, ops.zeros_like(weights))
             pick, sampled, _ = self.draw(weights, u)
             tok = ops.where(greedy, best, _pick(idx, pick).astype(ms.int32))
-            mass = _row_sum(probs)
+            mass = row_sum(probs)
         # log p of the token, no (B, V) log; a drawn token has weight > 0, so p > 0 in practice. The kernel's
         # probabilities sum to 1 + ~1.5e-5 at V = 152k (its normaliser), so log p is divided by their sum
         scaled = ops.log(_pick(probs, tok)) - ops.log(mass)
@@ -143,12 +145,6 @@ class Sampler(nn.Cell):
         pick = j * blk + i
         total = total.reshape(-1)
         return pick, ops.log(_pick(weights, pick)) - ops.log(total), total
-
-
-def _row_sum(x):
-    """x (B, N) -> the sum of each row (B,), as a matmul against ones (blocked accumulation: a plain
-    reduction over 152k terms is off by ~3e-6, `models/qwen2._SoftmaxLogProbs`)."""
-    return ops.matmul(x, ops.ones((x.shape[-1], 1), x.dtype)).reshape(-1)
 
 
 def _pick(x, index):

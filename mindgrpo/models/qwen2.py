@@ -27,6 +27,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.models.config import COMPUTE_DTYPES, Qwen2Config
 from mindgrpo.models.fused_head import HeadLogProbs
+from mindgrpo.models.reductions import row_sum
 
 NEG_INF = -1e9  # additive mask value; scores are fp32, so this never overflows
 
@@ -113,8 +114,7 @@ class _SoftmaxLogProbs(nn.Cell):
         lse  = max(logits) - log(p_max) + log(c)
         log p(label) = logits[label] - lse,      entropy = lse - sum(p * logits) / c
 
-    Row sums are matmuls against ones (blocked accumulation: a plain reduction over 152k terms is
-    off by ~3e-6). Backward: d log p(label) / d logits = onehot(label) - p / c, p made again by the
+    Row sums are matmuls against ones (`reductions.row_sum`). Backward: d log p(label) / d logits = onehot(label) - p / c, p made again by the
     softmax kernel (autodiff of this forward held two (N, V) buffers more). The entropy is for
     metrics and masks: no gradient. (`ops.softmax` and `ops.zeros_like` do not compile inside a
     bprop in MindSpore 2.10: the primitives.)"""
@@ -126,13 +126,12 @@ class _SoftmaxLogProbs(nn.Cell):
         self.scatter_add = ops.TensorScatterElements(axis=1, reduction="add")
 
     def construct(self, logits, labels):
-        ones = ops.ones((logits.shape[-1], 1), ms.float32)  # (V, 1)
         p = self.softmax(logits)  # (N, V)
-        c = ops.matmul(p, ones).reshape(-1)  # (N,)
+        c = row_sum(p)  # (N,)
         lse = logits.max(axis=-1) - ops.log(p.max(axis=-1)) + ops.log(c)
         logp = ops.gather_elements(logits, 1, labels.reshape(-1, 1)).reshape(-1) - lse
         if self.entropy:
-            ent = lse - ops.matmul(p * logits, ones).reshape(-1) / c
+            ent = lse - row_sum(p * logits) / c
         else:
             ent = ops.zeros(logp.shape, logp.dtype)
         return logp, ent, c
