@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -32,6 +33,7 @@ from mindspore import Tensor, nn, ops
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
 from mindgrpo.parallel.reshard_plan import exchange_groups
 from mindgrpo.utils import heartbeat
+from mindgrpo.utils.process import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +189,20 @@ def init_parallel(cfg) -> Comm:
     return comm
 
 
+# what msrun sets in the environment of the processes it starts: its scheduler and its workers
+ROLE_ENV, MSRUN_ROLES = "MS_ROLE", ("MS_SCHED", "MS_WORKER")
+
+
+def tie_to_msrun() -> None:
+    """A process msrun started gets SIGTERM when msrun dies, before `init()`. In the scheduler (which runs
+    this script too, and whose `init()` serves the cluster until it ends) this is the only tie: msrun starts
+    it in its own process group without a signal handler, so a SIGKILL to msrun alone left it running ~30 s,
+    until it noticed its workers gone (MS_NODE_TIMEOUT). The ranks are tied again when a run starts
+    (`mindgrpo/parallel/watchdog.guard_rank`). Nothing outside msrun."""
+    if os.environ.get(ROLE_ENV) in MSRUN_ROLES:
+        die_with_parent(os.getppid(), signal.SIGTERM)
+
+
 def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[ParallelLayout] = None,
               reshards: Sequence[Tuple[ParallelLayout, ParallelLayout]] = ()) -> Comm:
     """Initialise communication (once per process), check the layouts against the world, and
@@ -198,6 +214,7 @@ def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[Parall
     from mindspore.communication import GlobalComm, create_group, get_group_size, get_rank, init
 
     if not GlobalComm.INITED:
+        tie_to_msrun()
         init()
     rank, world = get_rank(), get_group_size()
     layouts = [("actor_config.parallel_config", train), ("generate_config.parallel_config", infer)]

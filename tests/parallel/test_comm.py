@@ -119,3 +119,26 @@ def test_tensor_parallel_layers_at_tp1_are_the_one_device_model(tied):
     (lp1, e1), (lp, e) = TokenLogProbs(tp1)(ids, pos, labels), TokenLogProbs(dense)(ids, pos, labels)
     np.testing.assert_allclose(lp1.asnumpy(), lp.asnumpy(), rtol=0, atol=1e-5)  # the vocabulary-parallel formula
     np.testing.assert_allclose(e1.asnumpy(), e.asnumpy(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("role,armed", [("MS_SCHED", True), ("MS_WORKER", True), (None, False)])
+def test_a_process_msrun_started_dies_with_msrun(role, armed):
+    """tie_to_msrun arms SIGTERM on the parent's death (read back with prctl(PR_GET_PDEATHSIG)) in msrun's
+    scheduler and workers, before init(); in a process msrun did not start it arms nothing."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    probe = ("import ctypes, signal\n"
+             "from mindgrpo.parallel.comm import tie_to_msrun\n"
+             "tie_to_msrun()\n"
+             "sig = ctypes.c_int(-1)\n"
+             "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG\n"
+             "print(sig.value)\n")
+    env = {k: v for k, v in os.environ.items() if k != "MS_ROLE"}
+    if role:
+        env["MS_ROLE"] = role
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) == (int(signal.SIGTERM) if armed else 0)

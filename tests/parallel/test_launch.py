@@ -128,7 +128,9 @@ def test_stopping_the_job_ends_every_process_of_it(tmp_path, target):
     finally:
         if proc.poll() is None:
             proc.kill()
-        left = wait_until_gone(out)
+        # msrun's scheduler dies with it too (mindgrpo/parallel/comm.tie_to_msrun), not ~30 s later when it
+        # notices its workers gone (MS_NODE_TIMEOUT's default): 20 s is far past a signal's delivery
+        left = wait_until_gone(out, bound_s=20.0)
     assert not left, left
 
 
@@ -138,10 +140,13 @@ def test_a_rank_stalled_before_a_collective_ends_the_job_naming_phase_and_rank(t
     msrun_path()
     # rank 0 hangs at start-up; rank 1 builds its models and waits for rank 0 in the initial weight sync
     # (training tp2 -> inference dp2: an exchange), a first run: compile_timeout_s applies. 40 s is past
-    # the 30 s after which MindSpore's CPU collectives give up by default: the run raises their timeout
+    # the 30 s after which MindSpore's CPU collectives give up by default: the run raises their timeout.
+    # MS_NODE_TIMEOUT: once the ranks are gone, msrun waits for its scheduler to notice (30 s by default);
+    # 10 ends the job ~20 s sooner and is far past the gaps between a live rank's heartbeats
     proc, out = start_job(tmp_path, "actor_config.parallel_config.data_parallel=1",
                           "actor_config.parallel_config.model_parallel=2", "rl_config.collective_timeout_s=5",
-                          "rl_config.compile_timeout_s=40", env={"MINDGRPO_TEST_STALL": "0:start-up:1"})
+                          "rl_config.compile_timeout_s=40",
+                          env={"MINDGRPO_TEST_STALL": "0:start-up:1", "MS_NODE_TIMEOUT": "10"})
     try:
         _, stderr = proc.communicate(timeout=300)
     finally:
