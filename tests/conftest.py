@@ -18,7 +18,7 @@ HEAVY_FIRST = (
     "tests/parallel/test_pipeline.py",  # 500: the 4-rank job
     "tests/grpo/test_chaos.py",  # 205
     "tests/grpo/test_trainer_run.py",  # over 170
-    "tests/parallel/test_launch.py",  # 75 alone (mostly waiting: the stalled job's 40 s watchdog)
+    "tests/parallel/test_launch.py",  # 64 alone, mostly waiting (the stalled job's 20 s watchdog)
     "tests/inference/test_engine.py",  # over 170
     "tests/benchmarks/test_rollout_smoke.py",  # 174
     "tests/models/test_qwen2_parity.py",  # ~130

@@ -171,19 +171,37 @@ def world_size_from_env() -> Optional[int]:
 CPU_TIMEOUT_ENV = "MS_CPU_COMM_OP_TIMEOUT"
 
 
+def collective_wait_s(given: Optional[str], timeout_s: float, compile_timeout_s: float) -> int:
+    """MS_CPU_COMM_OP_TIMEOUT for a run whose watchdog has these bounds: 60 s past the larger, or `given` (the
+    variable's value in the environment) when it is longer. A shorter one is raised, with a warning: a CPU
+    collective that gave up first would end the job with MindSpore's error instead of the watchdog's."""
+    wanted = int(max(timeout_s, compile_timeout_s)) + 60
+    try:
+        value = int(given) if given is not None else None
+    except ValueError:
+        value = None
+    if value is not None and value >= wanted:
+        return value
+    if given is not None:
+        logger.warning("%s=%s raised to %d: past rl_config.collective_timeout_s and compile_timeout_s (the watchdog "
+                       "names a hung collective's phase and rank)", CPU_TIMEOUT_ENV, given, wanted)
+    return wanted
+
+
 def init_parallel(cfg) -> Comm:
     """Initialise communication for a GRPOConfig: its training, inference and (when beta > 0)
     reference layouts must each cover the world; see `init_comm`. With the collective watchdog on
-    (rl_config.collective_timeout_s > 0), CPU collectives wait past its bounds (unless
-    MS_CPU_COMM_OP_TIMEOUT is set), so that a rank compiling while the others wait is not an error
-    and a hang ends with the watchdog's message (mindgrpo/parallel/watchdog.py)."""
+    (rl_config.collective_timeout_s > 0), CPU collectives wait past its bounds (`collective_wait_s`), so
+    that a rank compiling while the others wait is not an error and a hang ends with the watchdog's
+    message (mindgrpo/parallel/watchdog.py)."""
     train, infer, ref = layouts_of(cfg)  # LayoutError on bad values, e.g. pipeline_stage = 0
     world = world_size_from_env()
     if world is not None:
         check_layouts(cfg, world)  # fail before the cluster set-up when msrun told us the world
     rl = cfg.rl_config
     if rl.collective_timeout_s > 0:
-        os.environ.setdefault(CPU_TIMEOUT_ENV, str(int(max(rl.collective_timeout_s, rl.compile_timeout_s)) + 60))
+        os.environ[CPU_TIMEOUT_ENV] = str(collective_wait_s(os.environ.get(CPU_TIMEOUT_ENV), rl.collective_timeout_s,
+                                                            rl.compile_timeout_s))
     comm = init_comm(train, infer, ref)
     check_layouts(cfg, comm.world)
     return comm

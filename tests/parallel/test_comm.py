@@ -142,3 +142,16 @@ def test_a_process_msrun_started_dies_with_msrun(role, armed):
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.split()[-1]) == (int(signal.SIGTERM) if armed else 0)
+
+
+def test_cpu_collectives_wait_past_the_watchdogs_bounds(caplog):
+    from mindgrpo.parallel.comm import collective_wait_s
+
+    assert collective_wait_s(None, 5, 20) == 80 and collective_wait_s(None, 1800, 3600) == 3660
+    assert collective_wait_s("7200", 1800, 3600) == 7200  # a longer wait of the user's stays
+    assert not caplog.records
+    for given in ("300", "soon"):  # shorter, or not a number: raised, saying so
+        caplog.clear()
+        assert collective_wait_s(given, 1800, 3600) == 3660
+        assert [r.levelname for r in caplog.records] == ["WARNING"]
+        assert f"MS_CPU_COMM_OP_TIMEOUT={given} raised to 3660" in caplog.records[0].getMessage()

@@ -139,14 +139,16 @@ def test_stopping_the_job_ends_every_process_of_it(tmp_path, target):
 def test_a_rank_stalled_before_a_collective_ends_the_job_naming_phase_and_rank(tmp_path):
     msrun_path()
     # rank 0 hangs at start-up; rank 1 builds its models and waits for rank 0 in the initial weight sync
-    # (training tp2 -> inference dp2: an exchange), a first run: compile_timeout_s applies. 40 s is past
-    # the 30 s after which MindSpore's CPU collectives give up by default: the run raises their timeout.
+    # (training tp2 -> inference dp2: an exchange), a first run: compile_timeout_s applies. MindSpore's CPU
+    # collectives would give up after MS_CPU_COMM_OP_TIMEOUT = 5 s: the run raises it past the watchdog's 20 s
+    # (comm.collective_wait_s), else rank 1 would end with MindSpore's error, not the watchdog's.
     # MS_NODE_TIMEOUT: once the ranks are gone, msrun waits for its scheduler to notice (30 s by default);
     # 10 ends the job ~20 s sooner and is far past the gaps between a live rank's heartbeats
     proc, out = start_job(tmp_path, "actor_config.parallel_config.data_parallel=1",
                           "actor_config.parallel_config.model_parallel=2", "rl_config.collective_timeout_s=5",
-                          "rl_config.compile_timeout_s=40",
-                          env={"MINDGRPO_TEST_STALL": "0:start-up:1", "MS_NODE_TIMEOUT": "10"})
+                          "rl_config.compile_timeout_s=20",
+                          env={"MINDGRPO_TEST_STALL": "0:start-up:1", "MS_NODE_TIMEOUT": "10",
+                               "MS_CPU_COMM_OP_TIMEOUT": "5"})
     try:
         _, stderr = proc.communicate(timeout=300)
     finally:
@@ -155,7 +157,7 @@ def test_a_rank_stalled_before_a_collective_ends_the_job_naming_phase_and_rank(t
         left = wait_until_gone(out)
     assert proc.returncode != 0
     assert "run_grpo.sh: rank 1 failed" in stderr, stderr[-3000:]
-    assert re.search(r"watchdog: rank 1: no progress in phase start-up for 4\d s \(a collective is waiting on "
+    assert re.search(r"watchdog: rank 1: no progress in phase start-up for 2\d s \(a collective is waiting on "
                      r"another rank\?\)", stderr), stderr[-3000:]
     assert re.search(r"watchdog: rank 1 is stuck at mindgrpo/parallel/reshard.py:\d+", stderr), stderr[-3000:]
     assert not left, left
