@@ -199,12 +199,19 @@ def init_parallel(cfg) -> Comm:
     if world is not None:
         check_layouts(cfg, world)  # fail before the cluster set-up when msrun told us the world
     rl = cfg.rl_config
-    if rl.collective_timeout_s > 0:
+    if rl.collective_timeout_s > 0 and not communication_started():  # read at init(): once per process
         os.environ[CPU_TIMEOUT_ENV] = str(collective_wait_s(os.environ.get(CPU_TIMEOUT_ENV), rl.collective_timeout_s,
                                                             rl.compile_timeout_s))
     comm = init_comm(train, infer, ref)
     check_layouts(cfg, comm.world)
     return comm
+
+
+def communication_started() -> bool:
+    """Whether this process has run MindSpore's `init()` (once per process)."""
+    from mindspore.communication import GlobalComm
+
+    return bool(GlobalComm.INITED)
 
 
 # what msrun sets in the environment of the processes it starts: its scheduler and its workers
@@ -229,9 +236,9 @@ def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[Parall
     create it, and shared groups created in the same order everywhere). reshards: more
     (source, destination) layout pairs, whose layouts' groups and resharding groups are created
     too (tests, benchmarks)."""
-    from mindspore.communication import GlobalComm, create_group, get_group_size, get_rank, init
+    from mindspore.communication import create_group, get_group_size, get_rank, init
 
-    if not GlobalComm.INITED:
+    if not communication_started():
         tie_to_msrun()
         init()
     rank, world = get_rank(), get_group_size()

@@ -1,7 +1,11 @@
 """mindgrpo/parallel/comm.py and friends without processes: layout checks against the world, groups,
 data-parallel shares, and the tensor-parallel layers at tp=1 against the one-device model."""
 
+import os
 import re
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -125,11 +129,6 @@ def test_tensor_parallel_layers_at_tp1_are_the_one_device_model(tied):
 def test_a_process_msrun_started_dies_with_msrun(role, armed):
     """tie_to_msrun arms SIGTERM on the parent's death (read back with prctl(PR_GET_PDEATHSIG)) in msrun's
     scheduler and workers, before init(); in a process msrun did not start it arms nothing."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     probe = ("import ctypes, signal\n"
              "from mindgrpo.parallel.comm import tie_to_msrun\n"
              "tie_to_msrun()\n"
