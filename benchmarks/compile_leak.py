@@ -33,12 +33,13 @@ import weakref
 
 import numpy as np
 
-from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, status_kb, write_results
+from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, write_results
+from mindgrpo.utils.host_memory import status_bytes
 
 
 def rss_mb(pid: str = "self") -> float:
-    """Resident memory of this process (or of a child) in MB = 10^6 bytes (/proc's kB are 1024 bytes)."""
-    return status_kb("VmRSS", pid) * 1024 / 1e6
+    """Resident memory of this process (or of a child) in MB = 10^6 bytes."""
+    return status_bytes("VmRSS", pid) / 1e6
 
 
 def slope(values) -> float:

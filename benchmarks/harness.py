@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from mindgrpo.utils.host_memory import status_kb
+from mindgrpo.utils.host_memory import status_bytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -125,21 +125,16 @@ def write_results(json_path: str, res: dict, markdown: Optional[str] = None) -> 
 
 
 # ----------------------------------------------------------------------------------- memory
-def kb_to_gb(kb: int) -> float:
-    """/proc's kB (1024 bytes) in GB (10^9 bytes). Until 2026-11-27 this divided by 1e6 alone: 2.4% low
-    (benchmarks/results/HISTORY.md)."""
-    return kb * 1024 / 1e9
-
-
 def rss_gb() -> float:
-    """This process's resident memory now, in GB (10^9 bytes; adamw's results are in these)."""
-    return kb_to_gb(status_kb("VmRSS"))
+    """This process's resident memory now, in GB (10^9 bytes; adamw's results are in these). Until 2026-11-27
+    13:30 UTC these three read /proc's kB (1024 bytes) as 1000: 2.4% low (benchmarks/results/HISTORY.md)."""
+    return status_bytes("VmRSS") / 1e9
 
 
 def peak_rss_gb() -> float:
     """This process's peak resident memory, in GB (10^9 bytes, as `rss_gb`; VmHWM: ru_maxrss would carry
     the parent's over exec). Results written before 2026-11-26 07:00 UTC held GiB here (2^30 bytes)."""
-    return kb_to_gb(status_kb("VmHWM"))
+    return status_bytes("VmHWM") / 1e9
 
 
 def reset_peak_rss() -> None:
@@ -152,4 +147,4 @@ def reset_peak_rss() -> None:
 def peak_since_reset_gb() -> float:
     """This process's peak resident memory since it started or since the last `reset_peak_rss`, in
     GB (10^9 bytes, as `rss_gb`)."""
-    return kb_to_gb(status_kb("VmHWM"))
+    return status_bytes("VmHWM") / 1e9

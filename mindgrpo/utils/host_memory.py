@@ -4,7 +4,7 @@
 step (MindSpore keeps some memory of every graph it compiles: `rl_config.release_graphs` compiles the
 step's graphs again each step, README Status) shows it here long before the machine runs out.
 
-    status_kb("VmRSS")            # kB (1024 bytes) of this process; pid= another's
+    status_bytes("VmRSS")         # bytes, from the kB (1024 bytes) /proc gives; pid= another's
     step_metrics()                # {"memory/host_resident_bytes": ..., "memory/host_peak_bytes": ...}
 
 Without /proc (not Linux) there is nothing to read: `step_metrics` returns {}.
@@ -16,12 +16,13 @@ import os
 from typing import Dict
 
 
-def status_kb(key: str, pid: str = "self") -> int:
-    """A field of /proc/PID/status in kB (1024 bytes; VmRSS, VmHWM, ...): this process's by default."""
+def status_bytes(key: str, pid: str = "self") -> int:
+    """A field of /proc/PID/status (VmRSS, VmHWM, ...) in bytes: /proc gives kB of 1024 bytes. This
+    process's by default."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(key + ":"):
-                return int(line.split()[1])
+                return int(line.split()[1]) * 1024
     raise KeyError(f"/proc/{pid}/status has no {key}")
 
 
@@ -29,5 +30,5 @@ def step_metrics() -> Dict[str, float]:
     """This process's resident memory now and its peak so far, in bytes (empty without /proc)."""
     if not os.path.exists("/proc/self/status"):
         return {}
-    return {"memory/host_resident_bytes": float(status_kb("VmRSS") * 1024),
-            "memory/host_peak_bytes": float(status_kb("VmHWM") * 1024)}
+    return {"memory/host_resident_bytes": float(status_bytes("VmRSS")),
+            "memory/host_peak_bytes": float(status_bytes("VmHWM"))}

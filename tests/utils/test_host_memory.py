@@ -28,4 +28,4 @@ def test_touching_200_mb_raises_the_resident_bytes_by_that_much():
 
 def test_an_unknown_field_is_named():
     with pytest.raises(KeyError, match="VmNothing"):
-        host_memory.status_kb("VmNothing")
+        host_memory.status_bytes("VmNothing")
