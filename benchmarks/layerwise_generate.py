@@ -1,7 +1,10 @@
 """The rollout engine's graphs whole or one decoder layer at a time (generate_config.layerwise): what the
 first generate call keeps resident at the Qwen2.5-0.5B shape, and what the layer graphs cost in time.
 
-    python -m benchmarks.layerwise_generate [--layers 2 4] [--tiny-rounds 5]
+    python -m benchmarks.layerwise_generate [--layers 2 4] [--tiny-rounds 5] [--groups 0 1 4] [--output PATH]
+
+The sides: `whole` (the whole-model graphs) and, for each nonzero --groups k, `layers of k` (layerwise, k
+decoder layers in a decode graph: generate_config.decode_layers_per_graph).
 
 memory   The 0.5B shape (hidden 896, intermediate 4864, 14 / 2 heads, tied, vocabulary 151,936) at each
          --layers, the issue-20 rollout: 4 prompts of 157, 118, 149 and 127 random tokens x G = 4, 128
@@ -17,7 +20,8 @@ tiny     The tiny default's rollout (32 prompts of 20 to 60 random tokens x G = 
 
 MindSpore 2.10's CPU runtime keeps the buffers of every compiled graph after it ran: the whole-model
 prefill and decode graphs and the fused-weight refresh keep every layer's intermediates; the layer graphs
-(`mindgrpo/inference/graphs.py`: PrefillLayer, DecodeLayer, run for every layer) keep one layer's.
+(`mindgrpo/inference/graphs.py`: PrefillLayer run for every layer, DecodeLayers for every k layers) keep one
+layer's (k layers' for decode). A graph call costs milliseconds, and the decode step's are paid at every token.
 """
 
 from __future__ import annotations
@@ -33,48 +37,72 @@ from benchmarks.harness import RESULTS, code_version, median, rss_gb, run_stamp,
 from benchmarks.update_sides import G, PROMPT_LENGTHS, RESPONSE, measured, step_workload
 from benchmarks.workers import Workers
 
-SIDES = ("whole", "layerwise")
+
+
+def side_name(group: int) -> str:
+    return "whole" if group == 0 else f"layers of {group}"
+
+
+def make_engine(lm, group: int, **kw):
+    from mindgrpo.inference.engine import RolloutEngine
+
+    return RolloutEngine(lm, layerwise=group > 0, decode_layers_per_graph=max(group, 1), **kw)
 FULL_LAYERS = 24
 
 
-def memory_side(conn, layers: int, layerwise: bool) -> None:
-    """A `benchmarks.workers` side: the model, the engine's first and second call; their figures, then the
-    samples' tokens and log-probs."""
+def memory_side(conn, layers: int, group: int) -> None:
+    """A `benchmarks.workers` side: the model, the engine's first and second call; their figures (the second
+    call's decode seconds too), then the samples' tokens and log-probs."""
     import mindspore as ms
 
-    from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     ms.set_context(mode=ms.GRAPH_MODE)
     cfg, positions, prompts, params, _ = step_workload(layers, 151936)
     lm, model = measured(lambda: Qwen2ForCausalLM(cfg, seed=0, max_positions=positions))
-    engine = RolloutEngine(lm, max_num_seqs=len(prompts) * G, max_model_len=max(PROMPT_LENGTHS) + RESPONSE,
-                           layerwise=layerwise)
+    engine = make_engine(lm, group, max_num_seqs=len(prompts) * G, max_model_len=max(PROMPT_LENGTHS) + RESPONSE)
     out, first = measured(lambda: engine.generate(prompts, params))
     first["before_gb"] = model["after_gb"]  # the engine's construction counts with its first call
     _, second = measured(lambda: engine.generate(prompts, params))
+    second["decode_s"] = engine.last_stats["decode_seconds"]
     conn.send({"model": model, "first": first, "second": second, "graphs": engine.compiled_graphs,
                "tokens": [c.token_ids for c in out], "logprobs": [c.logprobs.tolist() for c in out],
                "sampling_logprobs": [c.sampling_logprobs.tolist() for c in out]})
 
 
-def measure_memory(layer_counts) -> dict:
+def measure_memory(layer_counts, groups) -> dict:
     res = {}
     for layers in layer_counts:
         res[str(layers)] = {}
-        for name in SIDES:  # one process at a time
+        for group in groups:  # one process at a time
+            name = side_name(group)
             with Workers() as workers:
-                r = workers.start(memory_side, layers, name == "layerwise").recv()
+                r = workers.start(memory_side, layers, group).recv()
             res[str(layers)][name] = r
             print(f"layers {layers} {name}: first call {r['first']['seconds']:.1f} s, +"
                   f"{r['first']['after_gb'] - r['first']['before_gb']:.2f} GB held, peak {r['first']['peak_gb']:.2f}"
                   f"; second {r['second']['seconds']:.1f} s", flush=True)
-        w, lw = res[str(layers)]["whole"], res[str(layers)]["layerwise"]
-        res[str(layers)]["identical"] = all(w[k] == lw[k] for k in ("tokens", "logprobs", "sampling_logprobs"))
-        for side in SIDES:
+        sides = [side_name(g) for g in groups]
+        res[str(layers)]["compared"] = [compare(a, b, res[str(layers)][a], res[str(layers)][b])
+                                        for i, a in enumerate(sides) for b in sides[i + 1:]]
+        res[str(layers)]["identical"] = all(c["identical"] for c in res[str(layers)]["compared"])
+        for side in sides:
             for k in ("tokens", "logprobs", "sampling_logprobs"):
                 del res[str(layers)][side][k]
     return res
+
+
+def compare(a: str, b: str, ra: dict, rb: dict) -> dict:
+    """Two sides' samples: the same tokens? how many log-probs (of each kind) differ, and by how much at most."""
+    out = {"sides": [a, b], "same_tokens": ra["tokens"] == rb["tokens"]}
+    for k in ("logprobs", "sampling_logprobs"):
+        x = np.concatenate([np.asarray(v, np.float64) for v in ra[k]])
+        y = np.concatenate([np.asarray(v, np.float64) for v in rb[k]])
+        same_len = x.shape == y.shape
+        out[k] = {"values": int(x.size), "differ": int((x != y).sum()) if same_len else None,
+                  "max_abs": float(np.abs(x - y).max()) if same_len and x.size else None}
+    out["identical"] = out["same_tokens"] and all(out[k]["differ"] == 0 for k in ("logprobs", "sampling_logprobs"))
+    return out
 
 
 def fit(res: dict, side: str) -> dict:
@@ -90,19 +118,18 @@ def fit(res: dict, side: str) -> dict:
 TINY_MODELS = {"tiny_qwen2 (4 layers)": {}, "2 layers, MLP 256": {"num_hidden_layers": 2, "intermediate_size": 256}}
 
 
-def tiny_timing(rounds: int) -> dict:
+def tiny_timing(rounds: int, groups) -> dict:
     """Both sides on the tiny default's rollout, per tiny model, each model in its own process."""
     out = {}
     for name, overrides in TINY_MODELS.items():
         with Workers() as workers:
-            out[name] = workers.start(_tiny_side, rounds, overrides).recv()
+            out[name] = workers.start(_tiny_side, rounds, overrides, groups).recv()
     return out
 
 
-def _tiny_side(conn, rounds: int, overrides: dict) -> None:
+def _tiny_side(conn, rounds: int, overrides: dict, groups) -> None:
     import mindspore as ms
 
-    from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.inference.sampling import SamplingParams
     from mindgrpo.models.presets import preset_config
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
@@ -112,9 +139,9 @@ def _tiny_side(conn, rounds: int, overrides: dict) -> None:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 512, int(n)).tolist() for n in rng.integers(20, 61, 32)]
     params = SamplingParams(max_tokens=40, temperature=0.7, n=8, seed=1, ignore_stop=True)
-    engines = {name: RolloutEngine(lm, max_num_seqs=256, max_model_len=128 + 40, layerwise=name == "layerwise")
-               for name in SIDES}
-    first, times, outs = {}, {name: [] for name in SIDES}, {}
+    engines = {side_name(group): make_engine(lm, group, max_num_seqs=256, max_model_len=128 + 40) for group in groups}
+    sides = list(engines)
+    first, times, outs = {}, {name: [] for name in sides}, {}
     for name, e in engines.items():
         t0 = time.perf_counter()
         outs[name] = [c.token_ids for c in e.generate(prompts, params)]
@@ -125,31 +152,40 @@ def _tiny_side(conn, rounds: int, overrides: dict) -> None:
             e.generate(prompts, params)
             times[name].append(time.perf_counter() - t0)
     conn.send({"first_s": first, "times_s": times, "median_s": {k: median(v) for k, v in times.items()},
-               "same_tokens": outs["whole"] == outs["layerwise"], "rss_gb": rss_gb()})
+               "same_tokens": all(outs[sides[0]] == outs[s] for s in sides[1:]), "rss_gb": rss_gb()})
 
 
 def markdown(res: dict) -> str:
     mem, counts = res["memory"], sorted(int(k) for k in res["memory"])
     lines = ["# The rollout engine's graphs whole or a layer at a time (generate_config.layerwise)", "",
-             f"Date {res['date']}; machine: {res['machine']} (machine C: AVX-512); load average "
-             f"{res['load_average']} at the start, {res['load_average_end']:.1f} at the end (other jobs shared the "
-             "machine: seconds are rough, the tiny timing's ratio alternates the sides in one process).", "",
+             f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
+             f"{res['load_average_end']:.1f} at the end (the sides of the 0.5B shape ran one after the other; the tiny "
+             "timing alternates the sides in one process).", "",
              f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", "",
              f"## Memory: the issue-20 rollout at the Qwen2.5-0.5B shape", "",
              f"4 prompts ({list(PROMPT_LENGTHS)} random tokens) x G = {G}, {RESPONSE} forced new tokens, 16 slots, "
              "the engine on the policy model itself; each (layers, side) in its own process. +held: what the "
              "engine and its first call left resident; GB = 10^9 bytes.", "",
-             "| layers | side | first call s | +held | peak | second call s | graphs | tokens and log-probs |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| layers | side | first call s | +held | peak | second call s | its decode s | graphs | tokens and log-probs |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for n in counts:
-        for side in SIDES:
+        for side in res["sides"]:
             r = mem[str(n)][side]
             f = r["first"]
             lines.append(f"| {n} | {side} | {f['seconds']:.1f} | {f['after_gb'] - f['before_gb']:+.2f} | "
-                         f"{f['peak_gb']:.2f} | {r['second']['seconds']:.1f} | {r['graphs']} | "
-                         f"{'identical' if mem[str(n)]['identical'] else 'DIFFER'} |")
+                         f"{f['peak_gb']:.2f} | {r['second']['seconds']:.1f} | "
+                         f"{r['second'].get('decode_s', float('nan')):.1f} | {r['graphs']} | "
+                         f"{'all identical' if mem[str(n)]['identical'] else 'below'} |")
+    lines += ["", "Each pair of sides (tokens; log-probs under softmax(logits / T), then under the sampled distribution: "
+              "how many of the values differ, the largest difference):", ""]
+    for n in counts:
+        for c in mem[str(n)]["compared"]:
+            parts = [f"{c[k]['differ']} of {c[k]['values']} differ (max {c[k]['max_abs']:.1e})"
+                     if c[k]["differ"] is not None else "other lengths" for k in ("logprobs", "sampling_logprobs")]
+            lines.append(f"- {n} layers, {c['sides'][0]} / {c['sides'][1]}: "
+                         f"{'the same tokens' if c['same_tokens'] else 'OTHER TOKENS'}; {parts[0]}; {parts[1]}")
     lines.append("")
-    for side in SIDES:
+    for side in res["sides"]:
         f = res["fit"][side]
         lines.append(f"- {side}: +held = {f['fixed_gb']:.3f} + {f['per_layer_gb']:.3f} GB per layer -> "
                      f"{f['at_24_gb']:.2f} GB at 24 layers")
@@ -159,9 +195,9 @@ def markdown(res: dict) -> str:
               "then alternating rounds of one call each.", "",
               "| model | side | first call s | median later call s | ratio | same tokens |", "|---|---|---|---|---|---|"]
     for model, t in res["tiny"].items():
-        for side in SIDES:
+        for side in res["sides"]:
             lines.append(f"| {model} | {side} | {t['first_s'][side]:.2f} | {t['median_s'][side]:.3f} | "
-                         f"{t['median_s'][side] / t['median_s']['whole']:.2f}x | {t['same_tokens']} |")
+                         f"{t['median_s'][side] / t['median_s'][res['sides'][0]]:.2f}x | {t['same_tokens']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -169,13 +205,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--tiny-rounds", type=int, default=5)
+    ap.add_argument("--groups", type=int, nargs="+", default=[0, 1],
+                    help="0: the whole graphs (first, the reference); k > 0: layerwise, k layers per decode graph")
     ap.add_argument("--output", default=os.path.join(RESULTS, "layerwise_generate.json"))
     args = ap.parse_args(argv)
+    groups = [0] + [g for g in args.groups if g > 0]
     res = dict(run_stamp("benchmarks.layerwise_generate", argv), code=code_version())
-    res["tiny"] = tiny_timing(args.tiny_rounds)
+    res["sides"] = [side_name(g) for g in groups]
+    res["tiny"] = tiny_timing(args.tiny_rounds, groups)
     print(f"tiny: {[t['median_s'] for t in res['tiny'].values()]}", flush=True)
-    res["memory"] = measure_memory(args.layers)
-    res["fit"] = {side: fit(res["memory"], side) for side in SIDES}
+    res["memory"] = measure_memory(args.layers, groups)
+    res["fit"] = {side_name(g): fit(res["memory"], side_name(g)) for g in groups}
     res["load_average_end"] = os.getloadavg()[0]
     write_results(args.output, res, markdown(res))
     print(markdown(res))

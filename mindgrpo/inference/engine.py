@@ -23,13 +23,15 @@ call of 64 prompts x 8 samples compiles about 8, 2 and 3). Prefill and copy grap
 the rows they write and compile faster than a decode graph.
 
 With `layerwise` (generate_config.layerwise) a prefill or decode step is a few graphs instead of one:
-its inputs (`PrefillInputs`, `DecodeInputs`: embedding, RoPE rows, cache rows, mask), one layer graph
-(`PrefillLayer`, `DecodeLayer`) called for every decoder layer with that layer's weights and cache as
-inputs, and (decode) `DecodeHead`: the final norm, the head and the sampler; the fused copies are
-refreshed by one layer graph too (`layers.InferenceWeights`). The same ops on the same shapes, so the
-same tokens and log-probs bit for bit (`tests/inference/test_layerwise_engine.py`); MindSpore's CPU runtime then
-keeps one layer's graph buffers instead of every layer's (`benchmarks/results/layerwise_generate.md`), and
-a shape compiles the same few graphs whatever the number of layers (each key above: three graphs).
+its inputs (`PrefillInputs`, `DecodeInputs`: embedding, RoPE rows, cache rows, mask), a layer graph
+called with the layers' weights and caches as inputs (`PrefillLayer` for every decoder layer; `DecodeLayers`
+for every group of `decode_layers_per_graph` layers, a last smaller group in a graph of its own: a decode
+step runs at every token, and each graph call costs milliseconds), and (decode) `DecodeHead`: the final
+norm, the head and the sampler; the fused copies are refreshed by one layer graph too
+(`layers.InferenceWeights`). The same ops on the same shapes, so the same tokens and log-probs bit for bit
+(`tests/inference/test_layerwise_engine.py`); MindSpore's CPU runtime then keeps the graph buffers of one
+layer (a decode group's) instead of every layer's (`benchmarks/results/layerwise_generate.md`), and a shape
+compiles the same few graphs whatever the number of layers (each key above: three or four graphs).
 
 The cache (`graphs.KVCache`) is allocated once, at the first call, for S slots of capacity C =
 `max_model_len` (or the first call's longest prompt + max_tokens, grown if a later call needs
@@ -43,9 +45,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.inference.graphs import (CopyGraph, DecodeGraph, DecodeHead, DecodeInputs, DecodeLayer, KVCache,
+from mindgrpo.inference.graphs import (CopyGraph, DecodeGraph, DecodeHead, DecodeInputs, DecodeLayers, KVCache,
                                        PrefillGraph, PrefillInputs, PrefillLayer)
 from mindgrpo.inference.layers import InferenceModel
 from mindgrpo.inference.sampling import Sampler, SamplingParams
@@ -105,15 +108,19 @@ class RolloutEngine:
     max_num_seqs: decode slots; max_num_batched_tokens: KV-cache budget in tokens (None: slots x
     capacity); max_model_len: the per-slot capacity in positions (the longest prompt + max_tokens, at
     most the model's context; None: from the calls). The engine has min(max_num_seqs,
-    max_num_batched_tokens // capacity) slots."""
+    max_num_batched_tokens // capacity) slots. layerwise: the graphs a layer at a time (the module's
+    docstring), decode_layers_per_graph layers in a decode graph."""
 
     def __init__(self, lm: Qwen2ForCausalLM, pad_token_id: int = 0, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,
-                 layerwise: bool = False):
+                 layerwise: bool = False, decode_layers_per_graph: int = 4):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if decode_layers_per_graph < 1:
+            raise ValueError(f"decode_layers_per_graph must be >= 1, got {decode_layers_per_graph}")
         self.lm = lm
-        self.layerwise = layerwise
+        self.layerwise, self.decode_layers_per_graph = layerwise, decode_layers_per_graph
+        self._groups: Optional[tuple] = None  # (the cache, its decode groups' graph inputs), `layerwise`
         self.model = InferenceModel(lm, layerwise)
         self.pad = pad_token_id
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -146,7 +153,7 @@ class RolloutEngine:
         refresh) and the buffers the runtime keeps for them (freed only with the cells that compiled
         them: `benchmarks/graph_release.py`), and the fused layer copies (remade at every call anyway);
         the next call compiles again the shapes it needs."""
-        self.cache = None
+        self.cache = self._groups = None
         self._graphs.clear()
         self.model.weights.release()
 
@@ -255,17 +262,26 @@ class RolloutEngine:
 
     def _decode_layerwise(self, cache: KVCache, inputs: tuple, sampling: tuple, length: int, whole: bool,
                           params: SamplingParams):
-        """A decode step as DecodeInputs, one DecodeLayer graph called for every layer, DecodeHead:
-        what the DecodeGraph of the same shape computes (the same ops), holding one layer's buffers."""
+        """A decode step as DecodeInputs, a DecodeLayers graph called for every group of layers, DecodeHead:
+        what the DecodeGraph of the same shape computes (the same ops), holding one group's buffers."""
         b = inputs[0].shape[0]
         first = self._graph(("decode_inputs", b, length), lambda: DecodeInputs(self.model, cache, length))
-        layer = self._graph(("decode_layer", b, length, whole), lambda: DecodeLayer(self.model, whole))
         head = self._graph(("decode_head", b, params.graph_key()),
                            lambda: DecodeHead(self.model, Sampler(params, self.lm.config.vocab_size)))
         x, cos, sin, write, read, bias = first(*inputs)
-        for w, kv in zip(self.model.layer_inputs, cache.layer_caches):
-            x = layer(x, cos, sin, write, read, bias, w, kv)
+        for k, ws, kvs in self._decode_groups(cache):
+            layers = self._graph(("decode_layers", b, length, whole, k), lambda: DecodeLayers(self.model, whole, k))
+            x = layers(x, cos, sin, write, read, bias, ws, kvs)
         return head(x, *sampling)
+
+    def _decode_groups(self, cache: KVCache) -> list:
+        """(k, the k layers' weights, their caches) for each group of decode_layers_per_graph consecutive
+        layers (the last group the rest), as mutable tuples of the layers' own: made once per cache."""
+        if self._groups is None or self._groups[0] is not cache:
+            step, n = self.decode_layers_per_graph, self.model.n_layers
+            self._groups = (cache, [(min(step, n - i), ms.mutable(tuple(self.model.layer_inputs[i:i + step])),
+                                     ms.mutable(tuple(cache.layer_caches[i:i + step]))) for i in range(0, n, step)])
+        return self._groups[1]
 
     def _prefill(self, cache: KVCache, prompts: List[Sequence[int]], homes: List[int], p_len: int) -> None:
         """Every prompt but its last token into its home slot, one graph call (padding prompts

@@ -26,9 +26,9 @@ tokens, a copy's padding) is masked until the row overwrites it.
                           logits (B, V)
 
 Layer by layer (the engine's `layerwise`): PrefillInputs / DecodeInputs make what the layers share,
-PrefillLayer / DecodeLayer run one layer given its weights and its k/v caches as graph inputs (mutable
-tuples of the Parameters themselves: read and written in place, one compile for every layer), DecodeHead
-the head and the sampler. The whole graphs and the layer graphs call the same per-layer functions
+PrefillLayer runs one layer and DecodeLayers a group of k layers given their weights and k/v caches as graph
+inputs (mutable tuples of the Parameters themselves: read and written in place, one compile for every layer
+or group), DecodeHead the head and the sampler. The whole graphs and the layer graphs call the same per-layer functions
 (`_prefill_layer`, `_decode_layer`), so they compute the same thing bit for bit.
 """
 
@@ -242,7 +242,7 @@ class DecodeGraph(nn.Cell):
 
 class DecodeInputs(nn.Cell):
     """The layerwise decode's first graph: token, position, slot (B,) -> x (B, H), cos, sin, the
-    rows to write and read, the bias (`DecodeLayer`'s inputs)."""
+    rows to write and read, the bias (`DecodeLayers`' inputs)."""
 
     def __init__(self, model: InferenceModel, cache: KVCache, length: int):
         super().__init__(auto_prefix=False)
@@ -252,20 +252,25 @@ class DecodeInputs(nn.Cell):
         return _decode_inputs(self.model, self.cache, self.length, token, position, slot)
 
 
-class DecodeLayer(nn.Cell):
-    """One decode layer, called for every layer (`layerwise`): x (B, H), cos, sin, write, read, bias,
-    w (the layer's `layer_weights`), kv (its k and v caches) -> the next x; writes the layer's k/v.
-    `model.lm`'s first layer lends its code only."""
+class DecodeLayers(nn.Cell):
+    """k consecutive decode layers in one graph (`layerwise`), called for every group of k layers (a last
+    group of fewer layers has a graph of its own): x (B, H), cos, sin, write, read, bias, ws (the k layers'
+    `layer_weights`), kvs (their (k, v) caches) -> the next x; writes the layers' k/v. One graph call costs
+    milliseconds of launch on a CPU, at every decode step: k layers a call instead of one cut a rollout's
+    decode at the Qwen2.5-0.5B shape from 36.0 to 21.4 s (k = 4, 24 layers, 16 slots; its resident memory
+    the same: `benchmarks/results/layerwise_generate.md`). `model.lm`'s first layer lends its code only."""
 
-    def __init__(self, model: InferenceModel, whole: bool):
+    def __init__(self, model: InferenceModel, whole: bool, k: int):
         super().__init__(auto_prefix=False)
-        self.model, self.whole = model, whole
+        self.model, self.whole, self.k = model, whole, k
         self.write = ops.ScatterUpdate()
 
-    def construct(self, x, cos, sin, write, read, bias, w, kv):
+    def construct(self, x, cos, sin, write, read, bias, ws, kvs):
         m = self.model
-        return _decode_layer(m, m.lm.model.layers[0], w, kv[0], kv[1], self.write, x, cos, sin, write, read, bias,
-                             self.whole)
+        for j in range(self.k):  # non-negative constant indices into the mutable tuples (DEVELOPERS.md)
+            x = _decode_layer(m, m.lm.model.layers[0], ws[j], kvs[j][0], kvs[j][1], self.write, x, cos, sin, write,
+                              read, bias, self.whole)
+        return x
 
 
 class DecodeHead(nn.Cell):

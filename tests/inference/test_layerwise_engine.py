@@ -1,7 +1,8 @@
-"""The layerwise rollout engine (generate_config.layerwise): one prefill / decode layer graph and one
-fused-weight refresh graph run for every decoder layer. It must give what the whole-model graphs give,
-bit for bit (the same ops on the same shapes), on Qwen2 (q/k/v bias) and Qwen3 (QK-norm), through refill,
-the whole-cache decode and every sampler path; and its graph count must not grow with the layers."""
+"""The layerwise rollout engine (generate_config.layerwise): one prefill layer graph and one fused-weight
+refresh graph run for every decoder layer, one decode graph for every group of decode_layers_per_graph layers.
+It must give what the whole-model graphs give, bit for bit (the same ops on the same shapes), on Qwen2 (q/k/v
+bias) and Qwen3 (QK-norm), through refill, the whole-cache decode and every sampler path, with groups of 2 over
+3 layers (a group of 2, then one of 1) and of 1; and its graph count must not grow with the layers."""
 
 import numpy as np
 import pytest
@@ -54,7 +55,8 @@ def engines():
         if (kind, slots) not in pairs:
             lm = models[kind]
             pairs[kind, slots] = RolloutEngine(lm, max_num_seqs=slots), RolloutEngine(lm, max_num_seqs=slots,
-                                                                                       layerwise=True)
+                                                                                       layerwise=True,
+                                                                                       decode_layers_per_graph=2)
         return pairs[kind, slots]
 
     return pair
@@ -115,17 +117,35 @@ def test_layerwise_sees_updated_weights_and_compiles_no_graph_per_layer(engines)
         load_state(lm, initial)
         whole.release()
         e.release()
-    # a model of 5 layers compiles, for the same call, the graphs that the 3-layer engine's call looks up
-    five = RolloutEngine(Qwen2ForCausalLM(config("qwen2", 5), seed=1), max_num_seqs=8, layerwise=True)
+    # a model of 5 layers compiles, for the same call, the graphs that the 3-layer engine's call looks up (decode
+    # groups of 2 layers: 2 + 1 and 2 + 2 + 1), one decode graph per group size
+    five = RolloutEngine(Qwen2ForCausalLM(config("qwen2", 5), seed=1), max_num_seqs=8, layerwise=True,
+                         decode_layers_per_graph=2)
     five.generate(PROMPTS, greedy)
     assert sorted(five._graphs) == sorted(set(used)) and len(used) > 0
+    assert sorted(key[-1] for key in five._graphs if key[0] == "decode_layers") == [1, 2]
+
+
+@pytest.mark.slow
+def test_one_layer_per_decode_graph_gives_the_same_bits(engines):
+    ms.set_context(mode=ms.GRAPH_MODE)
+    slots, params = CASES[0]
+    whole, _ = engines("qwen3", slots)
+    single = RolloutEngine(whole.lm, max_num_seqs=slots, layerwise=True, decode_layers_per_graph=1)
+    assert_identical(run(single, params), run(RolloutEngine(whole.lm, max_num_seqs=slots), params))
+    assert sorted(key[-1] for key in single._graphs if key[0] == "decode_layers") == [1]
 
 
 def test_the_key_is_off_by_default_refused_with_tensor_parallelism_and_reaches_the_engine():
     assert GRPOConfig().generate_config.layerwise is False
+    assert GRPOConfig().generate_config.decode_layers_per_graph == 4
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=["generate_config.decode_layers_per_graph=0"])
+    assert info.value.key == "generate_config.decode_layers_per_graph", str(info.value)
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=["generate_config.layerwise=true",
                                            "generate_config.parallel_config.model_parallel=2"])
     assert info.value.key == "generate_config.layerwise", str(info.value)
-    cfg = load_config(GRPOConfig, overrides=["generate_config.layerwise=true"])
-    assert build_engine(cfg, Qwen2ForCausalLM(config("qwen2", 1), seed=1), 0).layerwise is True
+    cfg = load_config(GRPOConfig, overrides=["generate_config.layerwise=true", "generate_config.decode_layers_per_graph=3"])
+    engine = build_engine(cfg, Qwen2ForCausalLM(config("qwen2", 1), seed=1), 0)
+    assert engine.layerwise is True and engine.decode_layers_per_graph == 3
