@@ -139,7 +139,8 @@ def _tiny_side(conn, rounds: int, overrides: dict, groups) -> None:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 512, int(n)).tolist() for n in rng.integers(20, 61, 32)]
     params = SamplingParams(max_tokens=40, temperature=0.7, n=8, seed=1, ignore_stop=True)
-    engines = {side_name(group): make_engine(lm, group, max_num_seqs=256, max_model_len=128 + 40) for group in groups}
+    engines = {side_name(group): make_engine(lm, group, max_num_seqs=256, max_model_len=128 + 40)
+               for group in groups}
     sides = list(engines)
     first, times, outs = {}, {name: [] for name in sides}, {}
     for name, e in engines.items():
@@ -166,7 +167,8 @@ def markdown(res: dict) -> str:
              f"4 prompts ({list(PROMPT_LENGTHS)} random tokens) x G = {G}, {RESPONSE} forced new tokens, 16 slots, "
              "the engine on the policy model itself; each (layers, side) in its own process. +held: what the "
              "engine and its first call left resident; GB = 10^9 bytes.", "",
-             "| layers | side | first call s | +held | peak | second call s | its decode s | graphs | tokens and log-probs |",
+             "| layers | side | first call s | +held | peak | second call s | its decode s | graphs "
+             "| tokens and log-probs |",
              "|---|---|---|---|---|---|---|---|---|"]
     for n in counts:
         for side in res["sides"]:
@@ -176,8 +178,8 @@ def markdown(res: dict) -> str:
                          f"{f['peak_gb']:.2f} | {r['second']['seconds']:.1f} | "
                          f"{r['second'].get('decode_s', float('nan')):.1f} | {r['graphs']} | "
                          f"{'all identical' if mem[str(n)]['identical'] else 'below'} |")
-    lines += ["", "Each pair of sides (tokens; log-probs under softmax(logits / T), then under the sampled distribution: "
-              "how many of the values differ, the largest difference):", ""]
+    lines += ["", "Each pair of sides (tokens; log-probs under softmax(logits / T), then under the sampled "
+              "distribution: how many of the values differ, the largest difference):", ""]
     for n in counts:
         for c in mem[str(n)]["compared"]:
             parts = [f"{c[k]['differ']} of {c[k]['values']} differ (max {c[k]['max_abs']:.1e})"

@@ -331,8 +331,9 @@ class GenerateConfig:
     # buffers instead of every layer's; the same tokens and log-probs bit for bit. No tensor parallelism
     layerwise: bool = False
     # with layerwise: the decoder layers in one decode graph (the last graph the rest). A decode step runs at every
-    # token and each graph call costs milliseconds; more layers a graph, fewer calls and more buffers held (at the
-    # Qwen2.5-0.5B shape, 16 slots: 1 layer 36.0 s of decode, 4 layers 21.4 s, the same memory; layerwise_generate.md)
+    # token and each graph call costs milliseconds; more layers a graph, fewer calls and more buffers held (the
+    # Qwen2.5-0.5B shape, 16 slots: 1 layer 35.0 s of decode, 4 layers 21.1 s, the same memory;
+    # benchmarks/results/layerwise_generate_groups.md)
     decode_layers_per_graph: int = 4
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 

@@ -30,7 +30,7 @@ step runs at every token, and each graph call costs milliseconds), and (decode) 
 norm, the head and the sampler; the fused copies are refreshed by one layer graph too
 (`layers.InferenceWeights`). The same ops on the same shapes, so the same tokens and log-probs bit for bit
 (`tests/inference/test_layerwise_engine.py`); MindSpore's CPU runtime then keeps the graph buffers of one
-layer (a decode group's) instead of every layer's (`benchmarks/results/layerwise_generate.md`), and a shape
+layer (a decode group's) instead of every layer's (`benchmarks/results/layerwise_generate_groups.md`), and a shape
 compiles the same few graphs whatever the number of layers (each key above: three or four graphs).
 
 The cache (`graphs.KVCache`) is allocated once, at the first call, for S slots of capacity C =

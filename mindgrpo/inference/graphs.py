@@ -257,8 +257,8 @@ class DecodeLayers(nn.Cell):
     group of fewer layers has a graph of its own): x (B, H), cos, sin, write, read, bias, ws (the k layers'
     `layer_weights`), kvs (their (k, v) caches) -> the next x; writes the layers' k/v. One graph call costs
     milliseconds of launch on a CPU, at every decode step: k layers a call instead of one cut a rollout's
-    decode at the Qwen2.5-0.5B shape from 36.0 to 21.4 s (k = 4, 24 layers, 16 slots; its resident memory
-    the same: `benchmarks/results/layerwise_generate.md`). `model.lm`'s first layer lends its code only."""
+    decode at the Qwen2.5-0.5B shape from 35.0 to 21.1 s (k = 4, 24 layers, 16 slots; its resident memory
+    the same: `benchmarks/results/layerwise_generate_groups.md`). `model.lm`'s first layer lends its code only."""
 
     def __init__(self, model: InferenceModel, whole: bool, k: int):
         super().__init__(auto_prefix=False)
