@@ -179,7 +179,8 @@ def build_engine(cfg: GRPOConfig, inference, pad_token_id: int):
     return RolloutEngine(inference, pad_token_id=pad_token_id, max_num_seqs=gen.max_num_seqs,
                          max_num_batched_tokens=gen.max_num_batched_tokens,
                          max_model_len=gen.max_prompt_length + gen.max_tokens, layerwise=gen.layerwise,
-                         decode_layers_per_graph=gen.decode_layers_per_graph)
+                         decode_layers_per_graph=gen.decode_layers_per_graph,
+                         max_prefill_tokens=gen.max_prefill_tokens)
 
 
 def inference_shares_policy(cfg: GRPOConfig, paths: Paths, placement: Placement) -> bool:

@@ -109,15 +109,21 @@ class RolloutEngine:
     capacity); max_model_len: the per-slot capacity in positions (the longest prompt + max_tokens, at
     most the model's context; None: from the calls). The engine has min(max_num_seqs,
     max_num_batched_tokens // capacity) slots. layerwise: the graphs a layer at a time (the module's
-    docstring), decode_layers_per_graph layers in a decode graph."""
+    docstring), decode_layers_per_graph layers in a decode graph. max_prefill_tokens: the most prompt positions
+    (prompts x their length bucket) one prefill graph call takes (None: every prompt admitted at once); the
+    prompts admitted together are prefilled in as many calls as that needs."""
 
     def __init__(self, lm: Qwen2ForCausalLM, pad_token_id: int = 0, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,
-                 layerwise: bool = False, decode_layers_per_graph: int = 4):
+                 layerwise: bool = False, decode_layers_per_graph: int = 4,
+                 max_prefill_tokens: Optional[int] = None):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if decode_layers_per_graph < 1:
             raise ValueError(f"decode_layers_per_graph must be >= 1, got {decode_layers_per_graph}")
+        if max_prefill_tokens is not None and max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
+        self.max_prefill_tokens = max_prefill_tokens
         self.lm = lm
         self.layerwise, self.decode_layers_per_graph = layerwise, decode_layers_per_graph
         self._groups: Optional[tuple] = None  # (the cache, its decode groups' graph inputs), `layerwise`
@@ -214,7 +220,10 @@ class RolloutEngine:
             t1 = time.perf_counter()
             adm = call.sched.admit()
             if adm.prefill_prompts and prefix > 0:  # one-token prompts: decode writes their only position
-                self._prefill(cache, [prompts[p] for p in adm.prefill_prompts], adm.prefill_slots, p_len)
+                step = self.prefill_batch(len(adm.prefill_prompts), cache.slots, p_len)
+                for i in range(0, len(adm.prefill_prompts), step):
+                    self._prefill(cache, [prompts[p] for p in adm.prefill_prompts[i:i + step]],
+                                  adm.prefill_slots[i:i + step], p_len)
             if adm.copy_src and prefix > 0:
                 self._copy(cache, adm.copy_src, adm.copy_dst, p_len)
             call.start(adm)
@@ -230,6 +239,15 @@ class RolloutEngine:
         self.last_logits = [np.stack(rows) for rows in call.logits] if return_logits else None
         self.last_stats = call.summary(elapsed, cache, self.compiled_graphs)
         return call.completions()
+
+    def prefill_batch(self, n: int, slots: int, p_len: int) -> int:
+        """Prompts of length bucket p_len per prefill call, n admitted at once: all n without max_prefill_tokens,
+        else the largest prefill batch bucket whose positions fit in it (at least one prompt), so that every
+        call but the last fills a bucket and no new bucket shape appears."""
+        if self.max_prefill_tokens is None:
+            return n
+        fits = [b for b in halving_buckets(slots, 1) if b * p_len <= self.max_prefill_tokens]
+        return min(n, max(fits, default=1))
 
     def _decode(self, cache: KVCache, call: "_Call", live: np.ndarray, params: SamplingParams) -> None:
         """One decode step of the live slots: the smallest batch and length buckets that hold them."""

@@ -50,7 +50,8 @@ FULL = GRPOConfig(
     generate_config=GenerateConfig(
         max_prompt_length=256, max_tokens=1024, temperature=0.7, top_k=50, top_p=0.95, min_p=0.05,
         stop_token_ids=(151643, 151645), seed=123, max_num_seqs=64, max_num_batched_tokens=40960,
-        inference_weights="copy", decode_layers_per_graph=2, parallel_config=ParallelConfig(3, 4, 5)),
+        inference_weights="copy", decode_layers_per_graph=2, max_prefill_tokens=8192,
+        parallel_config=ParallelConfig(3, 4, 5)),
     reward_config=RewardConfig(
         verifier_function=("accuracy", "format", "soft_overlong", "cosine"), verifier_weight=(1.0, 0.5, 2.0, 0.25),
         reward_plugin="plugins/my_rewards.py", num_workers=4, timeout_s=2.5,
@@ -200,6 +201,7 @@ def test_nested_unknown_key():
     (["generate_config.stop_token_ids=[1, eos]"], "generate_config.stop_token_ids[1]", "expected int"),
     (["generate_config.max_num_seqs=0"], "generate_config.max_num_seqs", "must be >= 1"),
     (["generate_config.decode_layers_per_graph=0"], "generate_config.decode_layers_per_graph", "must be >= 1"),
+    (["generate_config.max_prefill_tokens=100"], "generate_config.max_prefill_tokens", "must hold one prompt"),
     (["generate_config.inference_weights=shared"], "generate_config.inference_weights",
      "expected one of 'auto', 'copy', got 'shared'"),
     (["generate_config.max_num_batched_tokens=1000"], "generate_config.max_num_batched_tokens",

@@ -248,3 +248,26 @@ def test_release_drops_the_cache_and_the_graphs_and_the_next_call_compiles_them_
     for a, b in zip(after, before):  # bit for bit alone; within 1.5e-6 after this file's other calls
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-5)
         np.testing.assert_allclose(a.sampling_logprobs, b.sampling_logprobs, rtol=0, atol=1e-5)
+
+
+def test_a_prefill_budget_splits_the_admitted_prompts_into_bucket_sized_calls(lm, engines):
+    """generate_config.max_prefill_tokens: 5 prompts admitted at once (64 slots), their prefixes in the
+    16-position bucket; a budget of 32 positions prefills 2 prompts a call (the largest batch bucket that fits),
+    so 2 + 2 + 1, and the samples are those of one call for all 5."""
+    p = SamplingParams(max_tokens=8, temperature=1.0, n=3, seed=7)
+    split = RolloutEngine(lm, pad_token_id=0, max_num_seqs=64, max_prefill_tokens=32)
+    calls = []
+    prefill = split._prefill
+    split._prefill = lambda cache, prompts, homes, p_len: (calls.append((len(prompts), p_len)),
+                                                             prefill(cache, prompts, homes, p_len))
+    out, whole = split.generate(PROMPTS, p), engines[64].generate(PROMPTS, p)
+    assert calls == [(2, 16), (2, 16), (1, 16)]
+    assert tokens(out) == tokens(whole)
+    for a, b in zip(out, whole):  # not bit for bit: the shared engine's last bits depend on its earlier calls
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(a.sampling_logprobs, b.sampling_logprobs, rtol=0, atol=1e-6)
+    # a budget below one prompt's bucket still prefills one prompt a call
+    assert split.prefill_batch(5, 64, 64) == 1 and split.prefill_batch(5, 64, 16) == 2
+    assert RolloutEngine(lm, max_num_seqs=64).prefill_batch(5, 64, 16) == 5
+    with pytest.raises(ValueError, match="max_prefill_tokens"):
+        RolloutEngine(lm, max_prefill_tokens=0)
