@@ -335,10 +335,11 @@ class GenerateConfig:
     # Qwen2.5-0.5B shape, 16 slots: 1 layer 35.0 s of decode, 4 layers 21.1 s, the same memory;
     # benchmarks/results/layerwise_generate_groups.md)
     decode_layers_per_graph: int = 4
-    # the most prompt positions (prompts x their padded length) the engine prefills in one graph call; null: every
-    # prompt admitted at once (max_num_seqs / num_generations of them). A prefill's buffers grow with it: 64 prompts of
-    # 256 positions at the Qwen2.5-0.5B shape are 16,384 rows of MLP activations and (64, 14, 256, 256) scores
-    max_prefill_tokens: Optional[int] = None
+    # the most prompt positions (prompts x their padded length) the engine prefills in one graph call, at least one
+    # prompt a call; null: every prompt admitted at once (up to max_num_seqs / num_generations of them). A prefill's
+    # buffers grow with it: 64 prompts of 256 positions at the Qwen2.5-0.5B shape (4 layers, 256 slots) held 6.28 GB
+    # in one call, 3.05 in calls of 4,096, the same samples (benchmarks/results/prefill_budget.md)
+    max_prefill_tokens: Optional[int] = 4096
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
@@ -348,9 +349,8 @@ class GenerateConfig:
               "max_num_batched_tokens", f"must hold one sequence of max_prompt_length + max_tokens = {capacity} "
               f"tokens, got {self.max_num_batched_tokens}")
         _check_non_negative(self, "temperature", "top_k")
-        check(self.max_prefill_tokens is None or self.max_prefill_tokens >= self.max_prompt_length,
-              "max_prefill_tokens", f"must hold one prompt of max_prompt_length = {self.max_prompt_length} tokens "
-              f"(or be null), got {self.max_prefill_tokens}")
+        check(self.max_prefill_tokens is None or self.max_prefill_tokens >= 1, "max_prefill_tokens",
+              f"must be >= 1 or null, got {self.max_prefill_tokens}")
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(0 <= self.min_p < 1, "min_p", f"must be in [0, 1), got {self.min_p}")
         check(not self.layerwise or self.parallel_config.model_parallel == 1, "layerwise",

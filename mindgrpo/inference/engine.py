@@ -110,13 +110,13 @@ class RolloutEngine:
     most the model's context; None: from the calls). The engine has min(max_num_seqs,
     max_num_batched_tokens // capacity) slots. layerwise: the graphs a layer at a time (the module's
     docstring), decode_layers_per_graph layers in a decode graph. max_prefill_tokens: the most prompt positions
-    (prompts x their length bucket) one prefill graph call takes (None: every prompt admitted at once); the
-    prompts admitted together are prefilled in as many calls as that needs."""
+    (prompts x their length bucket) one prefill graph call takes, at least one prompt (None: every prompt
+    admitted at once); the prompts admitted together are prefilled in as many calls as that needs."""
 
     def __init__(self, lm: Qwen2ForCausalLM, pad_token_id: int = 0, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,
                  layerwise: bool = False, decode_layers_per_graph: int = 4,
-                 max_prefill_tokens: Optional[int] = None):
+                 max_prefill_tokens: Optional[int] = 4096):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if decode_layers_per_graph < 1:

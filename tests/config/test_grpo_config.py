@@ -201,7 +201,7 @@ def test_nested_unknown_key():
     (["generate_config.stop_token_ids=[1, eos]"], "generate_config.stop_token_ids[1]", "expected int"),
     (["generate_config.max_num_seqs=0"], "generate_config.max_num_seqs", "must be >= 1"),
     (["generate_config.decode_layers_per_graph=0"], "generate_config.decode_layers_per_graph", "must be >= 1"),
-    (["generate_config.max_prefill_tokens=100"], "generate_config.max_prefill_tokens", "must hold one prompt"),
+    (["generate_config.max_prefill_tokens=0"], "generate_config.max_prefill_tokens", "must be >= 1 or null"),
     (["generate_config.inference_weights=shared"], "generate_config.inference_weights",
      "expected one of 'auto', 'copy', got 'shared'"),
     (["generate_config.max_num_batched_tokens=1000"], "generate_config.max_num_batched_tokens",

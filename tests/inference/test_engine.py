@@ -268,6 +268,7 @@ def test_a_prefill_budget_splits_the_admitted_prompts_into_bucket_sized_calls(lm
         np.testing.assert_allclose(a.sampling_logprobs, b.sampling_logprobs, rtol=0, atol=1e-6)
     # a budget below one prompt's bucket still prefills one prompt a call
     assert split.prefill_batch(5, 64, 64) == 1 and split.prefill_batch(5, 64, 16) == 2
-    assert RolloutEngine(lm, max_num_seqs=64).prefill_batch(5, 64, 16) == 5
+    assert RolloutEngine(lm, max_num_seqs=64, max_prefill_tokens=None).prefill_batch(64, 64, 256) == 64
+    assert RolloutEngine(lm, max_num_seqs=64).prefill_batch(64, 64, 256) == 16  # 4,096 positions by default
     with pytest.raises(ValueError, match="max_prefill_tokens"):
         RolloutEngine(lm, max_prefill_tokens=0)

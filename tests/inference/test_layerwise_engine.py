@@ -148,4 +148,4 @@ def test_the_key_is_off_by_default_refused_with_tensor_parallelism_and_reaches_t
                                              "generate_config.max_prefill_tokens=1024"])
     engine = build_engine(cfg, Qwen2ForCausalLM(config("qwen2", 1), seed=1), 0)
     assert engine.layerwise is True and engine.decode_layers_per_graph == 3 and engine.max_prefill_tokens == 1024
-    assert GRPOConfig().generate_config.max_prefill_tokens is None
+    assert GRPOConfig().generate_config.max_prefill_tokens == 4096
