@@ -65,6 +65,16 @@ def median(values: Sequence[float]) -> float:
 
 
 # ----------------------------------------------------------------------------------- the run stamp
+def values_differ(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> dict:
+    """Two sides' per-sample values (log-probs, lists of lists): how many there are, how many differ and the
+    largest difference (None for both when the samples' lengths differ)."""
+    x = np.concatenate([np.asarray(v, np.float64) for v in a]) if len(a) else np.zeros(0)
+    y = np.concatenate([np.asarray(v, np.float64) for v in b]) if len(b) else np.zeros(0)
+    same = x.shape == y.shape
+    return {"values": int(x.size), "differ": int((x != y).sum()) if same else None,
+            "max_abs": float(np.abs(x - y).max()) if same and x.size else None}
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from benchmarks.harness import RESULTS, code_version, median, rss_gb, run_stamp, write_results
+from benchmarks.harness import RESULTS, code_version, median, rss_gb, run_stamp, values_differ, write_results
 from benchmarks.update_sides import G, PROMPT_LENGTHS, RESPONSE, measured, step_workload
 from benchmarks.workers import Workers
 
@@ -96,11 +96,7 @@ def compare(a: str, b: str, ra: dict, rb: dict) -> dict:
     """Two sides' samples: the same tokens? how many log-probs (of each kind) differ, and by how much at most."""
     out = {"sides": [a, b], "same_tokens": ra["tokens"] == rb["tokens"]}
     for k in ("logprobs", "sampling_logprobs"):
-        x = np.concatenate([np.asarray(v, np.float64) for v in ra[k]])
-        y = np.concatenate([np.asarray(v, np.float64) for v in rb[k]])
-        same_len = x.shape == y.shape
-        out[k] = {"values": int(x.size), "differ": int((x != y).sum()) if same_len else None,
-                  "max_abs": float(np.abs(x - y).max()) if same_len and x.size else None}
+        out[k] = values_differ(ra[k], rb[k])
     out["identical"] = out["same_tokens"] and all(out[k]["differ"] == 0 for k in ("logprobs", "sampling_logprobs"))
     return out
 

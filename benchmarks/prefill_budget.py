@@ -21,9 +21,7 @@ import argparse
 import os
 import sys
 
-import numpy as np
-
-from benchmarks.harness import RESULTS, code_version, run_stamp, write_results
+from benchmarks.harness import RESULTS, code_version, run_stamp, values_differ, write_results
 from benchmarks.update_sides import G, PROMPT_LENGTHS, RESPONSE, measured, step_workload
 from benchmarks.workers import Workers
 
@@ -51,12 +49,7 @@ def side(conn, layers: int, prompts: int, budget, layerwise: bool) -> None:
 
 
 def compare(first: dict, other: dict) -> dict:
-    x = np.concatenate([np.asarray(v, np.float64) for v in first["logprobs"]])
-    y = np.concatenate([np.asarray(v, np.float64) for v in other["logprobs"]])
-    same_len = x.shape == y.shape
-    return {"same_tokens": first["tokens"] == other["tokens"], "logprobs": int(x.size),
-            "differ": int((x != y).sum()) if same_len else None,
-            "max_abs": float(np.abs(x - y).max()) if same_len and x.size else None}
+    return {"same_tokens": first["tokens"] == other["tokens"], **values_differ(first["logprobs"], other["logprobs"])}
 
 
 def markdown(res: dict) -> str:
@@ -73,7 +66,7 @@ def markdown(res: dict) -> str:
              "| peak GB | KV cache GB | tokens | log-probs |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in res["sides"].items():
         c = r.get("compared")
-        lp = "" if c is None else (f"{c['differ']} of {c['logprobs']} differ (max {c['max_abs']:.1e})"
+        lp = "" if c is None else (f"{c['differ']} of {c['values']} differ (max {c['max_abs']:.1e})"
                                    if c["differ"] is not None else "other lengths")
         toks = "reference" if c is None else ("the same" if c["same_tokens"] else "OTHER")
         lines.append(f"| {name} | {len(r['prefill_calls'])} ({', '.join(map(str, r['prefill_calls']))}) | "
