@@ -242,8 +242,8 @@ class RolloutEngine:
 
     def prefill_batch(self, n: int, slots: int, p_len: int) -> int:
         """Prompts of length bucket p_len per prefill call, n admitted at once: all n without max_prefill_tokens,
-        else the largest prefill batch bucket whose positions fit in it (at least one prompt), so that every
-        call but the last fills a bucket and no new bucket shape appears."""
+        else the largest prefill batch bucket whose positions fit in it (at least one prompt): every call but
+        the last fills that bucket, and each call's bucket is one of those `graph_bound` counts."""
         if self.max_prefill_tokens is None:
             return n
         fits = [b for b in halving_buckets(slots, 1) if b * p_len <= self.max_prefill_tokens]

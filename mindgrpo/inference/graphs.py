@@ -28,8 +28,8 @@ tokens, a copy's padding) is masked until the row overwrites it.
 Layer by layer (the engine's `layerwise`): PrefillInputs / DecodeInputs make what the layers share,
 PrefillLayer runs one layer and DecodeLayers a group of k layers given their weights and k/v caches as graph
 inputs (mutable tuples of the Parameters themselves: read and written in place, one compile for every layer
-or group), DecodeHead the head and the sampler. The whole graphs and the layer graphs call the same per-layer functions
-(`_prefill_layer`, `_decode_layer`), so they compute the same thing bit for bit.
+or group), DecodeHead the head and the sampler. The whole graphs and the layer graphs call the same per-layer
+functions (`_prefill_layer`, `_decode_layer`), so they compute the same thing bit for bit.
 """
 
 from __future__ import annotations
