@@ -172,7 +172,7 @@ def markdown(res: dict) -> str:
             f = r["first"]
             lines.append(f"| {n} | {side} | {f['seconds']:.1f} | {f['after_gb'] - f['before_gb']:+.2f} | "
                          f"{f['peak_gb']:.2f} | {r['second']['seconds']:.1f} | "
-                         f"{r['second'].get('decode_s', float('nan')):.1f} | {r['graphs']} | "
+                         f"{r['second']['decode_s']:.1f} | {r['graphs']} | "
                          f"{'all identical' if mem[str(n)]['identical'] else 'below'} |")
     lines += ["", "Each pair of sides (tokens; log-probs under softmax(logits / T), then under the sampled "
               "distribution: how many of the values differ, the largest difference):", ""]
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     res["tiny"] = tiny_timing(args.tiny_rounds, groups)
     print(f"tiny: {[t['median_s'] for t in res['tiny'].values()]}", flush=True)
     res["memory"] = measure_memory(args.layers, groups)
-    res["fit"] = {side_name(g): fit(res["memory"], side_name(g)) for g in groups}
+    res["fit"] = {side: fit(res["memory"], side) for side in res["sides"]}
     res["load_average_end"] = os.getloadavg()[0]
     write_results(args.output, res, markdown(res))
     print(markdown(res))

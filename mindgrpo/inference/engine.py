@@ -126,7 +126,7 @@ class RolloutEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.lm = lm
         self.layerwise, self.decode_layers_per_graph = layerwise, decode_layers_per_graph
-        self._groups: Optional[tuple] = None  # (the cache, its decode groups' graph inputs), `layerwise`
+        self._groups: list = []  # `layerwise`: the decode groups' graph inputs, made with the cache
         self.model = InferenceModel(lm, layerwise)
         self.pad = pad_token_id
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
@@ -159,7 +159,7 @@ class RolloutEngine:
         refresh) and the buffers the runtime keeps for them (freed only with the cells that compiled
         them: `benchmarks/graph_release.py`), and the fused layer copies (remade at every call anyway);
         the next call compiles again the shapes it needs."""
-        self.cache = self._groups = None
+        self.cache, self._groups = None, []
         self._graphs.clear()
         self.model.weights.release()
 
@@ -177,6 +177,7 @@ class RolloutEngine:
             self.release()
             slots = kv_slots(capacity, self.max_num_seqs, self.max_num_batched_tokens)
             self.cache = KVCache(self.model, slots, capacity)
+            self._groups = self._decode_groups(self.cache) if self.layerwise else []
         return self.cache
 
     def _graph(self, key: tuple, make):
@@ -287,19 +288,17 @@ class RolloutEngine:
         head = self._graph(("decode_head", b, params.graph_key()),
                            lambda: DecodeHead(self.model, Sampler(params, self.lm.config.vocab_size)))
         x, cos, sin, write, read, bias = first(*inputs)
-        for k, ws, kvs in self._decode_groups(cache):
+        for k, ws, kvs in self._groups:
             layers = self._graph(("decode_layers", b, length, whole, k), lambda: DecodeLayers(self.model, whole, k))
             x = layers(x, cos, sin, write, read, bias, ws, kvs)
         return head(x, *sampling)
 
     def _decode_groups(self, cache: KVCache) -> list:
         """(k, the k layers' weights, their caches) for each group of decode_layers_per_graph consecutive
-        layers (the last group the rest), as mutable tuples of the layers' own: made once per cache."""
-        if self._groups is None or self._groups[0] is not cache:
-            step, n = self.decode_layers_per_graph, self.model.n_layers
-            self._groups = (cache, [(min(step, n - i), ms.mutable(tuple(self.model.layer_inputs[i:i + step])),
-                                     ms.mutable(tuple(cache.layer_caches[i:i + step]))) for i in range(0, n, step)])
-        return self._groups[1]
+        layers (the last group the rest), as mutable tuples of the layers' own."""
+        step, n = self.decode_layers_per_graph, self.model.n_layers
+        return [(min(step, n - i), ms.mutable(tuple(self.model.layer_inputs[i:i + step])),
+                 ms.mutable(tuple(cache.layer_caches[i:i + step]))) for i in range(0, n, step)]
 
     def _prefill(self, cache: KVCache, prompts: List[Sequence[int]], homes: List[int], p_len: int) -> None:
         """Every prompt but its last token into its home slot, one graph call (padding prompts
