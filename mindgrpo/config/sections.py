@@ -243,6 +243,12 @@ class ActorConfig:
     # gradients, and the compiled graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime
     # keeps them all: benchmarks/results/layerwise.md). One device, right-padded rows
     layerwise_update: bool = False
+    # with layerwise_update: the rows of a micro-batch the final norm, vocabulary head and loss take a graph call
+    # (their buffers grow with rows x response length x vocabulary); the same loss, metrics and gradients, to
+    # rounding (a loss with top_entropy_quantile < 1 takes its quantile over one call's tokens: its head takes the
+    # whole micro-batch). 0: the whole micro-batch. (The Qwen2.5-0.5B shape, micro-batches of 4 rows of 128
+    # response tokens: benchmarks/results/head_rows.md)
+    head_rows_per_graph: int = 1
     # Micro-batches by tokens (mindgrpo/grpo/packing.py), for the update and the old log-probs. > 0: a
     # mini-batch's samples, sorted by length, are cut into micro-batches of at most this many tokens,
     # padding included, each padded only to its own length (micro_batch_size then sizes the SFT warm start
@@ -257,7 +263,8 @@ class ActorConfig:
     def __post_init__(self):
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         check(0 <= self.min_lr <= self.lr, "min_lr", f"must be in [0, lr={self.lr}], got {self.min_lr}")
-        _check_non_negative(self, "warmup_steps", "weight_decay", "logprob_chunk_size", "max_tokens_per_micro_batch")
+        _check_non_negative(self, "warmup_steps", "weight_decay", "logprob_chunk_size", "max_tokens_per_micro_batch",
+                            "head_rows_per_graph")
         check(not self.packing or self.max_tokens_per_micro_batch > 0, "packing",
               "needs max_tokens_per_micro_batch > 0 (the tokens of a micro-batch's packed rows)")
         for key in ("adam_beta1", "adam_beta2"):

@@ -22,7 +22,8 @@ from mindgrpo.grpo.layerwise import LayerwiseAdamW, LayerwiseGradStep, Layerwise
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
 from mindgrpo.grpo.packing import Batching, MicroBatch, gather_samples, plan
-from mindgrpo.grpo.train_graph import MAXIMA, SUMMED, GRPOGradStep, PolicyLoss, StageGradStep, metric_keys
+from mindgrpo.grpo.train_graph import (MAXIMA, GRPOGradStep, PolicyLoss, StageGradStep, fold_metrics, metric_keys,
+                                      metric_means)
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import PackedTokenLogProbs, StageHidden, TokenLogProbs
@@ -101,7 +102,7 @@ class PolicyUpdater:
                  grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
                  optimizer_shard: bool = False, chunk: int = 0, pipeline: Optional[Pipeline] = None,
                  old_is_training: bool = True, max_tokens: int = 0, packing: bool = False, attention: str = "mask",
-                 recompute: bool = False, layerwise: bool = False):
+                 recompute: bool = False, layerwise: bool = False, head_rows: int = 0):
         """old_is_training: the old log-probs given with the experience come from the training graph
         (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout).
         max_tokens, packing, attention: as `Scorer`'s.
@@ -111,7 +112,9 @@ class PolicyUpdater:
         layerwise: the training step as a host loop over one compiled decoder-layer graph
         (`mindgrpo.grpo.layerwise`): the same gradients, one layer's graph buffers instead of every
         layer's; one device, right-padded rows. Without ZeRO-1 the gradient norm and AdamW's step run
-        group by group too (`layerwise.LayerwiseAdamW`: bit for bit, no copy of every gradient kept)."""
+        group by group too (`layerwise.LayerwiseAdamW`: bit for bit, no copy of every gradient kept).
+        head_rows: with layerwise, the rows of a micro-batch the vocabulary head and loss take a graph call
+        (`layerwise.LayerwiseGradStep`); 0 all."""
         self.lm = lm
         if recompute:
             lm.recompute_layers()
@@ -124,7 +127,7 @@ class PolicyUpdater:
         self._loss_args = (detach_old, use_ref, with_entropy, temperature, chunk, old_is_training)
         if layerwise and (self.batching.layout != "rows" or not (pipe.first and pipe.last)):
             raise ValueError("the layerwise update takes right-padded rows on one pipeline stage (no packing)")
-        self.layerwise = layerwise
+        self.layerwise, self.head_rows = layerwise, head_rows
         self._build()
         # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1);
         # under tensor parallelism the model's layer factory knows how to sum the pieces' norms, and
@@ -150,7 +153,7 @@ class PolicyUpdater:
         self.step_graph = self.stage = self.stage_grad = None
         if self.layerwise:  # a host loop over one compiled decoder-layer graph
             policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, from_hidden=True)
-            self.step_graph = LayerwiseGradStep(policy_loss, lm, self.params, self.buffer)
+            self.step_graph = LayerwiseGradStep(policy_loss, lm, self.params, self.buffer, self.head_rows)
         elif pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
             policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, packed=self.batching.layout != "rows",
                                      attention=attention)
@@ -212,14 +215,10 @@ class PolicyUpdater:
         results = self.pipe.train(len(batches), lambda m: Tensor(batches[m].ids), hidden_shape(self.lm, batches),
                                   lambda m, x: self.stage(x, feed_input(batches[m].stage_feed)),
                                   lambda m, x, dy: self.stage_grad(x, dy, feed_input(batches[m].stage_feed)), last_step)
-        summed, maxima = np.isin(keys, SUMMED), np.isin(keys, MAXIMA)
+        maxima = np.isin(keys, MAXIMA)
         totals = np.zeros(2 + len(keys))  # loss, tokens, metric sums (or maxima): on the last stage
         for mb, values in zip(batches, results):
-            w = float(mb.exp.mask.sum())
-            totals[0] += values[0]  # already normalised globally: micro-batch losses add up
-            totals[1] += w
-            v = np.array(values[1:])
-            totals[2:] = np.where(maxima, np.maximum(totals[2:], v), totals[2:] + np.where(summed, v, w * v))
+            fold_metrics(keys, totals, values[0], values[1:], float(mb.exp.mask.sum()))
         totals = self.pipe.from_last(totals)  # the other stages add zeros: maxima are >= 0
         if dp is not None:
             dp(self.buffer)
@@ -241,6 +240,6 @@ class PolicyUpdater:
             self.optimizer_steps += 1
         # pg_loss is normalised by the global counts, so micro-batch values add up; the maxima are
         # maxima; the others are per-micro-batch token means, weighted by their token counts here
-        out = {k: float(v if k in SUMMED or k in MAXIMA else v / max(tok_sum, 1.0)) for k, v in zip(keys, sums)}
+        out = {k: float(v) for k, v in zip(keys, metric_means(keys, sums, tok_sum))}
         out.update(loss=loss_sum, grad_norm=grad_norm, lr=lr, skipped=float(skipped))
         return out

@@ -38,10 +38,11 @@ import re
 from typing import Dict, List, Sequence
 
 import mindspore as ms
-from mindspore import Parameter, nn, ops
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.grpo.optim import AccumulateGrads, AdamW, GradBuffer
-from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss
+from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss, fold_metrics, metric_keys, metric_means
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.reductions import squared_sum
 from mindgrpo.models.scoring import TokenLogProbs, causal_bias, positions
@@ -127,10 +128,17 @@ class _LayerGrad(nn.Cell):
 
 class LayerwiseGradStep:
     """One micro-batch, called as `GRPOGradStep` is (the same inputs; loss and metrics out, every
-    gradient accumulated into `buffer`), through the graphs of the module docstring."""
+    gradient accumulated into `buffer`), through the graphs of the module docstring.
+
+    head_rows > 0: the head graph runs that many of the micro-batch's rows a call (the last call the rest),
+    for the buffers of that many rows' (rows * R, V) logits instead of the micro-batch's; loss, metrics and
+    gradients as micro-batches of head_rows rows would give them (`train_graph.fold_metrics`), which, with
+    the losses normalised by the global counts, are the whole micro-batch's to rounding. A loss with
+    top_entropy_quantile < 1 takes its quantile over the tokens of one head call: its head takes the whole
+    micro-batch. 0: the whole micro-batch in one call."""
 
     def __init__(self, policy_loss: PolicyLoss, lm: Qwen2ForCausalLM, params: Sequence[Parameter],
-                 buffer: GradBuffer):
+                 buffer: GradBuffer, head_rows: int = 0):
         if not (lm.first_stage and lm.last_stage) or lm.tp != 1:
             raise ValueError("the layerwise update runs the whole model on one device (no pipeline stages or "
                              "tensor parallelism)")
@@ -150,6 +158,8 @@ class LayerwiseGradStep:
         self.layer_grad = _LayerGrad(layers[0])
         self.head = GRPOGradStep(policy_loss, head, _Accumulators(buffer, params, head), wrt_inputs=True)
         self.embed_grad = _EmbedGrad(lm, _Accumulators(buffer, params, [embedding]))
+        self.loss = policy_loss.loss
+        self.head_rows = 0 if policy_loss.loss.needs_entropy else head_rows
 
     def __call__(self, ids, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                  rollout_logp=None):
@@ -158,12 +168,34 @@ class LayerwiseGradStep:
         for w in self.layer_weights:
             inputs.append(x)
             x = self.layer(x, cos, sin, bias, w)
-        loss, metrics, dx = self.head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
-                                      rollout_logp)
+        loss, metrics, dx = self._head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
+                                       rollout_logp)
         for i in reversed(range(len(self.layer_weights))):
             dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], dx, self.layer_accumulators[i])
         self.embed_grad(ids, dx)
         return loss, metrics
+
+    def _head(self, x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs, rollout_logp):
+        """The head graph on the micro-batch's rows, head_rows a call (class docstring) -> loss, metrics,
+        dL/dx (B, S, H)."""
+        b = x.shape[0]
+        if self.head_rows == 0 or self.head_rows >= b:
+            return self.head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs, rollout_logp)
+        sizes = [self.head_rows] * (b // self.head_rows) + ([b % self.head_rows] if b % self.head_rows else [])
+        rows = [ops.split(t, sizes, 0) if t is not None else [None] * len(sizes)
+                for t in (x, *feed, mask, advantages, old_logp, ref_logp, rollout_logp)]
+        keys = metric_keys(self.loss, rollout_logp is not None)
+        totals = np.zeros(2 + len(keys))
+        dxs = []
+        for g in range(len(sizes)):
+            xg, *feed_g, mask_g, adv_g, old_g, ref_g, roll_g = (part[g] for part in rows)
+            loss, metrics, dx = self.head(xg, ms.mutable(tuple(feed_g)), mask_g, adv_g, old_g, ref_g, global_tokens, global_seqs,
+                                          roll_g)
+            fold_metrics(keys, totals, float(loss.asnumpy()), [float(m.asnumpy()) for m in metrics],
+                         float(mask_g.sum().asnumpy()))
+            dxs.append(dx)
+        metrics = metric_means(keys, totals[2:], totals[1])
+        return (Tensor(np.float32(totals[0])), tuple(Tensor(np.float32(m)) for m in metrics), ops.cat(dxs, 0))
 
 
 class LayerwiseLogProbs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, nn, ops
 
 from mindgrpo.grpo.ms_corrections import mismatch_metrics
@@ -35,6 +36,25 @@ CORRECTION_KEYS = ("rollout_correction/weight_mean", "rollout_correction/weight_
 # how a step combines its micro-batches' values: pg_loss is already normalised globally (summed), the
 # maxima (all >= 0) by their maximum, the rest by their token-weighted mean
 SUMMED, MAXIMA = ("pg_loss",), ("mismatch/abs_diff_max", "rollout_correction/weight_max")
+
+
+def fold_metrics(keys: Sequence[str], totals: np.ndarray, loss: float, values: Sequence[float], tokens: float) -> None:
+    """Adds one micro-batch's (or row group's) loss and metrics, in the order of `keys`, to `totals` =
+    [loss, tokens, then per key a sum or a maximum] in place: losses add up (each already normalised by
+    the global counts), as do SUMMED metrics; MAXIMA (all >= 0) take their maximum; the rest are token
+    means over the part's `tokens` (its mask's sum), added weighted by them. `metric_means` ends it."""
+    summed, maxima = np.isin(keys, SUMMED), np.isin(keys, MAXIMA)
+    v = np.asarray(values, np.float64)
+    totals[0] += loss
+    totals[1] += tokens
+    totals[2:] = np.where(maxima, np.maximum(totals[2:], v), totals[2:] + np.where(summed, v, tokens * v))
+
+
+def metric_means(keys: Sequence[str], sums: np.ndarray, tokens: float) -> np.ndarray:
+    """`fold_metrics`' totals[2:] over all the parts -> the metrics of the parts together (token means
+    divided by the parts' tokens, at least 1, as `PolicyLoss` divides a micro-batch's)."""
+    keep = np.isin(keys, SUMMED) | np.isin(keys, MAXIMA)
+    return np.where(keep, sums, sums / max(tokens, 1.0))
 
 
 def metric_keys(loss: GRPOLoss, with_rollout: bool) -> tuple:

@@ -77,7 +77,7 @@ class GRPOTrainer:
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
             temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
             pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, recompute=actor.recompute,
-            layerwise=actor.layerwise_update, **batching)
+            layerwise=actor.layerwise_update, head_rows=actor.head_rows_per_graph, **batching)
         self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline,
                                  **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor)),
                                  layerwise=cfg.ref_config.layerwise) \

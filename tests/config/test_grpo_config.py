@@ -44,7 +44,7 @@ FULL = GRPOConfig(
         model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
         dtype="bfloat16", lr=3e-6, lr_schedule="cosine", warmup_steps=3, min_lr=1e-7, adam_beta1=0.8, adam_beta2=0.95,
         adam_eps=1e-6, weight_decay=0.01, grad_clip=None, micro_batch_size=2, logprob_chunk_size=512,
-        max_tokens_per_micro_batch=4096, packing=True, packed_attention="flash",
+        head_rows_per_graph=2, max_tokens_per_micro_batch=4096, packing=True, packed_attention="flash",
         parallel_config=ParallelConfig(2, 2, 2, optimizer_shard=True)),
     ref_config=RefConfig(load_checkpoint="/models/ref", max_tokens_per_micro_batch=8192, parallel_config=ParallelConfig(4, 2, 3)),
     generate_config=GenerateConfig(
@@ -196,6 +196,7 @@ def test_nested_unknown_key():
     (["actor_config.adam_beta2=1"], "actor_config.adam_beta2", "must be in [0, 1)"),
     (["actor_config.lr_schedule=linear"], "actor_config.lr_schedule", "expected one of 'constant', 'cosine'"),
     (["actor_config.dtype=float16"], "actor_config.dtype", "expected one of 'float32', 'bfloat16'"),
+    (["actor_config.head_rows_per_graph=-1"], "actor_config.head_rows_per_graph", "must be >= 0"),
     (["ref_config.parallel_config.pipeline_stage=0"], "ref_config.parallel_config.pipeline_stage", "must be >= 1"),
     (["generate_config.top_p=0"], "generate_config.top_p", "must be in (0, 1]"),
     (["generate_config.stop_token_ids=[1, eos]"], "generate_config.stop_token_ids[1]", "expected int"),

@@ -29,20 +29,48 @@ QWEN3 = Qwen2Config(model_type="qwen3", vocab_size=512, hidden_size=32, intermed
                     tie_word_embeddings=False)
 
 
-def updater(cfg, layerwise):
+def updater(cfg, layerwise, loss=None, head_rows=0):
     lm = Qwen2ForCausalLM(cfg, seed=7)
-    return lm, PolicyUpdater(lm, GRPOLoss(beta=0.04, kl_kind="k3"), micro_batch_size=4, detach_old=True, use_ref=True,
-                             beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0, layerwise=layerwise)
+    return lm, PolicyUpdater(lm, loss or GRPOLoss(beta=0.04, kl_kind="k3"), micro_batch_size=4, detach_old=True,
+                             use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
+                             layerwise=layerwise, head_rows=head_rows)
 
 
-def one_micro_batch(up, exp):
+def one_micro_batch(up, exp, rollout_logp=None):
     """Loss, metrics and the accumulated gradients (name -> array) of one training-step call."""
     loss, metrics = up.step_graph(
         Tensor(exp.input_ids), ms.mutable((Tensor(exp.score_pos), Tensor(exp.labels))), Tensor(exp.mask),
         Tensor(exp.advantages), Tensor(np.zeros_like(exp.mask)), Tensor(exp.ref_logp),
-        Tensor(np.float32(exp.mask.sum())), Tensor(np.float32(len(exp))), None)
+        Tensor(np.float32(exp.mask.sum())), Tensor(np.float32(len(exp))),
+        None if rollout_logp is None else Tensor(rollout_logp))
     grads = {p.name: b.asnumpy().copy() for p, b in zip(up.params, up.buffer.bufs)}
     return float(loss.asnumpy()), [float(m.asnumpy()) for m in metrics], grads
+
+
+def test_head_rows_give_the_loss_metrics_and_gradients_of_the_whole_micro_batch():
+    """actor_config.head_rows_per_graph: the head graph called on 1 or 3 of the micro-batch's 4 rows at a time (3:
+    a group of 3 and one of 1, each its own compiled shape) gives the loss, the metrics (token means weighted by
+    each call's tokens, the mismatch maximum a maximum) and the gradients of the whole-model graph on the whole
+    micro-batch, with the rollout's log-probs given (the mismatch metrics and a truncated importance correction);
+    a loss with a top-entropy quantile (over one call's tokens) keeps the whole micro-batch in its head."""
+    exp = experience()
+    assert len(exp) == 4 and (exp.mask.sum(-1) > 0).all()
+    rollout = (exp.ref_logp + 0.05 * np.random.default_rng(4).standard_normal(exp.mask.shape)).astype(np.float32)
+    loss = GRPOLoss(beta=0.04, kl_kind="k3", rollout_correction="tis_token")
+    _, whole = updater(QWEN2, False, loss)
+    a = one_micro_batch(whole, exp, rollout * exp.mask)
+    assert len(a[1]) == 14 and a[1][8] > 0  # with the mismatch and correction metrics; abs_diff_max > 0
+    for rows in (1, 3):
+        _, split = updater(QWEN2, True, loss, head_rows=rows)
+        assert split.step_graph.head_rows == rows
+        b = one_micro_batch(split, exp, rollout * exp.mask)
+        assert b[0] == pytest.approx(a[0], rel=1e-6, abs=1e-7), rows
+        np.testing.assert_allclose(b[1], a[1], rtol=1e-6, atol=1e-7, err_msg=str(rows))
+        for name, grad in a[2].items():
+            assert np.any(grad != 0), name
+            np.testing.assert_allclose(b[2][name], grad, rtol=1e-6, atol=1e-7, err_msg=f"{rows} {name}")
+    _, quantile = updater(QWEN2, True, GRPOLoss(beta=0.04, kl_kind="k3", top_entropy_quantile=0.5), head_rows=1)
+    assert quantile.step_graph.head_rows == 0
 
 
 @pytest.mark.slow  # issue 18: over 30 s under -n 2 at load 6 (the -m "not slow" loop of 2026-11-26)
