@@ -206,7 +206,8 @@ def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, ext
         step_peak = max([r["peak_gb"] for r in memory.records] + [peak_since_reset_gb()])
         memory.max_peak = max(memory.max_peak, step_peak)
         conn.send({"step_s": wall, "phases": list(memory.records), "new_tokens": tokens,
-                   "loss": float(metrics.get("loss", float("nan"))), "step_peak_gb": step_peak,
+                   "loss": float(metrics.get("loss", float("nan"))),
+                   "grad_norm": float(metrics.get("grad_norm", float("nan"))), "step_peak_gb": step_peak,
                    "process_peak_gb": memory.max_peak})
 
 
