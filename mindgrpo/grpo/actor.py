@@ -165,12 +165,14 @@ class PolicyUpdater:
 
     def release(self) -> None:
         """Drop the compiled training graphs and the buffers the runtime keeps for them (freed only
-        with the cells that compiled them: `benchmarks/graph_release.py`); the gradient buffers and
-        AdamW's moments stay (and the layerwise optimizer's group graphs go). The next update compiles the
-        graphs again."""
+        with the cells that compiled them: `benchmarks/graph_release.py`) and the layerwise optimizer's group
+        graphs; the gradient accumulators (zero after every update) shrink to one element until the next
+        update remakes them (`GradBuffer.release`); AdamW's moments stay. The next update compiles the graphs
+        again."""
         self.step_graph = self.stage = self.stage_grad = None
         if isinstance(self.adamw, LayerwiseAdamW):
             self.adamw.release()
+        self.buffer.release()  # zero after every update: remade at the next one's start
 
     def state_parameters(self) -> List[ms.Parameter]:
         """What a checkpoint must hold besides the weights to resume exactly."""
@@ -197,6 +199,7 @@ class PolicyUpdater:
             exp = exp.select(dp.rows(len(exp), tokens))
         if self.step_graph is None and self.stage is None:
             self._build()
+        self.buffer.restore()
         with_rollout = exp.sampling_logp is not None
         keys = metric_keys(self.loss, with_rollout)
         batches = plan(exp, self.batching)

@@ -53,16 +53,37 @@ def no_decay(name: str) -> bool:
 
 
 class GradBuffer(nn.Cell):
-    """fp32 accumulators, one per trainable parameter."""
+    """fp32 accumulators, one per trainable parameter.
+
+    They are zero between optimizer steps (the step, or `ZeroGrads` when it is skipped, zeroes them), so
+    `release()` can shrink each to one element between updates (the memory of a copy of the weights
+    handed back: the rollout and the reference do without it, as PyTorch's `zero_grad(set_to_none=True)`
+    does) and `restore()` make them zeros of their full shapes again, exactly as they were; the same
+    Parameters throughout, so the graphs that take them keep them."""
 
     def __init__(self, params: Sequence[Parameter], prefix: str = "accum"):
         super().__init__()
+        self.shapes = [tuple(p.shape) for p in params]
         self.bufs = ms.ParameterTuple(
             Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"{prefix}.{p.name}", requires_grad=False)
             for p in params)
+        self.released = False
 
     def nbytes(self) -> int:
-        return sum(int(np.prod(b.shape)) * 4 for b in self.bufs)
+        return sum(int(np.prod(shape)) * 4 for shape in self.shapes)
+
+    def release(self) -> None:
+        """Shrink every accumulator to one element; call it only between optimizer steps (all zero)."""
+        for b in self.bufs:
+            b.set_data(Tensor(np.zeros((1,) * len(b.shape), np.float32)))
+        self.released = True
+
+    def restore(self) -> None:
+        """Zeros of the full shapes again after a `release()`; nothing otherwise."""
+        if self.released:
+            for b, shape in zip(self.bufs, self.shapes):
+                b.set_data(Tensor(np.zeros(shape, np.float32)))
+            self.released = False
 
 
 class AccumulateGrads(nn.Cell):

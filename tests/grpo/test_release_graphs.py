@@ -1,5 +1,6 @@
 """rl_config.release_graphs: each phase's compiled graphs (the engine's, the reference and old-log-prob
-scorers', the update's) are dropped when the phase ends and compiled again at the next step; the run's
+scorers', the update's) are dropped when the phase ends and compiled again at the next step, and the gradient
+accumulators are shrunk between updates; the run's
 metrics, weights and optimizer state are those of a run that keeps them, bit for bit. A tiny model
 with a stand-in engine, so the graphs are the trainer's scoring and training graphs."""
 
@@ -98,6 +99,11 @@ def test_released_graphs_give_the_same_run(layerwise):
     if layerwise:  # the layerwise optimizer's group graphs go with the updater's
         assert not t_released.updater.adamw.adam_graphs and t_kept.updater.adamw.adam_graphs
     assert t_released.ref_scorer.graph is None and t_kept.ref_scorer.graph is not None
+    # the gradient accumulators shrink to one element after a step's updates (remade as zeros by the next step's
+    # first update; the run's numbers above are the kept run's bit for bit)
+    bufs_released, bufs_kept = t_released.updater.buffer.bufs, t_kept.updater.buffer.bufs
+    assert all(b.size == 1 for b in bufs_released) and all(b.shape == p.shape for b, p in
+                                                           zip(bufs_kept, t_kept.updater.params))
     assert t_released.old_scorer.graph is None and t_kept.old_scorer.graph is not None
     rows_kept, rows_released = kept[1], released[1]
     assert sorted(rows_kept) == sorted(rows_released) == list(range(1, STEPS + 1))
