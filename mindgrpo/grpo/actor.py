@@ -183,13 +183,17 @@ class PolicyUpdater:
         return self.adamw.resident_parameters()
 
     def update(self, exp: Experience, lr: float, global_tokens: Optional[float] = None,
-               global_seqs: Optional[float] = None) -> Dict[str, float]:
+               global_seqs: Optional[float] = None, release: bool = False) -> Dict[str, float]:
         """One optimizer step on a mini-batch. Token/sequence normalisers default to this
         mini-batch's own counts. Under data parallelism every replica is given the whole
         mini-batch and trains on its rows (with a token budget, about the same number of tokens
         on each), so these counts are already the global ones.
         With exp.sampling_logp (the rollout engine's log-probs) the mismatch metrics are reported
-        and the loss's rollout correction applies."""
+        and the loss's rollout correction applies.
+        release: the training graphs are dropped once the gradients are in (and the layerwise optimizer's
+        norm graphs once the norm is): the runtime's buffers for them go before the optimizer step makes its
+        own (the last update before `release()`; at the Qwen2.5-0.5B shape the update peaked 0.5 GB lower,
+        benchmarks/results/head_rows.md). The next update compiles them again."""
         n_tok = float(exp.mask.sum()) if global_tokens is None else global_tokens
         n_seq = float((exp.mask.sum(-1) > 0).sum()) if global_seqs is None else global_seqs
         g_tok, g_seq = Tensor(np.float32(n_tok)), Tensor(np.float32(n_seq))
@@ -230,10 +234,14 @@ class PolicyUpdater:
             if peaks.size:
                 totals[2:][maxima] = dp.max(peaks)
         loss_sum, tok_sum, sums = float(totals[0]), float(totals[1]), totals[2:]
+        if release:
+            self.step_graph = self.stage = self.stage_grad = None
         # A non-finite loss or gradient norm (the same on every rank: both are sums over them) skips
         # the step: weights, moments and the bias corrections' step count stay as they were.
         norm = self.adamw.grad_norm()
         grad_norm = float(norm.asnumpy())
+        if release and isinstance(self.adamw, LayerwiseAdamW):
+            self.adamw.release_norm()
         skipped = not (math.isfinite(loss_sum) and math.isfinite(grad_norm))
         if skipped:
             self.adamw.zero_grads()

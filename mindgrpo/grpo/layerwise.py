@@ -314,6 +314,10 @@ class LayerwiseAdamW:
         """Drop the compiled group graphs and the buffers the runtime keeps for them; compiled again when used."""
         self.norm_graphs, self.adam_graphs = {}, {}
 
+    def release_norm(self) -> None:
+        """Drop the norm's group graphs only (once the norm is in, before the step's graphs make their buffers)."""
+        self.norm_graphs = {}
+
     def grad_norm(self):
         sq = ms.Tensor(0.0, ms.float32)
         for _, _, _, bufs, sig in self.groups:

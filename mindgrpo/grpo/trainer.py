@@ -203,11 +203,15 @@ class GRPOTrainer:
             else np.arange(len(exp))
         results = []
         with self.memory.phase("update"):
-            for _ in range(rl.num_iterations):
+            for i in range(rl.num_iterations):
                 for k in range(rl.num_mini_batches):
                     lr = lr_at(self.updater.optimizer_steps, actor.lr, self.total_optimizer_steps,
                                actor.warmup_steps, actor.lr_schedule, actor.min_lr)
-                    results.append(self.updater.update(exp.select(np.sort(order[k * rows:(k + 1) * rows])), lr))
+                    # with release_graphs the step's last update drops its training graphs before the optimizer
+                    # step: their buffers go before AdamW's are made
+                    last = rl.release_graphs and i == rl.num_iterations - 1 and k == rl.num_mini_batches - 1
+                    results.append(self.updater.update(exp.select(np.sort(order[k * rows:(k + 1) * rows])), lr,
+                                                       release=last))
         self.release(self.updater)
         skipped = sum(m.pop("skipped") for m in results)
         out = {k: float((np.max if k in MAXIMA else np.mean)([m[k] for m in results])) for k in results[0]}

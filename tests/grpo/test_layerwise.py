@@ -190,3 +190,19 @@ def test_layerwise_optimizer_step_is_bit_for_bit_the_whole_one(clip):
             assert np.array_equal(ma.asnumpy(), mb.asnumpy()) and np.array_equal(va.asnumpy(), vb.asnumpy()), a.name
     start = {p.name: p.asnumpy() for p in Qwen2ForCausalLM(QWEN2, seed=7).get_parameters()}
     assert all(not np.array_equal(p.asnumpy(), start[p.name]) for p in sides[1][0])
+
+
+def test_an_update_that_releases_drops_its_graphs_before_the_optimizer_step_and_moves_the_weights_alike():
+    """PolicyUpdater.update(release=True) (the step's last update under rl_config.release_graphs): the training
+    graphs go once the gradients are in and the norm's group graphs once the norm is, before AdamW's group graphs
+    run; the weights and metrics are those of an update that keeps them, bit for bit, and the next update
+    compiles them again."""
+    exp = experience()
+    (lm_a, kept), (lm_b, dropped) = updater(QWEN2, True, head_rows=1), updater(QWEN2, True, head_rows=1)
+    for step in range(2):
+        ma, mb = kept.update(exp, lr=1e-3), dropped.update(exp, lr=1e-3, release=True)
+        assert ma == mb and ma["grad_norm"] > 0, step
+        assert kept.step_graph is not None and kept.adamw.norm_graphs
+        assert dropped.step_graph is None and not dropped.adamw.norm_graphs and dropped.adamw.adam_graphs
+        for a, b in zip(lm_a.get_parameters(), lm_b.get_parameters()):
+            np.testing.assert_array_equal(b.asnumpy(), a.asnumpy(), err_msg=a.name)
