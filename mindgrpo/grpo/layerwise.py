@@ -9,7 +9,9 @@ Qwen2.5-0.5B shape, micro-batches of (4, 288) (`benchmarks/results/memory.md`). 
     embed       ids (B, S) -> x_0 (B, S, H), RoPE's cos / sin and the causal bias
     layer       x_i, layer i's weights (graph inputs) -> x_{i+1}; called for i = 0 .. N-1, each x_i kept
     head        x_N -> loss, metrics (`train_graph.PolicyLoss` from the hidden states), the gradient of
-                the loss with respect to x_N, the final norm's and the head's gradients accumulated
+                the loss with respect to x_N, the final norm's and the head's gradients accumulated; called
+                for head_rows of the micro-batch's rows at a time (`actor_config.head_rows_per_graph`: its
+                buffers grow with the rows' scored tokens x the vocabulary)
     layer_grad  x_i, layer i's weights and their accumulators, dL/dx_{i+1} -> dL/dx_i, layer i's weight
                 gradients added to its accumulators: the layer run again from x_i and differentiated
                 against the incoming gradient; called for i = N-1 .. 0

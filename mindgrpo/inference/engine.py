@@ -257,8 +257,8 @@ class RolloutEngine:
         length = halving_bucket(int(call.position[live].max()) + 1, capacity, LENGTH_STEP)
         # every slot and every position: read the cache in place (not worth a trash row below 8 slots)
         whole = b == slots >= MIN_BATCH and length == capacity
-        if whole:  # the rows are the slots in order, the trash slot last; free slots idle at position 0
-            rows, mine = np.arange(slots + 1), live
+        if whole:  # the rows are the slots in order (the graphs read the trash slot's cache as it lies); free
+            rows, mine = np.arange(slots), live  # slots idle at position 0
         else:  # the live slots, then the trash slot for padding
             rows, mine = np.concatenate([live, np.full(b - live.size, slots, np.int64)]), np.arange(live.size)
         u = np.zeros(rows.size, np.float32)
