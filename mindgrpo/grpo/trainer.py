@@ -94,6 +94,8 @@ class GRPOTrainer:
         self.bad_steps = {"total": 0, "in_a_row": 0}
         memory.register("grads", extra_bytes=self.updater.buffer.nbytes())
         memory.register("optimizer", self.updater.resident_parameters())
+        if rl.release_graphs:  # the gradient accumulators exist in the update only (the first one makes them)
+            self.updater.buffer.release()
 
     def _loss(self):
         from mindgrpo.grpo.ms_objective import GRPOLoss
