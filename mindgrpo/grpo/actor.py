@@ -102,7 +102,7 @@ class PolicyUpdater:
                  grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
                  optimizer_shard: bool = False, chunk: int = 0, pipeline: Optional[Pipeline] = None,
                  old_is_training: bool = True, max_tokens: int = 0, packing: bool = False, attention: str = "mask",
-                 recompute: bool = False, layerwise: bool = False, head_rows: int = 0):
+                 recompute: bool = False, layerwise: bool = False, head_rows: int = 0, released: bool = False):
         """old_is_training: the old log-probs given with the experience come from the training graph
         (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout).
         max_tokens, packing, attention: as `Scorer`'s.
@@ -114,7 +114,9 @@ class PolicyUpdater:
         layer's; one device, right-padded rows. Without ZeRO-1 the gradient norm and AdamW's step run
         group by group too (`layerwise.LayerwiseAdamW`: bit for bit, no copy of every gradient kept).
         head_rows: with layerwise, the rows of a micro-batch the vocabulary head and loss take a graph call
-        (`layerwise.LayerwiseGradStep`); 0 all."""
+        (`layerwise.LayerwiseGradStep`); 0 all.
+        released: the gradient accumulators start shrunk (`GradBuffer.release`; rl_config.release_graphs): the
+        first update makes them."""
         self.lm = lm
         if recompute:
             lm.recompute_layers()
@@ -123,7 +125,7 @@ class PolicyUpdater:
         self.pipe = pipe = pipeline or Pipeline()
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
-        self.buffer = GradBuffer(self.params)
+        self.buffer = GradBuffer(self.params, released=released)
         self._loss_args = (detach_old, use_ref, with_entropy, temperature, chunk, old_is_training)
         if layerwise and (self.batching.layout != "rows" or not (pipe.first and pipe.last)):
             raise ValueError("the layerwise update takes right-padded rows on one pipeline stage (no packing)")

@@ -61,13 +61,14 @@ class GradBuffer(nn.Cell):
     does) and `restore()` make them zeros of their full shapes again, exactly as they were; the same
     Parameters throughout, so the graphs that take them keep them."""
 
-    def __init__(self, params: Sequence[Parameter], prefix: str = "accum"):
+    def __init__(self, params: Sequence[Parameter], prefix: str = "accum", released: bool = False):
         super().__init__()
         self.shapes = [tuple(p.shape) for p in params]
         self.bufs = ms.ParameterTuple(
-            Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"{prefix}.{p.name}", requires_grad=False)
+            Parameter(Tensor(np.zeros((1,) * len(p.shape) if released else p.shape, np.float32)),
+                      name=f"{prefix}.{p.name}", requires_grad=False)
             for p in params)
-        self.released = False
+        self.released = released  # released: made shrunk (the first `restore()` makes them)
 
     def nbytes(self) -> int:
         return sum(int(np.prod(shape)) * 4 for shape in self.shapes)

@@ -77,7 +77,8 @@ class GRPOTrainer:
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
             temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
             pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, recompute=actor.recompute,
-            layerwise=actor.layerwise_update, head_rows=actor.head_rows_per_graph, **batching)
+            layerwise=actor.layerwise_update, head_rows=actor.head_rows_per_graph,
+            released=rl.release_graphs, **batching)  # released: the gradient accumulators exist in the update only
         self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline,
                                  **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor)),
                                  layerwise=cfg.ref_config.layerwise) \
@@ -94,8 +95,6 @@ class GRPOTrainer:
         self.bad_steps = {"total": 0, "in_a_row": 0}
         memory.register("grads", extra_bytes=self.updater.buffer.nbytes())
         memory.register("optimizer", self.updater.resident_parameters())
-        if rl.release_graphs:  # the gradient accumulators exist in the update only (the first one makes them)
-            self.updater.buffer.release()
 
     def _loss(self):
         from mindgrpo.grpo.ms_objective import GRPOLoss
