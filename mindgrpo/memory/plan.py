@@ -52,8 +52,10 @@ runtime, the tokenizer) holds `CPU_RUNTIME_BYTES` before any model (`benchmarks/
 weight sync's graphs hold nothing since they read the source Parameters in place (the reference's first sync held
 two copies of the weights: 1.31 GB at 2 layers, `benchmarks/results/build_memory_6b82433.md`; with the process's
 own memory, what the groups missed of the built trainer before). The issue-20 step with the four switches:
-`benchmarks/results/step_memory_*_layers.md`, which `tests/memory/test_plan.py` holds the plan to (built: the
-runtime and the groups within 2%).
+`benchmarks/results/step_memory_{2,6,24}_layers_4eda9b9.md`, which `tests/memory/test_plan.py` holds the plan to
+(built: the runtime and the groups but the gradient accumulators, within 3.5%; peaks within 3%). With
+rl_config.release_graphs the gradient accumulators exist only while an update runs (`GradBuffer.release`) and
+the engine's fused copies and KV cache only while it generates (`MemoryPlan.cpu_peak`, `cpu_built`).
 """
 
 from __future__ import annotations
@@ -102,6 +104,13 @@ CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the 
     # optimizer step (`layerwise.LayerwiseAdamW`: the embedding's squared and clipped gradient, 1.09 GB); the
     # reference's first call with ref_config.layerwise, likewise (1.07 and 1.20 GB at 2 and 6 layers)
     "update_layerwise": (2.277e9, 0.0714e9),
+    # the same with the head a row at a time (actor_config.head_rows_per_graph, default 1), the step's training
+    # and norm graphs dropped before the optimizer step (`PolicyUpdater.update(release=True)`) and the gradient
+    # accumulators made by each update (`benchmarks/results/step_memory_{2,6,24}_layers_4eda9b9.md`):
+    # the process peak less the runtime, policy, gradients, moments and reference was 1.98, 1.78 and 1.99 GB at
+    # 2, 6 and 24 layers, nothing per layer; their mean. The peak is the optimizer step's, the embedding's AdamW
+    # group (its clipped (V, H) gradient) beside what the runtime kept: scaled by the vocabulary x the hidden size
+    "update_layerwise_rows": (1.92e9, 0.0),
     "reference_layerwise": (1.005e9, 0.0325e9),
 }
 CPU_RUNTIME_BYTES = 0.47e9  # the process before any model: Python, MindSpore's runtime, the tokenizer
@@ -200,10 +209,15 @@ def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int
         layerwise = {"update": actor.layerwise_update, "rollout": gen.layerwise,
                      "reference": gcfg.ref_config.layerwise}.get(phase, False)
         key = f"{phase}_layerwise" if layerwise else phase
+        head_rows = phase == "update" and layerwise and actor.head_rows_per_graph > 0
+        if head_rows:
+            key = "update_layerwise_rows"
         fixed, per_layer = CPU_GRAPH_BUFFERS[key]
         rows = slot_positions / _MEASURED_SLOT_POSITIONS if phase == "rollout" else tokens / _MEASURED_TOKENS
         # the rollout's fixed part is (layerwise) one layer's graphs: scaled as a layer's
         head = rows * width if phase == "rollout" else scored / _MEASURED_SCORED * cfg.vocab_size / _MEASURED_V
+        if head_rows:  # the (V, H) buffers of the embedding's gradient and AdamW group
+            head = cfg.vocab_size / _MEASURED_V * width
         out[phase] = int(fixed * head + per_layer * cfg.num_hidden_layers * rows * width)
     return out
 
@@ -241,8 +255,16 @@ class MemoryPlan:
         base = int(CPU_RUNTIME_BYTES) + self.phase_bytes("sync", False) + self.cpu_graphs.get("sync", 0)
         if not release:
             return base + sum(phases.values())
-        engine = self.fused + self.groups["kv_cache"]
-        return base + max(v - (0 if k == "rollout" else engine) for k, v in phases.items())
+        engine, grads = self.fused + self.groups["kv_cache"], self.groups["grads"]
+        return base + max(v - (0 if k == "rollout" else engine) - (0 if k == "update" else grads)
+                          for k, v in phases.items())
+
+    def cpu_built(self, release: bool) -> int:
+        """The built trainer on MindSpore 2.10's CPU runtime (one device): the process's own and every group (the
+        KV cache, made by the first rollout, counted too), but with rl_config.release_graphs the gradient
+        accumulators (made by each update, dropped after it)."""
+        held = self.phase_bytes("sync", False)
+        return int(CPU_RUNTIME_BYTES) + held - (self.groups["grads"] if release else 0)
 
 
 def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None) -> MemoryPlan:

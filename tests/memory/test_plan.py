@@ -196,7 +196,8 @@ def test_layerwise_generation_keeps_one_layers_rollout_graphs():
     assert layerwise.cpu_graphs["rollout"] < layerwise.cpu_graphs["reference"]
     assert {k: v for k, v in layerwise.cpu_graphs.items() if k != "rollout"} == \
         {k: v for k, v in whole.cpu_graphs.items() if k != "rollout"}
-    assert whole.cpu_peak(True) > 24e9 > layerwise.cpu_peak(True)
+    # the whole graphs' rollout past the 24 GB machine's room beside the system (20 GB), the layer graphs' well in
+    assert whole.cpu_peak(True) > 20e9 > layerwise.cpu_peak(True) + 5e9
 
 
 STEP_MEMORY = ["rl_config.batch_size=4", "rl_config.num_generations=4", "rl_config.beta=0.04",
@@ -205,19 +206,22 @@ STEP_MEMORY = ["rl_config.batch_size=4", "rl_config.num_generations=4", "rl_conf
                "actor_config.layerwise_update=true", "generate_config.layerwise=true", "ref_config.layerwise=true"]
 
 
-@pytest.mark.parametrize("layers, built, peak", [(2, 3.92e9, 6.21e9), (6, 5.37e9, 7.48e9), (24, 11.73e9, 14.34e9)])
+@pytest.mark.parametrize("layers, built, peak", [(2, 3.35e9, 5.77e9), (6, 4.60e9, 6.76e9), (24, 10.04e9, 12.34e9)])
 def test_the_issue_20_step_with_the_four_switches_is_planned_as_measured(layers, built, peak):
-    """benchmarks/results/step_memory_{2,6,24}_layers.md (python -m benchmarks.step_memory --layers N, machine C,
-    2026-11-26; measured, not by the plan): the 0.5B shape with N layers, through the trainer, the four switches,
-    one copy of the weights. The built trainer is the process's own memory and the groups (every copy of the
-    weights it holds: policy, reference, gradients, two moments, the engine's fused layer copies); the process
-    peak over two steps is that less the engine's KV cache and fused copies (released with its graphs) plus the
-    update's graphs (with the layerwise optimizer step). The reference's layerwise scoring keeps a few MB per
-    layer."""
+    """benchmarks/results/step_memory_{2,6,24}_layers_4eda9b9.md (python -m benchmarks.step_memory --layers N,
+    machine C, 2026-11-27 evening; measured, not by the plan): the 0.5B shape with N layers, through the trainer, the four
+    switches, one copy of the weights, the head a row at a time. The built trainer is the process's own memory and
+    the groups (every copy of the weights it holds: policy, reference, two moments, the engine's fused layer
+    copies) but the gradient accumulators, which only an update holds (within 3.5%: at 2 and 6 layers the build
+    left ~0.1 GB more than that, memory its freed allocations had handed to the accumulators before); the process
+    peak over two steps is the update's: that less the engine's KV cache and fused copies (released with its
+    graphs), plus the accumulators and the update's graphs (with the layerwise optimizer step). The reference's
+    layerwise scoring keeps a few MB per layer."""
     m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
     p = plan(load_config(GRPOConfig, overrides=STEP_MEMORY), Qwen2Config(**{**m.__dict__, "num_hidden_layers": layers}))
     assert p.shared and p.cpu_graphs["reference"] < p.cpu_graphs["update"]
-    assert CPU_RUNTIME_BYTES + p.phase_bytes("sync", False) == pytest.approx(built, rel=0.02)
+    assert p.cpu_built(True) == CPU_RUNTIME_BYTES + p.phase_bytes("sync", False) - p.groups["grads"]
+    assert p.cpu_built(True) == pytest.approx(built, rel=0.035)
     assert p.cpu_peak(True) == pytest.approx(peak, rel=0.03)
     deep = plan(load_config(GRPOConfig, overrides=STEP_MEMORY), m)  # 24 layers: the update is still the peak
     # the layerwise reference grows by a quarter or less of the whole scoring graph's 0.158 GB per layer
