@@ -134,7 +134,8 @@ class RLConfig:
     # drop each phase's compiled graphs when it ends (rollout and validation, reference, old log-probs, update):
     # MindSpore's CPU runtime keeps a graph's buffers until the cell that compiled it is deleted, so a step then
     # holds one phase's buffers at a time instead of every phase's, and compiles its graphs again every step
-    # (benchmarks/results/graph_release.md)
+    # (benchmarks/results/graph_release.md); the engine keeps its decode graphs (a few rows' buffers) and shrinks
+    # its KV cache and fused copies, and the gradient accumulators exist only while an update runs
     release_graphs: bool = False
     # the weight sync (policy -> inference, reference) moves consecutive decoder layers (and the embedding,
     # the final norm, the head) together up to this many MiB of full fp32 parameters per bucket: a collective

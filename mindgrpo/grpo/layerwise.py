@@ -191,8 +191,8 @@ class LayerwiseGradStep:
         dxs = []
         for g in range(len(sizes)):
             xg, *feed_g, mask_g, adv_g, old_g, ref_g, roll_g = (part[g] for part in rows)
-            loss, metrics, dx = self.head(xg, ms.mutable(tuple(feed_g)), mask_g, adv_g, old_g, ref_g, global_tokens, global_seqs,
-                                          roll_g)
+            loss, metrics, dx = self.head(xg, ms.mutable(tuple(feed_g)), mask_g, adv_g, old_g, ref_g, global_tokens,
+                                          global_seqs, roll_g)
             fold_metrics(keys, totals, float(loss.asnumpy()), [float(m.asnumpy()) for m in metrics],
                          float(mask_g.sum().asnumpy()))
             dxs.append(dx)

@@ -58,6 +58,9 @@ from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils import heartbeat
 
 LENGTH_STEP = 32  # capacities are multiples of this; decode length buckets stop halving near it
+# the graphs `RolloutEngine.release` keeps: their buffers are a few rows' (at the Qwen2.5-0.5B shape, 16 slots, the
+# layerwise decode's about 0.13 GB), where prefill and copy graphs keep buffers of every prompt position
+KEPT_GRAPHS = ("decode", "decode_inputs", "decode_layers", "decode_head", "prefill_inputs")
 PROMPT_STEP = 16  # the smallest prefill / copy length bucket
 MIN_BATCH = 8  # decode and copy batch buckets stop halving near this (fewer shapes; idle rows cost little)
 
@@ -155,10 +158,20 @@ class RolloutEngine:
         return self.cache.nbytes if self.cache is not None else 0
 
     def release(self) -> None:
-        """Drop the KV cache, every compiled graph (prefill, copy, decode and the fused weights'
-        refresh) and the buffers the runtime keeps for them (freed only with the cells that compiled
-        them: `benchmarks/graph_release.py`), and the fused layer copies (remade at every call anyway);
-        the next call compiles again the shapes it needs."""
+        """Between rollouts (rl_config.release_graphs): the KV cache and the fused layer copies shrink to one
+        element each (the same Parameters, in the graphs that take them; the next call makes them again: zeros,
+        fresh copies), and the graphs whose buffers grow with the prompts' positions or the layers (prefill,
+        copy, the copies' refresh) go with the buffers the runtime keeps for them (freed only with the cells
+        that compiled them: `benchmarks/graph_release.py`); the next call compiles them again. The decode graphs
+        and the prefill inputs graph stay (`KEPT_GRAPHS`): their buffers are a few rows' and compiling and first
+        calling a graph again costs 0.5-0.9 s (DEVELOPERS.md)."""
+        if self.cache is not None:
+            self.cache.empty()
+        self._graphs = {key: g for key, g in self._graphs.items() if key[0] in KEPT_GRAPHS}
+        self.model.weights.release()
+
+    def _drop(self) -> None:
+        """The KV cache and every graph (all made for that cache's shape) dropped; the fused copies shrunk."""
         self.cache, self._groups = None, []
         self._graphs.clear()
         self.model.weights.release()
@@ -174,10 +187,11 @@ class RolloutEngine:
                              f"{capacity}")
         capacity = min(capacity, self.max_positions)
         if self.cache is None or self.cache.capacity != capacity:
-            self.release()
+            self._drop()
             slots = kv_slots(capacity, self.max_num_seqs, self.max_num_batched_tokens)
             self.cache = KVCache(self.model, slots, capacity)
             self._groups = self._decode_groups(self.cache) if self.layerwise else []
+        self.cache.refill()  # after a release
         return self.cache
 
     def _graph(self, key: tuple, make):

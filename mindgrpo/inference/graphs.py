@@ -35,7 +35,8 @@ functions (`_prefill_layer`, `_decode_layer`), so they compute the same thing bi
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import Parameter, nn, ops
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
 from mindgrpo.inference.layers import InferenceModel
@@ -58,6 +59,20 @@ class KVCache(nn.Cell):
         self.nbytes = 2 * n * shape[0] * shape[1] * (4 if model.dtype == ms.float32 else 2)
         # the layer graphs' inputs (`layerwise`): each layer's (k, v), the Parameters themselves
         self.layer_caches = [ms.mutable((self.k[i], self.v[i])) for i in range(n)]
+        self.shape, self.dtype, self.emptied = shape, model.dtype, False
+
+    def empty(self) -> None:
+        """Every k and v shrunk to one element (the same Parameters, in the graphs that take them) until `refill`."""
+        for p in (*self.k, *self.v):
+            p.set_data(Tensor(np.zeros((1, 1), np.float32), self.dtype))
+        self.emptied = True
+
+    def refill(self) -> None:
+        """After `empty`: zeros of the full shape again, as built."""
+        if self.emptied:
+            for p in (*self.k, *self.v):
+                p.set_data(Tensor(np.zeros(self.shape, np.float32), self.dtype))
+            self.emptied = False
 
     def rows(self, slot, positions):
         """slot (N,) int32, positions (T,) int32 -> row indices (N, T, nkv) int32: the rows of

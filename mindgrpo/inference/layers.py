@@ -157,8 +157,8 @@ class InferenceWeights(nn.Cell):
         concatenated weights), and the copies themselves (each Parameter shrunk to one element: the same
         Parameters stay in the graphs' inputs and the memory ledger); the next `refresh` makes them again at
         full size and compiles its graph again. Exact: every generate call rewrites every element of the
-        copies before it reads one. Call it only with the graphs that read the copies dropped as well
-        (`RolloutEngine.release`): they were compiled for the full shapes."""
+        copies before it reads one. The graphs that read the copies were compiled for the full shapes: call
+        none of them before the next `refresh` (`RolloutEngine.generate` refreshes first)."""
         self._refresh = self._make_refresh()
         for p in self.buffers:
             p.set_data(Tensor(np.zeros((1,) * len(p.shape), np.float32), self.lm.dtype))

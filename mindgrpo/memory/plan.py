@@ -250,7 +250,8 @@ class MemoryPlan:
         resident (no swap: host and device are the same memory) plus the compiled graphs' buffers, every
         phase's kept, or with rl_config.release_graphs the largest phase's and the weight sync's (which that
         key leaves); they include the update's activations. With release_graphs the engine's KV cache and
-        fused layer copies go with its graphs (`RolloutEngine.release`): resident in the rollout only."""
+        fused layer copies go with its graphs (`RolloutEngine.release`): resident in the rollout only; and the
+        gradient accumulators in the update only (`GradBuffer.release`)."""
         phases = {k: v for k, v in self.cpu_graphs.items() if k != "sync"}  # the weight sync's are never released
         base = int(CPU_RUNTIME_BYTES) + self.phase_bytes("sync", False) + self.cpu_graphs.get("sync", 0)
         if not release:
@@ -330,7 +331,8 @@ def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:
                   + ", ".join(f"{k} {v / div:.2f}" for k, v in p.cpu_graphs.items())
                   + f"; with every group resident (no swap on a CPU), the peak is {p.cpu_peak(False) / div:.2f} with "
                   f"the graphs kept and {p.cpu_peak(True) / div:.2f} with rl_config.release_graphs (which also drops "
-                  "the engine's KV cache and fused copies between rollouts), the process's own "
+                  "the engine's KV cache and fused copies between rollouts and the gradient accumulators between "
+                  "updates), the process's own "
                   f"{CPU_RUNTIME_BYTES / div:.2f} included."]
     if device_bytes:
         lines.append("")

@@ -227,22 +227,30 @@ def test_the_limit_is_the_models_context_not_the_cache_bucket(lm):
 
 
 @pytest.mark.slow  # issue 18: over 30 s under -n 2 at load 6 (the -m "not slow" loop of 2026-11-26)
-def test_release_drops_the_cache_and_the_graphs_and_the_next_call_compiles_them_again(engines):
-    """rl_config.release_graphs: the engine's graphs and its fused layer copies go with release() (the runtime
-    frees a graph's buffers only with its cell) and the next call, on graphs compiled again and copies made
+def test_release_empties_the_cache_drops_the_prefill_graphs_and_the_next_call_compiles_them_again(engines):
+    """rl_config.release_graphs: the KV cache and the fused layer copies shrink to one element with release(), the
+    prefill and copy graphs and the copies' refresh go (the runtime frees a graph's buffers only with its cell),
+    the decode graphs stay; the next call, on the cache and copies made again and the prefill graphs compiled
     again, draws the same samples (log-probs within rounding).
     Last in this file: the tests before it share the engine's compiled graphs."""
+    from mindgrpo.inference.engine import KEPT_GRAPHS
+
     e = engines[8]
     p = SamplingParams(max_tokens=12, temperature=1.0, seed=5)  # test_seeded_sampling's call: compiled
     before = e.generate(PROMPTS, p)
-    compiled, refresh = e.compiled_graphs, e.model.weights._refresh
+    compiled, refresh, cache = e.compiled_graphs, e.model.weights._refresh, e.cache
+    decode = {k: g for k, g in e._graphs.items() if k[0] == "decode"}
     shapes = [p.shape for p in e.model.weights.buffers]
+    assert decode and any(k[0] == "prefill" for k in e._graphs)
     e.release()
-    assert e.cache is None and not e._graphs and e.model.weights._refresh is not refresh
-    # the fused layer copies go too (one element each), and the next call makes them again
+    assert e.model.weights._refresh is not refresh and {k[0] for k in e._graphs} <= set(KEPT_GRAPHS)
+    assert all(e._graphs[k] is g for k, g in decode.items())
+    # the fused layer copies and the cache shrink (one element each), and the next call makes them again
     assert all(int(np.prod(b.shape)) == 1 for b in e.model.weights.buffers) and max(map(np.prod, shapes)) > 1
+    assert e.cache is cache and all(int(np.prod(k.shape)) == 1 for k in (*cache.k, *cache.v))
     after = e.generate(PROMPTS, p)
-    assert e.compiled_graphs > compiled and e.cache is not None
+    assert e.compiled_graphs > compiled and e.cache is cache and cache.k[0].shape == cache.shape
+    assert all(e._graphs[k] is g for k, g in decode.items())  # not compiled again
     assert [b.shape for b in e.model.weights.buffers] == shapes
     assert tokens(after) == tokens(before)
     for a, b in zip(after, before):  # bit for bit alone; within 1.5e-6 after this file's other calls

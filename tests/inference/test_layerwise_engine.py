@@ -10,7 +10,7 @@ import mindspore as ms
 
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
 from mindgrpo.grpo.builder import build_engine
-from mindgrpo.inference.engine import RolloutEngine
+from mindgrpo.inference.engine import KEPT_GRAPHS, RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
@@ -79,8 +79,10 @@ def test_layerwise_generation_equals_the_whole_graphs_bit_for_bit(engines, kind)
         expected = run(whole, params)
         assert_identical(run(layerwise, params), expected)
         if params.greedy:
-            layerwise.release()  # release_graphs: compiled again and the fused copies made again, the same again
-            assert not layerwise._graphs and layerwise.model.weights.emptied
+            layerwise.release()  # release_graphs: the prefill graphs compiled again and the fused copies and the
+            # cache made again (the decode graphs kept), the same again
+            assert {k[0] for k in layerwise._graphs} <= set(KEPT_GRAPHS) and layerwise.model.weights.emptied
+            assert layerwise.cache.emptied and any(k[0] == "decode_layers" for k in layerwise._graphs)
             assert all(int(np.prod(b.shape)) == 1 for b in layerwise.model.weights.buffers)
             assert_identical(run(layerwise, params), expected)
             assert [b.shape for b in layerwise.model.weights.buffers] == layerwise.model.weights.shapes
