@@ -52,7 +52,7 @@ runtime, the tokenizer) holds `CPU_RUNTIME_BYTES` before any model (`benchmarks/
 weight sync's graphs hold nothing since they read the source Parameters in place (the reference's first sync held
 two copies of the weights: 1.31 GB at 2 layers, `benchmarks/results/build_memory_6b82433.md`; with the process's
 own memory, what the groups missed of the built trainer before). The issue-20 step with the four switches:
-`benchmarks/results/step_memory_{2,6,24}_layers_4eda9b9.md`, which `tests/memory/test_plan.py` holds the plan to
+`benchmarks/results/step_memory_{2,6,24}_layers_8989590.md`, which `tests/memory/test_plan.py` holds the plan to
 (built: the runtime and the groups but the gradient accumulators, within 3.5%; peaks within 3%). With
 rl_config.release_graphs the gradient accumulators exist only while an update runs (`GradBuffer.release`) and
 the engine's fused copies and KV cache only while it generates (`MemoryPlan.cpu_peak`, `cpu_built`).
@@ -105,12 +105,13 @@ CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the 
     # reference's first call with ref_config.layerwise, likewise (1.07 and 1.20 GB at 2 and 6 layers)
     "update_layerwise": (2.277e9, 0.0714e9),
     # the same with the head a row at a time (actor_config.head_rows_per_graph, default 1), the step's training
-    # and norm graphs dropped before the optimizer step (`PolicyUpdater.update(release=True)`) and the gradient
-    # accumulators made by each update (`benchmarks/results/step_memory_{2,6,24}_layers_4eda9b9.md`):
-    # the process peak less the runtime, policy, gradients, moments and reference was 1.98, 1.78 and 1.99 GB at
-    # 2, 6 and 24 layers, nothing per layer; their mean. The peak is the optimizer step's, the embedding's AdamW
-    # group (its clipped (V, H) gradient) beside what the runtime kept: scaled by the vocabulary x the hidden size
-    "update_layerwise_rows": (1.92e9, 0.0),
+    # and norm graphs dropped before the optimizer step (`PolicyUpdater.update(release=True)`), the gradient
+    # accumulators made by each update and the engine's decode graphs kept across steps
+    # (`benchmarks/results/step_memory_{2,6,24}_layers_8989590.md`): the process peak less the runtime, policy,
+    # gradients, moments and reference was 1.94, 2.30 and 2.32 GB at 2, 6 and 24 layers; the least-squares line.
+    # The peak is the optimizer step's, the embedding's AdamW group (its clipped (V, H) gradient) beside what the
+    # runtime kept: the fixed part scaled by the vocabulary x the hidden size
+    "update_layerwise_rows": (2.055e9, 0.0123e9),
     "reference_layerwise": (1.005e9, 0.0325e9),
 }
 CPU_RUNTIME_BYTES = 0.47e9  # the process before any model: Python, MindSpore's runtime, the tokenizer
