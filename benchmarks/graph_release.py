@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.harness import RESULTS, code_version, run_stamp, write_results
+from benchmarks.harness import RESULTS, code_version, run_stamp, stamp_lines, write_results
 from benchmarks.update_sides import (BETA, G, MICRO_BATCH, PROMPT_LENGTHS, RESPONSE, make_engine, make_updater,
                                      part_recorder, step_workload)
 from benchmarks.workers import Workers
@@ -125,9 +125,7 @@ def markdown(res: dict) -> str:
     keep, rel = res["sides"]["keep"], res["sides"]["release"]
     s = res["summary"]
     lines = ["# Releasing each phase's compiled graphs (rl_config.release_graphs)", "",
-             f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
-             f"{res['load_average_end']:.1f} at the end (other jobs shared the machine: seconds are rough).", "",
-             f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", "",
+             *stamp_lines(res, " (other jobs shared the machine: seconds are rough)"),
              f"Workload: the Qwen2.5-0.5B shape (hidden 896, intermediate 4864, 14 / 2 heads, tied) cut to "
              f"{res['layers']} layers, vocabulary {res['vocab']}; 4 prompts ({list(PROMPT_LENGTHS)} tokens) x G = "
              f"{G}, {RESPONSE} forced new tokens, micro-batches of {MICRO_BATCH} rows, beta {BETA}; each side in its "

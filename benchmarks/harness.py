@@ -75,6 +75,15 @@ def values_differ(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) ->
             "max_abs": float(np.abs(x - y).max()) if same and x.size else None}
 
 
+def stamp_lines(res: dict, note: str = "") -> List[str]:
+    """The lines a result's markdown opens with after its title: date, machine, the load average at the start and
+    at the end (`res["load_average_end"]`; `note` after it, e.g. " (other jobs shared the machine)"), the command
+    and the library code, each followed by a blank line."""
+    return [f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
+            f"{res['load_average_end']:.1f} at the end{note}.", "",
+            f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", ""]
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

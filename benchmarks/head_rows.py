@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 
-from benchmarks.harness import RESULTS, code_version, run_stamp, write_results
+from benchmarks.harness import RESULTS, code_version, run_stamp, stamp_lines, write_results
 from benchmarks.step_memory import MICRO_BATCH, side
 from benchmarks.workers import Workers
 
@@ -41,9 +41,7 @@ def run(rows: int, layers: int, steps: int) -> dict:
 
 def markdown(res: dict) -> str:
     lines = [f"# The layerwise update's head rows a graph call, the Qwen2.5-0.5B shape at {res['layers']} layers", "",
-             f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
-             f"{res['load_average_end']:.1f} at the end.", "",
-             f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", "",
+             *stamp_lines(res),
              f"The issue-20 step of `benchmarks.step_memory` (micro-batches of {MICRO_BATCH} rows of 128 response "
              "tokens, the four memory switches on), actor_config.head_rows_per_graph set to each value (0: the whole "
              "micro-batch), each alone in a fresh process, in turn. GB = 10^9 bytes.", "",

@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.harness import RESULTS, code_version, run_stamp, write_results
+from benchmarks.harness import RESULTS, code_version, run_stamp, stamp_lines, write_results
 from benchmarks.update_sides import BETA, MICRO_BATCH, PROMPT_LENGTHS, RESPONSE, experience, measure, per_layer, table
 
 SIDES = {"whole": {"layerwise": False}, "layerwise": {"layerwise": True}}
@@ -39,10 +39,8 @@ def close(a, b) -> bool:
 
 def markdown(res: dict) -> str:
     lines = ["# The layerwise update against the whole-model training graph (actor_config.layerwise_update)", "",
-             f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
-             f"{res['load_average_end']:.1f} at the end (other jobs shared the machine; the sides ran one after the "
-             "other, so the time ratios are rough).", "",
-             f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", "",
+             *stamp_lines(res, " (other jobs shared the machine; the sides ran one after the other, so "
+                                      "the time ratios are rough)"),
              "Workload: the Qwen2.5-0.5B shape (hidden 896, intermediate 4864, 14 / 2 heads, tied) cut to the given "
              f"layers, vocabulary {res['vocab']}; one micro-batch of {MICRO_BATCH} rows ({PROMPT_LENGTHS[0]} prompt + "
              f"{RESPONSE} response tokens, S = {res['seq_len']}), beta {BETA}; `PolicyUpdater.update` (forward, loss, "

@@ -33,7 +33,8 @@ import time
 
 import numpy as np
 
-from benchmarks.harness import RESULTS, code_version, median, rss_gb, run_stamp, values_differ, write_results
+from benchmarks.harness import (RESULTS, code_version, median, rss_gb, run_stamp, stamp_lines, values_differ,
+                                write_results)
 from benchmarks.update_sides import G, PROMPT_LENGTHS, RESPONSE, measured, step_workload
 from benchmarks.workers import Workers
 
@@ -155,10 +156,8 @@ def _tiny_side(conn, rounds: int, overrides: dict, groups) -> None:
 def markdown(res: dict) -> str:
     mem, counts = res["memory"], sorted(int(k) for k in res["memory"])
     lines = ["# The rollout engine's graphs whole or a layer at a time (generate_config.layerwise)", "",
-             f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
-             f"{res['load_average_end']:.1f} at the end (the sides of the 0.5B shape ran one after the other; the tiny "
-             "timing alternates the sides in one process).", "",
-             f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", "",
+             *stamp_lines(res, " (the sides of the 0.5B shape ran one after the other; the tiny timing "
+                                      "alternates the sides in one process)"),
              f"## Memory: the issue-20 rollout at the Qwen2.5-0.5B shape", "",
              f"4 prompts ({list(PROMPT_LENGTHS)} random tokens) x G = {G}, {RESPONSE} forced new tokens, 16 slots, "
              "the engine on the policy model itself; each (layers, side) in its own process. +held: what the "

@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 
-from benchmarks.harness import RESULTS, code_version, run_stamp, values_differ, write_results
+from benchmarks.harness import RESULTS, code_version, run_stamp, stamp_lines, values_differ, write_results
 from benchmarks.update_sides import G, PROMPT_LENGTHS, RESPONSE, measured, step_workload
 from benchmarks.workers import Workers
 
@@ -55,9 +55,7 @@ def compare(first: dict, other: dict) -> dict:
 def markdown(res: dict) -> str:
     a = res["args"]
     lines = ["# A prefill budget (generate_config.max_prefill_tokens) at many slots", "",
-             f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
-             f"{res['load_average_end']:.1f} at the end.", "",
-             f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", "",
+             *stamp_lines(res),
              f"The Qwen2.5-0.5B shape cut to {a['layers']} decoder layers (random weights); {a['prompts']} prompts of "
              f"{list(PROMPT_LENGTHS)} random tokens in turn x G = {G}, {RESPONSE} forced tokens, {a['prompts'] * G} "
              f"slots, layerwise {a['layerwise']}; each side in its own process, the engine's first call. GB = 10^9 "

@@ -43,8 +43,8 @@ import sys
 import tempfile
 import time
 
-from benchmarks.harness import (RESULTS, SHARED, code_version, peak_since_reset_gb, reset_peak_rss, rss_gb,
-                                run_stamp, write_results)
+from benchmarks.harness import (RESULTS, SHARED, code_version, peak_since_reset_gb, reset_peak_rss, rss_gb, run_stamp,
+                                stamp_lines, write_results)
 from benchmarks.workers import Workers
 
 PROMPTS, G, RESPONSE, MICRO_BATCH, BETA = 4, 4, 128, 4, 0.04
@@ -279,9 +279,7 @@ def _trl_markdown(res: dict) -> list:
 
 def markdown(res: dict) -> str:
     lines = [f"# The issue-20 GRPO step at the Qwen2.5-0.5B shape, {res['layers']} layers, through the trainer", "",
-             f"Date {res['date']}; machine: {res['machine']}; load average {res['load_average']} at the start, "
-             f"{res['load_average_end']:.1f} at the end.", "",
-             f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", "",
+             *stamp_lines(res),
              f"Workload: the qwen2_5_0_5b preset with {res['layers']} decoder layers (random weights), 4 GSM8K test "
              f"prompts (qwen_r1 template) x G = {G}, {RESPONSE} forced new tokens, micro-batches of {MICRO_BATCH} "
              f"rows, beta {BETA} (k3), one update per step. Resident memory in GB (10^9 bytes): after = when the "

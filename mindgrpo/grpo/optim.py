@@ -17,6 +17,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindgrpo.models.reductions import squared_sum
 from mindgrpo.parallel.comm import AllGather, Group
 from mindgrpo.utils.registry import Registry
+from mindgrpo.utils.shrink import shrink, zeros_again
 
 LR_SCHEDULES = Registry("lr schedule")
 
@@ -75,15 +76,13 @@ class GradBuffer(nn.Cell):
 
     def release(self) -> None:
         """Shrink every accumulator to one element; call it only between optimizer steps (all zero)."""
-        for b in self.bufs:
-            b.set_data(Tensor(np.zeros((1,) * len(b.shape), np.float32)))
+        shrink(self.bufs)
         self.released = True
 
     def restore(self) -> None:
         """Zeros of the full shapes again after a `release()`; nothing otherwise."""
         if self.released:
-            for b, shape in zip(self.bufs, self.shapes):
-                b.set_data(Tensor(np.zeros(shape, np.float32)))
+            zeros_again(self.bufs, self.shapes)
             self.released = False
 
 

@@ -35,13 +35,13 @@ functions (`_prefill_layer`, `_decode_layer`), so they compute the same thing bi
 from __future__ import annotations
 
 import mindspore as ms
-import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import initializer
 
 from mindgrpo.inference.layers import InferenceModel
 from mindgrpo.inference.sampling import Sampler
 from mindgrpo.models.qwen2 import NEG_INF
+from mindgrpo.utils.shrink import shrink, zeros_again
 
 
 class KVCache(nn.Cell):
@@ -63,15 +63,13 @@ class KVCache(nn.Cell):
 
     def empty(self) -> None:
         """Every k and v shrunk to one element (the same Parameters, in the graphs that take them) until `refill`."""
-        for p in (*self.k, *self.v):
-            p.set_data(Tensor(np.zeros((1, 1), np.float32), self.dtype))
+        shrink((*self.k, *self.v), self.dtype)
         self.emptied = True
 
     def refill(self) -> None:
         """After `empty`: zeros of the full shape again, as built."""
         if self.emptied:
-            for p in (*self.k, *self.v):
-                p.set_data(Tensor(np.zeros(self.shape, np.float32), self.dtype))
+            zeros_again((*self.k, *self.v), [self.shape] * (2 * len(self.k)), self.dtype)
             self.emptied = False
 
     def rows(self, slot, positions):

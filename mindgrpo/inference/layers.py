@@ -34,6 +34,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.utils.shrink import shrink, zeros_again
 
 FIELDS = ("qkv", "qkv_bias", "wo", "w13", "w2")  # per layer, in this order (qkv_bias only with bias)
 
@@ -143,8 +144,7 @@ class InferenceWeights(nn.Cell):
 
     def refresh(self) -> None:
         if self.emptied:  # full size again (zeros, as built): every element is written below
-            for p, shape in zip(self.buffers, self.shapes):
-                p.set_data(Tensor(np.zeros(shape, np.float32), self.lm.dtype))
+            zeros_again(self.buffers, self.shapes, self.lm.dtype)
             self.emptied = False
         if not self.layerwise:
             self._refresh()
@@ -160,8 +160,7 @@ class InferenceWeights(nn.Cell):
         copies before it reads one. The graphs that read the copies were compiled for the full shapes: call
         none of them before the next `refresh` (`RolloutEngine.generate` refreshes first)."""
         self._refresh = self._make_refresh()
-        for p in self.buffers:
-            p.set_data(Tensor(np.zeros((1,) * len(p.shape), np.float32), self.lm.dtype))
+        shrink(self.buffers, self.lm.dtype)
         self.emptied = True
 
 

@@ -209,16 +209,16 @@ def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int
             continue
         layerwise = {"update": actor.layerwise_update, "rollout": gen.layerwise,
                      "reference": gcfg.ref_config.layerwise}.get(phase, False)
-        key = f"{phase}_layerwise" if layerwise else phase
         head_rows = phase == "update" and layerwise and actor.head_rows_per_graph > 0
-        if head_rows:
-            key = "update_layerwise_rows"
+        key = "update_layerwise_rows" if head_rows else f"{phase}_layerwise" if layerwise else phase
         fixed, per_layer = CPU_GRAPH_BUFFERS[key]
         rows = slot_positions / _MEASURED_SLOT_POSITIONS if phase == "rollout" else tokens / _MEASURED_TOKENS
-        # the rollout's fixed part is (layerwise) one layer's graphs: scaled as a layer's
-        head = rows * width if phase == "rollout" else scored / _MEASURED_SCORED * cfg.vocab_size / _MEASURED_V
         if head_rows:  # the (V, H) buffers of the embedding's gradient and AdamW group
             head = cfg.vocab_size / _MEASURED_V * width
+        elif phase == "rollout":  # (layerwise) one layer's graphs: scaled as a layer's
+            head = rows * width
+        else:
+            head = scored / _MEASURED_SCORED * cfg.vocab_size / _MEASURED_V
         out[phase] = int(fixed * head + per_layer * cfg.num_hidden_layers * rows * width)
     return out
 
