@@ -99,7 +99,7 @@ def cycles(kind: str, n: int, layers: int) -> dict:
 def tiny_run(steps: int, release: bool, out: str) -> dict:
     """The tiny default's GRPO steps in a child process; its resident memory at each step's progress line."""
     cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", out,
-           "sft_config.steps=0", f"rl_config.max_steps={steps}", "rl_config.val_interval=0",
+           "sft_config={steps: 0}", f"rl_config.max_steps={steps}", "rl_config.val_interval=0",
            "rl_config.save_interval=0", "rl_config.completions_interval=0",
            f"rl_config.release_graphs={str(release).lower()}"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -7,6 +7,7 @@ grpo_config) and the rules across them, among them the keys that cannot act in a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -19,8 +20,46 @@ from mindgrpo.config.sections import (
     RLConfig,
     SFTConfig,
     SyntheticConfig,
+    VARIANTS,
 )
 
+
+# Every key of the config has one entry here, so none is silently ignored (tests/config/test_grpo_config.py walks
+# the dataclass fields and checks it): it acts in every config that passes the checks (ACTS_ALWAYS), or it acts
+# only under a condition (INERT_UNLESS: refused otherwise, naming it), or it is a setting of one of rl_config's
+# registered variants (refused beside a variant that does not read it: sections.VARIANTS), or it is one of the
+# two validation keys of KEPT_WHEN_OFF. A new key is one line in one of them.
+ACTS_ALWAYS = (
+    "rl_config.seed", "rl_config.max_steps", "rl_config.batch_size", "rl_config.num_generations",
+    "rl_config.num_iterations", "rl_config.num_mini_batches", "rl_config.beta", "rl_config.loss_agg_mode",
+    "rl_config.adv_estimator", "rl_config.policy_loss", "rl_config.top_entropy_quantile",
+    "rl_config.rollout_correction", "rl_config.old_logprobs_from_rollout", "rl_config.dynamic_sampling",
+    "rl_config.overlong_filtering", "rl_config.val_interval", "rl_config.save_interval", "rl_config.keep_last_k",
+    "rl_config.log_interval", "rl_config.max_bad_steps", "rl_config.completions_interval", "rl_config.swap",
+    "rl_config.release_graphs", "rl_config.device_peak_tflops", "rl_config.dataset_path", "rl_config.output_dir",
+    # these three act where the run moves weights (a copy or a reference) or runs under msrun: the launch and the
+    # weights' paths decide it, not the config
+    "rl_config.weight_sync_bucket_mb", "rl_config.collective_timeout_s", "rl_config.compile_timeout_s",
+    "actor_config.model", "actor_config.load_checkpoint", "actor_config.checkpoint_dir", "actor_config.dtype",
+    "actor_config.lr", "actor_config.lr_schedule", "actor_config.warmup_steps", "actor_config.adam_beta1",
+    "actor_config.adam_beta2", "actor_config.adam_eps", "actor_config.weight_decay", "actor_config.grad_clip",
+    "actor_config.micro_batch_size", "actor_config.logprob_chunk_size", "actor_config.recompute",
+    "actor_config.layerwise_update", "actor_config.max_tokens_per_micro_batch", "actor_config.packing",
+    "actor_config.parallel_config",
+    "generate_config.max_prompt_length", "generate_config.max_tokens", "generate_config.temperature",
+    "generate_config.top_k", "generate_config.top_p", "generate_config.min_p", "generate_config.stop_token_ids",
+    "generate_config.seed", "generate_config.max_num_seqs", "generate_config.max_num_batched_tokens",
+    "generate_config.inference_weights", "generate_config.layerwise", "generate_config.max_prefill_tokens",
+    "generate_config.parallel_config",
+    "reward_config.verifier_function", "reward_config.verifier_weight", "reward_config.reward_plugin",
+    "reward_config.num_workers",
+    "sft_config.steps",
+)
+
+# Keys that act only with validation (rl_config.val_interval > 0) and are still accepted without it: the validation
+# data of a recipe (the tiny default's 100 problems), kept when a run turns validation off with val_interval=0
+# (rl_config is not reset whole as sft_config={steps: 0} resets the warm start's keys)
+KEPT_WHEN_OFF = ("rl_config.val_size", "rl_config.val_dataset_path")
 
 # Keys that cannot take effect in some configs: set to anything but their default there, they are
 # an error, since whoever reads the config would believe they act. (dotted key or section, when
@@ -29,12 +68,19 @@ INERT_UNLESS = (
     ("ref_config", lambda c: c.rl_config.beta > 0, "has no effect with rl_config.beta = 0 (no reference model)"),
     ("rl_config.ref_model_sync_steps", lambda c: c.rl_config.beta > 0,
      "has no effect with rl_config.beta = 0 (no reference model)"),
+    ("rl_config.kl_kind", lambda c: c.rl_config.beta > 0, "has no effect with rl_config.beta = 0 (no KL term)"),
     ("rl_config.max_resample_times", lambda c: c.rl_config.dynamic_sampling,
      "has no effect without rl_config.dynamic_sampling"),
     ("actor_config.packed_attention", lambda c: c.actor_config.packing,
      "applies to packed rows only; it has no effect without actor_config.packing"),
     ("actor_config.min_lr", lambda c: c.actor_config.lr_schedule != "constant",
      "is the floor of a decaying lr_schedule; it has no effect with lr_schedule 'constant'"),
+    ("actor_config.head_rows_per_graph", lambda c: c.actor_config.layerwise_update,
+     "has no effect without actor_config.layerwise_update"),
+    ("generate_config.decode_layers_per_graph", lambda c: c.generate_config.layerwise,
+     "has no effect without generate_config.layerwise"),
+    ("reward_config.timeout_s", lambda c: c.reward_config.num_workers > 0,
+     "has no effect with reward_config.num_workers = 0 (rewards run in the trainer's process, without a timeout)"),
     ("reward_config.cosine", lambda c: "cosine" in c.reward_config.verifier_function,
      "has no effect unless reward_config.verifier_function lists cosine"),
     ("reward_config.soft_overlong", lambda c: "soft_overlong" in c.reward_config.verifier_function,
@@ -42,9 +88,44 @@ INERT_UNLESS = (
     *((f"rl_config.{key}", lambda c: c.rl_config.val_interval > 0,
        "has no effect with rl_config.val_interval = 0 (no validation)")
       for key in ("val_n", "val_temperature", "val_before_train", "save_best")),
+    *((f"sft_config.{key}", lambda c: c.sft_config.steps > 0,
+       "has no effect with sft_config.steps = 0 (no warm start); to switch off a recipe's warm start, set the "
+       "section whole: sft_config={steps: 0}") for key in ("lr", "batch_size", "teacher_carry_error")),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
      "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
 )
+
+
+def variant_settings() -> list:
+    """The dotted keys that are settings of rl_config's registered variants (sections.VARIANTS)."""
+    return sorted({f"rl_config.{setting}" for registry, _ in VARIANTS for name in registry.names()
+                   for setting in registry.params(name)})
+
+
+# Sampling that leaves one token: a group's G samples alike, its rewards equal, its advantages 0, nothing learned.
+# The rule: a token whose logit is GREEDY_LOGIT_GAP below the top one must keep a real chance (a weight of at least
+# e^-10 against the top token's). Temperature T weighs it exp(-gap / T): T < gap / 10 = 0.01 is greedy. min_p drops
+# it when exp(-gap / T) < min_p. top_k = 1 keeps the top token alone; top_p keeps it alone whenever it holds top_p
+# of the probability, which below 0.01 is (nearly) always.
+GREEDY_LOGIT_GAP = 0.1
+MIN_TEMPERATURE = GREEDY_LOGIT_GAP / 10
+MIN_TOP_P = 0.01
+
+
+def greedy_sampling_key(gen: GenerateConfig) -> Optional[tuple]:
+    """(key, why) of the first generate_config key that makes sampling (nearly) greedy, or None."""
+    if gen.temperature < MIN_TEMPERATURE:
+        return "temperature", f"{gen.temperature} is (nearly) greedy (below {MIN_TEMPERATURE})"
+    if gen.top_k == 1:
+        return "top_k", "1 keeps the top token alone (greedy)"
+    if gen.top_p < MIN_TOP_P:
+        return "top_p", f"{gen.top_p} keeps the top token alone whenever it holds {gen.top_p} of the probability " \
+                        f"(below {MIN_TOP_P})"
+    floor = math.exp(-GREEDY_LOGIT_GAP / gen.temperature)
+    if gen.min_p > floor:
+        return "min_p", f"{gen.min_p} drops every token {GREEDY_LOGIT_GAP} logits below the top one at temperature " \
+                        f"{gen.temperature} (min_p must be <= exp(-{GREEDY_LOGIT_GAP} / temperature) = {floor:.3f})"
+    return None
 
 
 def _leaves(d, prefix: str):
@@ -77,7 +158,15 @@ class GRPOConfig:
     synthetic_config: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __post_init__(self):
+        for path, in_effect, why in INERT_UNLESS:  # first: a key that cannot act is the first thing to say
+            key = None if in_effect(self) else first_changed_key(self, path)
+            check(key is None, key, why)
         rl, actor = self.rl_config, self.actor_config
+        greedy = greedy_sampling_key(self.generate_config)
+        check(greedy is None, f"generate_config.{greedy and greedy[0]}",
+              f"{greedy and greedy[1]}: with rl_config.num_generations = {rl.num_generations} the samples of a prompt "
+              "are all alike, every group's rewards equal and its advantages 0, so nothing is learned; sample (GRPO "
+              "runs at temperature about 1)")
         check(rl.rollout_rows % rl.num_mini_batches == 0, "rl_config.num_mini_batches",
               f"must divide batch_size * num_generations = {rl.rollout_rows}, got {rl.num_mini_batches}")
         mini_batch_rows = rl.rollout_rows // rl.num_mini_batches
@@ -111,9 +200,6 @@ class GRPOConfig:
         check("soft_overlong" not in self.reward_config.verifier_function or overlong.buffer_len < max_len,
               "reward_config.soft_overlong.buffer_len",
               f"must be < the overlong max_len {max_len}, got {overlong.buffer_len}")
-        for path, in_effect, why in INERT_UNLESS:
-            key = None if in_effect(self) else first_changed_key(self, path)
-            check(key is None, key, why)
 
     def check_device(self, device_target: str) -> None:
         """Keys that need a kind of device (the run's device_target, e.g. "CPU" or "Ascend")."""
@@ -123,4 +209,4 @@ class GRPOConfig:
               f"'flash' needs Ascend (flash_attention_score); this run is on {device_target}: use 'mask'")
 
 
-__all__ = ["INERT_UNLESS", "GRPOConfig"]
+__all__ = ["ACTS_ALWAYS", "INERT_UNLESS", "KEPT_WHEN_OFF", "GRPOConfig", "greedy_sampling_key", "variant_settings"]

@@ -32,6 +32,11 @@ from mindgrpo.grpo.algos import (
 from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS
 
 
+# rl_config's registered variants, each (its registry, the key that names the variant): the settings of a
+# variant are the keys named like its function's keyword parameters (`_check_settings`)
+VARIANTS = ((ADVANTAGES, "adv_estimator"), (POLICY_LOSSES, "policy_loss"), (ROLLOUT_CORRECTIONS, "rollout_correction"))
+
+
 def _check_name(registry, name: str, key: str) -> None:
     check(name in registry, key, f"unknown {registry.kind} {name!r}; valid names: {', '.join(registry.names())}")
 
@@ -169,8 +174,7 @@ class RLConfig:
         _check_name(KL_ESTIMATORS, self.kl_kind, "kl_kind")
         _check_name(AGG_MODES, self.loss_agg_mode, "loss_agg_mode")
         _check_name(REWARD_SCALES, self.advantage_scale, "advantage_scale")
-        for registry, key in ((ADVANTAGES, "adv_estimator"), (POLICY_LOSSES, "policy_loss"),
-                              (ROLLOUT_CORRECTIONS, "rollout_correction")):
+        for registry, key in VARIANTS:
             _check_name(registry, getattr(self, key), key)
             _check_settings(self, registry, key)
         for key in ("cispo_epsilon_max", "sapo_temperature_pos", "sapo_temperature_neg", "gmpo_epsilon"):
@@ -442,5 +446,5 @@ class SyntheticConfig:
         _check_name(TEMPLATES, self.template, "template")
 
 
-__all__ = ["ActorConfig", "CosineRewardConfig", "GenerateConfig", "ParallelConfig", "RLConfig", "RefConfig",
+__all__ = ["VARIANTS", "ActorConfig", "CosineRewardConfig", "GenerateConfig", "ParallelConfig", "RLConfig", "RefConfig",
            "RewardConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig"]

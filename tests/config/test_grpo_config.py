@@ -1,6 +1,7 @@
 """The GRPO config schema: defaults, a YAML that sets every key, CLI overrides, cross-field rules."""
 
 import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
@@ -44,13 +45,13 @@ FULL = GRPOConfig(
         model="configs/qwen2_tiny.json", load_checkpoint="/models/Qwen2.5-0.5B-Instruct", checkpoint_dir="/tmp/ckpt",
         dtype="bfloat16", lr=3e-6, lr_schedule="cosine", warmup_steps=3, min_lr=1e-7, adam_beta1=0.8, adam_beta2=0.95,
         adam_eps=1e-6, weight_decay=0.01, grad_clip=None, micro_batch_size=2, logprob_chunk_size=512,
-        head_rows_per_graph=2, max_tokens_per_micro_batch=4096, packing=True, packed_attention="flash",
+        max_tokens_per_micro_batch=4096, packing=True, packed_attention="flash",
         parallel_config=ParallelConfig(2, 2, 2, optimizer_shard=True)),
     ref_config=RefConfig(load_checkpoint="/models/ref", max_tokens_per_micro_batch=8192, parallel_config=ParallelConfig(4, 2, 3)),
     generate_config=GenerateConfig(
         max_prompt_length=256, max_tokens=1024, temperature=0.7, top_k=50, top_p=0.95, min_p=0.05,
         stop_token_ids=(151643, 151645), seed=123, max_num_seqs=64, max_num_batched_tokens=40960,
-        inference_weights="copy", decode_layers_per_graph=2, max_prefill_tokens=8192,
+        inference_weights="copy", max_prefill_tokens=8192,
         parallel_config=ParallelConfig(3, 4, 5)),
     reward_config=RewardConfig(
         verifier_function=("accuracy", "format", "soft_overlong", "cosine"), verifier_weight=(1.0, 0.5, 2.0, 0.25),
@@ -91,8 +92,11 @@ def test_yaml_that_sets_every_key():
     # the file leaves them at their defaults, test_synthetic_config_from_yaml sets them
     # (and only the actor's parallel_config may shard an optimizer; actor_config.recompute and layerwise_update,
     # generate_config.layerwise and ref_config.layerwise are refused with this file's tensor and pipeline
-    # parallelism, tests/grpo/test_recompute.py, test_layerwise.py and tests/inference/test_engine.py set them)
-    exempt = {"sft_config.teacher_carry_error", "ref_config.parallel_config.optimizer_shard",
+    # parallelism, tests/grpo/test_recompute.py, test_layerwise.py and tests/inference/test_engine.py set them,
+    # and with them actor_config.head_rows_per_graph and generate_config.decode_layers_per_graph, which act only
+    # with those switches)
+    exempt = {"sft_config.teacher_carry_error", "actor_config.head_rows_per_graph",
+              "generate_config.decode_layers_per_graph", "ref_config.parallel_config.optimizer_shard",
               "generate_config.parallel_config.optimizer_shard", "actor_config.recompute",
               "actor_config.layerwise_update", "generate_config.layerwise", "ref_config.layerwise"} | \
         set(VARIANT_SETTINGS)
@@ -104,7 +108,7 @@ def test_synthetic_config_from_yaml(tmp_path):
     path = tmp_path / "synthetic.yaml"
     path.write_text("synthetic_config:\n  template: qwen_chat\n  task:\n    seed: 3\n    num_train: 100\n"
                     "    num_val: 20\n    max_operand: 30\n    max_mul_operand: 9\n    operators: ['+', '-']\n"
-                    "    num_operands: 3\nsft_config:\n  teacher_carry_error: 0.5\n")
+                    "    num_operands: 3\nsft_config:\n  steps: 1\n  teacher_carry_error: 0.5\n")
     cfg = load_config(GRPOConfig, path)
     assert cfg.synthetic_config == SYNTHETIC and cfg.sft_config.teacher_carry_error == 0.5
     defaults = dict(leaves(to_dict(GRPOConfig().synthetic_config)))
@@ -220,7 +224,7 @@ def test_nested_unknown_key():
     (["rl_config.weight_sync_bucket_mb=-1"], "rl_config.weight_sync_bucket_mb", "must be >= 0"),
     (["rl_config.collective_timeout_s=600", "rl_config.compile_timeout_s=60"], "rl_config.compile_timeout_s",
      "must be >= collective_timeout_s = 600"),
-    (["sft_config.teacher_carry_error=0.5", "rl_config.dataset_path=data/train.mindrecord"],
+    (["sft_config.steps=1", "sft_config.teacher_carry_error=0.5", "rl_config.dataset_path=data/train.mindrecord"],
      "sft_config.teacher_carry_error", "built-in synthetic task only"),
 ])
 def test_cross_field_and_range_errors_name_the_key(overrides, key, expected):
@@ -231,7 +235,8 @@ def test_cross_field_and_range_errors_name_the_key(overrides, key, expected):
 
 @pytest.mark.parametrize("kind", algos.KL_ESTIMATORS.names())
 def test_every_registered_kl_estimator_is_accepted(kind):
-    assert load_config(GRPOConfig, overrides=[f"rl_config.kl_kind={kind}"]).rl_config.kl_kind == kind
+    assert load_config(GRPOConfig, overrides=["rl_config.beta=0.04", f"rl_config.kl_kind={kind}"]).rl_config.kl_kind \
+        == kind
 
 
 def test_round_trip_and_frozen(tmp_path):
@@ -275,12 +280,22 @@ def test_removed_keys_are_unknown(key):
     (["actor_config.min_lr=1e-7"], "actor_config.min_lr", "lr_schedule 'constant'"),
     (["reward_config.cosine.max_len=100"], "reward_config.cosine.max_len", "lists cosine"),
     (["reward_config.soft_overlong.buffer_len=16"], "reward_config.soft_overlong.buffer_len", "lists soft_overlong"),
+    (["rl_config.kl_kind=k3"], "rl_config.kl_kind", "rl_config.beta = 0"),
+    (["actor_config.head_rows_per_graph=2"], "actor_config.head_rows_per_graph", "without actor_config.layerwise_update"),
+    (["generate_config.decode_layers_per_graph=2"], "generate_config.decode_layers_per_graph",
+     "without generate_config.layerwise"),
+    (["sft_config.lr=1e-4"], "sft_config.lr", "sft_config.steps = 0"),
+    (["sft_config.batch_size=4"], "sft_config.batch_size", "sft_config.steps = 0"),
+    (["sft_config={steps: 0}"], None, None),  # how a recipe's warm start is switched off: the section set whole
     (["rl_config.dataset_path=train.mindrecord", "synthetic_config.template=qwen_chat"], "synthetic_config.template",
      "built-in synthetic task only"),
     (["rl_config.dataset_path=train.mindrecord", "synthetic_config.task.num_train=10"],
      "synthetic_config.task.num_train", "built-in synthetic task only"),
 ])
 def test_keys_that_cannot_take_effect_are_refused(overrides, key, expected):
+    if key is None:
+        assert load_config(GRPOConfig, FULL_YAML, overrides).sft_config == SFTConfig(steps=0)
+        return
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=overrides)
     assert info.value.key == key and expected in info.value.message, str(info.value)
@@ -349,3 +364,124 @@ def test_with_a_token_budget_the_micro_batch_size_need_not_divide_a_replicas_row
     with pytest.raises(ConfigError, match="actor_config.micro_batch_size'"):
         load_config(GRPOConfig, overrides=budget[1:])
     load_config(GRPOConfig, overrides=budget)
+
+
+# ------------------------------------------------------------------ greedy groups (issue 42, item 1)
+@pytest.mark.parametrize("overrides, key", [
+    (["generate_config.temperature=0"], "generate_config.temperature"),
+    (["generate_config.temperature=1e-6"], "generate_config.temperature"),
+    (["generate_config.top_p=1e-9"], "generate_config.top_p"),
+    (["generate_config.min_p=0.99"], "generate_config.min_p"),
+    (["generate_config.temperature=0.5", "generate_config.min_p=0.85"], "generate_config.min_p"),  # e^-0.2 = 0.82
+    (["generate_config.top_k=1"], "generate_config.top_k"),
+])
+def test_greedy_groups_are_refused_naming_the_keys(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=overrides)
+    assert info.value.key == key and "rl_config.num_generations = 8" in info.value.message, str(info.value)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["generate_config.temperature=0.01"], ["generate_config.top_p=0.01"], ["generate_config.min_p=0.9"],
+    ["generate_config.top_k=2"], ["generate_config.temperature=0.5", "generate_config.min_p=0.8"],
+])
+def test_sampling_that_still_spreads_a_group_is_accepted(overrides):
+    load_config(GRPOConfig, overrides=overrides)
+
+
+# ------------------------------------------------------------------ every key acts or is refused (item 2)
+def _config_keys(cls, prefix=""):
+    """Every leaf key of a config dataclass, dotted, from its fields (sections recursed into)."""
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from _config_keys(tp, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def _covers(path, key):
+    return key == path or key.startswith(path + ".")
+
+
+def test_every_config_key_acts_always_or_has_its_dependency():
+    from mindgrpo.config.grpo import ACTS_ALWAYS, INERT_UNLESS, KEPT_WHEN_OFF, variant_settings
+
+    keys = list(_config_keys(GRPOConfig))
+    assert len(keys) > 80
+    entries = [*ACTS_ALWAYS, *(path for path, _, _ in INERT_UNLESS), *variant_settings(), *KEPT_WHEN_OFF]
+    for entry in entries:  # each entry names keys that exist
+        assert any(_covers(entry, k) for k in keys), entry
+    for key in keys:
+        owners = [e for e in entries if _covers(e, key)]
+        assert len(owners) == 1, f"config key {key!r} needs exactly one entry in mindgrpo/config/grpo.py " \
+                                 f"(ACTS_ALWAYS or INERT_UNLESS, or a variant's setting), has {owners}"
+
+
+# the overrides under which a dependency's condition is false, for those whose condition holds at the defaults
+CONDITION_FALSE = {"synthetic_config": ["rl_config.dataset_path=train.mindrecord"],
+                   "reward_config.timeout_s": ["reward_config.num_workers=0"]}
+
+
+OWN_CHECK_FIRST = {"rl_config.val_n"}
+# keys whose other value needs another key of the same dependency (which the refusal names, the first changed)
+COMPANIONS = {"synthetic_config.task.num_operands": (["synthetic_config.task.operators=[+]"],
+                                                     "synthetic_config.task.operators")}
+
+
+def _witness(key):
+    """A value other than the default for `key`, valid in its section: full_grpo.yaml's (or the synthetic YAML's)."""
+    default, full = dict(leaves(to_dict(GRPOConfig()))), dict(leaves(to_dict(FULL)))
+    synthetic = {f"synthetic_config.{k}": v for k, v in leaves(to_dict(SYNTHETIC))}
+    others = {"sft_config.teacher_carry_error": 0.5, "actor_config.head_rows_per_graph": 2,
+              "generate_config.decode_layers_per_graph": 2, "rl_config.save_best": "val/accuracy"}
+    for table in (others, full, synthetic, VARIANT_SETTINGS):
+        if key in table and table[key] != default[key]:
+            return table[key]
+    bool_default = default[key]
+    assert isinstance(bool_default, bool), f"no value other than the default known for {key}"
+    return not bool_default
+
+
+def _override(key, value):
+    import json
+
+    return f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
+
+
+def test_each_dependency_refuses_its_keys_by_name():
+    from mindgrpo.config.grpo import INERT_UNLESS
+
+    keys = list(_config_keys(GRPOConfig))
+    for path, in_effect, why in INERT_UNLESS:
+        base = CONDITION_FALSE.get(path, [])
+        assert not in_effect(load_config(GRPOConfig, overrides=base)), \
+            f"{path}: its condition holds at {base or 'the defaults'}; give CONDITION_FALSE an entry"
+        for key in (k for k in keys if _covers(path, k)):
+            override = _override(key, _witness(key))
+            companion, named = COMPANIONS.get(key, ([], key))
+            with pytest.raises(ConfigError) as info:
+                load_config(GRPOConfig, overrides=[*base, *companion, override])
+            assert info.value.key == named, f"{override}: {info.value}"
+            # val_n > 1 is refused by its own section first, beside the default val_temperature 0 (also inert)
+            assert info.value.message == why or key in OWN_CHECK_FIRST, f"{override}: {info.value}"
+
+
+def test_each_variant_setting_is_refused_beside_a_variant_that_does_not_read_it():
+    from mindgrpo.config.sections import VARIANTS
+
+    for registry, chooser in VARIANTS:
+        for name in registry.names():
+            for setting in registry.params(name):
+                other = next(n for n in registry.names() if setting not in registry.params(n))
+                key = f"rl_config.{setting}"
+                with pytest.raises(ConfigError) as info:
+                    load_config(GRPOConfig, overrides=[f"rl_config.{chooser}={other}", _override(key, _witness(key))])
+                assert info.value.key == key and "does not read it" in info.value.message, str(info.value)
+
+
+def test_every_shipped_recipe_loads():
+    recipes = sorted((Path(__file__).parents[2] / "model_configs" / "qwen_grpo").glob("*/grpo_config.yaml"))
+    assert len(recipes) >= 6
+    for path in recipes:
+        load_config(GRPOConfig, path)

@@ -24,7 +24,7 @@ ARGS = [f"actor_config.model={os.path.join(REPO, 'tests', 'grpo', 'micro_qwen2.y
         "reward_config.verifier_function=[test_digit_share]", "reward_config.verifier_weight=[1.0]",
         "rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
         "rl_config.num_mini_batches=2", "generate_config.max_tokens=8", "synthetic_config.template=raw",
-        "sft_config.steps=0", "rl_config.beta=0.05", "actor_config.lr=1e-2", "rl_config.val_interval=0",
+        "sft_config={steps: 0}", "rl_config.beta=0.05", "actor_config.lr=1e-2", "rl_config.val_interval=0",
         "rl_config.completions_interval=0", "rl_config.save_interval=1", f"rl_config.max_steps={STEPS}"]
 
 pytestmark = pytest.mark.slow

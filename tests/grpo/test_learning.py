@@ -36,7 +36,7 @@ def test_reward_rises(tmp_path):
     cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", str(out),
            "--reward_plugin", os.path.join(REPO, "tests", "grpo", "digit_reward.py"),
            "reward_config.verifier_function=[test_digit_share]", "reward_config.verifier_weight=[1.0]",
-           "sft_config.steps=0", "rl_config.max_steps=16", "rl_config.batch_size=4", "rl_config.num_generations=8",
+           "sft_config={steps: 0}", "rl_config.max_steps=16", "rl_config.batch_size=4", "rl_config.num_generations=8",
            "generate_config.max_tokens=12", "rl_config.val_interval=0", "rl_config.save_interval=0",
            "actor_config.lr=3e-3", "actor_config.micro_batch_size=32"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)

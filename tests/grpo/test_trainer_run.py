@@ -21,7 +21,9 @@ MICRO = [f"actor_config.model={os.path.join(REPO, 'tests', 'grpo', 'micro_qwen2.
 
 
 def run(out, *extra, check=True):
-    r = subprocess.run([sys.executable, SCRIPT, "--output_dir", str(out), *MICRO, *extra],
+    # sft_config={steps: 0} switches the warm start off: MICRO's warm-start keys go with it (they could not act)
+    micro = [a for a in MICRO if not a.startswith("sft_config.")] if "sft_config={steps: 0}" in extra else MICRO
+    r = subprocess.run([sys.executable, SCRIPT, "--output_dir", str(out), *micro, *extra],
                        capture_output=True, text=True, cwd=REPO, timeout=1800)  # a hang guard; minutes on a busy machine
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
@@ -138,7 +140,7 @@ def test_an_inference_copy_gives_the_steps_of_the_shared_policy(tmp_path):
              "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]"]
     rows = {}
     for weights in ("auto", "copy"):
-        run(tmp_path / weights, *dense, "sft_config.steps=0", "rl_config.max_steps=2", "rl_config.val_interval=2",
+        run(tmp_path / weights, *dense, "sft_config={steps: 0}", "rl_config.max_steps=2", "rl_config.val_interval=2",
             "rl_config.beta=0", "rl_config.num_mini_batches=1",  # fewer graphs: no reference, no old log-probs
             f"generate_config.inference_weights={weights}")
         rows[weights] = metrics(tmp_path / weights)
@@ -219,7 +221,7 @@ def test_a_reward_needing_a_missing_column_stops_the_run_in_one_line(tmp_path):
                       "@register_reward('by_difficulty')\n"
                       "def by_difficulty(completions, difficulty, **_):\n"
                       "    return [float(d) for d in difficulty]\n")
-    r = run(tmp_path / "out", "--reward_plugin", str(plugin), "rl_config.max_steps=1", "sft_config.steps=0",
+    r = run(tmp_path / "out", "--reward_plugin", str(plugin), "rl_config.max_steps=1", "sft_config={steps: 0}",
             "reward_config.verifier_function=[accuracy, by_difficulty]", "reward_config.verifier_weight=[1, 1]",
             check=False)
     assert r.returncode == 2
@@ -257,7 +259,7 @@ def test_one_grpo_step_of_a_tiny_qwen3(tmp_path):
     weights, and the checkpoint describes a Qwen3."""
     out = tmp_path / "qwen3"
     micro3 = f"actor_config.model={os.path.join(REPO, 'tests', 'grpo', 'micro_qwen3.yaml')}"
-    no_warm_start = [a for a in MICRO[1:] if not a.startswith("sft_config.")] + ["sft_config.steps=0"]
+    no_warm_start = [a for a in MICRO[1:] if not a.startswith("sft_config.")] + ["sft_config={steps: 0}"]
     r = subprocess.run([sys.executable, SCRIPT, "--output_dir", str(out), micro3, *no_warm_start,
                         "rl_config.max_steps=1", "rl_config.save_interval=1", "rl_config.val_interval=0",
                         "--reward_plugin", os.path.join(REPO, "tests", "grpo", "digit_reward.py"),

@@ -48,7 +48,7 @@ def test_run_grpo_sh_exits_nonzero_with_the_failing_rank_error(tmp_path):
 # ------------------------------------------------------------------------------ stopping and hanging jobs
 
 MICRO = os.path.join(REPO, "tests", "parallel", "workers", "micro_untied.yaml")
-JOB = [f"actor_config.model={MICRO}", "sft_config.steps=0", "rl_config.val_interval=0", "rl_config.batch_size=2",
+JOB = [f"actor_config.model={MICRO}", "sft_config={steps: 0}", "rl_config.val_interval=0", "rl_config.batch_size=2",
        "rl_config.num_generations=4", "generate_config.max_tokens=16", "actor_config.micro_batch_size=2",
        "rl_config.completions_interval=0", "actor_config.parallel_config.data_parallel=2",
        "generate_config.parallel_config.data_parallel=2"]

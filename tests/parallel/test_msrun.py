@@ -205,7 +205,7 @@ def test_qwen3_tp2_update_matches_one_device_and_reshards_bit_identical_to_trans
 # ------------------------------------------------------------------------------ the one-stage run
 
 MICRO = os.path.join(REPO, "tests", "parallel", "workers", "micro_untied.yaml")  # untied: pipeline stages
-ONE_STAGE = ["rl_config.max_steps=1", "sft_config.steps=0", "rl_config.val_interval=0",
+ONE_STAGE = ["rl_config.max_steps=1", "sft_config={steps: 0}", "rl_config.val_interval=0",
              "rl_config.batch_size=2", "rl_config.num_generations=4", "generate_config.max_tokens=16",
              "actor_config.micro_batch_size=2", "rl_config.completions_interval=0", f"actor_config.model={MICRO}",
              "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]",
