@@ -104,6 +104,20 @@ def model_config_file(cfg: GRPOConfig, paths: Paths) -> Tuple[str, str]:
     return file, f"{file} (actor_config.model)"
 
 
+def check_model_limits(cfg: GRPOConfig, mcfg, model_source: str) -> None:
+    """generate_config against the model config (`model_source` names its file): the longest sequence fits the
+    model's positions, and every stop token is in its vocabulary (ConfigError naming the keys and the file)."""
+    gen = cfg.generate_config
+    longest = gen.max_prompt_length + gen.max_tokens
+    check(longest <= mcfg.max_position_embeddings, "generate_config.max_tokens",
+          f"generate_config.max_prompt_length + max_tokens = {gen.max_prompt_length} + {gen.max_tokens} = {longest} "
+          f"positions, more than the max_position_embeddings {mcfg.max_position_embeddings} of {model_source}; "
+          "lower one of them")
+    bad = [t for t in gen.stop_token_ids if not 0 <= t < mcfg.vocab_size]
+    check(not bad, "generate_config.stop_token_ids",
+          f"holds {bad[0] if bad else None}, outside the vocabulary of {mcfg.vocab_size} tokens of {model_source}")
+
+
 def build_tokenizer(cfg: GRPOConfig, paths: Paths) -> QwenTokenizer:
     from mindgrpo.data.tokenizer import QwenTokenizer
 
@@ -214,6 +228,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         raise ValueError(f"the model's vocab_size {mcfg.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size}")
     check_vocabulary(mcfg.vocab_size, model_source, train, val)
+    check_model_limits(cfg, mcfg, model_source)
     check(val is not None or not rl.val_interval or rl.save_best is None, "rl_config.save_best",
           f"needs validation prompts, and rl_config.dataset_path {train.path} comes without any: give "
           "rl_config.val_dataset_path (--val_dataset)")

@@ -19,6 +19,7 @@ from mindgrpo.rewards import RewardError, register_reward
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MICRO = os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")
+FITS = "generate_config.max_prompt_length=128"  # and the default max_tokens 512 shortened: the micro model's 256 positions
 
 
 def args(*overrides, **flags):
@@ -88,7 +89,7 @@ def test_start_up_refusals_name_the_key_and_the_path(overrides, flags, message):
 def test_load_checkpoints_are_where_the_policy_the_inference_copy_and_the_reference_start(
         start, tmp_path, policy_from_start, own_reference):
     ref = save_model(tmp_path / "ref", 7) if own_reference else None
-    cfg = load_run_config(args(f"actor_config.model={MICRO}", "rl_config.beta=0.05", "generate_config.max_tokens=8",
+    cfg = load_run_config(args(f"actor_config.model={MICRO}", "rl_config.beta=0.05", "generate_config.max_tokens=8", FITS,
                                "synthetic_config.template=raw", "rl_config.batch_size=2",
                                "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
                                *([f"actor_config.load_checkpoint={start}"] if policy_from_start else []),
@@ -118,7 +119,8 @@ def test_the_reward_columns_are_checked_before_any_model_is_built(tmp_path):
     def by_difficulty(completions, difficulty, **_):
         return [float(d) for d in difficulty]
 
-    cfg = load_run_config(args(f"actor_config.model={MICRO}", "synthetic_config.template=raw",
+    cfg = load_run_config(args(f"actor_config.model={MICRO}", "synthetic_config.template=raw", FITS,
+                               "generate_config.max_tokens=8",
                                "reward_config.verifier_function=[accuracy, test_run_config_by_difficulty]",
                                "reward_config.verifier_weight=[1, 1]", output_dir=str(tmp_path)))
     with pytest.raises(RewardError) as info:
@@ -134,9 +136,26 @@ def test_save_best_without_validation_prompts_is_refused_before_any_model_is_bui
     data = str(tmp_path / "train.mindrecord")
     write_mindrecord(data, PROMPT_SCHEMA, [[{"prompt_ids": np.array([5, 7, 0], np.int32), "prompt_length": np.int32(2),
                                              "prompt": "q", "solution": "1", "answer": "1"}] * 4])
-    cfg = load_run_config(args(f"actor_config.model={MICRO}", "rl_config.val_interval=5",
+    cfg = load_run_config(args(f"actor_config.model={MICRO}", "rl_config.val_interval=5", FITS,
+                               "generate_config.max_tokens=8",
                                "rl_config.save_best=val/accuracy", output_dir=str(tmp_path), mind_dataset_dir=data))
     with pytest.raises(ConfigError) as info:
         builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path), mind_dataset_dir=data)), NoModels())
     assert str(info.value) == (f"config key 'rl_config.save_best': needs validation prompts, and rl_config.dataset_path "
                                f"{data} comes without any: give rl_config.val_dataset_path (--val_dataset)")
+
+
+@pytest.mark.parametrize("overrides, key, needle", [
+    (["generate_config.max_prompt_length=200", "generate_config.max_tokens=100"], "generate_config.max_tokens",
+     "generate_config.max_prompt_length + max_tokens = 200 + 100 = 300 positions, more than the "
+     f"max_position_embeddings 256 of {MICRO} (actor_config.model)"),
+    ([FITS, "generate_config.max_tokens=8", "generate_config.stop_token_ids=[3, 512]"],
+     "generate_config.stop_token_ids", f"holds 512, outside the vocabulary of 512 tokens of {MICRO} (actor_config.model)"),
+])
+def test_generation_beyond_the_model_is_refused_before_any_model_is_built(tmp_path, overrides, key, needle):
+    from mindgrpo.config.loader import ConfigError
+
+    cfg = load_run_config(args(f"actor_config.model={MICRO}", *overrides, output_dir=str(tmp_path)))
+    with pytest.raises(ConfigError) as info:
+        builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))), NoModels())
+    assert info.value.key == key and needle in info.value.message, str(info.value)

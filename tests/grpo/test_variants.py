@@ -27,6 +27,7 @@ from fakes import one_layer_micro  # tests/grpo is on sys.path under pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MICRO = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
+         "generate_config.max_prompt_length=128",  # within the micro model's 256 positions
          "generate_config.max_tokens=8", "synthetic_config.template=raw", "actor_config.lr=1e-3",
          "rl_config.val_interval=0", "rl_config.completions_interval=0", "rl_config.swap=false",
          "rl_config.max_steps=1", "reward_config.num_workers=0",
