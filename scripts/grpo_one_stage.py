@@ -55,6 +55,9 @@ def parse_args(argv=None):
                     help="continue from the newest complete checkpoint in the checkpoint folder")
     ap.add_argument("--resume_from", metavar="PATH", help="continue from this checkpoint folder (step_N); newer "
                                                           "checkpoints beside it are set aside")
+    ap.add_argument("--allow_config_change", action="store_true",
+                    help="with --resume: accept changed config keys that break the run's exactness or its data "
+                         "order (num_generations, batch size, seeds, data, the algorithm; mindgrpo/config/resume.py)")
     ap.add_argument("--reward_plugin", help="a .py file that registers more reward functions "
                                             "(same as reward_config.reward_plugin=PATH)")
     ap.add_argument("--swap", type=str2bool, default=None, help="host-memory swap (default: rl_config.swap)")

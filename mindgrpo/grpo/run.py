@@ -87,9 +87,12 @@ def _overrides(args) -> list:
     return overrides
 
 
-def start_from_checkpoint(trainer, resume_from: Optional[str], resume: bool) -> None:
+def start_from_checkpoint(trainer, resume_from: Optional[str], resume: bool, allow_config_change: bool = False) -> None:
     """Remove what killed saves left; with `resume`, load `resume_from` or the newest complete
-    checkpoint; then set aside the checkpoints beyond the step this run starts from."""
+    checkpoint, its config compared with this run's (mindgrpo/config/resume.py: every changed key
+    logged, those that break exactness or the data order refused unless `allow_config_change`);
+    then set aside the checkpoints beyond the step this run starts from."""
+    from mindgrpo.config.resume import resume_changes
     from mindgrpo.parallel.checkpoint_folders import CheckpointError
 
     checkpoints = trainer.checkpoints
@@ -101,9 +104,14 @@ def start_from_checkpoint(trainer, resume_from: Optional[str], resume: bool) -> 
                 raise SetupError(f"--resume: no complete checkpoint under {checkpoints.root}")
             if resume_from is None:
                 logger.info("--resume: the newest complete checkpoint is %s", path)
-            trainer.resume(path)
+            state = trainer.resume(path)
         except CheckpointError as e:
             raise SetupError(str(e)) from None
+        lines, error = resume_changes(state.get("config"), trainer.cfg, allow_config_change)
+        for line in lines:
+            logger.warning("%s", line)
+        if error:
+            raise SetupError(f"{path}: {error}")
     checkpoints.set_aside_after(trainer.step, "this run resumed" if resume else "this run starts")
 
 
@@ -185,7 +193,8 @@ def run(args) -> int:
     trainer.save_data_file = args.save_data_file
     parts.rewards.start()  # the reward workers start while the first rollout compiles
     resumed = bool(args.resume or args.resume_from)
-    start_from_checkpoint(trainer, args.resume_from if args.resume_from else None, resumed)
+    start_from_checkpoint(trainer, args.resume_from if args.resume_from else None, resumed,
+                          args.allow_config_change)
     if resumed:
         metrics_log.truncate_after(trainer.step + 1)  # keep what the checkpointed steps logged
     if not resumed and cfg.sft_config.steps > 0:

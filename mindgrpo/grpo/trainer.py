@@ -337,7 +337,8 @@ class GRPOTrainer:
         return self.checkpoints.save(self.step, self.checkpoint_groups(), state, self.policy.config.to_hf_dict(),
                                      **({"name": name} if name else {}))
 
-    def resume(self, path: str) -> None:
+    def resume(self, path: str) -> dict:
+        """Load the checkpoint at `path` into the models, the optimizer and the loop; returns its state.json."""
         state = self.checkpoints.load(path, self.checkpoint_groups(), self.policy.config.to_hf_dict())
         self.step = int(state["step"])
         self.updater.optimizer_steps = int(state["optimizer_steps"])
@@ -348,6 +349,7 @@ class GRPOTrainer:
             self.best.load_state(state["best"])
         self.sync()  # the inference copy follows the restored policy
         logger.info("resumed from %s at step %d", path, self.step)
+        return state
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> Dict[str, float]:

@@ -29,7 +29,7 @@ def args(*overrides, **flags):
                 val_dataset=None, save_data_file=None, save_ckpt_dir=None, use_parallel=False,
                 load_sft_checkpoint_train=True, load_sft_checkpoint_infer=True, load_ref_checkpoint=True,
                 enable_compile_cache=False, only_save_strategy=False, resume=False, resume_from=None,
-                reward_plugin=None, swap=None, overrides=list(overrides))
+                reward_plugin=None, swap=None, allow_config_change=False, overrides=list(overrides))
     return argparse.Namespace(**{**base, **flags})
 
 
@@ -159,3 +159,45 @@ def test_generation_beyond_the_model_is_refused_before_any_model_is_built(tmp_pa
     with pytest.raises(ConfigError) as info:
         builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))), NoModels())
     assert info.value.key == key and needle in info.value.message, str(info.value)
+
+
+class ResumableTrainer:
+    """What start_from_checkpoint uses of a trainer: its config, checkpoint folders, and a resume that returns the
+    checkpoint's state.json (written by a run with config `saved_cfg`, or an older one without a config)."""
+
+    def __init__(self, cfg, saved_cfg):
+        self.cfg, self.step, self.saved_cfg = cfg, 0, saved_cfg
+        self.checkpoints = argparse.Namespace(clean=lambda: [], find=lambda path: "ckpts/step_00000002",
+                                              root="ckpts", set_aside_after=lambda step, why: [])
+
+    def resume(self, path):
+        self.step = 2
+        from dataclasses import asdict
+
+        state = {"step": 2}
+        if self.saved_cfg is not None:
+            state["config"] = json.loads(json.dumps(asdict(self.saved_cfg)))
+        return state
+
+
+def test_resume_with_a_changed_config_names_the_keys_and_refuses_those_that_break_exactness(caplog):
+    from mindgrpo.grpo.run import start_from_checkpoint
+
+    written = load_run_config(args("rl_config.num_generations=8"))
+    now = load_run_config(args("rl_config.num_generations=4", "actor_config.micro_batch_size=2"))
+    with pytest.raises(SetupError) as info:
+        start_from_checkpoint(ResumableTrainer(now, written), None, True)
+    assert str(info.value) == ("ckpts/step_00000002: --resume: the checkpoint was written with another config: "
+                               "'rl_config.num_generations' 8 -> 4; changing this key breaks the run's exactness or "
+                               "its data order: set back, or pass --allow_config_change")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mindgrpo"):
+        start_from_checkpoint(ResumableTrainer(now, written), None, True, allow_config_change=True)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "--resume: config key 'rl_config.num_generations' changed from 8 to 4 (accepted with --allow_config_change)",
+        "--resume: config key 'actor_config.micro_batch_size' changed from 4 to 2 (accepted)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mindgrpo"):
+        start_from_checkpoint(ResumableTrainer(now, None), None, True)  # an older checkpoint: said, and on it goes
+    assert [r.getMessage() for r in caplog.records] == [
+        "--resume: this checkpoint holds no config (written before checkpoints kept it): the config is not compared"]
