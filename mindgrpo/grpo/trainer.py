@@ -231,10 +231,35 @@ class GRPOTrainer:
         return m
 
     # ------------------------------------------------------------------ the step
+    def check_spread(self, r: Rollouts, metrics: Dict[str, float]) -> bool:
+        """Whether the step updates: a step whose groups all have equal rewards (zero spread: advantages 0) is said
+        in the console; with dynamic sampling, which then kept no group, it does not update on nothing (the step
+        still counts, as a no-update step: dynamic_sampling/no_update 1, weights and optimizer state unchanged)."""
+        rl = self.cfg.rl_config
+        spread = r.rewards.reshape(-1, self.G).std(-1) > 0
+        metrics["train/groups_with_reward_spread"] = float(spread.sum())
+        if rl.dynamic_sampling:
+            metrics["dynamic_sampling/no_update"] = float(not spread.any())
+        if spread.any():
+            return True
+        if rl.dynamic_sampling:
+            logger.warning("step %d: dynamic sampling kept no group in %d rounds (every group's rewards were equal): "
+                           "no update this step (weights and optimizer state unchanged)", self.step + 1,
+                           int(metrics["dynamic_sampling/rounds"]))
+            return False
+        logger.warning("step %d: every group's rewards are equal (zero spread in all %d groups): its advantages are 0 "
+                       "and the policy loss teaches nothing", self.step + 1, len(spread))
+        return True
+
     def train_step(self) -> Dict[str, float]:
         p = self.progress
         r, metrics = self.collect()
         self.release(self.engine)  # after all of dynamic sampling's rounds, which share the graphs
+        self.step_lengths = ([len(p) for p in r.prompt_ids], [len(c.token_ids) for c in r.completions])
+        if not self.check_spread(r, metrics):
+            metrics["train/skipped_updates"] = 0.0  # not a bad step: nothing to update on
+            self.maybe_log_completions(r)
+            return metrics
         with p.phase("advantage"):
             adv, adv_metrics = self.advantages(r)
             exp = self.build_experience(r, adv)
@@ -247,7 +272,6 @@ class GRPOTrainer:
         with p.phase("sync"):
             metrics.update(self.sync_weights())
         metrics.update({f"advantage/{k}": float(v) for k, v in adv_metrics.items()})
-        self.step_lengths = ([len(p) for p in r.prompt_ids], [len(c.token_ids) for c in r.completions])
         self.maybe_log_completions(r)
         if self.save_data_file and self.rank == 0:
             save_experience(self.save_data_file, self.step, r, exp)

@@ -155,3 +155,36 @@ def test_a_reward_returning_text_stops_the_step(slow_rewards):
     trainer, _ = make_trainer(informative, rewards=RewardSet(["test_ds_text"]))
     with pytest.raises(RewardError, match="reward 'test_ds_text' returned str '1' for completion 0"):
         trainer.collect()
+
+
+def test_dynamic_sampling_that_keeps_nothing_does_not_update_and_says_so(caplog):
+    trainer, engine = make_trainer(lambda k: [False] * G, dynamic_sampling=True, max_resample_times=1)
+    before = {n: p.asnumpy().copy() for n, p in trainer.policy.parameters_and_names()}
+    with caplog.at_level("WARNING", logger="mindgrpo"):
+        metrics = trainer.train_step()  # an update would compile and run the training graph, and sync (None here)
+    assert metrics["dynamic_sampling/no_update"] == 1 and metrics["dynamic_sampling/kept_groups"] == 0
+    assert metrics["train/groups_with_reward_spread"] == 0 and metrics["train/skipped_updates"] == 0
+    assert "loss" not in metrics and trainer.updater.optimizer_steps == 0
+    for n, p in trainer.policy.parameters_and_names():
+        np.testing.assert_array_equal(p.asnumpy(), before[n], err_msg=n)
+    assert [r.getMessage() for r in caplog.records] == [
+        "step 1: dynamic sampling kept no group in 2 rounds (every group's rewards were equal): no update this step "
+        "(weights and optimizer state unchanged)"]
+
+
+def test_a_step_whose_groups_all_have_equal_rewards_is_said(caplog):
+    trainer, _ = make_trainer(lambda k: [False] * G)
+    r, metrics = trainer.collect()
+    with caplog.at_level("WARNING", logger="mindgrpo"):
+        assert trainer.check_spread(r, metrics)  # without dynamic sampling the step updates as configured
+    assert metrics["train/groups_with_reward_spread"] == 0 and "dynamic_sampling/no_update" not in metrics
+    assert [r.getMessage() for r in caplog.records] == [
+        "step 1: every group's rewards are equal (zero spread in all 3 groups): its advantages are 0 and the policy "
+        "loss teaches nothing"]
+    trainer, _ = make_trainer(informative, dynamic_sampling=True)
+    r, metrics = trainer.collect()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mindgrpo"):
+        assert trainer.check_spread(r, metrics)
+    assert caplog.records == [] and metrics["train/groups_with_reward_spread"] == 3
+    assert metrics["dynamic_sampling/no_update"] == 0
