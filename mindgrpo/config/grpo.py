@@ -20,6 +20,9 @@ from mindgrpo.config.sections import (
     RLConfig,
     SFTConfig,
     SyntheticConfig,
+    GREEDY_LOGIT_GAP,
+    MIN_TEMPERATURE,
+    MIN_TOP_P,
     VARIANTS,
 )
 
@@ -100,16 +103,6 @@ def variant_settings() -> list:
     """The dotted keys that are settings of rl_config's registered variants (sections.VARIANTS)."""
     return sorted({f"rl_config.{setting}" for registry, _ in VARIANTS for name in registry.names()
                    for setting in registry.params(name)})
-
-
-# Sampling that leaves one token: a group's G samples alike, its rewards equal, its advantages 0, nothing learned.
-# The rule: a token whose logit is GREEDY_LOGIT_GAP below the top one must keep a real chance (a weight of at least
-# e^-10 against the top token's). Temperature T weighs it exp(-gap / T): T < gap / 10 = 0.01 is greedy. min_p drops
-# it when exp(-gap / T) < min_p. top_k = 1 keeps the top token alone; top_p keeps it alone whenever it holds top_p
-# of the probability, which below 0.01 is (nearly) always.
-GREEDY_LOGIT_GAP = 0.1
-MIN_TEMPERATURE = GREEDY_LOGIT_GAP / 10
-MIN_TOP_P = 0.01
 
 
 def greedy_sampling_key(gen: GenerateConfig) -> Optional[tuple]:

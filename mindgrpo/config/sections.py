@@ -32,6 +32,17 @@ from mindgrpo.grpo.algos import (
 from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS
 
 
+# Sampling that leaves one token: a group's G samples alike, its rewards equal, its advantages 0, nothing learned.
+# The rule: a token whose logit is GREEDY_LOGIT_GAP below the top one must keep a real chance (a weight of at least
+# e^-10 against the top token's). Temperature T weighs it exp(-gap / T): T < gap / 10 = 0.01 is greedy. min_p drops
+# it when exp(-gap / T) < min_p. top_k = 1 keeps the top token alone; top_p keeps it alone whenever it holds top_p
+# of the probability, which below 0.01 is (nearly) always. (Checked in grpo.greedy_sampling_key with
+# rl_config.num_generations, and for validation here.)
+GREEDY_LOGIT_GAP = 0.1
+MIN_TEMPERATURE = GREEDY_LOGIT_GAP / 10
+MIN_TOP_P = 0.01
+
+
 # rl_config's registered variants, each (its registry, the key that names the variant): the settings of a
 # variant are the keys named like its function's keyword parameters (`_check_settings`)
 VARIANTS = ((ADVANTAGES, "adv_estimator"), (POLICY_LOSSES, "policy_loss"), (ROLLOUT_CORRECTIONS, "rollout_correction"))
@@ -188,6 +199,10 @@ class RLConfig:
         _check_non_negative(self, "val_temperature")
         check(self.val_temperature > 0 or self.val_n == 1, "val_n",
               f"must be 1 with val_temperature 0 (greedy samples are all alike), got {self.val_n}")
+        check(self.val_n == 1 or self.val_temperature == 0 or self.val_temperature >= MIN_TEMPERATURE,
+              "val_temperature",
+              f"{self.val_temperature} is nearly greedy (below {MIN_TEMPERATURE}): the val_n = {self.val_n} samples of "
+              "a prompt would be alike; use 0 with val_n 1, or sample")
         check(self.save_best is None or self.save_best in self.val_metric_names, "save_best",
               f"must be a validation metric ({', '.join(self.val_metric_names)}), got {self.save_best!r}")
         check(self.device_peak_tflops is None or self.device_peak_tflops > 0, "device_peak_tflops",
@@ -446,5 +461,6 @@ class SyntheticConfig:
         _check_name(TEMPLATES, self.template, "template")
 
 
-__all__ = ["VARIANTS", "ActorConfig", "CosineRewardConfig", "GenerateConfig", "ParallelConfig", "RLConfig", "RefConfig",
+__all__ = ["GREEDY_LOGIT_GAP", "MIN_TEMPERATURE", "MIN_TOP_P", "VARIANTS",
+           "ActorConfig", "CosineRewardConfig", "GenerateConfig", "ParallelConfig", "RLConfig", "RefConfig",
            "RewardConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig"]

@@ -281,7 +281,8 @@ def test_removed_keys_are_unknown(key):
     (["reward_config.cosine.max_len=100"], "reward_config.cosine.max_len", "lists cosine"),
     (["reward_config.soft_overlong.buffer_len=16"], "reward_config.soft_overlong.buffer_len", "lists soft_overlong"),
     (["rl_config.kl_kind=k3"], "rl_config.kl_kind", "rl_config.beta = 0"),
-    (["actor_config.head_rows_per_graph=2"], "actor_config.head_rows_per_graph", "without actor_config.layerwise_update"),
+    (["actor_config.head_rows_per_graph=2"], "actor_config.head_rows_per_graph",
+     "without actor_config.layerwise_update"),
     (["generate_config.decode_layers_per_graph=2"], "generate_config.decode_layers_per_graph",
      "without generate_config.layerwise"),
     (["sft_config.lr=1e-4"], "sft_config.lr", "sft_config.steps = 0"),
@@ -387,6 +388,15 @@ def test_greedy_groups_are_refused_naming_the_keys(overrides, key):
 ])
 def test_sampling_that_still_spreads_a_group_is_accepted(overrides):
     load_config(GRPOConfig, overrides=overrides)
+
+
+def test_nearly_greedy_validation_with_several_samples_is_refused():
+    val = ["rl_config.val_interval=5", "rl_config.val_n=4"]
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=[*val, "rl_config.val_temperature=1e-6"])
+    assert info.value.key == "rl_config.val_temperature" and "val_n = 4 samples" in info.value.message
+    load_config(GRPOConfig, overrides=[*val, "rl_config.val_temperature=0.6"])
+    load_config(GRPOConfig, overrides=["rl_config.val_interval=5", "rl_config.val_temperature=1e-6"])  # one sample
 
 
 # ------------------------------------------------------------------ every key acts or is refused (item 2)

@@ -14,9 +14,9 @@ def saved(*overrides):
 
 
 def test_every_changed_key_is_listed_and_nothing_else():
-    now = load_config(GRPOConfig, overrides=[*BASE, "rl_config.num_generations=4", "actor_config.micro_batch_size=2",
-                                             "reward_config.cosine.max_len=0", "reward_config.verifier_function=[cosine]",
-                                             "reward_config.verifier_weight=[1]"])
+    now = load_config(GRPOConfig, overrides=[
+        *BASE, "rl_config.num_generations=4", "actor_config.micro_batch_size=2", "reward_config.cosine.max_len=0",
+        "reward_config.verifier_function=[cosine]", "reward_config.verifier_weight=[1]"])
     assert changed_keys(saved(), load_config(GRPOConfig, overrides=BASE)) == {}  # through JSON as saved
     assert changed_keys(saved(), now) == {
         "rl_config.num_generations": (8, 4), "actor_config.micro_batch_size": (4, 2),

@@ -19,7 +19,7 @@ from mindgrpo.rewards import RewardError, register_reward
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MICRO = os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")
-FITS = "generate_config.max_prompt_length=128"  # and the default max_tokens 512 shortened: the micro model's 256 positions
+FITS = "generate_config.max_prompt_length=128"  # with a short max_tokens, within the micro model's 256 positions
 
 
 def args(*overrides, **flags):
@@ -89,7 +89,8 @@ def test_start_up_refusals_name_the_key_and_the_path(overrides, flags, message):
 def test_load_checkpoints_are_where_the_policy_the_inference_copy_and_the_reference_start(
         start, tmp_path, policy_from_start, own_reference):
     ref = save_model(tmp_path / "ref", 7) if own_reference else None
-    cfg = load_run_config(args(f"actor_config.model={MICRO}", "rl_config.beta=0.05", "generate_config.max_tokens=8", FITS,
+    cfg = load_run_config(args(f"actor_config.model={MICRO}", "rl_config.beta=0.05", "generate_config.max_tokens=8",
+                               FITS,
                                "synthetic_config.template=raw", "rl_config.batch_size=2",
                                "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
                                *([f"actor_config.load_checkpoint={start}"] if policy_from_start else []),
@@ -150,7 +151,8 @@ def test_save_best_without_validation_prompts_is_refused_before_any_model_is_bui
      "generate_config.max_prompt_length + max_tokens = 200 + 100 = 300 positions, more than the "
      f"max_position_embeddings 256 of {MICRO} (actor_config.model)"),
     ([FITS, "generate_config.max_tokens=8", "generate_config.stop_token_ids=[3, 512]"],
-     "generate_config.stop_token_ids", f"holds 512, outside the vocabulary of 512 tokens of {MICRO} (actor_config.model)"),
+     "generate_config.stop_token_ids",
+     f"holds 512, outside the vocabulary of 512 tokens of {MICRO} (actor_config.model)"),
 ])
 def test_generation_beyond_the_model_is_refused_before_any_model_is_built(tmp_path, overrides, key, needle):
     from mindgrpo.config.loader import ConfigError
