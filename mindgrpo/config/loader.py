@@ -13,7 +13,8 @@ Every key is checked when the config is built, so mistakes fail at start-up with
     flow syntax (`[1, 2]`, `{data_parallel: 2}`; a section set whole replaces its YAML keys);
   * non-finite floats (nan, inf, -inf; YAML's .nan and .inf), from YAML or the command line;
   * cross-field rules in a dataclass's `__post_init__`, which raises `ConfigError(key, message)`
-    with its own field name; the loader prefixes the section's path.
+    with its own field name; the loader prefixes the section's path (a plain ValueError, from a
+    dataclass outside this package, becomes a ConfigError naming the section).
 
 YAML is read with PyYAML's safe loader plus the YAML 1.2 float rule, so `lr: 1e-6` is a float
 (PyYAML alone reads it as the string "1e-6").
@@ -296,6 +297,8 @@ def from_dict(cls, data: Mapping, path: str = ""):
         return cls(**kwargs)
     except ConfigError as e:
         raise e.under(path) from None
+    except ValueError as e:  # a dataclass's own check outside the config package (data.synthetic.ArithmeticTask)
+        raise ConfigError(path, str(e)) from None
 
 
 def to_dict(cfg) -> Any:

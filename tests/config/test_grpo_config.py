@@ -495,3 +495,10 @@ def test_every_shipped_recipe_loads():
     assert len(recipes) >= 6
     for path in recipes:
         load_config(GRPOConfig, path)
+
+
+def test_a_sections_own_value_error_names_its_section():
+    # ArithmeticTask (mindgrpo/data/synthetic.py, below the config layer) raises ValueError, not ConfigError
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=["synthetic_config.task.num_operands=3"])
+    assert info.value.key == "synthetic_config.task" and "only supported with num_operands 2" in info.value.message
