@@ -91,18 +91,20 @@ def is_jsonl(path: str) -> bool:
 
 
 def load_tokenizer(args):
-    """The tokenizer of --tokenizer_dir, else the model's (its folder, or a training run's checkpoints/tokenizer)."""
+    """(the tokenizer of --tokenizer_dir, else the model's: its folder, or a training run's checkpoints/tokenizer;
+    where it was found, as a message names it)."""
     from mindgrpo.data.tokenizer import QwenTokenizer, find_tokenizer_dir
 
-    args.tokenizer_dir = find_tokenizer_dir(args.model, args.tokenizer_dir)
-    return QwenTokenizer.from_dir(args.tokenizer_dir)
+    folder = find_tokenizer_dir(args.model, args.tokenizer_dir)
+    where = f"--tokenizer_dir {folder}" if args.tokenizer_dir else f"{folder} (the default of --tokenizer_dir)"
+    return QwenTokenizer.from_dir(folder), where
 
 
-def check_tokenizer(tokenizer, vocab_size: int, tokenizer_dir: str) -> None:
+def check_tokenizer(tokenizer, vocab_size: int, where: str) -> None:
     """A tokenizer of more tokens than the model's vocabulary is not the model's."""
     if tokenizer.vocab_size > vocab_size:
-        raise InputError(f"--tokenizer_dir {tokenizer_dir}: its tokenizer has {tokenizer.vocab_size} tokens, more than "
-                         f"the model's vocabulary of {vocab_size}; pass the tokenizer the model was trained with")
+        raise InputError(f"{where}: its tokenizer has {tokenizer.vocab_size} tokens, more than the model's vocabulary "
+                         f"of {vocab_size}; pass the tokenizer the model was trained with")
 
 
 def load_problems(args, tokenizer):
@@ -157,7 +159,7 @@ def run(args) -> int:
     from mindgrpo.rewards import RewardSet, load_reward_plugin
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    tokenizer = load_tokenizer(args)
+    tokenizer, tokenizer_source = load_tokenizer(args)
     problems = load_problems(args, tokenizer)
     if args.reward_plugin:
         load_reward_plugin(args.reward_plugin, "--reward_plugin")
@@ -166,7 +168,7 @@ def run(args) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, n=args.n, stop_token_ids=tuple(tokenizer.stop_token_ids), seed=args.seed)
     lm = load_model(args.model, args.config)
-    check_tokenizer(tokenizer, lm.config.vocab_size, args.tokenizer_dir)  # before the prompts' ids are checked
+    check_tokenizer(tokenizer, lm.config.vocab_size, tokenizer_source)  # before the prompts' ids are checked
     max_positions = int(lm.rope_cos.shape[0])
     longest = check_problems(problems, lm.config.vocab_size, max_positions, args.max_tokens)
     engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0, max_num_seqs=args.max_num_seqs,
