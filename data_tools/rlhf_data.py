@@ -91,7 +91,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     start = time.perf_counter()
     try:
         check_output_free(args.output_path, args.overwrite)
-        read = read_rows(args.file_path, args.dataset_type, args.map_keys, args.skip_invalid, args.limit)
+        read = read_rows(args.file_path, args.dataset_type, args.map_keys, args.skip_invalid, args.limit,
+                         other_keys="name other keys with --dataset_type and --map_keys")
         if not read.rows:
             raise InputError(f"{args.file_path}: no valid rows to convert")
         tokenizer = QwenTokenizer.from_files(args.vocab_path, args.merges_file_path, args.tokenizer_config)

@@ -82,7 +82,7 @@ def hf_to_ms(hf_dir: str, out: str, dtype, overwrite: bool = False) -> dict:
     check_ckpt_output(out, cfg_path, overwrite)
     cfg = Qwen2Config.load(cfg_path)
     state = hf_to_ms_state(read_hf_state(hf_dir), hf_dir)
-    check_state({k: a for k, (_, a) in state.items()}, cfg, hf_dir)
+    check_state({k: a for k, (_, a) in state.items()}, cfg, hf_dir, hf_names=True)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: cast(v, dtype) for k, v in state.items()}

@@ -6,7 +6,8 @@
 
 PATH is an HF folder or a MindSpore .ckpt with its config.json beside it (a training checkpoint's
 policy.ckpt is one); the tokenizer (vocab.json + merges.txt) comes from --tokenizer_dir, by default
-the model's folder. FILE is a prompt MindRecord of data_tools/rlhf_data.py, or a GSM8K-style .jsonl
+the model's folder, else (a training checkpoint, checkpoints/step_N/policy.ckpt) the run's
+checkpoints/tokenizer. FILE is a prompt MindRecord of data_tools/rlhf_data.py, or a GSM8K-style .jsonl
 / .json (templated here with --template, default qwen_r1). Writes DIR/summary.json (pass@k for
 k = 1, 2, 4, ... K with the unbiased estimator, mean@K, maj@K; with --temperature 0, pass@1 is greedy
 accuracy) and DIR/samples.jsonl (every sample with its score), prints the table. A progress line
@@ -28,7 +29,8 @@ def parse_args(argv=None):
     ap.add_argument("--config", help="model config (default: beside the weights)")
     ap.add_argument("--data", required=True, help="prompt MindRecord, or GSM8K-style .jsonl / .json")
     ap.add_argument("--output", required=True, help="folder for summary.json and samples.jsonl")
-    ap.add_argument("--tokenizer_dir", help="vocab.json + merges.txt (default: the model's folder)")
+    ap.add_argument("--tokenizer_dir", help="vocab.json + merges.txt (default: the model's folder, else a training "
+                    "run's checkpoints/tokenizer)")
     ap.add_argument("--template", help="prompt template for a .jsonl/.json file (default qwen_r1); a MindRecord "
                     "holds templated prompts")
     ap.add_argument("--max_prompt_length", type=int, help=".jsonl/.json: longer prompts are left out (default 512)")
@@ -53,11 +55,12 @@ class InputError(Exception):
 
 
 def check_args(args) -> None:
+    from mindgrpo.inference.sampling import identical_greedy_samples
+
     if args.n < 1:
         raise InputError(f"--n must be >= 1, got {args.n}")
     if args.temperature == 0 and args.n > 1:
-        raise InputError(f"--n {args.n} with --temperature 0 draws {args.n} identical greedy samples; use --n 1, or "
-                         "sample with --temperature > 0")
+        raise InputError(identical_greedy_samples(args.n, "--temperature 0"))
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
     if not os.path.exists(args.data):
@@ -65,6 +68,22 @@ def check_args(args) -> None:
     for flag in ("template", "max_prompt_length"):
         if not is_jsonl(args.data) and getattr(args, flag) is not None:
             raise InputError(f"--{flag} applies to .jsonl/.json data; {args.data} is a MindRecord of templated prompts")
+    check_output(args.output)
+
+
+def check_output(output: str) -> None:
+    """--output names a folder, or one this process can create: checked before any work (the outputs are
+    written at the end)."""
+    from mindgrpo.eval.runner import SAMPLES_FILE, SUMMARY_FILE
+
+    path = os.path.abspath(output)
+    while not os.path.lexists(path):  # the nearest part of the path that exists
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise InputError(f"--output {output}: {path} is a file; --output names the folder for {SUMMARY_FILE} and "
+                         f"{SAMPLES_FILE}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"--output {output}: cannot write into {path}")
 
 
 def is_jsonl(path: str) -> bool:
@@ -72,14 +91,20 @@ def is_jsonl(path: str) -> bool:
 
 
 def load_tokenizer(args):
-    from mindgrpo.data.tokenizer import QwenTokenizer
+    """(the tokenizer of --tokenizer_dir, else the model's: its folder, or a training run's checkpoints/tokenizer;
+    where it was found, as a message names it)."""
+    from mindgrpo.data.tokenizer import QwenTokenizer, find_tokenizer_dir
 
-    folder = args.tokenizer_dir or (args.model if os.path.isdir(args.model) else os.path.dirname(os.path.abspath(args.model)))
-    for name in ("vocab.json", "merges.txt"):
-        if not os.path.isfile(os.path.join(folder, name)):
-            flag = "--tokenizer_dir" if args.tokenizer_dir else "the model's folder (pass --tokenizer_dir)"
-            raise InputError(f"{os.path.join(folder, name)}: no such file; the tokenizer is read from {flag}")
-    return QwenTokenizer.from_dir(folder)
+    folder = find_tokenizer_dir(args.model, args.tokenizer_dir)
+    where = f"--tokenizer_dir {folder}" if args.tokenizer_dir else f"{folder} (the default of --tokenizer_dir)"
+    return QwenTokenizer.from_dir(folder), where
+
+
+def check_tokenizer(tokenizer, vocab_size: int, where: str) -> None:
+    """A tokenizer of more tokens than the model's vocabulary is not the model's."""
+    if tokenizer.vocab_size > vocab_size:
+        raise InputError(f"{where}: its tokenizer has {tokenizer.vocab_size} tokens, more than the model's vocabulary "
+                         f"of {vocab_size}; pass the tokenizer the model was trained with")
 
 
 def load_problems(args, tokenizer):
@@ -93,12 +118,14 @@ def load_problems(args, tokenizer):
 
 def check_problems(problems, vocab_size: int, max_positions: int, max_tokens: int) -> int:
     """The longest prompt; InputError naming the data file for a token id outside the model's
-    vocabulary or a prompt that does not fit the context with max_tokens."""
+    vocabulary (a MindRecord written with another tokenizer) or a prompt that does not fit the context with
+    max_tokens."""
     for i, ids in enumerate(problems.ids):
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise InputError(f"{problems.path}: row {problems.rows[i]} holds token id {bad[0]}, outside the model's "
-                             f"vocabulary of {vocab_size}; the data was written with another tokenizer")
+                             f"vocabulary of {vocab_size}; the data was written with another tokenizer than the "
+                             "model's")
         if len(ids) + max_tokens > max_positions:
             raise InputError(f"{problems.path}: row {problems.rows[i]} is {len(ids)} tokens; with --max_tokens "
                              f"{max_tokens} it needs {len(ids) + max_tokens} positions, more than the model's "
@@ -132,15 +159,16 @@ def run(args) -> int:
     from mindgrpo.rewards import RewardSet, load_reward_plugin
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    tokenizer = load_tokenizer(args)
+    tokenizer, tokenizer_source = load_tokenizer(args)
     problems = load_problems(args, tokenizer)
     if args.reward_plugin:
-        load_reward_plugin(args.reward_plugin)
+        load_reward_plugin(args.reward_plugin, "--reward_plugin")
     rewards = RewardSet([args.reward], num_workers=args.num_workers, timeout_s=args.timeout_s)
     rewards.check_columns([*problems.columns, "completion_length"], f"the problems of {args.data}")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, n=args.n, stop_token_ids=tuple(tokenizer.stop_token_ids), seed=args.seed)
     lm = load_model(args.model, args.config)
+    check_tokenizer(tokenizer, lm.config.vocab_size, tokenizer_source)  # before the prompts' ids are checked
     max_positions = int(lm.rope_cos.shape[0])
     longest = check_problems(problems, lm.config.vocab_size, max_positions, args.max_tokens)
     engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0, max_num_seqs=args.max_num_seqs,

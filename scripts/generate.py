@@ -7,7 +7,9 @@
 PATH is an HF directory (config.json + safetensors) or a MindSpore .ckpt with config.json or
 config.yaml beside it (or --config); a prompt's tokens + --max_tokens must fit in the model's
 context (max_position_embeddings). The tokenizer (vocab.json + merges.txt) is read from
---tokenizer_dir, by default the model's folder. Prints one JSON line per completion:
+--tokenizer_dir, by default the model's folder, else (a training checkpoint,
+checkpoints/step_N/policy.ckpt) the run's checkpoints/tokenizer. --greedy (or --temperature 0)
+takes --n 1: n greedy samples would be copies. Prints one JSON line per completion:
 {"prompt": ..., "completion": ..., "token_ids": [...], "finish_reason": ...}; a summary with
 tokens/s goes to stderr.
 """
@@ -32,10 +34,24 @@ def parse_args(argv=None):
     ap.add_argument("--top_p", type=float, default=1.0)
     ap.add_argument("--min_p", type=float, default=0.0)
     ap.add_argument("--n", type=int, default=1, help="samples per prompt")
-    ap.add_argument("--tokenizer_dir")
+    ap.add_argument("--tokenizer_dir", help="vocab.json + merges.txt (default: the model's folder, else a training "
+                    "run's checkpoints/tokenizer)")
     ap.add_argument("--template", default="raw", help="prompt template: raw, qwen_chat, qwen_r1")
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args(argv)
+
+
+def check_args(args) -> None:
+    """ValueError in one line for flags that cannot work together or an empty prompt."""
+    from mindgrpo.inference.sampling import identical_greedy_samples
+
+    if args.n < 1:
+        raise ValueError(f"--n must be >= 1, got {args.n}")
+    if args.n > 1 and (args.greedy or args.temperature == 0):
+        raise ValueError(identical_greedy_samples(args.n, "--greedy" if args.greedy else "--temperature 0"))
+    for i, prompt in enumerate(args.prompt):
+        if not prompt:
+            raise ValueError(f"prompt {i + 1} (--prompt) is empty")
 
 
 def main(argv=None) -> int:
@@ -43,16 +59,16 @@ def main(argv=None) -> int:
     import mindspore as ms
 
     from mindgrpo.data.templates import render_prompt
-    from mindgrpo.data.tokenizer import QwenTokenizer
+    from mindgrpo.data.tokenizer import QwenTokenizer, find_tokenizer_dir
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.inference.sampling import SamplingParams
     from mindgrpo.models.checkpoint import load_model
     from mindgrpo.models.convert import WeightError
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    tok_dir = args.tokenizer_dir or (args.model if os.path.isdir(args.model) else os.path.dirname(os.path.abspath(args.model)))
     try:
-        tokenizer = QwenTokenizer.from_dir(tok_dir)
+        check_args(args)
+        tokenizer = QwenTokenizer.from_dir(find_tokenizer_dir(args.model, args.tokenizer_dir))
         lm = load_model(args.model, args.config)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0 if args.greedy else args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, n=args.n,

@@ -145,7 +145,7 @@ class RLConfig:
     keep_last_k: int = 2  # checkpoints kept
     log_interval: int = 1  # steps between console progress lines; metrics.jsonl gets every step
     max_bad_steps: int = 3  # steps in a row with a non-finite loss or gradient norm before the run stops
-    completions_interval: int = 10  # steps between logged sample completions; 0 never
+    completions_interval: int = 10  # completions.jsonl gets step 1 and every N-th step; 0 never
     swap: bool = True  # host-memory swap between phases (mindgrpo/memory/swap.py)
     # drop each phase's compiled graphs when it ends (rollout and validation, reference, old log-probs, update):
     # MindSpore's CPU runtime keeps a graph's buffers until the cell that compiled it is deleted, so a step then

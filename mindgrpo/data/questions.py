@@ -25,6 +25,7 @@ DATASET_FIELDS = {
     "gsm8k": {"question": "question", "answer": "answer"},
     "math": {"question": "problem", "answer": "solution"},
 }
+FINAL = {"gsm8k": "after '####'", "math": "in the last \\boxed{}"}  # where each type's final answer is
 ROLES = ("question", "answer", "solution")
 
 
@@ -113,6 +114,16 @@ def iter_json_objects(path: str) -> Iterator[Tuple[int, object]]:
             raise fail(pos, "expected ',' or ']' between list elements")
 
 
+def undetected(path: str, lineno: int, record: object, other_keys: str) -> InputError:
+    """A first row in which neither dataset type's keys are found: which keys are read, and `other_keys`, how
+    the caller names other keys (rlhf_data.py's flags), when it can."""
+    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+    read = " or ".join(f"{f['question']} and {f['answer']} ({name.upper()}: the final answer {FINAL[name]})"
+                       for name, f in DATASET_FIELDS.items())
+    return InputError(f"{path}:{lineno}: a row needs a question and its answer, read from the keys {read}; this row "
+                      f"has {keys}" + (f"; {other_keys}" if other_keys else ""))
+
+
 def detect_dataset_type(record: dict) -> Optional[str]:
     for name, fields in DATASET_FIELDS.items():
         if all(f in record for f in fields.values()):
@@ -157,9 +168,11 @@ def read_rows(
     skip_invalid: bool,
     limit: Optional[int],
     log=None,
+    other_keys: str = "",
 ) -> ReadResult:
     """All valid rows of `path` (up to `limit`); raises InputError on the first bad row unless skip_invalid,
-    which reports skipped rows on `log` (default stderr)."""
+    which reports skipped rows on `log` (default stderr). `other_keys`: how the caller's user names other keys
+    (said when the type of a dataset_type "auto" file cannot be detected)."""
     log = sys.stderr if log is None else log
     rows: List[PromptRow] = []
     skipped = 0
@@ -172,11 +185,7 @@ def read_rows(
                 if dataset_type == "auto":
                     detected = detect_dataset_type(record) if isinstance(record, dict) else None
                     if detected is None:
-                        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                        raise InputError(
-                            f"{path}:{lineno}: cannot detect the dataset type from {keys}; "
-                            "pass --dataset_type and --map_keys"
-                        )
+                        raise undetected(path, lineno, record, other_keys)
                     dataset_type = detected
                 fields = {**DATASET_FIELDS[dataset_type], **key_map}
             try:

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
+
+from mindgrpo.utils.staging import replace_dir, staging_dir
 
 # Qwen2's pre-tokenizer split: contractions, letter runs (with one leading non-letter), single digits,
 # punctuation runs (with their trailing newlines), newline runs, other whitespace.
@@ -290,3 +293,56 @@ class QwenTokenizer:
 
     def __repr__(self) -> str:
         return f"QwenTokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}, pad={self.pad_token!r})"
+
+
+# ------------------------------------------------------------------ a model's tokenizer on disk
+
+RUN_TOKENIZER_DIR = "tokenizer"  # a training run's tokenizer, beside its checkpoints' step folders
+TOKENIZER_FLAG = "--tokenizer_dir"  # the flag of generate.py and evaluate.py that names a tokenizer folder
+
+
+def has_tokenizer(folder: str) -> bool:
+    return all(os.path.isfile(os.path.join(folder, name)) for name in (VOCAB_FILE, MERGES_FILE))
+
+
+def tokenizer_dirs(model: str) -> List[str]:
+    """Where the tokenizer of the weights `model` (an HF folder, or a .ckpt) is looked for: the model's folder,
+    then a training run's `tokenizer` folder beside the checkpoint's folder (checkpoints/step_N/policy.ckpt:
+    checkpoints/tokenizer)."""
+    folder = os.path.abspath(model if os.path.isdir(model) else os.path.dirname(os.path.abspath(model)))
+    return [folder, os.path.join(os.path.dirname(folder), RUN_TOKENIZER_DIR)]
+
+
+def default_tokenizer_dir(model: str) -> Optional[str]:
+    """The first of `tokenizer_dirs(model)` holding vocab.json and merges.txt, else None."""
+    return next((d for d in tokenizer_dirs(model) if has_tokenizer(d)), None)
+
+
+def find_tokenizer_dir(model: str, given: Optional[str] = None) -> str:
+    """The tokenizer folder of a command line: `given` (its --tokenizer_dir), else the default of the weights
+    `model`; FileNotFoundError in one line naming what is missing and the flag."""
+    if given:
+        for name in (VOCAB_FILE, MERGES_FILE):
+            if not os.path.isfile(os.path.join(given, name)):
+                raise FileNotFoundError(f"{os.path.join(given, name)}: no such file; the tokenizer is read from "
+                                        f"{TOKENIZER_FLAG}")
+        return given
+    found = default_tokenizer_dir(model)
+    if found is None:
+        raise FileNotFoundError(f"no tokenizer ({VOCAB_FILE}, {MERGES_FILE}) in {' or '.join(tokenizer_dirs(model))}; "
+                                f"pass {TOKENIZER_FLAG} DIR, the folder of the tokenizer the model was trained with")
+    return found
+
+
+def write_run_tokenizer(tokenizer: QwenTokenizer, checkpoint_root: str) -> str:
+    """A training run's tokenizer into <checkpoint_root>/tokenizer (vocab.json, merges.txt,
+    tokenizer_config.json), where `default_tokenizer_dir` finds it for the run's checkpoints; written whole
+    or not at all, replacing an earlier one. Returns the folder."""
+    final = os.path.join(checkpoint_root, RUN_TOKENIZER_DIR)
+    stage = staging_dir(final)
+    try:
+        tokenizer.save(stage)
+        replace_dir(stage, final)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)  # gone already when the swap succeeded
+    return final

@@ -166,7 +166,7 @@ def build_rewards(cfg: GRPOConfig) -> RewardSet:
 
     rc = cfg.reward_config
     if rc.reward_plugin:
-        load_reward_plugin(rc.reward_plugin)
+        load_reward_plugin(rc.reward_plugin, "reward_config.reward_plugin")
     max_len = cfg.generate_config.max_tokens
     params = {}
     for name in rc.verifier_function:

@@ -86,13 +86,13 @@ def rollout_metrics(r: Rollouts, stats: Dict[str, float]) -> Dict[str, float]:
 
 
 def save_experience(save_data_file: str, step: int, r: Rollouts, exp: Experience) -> str:
-    """The experience of step `step` (counted from 0) as MindRecord:
-    `<save_data_file stem>_step<step + 1>.mindrecord`."""
+    """The experience of step `step` (counted from 1, as in metrics.jsonl) as MindRecord:
+    `<save_data_file stem>_step<step>.mindrecord`."""
     from mindgrpo.data.mindrecord import write_mindrecord
 
     stem = save_data_file[:-len(".mindrecord")] if save_data_file.endswith(".mindrecord") \
         else save_data_file
-    path = f"{stem}_step{step + 1:06d}.mindrecord"
+    path = f"{stem}_step{step:06d}.mindrecord"
     schema = {"prompt_ids": {"type": "int32", "shape": [-1]}, "response_ids": {"type": "int32", "shape": [-1]},
               "reward": {"type": "float32"}, "advantage": {"type": "float32"},
               "loss_mask": {"type": "float32", "shape": [-1]}, "completion": {"type": "string"},

@@ -141,15 +141,33 @@ def check_compile_cache(args) -> None:
                          "config could silently run other graphs")
 
 
+# seconds between the lines of a step in flight (utils/progress.Ticker): 60 unless set (tests set it shorter)
+PROGRESS_INTERVAL_ENV = "MINDGRPO_PROGRESS_INTERVAL_S"
+
+
+def progress_interval_s() -> float:
+    text = os.environ.get(PROGRESS_INTERVAL_ENV, "60")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise SetupError(f"environment variable {PROGRESS_INTERVAL_ENV}={text!r}: expected seconds > 0")
+    return value
+
+
 def run(args) -> int:
     check_weight_paths(args)
     check_compile_cache(args)
+    interval_s = progress_interval_s()
     import mindspore as ms
 
     from mindgrpo.config import ConfigError
+    from mindgrpo.data.tokenizer import write_run_tokenizer
     from mindgrpo.grpo import builder
     from mindgrpo.grpo.sft import sft_warm_start
     from mindgrpo.grpo.trainer import TrainingStopped
+    from mindgrpo.parallel.checkpoints import checkpoint_root
     from mindgrpo.utils.metrics_log import MetricsLogger, setup_logging
     from mindgrpo.utils.plot import plot_training
     from mindgrpo.utils.progress import Progress, Ticker
@@ -197,6 +215,8 @@ def run(args) -> int:
                           args.allow_config_change)
     if resumed:
         metrics_log.truncate_after(trainer.step + 1)  # keep what the checkpointed steps logged
+    if rank == 0:  # checkpoints/tokenizer: generate.py and evaluate.py find it for checkpoints/step_N/policy.ckpt
+        write_run_tokenizer(parts.tokenizer, checkpoint_root(cfg, out))
     if not resumed and cfg.sft_config.steps > 0:
         sft = cfg.sft_config
         m = sft_warm_start(parts.policy, parts.train_prompts, parts.tokenizer, steps=sft.steps, lr=sft.lr,
@@ -209,7 +229,7 @@ def run(args) -> int:
         logger.info("sft warm start done: %s", json.dumps(m))
 
     t0 = time.perf_counter()
-    ticker = Ticker(progress, logger.info).start()  # a line a minute while a step runs for minutes
+    ticker = Ticker(progress, logger.info, interval_s).start()  # a line a minute while a step runs for minutes
     try:
         trainer.fit()
     except TrainingStopped as e:

@@ -258,7 +258,7 @@ class GRPOTrainer:
         self.step_lengths = ([len(p) for p in r.prompt_ids], [len(c.token_ids) for c in r.completions])
         if not self.check_spread(r, metrics):
             metrics["train/skipped_updates"] = 0.0  # not a bad step: nothing to update on
-            self.maybe_log_completions(r)
+            self.maybe_log_completions(self.running_step, r)
             return metrics
         with p.phase("advantage"):
             adv, adv_metrics = self.advantages(r)
@@ -272,9 +272,9 @@ class GRPOTrainer:
         with p.phase("sync"):
             metrics.update(self.sync_weights())
         metrics.update({f"advantage/{k}": float(v) for k, v in adv_metrics.items()})
-        self.maybe_log_completions(r)
+        self.maybe_log_completions(self.running_step, r)
         if self.save_data_file and self.rank == 0:
-            save_experience(self.save_data_file, self.step, r, exp)
+            save_experience(self.save_data_file, self.running_step, r, exp)
         return metrics
 
     def validate(self) -> Dict[str, float]:
@@ -312,16 +312,24 @@ class GRPOTrainer:
                              passes=self.cfg.rl_config.num_iterations, **model_shape(self.policy.config))
         return perf_metrics(prompts, responses, self.devices, seconds, flops, self.peak_tflops)
 
-    def maybe_log_completions(self, r: Rollouts) -> None:
+    @property
+    def running_step(self) -> int:
+        """The step in flight, counted from 1: the number metrics.jsonl, completions.jsonl, --save_data_file and
+        the progress lines give it (`self.step` counts the steps done)."""
+        return self.step + 1
+
+    def maybe_log_completions(self, step: int, r: Rollouts) -> None:
+        """The first 2G completions of step `step` into completions.jsonl: at step 1 and every
+        rl_config.completions_interval steps."""
         every = self.cfg.rl_config.completions_interval
-        if not every or self.step % every:
+        if not every or (step != 1 and step % every):
             return
         rows = []
         for i in range(min(len(r), 2 * self.G)):
-            rows.append({"step": self.step, "prompt": r.columns.get("prompt", [""] * len(r))[i],
+            rows.append({"step": step, "prompt": r.columns.get("prompt", [""] * len(r))[i],
                          "completion": r.texts[i], "reward": float(r.rewards[i]),
                          "solution": r.columns.get("solution", [""] * len(r))[i]})
-        self.log.log_completions(self.step, rows)
+        self.log.log_completions(step, rows)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_groups(self) -> Dict[str, list]:
@@ -372,6 +380,7 @@ class GRPOTrainer:
         if self.best is not None and "best" in state:  # checkpoints of runs without save_best have none
             self.best.load_state(state["best"])
         self.sync()  # the inference copy follows the restored policy
+        self.progress.start_at(self.step)
         logger.info("resumed from %s at step %d", path, self.step)
         return state
 

@@ -65,6 +65,13 @@ class SamplingParams:
         return (self.top_k, self.top_p, self.min_p)
 
 
+def identical_greedy_samples(n: int, greedy_flag: str) -> str:
+    """What generate.py and evaluate.py say to n > 1 samples of a prompt asked greedy by `greedy_flag`
+    (`--greedy`, `--temperature 0`): n copies of one sample."""
+    return (f"--n {n} with {greedy_flag} draws {n} identical greedy samples; use --n 1, or sample with "
+            "--temperature > 0")
+
+
 def block_size(n: int) -> int:
     """The divisor of n nearest to sqrt(n): blocks for the two-level draw (1 when n is prime,
     which is then one level)."""
@@ -103,9 +110,11 @@ class Sampler(nn.Cell):
             if self.min_p > 0.0:
                 keep = probs >= self.min_p * probs.max(axis=-1, keepdims=True)
                 weights = ops.where(keep, probs, ops.zeros_like(probs))
-            drawn, sampled, total = self.draw(weights, u)
-            tok = ops.where(greedy, best, drawn)
-            mass = total if self.min_p == 0.0 else row_sum(probs)  # the draw summed p itself
+            # the draw's outputs by index, each used: an output of it left unused in construct draws MindSpore's
+            # "Some side effect nodes were eliminated by mistake" warning at every compile (DEVELOPERS.md)
+            out = self.draw(weights, u)
+            tok, sampled = ops.where(greedy, best, out[0]), out[1]
+            mass = out[2] if self.min_p == 0.0 else row_sum(probs)  # the draw summed p itself
         else:
             if self.top_k > 0:
                 top, idx = ops.topk(logits, self.top_k)  # (B, K), sorted descending
@@ -118,8 +127,8 @@ class Sampler(nn.Cell):
                 weights = ops.where(before < self.top_p * total, weights, ops.zeros_like(weights))
             if self.min_p > 0.0:
                 weights = ops.where(weights >= self.min_p, weights, ops.zeros_like(weights))
-            pick, sampled, _ = self.draw(weights, u)
-            tok = ops.where(greedy, best, _pick(idx, pick).astype(ms.int32))
+            out = self.draw(weights, u)  # its total unused here: the outputs by index (above)
+            tok, sampled = ops.where(greedy, best, _pick(idx, out[0]).astype(ms.int32)), out[1]
             mass = row_sum(probs)
         # log p of the token, no (B, V) log; a drawn token has weight > 0, so p > 0 in practice. The kernel's
         # probabilities sum to 1 + ~1.5e-5 at V = 152k (its normaliser), so log p is divided by their sum

@@ -25,6 +25,9 @@ MODEL_TYPES = {
     "qwen2": {"qk_norm": False, "attention_bias": True},
     "qwen3": {"qk_norm": True, "attention_bias": False},
 }
+# head_dim of an HF config.json without the key, as transformers' config classes take it (Qwen3Config: 128,
+# whatever hidden_size / num_attention_heads is; Qwen2Config has no head_dim: hidden_size / num_attention_heads)
+HF_HEAD_DIM = {"qwen3": 128}
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ class Qwen2Config:
         if "rope_theta" in rope:
             kw["rope_theta"] = rope["rope_theta"]
         kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+        if "head_dim" not in d and model_type in HF_HEAD_DIM:
+            kw["head_dim"] = HF_HEAD_DIM[model_type]
         kw["model_type"] = model_type
         kw.update({k: d[k] for k in MODEL_TYPES[model_type] if d.get(k) is not None})
         kw.update(overrides)

@@ -15,7 +15,7 @@ from typing import Dict, Iterable, Tuple
 
 import numpy as np
 
-from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.config import HF_HEAD_DIM, Qwen2Config
 
 # (HF name, MindSpore name); {i} is the layer index.
 NAME_TABLE: Tuple[Tuple[str, str], ...] = (
@@ -89,9 +89,25 @@ class WeightError(ValueError):
     """A checkpoint does not match the model: names the tensor."""
 
 
-def check_state(state: Dict[str, np.ndarray], cfg: Qwen2Config, source: str) -> Dict[str, np.ndarray]:
+HEAD_DIM_SHAPED = ("attention.wq.", "attention.wk.", "attention.wv.", "attention.wo.", "attention.q_norm.",
+                   "attention.k_norm.")  # the tensors whose shapes hold head_dim
+
+
+def head_dim_hint(cfg: Qwen2Config) -> str:
+    """Where the config's head_dim comes from, for a mis-shaped attention tensor."""
+    if cfg.model_type in HF_HEAD_DIM:
+        return f"head_dim {cfg.d}; HF's Qwen3 takes {HF_HEAD_DIM[cfg.model_type]} when config.json has none"
+    return f"head_dim {cfg.d}: config.json's, else hidden_size / num_attention_heads"
+
+
+def check_state(state: Dict[str, np.ndarray], cfg: Qwen2Config, source: str,
+                hf_names: bool = False) -> Dict[str, np.ndarray]:
     """Validate a MindSpore-named state against the config; returns it without a redundant tied
-    lm_head. Raises WeightError naming the first missing, unexpected or mis-shaped tensor."""
+    lm_head. Raises WeightError naming the first missing, unexpected or mis-shaped tensor (by its HF name
+    when `hf_names`: the state was read from an HF folder)."""
+    def shown(name: str) -> str:
+        return ms_to_hf_name(name) if hf_names else name
+
     want = expected_shapes(cfg)
     state = dict(state)
     if cfg.tie_word_embeddings and "lm_head.weight" in state:
@@ -101,13 +117,14 @@ def check_state(state: Dict[str, np.ndarray], cfg: Qwen2Config, source: str) -> 
                               "tie_word_embeddings is true")
     for name in sorted(state):
         if name not in want:
-            raise WeightError(f"{source}: unexpected tensor {name!r} for this config")
+            raise WeightError(f"{source}: unexpected tensor {shown(name)!r} for this config")
     for name, shape in want.items():
         if name not in state:
-            raise WeightError(f"{source}: missing tensor {name!r} (expected shape {list(shape)})")
+            raise WeightError(f"{source}: missing tensor {shown(name)!r} (expected shape {list(shape)})")
         got = tuple(state[name].shape)
         if got != shape:
-            raise WeightError(f"{source}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+            hint = f" ({head_dim_hint(cfg)})" if any(k in name for k in HEAD_DIM_SHAPED) else ""
+            raise WeightError(f"{source}: tensor {shown(name)!r} has shape {list(got)}, expected {list(shape)}{hint}")
     return state
 
 
@@ -278,4 +295,4 @@ def to_float32(item: Tuple[str, np.ndarray]) -> np.ndarray:
 def load_hf_model_state(hf_dir: str, cfg: Qwen2Config) -> Dict[str, np.ndarray]:
     """HF directory -> checked MindSpore-named fp32 arrays."""
     state = hf_to_ms_state(read_hf_state(hf_dir), hf_dir)
-    return check_state({k: to_float32(v) for k, v in state.items()}, cfg, hf_dir)
+    return check_state({k: to_float32(v) for k, v in state.items()}, cfg, hf_dir, hf_names=True)

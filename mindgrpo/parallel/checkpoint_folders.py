@@ -6,6 +6,8 @@
     <root>/step_00000004/state.json       step, optimizer steps, data position, config
     <root>/step_00000004/config.json      the model config (HF format), so policy.ckpt loads alone
     <root>/step_00000004/manifest.json    written last: the step, every other file's size and SHA-256
+    <root>/tokenizer/                     the run's tokenizer, written at its start (data/tokenizer.py:
+                                          write_run_tokenizer), where generate.py and evaluate.py find it
 
 Saving writes every file into `<root>/.step_00000004.tmp`, flushes each to disk (fsync), then
 writes and flushes the manifest and renames the folder (`publish`). A checkpoint is complete when

@@ -26,8 +26,10 @@ import importlib.util
 import inspect
 import os
 import sys
+import traceback
 from typing import Callable, Dict, List, Optional, Tuple
 
+from mindgrpo.rewards.scoring import RewardError
 from mindgrpo.utils.registry import Registry
 
 REWARDS = Registry("reward function")
@@ -114,8 +116,21 @@ def _check_signature(name: str, fn: Callable) -> None:
 _PLUGINS: Dict[str, List[str]] = {}  # real path -> names it registered
 
 
-def load_reward_plugin(path: str) -> List[str]:
+def _plugin_error(path: str, real: str, e: Exception, source: str) -> RewardError:
+    """`FILE:LINE: SyntaxError: ... (source)`: an error raised while a plugin file is imported, at its line in the
+    file (a syntax error's own line; else the last frame of the traceback inside the file)."""
+    if isinstance(e, SyntaxError) and e.filename and os.path.realpath(e.filename) == real:
+        where, what = e.lineno, e.msg
+    else:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if os.path.realpath(f.filename) == real]
+        where, what = (frames[-1].lineno if frames else "?"), str(e)
+    return RewardError(f"{path}:{where}: {type(e).__name__}: {what} ({source})")
+
+
+def load_reward_plugin(path: str, source: str = "reward plugin") -> List[str]:
     """Import the Python file `path`, whose `@register_reward(...)` decorators add rewards; returns the new names.
+    An error while importing it is a RewardError in one line naming the file's line and `source` (the flag or
+    key that named the file).
 
     Loading the same file again is a no-op returning the names of the first load.
     """
@@ -132,6 +147,9 @@ def load_reward_plugin(path: str) -> List[str]:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001  the user's code: any error is one line naming its line
+        del sys.modules[module_name]
+        raise _plugin_error(path, real, e, source) from None
     except BaseException:
         del sys.modules[module_name]
         raise

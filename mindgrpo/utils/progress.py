@@ -77,6 +77,10 @@ class Progress:
             self._active.pop()
             self._phase_seconds[name] = self._phase_seconds.get(name, 0.0) + self.clock() - start
 
+    def start_at(self, step: int) -> None:
+        """A resumed run: `step` steps are done, the next one in flight is step + 1."""
+        self.last_step = int(step)
+
     def add_tokens(self, phase: str, tokens: float) -> None:
         """Count `tokens` processed in `phase` this step, for `throughput/<phase>` (tokens/s)."""
         self._phase_tokens[phase] = self._phase_tokens.get(phase, 0.0) + float(tokens)

@@ -56,9 +56,9 @@ def test_the_experience_record_holds_each_samples_tokens_reward_advantage_and_ma
     adv = np.array([0.7, -0.7, 0.0, 0.0], np.float32)
     exp = pack(r.prompt_ids, [c.token_ids for c in r.completions], adv, pad_id=0,
                loss_mask=np.array([True, False, True, True]))  # overlong filtering drops sample 1
-    path = save_experience(str(tmp_path / "exp.mindrecord"), 2, r, exp)
+    path = save_experience(str(tmp_path / "exp.mindrecord"), 3, r, exp)  # step 3 of metrics.jsonl
     assert path == str(tmp_path / "exp_step000003.mindrecord")
-    assert save_experience(str(tmp_path / "plain"), 0, r, exp) == str(tmp_path / "plain_step000001.mindrecord")
+    assert save_experience(str(tmp_path / "plain"), 1, r, exp) == str(tmp_path / "plain_step000001.mindrecord")
     rows = list(ds.MindDataset(path, shuffle=False).create_dict_iterator(output_numpy=True, num_epochs=1))
     assert [row["prompt_ids"].tolist() for row in rows] == r.prompt_ids
     assert [row["response_ids"].tolist() for row in rows] == [[10], [11, 12, 13], [14, 15], [16, 17]]

@@ -20,11 +20,12 @@ MICRO = [f"actor_config.model={os.path.join(REPO, 'tests', 'grpo', 'micro_qwen2.
          "synthetic_config.template=raw", "rl_config.beta=0.05", "actor_config.lr=1e-3"]
 
 
-def run(out, *extra, check=True):
+def run(out, *extra, check=True, env=None):
     # sft_config={steps: 0} switches the warm start off: MICRO's warm-start keys go with it (they could not act)
     micro = [a for a in MICRO if not a.startswith("sft_config.")] if "sft_config={steps: 0}" in extra else MICRO
     r = subprocess.run([sys.executable, SCRIPT, "--output_dir", str(out), *micro, *extra],
-                       capture_output=True, text=True, cwd=REPO, timeout=1800)  # a hang guard; minutes on a busy machine
+                       capture_output=True, text=True, cwd=REPO, timeout=1800,  # a hang guard; minutes on a busy machine
+                       env=None if env is None else {**os.environ, **env})
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
     return r
@@ -64,7 +65,7 @@ def plugin(tmp_path_factory):
 def straight(tmp_path_factory, plugin):
     out = tmp_path_factory.mktemp("straight")
     run(out, *plugin, "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2",
-        "rl_config.log_interval=3")
+        "rl_config.log_interval=3", "--save_data_file", str(out / "data" / "experience.mindrecord"))
     return out
 
 
@@ -92,7 +93,7 @@ def test_metrics_and_outputs(straight):
     assert os.path.getsize(os.path.join(straight, "completions.jsonl")) > 0
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(straight, "tensorboard")))
     assert open(os.path.join(straight, "training.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    assert sorted(os.listdir(os.path.join(straight, "checkpoints"))) == ["step_00000002", "step_00000004"]
+    assert sorted(os.listdir(os.path.join(straight, "checkpoints"))) == ["step_00000002", "step_00000004", "tokenizer"]
     # rl_config.log_interval=3: a progress line at step 3 and at the last step; metrics.jsonl has every step
     log = open(os.path.join(straight, "logs", "rank_0.log")).read()
     assert [s for s in range(1, 5) if f"step {s}/4 |" in log] == [3, 4]
@@ -111,9 +112,10 @@ def test_resume_from_an_older_step_sets_the_newer_aside_and_resume_continues_exa
     aside = [d for d in os.listdir(ckpts) if d.startswith("abandoned_step_00000004.")]
     assert len(aside) == 1 and "set aside" in r.stderr and "abandoned_step_00000004." in r.stderr
     assert sorted(d for d in os.listdir(ckpts) if d.startswith("step_")) == ["step_00000002", "step_00000003"]
-    r = run(out, *plugin, "--resume", "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2")
+    r = run(out, *plugin, "--resume", "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2",
+            env={"MINDGRPO_PROGRESS_INTERVAL_S": "0.5"})  # the line of the step in flight, every half second
     assert f"the newest complete checkpoint is {ckpts / 'step_00000003'}" in r.stderr  # the new line, not step 4
-    assert sorted(os.listdir(ckpts)) == aside + ["step_00000003", "step_00000004"]  # kept aside, never counted
+    assert sorted(os.listdir(ckpts)) == aside + ["step_00000003", "step_00000004", "tokenizer"]  # kept aside, never counted
     a, b = weights(last_checkpoint(straight)), weights(last_checkpoint(out))
     assert sorted(a) == sorted(b)
     for k in a:
@@ -124,6 +126,35 @@ def test_resume_from_an_older_step_sets_the_newer_aside_and_resume_continues_exa
     sa = {r["step"]: r for r in metrics(straight)}
     for r in metrics(out):
         assert r.get("loss") == sa[r["step"]].get("loss")
+    # the resumed run did step 4 alone: the lines of the step in flight name it (x/4 | phase ... for ...)
+    running = [line.split("step ", 1)[1].split(" |")[0] for line in r.stderr.splitlines() if " for " in line
+               and "| phase " in line]
+    assert running and set(running) == {"4/4"}, running
+
+
+@pytest.mark.slow
+def test_completions_and_saved_experience_carry_the_metrics_step(straight):
+    """completions.jsonl and --save_data_file's files say the step of metrics.jsonl (1 to 4, the last one
+    included; rl_config.completions_interval=1)."""
+    rows = [json.loads(line) for line in open(os.path.join(straight, "completions.jsonl"))]
+    assert sorted({r["step"] for r in rows}) == [1, 2, 3, 4]
+    assert sorted(os.listdir(straight / "data")) == [f"experience_step{s:06d}.mindrecord{x}" for s in range(1, 5)
+                                                     for x in ("", ".db")]
+
+
+@pytest.mark.slow
+def test_the_runs_tokenizer_is_written_beside_its_checkpoints(straight):
+    """checkpoints/tokenizer holds the run's tokenizer (here the tiny one the run made in its cache), where
+    generate.py and evaluate.py look for it by default."""
+    from mindgrpo.data.tokenizer import QwenTokenizer, default_tokenizer_dir
+
+    policy = last_checkpoint(straight)
+    assert default_tokenizer_dir(policy) == os.path.join(straight, "checkpoints", "tokenizer")
+    ours = QwenTokenizer.from_dir(os.path.join(straight, "checkpoints", "tokenizer"))
+    made = QwenTokenizer.from_dir(os.path.join(straight, "cache", "tiny_tokenizer"))
+    text = "What is 3 + 8 + 5? <think>3 + 8 = 11</think>"
+    assert ours.vocab_size == made.vocab_size and ours.encode(text) == made.encode(text)
+    assert ours.stop_token_ids == made.stop_token_ids
 
 
 # what differs between two runs of the same work: wall-clock figures
@@ -229,6 +260,21 @@ def test_a_reward_needing_a_missing_column_stops_the_run_in_one_line(tmp_path):
     assert errors == ["grpo_one_stage: error: reward 'by_difficulty' needs the column(s) ['difficulty'], which the "
                       "training prompts do not have (columns: answer, completion_length, prompt, solution)"], \
         r.stderr[-3000:]
+
+
+def test_a_reward_plugin_with_a_syntax_error_stops_the_run_in_one_line(tmp_path):
+    plugin = tmp_path / "rewards.py"
+    plugin.write_text("from mindgrpo.rewards import register_reward\n\n"
+                      "@register_reward('broken')\n"
+                      "def broken(completions, **_):\n"
+                      "    return [1.0 for c in completions\n")
+    r = run(tmp_path / "out", "--reward_plugin", str(plugin), "rl_config.max_steps=1", "sft_config.steps=0",
+            check=False)
+    assert r.returncode == 2
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [f"grpo_one_stage: error: {plugin}:5: SyntaxError: '[' was never closed "
+                      "(reward_config.reward_plugin)"], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.slow

@@ -114,11 +114,12 @@ def broken_copy(hf_dir, tmp_path, edit):
 
 
 @pytest.mark.parametrize("edit, needle", [
-    (lambda s: s.pop("model.layers.1.mlp.up_proj.weight"), "model.layers.1.feed_forward.w3.weight"),
+    (lambda s: s.pop("model.layers.1.mlp.up_proj.weight"), "'model.layers.1.mlp.up_proj.weight'"),
     (lambda s: s.__setitem__("model.layers.0.extra.weight", ("F32", np.zeros(3, np.float32))), "model.layers.0.extra.weight"),
-    (lambda s: s.__setitem__("model.norm.weight", ("F32", np.zeros(5, np.float32))), "model.norm_out.weight"),
+    (lambda s: s.__setitem__("model.norm.weight", ("F32", np.zeros(5, np.float32))), "'model.norm.weight'"),
 ])
 def test_bad_checkpoint_is_rejected_and_nothing_written(hf_dir, tmp_path, edit, needle):
+    """The line names the HF tensor, as the HF folder holds it."""
     src = broken_copy(hf_dir, tmp_path, edit)
     out = tmp_path / "out" / "m.ckpt"
     r = run("--torch_ckpt_dir", src, "--mindspore_ckpt_path", str(out))
@@ -280,5 +281,47 @@ def test_qwen2_weights_under_a_qwen3_config_are_refused(hf_dir, convert, tmp_pat
             os.symlink(os.path.join(hf_dir, f), bad / f)
     (bad / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}))
     code, err = convert("--torch_ckpt_dir", bad, "--mindspore_ckpt_path", tmp_path / "m.ckpt")
-    assert code == 1 and len(err) == 1 and "unexpected tensor 'model.layers.0.attention.wk.bias'" in err[0]
+    assert code == 1 and len(err) == 1 and "unexpected tensor 'model.layers.0.self_attn.k_proj.bias'" in err[0]
+    assert not (tmp_path / "m.ckpt").exists()
+
+
+@pytest.fixture(scope="module")
+def qwen3_without_head_dim(tmp_path_factory):
+    """An HF Qwen3 folder whose config.json has no head_dim: transformers' default (128 for Qwen3, not
+    hidden_size / num_attention_heads = 8) shapes its weights."""
+    d = tmp_path_factory.mktemp("qwen3_no_head_dim")
+    make_hf_model(str(d), vocab=64, hidden=32, inter=48, heads=4, kv_heads=2, layers=1, model_type="qwen3",
+                  head_dim=128)
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["head_dim"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_a_qwen3_config_without_head_dim_takes_transformers_default(qwen3_without_head_dim, convert, tmp_path):
+    import transformers
+
+    from mindgrpo.models.config import Qwen2Config
+
+    d = qwen3_without_head_dim
+    theirs = transformers.AutoConfig.from_pretrained(str(d)).head_dim
+    assert theirs != 32 // 4  # the default is not H / nh, or this test would not tell them apart
+    assert Qwen2Config.load(str(d / "config.json")).d == theirs
+    code, err = convert("--torch_ckpt_dir", d, "--mindspore_ckpt_path", tmp_path / "m.ckpt")
+    assert code == 0, err
+    assert (tmp_path / "m.ckpt").exists()
+
+
+def test_a_mis_shaped_tensor_names_the_hf_tensor_and_head_dim(qwen3_without_head_dim, convert, tmp_path):
+    d = tmp_path / "hf"
+    d.mkdir()
+    for f in os.listdir(qwen3_without_head_dim):
+        if f.endswith(".safetensors"):
+            os.symlink(os.path.join(qwen3_without_head_dim, f), d / f)
+    cfg = json.loads((qwen3_without_head_dim / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "head_dim": 16}))
+    code, err = convert("--torch_ckpt_dir", d, "--mindspore_ckpt_path", tmp_path / "m.ckpt")
+    assert code == 1 and len(err) == 1, err
+    assert err[0] == (f"convert_weight: error: {d}: tensor 'model.layers.0.self_attn.q_proj.weight' has shape "
+                      "[512, 32], expected [64, 32] (head_dim 16; HF's Qwen3 takes 128 when config.json has none)")
     assert not (tmp_path / "m.ckpt").exists()

@@ -183,3 +183,68 @@ def test_gsm8k_mindrecord_and_jsonl_with_a_random_qwen_vocabulary_model(cli, qwe
     assert cli.main([*common, "--data", str(GSM8K), "--limit", "3", "--output", str(tmp_path / "jsonl")]) == 0
     _, from_jsonl = read_outputs(tmp_path / "jsonl")
     assert [(s["prompt"], s["completion"]) for s in from_jsonl] == [(s["prompt"], s["completion"]) for s in samples]
+
+
+def test_a_reward_plugin_with_a_syntax_error_is_one_line_naming_its_line(cli, model_dir, tmp_path, capsys):
+    broken = tmp_path / "broken_rewards.py"
+    broken.write_text("from mindgrpo.rewards import register_reward\n\n"
+                      "@register_reward('oops')\n"
+                      "def oops(completions, **_)\n"
+                      "    return [0.0 for _ in completions]\n")
+    capsys.readouterr()
+    assert cli.main(["--model", str(model_dir / "policy.ckpt"), "--data", str(model_dir / "data" / "val.mindrecord"),
+                     "--output", str(tmp_path / "out"), "--num_workers", "0", "--max_tokens", "4",
+                     "--reward", "oops", "--reward_plugin", str(broken)]) == 1
+    assert one_error_line(capsys) == f"evaluate: error: {broken}:4: SyntaxError: expected ':' (--reward_plugin)"
+    assert not (tmp_path / "out").exists()
+
+
+def test_jsonl_rows_without_answers_say_which_keys_are_read(cli, model_dir, tmp_path, capsys):
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
+    capsys.readouterr()
+    assert cli.main(["--model", str(model_dir / "policy.ckpt"), "--tokenizer_dir", str(model_dir), "--data",
+                     str(questions), "--output", str(tmp_path / "out"), "--num_workers", "0"]) == 1
+    line = one_error_line(capsys)
+    assert line == (f"evaluate: error: {questions}:1: a row needs a question and its answer, read from the keys "
+                    "question and answer (GSM8K: the final answer after '####') or problem and solution (MATH: the "
+                    "final answer in the last \\boxed{}); this row has ['question']")
+    assert "--map_keys" not in line and "--dataset_type" not in line
+
+
+def test_an_output_that_is_a_file_is_refused_before_any_work(cli, model_dir, tmp_path, capsys, monkeypatch):
+    taken = tmp_path / "results"
+    taken.write_text("not a folder")
+    import mindgrpo.models.checkpoint as checkpoint
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --output was checked")
+
+    monkeypatch.setattr(checkpoint, "load_model", no_model)
+    capsys.readouterr()
+    for output in (taken, taken / "sub"):
+        assert cli.main(["--model", str(model_dir / "policy.ckpt"), "--data", str(model_dir / "data" / "val.mindrecord"),
+                         "--output", str(output), "--num_workers", "0", "--max_tokens", "4"]) == 1
+        assert one_error_line(capsys) == (f"evaluate: error: --output {output}: {taken} is a file; --output names "
+                                          "the folder for summary.json and samples.jsonl")
+    assert taken.read_text() == "not a folder"
+
+
+def test_a_wrong_tokenizer_names_tokenizer_dir(cli, model_dir, tmp_path, capsys):
+    """A tokenizer of more tokens than the model's vocabulary, given with --tokenizer_dir: the line names the flag
+    and its folder, not the data."""
+    from mindgrpo.data.synthetic import ArithmeticTask, TinyTokenizerSpec, ensure_tiny_tokenizer
+
+    other = tmp_path / "other_tokenizer"
+    tok = ensure_tiny_tokenizer(str(other), TinyTokenizerSpec(vocab_size=600, task=ArithmeticTask(num_train=40,
+                                                                                                 num_val=12)))
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "#### 2"}) + "\n")
+    capsys.readouterr()
+    for data in (questions, model_dir / "data" / "val.mindrecord"):
+        assert cli.main(["--model", str(model_dir / "policy.ckpt"), "--tokenizer_dir", str(other), "--data", str(data),
+                         "--output", str(tmp_path / "out"), "--num_workers", "0", "--max_tokens", "4"]) == 1
+        line = one_error_line(capsys)
+        assert line.startswith(f"evaluate: error: --tokenizer_dir {other}: its tokenizer has {tok.vocab_size} "
+                               f"tokens, more than the model's vocabulary of "), line
+        assert line.endswith("pass the tokenizer the model was trained with"), line

@@ -49,3 +49,68 @@ def test_missing_weights_say_the_path_does_not_exist(cli, model_dir, tmp_path, c
     assert cli.main(["--model", str(missing), "--tokenizer_dir", str(model_dir), "--prompt", "x"]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"generate: error: {missing}: no such file or folder (the weights path does not exist)"]
+
+
+def test_an_empty_prompt_is_one_line_naming_it(cli, model_dir, capsys):
+    capsys.readouterr()
+    assert cli.main(["--model", str(model_dir / "policy.ckpt"), "--prompt", "What is 1 + 1?", "--prompt", "",
+                     "--max_tokens", "4", "--greedy"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "generate: error: prompt 2 (--prompt) is empty"]
+
+
+@pytest.mark.parametrize("sampling, flag", [(["--greedy"], "--greedy"), (["--temperature", "0"], "--temperature 0")])
+def test_greedy_with_several_samples_is_refused_as_evaluate_refuses_it(cli, model_dir, capsys, sampling, flag):
+    """generate.py and evaluate.py give the same answer, in the same words, to n identical greedy samples."""
+    from scripts import evaluate
+
+    capsys.readouterr()
+    assert cli.main(["--model", str(model_dir / "policy.ckpt"), "--prompt", "What is 1 + 1?", "--n", "2",
+                     *sampling]) == 1
+    ours = capsys.readouterr().err.strip().splitlines()
+    assert ours == [f"generate: error: --n 2 with {flag} draws 2 identical greedy samples; use --n 1, or sample "
+                    "with --temperature > 0"]
+    assert evaluate.main(["--model", str(model_dir / "policy.ckpt"), "--data", str(model_dir / "none.jsonl"),
+                          "--output", str(model_dir / "out"), "--n", "2", "--temperature", "0"]) == 1
+    theirs = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(": error: ", 1)[1] for line in theirs] == \
+        [ours[0].split(": error: ", 1)[1].replace(flag, "--temperature 0")]
+
+
+def run_layout(model_dir, folder, tokenizer: bool):
+    """A training run's checkpoint folder: checkpoints/step_00000001/{policy.ckpt, config.json}, and the run's
+    tokenizer in checkpoints/tokenizer when `tokenizer`."""
+    import shutil
+
+    step = folder / "checkpoints" / "step_00000001"
+    step.mkdir(parents=True)
+    for name in ("policy.ckpt", "config.json"):
+        shutil.copy(model_dir / name, step / name)
+    if tokenizer:
+        (folder / "checkpoints" / "tokenizer").mkdir()
+        for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+            shutil.copy(model_dir / name, folder / "checkpoints" / "tokenizer" / name)
+    return step / "policy.ckpt"
+
+
+def test_a_checkpoint_without_a_tokenizer_says_to_pass_tokenizer_dir(cli, model_dir, tmp_path, capsys):
+    policy = run_layout(model_dir, tmp_path, tokenizer=False)
+    capsys.readouterr()
+    assert cli.main(["--model", str(policy), "--prompt", "What is 1 + 1?", "--max_tokens", "4", "--greedy"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("generate: error: no tokenizer (vocab.json, merges.txt) in ")
+    assert str(policy.parent) in lines[0] and str(tmp_path / "checkpoints" / "tokenizer") in lines[0]
+    assert lines[0].endswith("pass --tokenizer_dir DIR, the folder of the tokenizer the model was trained with")
+
+
+def test_a_runs_checkpoint_finds_the_tokenizer_beside_the_checkpoints(cli, model_dir, tmp_path, capsys):
+    """checkpoints/step_N/policy.ckpt alone: the tokenizer comes from checkpoints/tokenizer, the same greedy
+    tokens as with --tokenizer_dir."""
+    policy = run_layout(model_dir, tmp_path, tokenizer=True)
+    common = ["--prompt", "What is 1 + 1?", "--max_tokens", "4", "--greedy"]
+    capsys.readouterr()
+    assert cli.main(["--model", str(policy), *common]) == 0
+    found = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert cli.main(["--model", str(model_dir / "policy.ckpt"), "--tokenizer_dir", str(model_dir), *common]) == 0
+    given = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(found) == 1 and found == given
