@@ -92,13 +92,13 @@ CPU_GRAPH_BUFFERS = {  # phase -> (bytes fixed, bytes per decoder layer) at the 
     "reference": (0.307e9, 0.158e9),
     "old_logprobs": (0.307e9, 0.158e9),
     "update": (1.985e9, 0.712e9),
-    # generate_config.layerwise: one layer's prefill, decode and refresh graphs (`benchmarks/results/
+    # generate_config.layerwise: one layer's prefill, decode and refresh graphs (`git show 997488e:benchmarks/results/
     # layerwise_generate.md` found 0.694 GB fixed and per layer 0.064, the engine's fused copies and KV cache, which
     # the groups count); through the trainer the rollout peaked 0.71 and 0.69 GB above the built trainer at 2 and 6
-    # layers (`benchmarks/results/step_memory_{2,6}_layers.md`): nothing per layer beyond the groups
+    # layers (`git show 997488e:benchmarks/results/step_memory_{2,6}_layers.md`): nothing per layer beyond the groups
     "rollout_layerwise": (0.71e9, 0.0),
     # the issue-20 step through the trainer with release_graphs and the three layerwise switches
-    # (`benchmarks/results/step_memory_{2,6,24}_layers.md`, two steps each): the process peak less the runtime and
+    # (`git show 997488e:benchmarks/results/step_memory_{2,6,24}_layers.md`, two steps each): the process peak less the runtime and
     # the groups resident in the update (all but the engine's KV cache and fused copies): 2.42, 2.50 and 3.99 GB at
     # 2, 6 and 24 layers, the line through 2 and 24 (6: 0.21 GB over). It is the second step's peak, on top of
     # what the first step left (about 1.2 GB the runtime keeps after the first update), with the layerwise

@@ -177,10 +177,10 @@ def test_the_cpu_graph_buffers_match_the_measured_peaks_kept_and_released():
 
 
 def test_layerwise_generation_keeps_one_layers_rollout_graphs():
-    """benchmarks/results/layerwise_generate.md (the 0.5B shape at 2 and 4 layers, the issue-20 rollout): the first
+    """git show 997488e:benchmarks/results/layerwise_generate.md (the 0.5B shape at 2 and 4 layers, the issue-20 rollout): the first
     generate adds 0.124 + 0.527 GB per layer with the whole graphs, 0.694 + 0.064 with generate_config.layerwise
     (one layer's graphs; per layer the fused copies and the KV cache, which the groups count: through the trainer,
-    benchmarks/results/step_memory_{2,6}_layers.md, the rollout peaked 0.71 and 0.69 GB above the built process).
+    git show 997488e:benchmarks/results/step_memory_{2,6}_layers.md, the rollout peaked 0.71 and 0.69 GB above the built process).
     At 24 layers the rollout's buffers go from the largest phase's to below the reference's, and the step with
     the three switches plans under 24 GB."""
     over = ["rl_config.batch_size=4", "rl_config.num_generations=4", "rl_config.beta=0.04",
