@@ -1,7 +1,7 @@
 """The issue-20 update workload on the Qwen2.5-0.5B shape, shared by the memory benchmarks: its
 constants, its experience, and one side per process that builds the policy with given
-`PolicyUpdater` options and runs updates on request (`benchmarks/recompute.py`,
-`benchmarks/layerwise.py`), and the parts of a whole step (`benchmarks/memory.py`, `graph_release.py`).
+`PolicyUpdater` options and runs updates on request (`benchmarks/recompute.py`), and the parts of a whole
+step (`benchmarks/memory.py`, `prefill_budget.py`, `layerwise_generate.py`).
 
 Workload: 4 GSM8K prompts of 157, 118, 149 and 127 tokens (the qwen_r1 template, Qwen2.5 tokens)
 x G = 4, 128 response tokens each, micro-batches of 4 rows, beta 0.04 with given reference log-probs.

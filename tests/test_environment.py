@@ -32,7 +32,7 @@ def test_eager_mode_works_in_the_installed_environment():
 
 
 # rl_config.release_graphs rests on this: MindSpore's CPU runtime keeps a compiled graph's buffers after
-# it ran, and frees them when the cell that compiled it is deleted (benchmarks/graph_release.py)
+# it ran, and frees them when the cell that compiled it is deleted (tests/test_environment.py checks it)
 GRAPH_BUFFERS = """
 import gc
 import numpy as np

@@ -150,7 +150,7 @@ class RLConfig:
     # drop each phase's compiled graphs when it ends (rollout and validation, reference, old log-probs, update):
     # MindSpore's CPU runtime keeps a graph's buffers until the cell that compiled it is deleted, so a step then
     # holds one phase's buffers at a time instead of every phase's, and compiles its graphs again every step
-    # (benchmarks/results/graph_release.md); the engine keeps its decode graphs (a few rows' buffers) and shrinks
+    # (git show 997488e:benchmarks/results/graph_release.md); the engine keeps its decode graphs (a few rows' buffers) and shrinks
     # its KV cache and fused copies, and the gradient accumulators exist only while an update runs
     release_graphs: bool = False
     # the weight sync (policy -> inference, reference) moves consecutive decoder layers (and the embedding,
@@ -261,7 +261,7 @@ class ActorConfig:
     # the training step as a host loop over one compiled decoder-layer graph (mindgrpo/grpo/layerwise.py): each
     # layer's forward, then from the last layer to the first its forward again and its backward; the same
     # gradients, and the compiled graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime
-    # keeps them all: benchmarks/results/layerwise.md). One device, right-padded rows
+    # keeps them all: git show 997488e:benchmarks/results/layerwise.md). One device, right-padded rows
     layerwise_update: bool = False
     # with layerwise_update: the rows of a micro-batch the final norm, vocabulary head and loss take a graph call
     # (their buffers grow with rows x response length x vocabulary); the same loss, metrics and gradients, to

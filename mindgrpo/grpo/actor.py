@@ -80,7 +80,7 @@ class Scorer:
 
     def release(self) -> None:
         """Drop the compiled graphs and the buffers the runtime keeps for them (freed only with the
-        cells that compiled them: `benchmarks/graph_release.py`); the next call compiles them again."""
+        cells that compiled them: `tests/test_environment.py`); the next call compiles them again."""
         self.stage = self.graph = None
 
     def __call__(self, exp: Experience) -> np.ndarray:
@@ -167,7 +167,7 @@ class PolicyUpdater:
 
     def release(self) -> None:
         """Drop the compiled training graphs and the buffers the runtime keeps for them (freed only
-        with the cells that compiled them: `benchmarks/graph_release.py`) and the layerwise optimizer's group
+        with the cells that compiled them: `tests/test_environment.py`) and the layerwise optimizer's group
         graphs; the gradient accumulators (zero after every update) shrink to one element until the next
         update remakes them (`GradBuffer.release`); AdamW's moments stay. The next update compiles the graphs
         again."""

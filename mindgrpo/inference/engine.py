@@ -162,7 +162,7 @@ class RolloutEngine:
         element each (the same Parameters, in the graphs that take them; the next call makes them again: zeros,
         fresh copies), and the graphs whose buffers grow with the prompts' positions or the layers (prefill,
         copy, the copies' refresh) go with the buffers the runtime keeps for them (freed only with the cells
-        that compiled them: `benchmarks/graph_release.py`); the next call compiles them again. The decode graphs
+        that compiled them: `tests/test_environment.py`); the next call compiles them again. The decode graphs
         and the prefill inputs graph stay (`KEPT_GRAPHS`): their buffers are a few rows' and compiling and first
         calling a graph again costs 0.5-0.9 s (DEVELOPERS.md)."""
         if self.cache is not None:

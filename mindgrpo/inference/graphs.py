@@ -5,7 +5,7 @@ The cache of each layer is two Parameters, k and v, of (S+1)*nkv*C rows of d: ro
 that padding rows write to and nothing live reads. Flat rows because MindSpore's CPU ScatterUpdate
 writes rows of its first axis in place, where ScatterNdUpdate copies its whole input to its output:
 writing 64 rows into each of 8 caches of 64 MB took 6 ms more than not writing with ScatterUpdate
-and 406 ms more with ScatterNdUpdate (`python -m benchmarks.cache_write`, 2026-11-25, loaded
+and 406 ms more with ScatterNdUpdate (a probe, removed: `git show 997488e:benchmarks/cache_write.py`, 2026-11-25, loaded
 machine). A decode step writes B*nkv rows, a prefill or a copy the rows of the prompts it moves,
 whatever the cache's size.
 

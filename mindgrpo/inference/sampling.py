@@ -103,7 +103,7 @@ class Sampler(nn.Cell):
         best = ops.argmax(logits, -1).astype(ms.int32)
         logits = logits / ops.where(greedy, 1.0, temperature).reshape(-1, 1)
         # one fused softmax kernel: 2.1 to 2.7 ms a draw on (16, 152k) here, against 5.4 to 6.3 for
-        # exp(logits - max) in separate ops (benchmarks/sampler.py); no ops.log_softmax (see models/qwen2.LogProbs)
+        # exp(logits - max) in separate ops (a probe, removed: git show 997488e:benchmarks/sampler.py); no ops.log_softmax (see models/qwen2.LogProbs)
         probs = ops.softmax(logits, -1)  # (B, V)
         if self.whole_vocab:  # `draw` needs no normalisation, but the probabilities are at hand
             weights = probs

@@ -16,7 +16,7 @@ gradients:
 so a chunk needs ~3 (chunk, V) tensors, and chunk k waits for chunk k-1 (`ops.depend`). With forward
 and backward, the head alone (152k vocabulary, 128-row chunks) still grows by ~0.2 GB per chunk on
 MindSpore 2.10's CPU runtime (0.98 GB at one chunk, 1.57 at four; autodiff 0.94 and 2.02): not yet
-found where. Figures for a whole GRPO step: `benchmarks/fused_head.py`. On Ascend, untested.
+found where. Figures for a whole GRPO step: a probe, removed (`git show 997488e:benchmarks/fused_head.py`). On Ascend, untested.
 The entropy output is for logging: it gets no gradient (the GRPO loss does not use it).
 
 Under tensor parallelism w is this rank's vocabulary slice [vocab_start, vocab_start + V/tp):

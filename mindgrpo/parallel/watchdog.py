@@ -62,13 +62,20 @@ class Watchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
-            seen = heartbeat.status()
-            if seen is None:  # a test stall: this rank is the one the others wait for
-                continue
-            phase, idle, first_run = seen
-            if idle > (self.compile_timeout_s if first_run else self.timeout_s):
-                self._fire(phase, idle)
+            if self.check():
                 return
+
+    def check(self) -> bool:
+        """One look at the heartbeat (its clock: `heartbeat.use_clock`): fires and returns True when it has been
+        still for longer than the bound of its phase."""
+        seen = heartbeat.status()
+        if seen is None:  # a test stall: this rank is the one the others wait for
+            return False
+        phase, idle, first_run = seen
+        if idle > (self.compile_timeout_s if first_run else self.timeout_s):
+            self._fire(phase, idle)
+            return True
+        return False
 
     def _fire(self, phase: str, idle: float) -> None:
         message = (f"rank {self.rank}: no progress in phase {phase} for {idle:.0f} s "

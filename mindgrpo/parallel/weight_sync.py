@@ -36,7 +36,7 @@ class _CopyBucket(nn.Cell):
     parameters of the same name as its own). Returns a (1,) zero that depends on every assignment:
     returning the assignments' outputs made the runtime keep a copy of a one-parameter bucket, and
     `Parameter.value()` inputs a copy of every bucket (0.54 and 1.31 GB at the Qwen2.5-0.5B shape cut to
-    2 layers, `benchmarks/results/build_memory.md`); now the sync holds no memory of its own."""
+    2 layers, `git show 997488e:benchmarks/results/build_memory.md`); now the sync holds no memory of its own."""
 
     def __init__(self, dst: Sequence[Parameter], src: Sequence[Parameter]):
         super().__init__(auto_prefix=False)
@@ -72,7 +72,7 @@ class WeightSync:
 
     def release(self) -> None:
         """Drop the compiled bucket graphs and the buffers the runtime keeps for them (freed only with
-        the cells that compiled them: `benchmarks/graph_release.py`); the next call compiles them again."""
+        the cells that compiled them: `tests/test_environment.py`); the next call compiles them again."""
         self.buckets = [(_CopyBucket(list(graph.dst), src), src, size) for graph, src, size in self.buckets]
 
     def __call__(self) -> Dict[str, float]:

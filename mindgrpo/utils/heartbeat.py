@@ -13,16 +13,18 @@ watchdog can allow for it. Outside every phase the process is in "start-up" (bui
 warm start), which counts as a first run.
 
 One process, one heartbeat: the state is module-level, written by the main thread and read by the
-watchdog's thread (single assignments, atomic under the GIL).
+watchdog's thread (single assignments, atomic under the GIL). Time is read through one clock
+(`time.monotonic`; tests install a manual one with `use_clock`, so the watchdog can be checked without sleeps).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-_last = time.monotonic()  # the last beat
+_clock: Callable[[], float] = time.monotonic
+_last = _clock()  # the last beat
 _tokens = 0  # tokens generated in this process so far (the decode loop counts them as it beats)
 _active: List[str] = []  # phases running now, innermost last
 _finished: set = set()  # phases that have run to the end at least once
@@ -34,7 +36,7 @@ _stalled = False
 def beat(tokens: int = 0) -> None:
     """Something that may wait on other ranks has just come back (having generated `tokens` tokens)."""
     global _last, _tokens
-    _last = time.monotonic()
+    _last = _clock()
     _tokens += int(tokens)
 
 
@@ -65,7 +67,15 @@ def status() -> Optional[Tuple[str, float, bool]]:
     if _stalled:
         return None
     name = _active[-1] if _active else "start-up"
-    return name, time.monotonic() - _last, name not in _finished
+    return name, _clock() - _last, name not in _finished
+
+
+def use_clock(clock: Callable[[], float]) -> None:
+    """The clock beats and `status` read (seconds, never going back); `time.monotonic` unless a test sets
+    another. Beats at once, so that idle time counts from now on the new clock."""
+    global _clock
+    _clock = clock
+    beat()
 
 
 def reset() -> None:

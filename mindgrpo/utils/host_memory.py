@@ -2,7 +2,7 @@
 (VmHWM), in bytes. Each training step logs both (`step_metrics`): the device ledger of
 `mindgrpo/memory/swap.py` does not see the host, and a run whose resident memory climbs step after
 step (MindSpore keeps some memory of every graph it compiles: `rl_config.release_graphs` compiles the
-step's graphs again each step, README Status) shows it here long before the machine runs out.
+step's graphs again each step, benchmarks/results/HISTORY.md) shows it here long before the machine runs out.
 
     status_bytes("VmRSS")         # bytes, from the kB (1024 bytes) /proc gives; pid= another's
     step_metrics()                # {"memory/host_resident_bytes": ..., "memory/host_peak_bytes": ...}

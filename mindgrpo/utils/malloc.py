@@ -6,7 +6,7 @@
 MindSpore 2.10 compiles a graph on the host with a great many small C++ allocations, and glibc's malloc
 spends a fifth of a compile's CPU in its slow paths (`_int_malloc`, `malloc_consolidate`, `unlink_chunk`:
 perf on tests/models/test_qwen2_parity.py). With jemalloc preloaded the same work takes ~0.8x the CPU
-(`benchmarks/malloc.py`). The arithmetic is the same unless a kernel depends on bytes it did not write: MindSpore's
+(a probe, removed: `git show 997488e:benchmarks/malloc.py`). The arithmetic is the same unless a kernel depends on bytes it did not write: MindSpore's
 CPU LogSoftmax can, and the package does not call it (DEVELOPERS.md, tests/models/test_junk_fill.py).
 
 Which library: $MINDGRPO_MALLOC if set (a path to a shared library, or `system` for glibc's own malloc),

@@ -27,10 +27,6 @@ def test_rollout_benchmark_writes_every_side_and_workload(tmp_path):
     for kind, summary in per.items():
         assert set(summary) == KEYS, kind
         assert all(summary[k] > 0 for k in KEYS), kind
-        details = res["details"]["tiny-small-vocab"][kind]
-        for side in ("engine", "static", "transformers"):
-            run = details[side]["runs"][0]
-            assert run["tokens"] / run["seconds"] == pytest.approx(summary[f"{side}_tokens_per_s"]), (kind, side)
     # forced: every sample runs the whole length on every side; the static batch (2 prompts x 4) fills
     # its 8-row bucket, so none of its rows is padding
     forced = res["details"]["tiny-small-vocab"]["forced"]

@@ -1,4 +1,5 @@
-"""benchmarks.update_profile on a micro model: the profile is read and every part accounted for."""
+"""benchmarks.update_profile on a micro model: op kinds by hand, the profile read into every kind, the work
+counted (micro-batches, scored positions) and the table showing the JSON's figures."""
 
 import json
 import os
@@ -34,11 +35,13 @@ def test_update_profile_accounts_for_the_update(tmp_path):
     assert set(ops) == {"matmul", "vocabulary", "accumulation", "other"}
     assert ops["matmul"] > 0 and ops["vocabulary"] > 0 and ops["accumulation"] > 0 and ops["other"] > 0
     assert res["micro_batches"] == 2 and res["scored"] == [4, 32]
-    for r in res["rounds"]:  # each round's parts add up to its update
-        assert abs(r["graphs"] + r["adamw"] + r["host"] - r["update"]) < 1e-9
+    assert len(res["rounds"]) == 1
+    for r in res["rounds"]:  # the peak is the fastest of the shapes timed (host, the update less its parts timed
+        # apart, is the benchmark's own difference: not asserted)
         assert r["peak"]["peak"] == max(v for k, v in r["peak"].items() if k != "peak")
-    # rates only: the profiled matmuls and the timed update run in different rounds, so on a loaded machine
-    # either can be the slower (the fresh-clone CI of 595bf31 timed the matmuls alone at 5.3 GFLOP/s, the
-    # whole update at 7.7): no order between them is asserted
-    assert res["matmul_only_gflops_per_s"] > 0 and res["update_gflops_per_s"] > 0
-    assert "| update (as the trainer runs it) |" in (tmp_path / "update_profile.md").read_text()
+        assert {"square 1024", "square 2048"} < set(r["peak"])
+    # no order between the profiled matmuls and the timed update: they run in different rounds, so on a loaded
+    # machine either can be the slower (a fresh-clone CI timed the matmuls alone at 5.3 GFLOP/s, the update at 7.7)
+    md = (tmp_path / "update_profile.md").read_text()
+    assert f"| update (as the trainer runs it) | {res['update_s']:.3f} | 100% |" in md
+    assert f"| micro-batch graphs: matmuls | {ops['matmul']:.3f} |" in md

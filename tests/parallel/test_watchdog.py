@@ -1,5 +1,6 @@
 """The collective watchdog in one process: what counts as progress, the first-run (compile) bound, the message.
-Under msrun with a stalled rank: tests/parallel/test_launch.py."""
+The bounds are checked on a manual clock (heartbeat.use_clock, Watchdog.check), without sleeps; one test runs
+the watchdog's thread on the real clock. Under msrun with a stalled rank: tests/parallel/test_launch.py."""
 
 import logging
 import threading
@@ -23,11 +24,32 @@ class Exit:
         self.event.set()
 
 
+class Clock:
+    """Seconds that move only when the test says so."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds):
+        self.now += seconds
+
+
 @pytest.fixture
 def exit_():
     heartbeat.reset()
     yield Exit()
+    heartbeat.use_clock(time.monotonic)
     heartbeat.reset()
+
+
+@pytest.fixture
+def clock():
+    c = Clock()
+    heartbeat.use_clock(c)
+    return c
 
 
 def watch(exit_, timeout_s, compile_timeout_s):
@@ -49,25 +71,34 @@ def test_no_progress_ends_the_process_naming_phase_rank_and_place(exit_, caplog,
     assert any("no progress in phase update" in r.getMessage() for r in caplog.records)
 
 
-def test_a_phase_first_run_gets_the_compile_bound(exit_):
-    dog = watch(exit_, timeout_s=0.2, compile_timeout_s=1.5)
+def test_a_phase_first_run_gets_the_compile_bound(exit_, clock):
+    dog = Watchdog(rank=3, timeout_s=0.2, compile_timeout_s=1.5, exit=exit_)  # not started: checked by hand
     with heartbeat.phase("rollout"):  # never finished: compiling
-        assert not exit_.event.wait(0.8)  # four times timeout_s, still quiet
-        assert exit_.event.wait(30)
-    dog.stop()
+        clock.advance(1.4)  # seven times timeout_s, within the compile bound
+        assert not dog.check() and exit_.codes == []
+        clock.advance(0.2)
+        assert dog.check()
     assert exit_.codes == [EXIT_CODE]
+    # once the phase has finished, its next run gets the plain bound
+    with heartbeat.phase("rollout"):
+        clock.advance(0.3)
+        assert dog.check()
+    assert exit_.codes == [EXIT_CODE, EXIT_CODE]
 
 
-def test_beats_are_progress(exit_):
-    dog = watch(exit_, timeout_s=1.0, compile_timeout_s=1.0)
+def test_beats_are_progress(exit_, clock):
+    dog = Watchdog(rank=3, timeout_s=1.0, compile_timeout_s=1.0, exit=exit_)
     progress = Progress(total_steps=1)
     with progress.phase("sync"):
-        for _ in range(60):  # three times the bound in all, a beat every 0.05 s
-            time.sleep(0.05)
+        for _ in range(30):  # 27 s in all, nine tenths of the bound between beats
+            clock.advance(0.9)
+            assert not dog.check()
             heartbeat.beat()
         assert heartbeat.status()[0] == "sync"  # Progress phases are the heartbeat's phases
-    dog.stop()
-    assert exit_.codes == []
+        assert exit_.codes == []
+        clock.advance(1.1)  # then no beat for longer than the bound
+        assert dog.check()
+    assert exit_.codes == [EXIT_CODE]
 
 
 def test_outside_any_phase_is_start_up(exit_):
