@@ -268,7 +268,7 @@ def test_a_reward_plugin_with_a_syntax_error_stops_the_run_in_one_line(tmp_path)
                       "@register_reward('broken')\n"
                       "def broken(completions, **_):\n"
                       "    return [1.0 for c in completions\n")
-    r = run(tmp_path / "out", "--reward_plugin", str(plugin), "rl_config.max_steps=1", "sft_config.steps=0",
+    r = run(tmp_path / "out", "--reward_plugin", str(plugin), "rl_config.max_steps=1", "sft_config={steps: 0}",
             check=False)
     assert r.returncode == 2
     errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
