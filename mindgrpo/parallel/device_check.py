@@ -24,7 +24,6 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.grpo.experience import pack
 from mindgrpo.inference.engine import RolloutEngine, graph_bound
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.memory.swap import SwapManager, nbytes
@@ -89,16 +88,31 @@ def check(name: str):
     return register
 
 
+def scored(prompts, completions):
+    """The training graph's inputs for the completions: ids (B, S) right-padded, score positions and labels
+    (B, R) (the position whose logits predict each response token), the engine's log-probs (B, R), mask (B, R)."""
+    seqs = [list(prompts[c.prompt_index]) + list(c.token_ids) for c in completions]
+    width, rows = MAX_MODEL_LEN, len(completions)
+    ids = np.zeros((rows, width), np.int32)
+    pos, labels = np.zeros((rows, MAX_TOKENS), np.int32), np.zeros((rows, MAX_TOKENS), np.int32)
+    engine_logp, mask = np.zeros((rows, MAX_TOKENS), np.float32), np.zeros((rows, MAX_TOKENS), np.float32)
+    for i, (c, seq) in enumerate(zip(completions, seqs)):
+        n, start = len(c.token_ids), len(prompts[c.prompt_index]) - 1
+        ids[i, :len(seq)] = seq
+        pos[i, :n], labels[i, :n] = np.arange(start, start + n), c.token_ids
+        engine_logp[i, :n], mask[i, :n] = c.logprobs, 1
+    return ids, pos, labels, engine_logp, mask
+
+
 @check("logprobs")
 def logprobs(ctx: Context) -> Result:
     out = ctx.engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, n=2, seed=2))
-    exp = pack([PROMPTS[c.prompt_index] for c in out], [c.token_ids for c in out], np.zeros(len(out), np.float32),
-               rollout_logp=[c.logprobs for c in out])
+    ids, pos, labels, engine_logp, mask = scored(PROMPTS, out)
     logp, _ = TokenLogProbs(ctx.lm, with_entropy=False, temperature=TEMPERATURE)(
-        Tensor(exp.input_ids), Tensor(exp.score_pos), Tensor(exp.labels))
-    diff = float(np.abs((logp.asnumpy() - exp.rollout_logp) * exp.mask).max())
+        Tensor(ids), Tensor(pos), Tensor(labels))
+    diff = float(np.abs((logp.asnumpy() - engine_logp) * mask).max())
     tol = LOGPROB_TOLERANCE[ctx.cfg.compute_dtype]
-    return Result("logprobs", diff <= tol, f"max |engine - training| {diff:.2e} over {int(exp.mask.sum())} tokens "
+    return Result("logprobs", diff <= tol, f"max |engine - training| {diff:.2e} over {int(mask.sum())} tokens "
                                            f"({ctx.cfg.compute_dtype}, tolerance {tol:.0e})")
 
 

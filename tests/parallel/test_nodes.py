@@ -181,3 +181,30 @@ def test_a_scheduler_that_cannot_bind_is_reported_in_one_line(tmp_path):
     assert line == [f"run_grpo.sh: node 0: msrun's scheduler could not listen on 127.0.0.1:{port} (Address already "
                     "in use): the port is taken, or a second launcher sees --master_addr as its own host (only node "
                     "0's may)"], proc.stderr[-3000:]
+
+
+@pytest.mark.msrun
+@pytest.mark.slow
+def test_a_rank_failing_on_one_node_stops_the_other_with_its_error(tmp_path):
+    """Node 1's ranks fail at once (its command names a config file that is not there), while node 0's wait to
+    build the cluster: node 0's launcher stops its job and prints node 1's failing rank and error."""
+    msrun_path()
+    missing = str(tmp_path / "no_such.yaml")
+    with second_host() as (ns, master, _):
+        port, log, out = free_port(), str(tmp_path / "log"), str(tmp_path / "out")
+        nodes = [launcher(0, master, port, log, out, []), launcher(1, master, port, log, out, ["--config", missing],
+                                                                   ns=ns)]
+        try:
+            results = [p.communicate(timeout=300) for p in nodes]
+        finally:
+            for p in nodes:
+                if p.poll() is None:
+                    p.kill()
+            left = wait_until_gone(out, bound_s=20.0)
+    (_, err0), (_, err1) = results
+    assert nodes[0].returncode == 1 and nodes[1].returncode != 0
+    for err in (err0, err1):  # the failing rank's error on both nodes
+        assert re.search(r"run_grpo.sh: rank [23] failed \(log .*/node_1/worker_[23].log\)", err), err[-3000:]
+        assert missing in err, err[-3000:]
+    assert "run_grpo.sh: node 1 (ranks 2-3) failed:" in err0
+    assert not left, left
