@@ -12,14 +12,16 @@ from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import TokenLogProbs
 
-# |log p_fp16 - log p_fp32| on these models: each matmul's output rounded to 11 bits (relative 5e-4) through two
-# layers and a vocabulary of 96, on log-probs of about -4.6; the norms, softmax and log-probs stay fp32
-FP16_LOGPROB_TOLERANCE = 2e-2
+# max |log p_fp16 - log p_fp32| over the batch: each matmul's output rounded to 11 bits through two layers, on
+# log-probs from -9.5 up (weights drawn with std 0.3: peaked distributions, unlike the near-uniform ones of the
+# default 0.02); measured 3.0e-2 (Qwen2) and 1.3e-2 (Qwen3). The norms, softmax and log-probs stay fp32.
+FP16_LOGPROB_TOLERANCE = 5e-2
 QWEN2 = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+                    num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+                    param_init_std=0.3)
 QWEN3 = Qwen2Config(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=128,
-                    tie_word_embeddings=False)
+                    tie_word_embeddings=False, param_init_std=0.3)
 
 
 def batch():

@@ -1,7 +1,6 @@
 """scripts/check_device.py (mindgrpo/parallel/device_check.py): every check passes in one process and on two msrun
 workers; a broken weight sync fails the reshard check, named, with a non-zero exit."""
 
-import glob
 import os
 
 import pytest
