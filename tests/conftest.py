@@ -13,6 +13,7 @@ from mindgrpo.utils.malloc import with_allocator
 # jobs (2 and 4 ranks) run at the same time only if the learning test ends before the 2-rank job.
 # Seconds: the fresh-clone CI of e99273b (2026-11-26, -n 2, 2 cores), else of 2026-11-25.
 HEAVY_FIRST = (
+    "tests/parallel/test_nodes.py",  # 780 at load 13-17: two launchers, three 4-rank jobs and one process
     "tests/parallel/test_msrun.py",  # 760: the 2-rank job
     "tests/grpo/test_learning.py",  # 1230 (450 alone)
     "tests/parallel/test_pipeline.py",  # 500: the 4-rank job

@@ -96,7 +96,10 @@ def start_from_checkpoint(trainer, resume_from: Optional[str], resume: bool, all
     from mindgrpo.parallel.checkpoint_folders import CheckpointError
 
     checkpoints = trainer.checkpoints
-    checkpoints.clean()
+    try:
+        checkpoints.clean()
+    except CheckpointError as e:
+        raise SetupError(str(e)) from None
     if resume:
         try:
             path = checkpoints.find(resume_from)

@@ -324,9 +324,11 @@ def inspect(path: str, mine: Callable[[str], bool] = lambda rel: True) -> dict:
     return state
 
 
-def newest_complete(root: str, check: Callable[[str], dict]) -> Optional[str]:
-    """The newest checkpoint under root that `check` accepts; a damaged one is skipped with a warning."""
-    for path in reversed(step_dirs(root)):
+def newest_complete(root: str, check: Callable[[str], dict],
+                    candidates: Optional[List[str]] = None) -> Optional[str]:
+    """The newest checkpoint under root (or of `candidates`: root's step folders as the ranks agreed on
+    them) that `check` accepts; a damaged one is skipped with a warning."""
+    for path in reversed(step_dirs(root) if candidates is None else candidates):
         try:
             check(path)
         except DamagedCheckpoint as e:

@@ -20,7 +20,12 @@ files, merges the ranks' records into the manifest, flushes it and renames the f
 around), so a crash leaves no step folder without a complete manifest. Resuming, every rank
 checks the manifest, the state and its own files of a candidate, and the ranks agree on the
 newest checkpoint complete on all of them (`mindgrpo/parallel/checkpoint_folders.py` for the rules).
-Needs a file system every rank sees (as MindSpore's own checkpoints of a multi-node job do).
+
+Needs a file system every rank sees (as MindSpore's own checkpoints of a multi-node job do), and checks
+it: at start-up (`clean`) rank 0 writes a token file that every rank must read back (`check_shared`), and
+before resuming the ranks agree on the list of step folders they see (`agreed_steps`): a folder that is
+local to each node, or a shared one whose listing lags on some node, fails on every rank in one line
+naming the ranks, instead of the ranks checking different candidates and waiting on each other forever.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -38,6 +44,10 @@ from mindgrpo.parallel import checkpoints as ckpt
 from mindgrpo.parallel.comm import Comm
 
 logger = logging.getLogger(__name__)
+
+
+SHARED_TOKEN = ".ranks_see_this.json"  # written by rank 0 at start-up, read back by every rank
+LISTED = 64  # newest step folders compared across ranks (a longer history is compared by its count)
 
 
 def rank_part(rank: int) -> str:
@@ -103,6 +113,59 @@ def agree(comm: Comm, error: Optional[folders.CheckpointError], path: str) -> No
         raise folders.CheckpointError(f"checkpoint {path}: rank(s) {ranks} cannot load it (see their logs)")
 
 
+def ranks_differing(comm: Comm, row: np.ndarray) -> tuple:
+    """Every rank's `row` (same length on all, values < 2**24) gathered; returns (rank 0's row, the ranks
+    whose row differs from it)."""
+    table = np.zeros((comm.world, row.size), np.float32)
+    table[comm.rank] = row
+    table = comm.host_sum(table, comm.group(range(comm.world)))
+    return table[0], [r for r in range(comm.world) if not np.array_equal(table[r], table[0])]
+
+
+def check_shared(comm: Comm, root: str) -> None:
+    """Every rank sees the token rank 0 writes under root, else CheckpointError on every rank naming
+    the ranks that do not (their checkpoint folder is not rank 0's: not on a shared file system)."""
+    token = np.zeros(1, np.float32)
+    path = os.path.join(root, SHARED_TOKEN)
+    if comm.rank == 0:
+        os.makedirs(root, exist_ok=True)
+        token[0] = 1 + secrets.randbelow((1 << 24) - 1)
+        tmp = f"{path}.tmp"
+        folders.write_json(tmp, {"token": int(token[0])})
+        folders.fsync_path(tmp)
+        os.replace(tmp, path)
+    token = comm.host_sum(token, comm.group(range(comm.world)))  # rank 0's token on every rank
+    try:
+        with open(path) as f:
+            seen = json.load(f)["token"] == int(token[0])
+    except (OSError, ValueError, KeyError, TypeError):
+        seen = False
+    _, blind = ranks_differing(comm, np.ones(1, np.float32) * seen)
+    comm.barrier()  # every rank has read it
+    if comm.rank == 0:
+        os.remove(path)
+    if blind:
+        raise folders.CheckpointError(
+            f"checkpoint folder {root}: rank(s) {blind} do not see the file rank 0 wrote there: every node must "
+            "see it on one shared file system (rl_config.output_dir on a shared path)")
+
+
+def agreed_steps(comm: Comm, root: str) -> List[str]:
+    """The step folders under root, the same on every rank, else CheckpointError on every rank."""
+    paths = folders.step_dirs(root)
+    row = np.zeros(1 + LISTED, np.float32)
+    row[0] = len(paths)
+    newest = [folders.step_of(p) for p in paths[-LISTED:]]
+    row[1:1 + len(newest)] = newest
+    first, differ = ranks_differing(comm, row)
+    if differ:
+        seen = [int(s) for s in first[1:1 + min(int(first[0]), LISTED)]]
+        raise folders.CheckpointError(
+            f"checkpoint folder {root}: rank(s) {differ} see other step folders than rank 0 (steps {seen}): every "
+            "node must see it on one shared file system, with no node's listing lagging")
+    return paths
+
+
 def check_everywhere(comm: Comm, path: str) -> dict:
     """The state of `path` when it is complete for every rank, else DamagedCheckpoint on all ranks."""
     state, damaged = None, None
@@ -151,6 +214,8 @@ class ShardedCheckpoints:
         self.checked: Optional[str] = None
 
     def clean(self) -> List[str]:
+        """Check that every rank sees the folder (`check_shared`), then remove killed saves' leftovers."""
+        check_shared(self.comm, self.root)
         removed = folders.remove_leftovers(self.root) if self.comm.rank == 0 else []
         self.comm.barrier()
         return removed
@@ -159,7 +224,8 @@ class ShardedCheckpoints:
         if path is not None:
             check_everywhere(self.comm, path)
         else:
-            path = folders.newest_complete(self.root, lambda p: check_everywhere(self.comm, p))
+            candidates = agreed_steps(self.comm, self.root)
+            path = folders.newest_complete(self.root, lambda p: check_everywhere(self.comm, p), candidates)
         self.checked = path
         return path
 

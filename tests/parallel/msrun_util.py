@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -72,6 +73,42 @@ def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float =
         logs = "\n".join(f"--- {os.path.basename(p)}\n{tail(p)}"
                          for p in sorted(glob.glob(os.path.join(log_dir, "worker_*.log"))))
         pytest.fail(f"msrun {os.path.basename(script)} ({workers} workers): {reason}\n{logs}", pytrace=False)
+
+
+def job_processes(marker: str):
+    """Live processes whose command line holds `marker` (msrun, the ranks), and the reward workers of those."""
+    found, workers = {}, []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                    continue
+        except OSError:
+            continue
+        if any(marker in a for a in args):
+            found[int(entry)] = " ".join(args)
+        elif "mindgrpo.rewards.worker" in args:
+            workers.append((int(entry), int(args[-1]), " ".join(args)))  # its last argument: its parent
+    found.update({pid: cmd for pid, parent, cmd in workers if parent in found})
+    return found
+
+
+def wait_until_gone(marker: str, bound_s: float = 60.0):
+    """The job's processes left after up to bound_s seconds (killed, so that no test leaves any behind)."""
+    end = time.monotonic() + bound_s
+    while job_processes(marker) and time.monotonic() < end:
+        time.sleep(0.5)
+    left = job_processes(marker)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
 
 
 def load_results(folder, ranks):

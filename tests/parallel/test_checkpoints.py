@@ -335,3 +335,28 @@ def test_sharded_best_holds_every_rank_piece_beside_the_steps(tmp_path):
 
     for rank, (step, got) in enumerate(on_ranks(2, load_best)):
         assert step == 2 and same(got, values(groups[2, rank]))
+
+
+def test_sharded_clean_refuses_a_folder_that_a_rank_does_not_share(tmp_path):
+    """Ranks on other nodes whose checkpoint folder is their own (not on a shared file system): every rank
+    fails at start-up naming them, before anything is saved; a shared folder passes and keeps no token."""
+    shared, own = str(tmp_path / "shared"), str(tmp_path / "node1")
+    errors = on_ranks(4, lambda rank, comm: sharded(shared if rank < 2 else own, rank, comm).clean())
+    for e in errors:
+        assert isinstance(e, folders.CheckpointError), e
+        assert "rank(s) [2, 3] do not see the file rank 0 wrote there" in str(e)
+    assert on_ranks(4, lambda rank, comm: sharded(shared, rank, comm).clean()) == [[]] * 4
+    assert os.listdir(shared) == []
+
+
+def test_sharded_resume_refuses_listings_that_differ_between_ranks(tmp_path):
+    """Rank 1's listing lags (it sees step 1 only): no rank goes on to check its own candidates (which
+    would leave the ranks waiting on each other), every rank names rank 1."""
+    root, lagging = str(tmp_path / "ckpt"), str(tmp_path / "lagging")
+    for where, steps in ((root, (1, 2)), (lagging, (1,))):
+        for step in steps:
+            on_ranks(2, lambda rank, comm: sharded(where, rank, comm).save(step, params(step), state(step), MODEL))
+    errors = on_ranks(2, lambda rank, comm: sharded(root if rank == 0 else lagging, rank, comm).find())
+    for e in errors:
+        assert isinstance(e, folders.CheckpointError), e
+        assert "rank(s) [1] see other step folders than rank 0 (steps [1, 2])" in str(e)

@@ -11,7 +11,7 @@ import time
 import pytest
 from mindspore.parallel import build_searched_strategy
 
-from msrun_util import REPO, free_port, msrun_path, python_path
+from msrun_util import REPO, free_port, job_processes, msrun_path, python_path, wait_until_gone
 
 
 def test_only_save_strategy_writes_both_layouts(tmp_path):
@@ -54,28 +54,6 @@ JOB = [f"actor_config.model={MICRO}", "sft_config={steps: 0}", "rl_config.val_in
        "generate_config.parallel_config.data_parallel=2"]
 
 
-def job_processes(marker: str):
-    """Live processes whose command line holds `marker` (msrun, the ranks), and the reward workers of those."""
-    found, workers = {}, []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        if any(marker in a for a in args):
-            found[int(entry)] = " ".join(args)
-        elif "mindgrpo.rewards.worker" in args:
-            workers.append((int(entry), int(args[-1]), " ".join(args)))  # its last argument: its parent
-    found.update({pid: cmd for pid, parent, cmd in workers if parent in found})
-    return found
-
-
 def start_job(tmp_path, *overrides, env=()):
     out = tmp_path / "job-out"
     proc = subprocess.Popen(["bash", os.path.join(REPO, "scripts", "run_grpo.sh"), "--worker_num", "2",
@@ -84,20 +62,6 @@ def start_job(tmp_path, *overrides, env=()):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env=dict(os.environ, PATH=python_path(), **dict(env)))
     return proc, str(out)
-
-
-def wait_until_gone(marker: str, bound_s: float = 60.0):
-    """The job's processes left after up to bound_s seconds (killed, so that no test leaves any behind)."""
-    end = time.monotonic() + bound_s
-    while job_processes(marker) and time.monotonic() < end:
-        time.sleep(0.5)
-    left = job_processes(marker)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return left
 
 
 @pytest.mark.slow  # issue 18: over 30 s under -n 2 at load 6 (the -m "not slow" loop of 2026-11-26)
