@@ -9,6 +9,7 @@ is the head's output at its last real token.
     PackedRewardScores   packed rows (several sequences a row, each attending only to itself):
                          ids, positions, segments (rows, L), last (n,) -> (n,)
     pack_rows            sequences -> the packed rows' arrays (numpy; first fit, longest first)
+    RewardScorer         token sequences -> scores in input order, micro-batch by micro-batch (padded or packed)
 
 Positions count only real tokens (0 at each sequence's first token), so a sequence scores the same
 under left padding, right padding and packing. HF's own forward numbers positions 0 .. S-1 whatever
@@ -137,6 +138,72 @@ def pack_rows(seqs: Sequence[Sequence[int]], width: int, pad_id: int = 0, n_rows
             k += 1
             at += n
     return {"ids": ids, "positions": pos, "segments": seg, "last": last}, order
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class RewardScorer:
+    """Scores of token sequences by a reward model, micro-batch by micro-batch, in input order:
+
+        max_tokens = 0   sequences sorted by length, micro_batch_size at a time, each micro-batch right-padded
+                         to its longest sequence rounded up to `step` (and to micro_batch_size rows)
+        max_tokens = T   packed rows (`pack_rows`) of the longest sequence's length rounded up to `step`,
+                         T // that length rows a micro-batch (at least one), the sequences of a micro-batch
+                         counted up to a power of two
+    so the shapes a run compiles stay few (one per row length)."""
+
+    def __init__(self, rm: RewardModel, micro_batch_size: int = 8, max_tokens: int = 0, pad_id: int = 0,
+                 step: int = 32):
+        self.rm, self.micro_batch_size, self.max_tokens, self.pad_id, self.step = \
+            rm, micro_batch_size, max_tokens, pad_id, step
+        self.padded, self.packed = RewardScores(rm), PackedRewardScores(rm)
+
+    def __call__(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        """seqs: n token sequences -> scores (n,) float32."""
+        if not seqs:
+            return np.zeros(0, np.float32)
+        return self._packed(seqs) if self.max_tokens else self._padded(seqs)
+
+    def _padded(self, seqs) -> np.ndarray:
+        out = np.zeros(len(seqs), np.float32)
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+        for k in range(0, len(order), self.micro_batch_size):
+            part = order[k:k + self.micro_batch_size]
+            s = _round_up(max(len(seqs[i]) for i in part), self.step)
+            ids = np.full((self.micro_batch_size, s), self.pad_id, np.int32)
+            mask = np.zeros((self.micro_batch_size, s), np.int32)
+            for row, i in enumerate(part):
+                ids[row, :len(seqs[i])], mask[row, :len(seqs[i])] = seqs[i], 1
+            out[part] = self.padded(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()[:len(part)]
+        return out
+
+    def _packed(self, seqs) -> np.ndarray:
+        width = _round_up(max(len(q) for q in seqs), self.step)
+        rows_per = max(1, self.max_tokens // width)
+        arrays, order = pack_rows(seqs, width, self.pad_id)
+        row_of = arrays["last"] // width  # (n,) the row of each packed sequence
+        out = np.zeros(len(seqs), np.float32)
+        where = np.empty(len(seqs), np.int64)  # packed entry -> input index
+        where[order] = np.arange(len(seqs))
+        for first in range(0, len(arrays["ids"]), rows_per):
+            mine = np.nonzero((row_of >= first) & (row_of < first + rows_per))[0]  # packed entries
+            feed = {}
+            for key in ("ids", "positions", "segments"):
+                block = np.zeros((rows_per, width), np.int32)
+                got = arrays[key][first:first + rows_per]
+                block[:len(got)] = got
+                feed[key] = block
+            last = np.zeros(_pow2(len(mine)), np.int32)
+            last[:len(mine)] = arrays["last"][mine] - first * width
+            scores = self.packed(*(ms.Tensor(feed[k]) for k in ("ids", "positions", "segments")), ms.Tensor(last))
+            out[where[mine]] = scores.asnumpy()[:len(mine)]
+        return out
 
 
 def load_reward_model(path: str, config: Optional[str] = None, seed: int = 0, **overrides) -> RewardModel:

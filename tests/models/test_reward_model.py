@@ -86,3 +86,15 @@ def test_a_reward_model_is_not_a_causal_lm(pair):
 def test_pack_rows_refuses_what_does_not_fit():
     with pytest.raises(ValueError, match="does not fit a row of 4"):
         pack_rows([[1, 2, 3, 4, 5]], width=4)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 64])
+def test_scorer_keeps_input_order_padded_and_packed(pair, max_tokens):
+    """RewardScorer's micro-batches (2 padded rows, or packed rows of 32 within 64 tokens) give transformers'
+    scores in input order."""
+    hf, rm, seqs, _ = pair
+    from mindgrpo.models.reward_model import RewardScorer
+
+    ours = RewardScorer(rm, micro_batch_size=2, max_tokens=max_tokens)(seqs)
+    ref = hf_reward_scores(hf, *padded(seqs, left=False))
+    assert np.abs(ours - ref).max() <= 1e-4
