@@ -11,9 +11,10 @@ is the head's output at its last real token.
     pack_rows            sequences -> the packed rows' arrays (numpy; first fit, longest first)
     RewardScorer         token sequences -> scores in input order, micro-batch by micro-batch (padded or packed)
 
-Positions count only real tokens (0 at each sequence's first token), so a sequence scores the same
-under left padding, right padding and packing. HF's own forward numbers positions 0 .. S-1 whatever
-the mask unless given `position_ids`: under left padding, pass them (cumsum(mask) - 1) to compare.
+Positions count only real tokens (0 at each sequence's first token), as under right padding and packing.
+(HF's forward numbers positions 0 .. S-1 whatever the mask unless given `position_ids`; RoPE depends only
+on the distance between positions, so a left-padded row's shifted positions change its score by rounding
+only, and the parity test passes either way: it checks the pooling and the mask, not this choice.)
 The last real token is the rightmost position whose mask is 1 (HF takes the rightmost token that is
 not `pad_token_id`: the same where no real token is the pad id).
 Shapes use the vocabulary of `mindgrpo/__init__.py`; n is the number of scored sequences.
