@@ -6,6 +6,10 @@ MindSpore -> HF (safetensors + config.json):
     python scripts/convert_weight.py --reverse --mindspore_ckpt_path IN.ckpt --torch_ckpt_dir OUT_DIR \
         [--config CONFIG] [--dtype fp32|bf16]
 
+Reward models (HF's Qwen2/Qwen3ForSequenceClassification with one label: the decoder and `score.weight`,
+no lm_head) convert the same way, recognised by their `score.weight` (`mindgrpo/models/reward_model.py`);
+MindSpore -> HF from a model YAML writes the architecture `*ForSequenceClassification` and `num_labels: 1`.
+
 The name map is `mindgrpo/models/convert.py:NAME_TABLE`. Every tensor is checked against the
 model config (names and shapes) before anything is written. With no --dtype the source dtype is
 kept, so a round trip is bit-exact. The HF config.json is copied beside the MindSpore checkpoint so
@@ -33,7 +37,7 @@ import time
 
 from mindgrpo.models.checkpoint import read_ms_checkpoint, save_ms_checkpoint
 from mindgrpo.models.config import Qwen2Config
-from mindgrpo.models.convert import (WeightError, bf16_to_f32, check_state, f32_to_bf16, hf_to_ms_state,
+from mindgrpo.models.convert import (WeightError, bf16_to_f32, check_state, f32_to_bf16, head_of, hf_to_ms_state,
                                      is_hf_model_file, ms_to_hf_name, read_hf_state, write_safetensors)
 from mindgrpo.utils.staging import carry_over, replace_dir, staging_dir
 
@@ -82,7 +86,8 @@ def hf_to_ms(hf_dir: str, out: str, dtype, overwrite: bool = False) -> dict:
     check_ckpt_output(out, cfg_path, overwrite)
     cfg = Qwen2Config.load(cfg_path)
     state = hf_to_ms_state(read_hf_state(hf_dir), hf_dir)
-    check_state({k: a for k, (_, a) in state.items()}, cfg, hf_dir, hf_names=True)
+    head = head_of(state)
+    check_state({k: a for k, (_, a) in state.items()}, cfg, hf_dir, head, hf_names=True)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: cast(v, dtype) for k, v in state.items()}
@@ -102,9 +107,13 @@ def ms_to_hf(ckpt: str, out_dir: str, config: str, dtype, overwrite: bool = Fals
     check_hf_output(out_dir, overwrite)
     cfg = Qwen2Config.load(config)
     state = read_ms_checkpoint(ckpt)
-    check_state({k: a for k, (_, a) in state.items()}, cfg, ckpt)
+    head = head_of(state)
+    check_state({k: a for k, (_, a) in state.items()}, cfg, ckpt, head)
     tensors = {ms_to_hf_name(k): cast(v, dtype) for k, v in state.items()}
     hf_cfg = cfg.to_hf_dict()
+    if head == "score":  # HF's sequence classifier with one label: a reward model
+        arch = hf_cfg["architectures"][0].replace("ForCausalLM", "ForSequenceClassification")
+        hf_cfg.update(architectures=[arch], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     if config.endswith(".json"):  # keep the user's HF config as it is
         with open(config) as f:
             hf_cfg = json.load(f)

@@ -12,11 +12,27 @@ checkpoints/tokenizer. FILE is a prompt MindRecord of data_tools/rlhf_data.py, o
 k = 1, 2, 4, ... K with the unbiased estimator, mean@K, maj@K; with --temperature 0, pass@1 is greedy
 accuracy) and DIR/samples.jsonl (every sample with its score), prints the table. A progress line
 with tokens/s and the time left goes to stderr. Bad input stops it with one line naming the file.
+
+With --reward_model RM (an HF folder of a Qwen2/Qwen3 *ForSequenceClassification with one label, or a
+MindSpore .ckpt of one, `scripts/convert_weight.py`) every sample is also scored by that model, shown
+its prompt's tokens and its completion's: samples.jsonl gets `rm_score`, summary.json `reward_model`
+(the mean and each problem's mean over its K samples). The reward model reads the policy's tokens.
+
+Scoring given rows, without generating:
+
+    python scripts/evaluate.py --score_only --input ROWS.jsonl --reward_model RM --output OUT.jsonl \
+        [--template raw|NAME] [--tokenizer_dir DIR] [--rm_micro_batch_size 8] [--rm_max_tokens_per_micro_batch T]
+
+Each row of ROWS.jsonl holds `prompt` and `completion` text; --template raw (the default) joins them as they
+are, NAME (a prompt template, e.g. qwen_r1) renders the prompt with it first; the text is tokenized by the
+tokenizer of --tokenizer_dir (default: the reward model's folder). OUT.jsonl gets each row back, in input
+order, with a `score` field; it is written whole or not at all.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -25,10 +41,18 @@ NAME = "evaluate"
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="HF folder, or a MindSpore .ckpt with config.json beside it")
+    ap.add_argument("--model", help="HF folder, or a MindSpore .ckpt with config.json beside it")
     ap.add_argument("--config", help="model config (default: beside the weights)")
-    ap.add_argument("--data", required=True, help="prompt MindRecord, or GSM8K-style .jsonl / .json")
-    ap.add_argument("--output", required=True, help="folder for summary.json and samples.jsonl")
+    ap.add_argument("--data", help="prompt MindRecord, or GSM8K-style .jsonl / .json")
+    ap.add_argument("--output", required=True, help="folder for summary.json and samples.jsonl (--score_only: "
+                    "the .jsonl to write)")
+    ap.add_argument("--reward_model", help="a reward model (HF folder or .ckpt) scoring every sample")
+    ap.add_argument("--reward_model_config", help="the reward model's config (default: beside its weights)")
+    ap.add_argument("--rm_micro_batch_size", type=int, default=8, help="rows a reward-model micro-batch")
+    ap.add_argument("--rm_max_tokens_per_micro_batch", type=int, default=0,
+                    help="> 0: the reward model scores packed rows of at most this many tokens a micro-batch")
+    ap.add_argument("--score_only", action="store_true", help="score --input's rows with --reward_model")
+    ap.add_argument("--input", help="--score_only: a .jsonl of rows with prompt and completion text")
     ap.add_argument("--tokenizer_dir", help="vocab.json + merges.txt (default: the model's folder, else a training "
                     "run's checkpoints/tokenizer)")
     ap.add_argument("--template", help="prompt template for a .jsonl/.json file (default qwen_r1); a MindRecord "
@@ -57,6 +81,21 @@ class InputError(Exception):
 def check_args(args) -> None:
     from mindgrpo.inference.sampling import identical_greedy_samples
 
+    if args.score_only:
+        for flag in ("input", "reward_model"):
+            if getattr(args, flag) is None:
+                raise InputError(f"--score_only needs --{flag}")
+        for flag in ("model", "data"):
+            if getattr(args, flag) is not None:
+                raise InputError(f"--{flag} does not apply to --score_only, which scores the rows of --input")
+        if not os.path.isfile(args.input):
+            raise InputError(f"{args.input}: no such file (--input)")
+        return
+    for flag in ("model", "data"):
+        if getattr(args, flag) is None:
+            raise InputError(f"--{flag} is required (or --score_only to score given rows)")
+    if args.input is not None:
+        raise InputError("--input applies to --score_only")
     if args.n < 1:
         raise InputError(f"--n must be >= 1, got {args.n}")
     if args.temperature == 0 and args.n > 1:
@@ -90,12 +129,12 @@ def is_jsonl(path: str) -> bool:
     return path.endswith((".jsonl", ".json"))
 
 
-def load_tokenizer(args):
-    """(the tokenizer of --tokenizer_dir, else the model's: its folder, or a training run's checkpoints/tokenizer;
-    where it was found, as a message names it)."""
+def load_tokenizer(args, weights=None):
+    """(the tokenizer of --tokenizer_dir, else that of `weights` (default --model): its folder, or a training run's
+    checkpoints/tokenizer; where it was found, as a message names it)."""
     from mindgrpo.data.tokenizer import QwenTokenizer, find_tokenizer_dir
 
-    folder = find_tokenizer_dir(args.model, args.tokenizer_dir)
+    folder = find_tokenizer_dir(weights or args.model, args.tokenizer_dir)
     where = f"--tokenizer_dir {folder}" if args.tokenizer_dir else f"{folder} (the default of --tokenizer_dir)"
     return QwenTokenizer.from_dir(folder), where
 
@@ -133,6 +172,67 @@ def check_problems(problems, vocab_size: int, max_positions: int, max_tokens: in
     return max(len(ids) for ids in problems.ids)
 
 
+def reward_scorer(args, vocab_size: int, whose: str = "the tokenizer's"):
+    """The RewardScorer of --reward_model; InputError when its vocabulary does not hold `whose` (the tokenizer's,
+    or the policy's)."""
+    from mindgrpo.models.reward_model import RewardScorer, load_reward_model
+
+    rm = load_reward_model(args.reward_model, args.reward_model_config)
+    if rm.config.vocab_size < vocab_size:
+        raise InputError(f"{args.reward_model}: the reward model's vocab_size {rm.config.vocab_size} is smaller than "
+                         f"{whose} {vocab_size}")
+    return RewardScorer(rm, args.rm_micro_batch_size, args.rm_max_tokens_per_micro_batch)
+
+
+def read_scoring_rows(path: str) -> list:
+    """The rows of a .jsonl, each an object with `prompt` and `completion` text; InputError naming file:line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise InputError(f"{path}:{n}: not JSON ({e})") from None
+            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("prompt", "completion")):
+                raise InputError(f"{path}:{n}: a row needs \"prompt\" and \"completion\" text")
+            rows.append((n, row))
+    if not rows:
+        raise InputError(f"{path}: no rows")
+    return rows
+
+
+def score_only(args) -> int:
+    import mindspore as ms
+
+    from mindgrpo.data.templates import TEMPLATES, render_prompt
+    from mindgrpo.utils.staging import write_text
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    template = args.template or "raw"
+    if template != "raw" and template not in TEMPLATES.names():
+        raise InputError(f"--template {template!r}: not raw nor a prompt template ({', '.join(TEMPLATES.names())})")
+    rows = read_scoring_rows(args.input)
+    tokenizer, _ = load_tokenizer(args, args.reward_model)
+    scorer = reward_scorer(args, tokenizer.vocab_size)
+    context = int(scorer.rm.lm.rope_cos.shape[0])
+    seqs = []
+    for n, row in rows:
+        prompt = row["prompt"] if template == "raw" else render_prompt(template, row["prompt"])
+        ids = tokenizer.encode(prompt + row["completion"])
+        if not ids:
+            raise InputError(f"{args.input}:{n}: the prompt and completion are empty")
+        if len(ids) > context:
+            raise InputError(f"{args.input}:{n}: {len(ids)} tokens, more than the reward model's context of {context}")
+        seqs.append(ids)
+    scores = scorer(seqs)
+    write_text(args.output, "".join(json.dumps({**row, "score": float(v)}, ensure_ascii=False) + "\n"
+                                     for (_, row), v in zip(rows, scores)))
+    print(f"scored {len(rows)} rows (mean {float(scores.mean()):.4f}) -> {args.output}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from mindgrpo.models.convert import WeightError
@@ -140,7 +240,7 @@ def main(argv=None) -> int:
 
     try:
         check_args(args)
-        return run(args)
+        return score_only(args) if args.score_only else run(args)
     except (InputError, WeightError, RewardError, ValueError, OSError) as e:
         print(f"{NAME}: error: {e}", file=sys.stderr)
         return 1
@@ -174,9 +274,17 @@ def run(args) -> int:
     engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0, max_num_seqs=args.max_num_seqs,
                            max_model_len=longest + args.max_tokens)
     settings = {"model": os.path.abspath(args.model), "data": os.path.abspath(args.data)}
+    score_model = None
+    if args.reward_model:
+        score_model = reward_scorer(args, lm.config.vocab_size, "the policy's")
+        context = int(score_model.rm.lm.rope_cos.shape[0])
+        if longest + args.max_tokens > context:
+            raise InputError(f"{args.reward_model}: the reward model's context of {context} cannot hold the longest "
+                             f"prompt ({longest} tokens) and --max_tokens {args.max_tokens}")
+        settings["reward_model"] = os.path.abspath(args.reward_model)
     try:
         result = evaluate(engine, tokenizer, problems, params, rewards, args.reward, args.pass_threshold,
-                          on_progress=ProgressLine(len(problems)), settings=settings)
+                          on_progress=ProgressLine(len(problems)), settings=settings, score_model=score_model)
     finally:
         rewards.close()
     paths = write_outputs(args.output, result)

@@ -4,8 +4,8 @@
     python scripts/plan_memory.py --config CONFIG key.sub=value ...      # dotted overrides, as for training
 
 Groups: weights (policy, inference, reference), gradients, AdamW states, KV cache, the largest
-resharding bucket, and an activation estimate for the update (mindgrpo/memory/plan.py says how
-each is counted). The model comes from actor_config.model (a preset name or a file). On one device
+resharding bucket, the reward models of reward_config.reward_models (their configs read beside their
+weights), and an activation estimate for the update (mindgrpo/memory/plan.py says how each is counted). The model comes from actor_config.model (a preset name or a file). On one device
 it adds what MindSpore 2.10's CPU runtime keeps for the compiled graphs of each phase (measured at
 the Qwen2.5-0.5B shape, scaled) and the CPU peak with the graphs kept or released
 (rl_config.release_graphs).
@@ -26,6 +26,8 @@ def main(argv=None) -> int:
 
     from mindgrpo.config import ConfigError, GRPOConfig, load_config
     from mindgrpo.memory.plan import plan, report
+    from mindgrpo.models.checkpoint import find_config
+    from mindgrpo.models.config import Qwen2Config
     from mindgrpo.models.presets import preset_config
     from mindgrpo.parallel.layout import ParallelLayout
 
@@ -34,6 +36,7 @@ def main(argv=None) -> int:
         mcfg = preset_config(cfg.actor_config.model, compute_dtype=cfg.actor_config.dtype)
         for section in ("actor_config", "generate_config"):
             ParallelLayout.from_config(getattr(cfg, section).parallel_config).check_divisible(mcfg)
+        reward_models = [Qwen2Config.load(m.config or find_config(m.path)) for m in cfg.reward_config.reward_models]
     except (ConfigError, OSError, ValueError) as e:
         print(f"plan_memory: error: {e}", file=sys.stderr)
         return 2
@@ -47,7 +50,7 @@ def main(argv=None) -> int:
           f"{cfg.rl_config.batch_size} prompts x {cfg.rl_config.num_generations} samples, prompt <= "
           f"{cfg.generate_config.max_prompt_length}, response <= {cfg.generate_config.max_tokens} tokens, "
           f"micro-batch {cfg.actor_config.micro_batch_size}.\n")
-    print(report(plan(cfg, mcfg), int(args.device_gb * 2 ** 30)))
+    print(report(plan(cfg, mcfg, reward_models=reward_models), int(args.device_gb * 2 ** 30)))
     return 0
 
 

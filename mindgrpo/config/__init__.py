@@ -18,6 +18,7 @@ from mindgrpo.config.sections import (
     ParallelConfig,
     RefConfig,
     RewardConfig,
+    RewardModelConfig,
     RLConfig,
     SFTConfig,
     SoftOverlongConfig,
@@ -26,6 +27,6 @@ from mindgrpo.config.sections import (
 
 __all__ = [
     "ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "ParallelConfig",
-    "RLConfig", "RefConfig", "RewardConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig",
+    "RLConfig", "RefConfig", "RewardConfig", "RewardModelConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig",
     "check", "from_dict", "load_config", "load_yaml", "parse_overrides", "to_dict", "to_yaml",
 ]

@@ -408,6 +408,39 @@ class SoftOverlongConfig:
         _check_positive(self, "buffer_len")
 
 
+# How a reward model is shown a rollout (`mindgrpo/grpo/reward_models.py`): "raw" the prompt as the policy saw
+# it and the completion, their token ids as they are; "completion" the completion's tokens alone
+REWARD_MODEL_TEMPLATES = ("raw", "completion")
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """One outcome reward model (`mindgrpo/models/reward_model.py`): an HF folder of a Qwen2/Qwen3
+    *ForSequenceClassification with one label, or a MindSpore .ckpt of one (`scripts/convert_weight.py`), with
+    the run's tokenizer. Its score enters the total reward times `weight`, as a verifier's does."""
+
+    path: str = ""  # the model: HF folder, or .ckpt with its config beside it (or `config`)
+    name: Optional[str] = None  # metrics' reward/<name>/...; None: rm0, rm1, ... by position
+    weight: float = 1.0
+    template: str = "raw"  # a name of REWARD_MODEL_TEMPLATES
+    config: Optional[str] = None  # the model config, when none is beside the weights
+    # micro-batches: max_tokens_per_micro_batch = 0 scores micro_batch_size right-padded rows at a time (each
+    # micro-batch padded to its longest row, rounded up to 32); T > 0 packs the sequences into rows of the
+    # longest one's length (rounded up to 32), T // that length rows a micro-batch (the reference pass's packing)
+    micro_batch_size: int = 8
+    max_tokens_per_micro_batch: int = 0
+    # the score, standardised by the running mean and std of every score this model gave so far (the current
+    # batch's included) before it is weighted: (x - mean) / max(std, 1e-6)
+    normalize: bool = False
+
+    def __post_init__(self):
+        check(bool(self.path), "path", "names no reward model (an HF folder or a MindSpore .ckpt)")
+        check(self.template in REWARD_MODEL_TEMPLATES, "template",
+              f"unknown reward model template {self.template!r}; valid names: {', '.join(REWARD_MODEL_TEMPLATES)}")
+        _check_positive(self, "micro_batch_size")
+        _check_non_negative(self, "max_tokens_per_micro_batch")
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     verifier_function: tuple[str, ...] = ("accuracy", "format")  # registered reward names
@@ -420,6 +453,12 @@ class RewardConfig:
     timeout_s: float = 10.0
     cosine: CosineRewardConfig = field(default_factory=CosineRewardConfig)
     soft_overlong: SoftOverlongConfig = field(default_factory=SoftOverlongConfig)
+    # outcome reward models scored on the devices in a phase of their own, beside the verifiers
+    reward_models: tuple[RewardModelConfig, ...] = ()
+
+    def model_names(self) -> tuple:
+        """The reward models' names (`RewardModelConfig.name`, else rm0, rm1, ...)."""
+        return tuple(m.name or f"rm{i}" for i, m in enumerate(self.reward_models))
 
     def __post_init__(self):
         check(len(self.verifier_function) >= 1, "verifier_function", "needs at least one reward function")
@@ -429,6 +468,9 @@ class RewardConfig:
               f"has {len(self.verifier_weight)} weights for {len(self.verifier_function)} verifier_function entries")
         _check_non_negative(self, "num_workers")
         check(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
+        names = self.verifier_function + self.model_names()
+        check(len(set(names)) == len(names), "reward_models",
+              f"names must differ from each other and from verifier_function: {list(names)}")
 
 
 @dataclass(frozen=True)
@@ -463,4 +505,4 @@ class SyntheticConfig:
 
 __all__ = ["GREEDY_LOGIT_GAP", "MIN_TEMPERATURE", "MIN_TOP_P", "VARIANTS",
            "ActorConfig", "CosineRewardConfig", "GenerateConfig", "ParallelConfig", "RLConfig", "RefConfig",
-           "RewardConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig"]
+           "RewardConfig", "RewardModelConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig"]

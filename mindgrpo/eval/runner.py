@@ -112,10 +112,13 @@ class ProgressLine:
 
 def evaluate(engine, tokenizer, problems: Problems, params: SamplingParams, rewards, reward_name: str,
              pass_threshold: float = 1.0, on_progress: Optional[Callable[[int, int], object]] = None,
-             settings: Optional[dict] = None) -> EvalResult:
+             settings: Optional[dict] = None,
+             score_model: Optional[Callable[[List[List[int]]], np.ndarray]] = None) -> EvalResult:
     """Generate params.n samples per problem with `engine` (a RolloutEngine), score them with
     `rewards` (a RewardSet holding `reward_name`) and summarise. `settings` go into the summary as
-    they are (model, data, ...)."""
+    they are (model, data, ...). score_model: a reward model's scorer (token sequences -> scores,
+    `models/reward_model.RewardScorer`), given each sample as its prompt's tokens and its completion's:
+    every sample gets `rm_score`, the summary `reward_model` (the mean and each problem's mean)."""
     K = params.n
     per_call = max(1, engine.max_num_seqs // K)
     comps, seconds = [], 0.0
@@ -144,6 +147,11 @@ def evaluate(engine, tokenizer, problems: Problems, params: SamplingParams, rewa
                         "correct": bool(correct[j]), "finish_reason": c.finish_reason,
                         "tokens": len(c.token_ids)})
     P = len(problems)
+    rm = None
+    if score_model is not None:
+        rm = np.asarray(score_model([[*problems.ids[j // K], *c.token_ids] for j, c in enumerate(comps)]), np.float64)
+        for sample, value in zip(samples, rm):
+            sample["rm_score"] = float(value)
     metrics = summarize(correct.reshape(P, K).astype(np.float64), [keys[p * K:(p + 1) * K] for p in range(P)])
     tokens = int(sum(len(c.token_ids) for c in comps))
     summary = {**(settings or {}), "problems": P, "n": K, "temperature": params.temperature, "top_p": params.top_p,
@@ -154,6 +162,9 @@ def evaluate(engine, tokenizer, problems: Problems, params: SamplingParams, rewa
                "length_clipped": float(np.mean([c.finish_reason == "length" for c in comps])),
                "generated_tokens": tokens, "generate_seconds": seconds,
                "tokens_per_s": tokens / max(seconds, 1e-9)}
+    if rm is not None:
+        per_problem = rm.reshape(P, K).mean(1)
+        summary["reward_model"] = {"mean": float(rm.mean()), "per_problem": [float(v) for v in per_problem]}
     return EvalResult(samples, summary)
 
 
@@ -171,6 +182,8 @@ def format_table(summary: dict) -> str:
     """The metrics as a two-column table, then the throughput."""
     rows = [("metric", "value")] + [(k, f"{v:.4f}") for k, v in summary["metrics"].items()]
     rows += [("reward_mean", f"{summary['reward_mean']:.4f}"), ("length_clipped", f"{summary['length_clipped']:.3f}")]
+    if "reward_model" in summary:
+        rows.append(("reward_model_mean", f"{summary['reward_model']['mean']:.4f}"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v:>8}" for k, v in rows]
     lines.insert(1, "-" * (width + 10))

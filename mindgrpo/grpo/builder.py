@@ -34,6 +34,7 @@ from mindgrpo.models.presets import resolve_model_config
 
 if TYPE_CHECKING:  # for the types of Parts only: importing these here would load MindSpore with the builder
     from mindgrpo.data.tokenizer import QwenTokenizer
+    from mindgrpo.grpo.reward_models import ModelRewards
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
     from mindgrpo.parallel.data_parallel import DataParallelGrads
@@ -88,6 +89,7 @@ class Parts:
     grad_reducer: Optional[DataParallelGrads] = None  # data-parallel gradient sum (under msrun)
     pipeline: Optional[Pipeline] = None  # the policy's pipeline stage
     ref_pipeline: Optional[Pipeline] = None  # the reference model's
+    reward_models: Optional[ModelRewards] = None  # reward_config.reward_models (grpo/reward_models.py)
 
 
 def model_config_file(cfg: GRPOConfig, paths: Paths) -> Tuple[str, str]:
@@ -120,6 +122,7 @@ def check_model_limits(cfg: GRPOConfig, mcfg, model_source: str) -> None:
 
 def build_tokenizer(cfg: GRPOConfig, paths: Paths) -> QwenTokenizer:
     from mindgrpo.data.tokenizer import QwenTokenizer
+    from mindgrpo.grpo.reward_models import ModelRewards
 
     if paths.vocab_path or paths.merges_file_path:
         if not (paths.vocab_path and paths.merges_file_path):
@@ -212,6 +215,7 @@ def inference_shares_policy(cfg: GRPOConfig, paths: Paths, placement: Placement)
 def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
+    from mindgrpo.grpo.reward_models import build_model_rewards
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.models.config import Qwen2Config
     from mindgrpo.parallel.checkpoints import checkpoint_root
@@ -267,6 +271,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         memory.register("reference", reference.get_parameters())
     engine = placement.engine(rollout)
     memory.register("kv_cache", sizer=engine.cache_bytes)
+    reward_models = build_model_rewards(cfg, tokenizer.pad_token_id, tokenizer.vocab_size, memory)
     if shared:
         sync = placement.shared_sync()
     else:
@@ -283,7 +288,8 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
                  ref_sync, placement.checkpoints(checkpoint_root(cfg, paths.output_dir), rl.keep_last_k, mcfg),
                  rank=placement.rank, grad_reducer=placement.grad_reducer(),
                  pipeline=placement.pipeline("policy", policy.dtype),
-                 ref_pipeline=placement.pipeline("reference", reference.dtype) if reference is not None else None)
+                 ref_pipeline=placement.pipeline("reference", reference.dtype) if reference is not None else None,
+                 reward_models=reward_models)
 
 
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):
@@ -294,4 +300,5 @@ def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_di
                        rewards=parts.rewards, tokenizer=parts.tokenizer, train_prompts=parts.train_prompts,
                        val_prompts=parts.val_prompts, metrics_log=metrics_log, progress=progress,
                        output_dir=output_dir, rank=parts.rank, grad_reducer=parts.grad_reducer,
-                       checkpoints=parts.checkpoints, pipeline=parts.pipeline, ref_pipeline=parts.ref_pipeline)
+                       checkpoints=parts.checkpoints, pipeline=parts.pipeline, ref_pipeline=parts.ref_pipeline,
+                       reward_models=parts.reward_models)

@@ -30,6 +30,7 @@ from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel.checkpoint_folders import BEST
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, checkpoint_root
+from mindgrpo.rewards.combine import add_model_scores
 from mindgrpo.utils import heartbeat, host_memory
 
 logger = logging.getLogger(__name__)
@@ -43,12 +44,13 @@ class GRPOTrainer:
                  ref_sync, memory, rewards, tokenizer, train_prompts: PromptSource,
                  val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
                  rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None, checkpoints=None,
-                 pipeline=None, ref_pipeline=None):
+                 pipeline=None, ref_pipeline=None, reward_models=None):
         self.cfg = cfg
         rl, actor, gen = cfg.rl_config, cfg.actor_config, cfg.generate_config
         self.policy, self.inference, self.reference = policy, inference, reference
         self.engine, self.sync, self.ref_sync, self.memory = engine, sync, ref_sync, memory
         self.rewards, self.tokenizer = rewards, tokenizer
+        self.reward_models = reward_models  # grpo/reward_models.ModelRewards, or None
         self.train_prompts, self.val_prompts = train_prompts, val_prompts
         self.log, self.progress, self.output_dir, self.rank = metrics_log, progress, output_dir, rank
         self.save_data_file = save_data_file
@@ -123,6 +125,11 @@ class GRPOTrainer:
     def reward(self, r: Rollouts) -> Dict[str, float]:
         with self.progress.phase("reward"):
             total, per_fn, metrics = self.rewards(r.texts, **r.columns)
+        if self.reward_models is not None:
+            with self.progress.phase("reward_model"), self.memory.phase("reward_model"):
+                scores, model_metrics = self.reward_models(r.prompt_ids, [c.token_ids for c in r.completions])
+            total, per_fn, metrics = add_model_scores(total, per_fn, metrics, scores, self.reward_models.weights)
+            metrics.update(model_metrics)
         r.rewards, r.per_function = total.astype(np.float32), per_fn
         return metrics
 

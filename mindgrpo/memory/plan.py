@@ -27,6 +27,9 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
                 allocates it at its first call
     transient   the largest resharding bucket during `sync` (its new piece and what it receives),
                 from the resharding plan itself
+    reward_model  every outcome reward model of reward_config.reward_models, whole on each rank, fp32
+                (`grpo/reward_models.py`), resident in its own phase "reward_model" only; the buffers its
+                scoring graphs keep on the CPU runtime are not measured and not counted
 The ledger of a run counts exactly these (tests/parallel/test_msrun.py compares). On top, the
 activation estimate of the training step (not in the ledger): Megatron's per-layer count for
 tensor parallelism without sequence parallelism or recomputation (Korthikanti et al. 2022,
@@ -62,7 +65,7 @@ the engine's fused copies and KV cache only while it generates (`MemoryPlan.cpu_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -74,7 +77,7 @@ from mindgrpo.models.convert import expected_shapes
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.reshard_plan import exchange_bytes, plan_parameter, sync_buckets
 
-ACTIVE_PHASES = ("rollout", "reference", "old_logprobs", "update", "sync")  # validate == rollout
+ACTIVE_PHASES = ("rollout", "reward_model", "reference", "old_logprobs", "update", "sync")  # validate == rollout
 _TRAINING = ("update",)  # the backward pass keeps activations; scoring graphs are forward-only
 
 # MindSpore 2.10's CPU runtime keeps the buffers of every compiled graph after it ran, until the cell that
@@ -271,16 +274,24 @@ class MemoryPlan:
         return int(CPU_RUNTIME_BYTES) + held - (self.groups["grads"] if release else 0)
 
 
-def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None) -> MemoryPlan:
-    """The plan of one rank; by default the rank with the largest peak (swap on)."""
+def reward_model_bytes(configs: Sequence[Qwen2Config]) -> int:
+    """The reward models' fp32 weights (decoder and scalar head), each whole."""
+    return sum(4 * int(np.prod(shape)) for c in configs for shape in expected_shapes(c, "score").values())
+
+
+def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None,
+         reward_models: Sequence[Qwen2Config] = ()) -> MemoryPlan:
+    """The plan of one rank; by default the rank with the largest peak (swap on). reward_models: the model
+    configs of reward_config.reward_models, in order."""
     train = ParallelLayout.from_config(gcfg.actor_config.parallel_config)
     if rank is None:
-        candidates = [_plan_rank(gcfg, mcfg, s * train.stage_size) for s in range(train.pp)]
+        candidates = [_plan_rank(gcfg, mcfg, s * train.stage_size, reward_models) for s in range(train.pp)]
         return max(candidates, key=lambda p: p.peak(True))
-    return _plan_rank(gcfg, mcfg, rank)
+    return _plan_rank(gcfg, mcfg, rank, reward_models)
 
 
-def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int) -> MemoryPlan:
+def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Sequence[Qwen2Config] = ()
+               ) -> MemoryPlan:
     actor, gen, rl = gcfg.actor_config, gcfg.generate_config, gcfg.rl_config
     train = ParallelLayout.from_config(actor.parallel_config)
     infer = ParallelLayout.from_config(gen.parallel_config)
@@ -294,13 +305,20 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int) -> MemoryPlan:
                                           rank=rank)
     groups["kv_cache"] = kv_cache_bytes(mcfg, gen, infer)
     groups["transient"] = 0 if shared else largest_sync_bucket(mcfg, train, infer, rank, rl.weight_sync_bucket_bytes)
+    if len(reward_models) != len(gcfg.reward_config.reward_models):
+        raise ValueError(f"{len(reward_models)} model configs for {len(gcfg.reward_config.reward_models)} "
+                         "reward_config.reward_models")
+    if reward_models:
+        groups["reward_model"] = reward_model_bytes(reward_models)
     phases = {p: [g for g in (SHARED_PHASES if shared else PHASES)[p] if g in groups] for p in ACTIVE_PHASES}
+    if not reward_models:
+        del phases["reward_model"]
     if rl.beta == 0:
         del phases["reference"]
     if not (rl.num_iterations > 1 or rl.num_mini_batches > 1):
         del phases["old_logprobs"]
     one_device = train.world_size == 1 and infer.world_size == 1
-    graphs = [p for p in phases if not (shared and p == "sync")]  # shared: no sync graphs
+    graphs = [p for p in phases if not (shared and p == "sync") and p != "reward_model"]  # shared: no sync graphs
     return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train, rank), rank, train.stage(rank), train.pp,
                       cpu_graph_bytes(mcfg, gcfg, graphs) if one_device else {}, shared, inference_copy_bytes(mcfg, infer))
 

@@ -1,10 +1,10 @@
 """Host-memory swap: each phase keeps only its own weights on the device.
 
-Groups of parameters are registered by name (policy, optimizer, reference, inference, ...);
-a phase names the groups it needs. Entering a phase offloads the groups it does not need and
-loads the ones it does. The manager keeps a ledger of device-resident bytes per group, checks
-that no two of the exclusive groups (policy, reference, inference) are resident at once, and
-records the peak.
+Groups of parameters are registered by name (policy, optimizer, reference, inference,
+reward_model, ...); a phase names the groups it needs. Entering a phase offloads the groups it does
+not need and loads the ones it does. The manager keeps a ledger of device-resident bytes per group,
+checks that no two of the exclusive groups (policy, reference, inference, reward_model) are resident
+at once, and records the peak.
 
 When the inference model is the policy model itself (one copy of the weights where the layouts
 match: `mindgrpo/grpo/builder.py`), the "inference" group holds only what generating adds to the
@@ -29,12 +29,13 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-EXCLUSIVE = ("policy", "reference", "inference")
+EXCLUSIVE = ("policy", "reference", "inference", "reward_model")
 
 # phase -> groups on the device during it
 PHASES: Dict[str, Tuple[str, ...]] = {
     "rollout": ("inference", "kv_cache"),
     "reference": ("reference",),
+    "reward_model": ("reward_model",),  # the outcome reward models (`mindgrpo/grpo/reward_models.py`)
     "old_logprobs": ("policy",),
     "update": ("policy", "grads", "optimizer"),
     "sync": ("policy",),  # the inference side arrives bucket by bucket: see `transient`

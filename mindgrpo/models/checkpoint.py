@@ -80,12 +80,12 @@ def find_config(path: str) -> str:
     raise WeightError(f"{path}: no config.json or config.yaml beside the weights; pass a config")
 
 
-def read_model_state(path: str, cfg: Qwen2Config) -> Dict[str, np.ndarray]:
+def read_model_state(path: str, cfg: Qwen2Config, head: str = "lm_head") -> Dict[str, np.ndarray]:
     """Checked fp32 weights (MindSpore names) from an HF directory or a MindSpore .ckpt (or a
-    directory holding one)."""
+    directory holding one); head "score" for a reward model (`convert.HEADS`)."""
     require_weights(path)
     if os.path.isdir(path) and not any(f.endswith(".ckpt") for f in os.listdir(path)):
-        return load_hf_model_state(path, cfg)
+        return load_hf_model_state(path, cfg, head)
     ckpt = path
     if os.path.isdir(path):
         ckpts = sorted(f for f in os.listdir(path) if f.endswith(".ckpt"))
@@ -93,7 +93,7 @@ def read_model_state(path: str, cfg: Qwen2Config) -> Dict[str, np.ndarray]:
             raise WeightError(f"{path}: expected one .ckpt file, found {ckpts}")
         ckpt = os.path.join(path, ckpts[0])
     raw = read_ms_checkpoint(ckpt)
-    return check_state({k: (bf16_to_f32(a) if d == "BF16" else a) for k, (d, a) in raw.items()}, cfg, ckpt)
+    return check_state({k: (bf16_to_f32(a) if d == "BF16" else a) for k, (d, a) in raw.items()}, cfg, ckpt, head)
 
 
 def load_model(path: str, config: Optional[str] = None, seed: int = 0, **overrides) -> Qwen2ForCausalLM:

@@ -36,7 +36,13 @@ NAME_TABLE: Tuple[Tuple[str, str], ...] = (
     ("model.layers.{i}.mlp.up_proj.weight", "model.layers.{i}.feed_forward.w3.weight"),
     ("model.norm.weight", "model.norm_out.weight"),
     ("lm_head.weight", "lm_head.weight"),
+    ("score.weight", "score.weight"),  # a reward model's scalar head (HF's *ForSequenceClassification, 1 label)
 )
+
+# What sits on top of the decoder: the vocabulary projection (a causal LM), or a reward model's scalar
+# head of one output (`mindgrpo/models/reward_model.py`), which replaces the lm_head whatever the config's
+# tie_word_embeddings says (HF's sequence classifiers hold none).
+HEADS = ("lm_head", "score")
 
 
 def _compile(idx: int):
@@ -66,8 +72,11 @@ def ms_to_hf_name(name: str) -> str:
     return _map(name, _MS_TO_HF)
 
 
-def expected_shapes(cfg: Qwen2Config) -> Dict[str, Tuple[int, ...]]:
-    """MindSpore name -> shape for every parameter of a Qwen2ForCausalLM with this config."""
+def expected_shapes(cfg: Qwen2Config, head: str = "lm_head") -> Dict[str, Tuple[int, ...]]:
+    """MindSpore name -> shape for every parameter of a Qwen2ForCausalLM (head "lm_head") or of a
+    reward model (head "score", `HEADS`) with this config."""
+    if head not in HEADS:
+        raise ValueError(f"unknown model head {head!r}; valid: {', '.join(HEADS)}")
     h, i, v, d = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.d
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     per_layer = {"attention_norm.weight": (h,), "attention.wq.weight": (q, h), "attention.wk.weight": (kv, h),
@@ -80,9 +89,16 @@ def expected_shapes(cfg: Qwen2Config) -> Dict[str, Tuple[int, ...]]:
     shapes = {"model.tok_embeddings.embedding_weight": (v, h), "model.norm_out.weight": (h,)}
     for n in range(cfg.num_hidden_layers):
         shapes.update({f"model.layers.{n}.{k}": s for k, s in per_layer.items()})
-    if not cfg.tie_word_embeddings:
+    if head == "score":
+        shapes["score.weight"] = (1, h)
+    elif not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, h)
     return shapes
+
+
+def head_of(names) -> str:
+    """The head a state's tensor names hold: "score" when a reward model's, else "lm_head"."""
+    return "score" if "score.weight" in names else "lm_head"
 
 
 class WeightError(ValueError):
@@ -100,24 +116,25 @@ def head_dim_hint(cfg: Qwen2Config) -> str:
     return f"head_dim {cfg.d}: config.json's, else hidden_size / num_attention_heads"
 
 
-def check_state(state: Dict[str, np.ndarray], cfg: Qwen2Config, source: str,
+def check_state(state: Dict[str, np.ndarray], cfg: Qwen2Config, source: str, head: str = "lm_head",
                 hf_names: bool = False) -> Dict[str, np.ndarray]:
-    """Validate a MindSpore-named state against the config; returns it without a redundant tied
-    lm_head. Raises WeightError naming the first missing, unexpected or mis-shaped tensor (by its HF name
+    """Validate a MindSpore-named state against the config and head (`HEADS`); returns it without a redundant
+    tied lm_head. Raises WeightError naming the first missing, unexpected or mis-shaped tensor (by its HF name
     when `hf_names`: the state was read from an HF folder)."""
     def shown(name: str) -> str:
         return ms_to_hf_name(name) if hf_names else name
 
-    want = expected_shapes(cfg)
+    want = expected_shapes(cfg, head)
     state = dict(state)
-    if cfg.tie_word_embeddings and "lm_head.weight" in state:
+    if cfg.tie_word_embeddings and head == "lm_head" and "lm_head.weight" in state:
         head, emb = state.pop("lm_head.weight"), state.get("model.tok_embeddings.embedding_weight")
         if emb is not None and not np.array_equal(np.asarray(head), np.asarray(emb)):
             raise WeightError(f"{source}: lm_head.weight differs from the embedding but "
                               "tie_word_embeddings is true")
     for name in sorted(state):
         if name not in want:
-            raise WeightError(f"{source}: unexpected tensor {shown(name)!r} for this config")
+            what = " (a reward model's head: load it as a reward model)" if name == "score.weight" else ""
+            raise WeightError(f"{source}: unexpected tensor {shown(name)!r} for this config{what}")
     for name, shape in want.items():
         if name not in state:
             raise WeightError(f"{source}: missing tensor {shown(name)!r} (expected shape {list(shape)})")
@@ -292,7 +309,7 @@ def to_float32(item: Tuple[str, np.ndarray]) -> np.ndarray:
     return bf16_to_f32(arr) if dtype == "BF16" else np.asarray(arr, np.float32)
 
 
-def load_hf_model_state(hf_dir: str, cfg: Qwen2Config) -> Dict[str, np.ndarray]:
+def load_hf_model_state(hf_dir: str, cfg: Qwen2Config, head: str = "lm_head") -> Dict[str, np.ndarray]:
     """HF directory -> checked MindSpore-named fp32 arrays."""
     state = hf_to_ms_state(read_hf_state(hf_dir), hf_dir)
-    return check_state({k: to_float32(v) for k, v in state.items()}, cfg, hf_dir, hf_names=True)
+    return check_state({k: to_float32(v) for k, v in state.items()}, cfg, hf_dir, head, hf_names=True)

@@ -433,10 +433,12 @@ class Qwen2ForCausalLM(nn.Cell):
     (`mindgrpo.parallel.tp_layers.TensorParallelLayers`); parameter names are the same either
     way, a rank's parameters hold its piece.
     stage: the pipeline stage's part of the model (default: all of it); a stage runs
-    `hidden_states` from token ids (first stage) or the previous stage's hidden states."""
+    `hidden_states` from token ids (first stage) or the previous stage's hidden states.
+    lm_head False: no untied vocabulary projection (the decoder under a reward model's scalar head,
+    `mindgrpo/models/reward_model.py`); the same random draws either way."""
 
     def __init__(self, cfg: Qwen2Config, seed: int = 0, max_positions: Optional[int] = None,
-                 layers: Optional[DenseLayers] = None, stage: Optional[StageSpec] = None):
+                 layers: Optional[DenseLayers] = None, stage: Optional[StageSpec] = None, lm_head: bool = True):
         super().__init__()
         layers = layers or DenseLayers()
         stage = stage or StageSpec()
@@ -455,7 +457,7 @@ class Qwen2ForCausalLM(nn.Cell):
         self.tied = cfg.tie_word_embeddings
         if not self.tied:
             head = _normal((cfg.vocab_size, cfg.hidden_size), cfg.param_init_std, rng)
-            if stage.last:
+            if stage.last and lm_head:
                 self.lm_head = layers.column(head, None, _DTYPES[cfg.compute_dtype])
         self.head_enter = layers.enter()
         self.vocab_logprobs = layers.logprobs(cfg.vocab_size)

@@ -109,6 +109,30 @@ def score_batch(run: Runner, names: Sequence[str], batch: int) -> Scores:
     return Scores(values, errors, timeouts)
 
 
+def add_model_scores(total: np.ndarray, per_function: Dict[str, np.ndarray], metrics: Dict[str, float],
+                     model_scores: Mapping[str, np.ndarray], weights: Sequence[float]):
+    """The reward functions' (total (B,), {name: (B,)}, metrics) of `combine` with reward models' scores
+    {name: (B,), NaN where none} added as further weighted terms, as `combine` adds a function's (a None
+    counting 0); their metrics reward/<name>/mean, std and none, and reward/total/* again."""
+    if len(weights) != len(model_scores):
+        raise ValueError(f"{len(weights)} weights for {len(model_scores)} reward models")
+    clash = sorted(set(per_function) & set(model_scores))
+    if clash:
+        raise ValueError(f"reward model names {clash} are also reward functions")
+    total, per_function, metrics = np.array(total, np.float32), dict(per_function), dict(metrics)
+    for (name, values), weight in zip(model_scores.items(), weights):
+        values = np.asarray(values, np.float32)  # (B,)
+        scored = values[~np.isnan(values)]
+        total += np.float32(weight) * np.nan_to_num(values, nan=0.0)
+        per_function[name] = values
+        metrics[f"reward/{name}/mean"] = float(scored.mean()) if scored.size else float("nan")
+        metrics[f"reward/{name}/std"] = float(sample_std(scored)) if scored.size else float("nan")
+        metrics[f"reward/{name}/none"] = float(values.size - scored.size)
+    metrics["reward/total/mean"] = float(total.mean()) if total.size else float("nan")
+    metrics["reward/total/std"] = float(sample_std(total)) if total.size else float("nan")
+    return total, per_function, metrics
+
+
 def combine(scores: Scores, weights: Sequence[float]) -> Tuple[np.ndarray, Dict[str, np.ndarray], Dict[str, float]]:
     """(total (B,), {name: (B,) with NaN for None}, metrics) of every function's scores, weighted."""
     names = list(scores.values)

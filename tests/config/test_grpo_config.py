@@ -15,6 +15,7 @@ from mindgrpo.config import (
     ParallelConfig,
     RefConfig,
     RewardConfig,
+    RewardModelConfig,
     RLConfig,
     SFTConfig,
     SoftOverlongConfig,
@@ -57,7 +58,10 @@ FULL = GRPOConfig(
         verifier_function=("accuracy", "format", "soft_overlong", "cosine"), verifier_weight=(1.0, 0.5, 2.0, 0.25),
         reward_plugin="plugins/my_rewards.py", num_workers=4, timeout_s=2.5,
         cosine=CosineRewardConfig(-2.0, -1.0, 0.25, 2.0, 800),
-        soft_overlong=SoftOverlongConfig(buffer_len=256, max_len=900)),
+        soft_overlong=SoftOverlongConfig(buffer_len=256, max_len=900),
+        reward_models=(RewardModelConfig(path="models/rm", name="helpful", weight=0.5, template="completion",
+                                         config="models/rm/config.yaml", micro_batch_size=4,
+                                         max_tokens_per_micro_batch=4096, normalize=True),)),
     sft_config=SFTConfig(steps=12, lr=5e-4, batch_size=8, teacher_carry_error=0.0),
 )
 SYNTHETIC = SyntheticConfig(template="qwen_chat", task=ArithmeticTask(

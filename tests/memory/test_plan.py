@@ -301,3 +301,27 @@ def test_plan_memory_says_when_it_counts_one_copy():
     assert "One copy of the weights" in shared and "One copy of the weights" not in copy
     assert "| inference (the fused layer copies alone) |" in shared and "| sync | policy |" in shared
     assert "| sync | policy + sync bucket |" in copy
+
+
+def test_plan_memory_counts_a_reward_model_in_its_own_phase(tmp_path):
+    """reward_config.reward_models: the script reads each model's config beside its weights; the group is the
+    decoder and the (1, H) head in fp32, counted here by hand, resident alone in the phase "reward_model"."""
+    import json
+
+    rm = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                     num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)  # Qwen2.5-0.5B's shape
+    (tmp_path / "rm").mkdir()
+    (tmp_path / "rm" / "config.json").write_text(json.dumps(rm.to_hf_dict()))
+    h, i, q, kv = rm.hidden_size, rm.intermediate_size, rm.num_attention_heads * rm.d, rm.num_key_value_heads * rm.d
+    layer = h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * i + 2 * h
+    by_hand = 4 * (rm.vocab_size * h + rm.num_hidden_layers * layer + h + h)
+    config = os.path.join(CONFIGS, "qwen2_5_7b", "grpo_config.yaml")
+    entry = f"reward_config.reward_models=[{{path: {tmp_path / 'rm'}, name: rm}}]"
+    cfg, m = load("qwen2_5_7b", entry)
+    p = plan(cfg, m, reward_models=[rm])
+    assert p.groups["reward_model"] == by_hand and p.phases["reward_model"] == ["reward_model"]
+    assert all("reward_model" not in groups for phase, groups in p.phases.items() if phase != "reward_model")
+    script = os.path.join(REPO, "scripts", "plan_memory.py")
+    out = subprocess.run([sys.executable, script, "--config", config, entry], capture_output=True, text=True,
+                         check=True).stdout
+    assert f"| reward_model | {by_hand / 2 ** 30:.2f} |" in out and "| reward_model | reward_model |" in out

@@ -226,3 +226,21 @@ def test_a_failed_call_on_one_completion_is_not_repeated():
 
     _, per_function, metrics = compute_rewards({"fragile": fragile}, [1.0], ["only"], {})
     assert calls == [1] and np.isnan(per_function["fragile"][0]) and metrics["reward/fragile/errors"] == 1
+
+
+def test_add_model_scores_weights_them_in_by_hand():
+    from mindgrpo.rewards.combine import add_model_scores
+
+    total = np.array([1.0, 0.0, 2.0], np.float32)  # the verifiers' weighted sum
+    per_fn = {"accuracy": np.array([1.0, 0.0, 1.0], np.float32)}
+    rm = np.array([0.5, np.nan, -1.5], np.float32)  # None for the second completion
+    out, per, m = add_model_scores(total, per_fn, {"reward/accuracy/mean": 2 / 3}, {"rm": rm}, [2.0])
+    np.testing.assert_allclose(out, [1.0 + 1.0, 0.0, 2.0 - 3.0])
+    assert set(per) == {"accuracy", "rm"} and np.isnan(per["rm"][1])
+    assert m["reward/rm/mean"] == pytest.approx(-0.5) and m["reward/rm/none"] == 1.0
+    assert m["reward/rm/std"] == pytest.approx(np.std([0.5, -1.5], ddof=1))
+    assert m["reward/total/mean"] == pytest.approx(1 / 3) and m["reward/accuracy/mean"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="also reward functions"):
+        add_model_scores(total, per_fn, {}, {"accuracy": rm}, [1.0])
+    with pytest.raises(ValueError, match="1 weights for 2 reward models"):
+        add_model_scores(total, per_fn, {}, {"a": rm, "b": rm}, [1.0])

@@ -248,3 +248,75 @@ def test_a_wrong_tokenizer_names_tokenizer_dir(cli, model_dir, tmp_path, capsys)
         assert line.startswith(f"evaluate: error: --tokenizer_dir {other}: its tokenizer has {tok.vocab_size} "
                                f"tokens, more than the model's vocabulary of "), line
         assert line.endswith("pass the tokenizer the model was trained with"), line
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(model_dir, tmp_path_factory):
+    """A random HF reward model (Qwen2ForSequenceClassification, one label) of the tiny tokenizer's vocabulary,
+    the tokenizer's files beside it."""
+    import shutil
+
+    from hf_models import make_hf_reward_model
+    from mindgrpo.data.tokenizer import QwenTokenizer
+
+    d = tmp_path_factory.mktemp("rm")
+    tok = QwenTokenizer.from_dir(str(model_dir))
+    hf = make_hf_reward_model(str(d), vocab=tok.vocab_size, hidden=32, inter=64, layers=1, heads=4, kv_heads=2,
+                              max_pos=128, seed=11, std=0.3)
+    for f in model_dir.iterdir():
+        if f.name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+            shutil.copy(f, d / f.name)
+    return d, hf, tok
+
+
+@pytest.mark.slow
+def test_score_only_writes_each_row_back_with_transformers_score(cli, reward_model_dir, tmp_path, capsys):
+    from hf_models import hf_reward_scores
+    from mindgrpo.data.templates import render_prompt
+
+    d, hf, tok = reward_model_dir
+    rows = [{"prompt": "1+2=", "completion": "3", "id": 0}, {"prompt": "12+30=", "completion": "42 done", "id": 1},
+            {"prompt": "7+8=", "completion": "14", "id": 2, "label": "rejected"}, {"prompt": "5+5=", "completion": "10"}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for template in ("raw", "qwen_r1"):
+        out = tmp_path / f"{template}.jsonl"
+        assert cli.main(["--score_only", "--input", str(tmp_path / "rows.jsonl"), "--reward_model", str(d),
+                         "--output", str(out), "--template", template, "--rm_micro_batch_size", "3"]) == 0
+        got = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [{k: v for k, v in g.items() if k != "score"} for g in got] == rows  # every row, in order
+        texts = [(r["prompt"] if template == "raw" else render_prompt(template, r["prompt"])) + r["completion"]
+                 for r in rows]
+        seqs = [tok.encode(t) for t in texts]
+        s = max(len(q) for q in seqs)
+        ids, mask = np.zeros((len(seqs), s), np.int64), np.zeros((len(seqs), s), np.int64)
+        for i, q in enumerate(seqs):
+            ids[i, :len(q)], mask[i, :len(q)] = q, 1
+        assert 0 not in [t for q in seqs for t in q]  # HF pools at the last token that is not its pad id 0
+        ref = hf_reward_scores(hf, ids, mask)
+        assert np.abs(np.array([g["score"] for g in got]) - ref).max() <= 1e-4
+    assert "scored 4 rows" in capsys.readouterr().err
+
+
+def test_score_only_bad_rows_are_one_line_naming_file_and_line(cli, reward_model_dir, tmp_path, capsys):
+    d, _, _ = reward_model_dir
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a"}\n')
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["--score_only", "--input", str(tmp_path / "rows.jsonl"), "--reward_model", str(d),
+                     "--output", str(out)]) == 1
+    err = one_error_line(capsys)
+    assert f"rows.jsonl:2" in err and "completion" in err and not out.exists()
+    assert cli.main(["--score_only", "--input", str(tmp_path / "rows.jsonl"), "--output", str(out)]) == 1
+    assert "--score_only needs --reward_model" in one_error_line(capsys)
+
+
+@pytest.mark.slow
+def test_reward_model_scores_every_sample_beside_pass_at_k(cli, model_dir, reward_model_dir, tmp_path):
+    d, _, _ = reward_model_dir
+    assert cli.main(["--model", str(model_dir / "policy.ckpt"), "--data", str(model_dir / "data" / "val.mindrecord"),
+                     "--n", "2", "--temperature", "1.0", "--max_tokens", "6", "--limit", "3", "--num_workers", "0",
+                     "--reward_model", str(d), "--output", str(tmp_path)]) == 0
+    summary, samples = read_outputs(tmp_path)
+    scores = np.array([s["rm_score"] for s in samples]).reshape(3, 2)
+    assert np.ptp(scores) > 0 and "pass@2" in summary["metrics"]
+    np.testing.assert_allclose(summary["reward_model"]["per_problem"], scores.mean(1), rtol=1e-6)
+    assert summary["reward_model"]["mean"] == pytest.approx(scores.mean())

@@ -1,0 +1,110 @@
+"""The run's outcome reward models (`reward_config.reward_models`), scored in the memory phase "reward_model".
+
+    models = build_model_rewards(cfg, tokenizer, memory)   # None without reward models
+    scores, metrics = models(prompt_ids, completion_ids)   # inside memory.phase("reward_model")
+
+Each entry is a `models/reward_model.RewardModel` loaded whole on every rank (under msrun every rank holds the
+same rollouts and so computes the same scores; no tensor-parallel layout of its own yet), shown each rollout
+through its template (`TEMPLATES`), scored micro-batch by micro-batch (`RewardScorer`: padded rows, or packed
+rows within a token budget) and, with `normalize`, standardised by its running statistics
+(`rewards/running_norm.py`). The trainer adds the scores to the verifiers' by their weights
+(`rewards/combine.add_model_scores`). A rollout its template leaves empty (an empty completion under
+"completion") scores None, counted in reward/<name>/none.
+
+The swap ledger (`memory/swap.py`) holds every reward model's parameters in one group, "reward_model",
+exclusive with the policy, the reference and the inference model: on the device only in its phase.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mindgrpo.config.grpo import GRPOConfig
+from mindgrpo.config.sections import REWARD_MODEL_TEMPLATES
+from mindgrpo.models.reward_model import RewardModel, RewardScorer, load_reward_model
+from mindgrpo.rewards.running_norm import RunningNorm
+
+logger = logging.getLogger(__name__)
+
+# template name -> (prompt ids, completion ids) -> the reward model's input ids
+TEMPLATES: Dict[str, Callable[[Sequence[int], Sequence[int]], List[int]]] = {
+    "raw": lambda prompt, completion: [*prompt, *completion],
+    "completion": lambda prompt, completion: list(completion),
+}
+assert tuple(TEMPLATES) == REWARD_MODEL_TEMPLATES  # the config checks names against the same list
+
+
+class ModelReward:
+    """One reward model of the run: name, weight, template, scorer, optional running normaliser."""
+
+    def __init__(self, name: str, weight: float, template: str, scorer: RewardScorer, normalize: bool):
+        self.name, self.weight, self.scorer = name, weight, scorer
+        self.present = TEMPLATES[template]
+        self.norm = RunningNorm() if normalize else None
+
+    def __call__(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
+                 ) -> Tuple[np.ndarray, np.ndarray]:
+        """(the scores it enters the total with (B,), its raw scores (B,)); NaN where none."""
+        seqs = [self.present(p, c) for p, c in zip(prompt_ids, completion_ids)]
+        keep = [i for i, q in enumerate(seqs) if q]
+        raw = np.full(len(seqs), np.nan, np.float32)
+        raw[keep] = self.scorer([seqs[i] for i in keep])
+        return (raw if self.norm is None else self.norm(raw)), raw
+
+
+class ModelRewards:
+    """The run's reward models, scored one after another."""
+
+    def __init__(self, models: List[ModelReward]):
+        self.models = models
+
+    @property
+    def names(self) -> List[str]:
+        return [m.name for m in self.models]
+
+    @property
+    def weights(self) -> List[float]:
+        return [m.weight for m in self.models]
+
+    def parameters(self) -> list:
+        return [p for m in self.models for p in m.scorer.rm.get_parameters()]
+
+    def __call__(self, prompt_ids, completion_ids) -> Tuple[Dict[str, np.ndarray], Dict[str, float]]:
+        """{name: scores (B,)} as they enter the total, and the raw scores' metrics where normalised."""
+        scores, metrics = {}, {}
+        for m in self.models:
+            scores[m.name], raw = m(prompt_ids, completion_ids)
+            if m.norm is not None:
+                finite = raw[np.isfinite(raw)]
+                metrics[f"reward/{m.name}/raw_mean"] = float(finite.mean()) if finite.size else float("nan")
+                metrics[f"reward/{m.name}/running_mean"] = m.norm.mean
+                metrics[f"reward/{m.name}/running_std"] = m.norm.std
+        return scores, metrics
+
+
+def build_model_rewards(cfg: GRPOConfig, pad_token_id: int, vocab_size: int, memory=None) -> Optional[ModelRewards]:
+    """The reward models of `reward_config.reward_models` (None when there are none), registered with the swap
+    ledger as the group "reward_model". Each model's vocabulary must hold the tokenizer's."""
+    entries = cfg.reward_config.reward_models
+    if not entries:
+        return None
+    models = []
+    for i, (entry, name) in enumerate(zip(entries, cfg.reward_config.model_names())):
+        key = f"reward_config.reward_models[{i}]"
+        try:
+            rm: RewardModel = load_reward_model(entry.path, entry.config, compute_dtype=cfg.actor_config.dtype)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{key}.path: {e}") from None
+        if rm.config.vocab_size < vocab_size:
+            raise ValueError(f"{key}.path: the reward model's vocab_size {rm.config.vocab_size} is smaller than "
+                             f"the tokenizer's {vocab_size} (a reward model scores the policy's tokens)")
+        scorer = RewardScorer(rm, entry.micro_batch_size, entry.max_tokens_per_micro_batch, pad_token_id)
+        models.append(ModelReward(name, entry.weight, entry.template, scorer, entry.normalize))
+        logger.info("reward model %r: %s, weight %g, template %s", name, entry.path, entry.weight, entry.template)
+    out = ModelRewards(models)
+    if memory is not None:
+        memory.register("reward_model", out.parameters())
+    return out
