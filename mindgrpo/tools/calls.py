@@ -78,10 +78,13 @@ def check_call(call: ToolCall, allowed: Collection[str]) -> ToolCall:
 
 def truncate_response(text: str, encode: Callable[[str], Sequence[int]], decode: Callable[[Sequence[int]], str],
                       max_tokens: int) -> str:
-    """`text` cut to its first max_tokens tokens, with a note that it was cut (the note's tokens included)."""
+    """`text` cut to its first max_tokens tokens, with a note that it was cut when the budget has room for one
+    (the note's tokens included)."""
     ids = list(encode(text))
     if len(ids) <= max_tokens:
         return text
-    note = f"\n[truncated: {len(ids)} tokens, the first shown]"
-    keep = max(0, max_tokens - len(encode(note)))
-    return decode(ids[:keep]) + note
+    for note in (f"\n[truncated: {len(ids)} tokens, the first shown]", "\n[truncated]", ""):
+        room = max_tokens - len(encode(note))
+        if room >= 0:
+            return decode(ids[:room]) + note
+    return decode(ids[:max_tokens])
