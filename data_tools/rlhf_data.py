@@ -8,6 +8,9 @@ final answer are:
     gsm8k  question, answer            final answer after the last '####' of answer
     math   problem, solution           final answer in the last \\boxed{} of solution
     auto   gsm8k if the first row has question/answer, math if it has problem/solution
+--tools calculator,python writes prompts with those tools' definitions in the system turn, rendered by the model's
+own chat template (--chat_template tokenizer_config.json, default --tokenizer_config) with the system message of
+--template; --tool_plugin FILE registers more tools first.
 --map_keys question=FIELD,answer=FIELD[,solution=FIELD] renames the fields (solution=FIELD: a field that holds
 the final answer itself). Output columns: see mindgrpo/data/mindrecord.py (prompt_ids, prompt_length, prompt,
 solution, answer). A bad row stops the run with `FILE:LINE: problem` on stderr and exit code 1, leaving nothing
@@ -24,7 +27,7 @@ from typing import Dict, List, Optional
 
 from mindgrpo.data.mindrecord import check_output_free, write_prompt_dataset
 from mindgrpo.data.questions import ROLES, InputError, read_rows
-from mindgrpo.data.templates import TEMPLATES
+from mindgrpo.data.templates import TEMPLATES, ChatTemplateError, chat_prompt_template, get_template
 from mindgrpo.data.tokenizer import QwenTokenizer
 
 
@@ -71,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", default="qwen_r1", choices=TEMPLATES.names())
     p.add_argument("--max_prompt_length", type=int, default=512)
     p.add_argument("--dataset_type", default="gsm8k", choices=["gsm8k", "math", "auto"])
+    p.add_argument("--tools", default=None, help="comma-separated tool names (calculator, python, a plugin's): "
+                   "their definitions go into the system turn, rendered by the chat template")
+    p.add_argument("--tool_plugin", default=None, help="a Python file whose @register_tool functions add tools")
+    p.add_argument("--chat_template", default=None, help="tokenizer_config.json whose chat_template renders the "
+                   "prompts with --tools (default: --tokenizer_config)")
     p.add_argument("--map_keys", type=parse_key_map, default={}, help="question=FIELD,answer=FIELD[,solution=FIELD]")
     p.add_argument("--truncate", choices=["left", "right"], default=None,
                    help="cut the question of an over-long prompt from this side, keeping the template whole "
@@ -81,6 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def tool_template(args):
+    """The chat template's one-question prompt with the tools of --tools in its system turn."""
+    from mindgrpo.tools import load_tool_plugin, tool_schema
+
+    if args.tool_plugin:
+        load_tool_plugin(args.tool_plugin)
+    names = [n.strip() for n in args.tools.split(",") if n.strip()]
+    return chat_prompt_template(args.chat_template or args.tokenizer_config, get_template(args.template).system,
+                                [tool_schema(n) for n in names])
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -88,8 +107,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.error("--max_prompt_length must be positive")
     if args.limit is not None and args.limit <= 0:
         parser.error("--limit must be positive")
+    if args.tools and not (args.chat_template or args.tokenizer_config):
+        parser.error("--tools needs the model's chat template: --chat_template or --tokenizer_config")
     start = time.perf_counter()
     try:
+        template = tool_template(args) if args.tools else args.template
         check_output_free(args.output_path, args.overwrite)
         read = read_rows(args.file_path, args.dataset_type, args.map_keys, args.skip_invalid, args.limit,
                          other_keys="name other keys with --dataset_type and --map_keys")
@@ -100,19 +122,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             args.output_path,
             read.rows,
             tokenizer,
-            template=args.template,
+            template=template,
             max_prompt_length=args.max_prompt_length,
             truncate=args.truncate,
             overwrite=args.overwrite,
             on_progress=Progress(len(read.rows), "converting"),
         )
-    except (ValueError, OSError) as e:  # bad rows, existing output, missing files, every prompt over-long
-        print(str(e) if isinstance(e, InputError) else f"error: {e}", file=sys.stderr)
+    except (ValueError, OSError, KeyError) as e:  # bad rows, existing output, missing files, every prompt over-long
+        print(str(e) if isinstance(e, (InputError, ChatTemplateError)) else f"error: {e}", file=sys.stderr)
         return 1
     elapsed = time.perf_counter() - start
     print(
         f"wrote {summary.written} rows to {os.path.abspath(args.output_path)} (+ .db) in {elapsed:.1f} s\n"
-        f"  dataset {read.dataset_type}, template {args.template}, max_prompt_length {args.max_prompt_length}\n"
+        f"  dataset {read.dataset_type}, template {getattr(template, 'name', template)}, max_prompt_length {args.max_prompt_length}\n"
         f"  dropped {summary.dropped} over-long, truncated {summary.truncated}, skipped {read.skipped} invalid\n"
         f"  prompt length min {summary.min_length} / mean {summary.mean_length:.1f} / max {summary.max_length} tokens"
     )

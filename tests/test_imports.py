@@ -19,9 +19,9 @@ PACKAGE = "mindgrpo"
 
 LAYERS = (
     ("utils",),  # plain Python: registries, logging, progress, plots
-    ("data", "rewards", "models", "memory", "grpo.algos", "eval.metrics"),  # tokens and datasets, reward
-    # functions, the model and its weight files, the memory ledger (memory.swap), the algorithm's pure numpy
-    # math, pass@k / maj@k
+    ("data", "rewards", "tools", "models", "memory", "grpo.algos", "eval.metrics"),  # tokens and datasets, reward
+    # functions, tools and their sandboxed worker pool, the model and its weight files, the memory ledger
+    # (memory.swap), the algorithm's pure numpy math, pass@k / maj@k
     ("grpo.corrections", "data.questions"),  # the rollout corrections' numpy math (built on grpo.algos); math
     # questions from .jsonl / .json files (their final answers read as rewards.answer reads them)
     ("config", "inference"),  # the run's frozen config (validated against grpo.algos), the rollout engine

@@ -19,11 +19,11 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
-from mindgrpo.data.templates import PromptTemplate, get_template
+from mindgrpo.data.templates import ChatTemplatePrompt, PromptTemplate, get_template
 from mindgrpo.data.tokenizer import QwenTokenizer
 from mindgrpo.utils.staging import staging_dir
 
@@ -127,7 +127,7 @@ def encode_prompts(
     tokenizer: QwenTokenizer,
     max_prompt_length: int,
     truncate: Optional[str] = None,
-    template: str = "raw",
+    template: Union[str, PromptTemplate, ChatTemplatePrompt] = "raw",
 ) -> EncodedPrompts:
     """Template, tokenize and right-pad questions.
 
@@ -136,7 +136,7 @@ def encode_prompts(
     """
     if truncate not in TRUNCATE_MODES:
         raise ValueError(f"truncate must be one of {TRUNCATE_MODES}, got {truncate!r}")
-    render = get_template(template)
+    render = get_template(template) if isinstance(template, str) else template
     prompts = [render(q) for q in questions]
     encoded = tokenizer.encode_batch(prompts)
     ids = np.full((len(encoded), max_prompt_length), tokenizer.pad_token_id, dtype=np.int32)  # (N, P)
@@ -196,7 +196,7 @@ def write_prompt_dataset(
     rows: Sequence[PromptRow],
     tokenizer: QwenTokenizer,
     *,
-    template: str = "qwen_r1",
+    template: Union[str, PromptTemplate, ChatTemplatePrompt] = "qwen_r1",
     max_prompt_length: int = 512,
     truncate: Optional[str] = None,
     overwrite: bool = False,
@@ -231,7 +231,7 @@ def write_prompt_dataset(
                 on_progress(start + len(chunk))
 
     written = write_mindrecord(
-        path, PROMPT_SCHEMA, batches(), overwrite=overwrite, description=f"mindgrpo prompts ({template})"
+        path, PROMPT_SCHEMA, batches(), overwrite=overwrite, description=f"mindgrpo prompts ({getattr(template, 'name', template)})"
     )
     lengths = np.concatenate(lengths_seen)
     return WriteSummary(

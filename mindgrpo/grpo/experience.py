@@ -80,14 +80,18 @@ class Experience:
 def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], advantages: np.ndarray,
          pad_id: int = 0, step: int = 32, caps: Optional[tuple] = None, loss_mask: Optional[np.ndarray] = None,
          rollout_logp: Optional[Sequence[np.ndarray]] = None,
-         sampling_logp: Optional[Sequence[np.ndarray]] = None) -> Experience:
+         sampling_logp: Optional[Sequence[np.ndarray]] = None,
+         response_masks: Optional[Sequence[Optional[np.ndarray]]] = None) -> Experience:
     """Rows of S positions (the longest prompt + response rounded up to `step`) and R scored positions
     (the longest response, rounded up). caps (S, R): the most the caller's data can need; a rounded-up
     length beyond its cap is cut back to the cap (a caller whose batches all round up past the caps
     compiles one shape, with less padding).
     loss_mask (B,) bool: rows to train on (False rows get an all-zero mask, e.g. overlong
     filtering); default all. rollout_logp, sampling_logp: the engine's log-probs of each response's
-    tokens (`Completion.logprobs`, `.sampling_logprobs`), laid out like labels."""
+    tokens (`Completion.logprobs`, `.sampling_logprobs`), laid out like labels.
+    response_masks: per response, (n,) bool of its model's own tokens (a conversation's `Completion.model_mask`;
+    None for a response that is all the model's): tool turns stay in input_ids as context and are scored by no
+    loss, KL, entropy, correction or metric (their mask is 0, and so are their rollout log-probs)."""
     if len(prompts) != len(responses):
         raise ValueError("prompts and responses differ in length")
     b = len(prompts)
@@ -106,6 +110,10 @@ def pack(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], a
         score_pos[i, :n_r] = np.arange(n_p - 1, n_p + n_r - 1)
         labels[i, :n_r] = r
         mask[i, :n_r] = 1.0
+        if response_masks is not None and response_masks[i] is not None:
+            if len(response_masks[i]) != n_r:
+                raise ValueError(f"response {i}: its mask has {len(response_masks[i])} entries for {n_r} tokens")
+            mask[i, :n_r] = np.asarray(response_masks[i], np.float32)
     if loss_mask is not None:
         mask *= np.asarray(loss_mask, np.float32)[:, None]
     out = Experience(input_ids, score_pos, labels, mask, np.asarray(advantages, np.float32),

@@ -176,7 +176,8 @@ class GRPOTrainer:
         return pack(r.prompt_ids, [c.token_ids for c in r.completions], adv,
                     pad_id=self.tokenizer.pad_token_id, loss_mask=keep,
                     rollout_logp=[c.logprobs for c in r.completions] if with_logp else None,
-                    sampling_logp=[c.sampling_logprobs for c in r.completions] if with_logp else None)
+                    sampling_logp=[c.sampling_logprobs for c in r.completions] if with_logp else None,
+                    response_masks=[c.model_mask for c in r.completions])
 
     def release(self, part) -> None:
         """With rl_config.release_graphs: a phase's compiled graphs (and the buffers the runtime keeps for

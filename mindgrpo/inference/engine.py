@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.inference.graphs import (CopyGraph, DecodeGraph, DecodeHead, DecodeInputs, DecodeLayers, KVCache,
+from mindgrpo.inference.graphs import (AppendGraph, CopyGraph, DecodeGraph, DecodeHead, DecodeInputs, DecodeLayers, KVCache,
                                        PrefillGraph, PrefillInputs, PrefillLayer)
 from mindgrpo.inference.layers import InferenceModel
 from mindgrpo.inference.sampling import Sampler, SamplingParams
@@ -68,10 +68,29 @@ MIN_BATCH = 8  # decode and copy batch buckets stop halving near this (fewer sha
 @dataclass
 class Completion:
     prompt_index: int  # which input prompt this sample answers
-    token_ids: List[int]  # generated ids, the stop id included when one was hit
+    token_ids: List[int]  # generated ids, the stop id included when one was hit (a conversation: every turn)
     finish_reason: str  # "stop" or "length"
     logprobs: Optional[np.ndarray] = None  # (n,) fp32: each token's log-prob under softmax(logits / T)
     sampling_logprobs: Optional[np.ndarray] = None  # (n,) fp32: under the filtered distribution it was drawn from
+    model_mask: Optional[np.ndarray] = None  # (n,) bool, conversations only: the model's own tokens (tool turns
+    # False, their log-probs 0)
+    turns: int = 0  # the turns appended (tool answers)
+
+
+class Turns(Protocol):
+    """How a conversation goes on (generate's `turns`): after a sample ends a turn (a stop id), `end_turn`
+    says whether another turn follows (True: the sample keeps its slot, parked, until `poll` gives that turn's
+    token ids); `poll(block)` returns the (request, ids) whose next turn is ready, waiting for at least one
+    when block. A turn's ids are what the chat template puts after the model's stop token up to and including
+    the open assistant turn: its last id is the next decode input. At most max_turns turns per sample, each
+    at most max_turn_tokens ids."""
+
+    max_turns: int
+    max_turn_tokens: int
+
+    def end_turn(self, request: int, prompt: int, turn_ids: List[int]) -> bool: ...
+
+    def poll(self, block: bool) -> List[Tuple[int, List[int]]]: ...
 
 
 def kv_slots(capacity: int, max_num_seqs: int, max_num_batched_tokens: Optional[int]) -> int:
@@ -96,6 +115,13 @@ def graph_bound(slots: int, capacity: int, max_prompt_length: Optional[int] = No
     return {"decode": len(halving_buckets(slots, MIN_BATCH)) * len(halving_buckets(capacity, LENGTH_STEP)),
             "prefill_per_prompt_bucket": len(halving_buckets(slots, 1)),
             "copy_per_prompt_bucket": len(halving_buckets(slots, MIN_BATCH)), "prompt_buckets": prompt_buckets}
+
+
+def append_graph_bound(slots: int, capacity: int, max_turn_tokens: int) -> int:
+    """The most append graphs (conversations' turns) an engine compiles: a batch bucket (halving from the
+    slots) for each turn-length bucket (powers of two from PROMPT_STEP up to max_turn_tokens')."""
+    lengths = len({pow2_bucket(n, PROMPT_STEP, capacity) for n in range(1, max_turn_tokens + 1)})
+    return len(halving_buckets(slots, 1)) * lengths
 
 
 def slot_capacity(need: int) -> int:
@@ -203,13 +229,17 @@ class RolloutEngine:
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  max_tokens: Optional[Sequence[int]] = None, prompt_index: Optional[Sequence[int]] = None,
-                 return_logits: bool = False) -> List[Completion]:
+                 return_logits: bool = False, turns: Optional[Turns] = None) -> List[Completion]:
         """prompts: token ids per prompt. Returns len(prompts) * params.n completions, the n samples
         of a prompt adjacent. max_tokens: per prompt (default params.max_tokens for all).
         prompt_index: each prompt's index in the whole batch, the key of its samples' random
         streams (default 0, 1, ...; a data-parallel replica passes its share's indices). With
         return_logits, self.last_logits[r] holds request r's logits (n, V) (tests only: it syncs
-        and copies every step)."""
+        and copies every step). turns: conversations (the `Turns` protocol): a sample whose turn ends with a
+        stop id may get another turn appended to its cache rows, then decodes on in its slot; max_tokens
+        counts its own tokens over all turns; its Completion holds the whole trajectory and its model_mask."""
+        if turns is not None and self.layerwise:
+            raise ValueError("conversations (turns) run on the whole graphs: set generate_config.layerwise false")
         lengths = np.array([len(p) for p in prompts], np.int64)
         if len(prompts) == 0 or (lengths == 0).any():
             raise ValueError("empty prompt" if len(prompts) else "no prompts")
@@ -223,8 +253,9 @@ class RolloutEngine:
             raise ValueError(f"a prompt of {lengths[i]} tokens + max_tokens {limit[i]} = {lengths[i] + limit[i]} "
                              f"positions, more than the model's {self.max_positions}")
         keys = np.arange(len(prompts)) if prompt_index is None else np.asarray(prompt_index, np.int64)
-        cache = self._ensure_cache(int((lengths + limit - 1).max()))
-        call = _Call(prompts, params, limit, keys, cache.slots, self.lm.config.vocab_size, return_logits)
+        extra = 0 if turns is None else turns.max_turns * turns.max_turn_tokens  # the tool turns' positions
+        cache = self._ensure_cache(min(int((lengths + limit - 1).max()) + extra, self.max_positions - 1))
+        call = _Call(prompts, params, limit, keys, cache.slots, self.lm.config.vocab_size, return_logits, turns)
         # prefill and copy move this call's prompts (without their last token) in one length bucket
         prefix = int(lengths.max()) - 1
         p_len = pow2_bucket(prefix, PROMPT_STEP, cache.capacity)
@@ -242,11 +273,17 @@ class RolloutEngine:
             if adm.copy_src and prefix > 0:
                 self._copy(cache, adm.copy_src, adm.copy_dst, p_len)
             call.start(adm)
+            if turns is not None:
+                self._append(cache, call, turns.poll(False))
             t2 = time.perf_counter()
             call.stats["prefill_seconds"] += t2 - t1
             live = call.sched.live()
             if live.size == 0:
-                break
+                if not call.sched.parked.any():
+                    break
+                self._append(cache, call, turns.poll(True))  # every sample waits for a tool
+                call.stats["waiting_seconds"] += time.perf_counter() - t2
+                continue
             self._decode(cache, call, live, params)
             call.stats["decode_seconds"] += time.perf_counter() - t2
         elapsed = time.perf_counter() - t0
@@ -336,6 +373,27 @@ class RolloutEngine:
             x = layer(x, cos, sin, rows, bias, w, kv)
         x.asnumpy()
 
+    def _append(self, cache: KVCache, call: "_Call", ready: List[Tuple[int, List[int]]]) -> None:
+        """Each ready turn into its parked slot's cache at the slot's position, in one graph call of the smallest
+        batch and turn-length buckets (no prefill of the history); the slots then decode on."""
+        rows = [row for row in (call.accept_turn(r, ids, cache.capacity) for r, ids in ready) if row is not None]
+        if not rows:
+            return
+        t0 = time.perf_counter()
+        n = len(rows)
+        ba = halving_bucket(n, cache.slots, 1)
+        t = pow2_bucket(max(len(w) for _, _, w in rows), PROMPT_STEP, cache.capacity)
+        ids = np.full((ba, t), self.pad, np.int32)
+        slot = np.full(ba, cache.slots, np.int32)  # padding rows: the trash slot, nothing written
+        start, count = np.zeros(ba, np.int32), np.zeros(ba, np.int32)
+        for i, (s, pos, written) in enumerate(rows):
+            ids[i, :len(written)], slot[i], start[i], count[i] = written, s, pos, len(written)
+        graph = self._graph(("append", ba, t), lambda: AppendGraph(self.model, cache))
+        graph(Tensor(ids), Tensor(slot), Tensor(start), Tensor(count)).asnumpy()
+        call.sched.resume(np.array([s for s, _, _ in rows]))
+        call.stats["append_seconds"] += time.perf_counter() - t0
+        call.stats["append_calls"] += 1
+
     def _copy(self, cache: KVCache, src: List[int], dst: List[int], p_len: int) -> None:
         """Cache positions [0, p_len) of each src slot to its dst slot, one graph call; padding
         repeats the last pair (the same rows written again)."""
@@ -352,8 +410,8 @@ class _Call:
     last), each request's outputs, the counters of the call."""
 
     def __init__(self, prompts, params: SamplingParams, limit: np.ndarray, keys: np.ndarray, slots: int,
-                 vocab: int, return_logits: bool):
-        self.params, self.limit, self.keys = params, limit, keys
+                 vocab: int, return_logits: bool, turns: Optional[Turns] = None):
+        self.params, self.limit, self.keys, self.turns = params, limit, keys, turns
         self.group = params.n
         self.lengths = np.array([len(p) for p in prompts], np.int64)
         self.last_token = np.array([p[-1] for p in prompts], np.int64)
@@ -365,14 +423,21 @@ class _Call:
         self.position = np.zeros(slots + 1, np.int64)  # its position
         self.count = np.zeros(slots + 1, np.int64)  # tokens generated by the slot's request so far
         n_req, width = len(prompts) * params.n, int(limit.max())
+        if turns is not None:
+            width += turns.max_turns * turns.max_turn_tokens
         self.out_tok = np.zeros((n_req, width), np.int64)
         self.out_scaled = np.zeros((n_req, width), np.float32)
         self.out_sampled = np.zeros((n_req, width), np.float32)
         self.n_out = np.zeros(n_req, np.int64)
+        self.tpos = np.zeros(n_req, np.int64)  # each request's trajectory length so far (all turns)
+        self.turn_start = np.zeros(n_req, np.int64)  # where its current model turn began
+        self.n_turns = np.zeros(n_req, np.int64)  # turns appended
+        self.out_model = np.zeros((n_req, width), bool) if turns is not None else None
         self.stopped = np.zeros(n_req, bool)
         self.logits: List[List[np.ndarray]] = [[] for _ in range(n_req)] if return_logits else []
         self.stats = {"prefill_seconds": 0.0, "decode_seconds": 0.0, "decode_steps": 0, "rows_computed": 0,
-                      "prefilled_prompts": 0, "copied_slots": 0}
+                      "prefilled_prompts": 0, "copied_slots": 0, "append_seconds": 0.0, "append_calls": 0,
+                      "waiting_seconds": 0.0, "appended_tokens": 0}
 
     def start(self, adm) -> None:
         """The slots that begin a sample: at its prompt's last token."""
@@ -388,31 +453,67 @@ class _Call:
         return uniforms(self.params.seed, self.keys[req // self.group], req % self.group, self.count[live])
 
     def record(self, live: np.ndarray, res: np.ndarray, logits: Optional[np.ndarray]) -> None:
-        """res (live, 3): each live slot's new token and its two log-probs; ends finished samples."""
+        """res (live, 3): each live slot's new token and its two log-probs; ends finished samples, parks those
+        whose turn ends and that another turn follows (conversations)."""
         req = self.sched.request[live]
         new = res[:, 0].astype(np.int64)
         c = self.count[live]
-        self.out_tok[req, c], self.out_sampled[req, c], self.out_scaled[req, c] = new, res[:, 1], res[:, 2]
+        t = self.tpos[req]
+        self.out_tok[req, t], self.out_sampled[req, t], self.out_scaled[req, t] = new, res[:, 1], res[:, 2]
+        if self.out_model is not None:
+            self.out_model[req, t] = True
         if logits is not None:
             for r, row in zip(req, logits):
                 self.logits[r].append(row)
         self.count[live] += 1
+        self.tpos[req] += 1
         self.position[live] += 1
         self.token[live] = new
         hit = self.stop[new] if not self.params.ignore_stop else np.zeros(live.size, bool)
         done = hit | (self.count[live] >= self.limit[req // self.group])
+        if self.turns is not None:
+            parked = [k for k in np.flatnonzero(hit & (c + 1 < self.limit[req // self.group]))
+                      if self.n_turns[req[k]] < self.turns.max_turns and self.turns.end_turn(
+                          int(req[k]), int(self.keys[req[k] // self.group]),
+                          self.out_tok[req[k], self.turn_start[req[k]]:self.tpos[req[k]]].tolist())]
+            done[parked] = False
+            self.sched.park(live[parked])
         self.stopped[req[done]] = hit[done]
-        self.n_out[req[done]] = self.count[live][done]
+        self.n_out[req[done]] = self.tpos[req[done]]
         self.position[live[done]] = self.token[live[done]] = 0  # a free slot idles at position 0
         self.sched.finish(live[done])
 
+    def accept_turn(self, r: int, ids: List[int], capacity: int):
+        """Request r's next turn `ids`: (its slot, the first position, the ids to write there) for the append
+        (its pending stop token and ids[:-1]; ids[-1] is its next decode input), or None when the turn does not
+        fit (over max_turn_tokens, or no room left in the slot): the sample then ends ("length")."""
+        slot = int(np.flatnonzero(self.sched.request == r)[0])
+        start = int(self.position[slot])
+        left = int(self.limit[r // self.group] - self.count[slot])  # the model's own tokens still allowed
+        if not ids or len(ids) > self.turns.max_turn_tokens or start + len(ids) + left > capacity \
+                or self.tpos[r] + len(ids) + left > self.out_tok.shape[1]:
+            self.n_out[r] = self.tpos[r]
+            self.position[slot] = self.token[slot] = 0
+            self.sched.finish(np.array([slot]))  # parked until the next admit frees or hands it over
+            return None
+        written = [int(self.token[slot])] + [int(i) for i in ids[:-1]]
+        t = int(self.tpos[r])
+        self.out_tok[r, t:t + len(ids)] = ids  # the tool turn: context, not the model's (mask False, log-probs 0)
+        self.tpos[r] += len(ids)
+        self.turn_start[r] = self.tpos[r]
+        self.n_turns[r] += 1
+        self.token[slot], self.position[slot] = int(ids[-1]), start + len(ids)
+        self.stats["appended_tokens"] += len(ids)
+        return slot, start, written
+
     def completions(self) -> List[Completion]:
         return [Completion(r // self.group, self.out_tok[r, :n].tolist(), "stop" if self.stopped[r] else "length",
-                           self.out_scaled[r, :n].copy(), self.out_sampled[r, :n].copy())
+                           self.out_scaled[r, :n].copy(), self.out_sampled[r, :n].copy(),
+                           None if self.out_model is None else self.out_model[r, :n].copy(), int(self.n_turns[r]))
                 for r, n in enumerate(self.n_out)]
 
     def summary(self, seconds: float, cache: KVCache, compiled: int) -> dict:
-        new_tokens, s = int(self.n_out.sum()), self.stats
+        new_tokens, s = int(self.n_out.sum()) - self.stats["appended_tokens"], self.stats
         return {"rows": self.n_out.size, "new_tokens": new_tokens, "seconds": seconds,
                 "prefill_seconds": s["prefill_seconds"], "decode_seconds": s["decode_seconds"],
                 "decode_steps": s["decode_steps"], "prefilled_prompts": s["prefilled_prompts"],
@@ -421,4 +522,6 @@ class _Call:
                 "useful_fraction": new_tokens / max(s["rows_computed"], 1),
                 "slots": cache.slots, "slots_in_use": new_tokens / max(s["decode_steps"], 1),
                 "capacity": cache.capacity, "kv_bytes": cache.nbytes, "compiled_graphs": compiled,
-                "tokens_per_s": new_tokens / max(seconds, 1e-9)}
+                "tokens_per_s": new_tokens / max(seconds, 1e-9), "turns": int(self.n_turns.sum()),
+                "appended_tokens": s["appended_tokens"], "append_seconds": s["append_seconds"],
+                "append_calls": s["append_calls"], "waiting_seconds": s["waiting_seconds"]}

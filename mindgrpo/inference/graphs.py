@@ -18,6 +18,9 @@ tokens, a copy's padding) is masked until the row overwrites it.
                           home slots at positions [0, P); the last layer's attention and MLP are
                           not needed and not run
     CopyGraph    (n, P)   positions [0, P) of n source slots -> n destination slots
+    AppendGraph  (Ba, T)  a conversation's next turn (a tool's answer), right-padded -> its k/v into
+                          each slot at the slot's own positions [start, start + n), attending over
+                          the slot's cache (no prefill of the history); padding writes to the trash slot
     DecodeGraph  (B, L)   one token for each of B slots at its own position: writes its k/v,
                           attends over positions [0, L) of its slot (L, a length bucket, covers
                           every row's position; all slots and all positions: read in place),
@@ -190,6 +193,63 @@ class CopyGraph(nn.Cell):
             for cache in (self.cache.k[i], self.cache.v[i]):
                 done = done + (self.write(cache, dst_rows, ops.gather(cache, src_rows, 0)),)
         return ops.depend(ops.zeros((1,), ms.float32), done)
+
+
+def _append_inputs(m: InferenceModel, cache: KVCache, ids, slot, start, n):
+    """ids (Ba, T), slot, start, n (Ba,) -> x (Ba*T, H), cos, sin, the rows the tokens write (Ba*T*nkv,) and the
+    rows they read (Ba*nkv*C,), the bias (Ba, 1, 1, T, C): token t of a row sits at start + t and sees the
+    positions up to its own; tokens t >= n (padding) write to the trash slot."""
+    ba, t = ids.shape
+    nkv, length = m.nkv, cache.capacity
+    steps = ops.arange(t, dtype=ms.int32)
+    positions = start.reshape(ba, 1) + steps.reshape(1, t)  # (Ba, T)
+    valid = steps.reshape(1, t) < n.reshape(ba, 1)  # (Ba, T)
+    zero = ops.zeros((1,), ms.int32)
+    first = cache.rows(slot, zero).reshape(ba, 1, nkv)  # (Ba, 1, nkv): position 0's rows
+    trash = cache.rows(ops.fill(ms.int32, (1,), cache.slots), zero).reshape(1, 1, nkv)
+    write = ops.where(valid.reshape(ba, t, 1), first + positions.reshape(ba, t, 1),
+                      trash + steps.reshape(1, t, 1)).reshape(-1)  # (Ba*T*nkv,)
+    span = ops.arange(length, dtype=ms.int32)
+    read = (first.reshape(ba, nkv, 1) + span.reshape(1, 1, length)).reshape(-1)  # (Ba*nkv*C,)
+    visible = span.reshape(1, 1, length) <= positions.reshape(ba, t, 1)  # (Ba, T, C)
+    bias = ops.where(visible, 0.0, NEG_INF).astype(ms.float32).reshape(ba, 1, 1, t, length)
+    cos, sin = m.rope(ops.where(valid, positions, 0).reshape(-1))  # (Ba*T*(nh+nkv), d)
+    return m.embed(ids.reshape(-1)), cos, sin, write, read, bias
+
+
+def _append_layer(m: InferenceModel, layer, w, kc, vc, scatter, x, cos, sin, write, read, bias, last: bool):
+    """One layer of an append: writes the k/v of x (Ba*T, H) at its rows, then (unless last) attends over the
+    slot's cache -> the next residual (Ba*T, H) (last: x)."""
+    ba, t, length = bias.shape[0], bias.shape[-2], bias.shape[-1]
+    nh, nkv, g, d = m.nh, m.nkv, m.g, m.d
+    q, k, v = m.layer_qkv(layer, w, x, cos, sin)  # (Ba*T, nh or nkv, d)
+    kc = scatter(kc, write, k.reshape(-1, d).astype(kc.dtype))
+    vc = scatter(vc, write, v.reshape(-1, d).astype(vc.dtype))
+    if last:  # only the last layer's k/v are needed
+        return ops.depend(x, (kc, vc))
+    q = q.reshape(ba, t, nh, d).transpose(0, 2, 1, 3).reshape(ba, nkv, g * t, d)
+    keys = ops.gather(kc, read, 0).reshape(ba, nkv, length, d)
+    values = ops.gather(vc, read, 0).reshape(ba, nkv, length, d)
+    out = _attend(q, keys, values, bias).reshape(ba, nh, t, d).transpose(0, 2, 1, 3)  # (Ba, T, nh, d)
+    return m.layer_mlp(layer, w, m.layer_attention_out(layer, w, x, out.reshape(ba * t, nh * d)))
+
+
+class AppendGraph(nn.Cell):
+    """ids (Ba, T) int32 right-padded, slot, start, n (Ba,) int32 -> a scalar; writes the k/v of each row's n
+    tokens at positions [start, start + n) of its slot (a padding row: the trash slot, n = 0)."""
+
+    def __init__(self, model: InferenceModel, cache: KVCache):
+        super().__init__(auto_prefix=False)
+        self.model, self.cache = model, cache
+        self.write = ops.ScatterUpdate()
+
+    def construct(self, ids, slot, start, n):
+        m = self.model
+        x, cos, sin, write, read, bias = _append_inputs(m, self.cache, ids, slot, start, n)
+        for i in range(m.n_layers):
+            x = _append_layer(m, m.lm.model.layers[i], m.layer_weights(i), self.cache.k[i], self.cache.v[i],
+                              self.write, x, cos, sin, write, read, bias, i + 1 == m.n_layers)
+        return ops.depend(ops.zeros((1,), ms.float32), x)
 
 
 def _decode_inputs(m: InferenceModel, cache: KVCache, length: int, token, position, slot):

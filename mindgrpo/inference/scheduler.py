@@ -17,6 +17,9 @@ A sample starts decoding at its prompt's last token (position len(prompt) - 1): 
 the prompt without its last token, and the sample's first decode step writes that token's k/v and
 draws the first new token with the sample's own random stream.
 
+A sample of a conversation that ends its turn with a tool call is parked: it keeps its slot (and its
+cache rows) without decoding until the tool's answer has been appended, then decodes on.
+
 Per step the host work is O(slots), vectorised: the live slots, their positions and counters.
 """
 
@@ -74,13 +77,20 @@ class SlotScheduler:
     def __init__(self, prompts: int, group: int, slots: int):
         self.prompts, self.group, self.slots = prompts, group, slots
         self.request = np.full(slots, -1, np.int64)  # (S,) the request a slot decodes, -1 free
+        self.parked = np.zeros(slots, bool)  # (S,) its request waits for a tool's answer: not free, not decoding
         self.admitted = np.zeros(prompts, np.int64)  # samples of each prompt admitted so far
         self.next_prompt = 0  # the first prompt not started
         self._done: List[int] = []  # slots whose request finished since the last admit
 
     def live(self) -> np.ndarray:
-        """Slots decoding a request, ascending."""
-        return np.flatnonzero(self.request >= 0)
+        """Slots decoding a request, ascending (parked ones keep their request and do not decode)."""
+        return np.flatnonzero((self.request >= 0) & ~self.parked)
+
+    def park(self, slots: np.ndarray) -> None:
+        self.parked[slots] = True
+
+    def resume(self, slots: np.ndarray) -> None:
+        self.parked[slots] = False
 
     def finish(self, slots: np.ndarray) -> None:
         self._done.extend(int(s) for s in slots)
@@ -98,7 +108,7 @@ class SlotScheduler:
         g = self.group
         for s in self._done:  # hand over to the same prompt's next sample: its rows are in place
             p = int(self.request[s]) // g
-            self.request[s] = -1
+            self.request[s], self.parked[s] = -1, False
             if self.admitted[p] < g:
                 self._take(p, s, adm)
         self._done = []

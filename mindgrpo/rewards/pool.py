@@ -29,7 +29,7 @@ from typing import List, Mapping, Optional, Sequence
 
 from mindgrpo.rewards.registry import reward_origin
 from mindgrpo.rewards.scoring import Call, Outcome, RewardError
-from mindgrpo.rewards.worker import recv_frame, send_frame
+from mindgrpo.utils.frames import recv_frame, send_frame
 
 logger = logging.getLogger(__name__)
 

@@ -15,43 +15,11 @@ the worker ignores SIGINT and leaves the shutdown to its parent.
 
 from __future__ import annotations
 
-import os
-import pickle
 import signal
-import struct
 import sys
-from typing import Optional
 
+from mindgrpo.utils.frames import recv_frame, send_frame
 from mindgrpo.utils.process import die_with_parent
-
-_HEADER = struct.Struct(">Q")  # frame length in bytes
-
-
-def send_frame(fd: int, obj) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(_HEADER.pack(len(data)) + data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _read_exactly(fd: int, n: int) -> Optional[bytes]:
-    chunks, left = [], n
-    while left:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            return None  # the other side closed its end (or died)
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def recv_frame(fd: int):
-    """The next object from fd, or None at end of file."""
-    header = _read_exactly(fd, _HEADER.size)
-    if header is None:
-        return None
-    data = _read_exactly(fd, _HEADER.unpack(header)[0])
-    return None if data is None else pickle.loads(data)
 
 
 def _load(spec: dict) -> dict:

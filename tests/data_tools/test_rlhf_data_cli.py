@@ -293,3 +293,25 @@ def test_truncate_cuts_the_question_and_keeps_the_template(cli, tok_dir, tmp_pat
     question = text[len(before):len(text) - len(after)]
     assert len(question) < len(long_q)
     assert long_q.endswith(question) if side == "left" else long_q.startswith(question)
+
+
+QWEN3_TEMPLATE = REPO / "tests" / "data" / "qwen3_template" / "tokenizer_config.json"
+
+
+def test_tools_go_into_the_system_turn_by_the_chat_template(cli, tok_dir, tmp_path, capsys):
+    from mindgrpo.data.templates import R1_SYSTEM, render_chat
+    from mindgrpo.tools import tool_schema
+
+    src = write_jsonl(tmp_path / "raw.jsonl", GOOD[:2])
+    out = tmp_path / "tools.mindrecord"
+    assert cli.main([*tok_args(tok_dir), "--file_path", str(src), "--output_path", str(out), "--tools",
+                     "calculator,python", "--chat_template", str(QWEN3_TEMPLATE), "--max_prompt_length", "2048"]) == 0
+    assert "template chat_template(qwen3_template; tools calculator,python)" in capsys.readouterr().out
+    for row, record in zip(GOOD[:2], read_records(out)):
+        expected = render_chat([{"role": "system", "content": R1_SYSTEM}, {"role": "user", "content": row["question"]}],
+                               [tool_schema("calculator"), tool_schema("python")], tokenizer_config=str(QWEN3_TEMPLATE))
+        assert str(record["prompt"]) == expected and '"name": "calculator"' in expected
+    assert cli.main([*tok_args(tok_dir), "--file_path", str(src), "--output_path", str(tmp_path / "x.mindrecord"),
+                     "--tools", "search", "--chat_template", str(QWEN3_TEMPLATE)]) == 1
+    assert "unknown tool 'search'" in capsys.readouterr().err
+    assert not (tmp_path / "x.mindrecord").exists()

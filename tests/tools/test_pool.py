@@ -1,0 +1,137 @@
+"""The tool pool and the python sandbox against hostile tools: each misbehaviour is one counted error the model
+sees, the calls after it still run, and nothing is left behind (processes, scratch directories, files)."""
+
+import glob
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from mindgrpo.tools import ToolCall, ToolPool, ToolPoolError, check_call, load_tool_plugin
+from mindgrpo.tools.sandbox import SandboxLimits, run_python
+
+HOSTILE = str(Path(__file__).with_name("hostile_tools.py"))
+OUTSIDE = os.path.join(tempfile.gettempdir(), f"mindgrpo-escape-{os.getpid()}")
+
+
+def children_of(pid):
+    """Every live descendant of pid (from /proc)."""
+    parents = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            text = Path(stat).read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        parents.setdefault(int(fields[1]), []).append(int(stat.split("/")[2]))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return [p for p in out if Path(f"/proc/{p}/stat").read_text().split(") ")[1][0] != "Z"]
+
+
+HOSTILE_CODE = {  # python tool calls and what each must give
+    "sleeps": ("import time\ntime.sleep(60)", "timeout", "no result within"),
+    "spins": ("while True:\n    pass", "timeout", ""),
+    "crashes": ("import faulthandler\nfaulthandler._sigsegv()", "error", "SIGSEGV"),
+    "floods": ("print('x' * (10 << 20))", "error", "output over 65536 bytes"),
+    "network": ("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=3)", "error", "does not allow socket"),
+    "writes outside": (f"open({OUTSIDE!r}, 'w').write('x')", "error", "only inside its scratch directory"),
+    "removes outside": (f"import os\nos.remove({OUTSIDE!r})", "error", "only inside its scratch directory"),
+    "spawns": ("import subprocess\nsubprocess.run(['sleep', '100'])", "error", "does not allow subprocess.Popen"),
+    "raises": ("1 / 0", "error", "ZeroDivisionError: division by zero"),
+    "eats memory": ("x = bytearray(4 << 30)", "error", "MemoryError"),
+    "well behaved": ("import os\nopen('a.txt', 'w').write('hi')\nprint(open('a.txt').read(), os.listdir('.'))", "ok",
+                     "hi ['a.txt']"),
+}
+
+
+def test_the_sandbox_alone_refuses_each_and_leaves_nothing(tmp_path):
+    limits = SandboxLimits(cpu_s=2, wall_s=4.0, memory_mb=512)
+    Path(OUTSIDE + ".keep").write_text("mine")
+    for name, (code, status, needle) in HOSTILE_CODE.items():
+        result = run_python(code, limits, scratch_root=str(tmp_path))
+        assert (result.status, needle in result.output) == (status, True), (name, result)
+        assert result.seconds < limits.wall_s + 3, name
+        assert os.listdir(tmp_path) == [], name  # its scratch directory is gone
+    assert not os.path.exists(OUTSIDE)
+    assert children_of(os.getpid()) == []
+    os.remove(OUTSIDE + ".keep")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    load_tool_plugin(HOSTILE)
+    tools = {"calculator": {}, "python": {"cpu_s": 2, "wall_s": 4.0, "memory_mb": 512}, "sleeper": {},
+             "crasher": {}, "flood": {}, "raiser": {}, "echo": {"scale": 10}}
+    with ToolPool(tools, num_workers=2, timeout_s=6.0, max_chars=1000) as p:
+        yield p
+
+
+def test_hostile_calls_in_the_pool_each_an_error_and_the_rest_still_runs(pool):
+    allowed = set(pool.setup[0])
+    calls = [check_call(ToolCall("python", {"code": code}), allowed) for code, _, _ in HOSTILE_CODE.values()]
+    calls += [check_call(ToolCall(name), allowed) for name in ("sleeper", "crasher", "flood", "raiser")]
+    calls += [check_call(c, allowed) for c in (ToolCall("calculator", {"expression": "123+456+789"}),
+                                               ToolCall("calculator", {"expr": "1"}), ToolCall("nope"),
+                                               ToolCall("echo", {"n": 4}))]
+    start = time.monotonic()
+    results = pool.run(calls)
+    expected = [(s, n) for _, s, n in HOSTILE_CODE.values()] + [
+        ("timeout", "no result within 6 s"), ("error", "the tool crashed (its process ended with code 7)"),
+        ("error", "the output is over 1000 characters (10485760)"), ("error", "KeyError: 'missing thing'"),
+        ("ok", "1368"), ("error", "'expression' is a required property"), ("error", "unknown tool 'nope'"),
+        ("ok", '"n": 40')]
+    for call, result, (status, needle) in zip(calls, results, expected):
+        assert result.status == status and needle in result.text, (call, result)
+        assert result.response().startswith("error: ") == (status != "ok")
+    assert len(results[-7].text) < 1100  # the 10 MB answer comes back cut
+    assert pool.replaced == 2  # the sleeper's worker (killed at the timeout) and the crasher's
+    assert time.monotonic() - start < 60
+    assert not os.path.exists(OUTSIDE)
+    # after the replacements the pool still answers, and nothing of the dead workers remains
+    assert pool.run([ToolCall("calculator", {"expression": "2*21"})])[0].text == "42"
+    assert sorted(children_of(os.getpid())) == sorted(w.proc.pid for w in pool.workers)
+    assert sorted(os.listdir(pool.root)) == sorted(os.path.basename(w.tmp) for w in pool.workers)
+    assert all(os.listdir(w.tmp) == [] for w in pool.workers)  # no scratch directory left in any
+
+
+def test_submit_and_poll_while_other_work_goes_on(pool):
+    pool.submit("slow", ToolCall("python", {"code": "import time\ntime.sleep(1.0)\nprint('late')"}))
+    pool.submit("bad", ToolCall("calculator", error="the tool call is not valid JSON"))
+    pool.submit("fast", ToolCall("calculator", {"expression": "1+1"}))
+    first = pool.poll(0.0)
+    assert ("bad", ("error", "the tool call is not valid JSON")) in [(k, (r.status, r.text)) for k, r in first]
+    got = dict(first)
+    deadline = time.monotonic() + 30
+    while len(got) < 3 and time.monotonic() < deadline:
+        got.update(pool.poll(0.05))  # a decode step would run here
+    assert got["fast"].text == "2" and got["slow"].text == "late\n" and pool.pending == 0
+
+
+def test_close_leaves_nothing(tmp_path):
+    p = ToolPool({"calculator": {}}, num_workers=2, timeout_s=5.0)
+    assert p.run([ToolCall("calculator", {"expression": "3*3"})])[0].text == "9"
+    root, pids = p.root, [w.proc.pid for w in p.workers]
+    p.close()
+    assert not os.path.exists(root) and all(not os.path.exists(f"/proc/{pid}/cmdline") or
+                                            children_of(os.getpid()).count(pid) == 0 for pid in pids)
+
+
+def test_bad_settings_fail_at_construction_and_a_broken_plugin_at_start(tmp_path):
+    with pytest.raises(ValueError, match="tool 'python' has no setting"):
+        ToolPool({"python": {"timeout": 3}}, num_workers=1, timeout_s=5.0)
+    with pytest.raises(KeyError, match="unknown tool 'absent'"):
+        ToolPool({"absent": {}}, num_workers=1, timeout_s=5.0)
+    plugin = tmp_path / "breaks_in_workers.py"
+    plugin.write_text("import os\nfrom mindgrpo.tools import register_tool\n"
+                      "if os.environ.get('TMPDIR', '').find('mindgrpo-tools-') >= 0:\n    raise RuntimeError('no')\n"
+                      "register_tool('brk', description='', parameters={'type': 'object'})(lambda: 'x')\n")
+    load_tool_plugin(str(plugin))
+    with ToolPool({"brk": {}}, num_workers=1, timeout_s=5.0) as p:
+        with pytest.raises(ToolPoolError, match="could not load the tools"):
+            p.run([ToolCall("brk")])
