@@ -117,6 +117,10 @@ def test_resume_from_an_older_step_sets_the_newer_aside_and_resume_continues_exa
     r = run(out, *plugin, "--resume", "rl_config.max_steps=4", "rl_config.val_interval=2", "rl_config.save_interval=2",
             env={"MINDGRPO_PROGRESS_INTERVAL_S": "0.5"})  # the line of the step in flight, every half second
     assert f"the newest complete checkpoint is {ckpts / 'step_00000003'}" in r.stderr  # the new line, not step 4
+    # the resumed run did step 4 alone: the lines of the step in flight name it (x/4 | phase ... for ...)
+    running = [line.split("step ", 1)[1].split(" |")[0] for line in r.stderr.splitlines() if " for " in line
+               and "| phase " in line]
+    assert running and set(running) == {"4/4"}, running
     assert sorted(os.listdir(ckpts)) == aside + ["step_00000003", "step_00000004", "tokenizer"]  # kept aside, never counted
     a, b = weights(last_checkpoint(straight)), weights(last_checkpoint(out))
     assert sorted(a) == sorted(b)
@@ -128,10 +132,6 @@ def test_resume_from_an_older_step_sets_the_newer_aside_and_resume_continues_exa
     sa = {r["step"]: r for r in metrics(straight)}
     for r in metrics(out):
         assert r.get("loss") == sa[r["step"]].get("loss")
-    # the resumed run did step 4 alone: the lines of the step in flight name it (x/4 | phase ... for ...)
-    running = [line.split("step ", 1)[1].split(" |")[0] for line in r.stderr.splitlines() if " for " in line
-               and "| phase " in line]
-    assert running and set(running) == {"4/4"}, running
 
 
 @pytest.mark.slow
