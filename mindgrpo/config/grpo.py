@@ -42,6 +42,8 @@ INERT_UNLESS = (
     *((f"rl_config.{key}", lambda c: c.rl_config.val_interval > 0,
        "has no effect with rl_config.val_interval = 0 (no validation)")
       for key in ("val_n", "val_temperature", "val_before_train", "save_best")),
+    ("rl_config.memory_budget_gb", lambda c: c.rl_config.memory == "auto",
+     "is what rl_config.memory auto plans against; it has no effect with memory speed or low"),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
      "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
 )

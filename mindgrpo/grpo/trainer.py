@@ -28,6 +28,7 @@ from mindgrpo.grpo.train_graph import MAXIMA
 from mindgrpo.grpo.validation import Best, val_metrics
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.parallel.checkpoint_folders import BEST
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, checkpoint_root
 from mindgrpo.utils import heartbeat, host_memory
@@ -43,8 +44,10 @@ class GRPOTrainer:
                  ref_sync, memory, rewards, tokenizer, train_prompts: PromptSource,
                  val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
                  rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None, checkpoints=None,
-                 pipeline=None, ref_pipeline=None):
+                 pipeline=None, ref_pipeline=None, memory_policy: Optional[MemoryPolicy] = None):
         self.cfg = cfg
+        # the memory savers on: the builder's resolved rl_config.memory, else the config's explicit switches
+        self.memory_policy = mp = memory_policy or MemoryPolicy.of_config(cfg)
         rl, actor, gen = cfg.rl_config, cfg.actor_config, cfg.generate_config
         self.policy, self.inference, self.reference = policy, inference, reference
         self.engine, self.sync, self.ref_sync, self.memory = engine, sync, ref_sync, memory
@@ -77,11 +80,11 @@ class GRPOTrainer:
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
             temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
             pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, recompute=actor.recompute,
-            layerwise=actor.layerwise_update, head_rows=actor.head_rows_per_graph,
-            released=rl.release_graphs, **batching)  # released: the gradient accumulators exist in the update only
+            layerwise=mp.layerwise_update, head_rows=actor.head_rows_per_graph,
+            released=mp.release_graphs, **batching)  # released: the gradient accumulators exist in the update only
         self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline,
                                  **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor)),
-                                 layerwise=cfg.ref_config.layerwise) \
+                                 layerwise=mp.reference_layerwise) \
             if reference is not None else None
         self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline, **batching) \
             if self.needs_old and not rl.old_logprobs_from_rollout else None
@@ -174,7 +177,7 @@ class GRPOTrainer:
     def release(self, part) -> None:
         """With rl_config.release_graphs: a phase's compiled graphs (and the buffers the runtime keeps for
         them) dropped when the phase ends; `part` is the engine, a scorer or the updater."""
-        if self.cfg.rl_config.release_graphs and part is not None:
+        if self.memory_policy.release_graphs and part is not None:
             part.release()
 
     def reference_logprobs(self, exp: Experience) -> None:
@@ -210,7 +213,8 @@ class GRPOTrainer:
                                actor.warmup_steps, actor.lr_schedule, actor.min_lr)
                     # with release_graphs the step's last update drops its training graphs before the optimizer
                     # step: their buffers go before AdamW's are made
-                    last = rl.release_graphs and i == rl.num_iterations - 1 and k == rl.num_mini_batches - 1
+                    last = self.memory_policy.release_graphs and i == rl.num_iterations - 1 and \
+                        k == rl.num_mini_batches - 1
                     results.append(self.updater.update(exp.select(np.sort(order[k * rows:(k + 1) * rows])), lr,
                                                        release=last))
         self.release(self.updater)

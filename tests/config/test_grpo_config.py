@@ -37,7 +37,7 @@ FULL = GRPOConfig(
         ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, val_n=4, val_temperature=0.6,
         val_before_train=False, save_best="val/pass@2", save_interval=5, keep_last_k=3,
-        log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, release_graphs=True,
+        log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, memory="low", release_graphs=True,
         weight_sync_bucket_mb=64.5, collective_timeout_s=600.0, compile_timeout_s=1200.5, device_peak_tflops=280.5, dataset_path="data/train.jsonl",
         val_dataset_path="data/val.jsonl", output_dir="/tmp/mindgrpo-run"),
     actor_config=ActorConfig(
@@ -91,8 +91,9 @@ def test_yaml_that_sets_every_key():
     # the file leaves them at their defaults, test_synthetic_config_from_yaml sets them
     # (and only the actor's parallel_config may shard an optimizer; actor_config.recompute and layerwise_update,
     # generate_config.layerwise and ref_config.layerwise are refused with this file's tensor and pipeline
-    # parallelism, tests/grpo/test_recompute.py, test_layerwise.py and tests/inference/test_engine.py set them)
-    exempt = {"sft_config.teacher_carry_error", "ref_config.parallel_config.optimizer_shard",
+    # parallelism, tests/grpo/test_recompute.py, test_layerwise.py and tests/inference/test_engine.py set them;
+    # rl_config.memory_budget_gb is refused with this file's memory: low, tests/memory/test_auto.py sets it)
+    exempt = {"rl_config.memory_budget_gb", "sft_config.teacher_carry_error", "ref_config.parallel_config.optimizer_shard",
               "generate_config.parallel_config.optimizer_shard", "actor_config.recompute",
               "actor_config.layerwise_update", "generate_config.layerwise", "ref_config.layerwise"} | \
         set(VARIANT_SETTINGS)
