@@ -147,6 +147,11 @@ class RLConfig:
     # graphs (a few rows' buffers) and shrinks its KV cache and fused copies, and the gradient accumulators exist
     # only while an update runs
     release_graphs: Optional[bool] = None
+    # with release_graphs (which compiles the step's graphs again every step; MindSpore keeps a few MB of each
+    # compile): once the resident memory at a step's end is this fraction above the process's own at its second
+    # step, save a checkpoint and continue in a fresh process with --resume (mindgrpo/grpo/recycle.py): the same
+    # metrics.jsonl and TensorBoard run, no step lost. 0: never. One process only (not under msrun)
+    restart_on_memory_growth: float = 0.03
     # the weight sync (policy -> inference, reference) moves consecutive decoder layers (and the embedding,
     # the final norm, the head) together up to this many MiB of full fp32 parameters per bucket: a collective
     # and a compiled graph per bucket, not per layer. A bigger layer goes alone (Qwen2.5-7B: 889 MiB, one a
@@ -198,7 +203,7 @@ class RLConfig:
               f"must be a validation metric ({', '.join(self.val_metric_names)}), got {self.save_best!r}")
         check(self.device_peak_tflops is None or self.device_peak_tflops > 0, "device_peak_tflops",
               f"must be > 0 or null, got {self.device_peak_tflops}")
-        _check_non_negative(self, "collective_timeout_s", "weight_sync_bucket_mb")
+        _check_non_negative(self, "collective_timeout_s", "weight_sync_bucket_mb", "restart_on_memory_growth")
         check(self.memory_budget_gb is None or self.memory_budget_gb > 0, "memory_budget_gb",
               f"must be > 0 or null, got {self.memory_budget_gb}")
         check(self.collective_timeout_s == 0 or self.compile_timeout_s >= self.collective_timeout_s,

@@ -22,6 +22,7 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
+from mindgrpo.grpo.recycle import MemoryWatch, Restart
 from mindgrpo.grpo.rollouts import Rollouts, rollout_metrics, save_experience
 from mindgrpo.grpo.throughput import DEFAULT_PEAK_TFLOPS, PHASES, model_shape, perf_metrics, update_flops
 from mindgrpo.grpo.train_graph import MAXIMA
@@ -96,6 +97,9 @@ class GRPOTrainer:
         self.best = Best(rl.save_best) if rl.save_best else None
         # steps with a skipped update (non-finite loss or gradient norm): in all, and the last ones in a row
         self.bad_steps = {"total": 0, "in_a_row": 0}
+        # a fresh process when the resident memory grows (release_graphs compiles every step: mindgrpo/grpo/recycle.py)
+        growth = rl.restart_on_memory_growth
+        self.memory_watch = MemoryWatch(growth) if mp.release_graphs and growth > 0 and self.devices == 1 else None
         memory.register("grads", extra_bytes=self.updater.buffer.nbytes())
         memory.register("optimizer", self.updater.resident_parameters())
 
@@ -380,11 +384,15 @@ class GRPOTrainer:
                     shown["host"] = f"{metrics['memory/host_resident_bytes'] / 1e9:.2f} GB"
                 logger.info(self.progress.line(self.step, shown))
             self.check_bad_steps()  # after logging the step, before saving it
-            if (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps:
+            saved = (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps
+            restart = self.memory_watch is not None and self.step < rl.max_steps and self.memory_watch.due()
+            if saved or restart:
                 with heartbeat.phase("save"):  # barriers under msrun: the watchdog names this phase
                     self.save()
             if self.best is not None and self.best.update(metrics, self.step):
                 with heartbeat.phase("save"):
                     self.save(BEST)
             last = metrics
+            if restart:  # the recipe continues in a fresh process from the checkpoint just saved
+                raise Restart(self.step, self.memory_watch.reason)
         return last
