@@ -85,11 +85,11 @@ def _settable(cfg: GRPOConfig) -> Tuple[Dict[str, bool], Tuple[str, ...], Tuple[
     return user, tuple(free), tuple(inert)
 
 
-def _policy(cfg, mcfg, setting, on, user, inert, available, where, note="") -> MemoryPolicy:
+def _policy(cfg, mcfg, setting, on, user, inert, available, where, note="", cpu=True) -> MemoryPolicy:
     switches = {**{k: k in on for k in SAVERS}, **user}
     set_by = tuple((k, "user" if k in user else "n/a" if k in inert else setting) for k in SAVERS)
     p = plan(apply(cfg, {SAVERS[k][0]: v for k, v in switches.items() if k not in inert}), mcfg)
-    if p.cpu_graphs:
+    if cpu and p.cpu_graphs:  # the process on MindSpore's CPU runtime, graph buffers counted
         planned = p.cpu_phase_peaks(switches["release_graphs"])
     else:  # device memory: the ledger's groups and the update's activations (`MemoryPlan.total`)
         planned = {phase: p.total(phase, cfg.rl_config.swap) for phase in p.phases}
@@ -106,15 +106,20 @@ def choose(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str = "CPU", one_d
     where = "given"
     if available is None:
         available, where = device_available(device_target)
+    cpu = device_target == "CPU"
     if setting == "speed":
-        return _policy(cfg, mcfg, setting, (), user, inert, available, where)
+        return _policy(cfg, mcfg, setting, (), user, inert, available, where, cpu=cpu)
     if setting == "low":
-        return _policy(cfg, mcfg, setting, free, user, inert, available, where)
+        return _policy(cfg, mcfg, setting, free, user, inert, available, where, cpu=cpu)
     if device_target != "CPU" or not one_device:
         why = ("the savers were measured on MindSpore's CPU runtime only" if device_target != "CPU"
                else "several processes share this host and the plan has no graph figures for their layouts")
-        return _policy(cfg, mcfg, setting, (), user, inert, available, where,
-                       note=f"auto leaves the unset savers off here ({why}); set them by hand if the step does not fit")
+        note = f"auto leaves the unset savers off here ({why}); set them by hand if the step does not fit"
+        if device_target != "CPU" and cfg.rl_config.swap:  # NOT TESTED: swap parks every group on the host
+            host, parked = host_available(), sum(plan(cfg, mcfg).groups.values())
+            note += (f"; swap parks up to {parked / 2 ** 30:.1f} GiB on the host, which has {host / 2 ** 30:.1f} GiB "
+                     + ("available" if parked <= (1 - MARGIN) * host else "available: NOT enough"))
+        return _policy(cfg, mcfg, setting, (), user, inert, available, where, note=note, cpu=cpu)
     subsets = [c for r in range(len(free) + 1) for c in itertools.combinations(free, r)]
     subsets.sort(key=lambda on: relative_time((*on, *(k for k, v in user.items() if v))))
     for on in subsets:

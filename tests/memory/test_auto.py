@@ -82,6 +82,16 @@ def test_a_saver_that_cannot_act_is_left_unset_so_the_config_stays_valid():
         apply(cfg, {"ref_config.layerwise": True})
 
 
+def test_auto_leaves_the_savers_off_where_the_plan_has_no_figures_for_them():
+    """Ascend (the savers were measured on the CPU runtime; planned on the device ledger) and several processes."""
+    cfg, m = load("qwen2_5_0_5b")
+    p = choose(cfg, m, "Ascend", available=64 * GiB)
+    assert switches(p) == OFF and "CPU runtime only" in p.note and "swap parks up to" in p.note
+    assert p.peak == plan(cfg, m).peak(True)  # the device ledger with swap (rl_config.swap is on)
+    p = choose(cfg, m, "CPU", one_device=False, available=64 * GiB)
+    assert switches(p) == OFF and "several processes" in p.note
+
+
 def test_memory_budget_is_read_with_auto_only():
     with pytest.raises(ConfigError, match="memory_budget_gb"):
         load_config(GRPOConfig, overrides=["rl_config.memory=speed", "rl_config.memory_budget_gb=24"])
