@@ -77,7 +77,7 @@ def main(argv=None) -> int:
         if argv is not None:  # called in-process (not as the script): leave the process to the caller
             print(f"grpo_one_stage: {e}; run again with --resume to continue", file=sys.stderr)
             return 3
-        exec_fresh(restart_argv(sys.executable, sys.argv))
+        exec_fresh(restart_argv(sys.executable, sys.argv), str(e))
 
 
 if __name__ == "__main__":

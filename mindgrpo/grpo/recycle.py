@@ -81,12 +81,13 @@ def restart_argv(executable: str, argv: List[str]) -> List[str]:
     return out + ["--resume"]
 
 
-def exec_fresh(argv: List[str]) -> None:
+def exec_fresh(argv: List[str], why: str = "") -> None:
     """Become the fresh process (`os.execv`, the same pid): the log files flushed and closed first."""
     import logging
     import sys
 
-    logging.getLogger("mindgrpo").warning("continuing in a fresh process: %s", " ".join(argv[1:]))
+    logging.getLogger("mindgrpo").warning("%scontinuing in a fresh process: %s", f"{why}: " if why else "",
+                                          " ".join(argv[1:]))
     os.environ[RESTARTS_ENV] = str(restarts() + 1)
     logging.shutdown()
     sys.stdout.flush()
