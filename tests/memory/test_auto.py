@@ -134,3 +134,10 @@ def test_the_builder_hands_the_policy_to_the_engine_the_updater_and_the_scorer(t
     part = Part()
     trainer.release(part)  # a phase's graphs dropped when it ends: release_graphs from the policy
     assert part.released == 1
+
+
+def test_the_restart_bound_is_read_only_where_graphs_can_be_released():
+    for off in (["rl_config.release_graphs=false"], ["rl_config.memory=speed"]):
+        with pytest.raises(ConfigError, match="restart_on_memory_growth"):
+            load_config(GRPOConfig, overrides=off + ["rl_config.restart_on_memory_growth=0.05"])
+    load_config(GRPOConfig, overrides=["rl_config.restart_on_memory_growth=0.05"])  # auto may release them
