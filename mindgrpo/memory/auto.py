@@ -128,8 +128,8 @@ def choose(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str = "CPU", one_d
             return policy
     return dataclasses.replace(
         _policy(cfg, mcfg, setting, free, user, inert, available, where),
-        note="no set of savers fits: every saver is on; lower max_num_seqs, micro_batch_size or the lengths, or "
-             "free memory (scripts/plan_memory.py shows each phase)")
+        note="no set of savers fits: every saver left to auto is on; lower max_num_seqs, micro_batch_size or the "
+             "lengths, or free memory (scripts/plan_memory.py shows each phase)")
 
 
 def choose_for_run(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str, world_size: int) -> MemoryPolicy:
