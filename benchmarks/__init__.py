@@ -27,6 +27,7 @@ ratio against a baseline timed side by side in the same run. benchmarks/README.m
     reward_pool          the reward worker pool: start-up, scoring in the pool against in process
     checkpoint_save      the crash-safe checkpoint save (fsync, SHA-256, manifest) against a plain save
     readme_table         the README's performance table, generated from the results files
+    soak                 resident memory per step over a long run under release_graphs, with the trainer's restarts
 
 Shared pieces: `harness` (timing loops, run stamps, result files), `workers` (sides in their own processes;
 one failing stops the others), `tiny_models` (the model configs, the same weights on both sides),

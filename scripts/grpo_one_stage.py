@@ -67,6 +67,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from mindgrpo.grpo.recycle import Restart, exec_fresh, restart_argv
     from mindgrpo.grpo.run import SetupError, run
     from mindgrpo.rewards import RewardError
 
@@ -75,6 +76,11 @@ def main(argv=None) -> int:
     except (SetupError, RewardError) as e:  # RewardError: a reward function broke its contract
         print(f"grpo_one_stage: error: {e}", file=sys.stderr)
         return 2
+    except Restart as e:  # resident memory grew (rl_config.restart_on_memory_growth): the same run, a fresh process
+        if argv is not None:  # called in-process (not as the script): leave the process to the caller
+            print(f"grpo_one_stage: {e}; run again with --resume to continue", file=sys.stderr)
+            return 3
+        exec_fresh(restart_argv(sys.executable, sys.argv), str(e))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ weights), and an activation estimate for the update (mindgrpo/memory/plan.py say
 it adds what MindSpore 2.10's CPU runtime keeps for the compiled graphs of each phase (measured at
 the Qwen2.5-0.5B shape, scaled) and the CPU peak with the graphs kept or released
 (rl_config.release_graphs).
+
+Last, what rl_config.memory decides for this config (the same block a run logs at start-up: each memory
+saver, who set it, the planned peak per phase, fits or not), planned against --device_gb when given, else
+rl_config.memory_budget_gb, else this host's available memory now.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import sys
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="GRPO YAML")
-    ap.add_argument("--device_gb", type=float, default=64.0, help="device memory in GiB (default 64)")
+    ap.add_argument("--device_gb", type=float, help="device memory in GiB (default: for the fits lines 64, for "
+                    "rl_config.memory the config's memory_budget_gb, else this host's available memory)")
     ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     args = ap.parse_args(argv)
 
     from mindgrpo.config import ConfigError, GRPOConfig, load_config
+    from mindgrpo.memory.auto import apply, choose
     from mindgrpo.memory.plan import plan, report
     from mindgrpo.models.checkpoint import find_config
     from mindgrpo.models.config import Qwen2Config
@@ -50,7 +56,14 @@ def main(argv=None) -> int:
           f"{cfg.rl_config.batch_size} prompts x {cfg.rl_config.num_generations} samples, prompt <= "
           f"{cfg.generate_config.max_prompt_length}, response <= {cfg.generate_config.max_tokens} tokens, "
           f"micro-batch {cfg.actor_config.micro_batch_size}.\n")
-    print(report(plan(cfg, mcfg, reward_models=reward_models), int(args.device_gb * 2 ** 30)))
+    print(report(plan(cfg, mcfg, reward_models=reward_models), int((args.device_gb or 64.0) * 2 ** 30)))
+    budget = args.device_gb or cfg.rl_config.memory_budget_gb
+    policy = choose(cfg, mcfg, "CPU", actor.world_size == 1, None if budget is None else int(budget * 2 ** 30))
+    print("\nThe plan above is of the config's explicit switches (an unset one: off). What rl_config.memory decides "
+          "on one CPU device, and the plan with its choice:\n")
+    print(policy.summary())
+    if policy.overrides():
+        print("\n" + report(plan(apply(cfg, policy.overrides()), mcfg, reward_models=reward_models)))
     return 0
 
 

@@ -26,7 +26,9 @@ LAYERS = (
     # questions from .jsonl / .json files (their final answers read as rewards.answer reads them)
     ("config", "inference"),  # the run's frozen config (validated against grpo.algos), the rollout engine
     ("parallel", "eval"),  # placement: devices, collectives, layouts, resharding, checkpoint I/O; evaluation
-    ("grpo", "memory.plan"),  # the trainer and its composition root; the memory planner
+    ("memory.plan",),  # the memory planner
+    ("memory.auto",),  # rl_config.memory: the memory savers chosen from the plan (a MemoryPolicy)
+    ("grpo",),  # the trainer and its composition root
 )
 
 

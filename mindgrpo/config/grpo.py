@@ -94,6 +94,12 @@ INERT_UNLESS = (
     *((f"sft_config.{key}", lambda c: c.sft_config.steps > 0,
        "has no effect with sft_config.steps = 0 (no warm start); to switch off a recipe's warm start, set the "
        "section whole: sft_config={steps: 0}") for key in ("lr", "batch_size", "teacher_carry_error")),
+    ("rl_config.memory_budget_gb", lambda c: c.rl_config.memory == "auto",
+     "is what rl_config.memory auto plans against; it has no effect with memory speed or low"),
+    ("rl_config.restart_on_memory_growth", lambda c: c.rl_config.release_graphs or
+     (c.rl_config.release_graphs is None and c.rl_config.memory != "speed"),
+     "watches the growth that rl_config.release_graphs makes; it has no effect with release_graphs off "
+     "(false, or unset with rl_config.memory speed)"),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
      "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
 )

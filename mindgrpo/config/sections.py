@@ -147,12 +147,27 @@ class RLConfig:
     max_bad_steps: int = 3  # steps in a row with a non-finite loss or gradient norm before the run stops
     completions_interval: int = 10  # completions.jsonl gets step 1 and every N-th step; 0 never
     swap: bool = True  # host-memory swap between phases (mindgrpo/memory/swap.py)
-    # drop each phase's compiled graphs when it ends (rollout and validation, reference, old log-probs, update):
-    # MindSpore's CPU runtime keeps a graph's buffers until the cell that compiled it is deleted, so a step then
-    # holds one phase's buffers at a time instead of every phase's, and compiles its graphs again every step
-    # (git show 997488e:benchmarks/results/graph_release.md); the engine keeps its decode graphs (a few rows' buffers) and shrinks
-    # its KV cache and fused copies, and the gradient accumulators exist only while an update runs
-    release_graphs: bool = False
+    # the memory policy (mindgrpo/memory/policy.py, docs/memory_setting.md): "auto" plans the step
+    # (mindgrpo/memory/plan.py) against the memory this placement has and turns on the fastest set of memory
+    # savers (release_graphs, actor_config.layerwise_update, ref_config.layerwise, generate_config.layerwise) that
+    # fits with a 10% margin; "speed" every saver off; "low" every saver that can act in this config on. A saver
+    # set here (true / false, not null) keeps its value whatever the policy
+    memory: Literal["auto", "speed", "low"] = "auto"
+    # with memory auto: the GiB to plan against; null: what the placement has at start-up (the host's available
+    # memory on a CPU, the device's HBM on Ascend)
+    memory_budget_gb: Optional[float] = None
+    # a memory saver (null: rl_config.memory decides). Drop each phase's compiled graphs when it ends (rollout and
+    # validation, reference, old log-probs, update): MindSpore's CPU runtime keeps a graph's buffers until the cell
+    # that compiled it is deleted, so a step then holds one phase's buffers at a time instead of every phase's,
+    # and compiles its graphs again every step (git show 997488e:benchmarks/results/graph_release.md); the engine keeps its decode
+    # graphs (a few rows' buffers) and shrinks its KV cache and fused copies, and the gradient accumulators exist
+    # only while an update runs
+    release_graphs: Optional[bool] = None
+    # with release_graphs (which compiles the step's graphs again every step; MindSpore keeps a few MB of each
+    # compile): once the resident memory at a step's end is this fraction above the process's own at its second
+    # step, save a checkpoint and continue in a fresh process with --resume (mindgrpo/grpo/recycle.py): the same
+    # metrics.jsonl and TensorBoard run, no step lost. 0: never. One process only (not under msrun)
+    restart_on_memory_growth: float = 0.03
     # the weight sync (policy -> inference, reference) moves consecutive decoder layers (and the embedding,
     # the final norm, the head) together up to this many MiB of full fp32 parameters per bucket: a collective
     # and a compiled graph per bucket, not per layer. A bigger layer goes alone (Qwen2.5-7B: 889 MiB, one a
@@ -207,7 +222,9 @@ class RLConfig:
               f"must be a validation metric ({', '.join(self.val_metric_names)}), got {self.save_best!r}")
         check(self.device_peak_tflops is None or self.device_peak_tflops > 0, "device_peak_tflops",
               f"must be > 0 or null, got {self.device_peak_tflops}")
-        _check_non_negative(self, "collective_timeout_s", "weight_sync_bucket_mb")
+        _check_non_negative(self, "collective_timeout_s", "weight_sync_bucket_mb", "restart_on_memory_growth")
+        check(self.memory_budget_gb is None or self.memory_budget_gb > 0, "memory_budget_gb",
+              f"must be > 0 or null, got {self.memory_budget_gb}")
         check(self.collective_timeout_s == 0 or self.compile_timeout_s >= self.collective_timeout_s,
               "compile_timeout_s", f"must be >= collective_timeout_s = {self.collective_timeout_s}, "
               f"got {self.compile_timeout_s}")
@@ -261,8 +278,9 @@ class ActorConfig:
     # the training step as a host loop over one compiled decoder-layer graph (mindgrpo/grpo/layerwise.py): each
     # layer's forward, then from the last layer to the first its forward again and its backward; the same
     # gradients, and the compiled graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime
-    # keeps them all: git show 997488e:benchmarks/results/layerwise.md). One device, right-padded rows
-    layerwise_update: bool = False
+    # keeps them all: git show 997488e:benchmarks/results/layerwise.md). One device, right-padded rows. A memory saver (null:
+    # rl_config.memory decides)
+    layerwise_update: Optional[bool] = None
     # with layerwise_update: the rows of a micro-batch the final norm, vocabulary head and loss take a graph call
     # (their buffers grow with rows x response length x vocabulary); the same loss, metrics and gradients, to
     # rounding (a loss with top_entropy_quantile < 1 takes its quantile over one call's tokens: its head takes the
@@ -316,8 +334,8 @@ class RefConfig:
     # the reference's scoring as a host loop over one compiled decoder-layer graph (mindgrpo/grpo/layerwise.py,
     # LayerwiseLogProbs), as actor_config.layerwise_update runs the update: the same log-probs, and the compiled
     # graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime keeps them all). One device,
-    # right-padded rows (max_tokens_per_micro_batch 0)
-    layerwise: bool = False
+    # right-padded rows (max_tokens_per_micro_batch 0). A memory saver (null: rl_config.memory decides)
+    layerwise: Optional[bool] = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
@@ -355,8 +373,9 @@ class GenerateConfig:
     inference_weights: Literal["auto", "copy"] = "auto"
     # the engine's graphs one decoder layer at a time (mindgrpo/inference/engine.py): one compiled prefill / decode
     # layer graph (and fused-weight refresh) run for every layer, so MindSpore's CPU runtime keeps one layer's
-    # buffers instead of every layer's; the same tokens and log-probs bit for bit. No tensor parallelism
-    layerwise: bool = False
+    # buffers instead of every layer's; the same tokens and log-probs bit for bit. No tensor parallelism. A memory
+    # saver (null: rl_config.memory decides)
+    layerwise: Optional[bool] = None
     # with layerwise: the decoder layers in one decode graph (the last graph the rest). A decode step runs at every
     # token and each graph call costs milliseconds; more layers a graph, fewer calls and more buffers held (the
     # Qwen2.5-0.5B shape, 16 slots: 1 layer 35.0 s of decode, 4 layers 21.1 s, the same memory;

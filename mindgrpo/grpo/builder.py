@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import check
 from mindgrpo.grpo.prompts import PromptSource, check_vocabulary
+from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.models.presets import resolve_model_config
 
 if TYPE_CHECKING:  # for the types of Parts only: importing these here would load MindSpore with the builder
@@ -90,6 +91,7 @@ class Parts:
     pipeline: Optional[Pipeline] = None  # the policy's pipeline stage
     ref_pipeline: Optional[Pipeline] = None  # the reference model's
     reward_models: Optional[ModelRewards] = None  # reward_config.reward_models (grpo/reward_models.py)
+    memory_policy: Optional[MemoryPolicy] = None  # rl_config.memory resolved (`mindgrpo/memory/auto.py`)
 
 
 def model_config_file(cfg: GRPOConfig, paths: Paths) -> Tuple[str, str]:
@@ -188,14 +190,17 @@ def build_rewards(cfg: GRPOConfig) -> RewardSet:
                      timeout_s=rc.timeout_s)
 
 
-def build_engine(cfg: GRPOConfig, inference, pad_token_id: int):
-    """The rollout engine of one inference replica, sized by generate_config."""
+def build_engine(cfg: GRPOConfig, inference, pad_token_id: int, memory_policy: Optional[MemoryPolicy] = None):
+    """The rollout engine of one inference replica, sized by generate_config; layer by layer where the memory
+    policy (default: the config's explicit switches) says so."""
     from mindgrpo.inference.engine import RolloutEngine
 
     gen = cfg.generate_config
+    memory_policy = memory_policy or MemoryPolicy.of_config(cfg)
     return RolloutEngine(inference, pad_token_id=pad_token_id, max_num_seqs=gen.max_num_seqs,
                          max_num_batched_tokens=gen.max_num_batched_tokens,
-                         max_model_len=gen.max_prompt_length + gen.max_tokens, layerwise=gen.layerwise,
+                         max_model_len=gen.max_prompt_length + gen.max_tokens,
+                         layerwise=memory_policy.generate_layerwise,
                          decode_layers_per_graph=gen.decode_layers_per_graph,
                          max_prefill_tokens=gen.max_prefill_tokens)
 
@@ -216,6 +221,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
     from mindgrpo.grpo.reward_models import build_model_rewards
+    from mindgrpo.memory.auto import choose_for_run
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.models.config import Qwen2Config
     from mindgrpo.parallel.checkpoints import checkpoint_root
@@ -226,6 +232,10 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     config_file, model_source = model_config_file(cfg, paths)
     mcfg = Qwen2Config.load(config_file, compute_dtype=cfg.actor_config.dtype)
     placement.check(mcfg)
+    # the memory savers: rl_config.memory planned against what this placement has, one block in the log
+    memory_policy = choose_for_run(cfg, mcfg, placement.device, cfg.actor_config.parallel_config.world_size)
+    for line in memory_policy.summary().splitlines():
+        logger.info("%s", line)
     tokenizer = build_tokenizer(cfg, paths)
     train, val = build_prompts(cfg, paths, tokenizer)
     if mcfg.vocab_size < tokenizer.vocab_size:
@@ -263,7 +273,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         for p in reference.get_parameters():
             p.requires_grad = False
     memory = SwapManager(enabled=rl.swap, device=placement.device, shared_inference=shared)  # real moves on Ascend
-    rollout = build_engine(cfg, inference, tokenizer.pad_token_id)
+    rollout = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy)
     memory.register("policy", policy.get_parameters())
     held = {id(p) for p in policy.get_parameters()}  # shared: the inference group is the fused copies alone
     memory.register("inference", [p for p in rollout.resident_parameters() if id(p) not in held])
@@ -289,7 +299,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
                  rank=placement.rank, grad_reducer=placement.grad_reducer(),
                  pipeline=placement.pipeline("policy", policy.dtype),
                  ref_pipeline=placement.pipeline("reference", reference.dtype) if reference is not None else None,
-                 reward_models=reward_models)
+                 reward_models=reward_models, memory_policy=memory_policy)
 
 
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):
@@ -301,4 +311,4 @@ def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_di
                        val_prompts=parts.val_prompts, metrics_log=metrics_log, progress=progress,
                        output_dir=output_dir, rank=parts.rank, grad_reducer=parts.grad_reducer,
                        checkpoints=parts.checkpoints, pipeline=parts.pipeline, ref_pipeline=parts.ref_pipeline,
-                       reward_models=parts.reward_models)
+                       reward_models=parts.reward_models, memory_policy=parts.memory_policy)

@@ -169,6 +169,7 @@ def run(args) -> int:
     from mindgrpo.data.tokenizer import write_run_tokenizer
     from mindgrpo.grpo import builder
     from mindgrpo.grpo.sft import sft_warm_start
+    from mindgrpo.grpo.recycle import Restart
     from mindgrpo.grpo.trainer import TrainingStopped
     from mindgrpo.parallel.checkpoints import checkpoint_root
     from mindgrpo.utils.metrics_log import MetricsLogger, setup_logging
@@ -239,6 +240,9 @@ def run(args) -> int:
         metrics_log.close()
         logger.error("%s", e)
         return 1
+    except Restart:  # the checkpoint is saved: the caller continues in a fresh process (grpo/recycle.py)
+        metrics_log.close()
+        raise
     finally:
         ticker.stop()
         parts.rewards.close()  # the reward workers (also stopped at exit)

@@ -22,12 +22,14 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
+from mindgrpo.grpo.recycle import MemoryWatch, Restart
 from mindgrpo.grpo.rollouts import Rollouts, rollout_metrics, save_experience
 from mindgrpo.grpo.throughput import DEFAULT_PEAK_TFLOPS, PHASES, model_shape, perf_metrics, update_flops
 from mindgrpo.grpo.train_graph import MAXIMA
 from mindgrpo.grpo.validation import Best, val_metrics
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.parallel.checkpoint_folders import BEST
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, checkpoint_root
 from mindgrpo.rewards.combine import add_model_scores
@@ -44,8 +46,10 @@ class GRPOTrainer:
                  ref_sync, memory, rewards, tokenizer, train_prompts: PromptSource,
                  val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
                  rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None, checkpoints=None,
-                 pipeline=None, ref_pipeline=None, reward_models=None):
+                 pipeline=None, ref_pipeline=None, reward_models=None, memory_policy: Optional[MemoryPolicy] = None):
         self.cfg = cfg
+        # the memory savers on: the builder's resolved rl_config.memory, else the config's explicit switches
+        self.memory_policy = mp = memory_policy or MemoryPolicy.of_config(cfg)
         rl, actor, gen = cfg.rl_config, cfg.actor_config, cfg.generate_config
         self.policy, self.inference, self.reference = policy, inference, reference
         self.engine, self.sync, self.ref_sync, self.memory = engine, sync, ref_sync, memory
@@ -79,11 +83,11 @@ class GRPOTrainer:
             weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
             temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
             pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, recompute=actor.recompute,
-            layerwise=actor.layerwise_update, head_rows=actor.head_rows_per_graph,
-            released=rl.release_graphs, **batching)  # released: the gradient accumulators exist in the update only
+            layerwise=mp.layerwise_update, head_rows=actor.head_rows_per_graph,
+            released=mp.release_graphs, **batching)  # released: the gradient accumulators exist in the update only
         self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline,
                                  **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor)),
-                                 layerwise=cfg.ref_config.layerwise) \
+                                 layerwise=mp.reference_layerwise) \
             if reference is not None else None
         self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline, **batching) \
             if self.needs_old and not rl.old_logprobs_from_rollout else None
@@ -95,6 +99,9 @@ class GRPOTrainer:
         self.best = Best(rl.save_best) if rl.save_best else None
         # steps with a skipped update (non-finite loss or gradient norm): in all, and the last ones in a row
         self.bad_steps = {"total": 0, "in_a_row": 0}
+        # a fresh process when the resident memory grows (release_graphs compiles every step: mindgrpo/grpo/recycle.py)
+        growth = rl.restart_on_memory_growth
+        self.memory_watch = MemoryWatch(growth) if mp.release_graphs and growth > 0 and self.devices == 1 else None
         memory.register("grads", extra_bytes=self.updater.buffer.nbytes())
         memory.register("optimizer", self.updater.resident_parameters())
 
@@ -182,7 +189,7 @@ class GRPOTrainer:
     def release(self, part) -> None:
         """With rl_config.release_graphs: a phase's compiled graphs (and the buffers the runtime keeps for
         them) dropped when the phase ends; `part` is the engine, a scorer or the updater."""
-        if self.cfg.rl_config.release_graphs and part is not None:
+        if self.memory_policy.release_graphs and part is not None:
             part.release()
 
     def reference_logprobs(self, exp: Experience) -> None:
@@ -218,7 +225,8 @@ class GRPOTrainer:
                                actor.warmup_steps, actor.lr_schedule, actor.min_lr)
                     # with release_graphs the step's last update drops its training graphs before the optimizer
                     # step: their buffers go before AdamW's are made
-                    last = rl.release_graphs and i == rl.num_iterations - 1 and k == rl.num_mini_batches - 1
+                    last = self.memory_policy.release_graphs and i == rl.num_iterations - 1 and \
+                        k == rl.num_mini_batches - 1
                     results.append(self.updater.update(exp.select(np.sort(order[k * rows:(k + 1) * rows])), lr,
                                                        release=last))
         self.release(self.updater)
@@ -419,11 +427,15 @@ class GRPOTrainer:
                     shown["host"] = f"{metrics['memory/host_resident_bytes'] / 1e9:.2f} GB"
                 logger.info(self.progress.line(self.step, shown))
             self.check_bad_steps()  # after logging the step, before saving it
-            if (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps:
+            saved = (rl.save_interval and self.step % rl.save_interval == 0) or self.step == rl.max_steps
+            restart = self.memory_watch is not None and self.step < rl.max_steps and self.memory_watch.due()
+            if saved or restart:
                 with heartbeat.phase("save"):  # barriers under msrun: the watchdog names this phase
                     self.save()
             if self.best is not None and self.best.update(metrics, self.step):
                 with heartbeat.phase("save"):
                     self.save(BEST)
             last = metrics
+            if restart:  # the recipe continues in a fresh process from the checkpoint just saved
+                raise Restart(self.step, self.memory_watch.reason)
         return last

@@ -258,13 +258,18 @@ class MemoryPlan:
         key leaves); they include the update's activations. With release_graphs the engine's KV cache and
         fused layer copies go with its graphs (`RolloutEngine.release`): resident in the rollout only; and the
         gradient accumulators in the update only (`GradBuffer.release`)."""
+        return max(self.cpu_phase_peaks(release).values())
+
+    def cpu_phase_peaks(self, release: bool) -> Dict[str, int]:
+        """phase -> the process's planned peak during it (`cpu_peak`'s terms). With the graphs kept every phase
+        holds every phase's graphs from the second step on, so each phase's figure is the same."""
         phases = {k: v for k, v in self.cpu_graphs.items() if k != "sync"}  # the weight sync's are never released
         base = int(CPU_RUNTIME_BYTES) + self.phase_bytes("sync", False) + self.cpu_graphs.get("sync", 0)
         if not release:
-            return base + sum(phases.values())
+            return {k: base + sum(phases.values()) for k in phases}
         engine, grads = self.fused + self.groups["kv_cache"], self.groups["grads"]
-        return base + max(v - (0 if k == "rollout" else engine) - (0 if k == "update" else grads)
-                          for k, v in phases.items())
+        return {k: base + v - (0 if k == "rollout" else engine) - (0 if k == "update" else grads)
+                for k, v in phases.items()}
 
     def cpu_built(self, release: bool) -> int:
         """The built trainer on MindSpore 2.10's CPU runtime (one device): the process's own and every group (the

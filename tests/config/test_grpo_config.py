@@ -39,7 +39,7 @@ FULL = GRPOConfig(
         ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, val_n=4, val_temperature=0.6,
         val_before_train=False, save_best="val/pass@2", save_interval=5, keep_last_k=3,
-        log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, release_graphs=True,
+        log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, memory="low", release_graphs=True, restart_on_memory_growth=0.05,
         weight_sync_bucket_mb=64.5, collective_timeout_s=600.0, compile_timeout_s=1200.5, device_peak_tflops=280.5, dataset_path="data/train.jsonl",
         val_dataset_path="data/val.jsonl", output_dir="/tmp/mindgrpo-run"),
     actor_config=ActorConfig(
@@ -98,8 +98,9 @@ def test_yaml_that_sets_every_key():
     # generate_config.layerwise and ref_config.layerwise are refused with this file's tensor and pipeline
     # parallelism, tests/grpo/test_recompute.py, test_layerwise.py and tests/inference/test_engine.py set them,
     # and with them actor_config.head_rows_per_graph and generate_config.decode_layers_per_graph, which act only
-    # with those switches)
-    exempt = {"sft_config.teacher_carry_error", "actor_config.head_rows_per_graph",
+    # with those switches; rl_config.memory_budget_gb is refused with this file's memory: low,
+    # tests/memory/test_auto.py sets it)
+    exempt = {"rl_config.memory_budget_gb", "sft_config.teacher_carry_error", "actor_config.head_rows_per_graph",
               "generate_config.decode_layers_per_graph", "ref_config.parallel_config.optimizer_shard",
               "generate_config.parallel_config.optimizer_shard", "actor_config.recompute",
               "actor_config.layerwise_update", "generate_config.layerwise", "ref_config.layerwise"} | \

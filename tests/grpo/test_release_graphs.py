@@ -67,7 +67,9 @@ def run(release: bool, layerwise: bool = False):
     """STEPS steps with beta > 0 (reference scoring) and two updates per rollout (old log-probs scored);
     layerwise: actor_config.layerwise_update and ref_config.layerwise on."""
     cfg = from_dict(GRPOConfig, {"rl_config": dict(batch_size=2, num_generations=G, max_steps=STEPS, beta=0.04,
-                                                   num_iterations=2, release_graphs=release),
+                                                   num_iterations=2, release_graphs=release,
+                                                   # in-process: no restart in a fresh process (grpo/recycle.py)
+                                                   **({"restart_on_memory_growth": 0.0} if release else {})),
                                  "actor_config": {"micro_batch_size": 4, "lr": 1e-2, "layerwise_update": layerwise},
                                  "ref_config": {"layerwise": layerwise}})
     data = {"prompt_ids": [np.array([k, k + 1]) for k in range(10, 30)], "prompt_length": [2] * 20,

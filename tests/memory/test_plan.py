@@ -243,19 +243,19 @@ def test_the_issue_20_step_with_the_four_switches_is_planned_as_measured(layers,
         CPU_RUNTIME_BYTES + deep.phase_bytes("sync", False) - deep.fused - deep.groups["kv_cache"], rel=1e-9)
 
 
-def test_the_0_5b_recipe_sets_the_four_switches_and_is_planned_to_fit_a_24_gb_cpu_machine():
-    """model_configs/qwen_grpo/qwen2_5_0_5b: the issue-20 workload with answers of up to 256 tokens, one device.
-    Its plan on a CPU (every group resident, graph buffers counted, release_graphs on) stays under 20 GB, the
-    24 GB machine's room beside the system; the same file without the switches would not fit."""
+def test_the_0_5b_recipe_relies_on_auto_and_is_planned_to_fit_a_24_gb_cpu_machine():
+    """model_configs/qwen_grpo/qwen2_5_0_5b: the issue-20 workload with answers of up to 256 tokens, one device,
+    no memory saver set (rl_config.memory auto chooses: tests/memory/test_auto.py). With every saver on its plan on
+    a CPU (every group resident, graph buffers counted, release_graphs on) stays under 20 GB, the 24 GB machine's
+    room beside the system; with every saver off it would not fit."""
     cfg, m = load("qwen2_5_0_5b")
-    assert (cfg.rl_config.release_graphs, cfg.actor_config.layerwise_update, cfg.ref_config.layerwise,
-            cfg.generate_config.layerwise) == (True, True, True, True)
+    assert (cfg.rl_config.memory, cfg.rl_config.release_graphs, cfg.actor_config.layerwise_update,
+            cfg.ref_config.layerwise, cfg.generate_config.layerwise) == ("auto", None, None, None, None)
     assert (m.num_hidden_layers, m.hidden_size, m.vocab_size) == (24, 896, 151936) and cfg.rl_config.beta > 0
-    p = plan(cfg, m)
-    assert p.shared and p.cpu_peak(True) < 20e9
-    off = plan(*load("qwen2_5_0_5b", "rl_config.release_graphs=false", "actor_config.layerwise_update=false",
-                     "ref_config.layerwise=false", "generate_config.layerwise=false"))
-    assert off.cpu_peak(False) > 24e9
+    on = plan(*load("qwen2_5_0_5b", "rl_config.release_graphs=true", "actor_config.layerwise_update=true",
+                    "ref_config.layerwise=true", "generate_config.layerwise=true"))
+    assert on.shared and on.cpu_peak(True) < 20e9
+    assert plan(cfg, m).cpu_peak(False) > 24e9  # unset is off for the plan itself
 
 
 def test_one_copy_of_the_weights_where_the_inference_layout_is_the_training_layout():
@@ -294,13 +294,16 @@ def test_one_copy_of_the_weights_where_the_inference_layout_is_the_training_layo
 def test_plan_memory_says_when_it_counts_one_copy():
     script = os.path.join(REPO, "scripts", "plan_memory.py")
     tiny = os.path.join(CONFIGS, "tiny", "grpo_config.yaml")
-    shared = subprocess.run([sys.executable, script, "--config", tiny], capture_output=True, text=True,
-                            check=True).stdout
+    shared = subprocess.run([sys.executable, script, "--config", tiny, "--device_gb", "24"], capture_output=True,
+                            text=True, check=True).stdout
     copy = subprocess.run([sys.executable, script, "--config", tiny, "generate_config.inference_weights=copy"],
                           capture_output=True, text=True, check=True).stdout
     assert "One copy of the weights" in shared and "One copy of the weights" not in copy
     assert "| inference (the fused layer copies alone) |" in shared and "| sync | policy |" in shared
     assert "| sync | policy + sync bucket |" in copy
+    # and what rl_config.memory decides: the tiny default on a 24 GiB budget keeps every saver off (fastest)
+    assert "memory: rl_config.memory=auto, planned against" in shared
+    assert "  rl_config.release_graphs         off  (auto;" in shared and "fits in" in shared
 
 
 def test_plan_memory_counts_a_reward_model_in_its_own_phase(tmp_path):

@@ -1,0 +1,112 @@
+"""Resident memory over a long run: `scripts/grpo_one_stage.py` for N GRPO steps, the memory at each step's end.
+
+    python -m benchmarks.soak [--steps 200] [--shapes tiny 0_5b_2_layers] [--growth 0.03] [--output PATH]
+
+Shapes (each one run of the real command line, in a child process; the memory from the run's own metrics.jsonl,
+`memory/host_resident_bytes`, which every process of the run appends to):
+- `tiny`: the tiny default with rl_config.release_graphs=true (which compiles the step's graphs again every step),
+  no warm start, no validation, no sample logging.
+- `0_5b_2_layers`: the 0.5B recipe (model_configs/qwen_grpo/qwen2_5_0_5b) at 2 decoder layers (random weights, the
+  synthetic task and its tokenizer instead of GSM8K), 128 new tokens, the four memory savers on.
+
+Both with rl_config.restart_on_memory_growth = --growth (mindgrpo/grpo/recycle.py: past it the trainer saves a
+checkpoint and continues in a fresh process, the same run). Reported per shape: the resident memory at steps 1..N,
+the fresh processes the run took, whether every step 1..N was logged exactly once (no step lost or run twice), and
+the goal: the resident memory at step N within 3% of step 20 (step N's against step min(20, N / 2) on shorter runs).
+GB = 10^9 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, stamp_lines, write_results
+
+SCRIPT = os.path.join(REPO, "scripts", "grpo_one_stage.py")
+QUIET = ["sft_config.steps=0", "rl_config.val_interval=0", "rl_config.completions_interval=0",
+         "rl_config.save_interval=0"]
+
+
+def _two_layer_model(folder: str) -> str:
+    from mindgrpo.models.presets import resolve_model_config
+
+    with open(resolve_model_config("qwen2_5_0_5b"), encoding="utf-8") as f:
+        text = f.read().replace("num_hidden_layers: 24", "num_hidden_layers: 2")
+    path = os.path.join(folder, "qwen2_5_0_5b_2_layers.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def command(shape: str, steps: int, growth: float, folder: str) -> list:
+    args = [sys.executable, SCRIPT, "--output_dir", os.path.join(folder, "run"), *QUIET,
+            f"rl_config.max_steps={steps}", f"rl_config.restart_on_memory_growth={growth}",
+            "rl_config.release_graphs=true"]
+    if shape == "tiny":
+        return args
+    recipe = os.path.join(REPO, "model_configs", "qwen_grpo", "qwen2_5_0_5b", "grpo_config.yaml")
+    return args + ["--config", recipe, f"actor_config.model={_two_layer_model(folder)}",
+                   "generate_config.max_tokens=128", "actor_config.layerwise_update=true", "ref_config.layerwise=true",
+                   "generate_config.layerwise=true"]
+
+
+def soak(shape: str, steps: int, growth: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="soak_") as folder:
+        cmd = command(shape, steps, growth, folder)
+        log = os.path.join(folder, "console.log")
+        with open(log, "w") as out:
+            rc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
+        text = open(log, encoding="utf-8", errors="replace").read()
+        if rc != 0:
+            raise SystemExit(f"soak: {shape} failed ({rc}):\n" + text[-3000:])
+        rows = [json.loads(line) for line in open(os.path.join(folder, "run", "metrics.jsonl"), encoding="utf-8")]
+    logged = [r["step"] for r in rows if "memory/host_resident_bytes" in r]
+    rss = {r["step"]: r["memory/host_resident_bytes"] / 1e9 for r in rows if "memory/host_resident_bytes" in r}
+    ref = min(20, max(1, steps // 2))
+    return {"steps": steps, "rss_gb": [rss[k] for k in sorted(rss)], "reference_step": ref,
+            "restarts": len(re.findall(r"continuing in a fresh process", text)),
+            "every_step_once": sorted(logged) == list(range(1, steps + 1)),
+            "growth_at_end": rss[steps] / rss[ref] - 1, "within_3_percent": rss[steps] <= 1.03 * rss[ref],
+            "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c for c in cmd[1:])}
+
+
+def markdown(res: dict) -> str:
+    lines = ["# Resident memory over a long run (benchmarks/soak.py)", "", *stamp_lines(res),
+             f"rl_config.restart_on_memory_growth = {res['growth']}: past it the trainer saves a checkpoint and continues "
+             "in a fresh process. GB = 10^9 bytes.", "",
+             "| shape | steps | resident at step ref / N (GB) | change | fresh processes | every step logged once |",
+             "|---|---|---|---|---|---|"]
+    for shape, r in res["shapes"].items():
+        ref = r["reference_step"]
+        lines.append(f"| {shape} | {r['steps']} | {r['rss_gb'][ref - 1]:.3f} (step {ref}) / {r['rss_gb'][-1]:.3f} | "
+                     f"{r['growth_at_end']:+.1%} | {r['restarts']} | {'yes' if r['every_step_once'] else 'NO'} |")
+    lines.append("")
+    for shape, r in res["shapes"].items():
+        lines += [f"{shape}, resident memory at each step (GB): " + ", ".join(f"{v:.3f}" for v in r["rss_gb"]), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--shapes", nargs="+", default=["tiny", "0_5b_2_layers"], choices=["tiny", "0_5b_2_layers"])
+    ap.add_argument("--growth", type=float, default=0.03, help="rl_config.restart_on_memory_growth")
+    ap.add_argument("--output", default=os.path.join(RESULTS, "soak.json"))
+    args = ap.parse_args(argv)
+    res = dict(run_stamp("benchmarks.soak", argv), code=code_version(), growth=args.growth, shapes={})
+    for shape in args.shapes:
+        res["shapes"][shape] = soak(shape, args.steps, args.growth)
+        print(json.dumps({shape: {k: v for k, v in res["shapes"][shape].items() if k != "rss_gb"}}), flush=True)
+    res["load_average_end"] = os.getloadavg()[0]
+    write_results(args.output, res, markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The run's memory policy: which memory savers are on, and why (the resolved `rl_config.memory`).
+
+`rl_config.memory` names a policy: `speed` (every saver off: the fastest step), `low` (every saver that
+can act in this config on) or `auto` (the fastest set whose planned peak fits the memory this placement
+has, with a margin: `mindgrpo/memory/auto.py`). A saver set in the config by the user (not null) keeps
+the user's value whatever the policy. The result is this frozen object, which the builder logs once at
+start-up and hands to the trainer, the rollout engine, the updater and the scorer instead of loose flags.
+
+The savers, their config keys and their cost in time (measured on MindSpore 2.10's CPU runtime;
+DEVELOPERS.md has the figures; `docs/memory_setting.md` is the user's table):
+
+    release_graphs       rl_config.release_graphs          each phase's compiled graphs dropped when it ends
+                                                           (compiled again next step: the costliest)
+    layerwise_update     actor_config.layerwise_update     the update as one decoder-layer graph run per layer
+    reference_layerwise  ref_config.layerwise              the reference's scoring so too
+    generate_layerwise   generate_config.layerwise         the rollout engine's graphs so too
+
+No MindSpore and no config import here: this is plain data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+SETTINGS = ("auto", "speed", "low")
+
+# policy field -> (config key, relative step time when on: the ordering `auto` uses to find the fastest set that
+# fits). From the measured costs: release_graphs compiles the step's graphs again every step (the tiny default
+# ~4x its step, the 0.5B shape at 2 layers 1.16x); the layerwise update 1.24x / 0.98x at 2 / 4 layers; the
+# layerwise rollout's decode 1.3x (21.1 against 16.2 s at 24 layers); the layerwise reference, a forward pass
+# only, least.
+SAVERS: Dict[str, Tuple[str, float]] = {
+    "layerwise_update": ("actor_config.layerwise_update", 1.10),
+    "reference_layerwise": ("ref_config.layerwise", 1.05),
+    "generate_layerwise": ("generate_config.layerwise", 1.20),
+    "release_graphs": ("rl_config.release_graphs", 1.50),
+}
+
+
+def relative_time(on) -> float:
+    """The step's planned time relative to every saver off, for the savers named in `on`."""
+    return math.prod(SAVERS[name][1] for name in on)
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """The resolved memory policy. `set_by` says for each saver who chose it: "user" (set in the config),
+    or the setting ("auto", "speed", "low"); "n/a" when it cannot act in this config (left off)."""
+
+    setting: str = "speed"
+    release_graphs: bool = False
+    layerwise_update: bool = False
+    reference_layerwise: bool = False
+    generate_layerwise: bool = False
+    set_by: Tuple[Tuple[str, str], ...] = ()
+    planned: Tuple[Tuple[str, int], ...] = ()  # phase -> planned peak bytes of the process (CPU) or device
+    peak: int = 0  # the planned peak, bytes (0: not planned)
+    available: int = 0  # the memory planned against, bytes (0: unknown)
+    margin: float = 0.10  # the planned peak must stay below (1 - margin) x available
+    where: str = ""  # what `available` is ("host MemAvailable", "device HBM", ...)
+    note: str = ""  # why the choice is what it is, when it is not simply "fits"
+
+    @classmethod
+    def from_switches(cls, switches: Dict[str, bool | None], setting: str = "speed") -> "MemoryPolicy":
+        """The policy of explicit switches (a part built without the builder): each unset one off."""
+        return cls(setting=setting, **{k: bool(switches.get(k)) for k in SAVERS},
+                   set_by=tuple((k, "user" if switches.get(k) is not None else setting) for k in SAVERS))
+
+    @classmethod
+    def of_config(cls, cfg) -> "MemoryPolicy":
+        """The switches as `cfg` (a GRPOConfig) sets them, each unset one off: what a trainer built without the
+        builder (tests, benchmarks) runs with. The builder resolves rl_config.memory instead (`memory/auto.py`)."""
+        values = {}
+        for name, (key, _) in SAVERS.items():
+            section, field_name = key.split(".")
+            values[name] = getattr(getattr(cfg, section), field_name)
+        return cls.from_switches(values, setting="unset")
+
+    @property
+    def on(self) -> Tuple[str, ...]:
+        return tuple(k for k in SAVERS if getattr(self, k))
+
+    @property
+    def fits(self) -> bool:
+        return not self.available or self.peak <= (1 - self.margin) * self.available
+
+    def overrides(self) -> Dict[str, bool]:
+        """config key -> value for every saver this policy decided (not the user's, not those that cannot act)."""
+        return {SAVERS[k][0]: getattr(self, k) for k, who in self.set_by if who not in ("user", "n/a")}
+
+    def summary(self) -> str:
+        """The start-up block: the setting, each saver and who set it, the planned peak per phase."""
+        gib = 2 ** 30
+        lines = [f"memory: rl_config.memory={self.setting}"
+                 + (f", planned against {self.available / gib:.1f} GiB ({self.where}) with a {self.margin:.0%} margin"
+                    if self.available else "")]
+        who = dict(self.set_by)
+        for name, (key, cost) in SAVERS.items():
+            lines.append(f"  {key:<32} {'on ' if getattr(self, name) else 'off'}  ({who.get(name, self.setting)}; "
+                         f"~{cost:.2f}x step time when on)")
+        if self.planned:
+            lines.append("  planned peak by phase: " + ", ".join(f"{p} {b / gib:.2f} GiB" for p, b in self.planned))
+        if self.peak:
+            lines.append(f"  planned peak {self.peak / gib:.2f} GiB: "
+                         + ("fits" if self.fits else "does NOT fit")
+                         + (f" in {(1 - self.margin) * self.available / gib:.1f} GiB" if self.available else "")
+                         + f"; step time ~{relative_time(self.on):.2f}x the fastest")
+        if self.note:
+            lines.append(f"  {self.note}")
+        return "\n".join(lines)
