@@ -58,7 +58,8 @@ def main(argv=None) -> int:
           f"micro-batch {cfg.actor_config.micro_batch_size}.\n")
     print(report(plan(cfg, mcfg, reward_models=reward_models), int((args.device_gb or 64.0) * 2 ** 30)))
     budget = args.device_gb or cfg.rl_config.memory_budget_gb
-    policy = choose(cfg, mcfg, "CPU", actor.world_size == 1, None if budget is None else int(budget * 2 ** 30))
+    policy = choose(cfg, mcfg, "CPU", actor.world_size == 1, None if budget is None else int(budget * 2 ** 30),
+                    reward_models=reward_models)
     print("\nThe plan above is of the config's explicit switches (an unset one: off). What rl_config.memory decides "
           "on one CPU device, and the plan with its choice:\n")
     print(policy.summary())

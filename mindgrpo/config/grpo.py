@@ -39,7 +39,7 @@ ACTS_ALWAYS = (
     "rl_config.rollout_correction", "rl_config.old_logprobs_from_rollout", "rl_config.dynamic_sampling",
     "rl_config.overlong_filtering", "rl_config.val_interval", "rl_config.save_interval", "rl_config.keep_last_k",
     "rl_config.log_interval", "rl_config.max_bad_steps", "rl_config.completions_interval", "rl_config.swap",
-    "rl_config.release_graphs", "rl_config.device_peak_tflops", "rl_config.dataset_path", "rl_config.output_dir",
+    "rl_config.release_graphs", "rl_config.memory", "rl_config.device_peak_tflops", "rl_config.dataset_path", "rl_config.output_dir",
     # these three act where the run moves weights (a copy or a reference) or runs under msrun: the launch and the
     # weights' paths decide it, not the config
     "rl_config.weight_sync_bucket_mb", "rl_config.collective_timeout_s", "rl_config.compile_timeout_s",
@@ -64,6 +64,11 @@ ACTS_ALWAYS = (
 # (rl_config is not reset whole as sft_config={steps: 0} resets the warm start's keys)
 KEPT_WHEN_OFF = ("rl_config.val_size", "rl_config.val_dataset_path")
 
+def may_be_on(cfg, saver: Optional[bool]) -> bool:
+    """Whether a memory saver (true / false, or null: rl_config.memory decides at build) can be on in this run."""
+    return bool(saver) or (saver is None and cfg.rl_config.memory != "speed")
+
+
 # Keys that cannot take effect in some configs: set to anything but their default there, they are
 # an error, since whoever reads the config would believe they act. (dotted key or section, when
 # it takes effect, why not)
@@ -78,10 +83,10 @@ INERT_UNLESS = (
      "applies to packed rows only; it has no effect without actor_config.packing"),
     ("actor_config.min_lr", lambda c: c.actor_config.lr_schedule != "constant",
      "is the floor of a decaying lr_schedule; it has no effect with lr_schedule 'constant'"),
-    ("actor_config.head_rows_per_graph", lambda c: c.actor_config.layerwise_update,
-     "has no effect without actor_config.layerwise_update"),
-    ("generate_config.decode_layers_per_graph", lambda c: c.generate_config.layerwise,
-     "has no effect without generate_config.layerwise"),
+    ("actor_config.head_rows_per_graph", lambda c: may_be_on(c, c.actor_config.layerwise_update),
+     "has no effect without actor_config.layerwise_update (false, or unset with rl_config.memory speed)"),
+    ("generate_config.decode_layers_per_graph", lambda c: may_be_on(c, c.generate_config.layerwise),
+     "has no effect without generate_config.layerwise (false, or unset with rl_config.memory speed)"),
     ("reward_config.timeout_s", lambda c: c.reward_config.num_workers > 0,
      "has no effect with reward_config.num_workers = 0 (rewards run in the trainer's process, without a timeout)"),
     ("reward_config.cosine", lambda c: "cosine" in c.reward_config.verifier_function,
@@ -96,8 +101,7 @@ INERT_UNLESS = (
        "section whole: sft_config={steps: 0}") for key in ("lr", "batch_size", "teacher_carry_error")),
     ("rl_config.memory_budget_gb", lambda c: c.rl_config.memory == "auto",
      "is what rl_config.memory auto plans against; it has no effect with memory speed or low"),
-    ("rl_config.restart_on_memory_growth", lambda c: c.rl_config.release_graphs or
-     (c.rl_config.release_graphs is None and c.rl_config.memory != "speed"),
+    ("rl_config.restart_on_memory_growth", lambda c: may_be_on(c, c.rl_config.release_graphs),
      "watches the growth that rl_config.release_graphs makes; it has no effect with release_graphs off "
      "(false, or unset with rl_config.memory speed)"),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,

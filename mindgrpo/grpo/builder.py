@@ -217,6 +217,21 @@ def inference_shares_policy(cfg: GRPOConfig, paths: Paths, placement: Placement)
         os.path.realpath(paths.sft_path_infer) == os.path.realpath(paths.sft_path_train)
 
 
+def reward_model_configs(cfg: GRPOConfig) -> list:
+    """The model configs of reward_config.reward_models, in order (for the memory plan): each entry's config, else
+    the one beside its weights."""
+    from mindgrpo.models.checkpoint import find_config
+    from mindgrpo.models.config import Qwen2Config
+
+    out = []
+    for i, entry in enumerate(cfg.reward_config.reward_models):
+        try:
+            out.append(Qwen2Config.load(entry.config or find_config(entry.path)))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"reward_config.reward_models[{i}].path: {e}") from None
+    return out
+
+
 def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
@@ -233,7 +248,8 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     mcfg = Qwen2Config.load(config_file, compute_dtype=cfg.actor_config.dtype)
     placement.check(mcfg)
     # the memory savers: rl_config.memory planned against what this placement has, one block in the log
-    memory_policy = choose_for_run(cfg, mcfg, placement.device, cfg.actor_config.parallel_config.world_size)
+    memory_policy = choose_for_run(cfg, mcfg, placement.device, cfg.actor_config.parallel_config.world_size,
+                                   reward_models=reward_model_configs(cfg))
     for line in memory_policy.summary().splitlines():
         logger.info("%s", line)
     tokenizer = build_tokenizer(cfg, paths)

@@ -23,9 +23,10 @@ there and says whether the step fits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import ConfigError
@@ -85,10 +86,11 @@ def _settable(cfg: GRPOConfig) -> Tuple[Dict[str, bool], Tuple[str, ...], Tuple[
     return user, tuple(free), tuple(inert)
 
 
-def _policy(cfg, mcfg, setting, on, user, inert, available, where, note="", cpu=True) -> MemoryPolicy:
+def _policy(cfg, mcfg, setting, on, user, inert, available, where, note="", cpu=True, reward_models=()) -> MemoryPolicy:
     switches = {**{k: k in on for k in SAVERS}, **user}
     set_by = tuple((k, "user" if k in user else "n/a" if k in inert else setting) for k in SAVERS)
-    p = plan(apply(cfg, {SAVERS[k][0]: v for k, v in switches.items() if k not in inert}), mcfg)
+    p = plan(apply(cfg, {SAVERS[k][0]: v for k, v in switches.items() if k not in inert}), mcfg,
+             reward_models=reward_models)
     if cpu and p.cpu_graphs:  # the process on MindSpore's CPU runtime, graph buffers counted
         planned = p.cpu_phase_peaks(switches["release_graphs"])
     else:  # device memory: the ledger's groups and the update's activations (`MemoryPlan.total`)
@@ -99,8 +101,10 @@ def _policy(cfg, mcfg, setting, on, user, inert, available, where, note="", cpu=
 
 
 def choose(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str = "CPU", one_device: bool = True,
-           available: Optional[int] = None) -> MemoryPolicy:
-    """The memory policy of `cfg` (rl_config.memory) for its model `mcfg` on `device_target`."""
+           available: Optional[int] = None, reward_models: Sequence[Qwen2Config] = ()) -> MemoryPolicy:
+    """The memory policy of `cfg` (rl_config.memory) for its model `mcfg` on `device_target`; `reward_models`: the
+    model configs of reward_config.reward_models, in order (`memory.plan.plan`)."""
+    policy = functools.partial(_policy, reward_models=reward_models)
     setting = cfg.rl_config.memory
     user, free, inert = _settable(cfg)
     where = "given"
@@ -108,33 +112,34 @@ def choose(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str = "CPU", one_d
         available, where = device_available(device_target)
     cpu = device_target == "CPU"
     if setting == "speed":
-        return _policy(cfg, mcfg, setting, (), user, inert, available, where, cpu=cpu)
+        return policy(cfg, mcfg, setting, (), user, inert, available, where, cpu=cpu)
     if setting == "low":
-        return _policy(cfg, mcfg, setting, free, user, inert, available, where, cpu=cpu)
+        return policy(cfg, mcfg, setting, free, user, inert, available, where, cpu=cpu)
     if device_target != "CPU" or not one_device:
         why = ("the savers were measured on MindSpore's CPU runtime only" if device_target != "CPU"
                else "several processes share this host and the plan has no graph figures for their layouts")
         note = f"auto leaves the unset savers off here ({why}); set them by hand if the step does not fit"
         if device_target != "CPU" and cfg.rl_config.swap:  # NOT TESTED: swap parks every group on the host
-            host, parked = host_available(), sum(plan(cfg, mcfg).groups.values())
+            host, parked = host_available(), sum(plan(cfg, mcfg, reward_models=reward_models).groups.values())
             note += (f"; swap parks up to {parked / 2 ** 30:.1f} GiB on the host, which has {host / 2 ** 30:.1f} GiB "
                      + ("available" if parked <= (1 - MARGIN) * host else "available: NOT enough"))
-        return _policy(cfg, mcfg, setting, (), user, inert, available, where, note=note, cpu=cpu)
+        return policy(cfg, mcfg, setting, (), user, inert, available, where, note=note, cpu=cpu)
     subsets = [c for r in range(len(free) + 1) for c in itertools.combinations(free, r)]
     subsets.sort(key=lambda on: relative_time((*on, *(k for k, v in user.items() if v))))
     for on in subsets:
-        policy = _policy(cfg, mcfg, setting, on, user, inert, available, where)
-        if policy.fits:
-            return policy
+        chosen = policy(cfg, mcfg, setting, on, user, inert, available, where)
+        if chosen.fits:
+            return chosen
     return dataclasses.replace(
-        _policy(cfg, mcfg, setting, free, user, inert, available, where),
+        policy(cfg, mcfg, setting, free, user, inert, available, where),
         note="no set of savers fits: every saver left to auto is on; lower max_num_seqs, micro_batch_size or the "
              "lengths, or free memory (scripts/plan_memory.py shows each phase)")
 
 
-def choose_for_run(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str, world_size: int) -> MemoryPolicy:
+def choose_for_run(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str, world_size: int,
+                   reward_models: Sequence[Qwen2Config] = ()) -> MemoryPolicy:
     """The builder's call: the placement's device, whether it is one process, and rl_config.memory_budget_gb
     (a stated size instead of what the placement has now)."""
     budget = cfg.rl_config.memory_budget_gb
     return choose(cfg, mcfg, device_target, world_size == 1,
-                  available=None if budget is None else int(budget * 2 ** 30))
+                  available=None if budget is None else int(budget * 2 ** 30), reward_models=reward_models)

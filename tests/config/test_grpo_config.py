@@ -286,10 +286,10 @@ def test_removed_keys_are_unknown(key):
     (["reward_config.cosine.max_len=100"], "reward_config.cosine.max_len", "lists cosine"),
     (["reward_config.soft_overlong.buffer_len=16"], "reward_config.soft_overlong.buffer_len", "lists soft_overlong"),
     (["rl_config.kl_kind=k3"], "rl_config.kl_kind", "rl_config.beta = 0"),
-    (["actor_config.head_rows_per_graph=2"], "actor_config.head_rows_per_graph",
-     "without actor_config.layerwise_update"),
-    (["generate_config.decode_layers_per_graph=2"], "generate_config.decode_layers_per_graph",
-     "without generate_config.layerwise"),
+    (["actor_config.layerwise_update=false", "actor_config.head_rows_per_graph=2"],
+     "actor_config.head_rows_per_graph", "without actor_config.layerwise_update"),
+    (["generate_config.decode_layers_per_graph=2", "rl_config.memory=speed"],
+     "generate_config.decode_layers_per_graph", "without generate_config.layerwise"),
     (["sft_config.lr=1e-4"], "sft_config.lr", "sft_config.steps = 0"),
     (["sft_config.batch_size=4"], "sft_config.batch_size", "sft_config.steps = 0"),
     (["sft_config={steps: 0}"], None, None),  # how a recipe's warm start is switched off: the section set whole
@@ -435,7 +435,12 @@ def test_every_config_key_acts_always_or_has_its_dependency():
 
 # the overrides under which a dependency's condition is false, for those whose condition holds at the defaults
 CONDITION_FALSE = {"synthetic_config": ["rl_config.dataset_path=train.mindrecord"],
-                   "reward_config.timeout_s": ["reward_config.num_workers=0"]}
+                   "reward_config.timeout_s": ["reward_config.num_workers=0"],
+                   # a memory saver left unset may be turned on by rl_config.memory: off explicitly
+                   "actor_config.head_rows_per_graph": ["actor_config.layerwise_update=false"],
+                   "generate_config.decode_layers_per_graph": ["generate_config.layerwise=false"],
+                   "rl_config.restart_on_memory_growth": ["rl_config.release_graphs=false"],
+                   "rl_config.memory_budget_gb": ["rl_config.memory=speed"]}
 
 
 OWN_CHECK_FIRST = {"rl_config.val_n"}
@@ -448,7 +453,8 @@ def _witness(key):
     """A value other than the default for `key`, valid in its section: full_grpo.yaml's (or the synthetic YAML's)."""
     default, full = dict(leaves(to_dict(GRPOConfig()))), dict(leaves(to_dict(FULL)))
     synthetic = {f"synthetic_config.{k}": v for k, v in leaves(to_dict(SYNTHETIC))}
-    others = {"sft_config.teacher_carry_error": 0.5, "actor_config.head_rows_per_graph": 2,
+    others = {"sft_config.teacher_carry_error": 0.5, "actor_config.head_rows_per_graph": 2, "ref_config.layerwise": True,
+              "rl_config.memory_budget_gb": 16.0,
               "generate_config.decode_layers_per_graph": 2, "rl_config.save_best": "val/accuracy"}
     for table in (others, full, synthetic, VARIANT_SETTINGS):
         if key in table and table[key] != default[key]:

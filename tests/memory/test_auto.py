@@ -116,7 +116,7 @@ def test_the_builder_hands_the_policy_to_the_engine_the_updater_and_the_scorer(t
 
     micro = os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")
     cfg = load_config(GRPOConfig, overrides=[f"actor_config.model={micro}", "rl_config.memory=low",
-                                              "rl_config.beta=0.05", "generate_config.max_tokens=8",
+                                              "rl_config.beta=0.05", "generate_config.max_tokens=8", "generate_config.max_prompt_length=128",
                                               "synthetic_config.template=raw", "rl_config.batch_size=2",
                                               "rl_config.num_generations=4", "actor_config.micro_batch_size=4"])
     parts = builder.build(cfg, builder.Paths(output_dir=str(tmp_path)))
