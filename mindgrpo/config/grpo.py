@@ -42,6 +42,9 @@ INERT_UNLESS = (
     *((f"rl_config.{key}", lambda c: c.rl_config.val_interval > 0,
        "has no effect with rl_config.val_interval = 0 (no validation)")
       for key in ("val_n", "val_temperature", "val_before_train", "save_best")),
+    *((f"actor_config.{key}", lambda c: c.actor_config.lora_rank > 0,
+       "has no effect with actor_config.lora_rank = 0 (no LoRA adapters)")
+      for key in ("lora_alpha", "lora_dropout", "lora_target_modules")),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
      "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
 )
@@ -111,6 +114,14 @@ class GRPOConfig:
         check("soft_overlong" not in self.reward_config.verifier_function or overlong.buffer_len < max_len,
               "reward_config.soft_overlong.buffer_len",
               f"must be < the overlong max_len {max_len}, got {overlong.buffer_len}")
+        if actor.lora_rank > 0:  # the reference and the rollout run the policy's adapters through the whole graphs
+            for key, on in (("ref_config.layerwise", self.ref_config.layerwise),
+                            ("generate_config.layerwise", self.generate_config.layerwise)):
+                check(not on, key, "cannot combine with actor_config.lora_rank > 0 (its layer graph runs the base "
+                      "weights only): set it false")
+            gen_par = self.generate_config.parallel_config
+            check(gen_par.world_size == 1, "generate_config.parallel_config",
+                  "with actor_config.lora_rank > 0 the engine runs on one device for now (1 device)")
         for path, in_effect, why in INERT_UNLESS:
             key = None if in_effect(self) else first_changed_key(self, path)
             check(key is None, key, why)

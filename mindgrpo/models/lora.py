@@ -17,65 +17,19 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
+from mindgrpo.models.lora_targets import ALL_LINEAR, HF_BLOCK, SHORT, TARGETS, LoraSpec, target_modules
 from mindgrpo.models.qwen2 import Linear, Qwen2ForCausalLM
 
-# PEFT's module name -> (the block's attribute, the projection's attribute), in PEFT's order of a layer
-TARGETS = {
-    "q_proj": ("attention", "wq"), "k_proj": ("attention", "wk"), "v_proj": ("attention", "wv"),
-    "o_proj": ("attention", "wo"), "gate_proj": ("feed_forward", "w1"), "up_proj": ("feed_forward", "w3"),
-    "down_proj": ("feed_forward", "w2"),
-}
-ALL_LINEAR = tuple(TARGETS)
-SHORT = {name.split("_")[0]: name for name in TARGETS}  # "q" -> "q_proj", "gate" -> "gate_proj", ...
-HF_BLOCK = {"attention": "self_attn", "feed_forward": "mlp"}  # our block -> HF's (the PEFT names' path)
+__all__ = ["ALL_LINEAR", "HF_BLOCK", "SHORT", "TARGETS", "LoraSpec", "target_modules", "ADAPTER_SUFFIXES",
+           "projections", "add_adapters", "lora_spec", "adapter_parameters", "adapter_names", "adapters_off", "base_trains",
+           "adapter_state", "load_adapter_state", "merge_state"]
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
-
-
-def target_modules(names: Sequence[str], key: str = "lora_target_modules") -> Tuple[str, ...]:
-    """User target names -> PEFT's module names in PEFT's order; an unknown one fails naming `key`."""
-    if isinstance(names, str):
-        names = [names]
-    out = set()
-    for name in names:
-        if name == "all-linear":
-            out.update(ALL_LINEAR)
-        elif name in TARGETS or name in SHORT:
-            out.add(SHORT.get(name, name))
-        else:
-            raise ValueError(f"{key}: {name!r} is not a module of Qwen2/Qwen3's decoder layers; valid: "
-                             f"{', '.join(ALL_LINEAR)} (or {', '.join(SHORT)}, all-linear)")
-    if not out:
-        raise ValueError(f"{key}: empty; name at least one of {', '.join(ALL_LINEAR)}")
-    return tuple(t for t in ALL_LINEAR if t in out)
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """rank r, alpha, dropout (0 only: refused by the config otherwise), targets (PEFT's names), rslora:
-    s = alpha / sqrt(r) (PEFT's use_rslora) instead of alpha / r."""
-
-    rank: int
-    alpha: float
-    targets: Tuple[str, ...] = ALL_LINEAR
-    dropout: float = 0.0
-    rslora: bool = False
-
-    def __post_init__(self):
-        if self.rank <= 0:
-            raise ValueError(f"lora_rank must be > 0, got {self.rank}")
-        object.__setattr__(self, "targets", target_modules(self.targets))
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
-
 
 def projections(lm: Qwen2ForCausalLM, targets: Sequence[str]) -> Iterator[Tuple[str, str, Linear]]:
     """(our path `model.layers.<i>.attention.wq`, PEFT's path `model.layers.<i>.self_attn.q_proj`, the layer)
@@ -139,9 +93,32 @@ def adapters_off(lm: Qwen2ForCausalLM):
             p.set_data(Tensor(v))
 
 
+@contextmanager
+def base_trains(lm: Qwen2ForCausalLM):
+    """Inside: the base weights train and the adapters are off (the SFT warm start of a LoRA run makes its
+    base); after: the adapters train again, the base not. Nothing happens to a model without adapters."""
+    if lora_spec(lm) is None:
+        yield lm
+        return
+    params = [p for p in lm.get_parameters() if ".lora_" not in p.name]
+    adapters = adapter_parameters(lm)
+    try:
+        for p in params:
+            p.requires_grad = True
+        for p in adapters:
+            p.requires_grad = False
+        with adapters_off(lm):
+            yield lm
+    finally:
+        for p in params:
+            p.requires_grad = False
+        for p in adapters:
+            p.requires_grad = True
+
+
 def adapter_state(lm: Qwen2ForCausalLM) -> Dict[str, np.ndarray]:
-    """Our name -> fp32 array of every A and B."""
-    return {p.name: p.astype(ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy()
+    """Our name -> fp32 array of every A and B (copies: they keep their values when the adapters train)."""
+    return {p.name: p.astype(ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy().copy()
             for p in adapter_parameters(lm)}
 
 

@@ -20,7 +20,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from mindgrpo.models.convert import WeightError, read_safetensors, to_float32, write_safetensors
-from mindgrpo.models.lora import HF_BLOCK, TARGETS, LoraSpec, target_modules
+from mindgrpo.models.lora_targets import HF_BLOCK, TARGETS, LoraSpec, target_modules
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PREFIX = "base_model.model."  # PeftModelForCausalLM's prefix over the HF model's names
