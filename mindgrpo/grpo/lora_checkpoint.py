@@ -15,6 +15,7 @@ hash otherwise.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Dict, List, Optional
 
@@ -70,6 +71,10 @@ class LoraCheckpoint:
                 tmp = path[:-len(".ckpt")] + f".{os.getpid()}.tmp.ckpt"  # save_checkpoint wants the suffix
                 save_params(base, tmp)
                 os.replace(tmp, path)
+                config = os.path.join(os.path.dirname(path), "config.json")  # so the file loads on its own
+                with open(config + ".tmp", "w") as f:
+                    json.dump(self.policy.config.to_hf_dict(), f, indent=2)
+                os.replace(config + ".tmp", config)
             self.base_path = path
         return {"path": self.base_path, "sha256": self.sha}
 

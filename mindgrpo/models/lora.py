@@ -23,12 +23,13 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor
 
+from mindgrpo.models.lora_files import read_adapter
 from mindgrpo.models.lora_targets import ALL_LINEAR, HF_BLOCK, SHORT, TARGETS, LoraSpec, target_modules
 from mindgrpo.models.qwen2 import Linear, Qwen2ForCausalLM
 
 __all__ = ["ALL_LINEAR", "HF_BLOCK", "SHORT", "TARGETS", "LoraSpec", "target_modules", "ADAPTER_SUFFIXES",
            "projections", "add_adapters", "lora_spec", "adapter_parameters", "adapter_names", "adapters_off", "base_trains",
-           "adapter_state", "load_adapter_state", "merge_state"]
+           "adapter_state", "load_adapter_state", "merge_state", "load_adapter"]
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 
 def projections(lm: Qwen2ForCausalLM, targets: Sequence[str]) -> Iterator[Tuple[str, str, Linear]]:
@@ -145,3 +146,12 @@ def merge_state(base: Dict[str, np.ndarray], adapters: Dict[str, np.ndarray], sc
             delta = adapters[path + ".lora_b"].astype(np.float32) @ adapters[name].astype(np.float32)
             out[path + ".weight"] = (base[path + ".weight"].astype(np.float32) + delta * np.float32(scaling))
     return out
+
+
+def load_adapter(lm: Qwen2ForCausalLM, folder: str) -> LoraSpec:
+    """A PEFT adapter folder (ours or anyone's plain LoRA) onto the model: its adapters added and loaded. The
+    rollout engine then generates with W + s B A (`inference/layers.py` merges them into its copies)."""
+    spec, state = read_adapter(folder)
+    add_adapters(lm, spec)
+    load_adapter_state(lm, state, folder)
+    return spec
