@@ -47,6 +47,11 @@ def main(argv=None) -> int:
           f"{cfg.rl_config.batch_size} prompts x {cfg.rl_config.num_generations} samples, prompt <= "
           f"{cfg.generate_config.max_prompt_length}, response <= {cfg.generate_config.max_tokens} tokens, "
           f"micro-batch {cfg.actor_config.micro_batch_size}.\n")
+    a = cfg.actor_config
+    if a.lora_rank:
+        print(f"LoRA rank {a.lora_rank} on {', '.join(a.lora_target_modules)}: gradients and AdamW moments of the "
+              "adapters alone, the adapters beside the weights, no reference copy (the policy with its adapters off), "
+              "the sync moves the adapters only.\n")
     print(report(plan(cfg, mcfg), int(args.device_gb * 2 ** 30)))
     return 0
 

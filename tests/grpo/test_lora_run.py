@@ -143,6 +143,7 @@ def test_checkpoint_holds_adapters_moments_base_reference_and_peft_folder(run, t
     with open(os.path.join(saved, "state.json")) as f:
         base = json.load(f)["lora_base"]
     assert os.path.isfile(base["path"]) and base["path"].endswith(base["sha256"][:16] + ".ckpt")
+    assert os.path.isfile(os.path.join(os.path.dirname(base["path"]), "config.json"))  # loads on its own
 
     # resume: the base from its file (perturbed here first), the adapters and moments from the checkpoint
     policy = parts.policy
