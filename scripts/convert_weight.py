@@ -5,6 +5,10 @@ HF -> MindSpore:
 MindSpore -> HF (safetensors + config.json):
     python scripts/convert_weight.py --reverse --mindspore_ckpt_path IN.ckpt --torch_ckpt_dir OUT_DIR \
         [--config CONFIG] [--dtype fp32|bf16]
+A LoRA adapter merged into its base -> HF (W + s B A, as PEFT's merge_and_unload):
+    python scripts/convert_weight.py --merge_lora ADAPTER_DIR --torch_ckpt_dir OUT_DIR [--base BASE] [--dtype ...]
+  ADAPTER_DIR is a PEFT adapter folder (a LoRA checkpoint's adapter/); BASE an HF folder or a .ckpt with its
+  config beside it, by default the adapter's base_model_name_or_path (our checkpoints write their base's path).
 
 Reward models (HF's Qwen2/Qwen3ForSequenceClassification with one label: the decoder and `score.weight`,
 no lm_head) convert the same way, recognised by their `score.weight` (`mindgrpo/models/reward_model.py`);
@@ -34,11 +38,16 @@ import os
 import shutil
 import sys
 import time
+from typing import Optional
 
-from mindgrpo.models.checkpoint import read_ms_checkpoint, save_ms_checkpoint
+import numpy as np
+
+from mindgrpo.models.checkpoint import find_config, read_model_state, read_ms_checkpoint, save_ms_checkpoint
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import (WeightError, bf16_to_f32, check_state, f32_to_bf16, head_of, hf_to_ms_state,
                                      is_hf_model_file, ms_to_hf_name, read_hf_state, write_safetensors)
+from mindgrpo.models.lora import merge_state
+from mindgrpo.models.lora_files import CONFIG_FILE, read_adapter
 from mindgrpo.utils.staging import carry_over, replace_dir, staging_dir
 
 DTYPES = {"fp32": "F32", "bf16": "BF16", None: None}
@@ -109,7 +118,14 @@ def ms_to_hf(ckpt: str, out_dir: str, config: str, dtype, overwrite: bool = Fals
     state = read_ms_checkpoint(ckpt)
     head = head_of(state)
     check_state({k: a for k, (_, a) in state.items()}, cfg, ckpt, head)
-    tensors = {ms_to_hf_name(k): cast(v, dtype) for k, v in state.items()}
+    return write_hf({k: cast(v, dtype) for k, v in state.items()}, cfg, config, out_dir, head)
+
+
+def write_hf(state: dict, cfg: Qwen2Config, config: str, out_dir: str, head: str = "lm_head") -> dict:
+    """state (our names -> (dtype, array)) as an HF folder: model.safetensors and config.json (the user's own
+    when `config` is a .json), swapped in whole. head "score": a reward model's config (HF's sequence
+    classifier with one label)."""
+    tensors = {ms_to_hf_name(k): v for k, v in state.items()}
     hf_cfg = cfg.to_hf_dict()
     if head == "score":  # HF's sequence classifier with one label: a reward model
         arch = hf_cfg["architectures"][0].replace("ForCausalLM", "ForSequenceClassification")
@@ -130,10 +146,33 @@ def ms_to_hf(ckpt: str, out_dir: str, config: str, dtype, overwrite: bool = Fals
     return tensors
 
 
+def merge_lora(adapter_dir: str, base: Optional[str], out_dir: str, dtype, overwrite: bool = False) -> dict:
+    """The base with the adapter merged (`lora.merge_state`), written as an HF folder like `ms_to_hf`."""
+    spec, adapters = read_adapter(adapter_dir)
+    if base is None:
+        with open(os.path.join(adapter_dir, CONFIG_FILE)) as f:
+            base = json.load(f).get("base_model_name_or_path")
+        if not base:
+            raise WeightError(f"{adapter_dir}/{CONFIG_FILE}: no base_model_name_or_path; pass --base")
+    check_hf_output(out_dir, overwrite)
+    config = find_config(base)
+    cfg = Qwen2Config.load(config)
+    state = read_model_state(base, cfg)
+    unknown = sorted(n for n in adapters if n.rsplit(".", 1)[0] + ".weight" not in state)
+    if unknown:
+        raise WeightError(f"{adapter_dir}: {unknown[0]} has no projection in the base {base}")
+    merged = merge_state(state, adapters, spec.scaling)
+    return write_hf({k: cast(("F32", np.ascontiguousarray(v, np.float32)), dtype) for k, v in merged.items()},
+                    cfg, config, out_dir)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--torch_ckpt_dir", required=True, help="HF model directory (input, or output with --reverse)")
-    ap.add_argument("--mindspore_ckpt_path", required=True, help="MindSpore .ckpt (output, or input with --reverse)")
+    ap.add_argument("--torch_ckpt_dir", required=True,
+                    help="HF model directory (input, or output with --reverse and --merge_lora)")
+    ap.add_argument("--mindspore_ckpt_path", help="MindSpore .ckpt (output, or input with --reverse)")
+    ap.add_argument("--merge_lora", metavar="ADAPTER_DIR", help="merge this PEFT LoRA adapter into its base -> HF")
+    ap.add_argument("--base", help="with --merge_lora: the base weights (default: the adapter's base_model_name_or_path)")
     ap.add_argument("--reverse", action="store_true", help="MindSpore -> HF")
     ap.add_argument("--config", help="model config for --reverse (default: config.json/yaml beside the .ckpt)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="output dtype (default: keep)")
@@ -142,7 +181,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     try:
-        if args.reverse:
+        if args.merge_lora:
+            out = merge_lora(args.merge_lora, args.base, args.torch_ckpt_dir, DTYPES[args.dtype], args.overwrite)
+            dest = args.torch_ckpt_dir
+        elif not args.mindspore_ckpt_path:
+            raise WeightError("--mindspore_ckpt_path is needed (unless --merge_lora)")
+        elif args.reverse:
             from mindgrpo.models.checkpoint import find_config
             config = args.config or find_config(args.mindspore_ckpt_path)
             out = ms_to_hf(args.mindspore_ckpt_path, args.torch_ckpt_dir, config, DTYPES[args.dtype], args.overwrite)

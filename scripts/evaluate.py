@@ -2,12 +2,13 @@
 
     python scripts/evaluate.py --model PATH --data FILE --output DIR [--tokenizer_dir DIR] \
         [--n K --temperature T --top_p P --top_k K --max_tokens N] [--limit M] [--template qwen_r1] \
-        [--reward accuracy] [--reward_plugin FILE] [--seed S]
+        [--reward accuracy] [--reward_plugin FILE] [--seed S] [--lora ADAPTER_DIR]
 
 PATH is an HF folder or a MindSpore .ckpt with its config.json beside it (a training checkpoint's
 policy.ckpt is one); the tokenizer (vocab.json + merges.txt) comes from --tokenizer_dir, by default
 the model's folder, else (a training checkpoint, checkpoints/step_N/policy.ckpt) the run's
-checkpoints/tokenizer. FILE is a prompt MindRecord of data_tools/rlhf_data.py, or a GSM8K-style .jsonl
+checkpoints/tokenizer; --lora a PEFT LoRA adapter folder on top of the model (a LoRA checkpoint's `adapter/`).
+FILE is a prompt MindRecord of data_tools/rlhf_data.py, or a GSM8K-style .jsonl
 / .json (templated here with --template, default qwen_r1). Writes DIR/summary.json (pass@k for
 k = 1, 2, 4, ... K with the unbiased estimator, mean@K, maj@K; with --temperature 0, pass@1 is greedy
 accuracy) and DIR/samples.jsonl (every sample with its score), prints the table. A progress line
@@ -43,6 +44,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="HF folder, or a MindSpore .ckpt with config.json beside it")
     ap.add_argument("--config", help="model config (default: beside the weights)")
+    ap.add_argument("--lora", help="a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) "
+                    "on top of --model")
     ap.add_argument("--data", help="prompt MindRecord, or GSM8K-style .jsonl / .json")
     ap.add_argument("--output", required=True, help="folder for summary.json and samples.jsonl (--score_only: "
                     "the .jsonl to write)")
@@ -85,7 +88,7 @@ def check_args(args) -> None:
         for flag in ("input", "reward_model"):
             if getattr(args, flag) is None:
                 raise InputError(f"--score_only needs --{flag}")
-        for flag in ("model", "data"):
+        for flag in ("model", "data", "lora"):
             if getattr(args, flag) is not None:
                 raise InputError(f"--{flag} does not apply to --score_only, which scores the rows of --input")
         if not os.path.isfile(args.input):
@@ -256,6 +259,7 @@ def run(args) -> int:
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.inference.sampling import SamplingParams
     from mindgrpo.models.checkpoint import load_model
+    from mindgrpo.models.lora import load_adapter
     from mindgrpo.rewards import RewardSet, load_reward_plugin
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -269,6 +273,8 @@ def run(args) -> int:
                             top_p=args.top_p, n=args.n, stop_token_ids=tuple(tokenizer.stop_token_ids), seed=args.seed)
     lm = load_model(args.model, args.config)
     check_tokenizer(tokenizer, lm.config.vocab_size, tokenizer_source)  # before the prompts' ids are checked
+    if args.lora:
+        load_adapter(lm, args.lora)
     max_positions = int(lm.rope_cos.shape[0])
     longest = check_problems(problems, lm.config.vocab_size, max_positions, args.max_tokens)
     engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0, max_num_seqs=args.max_num_seqs,

@@ -2,14 +2,15 @@
 
     python scripts/generate.py --model PATH --prompt TEXT [--prompt TEXT ...] --max_tokens N \
         [--greedy | --temperature T --top_p P --top_k K --min_p M] [--n N] [--tokenizer_dir DIR] \
-        [--template raw|qwen_chat|qwen_r1] [--seed S]
+        [--template raw|qwen_chat|qwen_r1] [--seed S] [--lora ADAPTER_DIR]
 
 PATH is an HF directory (config.json + safetensors) or a MindSpore .ckpt with config.json or
 config.yaml beside it (or --config); a prompt's tokens + --max_tokens must fit in the model's
 context (max_position_embeddings). The tokenizer (vocab.json + merges.txt) is read from
 --tokenizer_dir, by default the model's folder, else (a training checkpoint,
-checkpoints/step_N/policy.ckpt) the run's checkpoints/tokenizer. --greedy (or --temperature 0)
-takes --n 1: n greedy samples would be copies. Prints one JSON line per completion:
+checkpoints/step_N/policy.ckpt) the run's checkpoints/tokenizer. --lora: a PEFT LoRA adapter folder (a
+training checkpoint's `adapter/`, or any plain LoRA adapter PEFT wrote for this model) on top of the model.
+--greedy (or --temperature 0) takes --n 1: n greedy samples would be copies. Prints one JSON line per completion:
 {"prompt": ..., "completion": ..., "token_ids": [...], "finish_reason": ...}; a summary with
 tokens/s goes to stderr.
 """
@@ -26,6 +27,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--config", help="model config (default: beside the weights)")
+    ap.add_argument("--lora", help="a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) "
+                    "on top of --model")
     ap.add_argument("--prompt", action="append", required=True)
     ap.add_argument("--max_tokens", type=int, default=64)
     ap.add_argument("--greedy", action="store_true")
@@ -63,6 +66,7 @@ def main(argv=None) -> int:
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.inference.sampling import SamplingParams
     from mindgrpo.models.checkpoint import load_model
+    from mindgrpo.models.lora import load_adapter
     from mindgrpo.models.convert import WeightError
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -70,6 +74,8 @@ def main(argv=None) -> int:
         check_args(args)
         tokenizer = QwenTokenizer.from_dir(find_tokenizer_dir(args.model, args.tokenizer_dir))
         lm = load_model(args.model, args.config)
+        if args.lora:
+            load_adapter(lm, args.lora)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0 if args.greedy else args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, n=args.n,
                                 stop_token_ids=tuple(tokenizer.stop_token_ids), seed=args.seed)

@@ -56,6 +56,11 @@ def main(argv=None) -> int:
           f"{cfg.rl_config.batch_size} prompts x {cfg.rl_config.num_generations} samples, prompt <= "
           f"{cfg.generate_config.max_prompt_length}, response <= {cfg.generate_config.max_tokens} tokens, "
           f"micro-batch {cfg.actor_config.micro_batch_size}.\n")
+    a = cfg.actor_config
+    if a.lora_rank:
+        print(f"LoRA rank {a.lora_rank} on {', '.join(a.lora_target_modules)}: gradients and AdamW moments of the "
+              "adapters alone, the adapters beside the weights, no reference copy (the policy with its adapters off), "
+              "the sync moves the adapters only.\n")
     print(report(plan(cfg, mcfg, reward_models=reward_models), int((args.device_gb or 64.0) * 2 ** 30)))
     budget = args.device_gb or cfg.rl_config.memory_budget_gb
     policy = choose(cfg, mcfg, "CPU", actor.world_size == 1, None if budget is None else int(budget * 2 ** 30),

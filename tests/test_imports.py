@@ -153,7 +153,7 @@ def test_layers_import_downward_only():
 
 
 # modules that size, check or find things before any model is built: plain Python, no MindSpore
-PLAIN_PYTHON = ("mindgrpo.models.config", "mindgrpo.models.presets", "mindgrpo.parallel.checkpoint_folders",
+PLAIN_PYTHON = ("mindgrpo.models.config", "mindgrpo.models.presets", "mindgrpo.models.lora_targets", "mindgrpo.parallel.checkpoint_folders",
                 "mindgrpo.data.questions")
 
 

@@ -48,7 +48,7 @@ ACTS_ALWAYS = (
     "actor_config.adam_beta2", "actor_config.adam_eps", "actor_config.weight_decay", "actor_config.grad_clip",
     "actor_config.micro_batch_size", "actor_config.logprob_chunk_size", "actor_config.recompute",
     "actor_config.layerwise_update", "actor_config.max_tokens_per_micro_batch", "actor_config.packing",
-    "actor_config.parallel_config",
+    "actor_config.parallel_config", "actor_config.lora_rank",
     "generate_config.max_prompt_length", "generate_config.max_tokens", "generate_config.temperature",
     "generate_config.top_k", "generate_config.top_p", "generate_config.min_p", "generate_config.stop_token_ids",
     "generate_config.seed", "generate_config.max_num_seqs", "generate_config.max_num_batched_tokens",
@@ -104,6 +104,9 @@ INERT_UNLESS = (
     ("rl_config.restart_on_memory_growth", lambda c: may_be_on(c, c.rl_config.release_graphs),
      "watches the growth that rl_config.release_graphs makes; it has no effect with release_graphs off "
      "(false, or unset with rl_config.memory speed)"),
+    *((f"actor_config.{key}", lambda c: c.actor_config.lora_rank > 0,
+       "has no effect with actor_config.lora_rank = 0 (no LoRA adapters)")
+      for key in ("lora_alpha", "lora_dropout", "lora_target_modules")),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
      "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
 )
@@ -203,6 +206,14 @@ class GRPOConfig:
         check("soft_overlong" not in self.reward_config.verifier_function or overlong.buffer_len < max_len,
               "reward_config.soft_overlong.buffer_len",
               f"must be < the overlong max_len {max_len}, got {overlong.buffer_len}")
+        if actor.lora_rank > 0:  # the reference and the rollout run the policy's adapters through the whole graphs
+            for key, on in (("ref_config.layerwise", self.ref_config.layerwise),
+                            ("generate_config.layerwise", self.generate_config.layerwise)):
+                check(not on, key, "cannot combine with actor_config.lora_rank > 0 (its layer graph runs the base "
+                      "weights only): set it false")
+            gen_par = self.generate_config.parallel_config
+            check(gen_par.world_size == 1, "generate_config.parallel_config",
+                  "with actor_config.lora_rank > 0 the engine runs on one device for now (1 device)")
 
     def check_device(self, device_target: str) -> None:
         """Keys that need a kind of device (the run's device_target, e.g. "CPU" or "Ascend")."""

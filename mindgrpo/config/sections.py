@@ -30,6 +30,7 @@ from mindgrpo.grpo.algos import (
     REWARD_SCALES,
 )
 from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS
+from mindgrpo.models.lora_targets import ALL_LINEAR, target_modules
 
 
 # Sampling that leaves one token: a group's G samples alike, its rewards equal, its advantages 0, nothing learned.
@@ -296,6 +297,14 @@ class ActorConfig:
     # how packed rows keep samples apart: "mask" (a block-diagonal causal bias, any device) or "flash"
     # (Ascend's flash_attention_score in its TND layout; not available on CPU)
     packed_attention: Literal["mask", "flash"] = "mask"
+    # LoRA, PEFT's method and names (docs/lora.md). > 0: adapters of this rank on lora_target_modules train and
+    # the weights stay (AdamW moments and gradient buffers for the adapters alone; with rl_config.beta > 0 the
+    # reference is the policy with its adapters off, no copy). 0: full fine-tuning
+    lora_rank: int = 0
+    lora_alpha: float = 16.0  # the adapters' scaling is lora_alpha / lora_rank
+    lora_dropout: float = 0.0  # PEFT's lora_dropout: only 0 is supported (refused otherwise)
+    # PEFT's module names of the decoder's projections (q, k, v, o, gate, up, down and all-linear accepted)
+    lora_target_modules: tuple[str, ...] = ALL_LINEAR
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self):
@@ -321,6 +330,24 @@ class ActorConfig:
               "takes right-padded rows: set it or packing false")
         check(not (self.layerwise_update and self.recompute), "layerwise_update",
               "already runs each layer's forward again in its backward: set recompute false")
+        _check_non_negative(self, "lora_rank")
+        if self.lora_rank > 0:
+            self._check_lora()
+
+    def _check_lora(self) -> None:
+        try:
+            target_modules(self.lora_target_modules)
+        except ValueError as e:
+            check(False, "lora_target_modules", str(e).split(": ", 1)[1])
+        check(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
+        check(self.lora_dropout == 0.0, "lora_dropout",
+              f"is not supported (only 0: the training graph has no dropout), got {self.lora_dropout}")
+        par = self.parallel_config
+        check(par.world_size == 1, "lora_rank",
+              "runs on one device for now: with LoRA set actor_config.parallel_config to 1 device (data_parallel, "
+              f"model_parallel, pipeline_stage = {par.data_parallel}, {par.model_parallel}, {par.pipeline_stage})")
+        check(not self.layerwise_update, "lora_rank",
+              "cannot combine with layerwise_update (its layer graph runs the base weights only): set it false")
 
 
 @dataclass(frozen=True)

@@ -136,10 +136,10 @@ class PolicyUpdater:
         # the pipeline sums them over the stages
         shard = grad_reducer.group if optimizer_shard and grad_reducer is not None else None
         layout = ParallelLayout(dp=1 if shard is None else shard.size, tp=lm.layer_factory.tp)
-        full = expected_shapes(lm.config)
+        full = expected_shapes(lm.config)  # LoRA's adapters are not in it: whole on one device, their own shapes
         sq_norm = pipe.sq_norm(lm.layer_factory.grad_sq_norm([n for n, _ in named]), len(named))
         self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay, sq_norm=sq_norm, shard=shard,
-                           sharded=[layout.opt_shard_parts(n, full[n]) > 1 for n, _ in named])
+                           sharded=[layout.opt_shard_parts(n, full.get(n, tuple(p.shape))) > 1 for n, p in named])
         if layerwise and shard is None and sq_norm is None:  # the norm and the step group by group too
             self.adamw = LayerwiseAdamW(self.adamw, self.params)
         self.beta1, self.beta2, self.grad_clip = beta1, beta2, grad_clip

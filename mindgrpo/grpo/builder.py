@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Optional, Tuple
 
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import check
+from mindgrpo.models.lora_targets import LoraSpec
 from mindgrpo.grpo.prompts import PromptSource, check_vocabulary
 from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.models.presets import resolve_model_config
@@ -92,6 +93,7 @@ class Parts:
     ref_pipeline: Optional[Pipeline] = None  # the reference model's
     reward_models: Optional[ModelRewards] = None  # reward_config.reward_models (grpo/reward_models.py)
     memory_policy: Optional[MemoryPolicy] = None  # rl_config.memory resolved (`mindgrpo/memory/auto.py`)
+    base_path: Optional[str] = None  # where the policy's weights came from (LoRA's checkpoints refer to its base)
 
 
 def model_config_file(cfg: GRPOConfig, paths: Paths) -> Tuple[str, str]:
@@ -205,6 +207,14 @@ def build_engine(cfg: GRPOConfig, inference, pad_token_id: int, memory_policy: O
                          max_prefill_tokens=gen.max_prefill_tokens)
 
 
+def lora_config(cfg: GRPOConfig) -> Optional[LoraSpec]:
+    """actor_config's LoRA settings, or None (lora_rank 0: full fine-tuning)."""
+    a = cfg.actor_config
+    if a.lora_rank == 0:
+        return None
+    return LoraSpec(rank=a.lora_rank, alpha=a.lora_alpha, targets=a.lora_target_modules, dropout=a.lora_dropout)
+
+
 def inference_shares_policy(cfg: GRPOConfig, paths: Paths, placement: Placement) -> bool:
     """Whether the inference model is the policy model itself: generate_config.inference_weights is auto,
     the inference layout is the policy's (always on one device) and the inference weights come from the
@@ -276,19 +286,30 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
 
     policy = model("policy", paths.sft_path_train, paths.load_sft_checkpoint_train)
     shared = inference_shares_policy(cfg, paths, placement)
+    lora = lora_config(cfg)
+    if lora is not None:  # adapters on the loaded base; the base stops training (docs/lora.md)
+        from mindgrpo.models.lora import add_adapters
+
+        check(not (paths.sft_path_infer and paths.load_sft_checkpoint_infer) or shared, "--sft_path_infer",
+              "cannot combine with actor_config.lora_rank > 0: the engine's base weights are the policy's (only "
+              "the adapters move)")
+        add_adapters(policy, lora, rl.seed)
     if shared:
         inference = policy
         logger.info("inference: the policy model itself (one copy of the weights, no weight sync; "
                     "generate_config.inference_weights=copy keeps a copy)")
     else:
         inference = model("inference", paths.sft_path_infer or paths.sft_path_train, paths.load_sft_checkpoint_infer)
+        if lora is not None:
+            add_adapters(inference, lora, rl.seed)
     reference = None
-    if rl.beta > 0:
+    if rl.beta > 0 and lora is None:  # with LoRA the reference is the policy with its adapters off: no copy
         reference = model("reference", paths.ref_path or cfg.ref_config.load_checkpoint or paths.sft_path_train,
                           paths.load_ref_checkpoint)
         for p in reference.get_parameters():
             p.requires_grad = False
-    memory = SwapManager(enabled=rl.swap, device=placement.device, shared_inference=shared)  # real moves on Ascend
+    memory = SwapManager(enabled=rl.swap, device=placement.device, shared_inference=shared,  # real moves on Ascend
+                         reference_is_policy=lora is not None and rl.beta > 0)
     rollout = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy)
     memory.register("policy", policy.get_parameters())
     held = {id(p) for p in policy.get_parameters()}  # shared: the inference group is the fused copies alone
@@ -301,7 +322,12 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     if shared:
         sync = placement.shared_sync()
     else:
-        sync = placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes)
+        moved = None
+        if lora is not None:  # only the adapters move: the base was loaded on both sides
+            from mindgrpo.models.lora import adapter_names
+
+            moved = adapter_names(policy)
+        sync = placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes, names=moved)
         if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
             sync()  # start the inference copy from the policy's weights
     ref_sync = None
@@ -315,7 +341,8 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
                  rank=placement.rank, grad_reducer=placement.grad_reducer(),
                  pipeline=placement.pipeline("policy", policy.dtype),
                  ref_pipeline=placement.pipeline("reference", reference.dtype) if reference is not None else None,
-                 reward_models=reward_models, memory_policy=memory_policy)
+                 reward_models=reward_models, memory_policy=memory_policy,
+                 base_path=paths.sft_path_train if paths.sft_path_train and paths.load_sft_checkpoint_train else None)
 
 
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):
@@ -327,4 +354,5 @@ def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_di
                        val_prompts=parts.val_prompts, metrics_log=metrics_log, progress=progress,
                        output_dir=output_dir, rank=parts.rank, grad_reducer=parts.grad_reducer,
                        checkpoints=parts.checkpoints, pipeline=parts.pipeline, ref_pipeline=parts.ref_pipeline,
-                       reward_models=parts.reward_models, memory_policy=parts.memory_policy)
+                       reward_models=parts.reward_models, memory_policy=parts.memory_policy,
+                       base_path=parts.base_path)

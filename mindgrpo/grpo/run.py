@@ -172,6 +172,7 @@ def run(args) -> int:
     from mindgrpo.grpo.recycle import Restart
     from mindgrpo.grpo.trainer import TrainingStopped
     from mindgrpo.parallel.checkpoints import checkpoint_root
+    from mindgrpo.models.lora import base_trains
     from mindgrpo.utils.metrics_log import MetricsLogger, setup_logging
     from mindgrpo.utils.plot import plot_training
     from mindgrpo.utils.progress import Progress, Ticker
@@ -223,10 +224,13 @@ def run(args) -> int:
         write_run_tokenizer(parts.tokenizer, checkpoint_root(cfg, out))
     if not resumed and cfg.sft_config.steps > 0:
         sft = cfg.sft_config
-        m = sft_warm_start(parts.policy, parts.train_prompts, parts.tokenizer, steps=sft.steps, lr=sft.lr,
-                           batch_size=sft.batch_size, micro_batch_size=cfg.actor_config.micro_batch_size,
-                           seed=rl.seed, teacher_carry_error=sft.teacher_carry_error,
-                           grad_reducer=parts.grad_reducer, pipeline=parts.pipeline)
+        with base_trains(parts.policy):  # LoRA: the warm start trains the base, the adapters after it
+            m = sft_warm_start(parts.policy, parts.train_prompts, parts.tokenizer, steps=sft.steps, lr=sft.lr,
+                               batch_size=sft.batch_size, micro_batch_size=cfg.actor_config.micro_batch_size,
+                               seed=rl.seed, teacher_carry_error=sft.teacher_carry_error,
+                               grad_reducer=parts.grad_reducer, pipeline=parts.pipeline)
+        if trainer.lora is not None:
+            trainer.lora.base_changed()  # the checkpoints write the warm-started base once and refer to it
         trainer.sync()
         if parts.ref_sync is not None:
             parts.ref_sync()  # the reference is the warm-started policy

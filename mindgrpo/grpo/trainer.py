@@ -10,6 +10,7 @@ sources and a metrics logger. Each step method below is one phase.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from typing import Dict, List, Optional
 
@@ -20,6 +21,7 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.grpo import algos
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
+from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.grpo.recycle import MemoryWatch, Restart
@@ -30,7 +32,8 @@ from mindgrpo.grpo.validation import Best, val_metrics
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.memory.policy import MemoryPolicy
-from mindgrpo.parallel.checkpoint_folders import BEST
+from mindgrpo.models.lora import adapter_parameters, adapters_off, lora_spec
+from mindgrpo.parallel.checkpoint_folders import BEST, CheckpointError
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, checkpoint_root
 from mindgrpo.rewards.combine import add_model_scores
 from mindgrpo.utils import heartbeat, host_memory
@@ -46,7 +49,8 @@ class GRPOTrainer:
                  ref_sync, memory, rewards, tokenizer, train_prompts: PromptSource,
                  val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
                  rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None, checkpoints=None,
-                 pipeline=None, ref_pipeline=None, reward_models=None, memory_policy: Optional[MemoryPolicy] = None):
+                 pipeline=None, ref_pipeline=None, reward_models=None, memory_policy: Optional[MemoryPolicy] = None,
+                 base_path: Optional[str] = None):
         self.cfg = cfg
         # the memory savers on: the builder's resolved rl_config.memory, else the config's explicit switches
         self.memory_policy = mp = memory_policy or MemoryPolicy.of_config(cfg)
@@ -85,10 +89,15 @@ class GRPOTrainer:
             pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, recompute=actor.recompute,
             layerwise=mp.layerwise_update, head_rows=actor.head_rows_per_graph,
             released=mp.release_graphs, **batching)  # released: the gradient accumulators exist in the update only
-        self.ref_scorer = Scorer(reference, actor.micro_batch_size, temperature, chunk, ref_pipeline,
+        # LoRA (docs/lora.md): the reference is the policy with its adapters off (`adapters_off`), no copy; the
+        # checkpoints hold the adapters and refer to the base
+        self.lora = LoraCheckpoint(policy, self.checkpoints.root, base_path) if lora_spec(policy) else None
+        self.ref_is_base = reference is None and self.lora is not None and rl.beta > 0
+        scored = policy if self.ref_is_base else reference
+        self.ref_scorer = Scorer(scored, actor.micro_batch_size, temperature, chunk, ref_pipeline,
                                  **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor)),
                                  layerwise=mp.reference_layerwise) \
-            if reference is not None else None
+            if scored is not None else None
         self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline, **batching) \
             if self.needs_old and not rl.old_logprobs_from_rollout else None
         self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches
@@ -194,7 +203,7 @@ class GRPOTrainer:
 
     def reference_logprobs(self, exp: Experience) -> None:
         if self.ref_scorer is not None:
-            with self.memory.phase("reference"):
+            with self.memory.phase("reference"), adapters_off(self.policy) if self.ref_is_base else nullcontext():
                 exp.ref_logp = self.ref_scorer(exp)
             self.release(self.ref_scorer)
 
@@ -349,6 +358,8 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_groups(self) -> Dict[str, list]:
+        if self.lora is not None:  # the base is referred to (state.json lora_base), not copied
+            return {"adapter": adapter_parameters(self.policy), "optimizer": self.updater.state_parameters()}
         groups = {"policy": list(self.policy.get_parameters()), "optimizer": self.updater.state_parameters()}
         if self.reference is not None:  # it may be the warm-started or a synced policy: not rebuildable
             groups["reference"] = list(self.reference.get_parameters())
@@ -382,12 +393,20 @@ class GRPOTrainer:
                  "bad_steps": self.bad_steps, "config": asdict(self.cfg)}
         if self.best is not None:
             state["best"] = self.best.state()
+        extra = {"name": name} if name else {}
+        if self.lora is not None:
+            state["lora_base"] = self.lora.state()
+            extra["extra"] = self.lora.write_adapter
         return self.checkpoints.save(self.step, self.checkpoint_groups(), state, self.policy.config.to_hf_dict(),
-                                     **({"name": name} if name else {}))
+                                     **extra)
 
     def resume(self, path: str) -> dict:
         """Load the checkpoint at `path` into the models, the optimizer and the loop; returns its state.json."""
         state = self.checkpoints.load(path, self.checkpoint_groups(), self.policy.config.to_hf_dict())
+        if self.lora is not None:
+            if "lora_base" not in state:
+                raise CheckpointError(f"checkpoint {path} was saved without LoRA (actor_config.lora_rank 0)")
+            self.lora.restore(state["lora_base"], path)
         self.step = int(state["step"])
         self.updater.optimizer_steps = int(state["optimizer_steps"])
         self.train_prompts.load_state(state["train_prompts"])

@@ -55,8 +55,9 @@ def rotate_half_matrix(d: int) -> np.ndarray:
 
 
 def fused_layer_weights(layer):
-    """A DecoderLayer's inference copies (see the module docstring), in its compute dtype."""
-    return fuse_layer(layer, layer.weights())
+    """A DecoderLayer's inference copies (see the module docstring), in its compute dtype, LoRA adapters
+    merged in (W + s B A, `DecoderLayer.merged_weights`)."""
+    return fuse_layer(layer, layer.merged_weights())
 
 
 def fuse_layer(layer, w):

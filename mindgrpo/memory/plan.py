@@ -18,7 +18,11 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
                 `mindgrpo.grpo.builder.inference_shares_policy`; a run given --sft_path_infer of
                 its own keeps a copy): the group is the fused copies alone, generating needs the
                 policy resident (`swap.SHARED_PHASES`) and there is no sync bucket
-    reference   the reference model's piece (reference layout), when beta > 0
+    reference   the reference model's piece (reference layout), when beta > 0 without LoRA
+    LoRA        (actor_config.lora_rank > 0, one device) the policy and an inference copy hold the adapters
+                beside the weights (r x (in + out) fp32 per targeted projection, and its scaling); grads and
+                optimizer are the adapters' alone; no reference group: the reference phase runs the
+                policy with its adapters off; the sync moves the adapters only (the largest layer's)
     kv_cache    the rollout engine's cache, sized from generate_config as the engine sizes it
                 (`mindgrpo.inference.engine`): S = max_num_seqs slots, fewer if the budget
                 max_num_batched_tokens cannot hold S x C tokens, C = max_prompt_length + max_tokens
@@ -74,6 +78,7 @@ from mindgrpo.inference.engine import kv_slots
 from mindgrpo.memory.swap import PHASES, SHARED_PHASES
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.lora_targets import TARGETS, target_modules
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.reshard_plan import exchange_bytes, plan_parameter, sync_buckets
 
@@ -151,6 +156,21 @@ def inference_copy_bytes(cfg: Qwen2Config, layout: ParallelLayout) -> int:
     width = 2 if cfg.compute_dtype != "float32" else 4
     return sum(width * int(np.prod(layout.shard_shape(n, s))) for n, s in expected_shapes(cfg).items()
                if n.startswith("model.layers.") and "_norm." not in n)
+
+
+def lora_bytes(cfg: Qwen2Config, actor) -> Dict[int, int]:
+    """decoder layer -> the fp32 bytes of its LoRA adapters, A (r, in) and B (out, r) per targeted projection
+    (actor: actor_config), without their scalings (4 bytes per projection, not trained)."""
+    shapes = expected_shapes(cfg)
+    out = {}
+    for i in range(cfg.num_hidden_layers):
+        total = 0
+        for t in target_modules(actor.lora_target_modules):
+            block, attr = TARGETS[t]
+            rows, cols = shapes[f"model.layers.{i}.{block}.{attr}.weight"]
+            total += 4 * actor.lora_rank * (rows + cols)
+        out[i] = total
+    return out
 
 
 def kv_cache_bytes(cfg: Qwen2Config, gen, layout: ParallelLayout) -> int:
@@ -304,18 +324,29 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
     optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard, rank)
     shared = gen.inference_weights == "auto" and infer == train  # as grpo.builder.inference_shares_policy decides
     inference = inference_copy_bytes(mcfg, infer) + (0 if shared else piece_bytes(mcfg, infer))
-    groups = {"policy": policy, "grads": policy, "optimizer": optimizer, "inference": inference}
-    if rl.beta > 0:
+    grads, sync_bucket = policy, 0 if shared else largest_sync_bucket(mcfg, train, infer, rank,
+                                                                      rl.weight_sync_bucket_bytes)
+    lora = actor.lora_rank > 0  # one device (the config refuses more): adapters beside the weights
+    if lora:
+        per_layer = lora_bytes(mcfg, actor)
+        adapters = sum(per_layer.values())
+        held = adapters + 4 * mcfg.num_hidden_layers * len(target_modules(actor.lora_target_modules))  # + scalings
+        policy, grads, optimizer = policy + held, adapters, 2 * adapters
+        inference += 0 if shared else held
+        sync_bucket = 0 if shared else max(per_layer.values())  # only the adapters move, a layer at a time
+    groups = {"policy": policy, "grads": grads, "optimizer": optimizer, "inference": inference}
+    if rl.beta > 0 and not lora:  # with LoRA the reference is the policy with its adapters off
         groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config),
                                           rank=rank)
     groups["kv_cache"] = kv_cache_bytes(mcfg, gen, infer)
-    groups["transient"] = 0 if shared else largest_sync_bucket(mcfg, train, infer, rank, rl.weight_sync_bucket_bytes)
+    groups["transient"] = sync_bucket
     if len(reward_models) != len(gcfg.reward_config.reward_models):
         raise ValueError(f"{len(reward_models)} model configs for {len(gcfg.reward_config.reward_models)} "
                          "reward_config.reward_models")
     if reward_models:
         groups["reward_model"] = reward_model_bytes(reward_models)
-    phases = {p: [g for g in (SHARED_PHASES if shared else PHASES)[p] if g in groups] for p in ACTIVE_PHASES}
+    table = {**(SHARED_PHASES if shared else PHASES), **({"reference": ("policy",)} if lora else {})}
+    phases = {p: [g for g in table[p] if g in groups] for p in ACTIVE_PHASES}
     if not reward_models:
         del phases["reward_model"]
     if rl.beta == 0:

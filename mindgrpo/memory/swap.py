@@ -63,11 +63,15 @@ class Group:
 
 
 class SwapManager:
-    """shared_inference: the inference model is the policy itself (`SHARED_PHASES`)."""
+    """shared_inference: the inference model is the policy itself (`SHARED_PHASES`). reference_is_policy: the
+    reference is the policy with its LoRA adapters off (no reference group; the reference phase needs the policy)."""
 
-    def __init__(self, enabled: bool = True, device: str = "CPU", shared_inference: bool = False):
+    def __init__(self, enabled: bool = True, device: str = "CPU", shared_inference: bool = False,
+                 reference_is_policy: bool = False):
         self.enabled = enabled
         self.phases = SHARED_PHASES if shared_inference else PHASES
+        if reference_is_policy:
+            self.phases = {**self.phases, "reference": ("policy",)}
         self.exclusive = tuple(n for n in EXCLUSIVE if not (shared_inference and n == "inference"))
         self.real_moves = device == "Ascend"
         self.groups: Dict[str, Group] = {}

@@ -40,7 +40,11 @@ def _normal(shape, std, rng) -> np.ndarray:
 
 class Linear(nn.Cell):
     """y = x W^T (+ b); W is (out, in) as in HF and MindFormers. Casts to the compute dtype.
-    weight (out, in) and bias (out,) or None are the initial values."""
+    weight (out, in) and bias (out,) or None are the initial values.
+
+    With a LoRA adapter (`add_adapter`, made by `mindgrpo/models/lora.py`): y + s (x A^T) B^T, A (r, in),
+    B (out, r), s = alpha / r, as PEFT adds it (after the bias). s is a parameter of its own, not
+    trained: 0 switches the adapter off (the reference is the base model), exactly: y + 0."""
 
     def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray], compute_dtype):
         super().__init__()
@@ -51,6 +55,15 @@ class Linear(nn.Cell):
         self.matmul = ops.MatMul(transpose_b=True)
         self.dtype = compute_dtype
         self.cast_needed = compute_dtype != ms.float32
+        self.has_lora = False
+
+    def add_adapter(self, path: str, a: np.ndarray, b: np.ndarray, scaling: float) -> None:
+        """A LoRA adapter on this layer: A (r, in), B (out, r) trainable, the scaling s not; path: the
+        layer's name in the model (`model.layers.0.attention.wq`), its parameters' prefix."""
+        self.lora_a = Parameter(Tensor(np.ascontiguousarray(a, np.float32)), name=f"{path}.lora_a")
+        self.lora_b = Parameter(Tensor(np.ascontiguousarray(b, np.float32)), name=f"{path}.lora_b")
+        self.lora_scaling = Parameter(Tensor(np.float32(scaling)), name=f"{path}.lora_scaling", requires_grad=False)
+        self.has_lora = True
 
     def construct(self, x):  # (..., in) -> (..., out)
         lead = x.shape[:-1]
@@ -59,7 +72,22 @@ class Linear(nn.Cell):
         if self.cast_needed:
             x, w = x.astype(self.dtype), w.astype(self.dtype)
         y = self.finish(self.matmul(x, w))
+        if self.has_lora:
+            y = y + self.adapter(x)
         return y.reshape(lead + (y.shape[-1],))
+
+    def adapter(self, x):
+        """x (N, in) in the compute dtype -> s (x A^T) B^T (N, out)."""
+        a, b, s = self.lora_a, self.lora_b, self.lora_scaling
+        if self.cast_needed:
+            a, b, s = a.astype(self.dtype), b.astype(self.dtype), s.astype(self.dtype)
+        return self.matmul(self.matmul(x, a), b) * s  # (N, r) then (N, out)
+
+    def merged_weight(self):
+        """W + s B A (out, in) fp32 with an adapter (the rollout engine's copies), else W itself."""
+        if not self.has_lora:
+            return self.weight
+        return self.weight + ops.matmul(self.lora_b, self.lora_a) * self.lora_scaling
 
     def finish(self, y):
         """What follows the matmul: the bias (a row-parallel layer first sums the ranks' partial
@@ -377,6 +405,14 @@ class DecoderLayer(nn.Cell):
         if att.qk_norm:
             out += (att.q_norm.weight, att.k_norm.weight)
         return out
+
+    def merged_weights(self) -> tuple:
+        """`weights()` with each projection's LoRA adapter merged in (`Linear.merged_weight`): the same
+        Parameters where the layer has none."""
+        att, mlp = self.attention, self.feed_forward
+        w = self.weights()
+        merged = tuple(lin.merged_weight() for lin in (att.wq, att.wk, att.wv, att.wo, mlp.w1, mlp.w3, mlp.w2))
+        return w[:2] + merged + w[9:]
 
     def apply(self, x, cos, sin, bias, w):
         """`construct` on one device with the weights w (a tuple in the order of `weights()`, of any

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import mindspore as ms
 
@@ -47,8 +47,9 @@ def load_params(file: str, params: Sequence[ms.Parameter], hint: str = "") -> No
 
 
 def save(root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict,
-         keep_last: int, name: Optional[str] = None) -> str:
-    """Into root/step_<step>, or root/<name> (BEST)."""
+         keep_last: int, name: Optional[str] = None, extra: Optional[Callable[[str], List[str]]] = None) -> str:
+    """Into root/step_<step>, or root/<name> (BEST). extra(folder) writes more files into the folder before its
+    manifest (LoRA's PEFT adapter) and returns their paths relative to it, which the manifest lists."""
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, name or f"step_{step:08d}")
     tmp = os.path.join(root, f".step_{step:08d}.tmp" + (f"-{name}" if name else ""))
@@ -59,6 +60,8 @@ def save(root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state:
             save_params(groups[name], os.path.join(tmp, f"{name}.ckpt"))
             record.add(f"{name}.ckpt")
             crash_point(step, f"{name}.ckpt")
+        for rel in extra(tmp) if extra is not None else ():
+            record.add(rel)
         write_json(os.path.join(tmp, "state.json"), state, indent=2, sort_keys=True)
         write_json(os.path.join(tmp, "config.json"), model_config, indent=2)
         record.add("state.json")
@@ -114,8 +117,8 @@ class LocalCheckpoints:
         return set_aside_after(self.root, step, why)
 
     def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict,
-             name: Optional[str] = None) -> str:
-        return save(self.root, step, groups, state, model_config, self.keep_last, name)
+             name: Optional[str] = None, extra: Optional[Callable[[str], List[str]]] = None) -> str:
+        return save(self.root, step, groups, state, model_config, self.keep_last, name, extra)
 
     def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]], model_config: dict) -> dict:
         return load(path, groups, model_config, checked=path == self.checked)

@@ -41,6 +41,13 @@ SPLIT_RULES: Tuple[Tuple[str, Optional[int]], ...] = (
     (r"model\.layers\.\d+\.attention\.[qk]_norm\.weight", None),  # Qwen3's QK-norm: (d,) per head
     (r"model\.norm_out\.weight", None),
     (r"lm_head\.weight", 0),
+    # LoRA adapters, split with their projection: a column-parallel one's B (out, r) by output rows, its A whole;
+    # a row-parallel one's A (r, in) by input columns, its B whole; the scalings whole
+    (r"model\.layers\.\d+\.(attention\.w[qkv]|feed_forward\.w[13])\.lora_b", 0),
+    (r"model\.layers\.\d+\.(attention\.w[qkv]|feed_forward\.w[13])\.lora_a", None),
+    (r"model\.layers\.\d+\.(attention\.wo|feed_forward\.w2)\.lora_a", 1),
+    (r"model\.layers\.\d+\.(attention\.wo|feed_forward\.w2)\.lora_b", None),
+    (r"model\.layers\.\d+\.\w+\.w\w\.lora_scaling", None),
 )
 _RULES = tuple((re.compile(p + "$"), dim) for p, dim in SPLIT_RULES)
 OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.")  # moments of a parameter: same shape, same split

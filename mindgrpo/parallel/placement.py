@@ -115,8 +115,10 @@ class OneDevice:
         return rollout
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
-                    memory: Optional[SwapManager] = None, bucket_bytes: int = 0) -> Sync:
-        return WeightSync(src, dst, memory, bucket_bytes)
+                    memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
+                    names: Optional[List[str]] = None) -> Sync:
+        """names: only these parameters move (LoRA's adapters)."""
+        return WeightSync(src, dst, memory, bucket_bytes, names)
 
     def same_layout(self, role: str) -> bool:
         """One device holds every model whole: the role's parameters are the policy's, laid out alike."""
@@ -190,7 +192,10 @@ class ParallelPlacement:
         return DataParallelEngine(rollout, self.comm, self.comm.infer_dp)
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
-                    memory: Optional[SwapManager] = None, bucket_bytes: int = 0) -> Sync:
+                    memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
+                    names: Optional[List[str]] = None) -> Sync:
+        if names is not None:  # the config refuses LoRA under msrun (actor_config.lora_rank)
+            raise ValueError("resharding a subset of the parameters (LoRA's adapters) is not supported")
         sync = Reshard(src, dst, self.layouts["policy"], self.layouts[role], self.comm,
                        expected_shapes(src.config), memory, bucket_bytes=bucket_bytes)
         logger.info("rank %d: resharding policy %s -> %s %s receives %.1f MB per sync (minimum %.1f MB)",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import mindspore as ms
 from mindspore import Parameter, nn, ops
@@ -55,13 +55,17 @@ class _CopyBucket(nn.Cell):
 class WeightSync:
     """Same-layout sync: dst parameters take the values of the src parameters of the same name,
     one bucket at a time; bucket_bytes: consecutive layer buckets joined up to this many bytes of
-    fp32 parameters (0: one per decoder layer), as `reshard_plan.sync_buckets` and the memory plan."""
+    fp32 parameters (0: one per decoder layer), as `reshard_plan.sync_buckets` and the memory plan.
+    names: only these parameters move (LoRA: the adapters; the base weights were loaded on both sides)."""
 
     METRICS = ("sync/seconds", "sync/bytes", "sync/max_bucket_bytes")  # the keys of each call's metrics
 
-    def __init__(self, src: nn.Cell, dst: nn.Cell, memory=None, bucket_bytes: int = 0):
+    def __init__(self, src: nn.Cell, dst: nn.Cell, memory=None, bucket_bytes: int = 0,
+                 names: Optional[Sequence[str]] = None):
         src_p, dst_p = named_parameters(src), named_parameters(dst)
         _check_same_names(src_p, dst_p)
+        if names is not None:
+            src_p = {n: src_p[n] for n in names}
         self.buckets = []
         for names in sync_buckets({n: p.shape for n, p in src_p.items()}, ParallelLayout(), bucket_bytes):
             src_b, dst_b = [src_p[n] for n in names], [dst_p[n] for n in names]

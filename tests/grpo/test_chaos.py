@@ -68,10 +68,10 @@ def kill_after_progress(proc, out, steps, delay, timeout=600):
     assert finish(proc)[0] == -signal.SIGKILL
 
 
-def files(out, step):
+def files(out, step, groups=("policy", "optimizer", "reference")):
     folder = os.path.join(out, "checkpoints", f"step_{step:08d}")
     return {name: {k: v.asnumpy() for k, v in ms.load_checkpoint(os.path.join(folder, f"{name}.ckpt")).items()}
-            for name in ("policy", "optimizer", "reference")}
+            for name in groups}
 
 
 def losses(out):
@@ -106,3 +106,32 @@ def test_killed_three_times_the_run_ends_as_an_uninterrupted_one(tmp_path):
             np.testing.assert_array_equal(a[name][k], b[name][k], err_msg=f"{name} {k} (random seed {seed})")
     assert losses(chaos) == losses(straight), f"random seed {seed}"
     assert sorted(losses(straight)) == list(range(1, STEPS + 1))
+
+
+LORA = ["actor_config.lora_rank=4", "actor_config.lora_alpha=8"]
+
+
+def test_a_killed_lora_run_ends_as_an_uninterrupted_one(tmp_path):
+    """LoRA (docs/lora.md): killed in the middle of a save (after adapter.ckpt) and once at a random moment, resumed
+    each time: the adapters, their moments, the PEFT adapter folder and the losses of an uninterrupted run."""
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    straight, chaos = tmp_path / "straight", tmp_path / "chaos"
+    code, err = finish(start(straight, *LORA))
+    assert code == 0, err[-3000:]
+    crash_step = rng.randint(2, 3)
+    code, err = finish(start(chaos, *LORA, env={CRASH_ENV: f"{crash_step}:adapter.ckpt"}))
+    assert code == -signal.SIGKILL, err[-3000:]
+    kill_after_progress(start(chaos, *LORA, "--resume"), chaos, steps=rng.randint(1, 2), delay=rng.uniform(0.0, 0.4))
+    code, err = finish(start(chaos, *LORA, "--resume"))
+    assert code == 0, err[-3000:]
+    a, b = files(straight, STEPS, ("adapter", "optimizer")), files(chaos, STEPS, ("adapter", "optimizer"))
+    for name in a:
+        assert sorted(a[name]) == sorted(b[name])
+        for k in a[name]:
+            np.testing.assert_array_equal(a[name][k], b[name][k], err_msg=f"{name} {k} (random seed {seed})")
+    peft = [os.path.join(out, "checkpoints", f"step_{STEPS:08d}", "adapter", "adapter_model.safetensors")
+            for out in (straight, chaos)]
+    with open(peft[0], "rb") as f, open(peft[1], "rb") as g:
+        assert f.read() == g.read()
+    assert losses(chaos) == losses(straight), f"random seed {seed}"

@@ -58,3 +58,22 @@ def test_the_tiny_default_learns_to_carry(tmp_path):
     assert sorted(val) == [0, 20]
     assert val[20] >= val[0] + 0.25, val
     assert "final: val_accuracy start=" in r.stdout
+
+
+@pytest.mark.slow
+def test_the_tiny_default_learns_with_lora(tmp_path):
+    """The shipped recipe with LoRA (docs/lora.md): rank 8 on all seven projections, lr 1e-3 (ten times the full
+    fine-tuning's); the warm start trains the base, the 20 GRPO steps the adapters alone. Held-out greedy accuracy
+    must rise by 0.3 (seed 1 rose 0.26 -> 0.69 at step 10 and 20 when measured, 2026-11-28; the full
+    fine-tuning recipe rises 0.39-0.47)."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", str(out),
+           "actor_config.lora_rank=8", "actor_config.lr=1e-3", "rl_config.val_interval=10"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=3600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    val = {m["step"]: m["val/accuracy"] for m in rows if "val/accuracy" in m}
+    assert sorted(val) == [0, 10, 20]
+    assert val[20] >= val[0] + 0.3, val
+    last = out / "checkpoints" / "step_00000020"
+    assert (last / "adapter" / "adapter_model.safetensors").is_file() and not (last / "policy.ckpt").exists()
