@@ -456,7 +456,8 @@ def _witness(key):
     default, full = dict(leaves(to_dict(GRPOConfig()))), dict(leaves(to_dict(FULL)))
     synthetic = {f"synthetic_config.{k}": v for k, v in leaves(to_dict(SYNTHETIC))}
     others = {"sft_config.teacher_carry_error": 0.5, "actor_config.head_rows_per_graph": 2, "ref_config.layerwise": True,
-              "rl_config.memory_budget_gb": 16.0,
+              "rl_config.memory_budget_gb": 16.0, "actor_config.lora_alpha": 32.0, "actor_config.lora_dropout": 0.1,
+              "actor_config.lora_target_modules": ["q_proj"],
               "generate_config.decode_layers_per_graph": 2, "rl_config.save_best": "val/accuracy"}
     for table in (others, full, synthetic, VARIANT_SETTINGS):
         if key in table and table[key] != default[key]:
