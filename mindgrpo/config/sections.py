@@ -148,7 +148,7 @@ class RLConfig:
     max_bad_steps: int = 3  # steps in a row with a non-finite loss or gradient norm before the run stops
     completions_interval: int = 10  # completions.jsonl gets step 1 and every N-th step; 0 never
     swap: bool = True  # host-memory swap between phases (mindgrpo/memory/swap.py)
-    # the memory policy (mindgrpo/memory/policy.py, docs/memory_setting.md): "auto" plans the step
+    # the memory policy (mindgrpo/memory/policy.py, docs/memory.md): "auto" plans the step
     # (mindgrpo/memory/plan.py) against the memory this placement has and turns on the fastest set of memory
     # savers (release_graphs, actor_config.layerwise_update, ref_config.layerwise, generate_config.layerwise) that
     # fits with a 10% margin; "speed" every saver off; "low" every saver that can act in this config on. A saver

@@ -7,7 +7,7 @@ the user's value whatever the policy. The result is this frozen object, which th
 start-up and hands to the trainer, the rollout engine, the updater and the scorer instead of loose flags.
 
 The savers, their config keys and their cost in time (measured on MindSpore 2.10's CPU runtime;
-DEVELOPERS.md has the figures; `docs/memory_setting.md` is the user's table):
+DEVELOPERS.md has the figures; `docs/memory.md` is the user's table):
 
     release_graphs       rl_config.release_graphs          each phase's compiled graphs dropped when it ends
                                                            (compiled again next step: the costliest)
