@@ -29,7 +29,7 @@ import tempfile
 from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, stamp_lines, write_results
 
 SCRIPT = os.path.join(REPO, "scripts", "grpo_one_stage.py")
-QUIET = ["sft_config.steps=0", "rl_config.val_interval=0", "rl_config.completions_interval=0",
+QUIET = ["sft_config={steps: 0}", "rl_config.val_interval=0", "rl_config.completions_interval=0",
          "rl_config.save_interval=0"]
 
 

@@ -60,7 +60,7 @@ def test_platforms_are_read_from_the_docstrings():
 def test_every_primitive_of_a_grpo_step_is_documented_for_ascend(tmp_path):
     graphs = tmp_path / "graphs"
     run = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir",
-                          str(tmp_path / "out"), "rl_config.max_steps=1", "sft_config.steps=0",
+                          str(tmp_path / "out"), "rl_config.max_steps=1", "sft_config={steps: 0}",
                           "rl_config.val_interval=0", "rl_config.completions_interval=0", f"actor_config.model={MICRO}",
                           "rl_config.batch_size=2", "rl_config.num_generations=2", "generate_config.max_tokens=8",
                           "actor_config.micro_batch_size=4"],

@@ -47,7 +47,7 @@ def test_a_run_that_outgrows_its_memory_continues_in_a_fresh_process(tmp_path):
         [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", str(tmp_path),
          f"actor_config.model={micro}", "rl_config.batch_size=2", "rl_config.num_generations=4",
          "actor_config.micro_batch_size=4", "generate_config.max_tokens=8", "synthetic_config.template=raw",
-         "sft_config.steps=0", "rl_config.val_interval=0", "rl_config.completions_interval=0",
+         "sft_config={steps: 0}", "rl_config.val_interval=0", "rl_config.completions_interval=0",
          f"rl_config.max_steps={steps}", "rl_config.release_graphs=true", "rl_config.restart_on_memory_growth=1e-9"],
         cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -21,7 +21,7 @@ from msrun_util import REPO, free_port, msrun_path, python_path, wait_until_gone
 
 RUN_GRPO = os.path.join(REPO, "scripts", "run_grpo.sh")
 # the tiny default's first GRPO step, without the warm start
-STEP1 = ["rl_config.max_steps=1", "sft_config.steps=0", "rl_config.val_interval=0", "rl_config.completions_interval=0"]
+STEP1 = ["rl_config.max_steps=1", "sft_config={steps: 0}", "rl_config.val_interval=0", "rl_config.completions_interval=0"]
 FOUR = ["actor_config.parallel_config.model_parallel=2", "actor_config.parallel_config.data_parallel=2",
         "generate_config.parallel_config.data_parallel=4"]
 
