@@ -104,7 +104,7 @@ def test_layerwise_gives_the_loss_and_gradients_of_the_whole_graph(cfg):
 
 
 def test_layerwise_is_off_by_default_and_refused_where_it_does_not_apply():
-    assert GRPOConfig().actor_config.layerwise_update is False
+    assert GRPOConfig().actor_config.layerwise_update is None  # unset: rl_config.memory decides (docs/memory.md)
     assert load_config(GRPOConfig, overrides=["actor_config.layerwise_update=true"]).actor_config.layerwise_update
     for other in ("actor_config.parallel_config.model_parallel=2", "actor_config.parallel_config.pipeline_stage=2",
                   "actor_config.recompute=true"):
@@ -138,7 +138,7 @@ def test_layerwise_scoring_gives_the_log_probs_of_the_whole_graph(cfg, temperatu
 def test_layerwise_scoring_is_off_by_default_and_refused_where_it_does_not_apply():
     from mindgrpo.grpo.actor import Scorer
 
-    assert GRPOConfig().ref_config.layerwise is False
+    assert GRPOConfig().ref_config.layerwise is None  # unset: rl_config.memory decides (docs/memory.md)
     on = ["rl_config.beta=0.04", "ref_config.layerwise=true"]
     assert load_config(GRPOConfig, overrides=on).ref_config.layerwise
     for other in ("ref_config.parallel_config.model_parallel=2", "ref_config.parallel_config.pipeline_stage=2"):
