@@ -29,7 +29,7 @@ from typing import List, Mapping, Optional, Sequence
 
 from mindgrpo.rewards.registry import reward_origin
 from mindgrpo.rewards.scoring import Call, Outcome, RewardError
-from mindgrpo.utils.frames import recv_frame, send_frame
+from mindgrpo.utils.frames import close_and_reap, recv_frame, send_frame
 
 logger = logging.getLogger(__name__)
 
@@ -59,16 +59,7 @@ class _Worker:
 
     def stop(self, grace_s: float = 0.0) -> None:
         """Close the pipes (the worker exits at end of file); SIGKILL it if it is still there after grace_s."""
-        for fd in (self.tasks, self.results):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        close_and_reap(self.proc, (self.tasks, self.results), grace_s)
 
 
 class RewardPool:

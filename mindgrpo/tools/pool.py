@@ -30,7 +30,7 @@ from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 from mindgrpo.tools.calls import ToolCall, ToolResult
 from mindgrpo.tools.registry import check_settings, tool_origin
-from mindgrpo.utils.frames import recv_frame, send_frame
+from mindgrpo.utils.frames import close_and_reap, recv_frame, send_frame
 
 logger = logging.getLogger(__name__)
 
@@ -67,16 +67,7 @@ class _Worker:
         return self.key is not None
 
     def stop(self, grace_s: float = 0.0) -> None:
-        for fd in (self.tasks, self.results):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        try:
-            self.proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        close_and_reap(self.proc, (self.tasks, self.results), grace_s)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

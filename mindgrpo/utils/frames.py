@@ -2,6 +2,7 @@
 
     send_frame(fd, obj)      # blocks until the whole frame is written
     obj = recv_frame(fd)     # None at end of file (the other side closed its end or died)
+    close_and_reap(proc, (tasks, results), grace_s)   # a worker's pipes closed, the worker waited for or killed
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import os
 import pickle
 import struct
-from typing import Optional
+import subprocess
+from typing import Iterable, Optional
 
 _HEADER = struct.Struct(">Q")  # frame length in bytes
 
@@ -39,3 +41,17 @@ def recv_frame(fd: int):
         return None
     data = _read_exactly(fd, _HEADER.unpack(header)[0])
     return None if data is None else pickle.loads(data)
+
+
+def close_and_reap(proc: subprocess.Popen, fds: Iterable[int], grace_s: float = 0.0) -> None:
+    """Close a worker's pipe ends (it exits at end of file); SIGKILL it if it is still there after grace_s."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
