@@ -258,7 +258,9 @@ class ActorConfig:
     # from: an HF directory or a MindSpore .ckpt, like --sft_path_train; None: random init from `model`
     load_checkpoint: Optional[str] = None
     checkpoint_dir: Optional[str] = None  # None: <rl_config.output_dir>/checkpoints
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # compute dtype of matmuls (master weights, norms, softmax, log-probs, loss and AdamW stay fp32: models/precision.py);
+    # bfloat16 is the Ascend setting, float16 the half precision MindSpore's CPU kernels have
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lr: float = 1e-6
     lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = 0

@@ -18,7 +18,7 @@ from typing import Optional
 
 import yaml
 
-COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # `compute_dtype` names (models/qwen2.py maps them)
+from mindgrpo.models.precision import COMPUTE_DTYPES  # `compute_dtype` names (models/qwen2.py maps them)
 
 # model_type -> the defaults of its architecture switches (a config may override either)
 MODEL_TYPES = {

@@ -206,7 +206,7 @@ def test_nested_unknown_key():
     (["actor_config.min_lr=1e-3"], "actor_config.min_lr", "must be in [0, lr=1e-06]"),
     (["actor_config.adam_beta2=1"], "actor_config.adam_beta2", "must be in [0, 1)"),
     (["actor_config.lr_schedule=linear"], "actor_config.lr_schedule", "expected one of 'constant', 'cosine'"),
-    (["actor_config.dtype=float16"], "actor_config.dtype", "expected one of 'float32', 'bfloat16'"),
+    (["actor_config.dtype=int8"], "actor_config.dtype", "expected one of 'float32', 'bfloat16', 'float16'"),
     (["actor_config.head_rows_per_graph=-1"], "actor_config.head_rows_per_graph", "must be >= 0"),
     (["ref_config.parallel_config.pipeline_stage=0"], "ref_config.parallel_config.pipeline_stage", "must be >= 1"),
     (["generate_config.top_p=0"], "generate_config.top_p", "must be in (0, 1]"),
