@@ -31,6 +31,6 @@ ratio against a baseline timed side by side in the same run. benchmarks/README.m
 
 Shared pieces: `harness` (timing loops, run stamps, result files), `workers` (sides in their own processes;
 one failing stops the others), `tiny_models` (the model configs, the same weights on both sides),
-`matmul_peak` (the fp32 matmul rate a measured rate is set against), `update_sides` (the Qwen2.5-0.5B-shaped
+`matmul_peak` (the fp32 matmul rate a measured rate is set against; run alone, MindSpore's, ours and PyTorch's side by side), `update_sides` (the Qwen2.5-0.5B-shaped
 update and step workload of the memory benchmarks), `static_engine` (the static-batch baseline of `rollout`).
 """

@@ -18,7 +18,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "mindgrpo"
 
 LAYERS = (
-    ("utils",),  # plain Python: registries, logging, progress, plots
+    ("utils", "kernels"),  # plain Python: registries, logging, progress, plots; our CPU kernels (OpenBLAS sgemm
+    # as MindSpore Custom ops, their build and loader)
     ("data", "rewards", "tools", "models", "memory", "grpo.algos", "eval.metrics"),  # tokens and datasets, reward
     # functions, tools and their sandboxed worker pool, the model and its weight files, the memory ledger
     # (memory.swap), the algorithm's pure numpy math, pass@k / maj@k
