@@ -2,22 +2,25 @@
 MindSpore `ops.Custom`) or of PyTorch on given shapes: the peak a benchmark's measured rate is set against, taken
 in the same process, right after the measurement, under the same machine load.
 
-    python -m benchmarks.matmul_peak [--repeats 5] [--sides mindspore ours torch]
+    python -m benchmarks.matmul_peak [--repeats 5] [--sides mindspore ours torch] [--threads N]
 
 prints the three sides per shape class of the Qwen2.5-0.5B model (the projections at 16 and 512 rows, the MLP,
-the vocabulary head at 16 rows, a 2048 square), timed in turns (`harness.alternate`) so that a change of the
-machine's load hits every side alike. A shape class is (M, K, N, form): c (M, N) = op(a) @ op(b) with a (M, K)
+the vocabulary head at 16 rows, a 2048 square), timed in turns so that a change of the machine's load hits every
+side alike: GFLOP/s of wall time, then per second of the process's CPU time (on a busy machine the first measures
+the scheduler as much as the kernel; the second counts a spinning thread's wait as work). --threads sets
+MindSpore's runtime_num_threads (ours follows it) and PyTorch's threads; default: each side's own. A shape class is (M, K, N, form): c (M, N) = op(a) @ op(b) with a (M, K)
 and b (N, K) for form "NT" (a Linear layer, x W^T), b (K, N) for "NN" (its input's gradient, dy W), a (K, M) and
 b (K, N) for "TN" (its weight's gradient, dy^T x)."""
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Callable, Dict
 
 import numpy as np
 
-from benchmarks.harness import alternate, timed
+from benchmarks.harness import timed
 
 SQUARES = {"square 1024": (1024, 1024, 1024), "square 2048": (2048, 2048, 2048)}
 H, I, V = 896, 4864, 151936  # Qwen2.5-0.5B: hidden, MLP, vocabulary
@@ -85,8 +88,9 @@ def matmul_gflops(framework: str, shapes: Dict[str, tuple], repeats: int = 3) ->
     return out
 
 
-def side_by_side(sides=SIDES, classes=SHAPE_CLASSES, repeats: int = 5) -> Dict[str, Dict[str, float]]:
-    """label -> side -> GFLOP/s (median of `repeats` calls taken in turns, after one untimed call each)."""
+def side_by_side(sides=SIDES, classes=SHAPE_CLASSES, repeats: int = 5) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """label -> "wall" / "cpu" -> side -> GFLOP/s per second of wall / of process CPU time (medians of `repeats`
+    calls taken in turns, after one untimed call each)."""
     rng = np.random.default_rng(0)
     out = {}
     for label, (m, k, n, form) in classes.items():
@@ -94,8 +98,16 @@ def side_by_side(sides=SIDES, classes=SHAPE_CLASSES, repeats: int = 5) -> Dict[s
         fns = {s: product(s, a, b, form) for s in sides}
         for fn in fns.values():
             fn()
-        times = alternate(fns, repeats)
-        out[label] = {s: 2 * m * k * n / float(np.median(t)) / 1e9 for s, t in times.items()}
+        wall, cpu = {s: [] for s in sides}, {s: [] for s in sides}
+        for _ in range(repeats):
+            for s, fn in fns.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                fn()
+                wall[s].append(time.perf_counter() - t0)
+                cpu[s].append(time.process_time() - c0)
+        gflop = 2 * m * k * n / 1e9
+        out[label] = {kind: {s: gflop / float(np.median(t[s])) for s in sides} for kind, t in (("wall", wall),
+                                                                                                ("cpu", cpu))}
     return out
 
 
@@ -103,20 +115,28 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
     import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE)
+    if args.threads:
+        ms.set_context(runtime_num_threads=args.threads)
+        if "torch" in args.sides:
+            import torch
+
+            torch.set_num_threads(args.threads)
     rates = side_by_side(args.sides, repeats=args.repeats)
-    print(f"{'shape class (M, K, N, form)':40s}" + "".join(f"{s:>11s}" for s in args.sides)
-          + ("   ours/mindspore" if {"ours", "mindspore"} <= set(args.sides) else ""))
-    for label, r in rates.items():
-        m, k, n, form = SHAPE_CLASSES[label]
-        row = f"{label + f' ({m}, {k}, {n})':40s}" + "".join(f"{r[s]:11.1f}" for s in args.sides)
-        if "ours" in r and "mindspore" in r:
-            row += f"   {r['ours'] / r['mindspore']:.2f}x"
-        print(row)
-    print("GFLOP/s, fp32, median of", args.repeats)
+    both = {"ours", "mindspore"} <= set(args.sides)
+    for kind, unit in (("wall", "GFLOP/s of wall time"), ("cpu", "GFLOP per CPU second")):
+        print(f"{unit}, fp32, median of {args.repeats}, threads {args.threads or 'default'}")
+        print(f"{'shape class (M, K, N, form)':44s}" + "".join(f"{s:>11s}" for s in args.sides)
+              + ("   ours/mindspore" if both else ""))
+        for label, by_kind in rates.items():
+            r = by_kind[kind]
+            m, k, n, form = SHAPE_CLASSES[label]
+            row = f"{label + f' ({m}, {k}, {n})':44s}" + "".join(f"{r[s]:11.1f}" for s in args.sides)
+            print(row + (f"   {r['ours'] / r['mindspore']:.2f}x" if both else ""))
 
 
 if __name__ == "__main__":

@@ -3,5 +3,5 @@
 
 `build.py` compiles `sgemm.cc` against the scipy-openblas32 wheel (scripts/setup_env.sh runs it);
 `matmul.py` loads the library and gives a drop-in for `ops.MatMul` with its backward. The model does not use it
-yet: on a 2-core AMD EPYC with AVX2 it ran 1.0-1.6x MindSpore's MatMul, not the clear margin that would justify
-it there (DEVELOPERS.md, "Which kernel a MatMul runs"; `python -m benchmarks.matmul_peak`)."""
+yet: on 2 AMD EPYC AVX2 cores it ran 0.8-1.7x MindSpore's MatMul (on a par one thread each), not a clear margin
+(DEVELOPERS.md, "A matmul of our own"; `python -m benchmarks.matmul_peak`)."""
