@@ -62,14 +62,13 @@ def reference(a, b, dc, ta, tb):
     return exact, bounds
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("label", [k for k in SHAPE_CLASSES if not k.startswith("square")])
 def test_forward_and_gradients_match_mindspore_within_fp32_rounding(built, label):
     m, k, n, form = SHAPE_CLASSES[label]
     if label.startswith("head"):
         n //= 8  # the head's 16 rows and long N at 1/8 of the vocabulary (the same split); whole, 106 s under load
     ta, tb = form[0] == "T", form[1] == "T"
-    rng = np.random.default_rng(abs(hash(label)) % 2**32)
+    rng = np.random.default_rng(list(SHAPE_CLASSES).index(label))  # str hashes change between processes
     a = rng.standard_normal((k, m) if ta else (m, k), np.float32)
     b = rng.standard_normal((n, k) if tb else (k, n), np.float32)
     dc = rng.standard_normal((m, n), np.float32)
