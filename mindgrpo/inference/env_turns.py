@@ -29,7 +29,7 @@ import numpy as np
 
 from mindgrpo.data.templates import ChatTemplateError, render_chat
 from mindgrpo.data.tokenizer import QwenTokenizer
-from mindgrpo.envs import environment_pool, reset_call, reset_result, step_call, step_result
+from mindgrpo.envs import environment_pool, load_environment_plugin, reset_call, reset_result, step_call, step_result
 from mindgrpo.tools.calls import ToolResult, truncate_response
 from mindgrpo.tools.pool import ToolPool
 
@@ -48,6 +48,8 @@ class EnvTurns:
                  system: Optional[str] = None, pool: Optional[ToolPool] = None, num_workers: int = 2,
                  timeout_s: float = 10.0, **template_kwargs):
         self.tokenizer, self.environment, self.settings = tokenizer, environment, dict(settings or {})
+        for path in plugins:  # the workers load them too
+            load_environment_plugin(path)
         reset_call(environment, self.settings, "")  # an unknown environment or setting fails here, in one line
         self.tokenizer_config, self.system, self.template_kwargs = tokenizer_config, system, template_kwargs
         self.max_turns, self.observation_tokens = max_turns, observation_max_tokens
