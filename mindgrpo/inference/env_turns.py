@@ -78,8 +78,10 @@ class EnvTurns:
         """Each question's environment reset (in parallel on the pool), its observation rendered as the first
         user turn (after `system`) with the open assistant turn: the prompts' token ids. index: the engine's
         prompt_index of each (default 0, 1, ...). A reset that fails leaves the question as the prompt and
-        the conversation single-turn."""
+        the conversation single-turn (counted once in env/errors or env/timeouts)."""
         keys = list(range(len(questions))) if index is None else [int(k) for k in index]
+        if len(set(keys)) != len(keys) or len(keys) != len(questions):
+            raise ValueError(f"prompts: index must give one distinct prompt_index per question, got {keys}")
         self._keys = keys
         for k, q in zip(keys, questions):
             self.pool.submit(("reset", k), reset_call(self.environment, self.settings, q))
@@ -130,6 +132,9 @@ class EnvTurns:
     def _begin(self, request: int, prompt: int) -> bool:
         """The conversation's state set up from its prompt's reset; False when that reset failed."""
         if request not in self._state and request not in self._ended:
+            if prompt not in self._start:
+                raise KeyError(f"EnvTurns: no environment was reset for prompt_index {prompt}: make the prompts "
+                               "with EnvTurns.prompts(questions, index) and pass the same index to generate")
             _, state, failure = self._start[prompt]
             if failure is not None:
                 self._ended[request] = "reset " + failure.status

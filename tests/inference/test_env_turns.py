@@ -123,3 +123,16 @@ def test_hostile_environments_are_counted_and_generate_finishes(engine, tokenize
         assert [turns.columns(r)["env_reward"] for r in range(6)] == [0, 0, 0, 0, len(status[4]), 0]
         stats = turns.stats(len(out))
         assert stats["env/timeouts"] == 2 and stats["env/errors"] == 3  # the reset that slept is a timeout too
+
+
+def test_bad_use_fails_in_one_line(tokenizer):
+    with pytest.raises(KeyError, match="unknown environment 'chess'"):
+        EnvTurns(tokenizer, "chess", QWEN3)
+    with pytest.raises(ValueError, match=r"no setting\(s\) \['rounds'\]"):
+        EnvTurns(tokenizer, "guess_number", QWEN3, settings={"rounds": 3})
+    with EnvTurns(tokenizer, "guess_number", QWEN3) as turns:
+        with pytest.raises(ValueError, match="one distinct prompt_index per question"):
+            turns.prompts(["a", "b"], index=[0, 0])
+        with pytest.raises(KeyError, match="no environment was reset for prompt_index 3"):
+            turns.end_turn(0, 3, [5, 6])
+        assert turns.observation_text("Higher.") == "\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n"
