@@ -19,6 +19,11 @@ conversation over all its turns. The model writes no JSON: what is measured is t
   and the next round starts when the last has answered. The sampled tokens themselves differ from the cache
   side's (a fresh call restarts each sample's random stream), their number and every history do not.
 
+The default model is `micro` (tiny_models.EXTRA_CONFIGS: 2 layers, hidden 64, V = 512), so that 64 x 8
+conversations run in minutes on 2 cores; at that size a prefill costs little and the cache side's per-call
+costs (an append graph call nearly every decode step, as a 50 ms tool answers within a step) dominate, while
+on `tiny-small-vocab` (4 layers, hidden 256, V = 4096) the re-prefilled histories weigh (--configs).
+
 Useful tokens/s = the model's own tokens (tool turns excluded) / wall seconds of the whole run (tool latency
 included). Slot occupancy while tools run: of the cache side's decode steps, the share taken while at least one
 tool call was in flight, and the tool calls in flight at a step on average; `waiting_seconds` is the time no
@@ -192,10 +197,12 @@ def markdown(res: dict, args) -> str:
              "the whole histories, as many tokens per turn (module docstring of benchmarks/multiturn.py).", "",
              "| config | tool calls | model tokens | cache tok/s | re-prefill tok/s | cache / re-prefill (x) | "
              "decode steps with tools in flight | tool calls in flight per step | slots decoding per step | "
-             "seconds all waiting |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "seconds all waiting | append calls (seconds) | decode steps |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in res["configs"].items():
+        c = r["runs"]["cache"][-1]
         lines.append(f"| {name} | {r['tool_calls']} | {r['model_tokens']} | {r['cache_tokens_per_s']:.0f} | "
                      f"{r['reprefill_tokens_per_s']:.0f} | {r['ratio']:.2f} | {r['steps_with_tools_in_flight']:.2f} | "
-                     f"{r['tools_in_flight_mean']:.1f} | {r['slots_in_use']:.1f} | {r['waiting_seconds']:.2f} |")
+                     f"{r['tools_in_flight_mean']:.1f} | {r['slots_in_use']:.1f} | {r['waiting_seconds']:.2f} | "
+                     f"{c['append_calls']} ({c['append_seconds']:.1f}) | {c['decode_steps']} |")
     lines += ["", "Goal (issue 45): cache >= 2x re-prefill useful tokens/s, decode not stalled while tools run.", ""]
     return "\n".join(lines) + "\n"
