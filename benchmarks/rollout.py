@@ -4,6 +4,9 @@ it replaced and transformers' `generate`, identical weights and sampling, in one
     python -m benchmarks.rollout [--configs tiny-qwen-vocab tiny-small-vocab] [--prompts 64] [--group 8]
         [--max_tokens 512] [--slots 64] [--repeats 1] [--sides engine static transformers]
         [--output benchmarks/results/rollout.json]
+    python -m benchmarks.rollout --workloads multiturn [--max_turns 4] [--latency_ms 50] ...
+        (conversations with tool calls, in the cache against re-prefilling: benchmarks/multiturn.py;
+        default output benchmarks/results/rollout_multiturn.json)
 
 Workloads (64 prompts x G = 8 by default, prompts of 20 to 60 random tokens, temperature 1, no
 top-k / top-p / min-p, at most 512 new tokens):
@@ -38,7 +41,7 @@ import time
 import numpy as np
 
 from benchmarks.harness import RESULTS, median, run_stamp, write_results
-from benchmarks.tiny_models import CONFIGS, hf_model
+from benchmarks.tiny_models import ALL_CONFIGS, CONFIGS, hf_model
 from benchmarks.workers import Workers
 
 SIDES = ("engine", "static", "transformers")
@@ -252,8 +255,10 @@ def markdown(res: dict, args) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    ap.add_argument("--workloads", nargs="+", default=["longtail", "forced"], choices=["longtail", "forced"])
+    ap.add_argument("--configs", nargs="+", default=None, choices=list(ALL_CONFIGS),
+                    help=f"default {' '.join(CONFIGS)} (multiturn: micro)")
+    ap.add_argument("--workloads", nargs="+", default=["longtail", "forced"], choices=["longtail", "forced", "multiturn"],
+                    help="multiturn runs alone (benchmarks/multiturn.py)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max_tokens", type=int, default=512)
@@ -261,8 +266,21 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES,
                     help="which sides to run (the engine always runs: every figure is relative to it)")
-    ap.add_argument("--output", default=os.path.join(RESULTS, "rollout.json"))
+    ap.add_argument("--max_turns", type=int, default=4, help="multiturn: tool calls per conversation at most")
+    ap.add_argument("--latency_ms", type=float, default=50.0, help="multiturn: the tool's latency")
+    ap.add_argument("--tool_workers", type=int, default=16, help="multiturn: tool worker processes")
+    ap.add_argument("--response_tokens", type=int, default=32, help="multiturn: tokens of a tool turn")
+    ap.add_argument("--output", default=None, help="default benchmarks/results/rollout.json "
+                    "(multiturn: rollout_multiturn.json)")
     args = ap.parse_args(argv)
+    if "multiturn" in args.workloads:
+        if args.workloads != ["multiturn"]:
+            ap.error("--workloads multiturn runs alone")
+        return multiturn_main(args, argv)
+    args.configs = args.configs or list(CONFIGS)
+    if set(args.configs) - set(CONFIGS):
+        ap.error(f"--configs: the longtail and forced workloads run {', '.join(CONFIGS)}")
+    args.output = args.output or os.path.join(RESULTS, "rollout.json")
     args.sides = ["engine"] + [s for s in args.sides if s != "engine"]
 
     res = {**run_stamp("benchmarks.rollout", argv), "configs": {}, "details": {}}
@@ -276,6 +294,23 @@ def main(argv=None) -> int:
                 res["configs"][name][kind], res["details"][name][kind] = summary, details
                 text = markdown(res, args)
                 write_results(args.output, res, text)  # after each workload: what is done survives a later failure
+    print(text)
+    return 0
+
+
+def multiturn_main(args, argv) -> int:
+    from benchmarks import multiturn
+
+    args.output = args.output or os.path.join(RESULTS, "rollout_multiturn.json")
+    args.configs = args.configs or ["micro"]
+    res = {**run_stamp("benchmarks.rollout", argv), "configs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.configs:
+            weights = os.path.join(tmp, name)
+            hf_model(name, seed=0, overrides=ALL_CONFIGS[name]).save_pretrained(weights, safe_serialization=True)
+            res["configs"][name] = multiturn.compare(weights, ALL_CONFIGS[name]["vocab_size"], args)
+            text = multiturn.markdown(res, args)
+            write_results(args.output, res, text)
     print(text)
     return 0
 

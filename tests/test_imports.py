@@ -23,8 +23,9 @@ LAYERS = (
     ("data", "rewards", "tools", "models", "memory", "grpo.algos", "eval.metrics"),  # tokens and datasets, reward
     # functions, tools and their sandboxed worker pool, the model and its weight files, the memory ledger
     # (memory.swap), the algorithm's pure numpy math, pass@k / maj@k
-    ("grpo.corrections", "data.questions"),  # the rollout corrections' numpy math (built on grpo.algos); math
-    # questions from .jsonl / .json files (their final answers read as rewards.answer reads them)
+    ("grpo.corrections", "data.questions", "envs"),  # the rollout corrections' numpy math (built on grpo.algos);
+    # math questions from .jsonl / .json files (their final answers read as rewards.answer reads them); multi-turn
+    # environments (run on the tools' worker pool)
     ("config", "inference"),  # the run's frozen config (validated against grpo.algos), the rollout engine
     ("parallel", "eval"),  # placement: devices, collectives, layouts, resharding, checkpoint I/O; evaluation
     ("memory.plan",),  # the memory planner
