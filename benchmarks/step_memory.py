@@ -194,7 +194,13 @@ def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, ext
     memory.max_peak = build_peak
     conn.send({"build_s": time.perf_counter() - t0, "built_gb": rss_gb(), "build_peak_gb": build_peak,
                "prompt_tokens": lengths, "overrides": overrides, "shared": parts.inference is parts.policy})
-    while conn.recv() == "step":
+    while True:
+        message = conn.recv()
+        if message == "sync":  # after the steps (their peaks are sent): the syncs and the matmul rate
+            conn.send(sync_seconds(parts.policy))
+            continue
+        if message != "step":
+            break
         memory.records.clear()
         reset_peak_rss()
         t0 = time.perf_counter()
@@ -211,10 +217,41 @@ def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, ext
                    "process_peak_gb": memory.max_peak})
 
 
-def trl_side(conn, layers: int, folder: str, steps: int, threads: int) -> None:
+def sync_seconds(policy, repeats: int = 3) -> dict:
+    """Seconds of a same-layout weight sync (`parallel/weight_sync.WeightSync`, as with
+    generate_config.inference_weights: copy) from the policy into a fresh copy of its model: of every base weight
+    (full fine-tuning's sync) and, with adapters, of the adapters alone (LoRA's); each the median of `repeats`
+    calls after a first that compiles. And MindSpore's fp32 matmul GFLOP/s in this process."""
+    from benchmarks.matmul_peak import SQUARES, matmul_gflops
+    from mindgrpo.models.lora import add_adapters, adapter_names, lora_spec
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+    from mindgrpo.parallel.weight_sync import WeightSync
+
+    copy = Qwen2ForCausalLM(policy.config, seed=1)
+    spec = lora_spec(policy)
+    if spec is not None:
+        add_adapters(copy, spec, seed=1)
+    moved = {"full": [n for n, _ in policy.parameters_and_names() if ".lora_" not in n]}
+    if spec is not None:
+        moved["adapters"] = adapter_names(policy)
+    out = {}
+    for kind, names in moved.items():
+        sync = WeightSync(policy, copy, names=names)
+        first = sync()
+        times = sorted(sync()["sync/seconds"] for _ in range(repeats))
+        out[kind] = {"seconds": times[len(times) // 2], "first_s": first["sync/seconds"], "bytes": first["sync/bytes"]}
+        del sync
+    out["matmul_gflops"] = matmul_gflops("mindspore", SQUARES)
+    return out
+
+
+def trl_side(conn, layers: int, folder: str, steps: int, threads: int, lora_rank: int = 0) -> None:
     """A `benchmarks.workers` side: TRL's GRPOTrainer on the workload for `steps` steps; sends each step's
-    phases and peak resident memory (VmHWM since the previous step ended)."""
+    phases, peak resident memory (VmHWM since the previous step ended) and PyTorch's fp32 matmul GFLOP/s after
+    it. lora_rank > 0: with PEFT's LoraConfig of that rank (alpha 2 r) on the seven projections."""
     import torch
+
+    from benchmarks.matmul_peak import SQUARES, matmul_gflops
 
     from benchmarks.grpo_step.trl_side import run_trl
     from benchmarks.grpo_step.workload import Workload
@@ -249,10 +286,19 @@ def trl_side(conn, layers: int, folder: str, steps: int, threads: int) -> None:
     reset_peak_rss()  # TRL's own from here: the model written above is not its
 
     def after_step(phases: dict) -> None:
-        conn.send({"phases": phases, "step_peak_gb": peak_since_reset_gb(), "after_gb": rss_gb()})
+        peak, after = peak_since_reset_gb(), rss_gb()
+        conn.send({"phases": phases, "step_peak_gb": peak, "after_gb": after,
+                   "matmul_gflops": matmul_gflops("torch", SQUARES)})
         reset_peak_rss()
 
-    run_trl(work, os.path.join(folder, "trl"), G, RESPONSE, MICRO_BATCH, steps, after_step)
+    peft_config = None
+    if lora_rank:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                 "down_proj"])
+    run_trl(work, os.path.join(folder, "trl"), G, RESPONSE, MICRO_BATCH, steps, after_step, peft_config=peft_config)
 
 
 def _trl_markdown(res: dict) -> list:

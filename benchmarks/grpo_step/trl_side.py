@@ -13,9 +13,10 @@ from benchmarks.matmul_peak import matmul_gflops
 
 
 def run_trl(work: Workload, folder: str, group: int, new_tokens: int, micro_batch: int, steps: int,
-            after_step: Callable[[dict], None], gradient_checkpointing: bool = True) -> None:
+            after_step: Callable[[dict], None], gradient_checkpointing: bool = True, peft_config=None) -> None:
     """TRL's GRPOTrainer for `steps` optimizer steps, each on one rollout batch in micro-batches of
-    `micro_batch` rows (gradient accumulation); after_step(phase seconds) runs after each step, untimed."""
+    `micro_batch` rows (gradient accumulation); after_step(phase seconds) runs after each step, untimed.
+    peft_config: a PEFT LoraConfig (TRL then trains the adapters and scores the reference with them off)."""
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -33,7 +34,7 @@ def run_trl(work: Workload, folder: str, group: int, new_tokens: int, micro_batc
         seed=0, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=work.hf_dir, reward_funcs=digit_share, args=args,
                           train_dataset=Dataset.from_dict({"prompt": work.texts}),
-                          processing_class=AutoTokenizer.from_pretrained(work.tokenizer_dir))
+                          processing_class=AutoTokenizer.from_pretrained(work.tokenizer_dir), peft_config=peft_config)
 
     class Phases(TrainerCallback):
         def __init__(self):
@@ -71,6 +72,8 @@ def run_trl(work: Workload, folder: str, group: int, new_tokens: int, micro_batc
         setattr(trainer, name, wrapper)
 
     def scoring(model, *_, **__):  # the policy under grad is the update's forward, counted there
+        if trainer.ref_model is None and peft_config is not None and not torch.is_grad_enabled():
+            return "reference"  # PEFT: TRL scores the reference with the adapters off (old log-probs are not needed)
         return "reference" if model is trainer.ref_model else None if torch.is_grad_enabled() else "old_logprobs"
 
     timed("_generate_single_turn", lambda *a, **k: "generation")

@@ -213,7 +213,8 @@ class GRPOConfig:
                       "weights only): set it false")
             gen_par = self.generate_config.parallel_config
             check(gen_par.world_size == 1, "generate_config.parallel_config",
-                  "with actor_config.lora_rank > 0 the engine runs on one device for now (1 device)")
+                  "with actor_config.lora_rank > 0 the engine runs on one device in grpo_one_stage.py for now (1 "
+                  "device; under msrun a LoRA run's checkpoints are not built: docs/lora.md)")
 
     def check_device(self, device_target: str) -> None:
         """Keys that need a kind of device (the run's device_target, e.g. "CPU" or "Ascend")."""

@@ -346,7 +346,9 @@ class ActorConfig:
               f"is not supported (only 0: the training graph has no dropout), got {self.lora_dropout}")
         par = self.parallel_config
         check(par.world_size == 1, "lora_rank",
-              "runs on one device for now: with LoRA set actor_config.parallel_config to 1 device (data_parallel, "
+              "runs on one device in grpo_one_stage.py for now (under msrun its checkpoints are not built: the base by "
+              "checksum and PEFT's files from per-rank pieces; docs/lora.md): with LoRA set actor_config.parallel_config "
+              "to 1 device (data_parallel, "
               f"model_parallel, pipeline_stage = {par.data_parallel}, {par.model_parallel}, {par.pipeline_stage})")
         check(not self.layerwise_update, "lora_rank",
               "cannot combine with layerwise_update (its layer graph runs the base weights only): set it false")

@@ -28,7 +28,7 @@ from mindgrpo.models.lora_targets import ALL_LINEAR, HF_BLOCK, SHORT, TARGETS, L
 from mindgrpo.models.qwen2 import Linear, Qwen2ForCausalLM
 
 __all__ = ["ALL_LINEAR", "HF_BLOCK", "SHORT", "TARGETS", "LoraSpec", "target_modules", "ADAPTER_SUFFIXES",
-           "projections", "add_adapters", "lora_spec", "adapter_parameters", "adapter_names", "adapters_off", "base_trains",
+           "projections", "add_adapters", "adapter_shapes", "lora_spec", "adapter_parameters", "adapter_names", "adapters_off", "base_trains",
            "adapter_state", "load_adapter_state", "merge_state", "load_adapter"]
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 
@@ -48,17 +48,28 @@ def add_adapters(lm: Qwen2ForCausalLM, spec: LoraSpec, seed: int = 0) -> None:
     parameter stops training (requires_grad False). Once per model, before any graph of it compiles."""
     if getattr(lm, "lora", None) is not None:
         raise ValueError("the model has adapters already")
-    if lm.tp != 1:
-        raise ValueError("LoRA adapters on a tensor-parallel piece are not supported (model_parallel must be 1)")
     rng = np.random.default_rng([seed, 0x10A])  # a stream of its own: the base's draws stay as they were
     for path, _, lin in projections(lm, spec.targets):
-        out_f, in_f = lin.weight.shape
+        out_f, in_f = lin.full_shape()  # a tensor-parallel piece draws the whole adapter and keeps its piece
         bound = 1.0 / math.sqrt(in_f)  # kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / 6) * sqrt(3 / fan_in)
         a = rng.uniform(-bound, bound, (spec.rank, in_f)).astype(np.float32)
-        lin.add_adapter(path, a, np.zeros((out_f, spec.rank), np.float32), spec.scaling)
+        lin.add_adapter(path, *lin.adapter_piece(a, np.zeros((out_f, spec.rank), np.float32)), spec.scaling)
     for p in lm.get_parameters():
         p.requires_grad = p.name.endswith(ADAPTER_SUFFIXES)
     lm.lora = spec
+
+
+def adapter_shapes(lm: Qwen2ForCausalLM) -> Dict[str, Tuple[int, int]]:
+    """Our name -> the whole shape of every A (r, in) and B (out, r) of the model, whatever piece of it a
+    tensor-parallel rank holds (a resharding's full shapes); empty without adapters."""
+    spec = lora_spec(lm)
+    if spec is None:
+        return {}
+    out = {}
+    for path, _, lin in projections(lm, spec.targets):
+        out_f, in_f = lin.full_shape()
+        out[path + ".lora_a"], out[path + ".lora_b"] = (spec.rank, in_f), (out_f, spec.rank)
+    return out
 
 
 def lora_spec(lm: Qwen2ForCausalLM):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -78,10 +78,26 @@ class Linear(nn.Cell):
 
     def adapter(self, x):
         """x (N, in) in the compute dtype -> s (x A^T) B^T (N, out)."""
-        a, b, s = self.lora_a, self.lora_b, self.lora_scaling
+        a, b, s = self.lora_in(self.lora_a), self.lora_b, self.lora_scaling
         if self.cast_needed:
             a, b, s = a.astype(self.dtype), b.astype(self.dtype), s.astype(self.dtype)
-        return self.matmul(self.matmul(x, a), b) * s  # (N, r) then (N, out)
+        return self.matmul(self.lora_mid(self.matmul(x, a)), b) * s  # (N, r) then (N, out)
+
+    def lora_in(self, a):
+        """A as the adapter's product takes it (a tensor-parallel piece: `parallel/tp_layers.py`)."""
+        return a
+
+    def lora_mid(self, h):
+        """x A^T (N, r) before B takes it (a row-parallel piece sums the ranks' partial products)."""
+        return h
+
+    def full_shape(self) -> Tuple[int, int]:
+        """(out, in) of the whole projection; a tensor-parallel piece (`parallel/tp_layers.py`) says its whole's."""
+        return tuple(int(v) for v in self.weight.shape)
+
+    def adapter_piece(self, a: np.ndarray, b: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """This layer's piece of a whole adapter A (r, in), B (out, r): on one device the whole."""
+        return a, b
 
     def merged_weight(self):
         """W + s B A (out, in) fp32 with an adapter (the rollout engine's copies), else W itself."""

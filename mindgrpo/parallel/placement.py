@@ -41,6 +41,7 @@ from mindgrpo.memory.swap import SwapManager
 from mindgrpo.models.checkpoint import load_state, read_model_state
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.lora import adapter_shapes
 from mindgrpo.models.presets import preset_config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, load_params
@@ -194,10 +195,14 @@ class ParallelPlacement:
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
                     names: Optional[List[str]] = None) -> Sync:
-        if names is not None:  # the config refuses LoRA under msrun (actor_config.lora_rank)
-            raise ValueError("resharding a subset of the parameters (LoRA's adapters) is not supported")
-        sync = Reshard(src, dst, self.layouts["policy"], self.layouts[role], self.comm,
-                       expected_shapes(src.config), memory, bucket_bytes=bucket_bytes)
+        """names: only these parameters move (LoRA's adapters, resharded like the weights by their split rules in
+        `parallel/layout.py`)."""
+        if names is not None and self.layouts["policy"].pp > 1:
+            raise ValueError(f"actor_config.parallel_config.pipeline_stage = {self.layouts['policy'].pp}: LoRA's "
+                             "adapter-only sync across pipeline stages is not built (use model_parallel, data_parallel)")
+        shapes = dict(expected_shapes(src.config), **adapter_shapes(src))
+        sync = Reshard(src, dst, self.layouts["policy"], self.layouts[role], self.comm, shapes, memory,
+                       bucket_bytes=bucket_bytes, names=names)
         logger.info("rank %d: resharding policy %s -> %s %s receives %.1f MB per sync (minimum %.1f MB)",
                     self.rank, self.layouts["policy"], role, self.layouts[role], sync.received / 2 ** 20,
                     sync.minimum / 2 ** 20)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -152,7 +152,8 @@ class Reshard:
     layouts, holding their pipeline stage's parameters); comm gives the exchange groups;
     bucket_bytes joins consecutive buckets up to that many bytes of full fp32 parameters
     (`reshard_plan.sync_buckets`; 0: one per decoder layer). Calling it returns per-rank metrics:
-    seconds, bytes received, the minimum bytes, the largest bucket."""
+    seconds, bytes received, the minimum bytes, the largest bucket. names: only these parameters move (LoRA's
+    adapters: the base weights were loaded on both sides); full_shapes must hold them."""
 
     METRICS = ("seconds", "bytes", "bytes_received", "bytes_min", "max_bucket_bytes")  # after "<prefix>/"
 
@@ -163,8 +164,15 @@ class Reshard:
 
     def __init__(self, src: nn.Cell, dst: nn.Cell, src_layout: ParallelLayout, dst_layout: ParallelLayout,
                  comm, full_shapes: Dict[str, Tuple[int, ...]], memory=None, prefix: str = "sync",
-                 bucket_bytes: int = 0):
+                 bucket_bytes: int = 0, names: Optional[Sequence[str]] = None):
         src_p, dst_p = named_parameters(src), named_parameters(dst)
+        if names is not None:
+            missing = sorted(set(names) - set(full_shapes))
+            if missing:
+                raise ValueError(f"weight sync: no full shape for the parameters to move: {missing[:5]}")
+            full_shapes = {n: full_shapes[n] for n in names}
+            src_p = {n: p for n, p in src_p.items() if n in full_shapes}
+            dst_p = {n: p for n, p in dst_p.items() if n in full_shapes}
         for side, params in (("source", src_p), ("destination", dst_p)):
             unknown = sorted(set(params) - set(full_shapes))
             if unknown:

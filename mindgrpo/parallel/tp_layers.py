@@ -6,8 +6,10 @@ not change: `model.layers.0.attention.wq.weight` holds this rank's rows. The spl
 `mindgrpo.parallel.layout.SPLIT_RULES` (rank k of a group of tp holds the k-th of tp equal,
 contiguous pieces), so a strategy file of the layout describes these parameters exactly.
 
-    column   Linear on rows [k*out/tp, (k+1)*out/tp) of W; output (..., out/tp), no collective
-    row      Linear on columns [k*in/tp, ...) of W; partial outputs summed over the group (g)
+    column   Linear on rows [k*out/tp, (k+1)*out/tp) of W; output (..., out/tp), no collective; a LoRA
+             adapter's B by the same rows, its A whole (its gradient summed over the group: f)
+    row      Linear on columns [k*in/tp, ...) of W; partial outputs summed over the group (g); a LoRA
+             adapter's A by the same columns, its B whole (x A^T summed over the group before B: g)
     enter    identity forward, gradient summed over the group (f), once before column layers
     embedding        rows [k*V/tp, ...) of the table; other ranks' ids give 0, summed over (g)
     logprobs         log p(label) and entropy from the vocabulary-split logits (N, V/tp): a
@@ -40,16 +42,56 @@ def _piece(full: np.ndarray, dim: int, tp: int, index: int) -> np.ndarray:
     return np.take(full, np.arange(index * n, (index + 1) * n), axis=dim)
 
 
+class ColumnParallelLinear(Linear):
+    """y_k = x W_k^T (+ b_k): W_k (out/tp, in) and b_k are this rank's rows, x whole (it entered through f).
+
+    LoRA (y_k + s (x A^T) B_k^T): B_k (out/tp, r) this rank's rows of B, A (r, in) whole on every rank. Each rank's
+    rows give A only part of its gradient, so A passes through f (`lora_in`), which sums it over the group, as
+    Qwen3's QK-norm weights do; x's gradient through A^T is then partial per rank like the base matmul's, and the
+    f x came through sums both."""
+
+    def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray], compute_dtype, group: Group):
+        super().__init__(weight, bias, compute_dtype)
+        self.tp, self.index = group.size, group.index
+        self.enter_a = CopyToGroup(group)
+
+    def lora_in(self, a):
+        return self.enter_a(a)
+
+    def full_shape(self):
+        out_rows, in_f = super().full_shape()
+        return out_rows * self.tp, in_f
+
+    def adapter_piece(self, a, b):
+        return a, _piece(b, 0, self.tp, self.index)
+
+
 class RowParallelLinear(Linear):
     """y = g(x_k W_k^T) + b: x_k (..., in/tp) is this rank's slice of the features, W_k (out, in/tp).
-    `Linear.construct` does the matmul; `finish` the sum over the group and the bias."""
+    `Linear.construct` does the matmul; `finish` the sum over the group and the bias.
+
+    LoRA (+ s g(x_k A_k^T) B^T): A_k (r, in/tp) this rank's columns of A, B (out, r) whole. The (N, r) partial
+    products are summed over the group before B (`lora_mid`): so B's gradient is whole on every rank (summing
+    after B would leave it partial) and A_k's gradient is its piece's."""
 
     def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray], compute_dtype, group: Group):
         super().__init__(weight, None, compute_dtype)
         self.reduce = ReduceFromGroup(group)
+        self.reduce_lora = ReduceFromGroup(group)
+        self.tp, self.index = group.size, group.index
         self.has_row_bias = bias is not None
         if self.has_row_bias:
             self.bias = Parameter(Tensor(np.ascontiguousarray(bias, np.float32)), name="bias")
+
+    def lora_mid(self, h):  # (N, r) partial -> summed over the group
+        return self.reduce_lora(h)
+
+    def full_shape(self):
+        out_f, in_cols = super().full_shape()
+        return out_f, in_cols * self.tp
+
+    def adapter_piece(self, a, b):
+        return _piece(a, 1, self.tp, self.index), b
 
     def finish(self, y):  # (N, out) partial -> (N, out): summed over the group, then the bias
         y = self.reduce(y)
@@ -172,8 +214,9 @@ class TensorParallelLayers:
         self.tp, self.index = group.size, group.index
 
     def column(self, weight, bias, compute_dtype) -> nn.Cell:
-        return Linear(_piece(weight, 0, self.tp, self.index),
-                      None if bias is None else _piece(bias, 0, self.tp, self.index), compute_dtype)
+        return ColumnParallelLinear(_piece(weight, 0, self.tp, self.index),
+                                    None if bias is None else _piece(bias, 0, self.tp, self.index), compute_dtype,
+                                    self.group)
 
     def row(self, weight, bias, compute_dtype) -> nn.Cell:
         return RowParallelLinear(_piece(weight, 1, self.tp, self.index), bias, compute_dtype, self.group)

@@ -1,0 +1,138 @@
+"""msrun worker (2 ranks) for tests/parallel/test_lora_msrun.py: LoRA adapters on the tensor-parallel policy
+(training tp2) against the one-device model, and the adapter-only sync to the inference layout (dp2) against a
+full-weight sync of the merged weights.
+
+    msrun --worker_num=2 ... lora_ranks.py OUT_DIR
+
+(a) the reference under tp2: the policy's log-probs with its adapters off against a tp2 model without adapters;
+(b) two GRPO updates of the adapters (the first moves B off zero, the second gives A a gradient): one device and
+training tp2, the same loss, metrics and adapters; (c) the adapters resharded to inference dp2 (`ParallelPlacement.
+weight_sync` with the adapters' names, as `grpo/builder.py` calls it) once before the updates and once after,
+against the tp2 policy's merged weights (W + s B A per piece) resharded whole into a model without adapters:
+greedy and sampled rollouts of both, the sync's metrics.
+Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics); the test compares.
+"""
+
+import gc
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor
+
+ms.set_context(mode=ms.GRAPH_MODE)
+ms.set_device("CPU")
+
+from mindgrpo.grpo.actor import PolicyUpdater  # noqa: E402
+from mindgrpo.grpo.experience import pack  # noqa: E402
+from mindgrpo.grpo.ms_objective import GRPOLoss  # noqa: E402
+from mindgrpo.inference.engine import RolloutEngine  # noqa: E402
+from mindgrpo.inference.sampling import SamplingParams  # noqa: E402
+from mindgrpo.models.checkpoint import load_state  # noqa: E402
+from mindgrpo.models.lora import (ALL_LINEAR, LoraSpec, adapter_names, adapter_state, adapters_off,  # noqa: E402
+                                  add_adapters, merge_state)
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
+from mindgrpo.models.scoring import TokenLogProbs  # noqa: E402
+from mindgrpo.parallel.comm import init_comm  # noqa: E402
+from mindgrpo.parallel.data_parallel import DataParallelEngine  # noqa: E402
+from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402
+from mindgrpo.parallel.placement import ParallelPlacement  # noqa: E402
+from mindgrpo.parallel.reshard import named_parameters  # noqa: E402
+from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
+
+from parallel_cases import CFG, LOSS, SEED, experience_arrays, prompts, token_batch, updater_kwargs  # noqa: E402
+from parallel_cases import sampling_logprobs  # noqa: E402
+from worker_clock import Clock  # noqa: E402
+
+gc.collect()
+gc.freeze()
+
+clock = Clock("lora_ranks")
+out_dir = sys.argv[1]
+train, infer = ParallelLayout(dp=1, tp=2), ParallelLayout(dp=2, tp=1)
+comm = init_comm(train=train, infer=infer)
+rank = comm.rank
+arrays, metrics = {}, {}
+SPEC = LoraSpec(rank=4, alpha=8.0, targets=ALL_LINEAR)  # every projection: column- and row-parallel ones
+
+
+def parallel_config(layout):
+    return SimpleNamespace(data_parallel=layout.dp, model_parallel=layout.tp, pipeline_stage=layout.pp,
+                           optimizer_shard=False)
+
+
+# the placement the run's builder uses (its layouts read from the config's three sections)
+placement = ParallelPlacement(SimpleNamespace(
+    actor_config=SimpleNamespace(parallel_config=parallel_config(train)),
+    generate_config=SimpleNamespace(parallel_config=parallel_config(infer)),
+    ref_config=SimpleNamespace(parallel_config=parallel_config(train)), rl_config=SimpleNamespace(beta=0.0)), comm)
+
+dense = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
+tp = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))
+base_tp = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))
+for lm in (dense, tp):
+    add_adapters(lm, SPEC, seed=3)
+arrays["init/dense"] = np.concatenate([v.ravel() for v in adapter_state(dense).values()])
+for name, value in adapter_state(tp).items():
+    arrays[f"init/tp/{name}"] = value
+
+# the inference model (dp2: whole on each rank): the same base, other adapters until the first sync
+inference = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
+add_adapters(inference, SPEC, seed=4)
+sync = placement.weight_sync(tp, inference, "inference", names=adapter_names(tp))
+metrics["sync/first"] = sync()
+for name, value in adapter_state(inference).items():
+    arrays[f"sync0/{name}"] = value
+clock.mark("first adapter sync")
+
+# (a) the reference: the tp2 policy with its adapters off is the tp2 base model
+ids, mask, pos, labels = (Tensor(a) for a in token_batch())
+with adapters_off(tp):
+    logp, _ = TokenLogProbs(tp)(ids, pos, labels)
+arrays["a/logp_off"] = logp.asnumpy()
+arrays["a/logp_base"] = TokenLogProbs(base_tp)(ids, pos, labels)[0].asnumpy()
+clock.mark("(a) reference")
+
+# (b) two updates of the adapters: one device and training tp2
+exp = pack(*experience_arrays())
+exp.sampling_logp = sampling_logprobs(exp.mask)
+for key, lm in (("dense", dense), ("tp", tp)):
+    updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=None, chunk=0, **updater_kwargs())
+    for i in range(2):
+        metrics[f"update{i}/{key}"] = updater.update(exp, lr=1e-2)
+    metrics[f"trainable/{key}"] = sorted(p.name for p in lm.trainable_params())
+    metrics[f"optimizer/{key}"] = sorted(p.name for p in updater.state_parameters())
+    for name, value in adapter_state(lm).items():
+        arrays[f"b/{key}/{name}"] = value
+    clock.mark(f"(b) updates {key}")
+
+# (c) the adapters resharded again (the policy's have trained) ...
+metrics["sync/adapters"] = sync()
+for name, value in adapter_state(inference).items():
+    arrays[f"c/adapters/{name}"] = value
+# ... against the merged weights moved whole: each tp2 piece's W + s B A into a tp2 model without adapters, resharded
+merged_tp = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))
+base = {n: p.asnumpy() for n, p in named_parameters(tp).items() if ".lora_" not in n}
+load_state(merged_tp, merge_state(base, adapter_state(tp), SPEC.scaling))
+merged_inference = Qwen2ForCausalLM(CFG, seed=SEED + 1, max_positions=128)
+full_sync = placement.weight_sync(merged_tp, merged_inference, "inference")
+metrics["sync/full"] = full_sync()
+clock.mark("(c) syncs")
+
+greedy = SamplingParams(max_tokens=8, temperature=0.0, n=2)
+sampled = SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=5)
+for key, lm in (("adapters", inference), ("merged", merged_inference)):
+    engine = DataParallelEngine(RolloutEngine(lm, max_num_seqs=2), comm, comm.infer_dp)
+    metrics[f"rollout/greedy/{key}"] = [c.token_ids for c in engine.generate(prompts(), greedy)]
+    comps = engine.generate(prompts(), sampled)
+    metrics[f"rollout/sampled/{key}"] = [c.token_ids for c in comps]
+    arrays[f"c/sampled_logp_{key}"] = np.concatenate([c.logprobs for c in comps])
+    clock.mark(f"(c) rollouts {key}")
+
+np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **arrays)
+with open(os.path.join(out_dir, f"rank_{rank}.json"), "w") as f:
+    json.dump(metrics, f)
+clock.mark("done")
