@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 import tempfile
 import time
 
@@ -194,7 +196,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--note", default="", help="said after the load average, e.g. ' (other jobs shared the machine)'")
     ap.add_argument("--output", default=os.path.join(RESULTS, "reward_model.json"))
     args = ap.parse_args(argv)
-    stamp = dict(run_stamp("benchmarks.reward_model", argv), repeats=args.repeats, code=code_version())
+    quoted = [shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)]  # --note holds spaces
+    stamp = dict(run_stamp("benchmarks.reward_model", quoted), repeats=args.repeats, code=code_version())
     res = dict(run(args), stamp=stamp, load_average_end=load_average(), note=args.note)
     write_results(args.output, res, markdown(res))
     print(markdown(res))
