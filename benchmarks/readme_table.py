@@ -89,6 +89,10 @@ ROWS: List[Row] = [
         "python -m benchmarks.update_profile --steps 7", "update_profile",
         lambda r: (r["result"]["update_gflops_per_s"], r["result"]["matmul_gflops"]["peak"]), "GFLOP/s", 1,
         "matmul peak", "share"),
+    Row("scoring 8 completions of 100-1,000 tokens (after prompts of 32-128) with a Qwen2.5-0.5B-shaped reward "
+        "model cut to 2 layers, packed rows", "python -m benchmarks.reward_model --layers 2 --count 8 --micro 4 --max_tokens 4096",
+        "reward_model", lambda r: (r["sides"]["packed"]["tokens_per_s"], r["sides"]["transformers"]["tokens_per_s"]),
+        "tokens/s", 0, "transformers' Qwen2ForSequenceClassification", "rate"),
     Row("crash-safe checkpoint save (fsync, SHA-256, manifest) of a 1 GB policy with its optimizer",
         "python -m benchmarks.checkpoint_save --gb 1.0 --rounds 3", "checkpoint_save",
         lambda r: (r["median_s"]["new save"], r["median_s"]["old save"]), "s", 1, "a plain save", "share"),

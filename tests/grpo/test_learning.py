@@ -77,3 +77,34 @@ def test_the_tiny_default_learns_with_lora(tmp_path):
     assert val[20] >= val[0] + 0.3, val
     last = out / "checkpoints" / "step_00000020"
     assert (last / "adapter" / "adapter_model.safetensors").is_file() and not (last / "policy.ckpt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skip(reason="does not reach +0.3 yet: held-out 0.26 -> 0.25 (step 10) -> 0.32 (step 20) with a fixture "
+                  "right on 90% of held-out solutions, which scores inflated steps too high (docs/reward_models.md)")
+def test_the_tiny_default_learns_from_a_reward_model_alone(tmp_path):
+    """The shipped recipe with the reward model of `tiny_reward_model.py` as the only reward (docs/reward_models.md):
+    the accuracy rule stays in verifier_function with weight 0, so it is logged (reward/accuracy/mean) but adds
+    nothing; the policy learns from the reward model's score of prompt + completion alone. The reward model is
+    trained by this test in torch on the training problems' worked solutions (right and wrong); held-out greedy
+    accuracy, measured by the rule on the 100 validation problems neither model saw, must rise by 0.3."""
+    from mindgrpo.data.synthetic import ArithmeticTask, TinyTokenizerSpec, ensure_tiny_tokenizer
+    from tiny_reward_model import train_tiny_reward_model
+
+    out = tmp_path / "run"
+    task = ArithmeticTask(operators=("+",), max_operand=9, num_operands=3, num_train=800, num_val=100)  # the recipe's
+    tokenizer = ensure_tiny_tokenizer(str(out / "cache" / "tiny_tokenizer"), TinyTokenizerSpec(task=task))  # the run's
+    rm, held_out = train_tiny_reward_model(str(tmp_path), tokenizer, task, steps=300)
+    assert held_out >= 0.8, held_out  # the fixture made a reward model that tells right from wrong
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", str(out),
+           "reward_config.verifier_weight=[0.0]", f"reward_config.reward_models=[{{path: {rm}, name: rm}}]",
+           "rl_config.val_interval=10"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=3600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    val = {m["step"]: m["val/accuracy"] for m in rows if "val/accuracy" in m}
+    print("held-out accuracy by step:", val, "reward model's held-out accuracy:", held_out)
+    assert sorted(val) == [0, 10, 20]
+    steps = [m for m in rows if "reward/rm/mean" in m]
+    assert len(steps) == 20 and all(m["reward_mean"] == pytest.approx(m["reward/rm/mean"], rel=1e-5, abs=1e-5) for m in steps)
+    assert val[20] >= val[0] + 0.3, val
