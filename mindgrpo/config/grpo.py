@@ -53,7 +53,7 @@ ACTS_ALWAYS = (
     "generate_config.top_k", "generate_config.top_p", "generate_config.min_p", "generate_config.stop_token_ids",
     "generate_config.seed", "generate_config.max_num_seqs", "generate_config.max_num_batched_tokens",
     "generate_config.inference_weights", "generate_config.layerwise", "generate_config.max_prefill_tokens",
-    "generate_config.parallel_config",
+    "generate_config.parallel_config", "generate_config.tools",
     "reward_config.verifier_function", "reward_config.verifier_weight", "reward_config.reward_plugin",
     "reward_config.num_workers", "reward_config.reward_models",
     "sft_config.steps",
@@ -107,6 +107,10 @@ INERT_UNLESS = (
     *((f"actor_config.{key}", lambda c: c.actor_config.lora_rank > 0,
        "has no effect with actor_config.lora_rank = 0 (no LoRA adapters)")
       for key in ("lora_alpha", "lora_dropout", "lora_target_modules")),
+    *((f"generate_config.{key}", lambda c: bool(c.generate_config.tools),
+       "has no effect without generate_config.tools (no conversations)")
+      for key in ("max_turns", "tool_response_max_tokens", "tool_timeout_s", "tool_num_workers", "tool_plugin",
+                  "chat_template")),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
      "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
 )
@@ -214,6 +218,15 @@ class GRPOConfig:
             gen_par = self.generate_config.parallel_config
             check(gen_par.world_size == 1, "generate_config.parallel_config",
                   "with actor_config.lora_rank > 0 the engine runs on one device for now (1 device)")
+
+        if self.generate_config.tools:  # conversations (mindgrpo/grpo/conversations.py)
+            gen = self.generate_config
+            check(not gen.layerwise, "generate_config.layerwise",
+                  "cannot combine with generate_config.tools: conversations append their tool turns with the whole "
+                  "graphs; set it false")
+            check(gen.parallel_config.world_size == 1, "generate_config.tools",
+                  "runs conversations on one inference device for now (each device would run every tool call): "
+                  f"set generate_config.parallel_config to 1 device (it has {gen.parallel_config.world_size})")
 
     def check_device(self, device_target: str) -> None:
         """Keys that need a kind of device (the run's device_target, e.g. "CPU" or "Ascend")."""
