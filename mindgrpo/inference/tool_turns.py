@@ -42,6 +42,7 @@ class ToolTurns:
         self.max_turns, self.response_tokens = max_turns, tool_response_max_tokens
         self.max_turn_tokens = max_turn_tokens or 64 + 4 * (tool_response_max_tokens + 32)
         self.calls: Dict[int, List[dict]] = defaultdict(list)
+        self.answers: Dict[int, List[List[str]]] = defaultdict(list)  # request -> each tool turn's answers, as sent
         self._waiting: Dict[int, List] = {}  # request -> its calls' results so far (None: not yet)
         self._shapes: Dict[int, Tuple[str, List[str]]] = {}
 
@@ -89,7 +90,7 @@ class ToolTurns:
                 self._record(request, k, result)
                 self._waiting[request][j] = result
                 if all(r is not None for r in self._waiting[request]):
-                    ready.append((request, self._turn_ids(self._waiting.pop(request))))
+                    ready.append((request, self._turn_ids(request, self._waiting.pop(request))))
             if ready or not block or not self._waiting:
                 return ready
 
@@ -97,9 +98,10 @@ class ToolTurns:
         call = self.calls[request][k]
         call.update(status=result.status, response=result.response(), seconds=result.seconds)
 
-    def _turn_ids(self, results: List[ToolResult]) -> List[int]:
+    def _turn_ids(self, request: int, results: List[ToolResult]) -> List[int]:
         enc, dec = self.tokenizer.encode, self.tokenizer.decode
         answers = [truncate_response(r.response(), enc, dec, self.response_tokens) for r in results]
+        self.answers[request].append(answers)
         return self.tokenizer.encode(self.tool_turn_text(answers))
 
     # ---------------------------------------------------------------- metrics
@@ -110,7 +112,17 @@ class ToolTurns:
                 "tool/timeouts": float(sum(c["status"] == "timeout" for c in calls)),
                 "tool/seconds": float(sum(c["seconds"] for c in calls))}
 
+    def columns(self, request: int) -> Dict[str, list]:
+        """What the rewards see of request's conversation besides its tokens: `tool_calls`, each call's name,
+        arguments, status and response (as the tool gave it), and `turn_messages`, each appended turn's chat
+        messages (one tool message per call, its answer as the model read it, cut to tool_response_max_tokens)."""
+        return {"tool_calls": [{k: c[k] for k in ("name", "arguments", "status", "response")}
+                               for c in self.calls.get(request, ())],
+                "turn_messages": [[{"role": "tool", "content": a} for a in answers]
+                                  for answers in self.answers.get(request, ())]}
+
     def reset(self) -> None:
         """Before the next generate call."""
         self.calls.clear()
+        self.answers.clear()
         self._waiting.clear()
