@@ -194,7 +194,10 @@ def synthetic_template(cfg: GRPOConfig, chat_template: Optional[str]):
     if not gen.tools:
         return syn.template
     from mindgrpo.data.templates import ChatTemplateError, chat_prompt_template, get_template
+    from mindgrpo.grpo.conversations import load_tools
     from mindgrpo.tools import tool_schema
+
+    load_tools(cfg)
 
     try:
         return chat_prompt_template(chat_template, get_template(syn.template).system,

@@ -68,11 +68,9 @@ def build_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optional[str]
     return None if kind is None else CONVERSATIONS.get(kind)(cfg, tokenizer, chat_template)
 
 
-@CONVERSATIONS.register("tools")
-def tool_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optional[str]) -> Conversations:
-    """generate_config.tools: each turn's tool calls run on a ToolPool of tool_num_workers processes; a tool turn
-    holds one answer of tool_response_max_tokens tokens (the template's text around it included), and a turn whose
-    answers need more ends its sample (finish_reason "length")."""
+def load_tools(cfg: GRPOConfig) -> None:
+    """generate_config.tool_plugin loaded and every name of generate_config.tools registered (ConfigError naming the
+    key otherwise): before the prompts that show the tools are written."""
     gen = cfg.generate_config
     if gen.tool_plugin:
         try:
@@ -83,6 +81,15 @@ def tool_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optional[str])
     unknown = [n for n in gen.tools if n not in TOOLS]
     check(not unknown, "generate_config.tools", f"names unknown tool(s) {unknown}; registered: "
           f"{', '.join(TOOLS.names())} (more from generate_config.tool_plugin)")
+
+
+@CONVERSATIONS.register("tools")
+def tool_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optional[str]) -> Conversations:
+    """generate_config.tools: each turn's tool calls run on a ToolPool of tool_num_workers processes; a tool turn
+    holds one answer of tool_response_max_tokens tokens (the template's text around it included), and a turn whose
+    answers need more ends its sample (finish_reason "length")."""
+    gen = cfg.generate_config
+    load_tools(cfg)
     check(chat_template is not None, "generate_config.chat_template",
           "the tokenizer has no tokenizer_config.json with a chat template, which writes the tool turns: name one")
     pool = ToolPool({name: {} for name in gen.tools}, gen.tool_num_workers, gen.tool_timeout_s)
@@ -159,5 +166,5 @@ def conversation_metrics(turns, completions: Sequence[Completion]) -> Dict[str, 
 
 
 __all__ = ["CONVERSATIONS", "CONVERSATION_COLUMNS", "Conversations", "assistant_message", "build_conversations",
-           "conversation_columns", "conversation_kind", "conversation_metrics", "tool_conversations",
+           "conversation_columns", "conversation_kind", "conversation_metrics", "load_tools", "tool_conversations",
            "trajectory_runs"]
