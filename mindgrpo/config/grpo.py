@@ -99,6 +99,8 @@ INERT_UNLESS = (
     *((f"sft_config.{key}", lambda c: c.sft_config.steps > 0,
        "has no effect with sft_config.steps = 0 (no warm start); to switch off a recipe's warm start, set the "
        "section whole: sft_config={steps: 0}") for key in ("lr", "batch_size", "teacher_carry_error")),
+    ("sft_config.teacher_tool_call_rate", lambda c: c.sft_config.steps > 0 and bool(c.generate_config.tools),
+     "has no effect without a warm start (sft_config.steps > 0) and generate_config.tools"),
     ("rl_config.memory_budget_gb", lambda c: c.rl_config.memory == "auto",
      "is what rl_config.memory auto plans against; it has no effect with memory speed or low"),
     ("rl_config.restart_on_memory_growth", lambda c: may_be_on(c, c.rl_config.release_graphs),
@@ -205,6 +207,11 @@ class GRPOConfig:
                   "only the training layout has an optimizer; set actor_config.parallel_config.optimizer_shard")
         check(self.sft_config.teacher_carry_error == 0.0 or rl.dataset_path is None, "sft_config.teacher_carry_error",
               "applies to the built-in synthetic task only; set it to 0 with rl_config.dataset_path")
+        check(self.sft_config.teacher_tool_call_rate == 0.0 or rl.dataset_path is None,
+              "sft_config.teacher_tool_call_rate", "applies to the built-in synthetic task only; set it to 0 with "
+              "rl_config.dataset_path")
+        check(self.sft_config.teacher_tool_call_rate == 0.0 or "calculator" in self.generate_config.tools,
+              "sft_config.teacher_tool_call_rate", "the teacher calls the calculator: add it to generate_config.tools")
         overlong = self.reward_config.soft_overlong
         max_len = self.generate_config.max_tokens if overlong.max_len is None else overlong.max_len
         check("soft_overlong" not in self.reward_config.verifier_function or overlong.buffer_len < max_len,

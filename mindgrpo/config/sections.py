@@ -546,6 +546,10 @@ class SFTConfig:
     # A flawed teacher (built-in synthetic task only): each addition of a warm-start solution that carries
     # out of the ones column forgets the carry with this probability (mindgrpo.data.synthetic.flawed_solution).
     teacher_carry_error: float = 0.0
+    # A teacher that calls the tools only sometimes (built-in synthetic task with generate_config.tools: the warm
+    # start's targets are conversations in the chat template): in this share of its solutions it calls the
+    # calculator and boxes its answer, in the others it answers at once (with teacher_carry_error's mistakes)
+    teacher_tool_call_rate: float = 0.0
 
     def __post_init__(self):
         _check_non_negative(self, "steps")
@@ -553,6 +557,8 @@ class SFTConfig:
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         check(0.0 <= self.teacher_carry_error <= 1.0, "teacher_carry_error",
               f"must be in [0, 1], got {self.teacher_carry_error}")
+        check(0.0 <= self.teacher_tool_call_rate <= 1.0, "teacher_tool_call_rate",
+              f"must be in [0, 1], got {self.teacher_tool_call_rate}")
 
 
 @dataclass(frozen=True)

@@ -156,8 +156,18 @@ def build_tokenizer(cfg: GRPOConfig, paths: Paths) -> QwenTokenizer:
         return QwenTokenizer.from_files(paths.vocab_path, paths.merges_file_path, config)
     from mindgrpo.data.synthetic import TinyTokenizerSpec, ensure_tiny_tokenizer
 
+    chat_texts = ()
+    if cfg.generate_config.tools and cfg.generate_config.chat_template:  # the tiny tool recipe's conversations
+        from mindgrpo.data.templates import ChatTemplateError
+        from mindgrpo.grpo.conversations import load_tools, tool_chat_texts
+
+        load_tools(cfg)
+        try:
+            chat_texts = tool_chat_texts(cfg, chat_template_file(cfg, paths))
+        except ChatTemplateError as error:
+            raise ConfigError("generate_config.chat_template", str(error)) from None
     return ensure_tiny_tokenizer(os.path.join(paths.cache_dir, "tiny_tokenizer"),
-                                 TinyTokenizerSpec(task=cfg.synthetic_config.task))
+                                 TinyTokenizerSpec(task=cfg.synthetic_config.task, chat_texts=chat_texts))
 
 
 def tokenizer_config_file(cfg: GRPOConfig, paths: Paths) -> Optional[str]:

@@ -106,6 +106,29 @@ def tool_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optional[str])
     return Conversations("tools", turns, pool.start, pool.close)
 
 
+def tool_chat_texts(cfg: GRPOConfig, chat_template: str, count: int = 200) -> Tuple[str, ...]:
+    """Conversations of the synthetic task's first `count` training problems in the chat template with the tools:
+    the tiny tokenizer's extra training text (`TinyTokenizerSpec.chat_texts`), so the tool-call format and the
+    tool turns take few tokens."""
+    from mindgrpo.data.synthetic import arithmetic_rows
+    from mindgrpo.data.templates import get_template, render_chat
+    from mindgrpo.grpo.sft import expression_of
+    from mindgrpo.tools import tool_schema
+
+    syn, gen = cfg.synthetic_config, cfg.generate_config
+    system = get_template(syn.template).system
+    tools = [tool_schema(n) for n in gen.tools]
+    texts = []
+    for row in arithmetic_rows(syn.task)[0][:count]:
+        call = {"type": "function", "function": {"name": "calculator",
+                                                 "arguments": {"expression": expression_of(row.answer)}}}
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": row.question}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": row.solution}, {"role": "assistant", "content": "\\boxed{%s}" % row.solution}]
+        texts.append(render_chat(messages, tools, tokenizer_config=chat_template, add_generation_prompt=False))
+    return tuple(texts)
+
+
 # ----------------------------------------------------------------------------------------- what a step takes
 
 
@@ -166,5 +189,5 @@ def conversation_metrics(turns, completions: Sequence[Completion]) -> Dict[str, 
 
 
 __all__ = ["CONVERSATIONS", "CONVERSATION_COLUMNS", "Conversations", "assistant_message", "build_conversations",
-           "conversation_columns", "conversation_kind", "conversation_metrics", "load_tools", "tool_conversations",
+           "conversation_columns", "conversation_kind", "conversation_metrics", "load_tools", "tool_chat_texts", "tool_conversations",
            "trajectory_runs"]

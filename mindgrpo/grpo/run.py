@@ -253,7 +253,11 @@ def run(args) -> int:
             m = sft_warm_start(parts.policy, parts.train_prompts, parts.tokenizer, steps=sft.steps, lr=sft.lr,
                                batch_size=sft.batch_size, micro_batch_size=cfg.actor_config.micro_batch_size,
                                seed=rl.seed, teacher_carry_error=sft.teacher_carry_error,
-                               grad_reducer=parts.grad_reducer, pipeline=parts.pipeline)
+                               grad_reducer=parts.grad_reducer, pipeline=parts.pipeline,
+                               # the synthetic task with tools: the teacher's conversations (grpo/sft.tool_targets)
+                               tool_turns=parts.conversations.turns if parts.conversations is not None
+                               and rl.dataset_path is None else None,
+                               tool_call_rate=sft.teacher_tool_call_rate)
         if trainer.lora is not None:
             trainer.lora.base_changed()  # the checkpoints write the warm-started base once and refer to it
         trainer.sync()
