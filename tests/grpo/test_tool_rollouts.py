@@ -173,3 +173,17 @@ def test_validation_runs_the_conversations(trained):
 def test_trajectory_runs():
     runs = trajectory_runs([5, 6, 7, 8, 9], np.array([True, True, False, False, True]))
     assert runs == [(True, [5, 6]), (False, [7, 8]), (True, [9])]
+
+
+def test_dynamic_samplings_selection_keeps_each_samples_own_columns():
+    from mindgrpo.grpo.prompts import PromptBatch
+    from mindgrpo.grpo.rollouts import Rollouts
+
+    batch = PromptBatch([[1], [2], [3]], {"solution": ["a", "b", "c"]})
+    comps = [Completion(i // 2, [i], "stop") for i in range(6)]
+    r = Rollouts(batch, comps, [str(i) for i in range(6)], 2, {"tool_calls": [[i] for i in range(6)]})
+    kept = r.groups(np.array([True, False, True]))
+    assert kept.columns["tool_calls"] == [[0], [1], [4], [5]] and kept.columns["solution"] == ["a", "a", "c", "c"]
+    both = Rollouts.concat([kept, r.groups(np.array([False, True, False]))])
+    assert both.columns["tool_calls"] == [[0], [1], [4], [5], [2], [3]]
+    assert both.columns["solution"] == ["a", "a", "c", "c", "b", "b"]
