@@ -19,7 +19,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from mindgrpo.data.templates import ChatTemplateError, render_chat
 from mindgrpo.data.tokenizer import QwenTokenizer
-from mindgrpo.tools.calls import ToolResult, check_call, parse_tool_calls, truncate_response
+from mindgrpo.tools.calls import ToolCall, ToolResult, check_call, parse_tool_calls, truncate_response
 from mindgrpo.tools.pool import ToolPool
 
 _MODEL = "\x00model turn\x00"
@@ -75,7 +75,11 @@ class ToolTurns:
         text = self.tokenizer.decode(turn_ids[:-1])  # without its stop token
         if not text.rstrip().endswith("</tool_call>"):
             return False
-        calls = [check_call(c, self.allowed) for c in parse_tool_calls(text)]
+        # a turn that ends with </tool_call> but holds no whole <tool_call>...</tool_call> gets an error answer (with
+        # no call to wait for, its sample would stay parked for good)
+        calls = [check_call(c, self.allowed) for c in parse_tool_calls(text)] or \
+            [ToolCall("", error="no tool call found: a call is <tool_call>{\"name\": ..., \"arguments\": {...}}"
+                                "</tool_call>")]
         self._waiting[request] = [None] * len(calls)
         for j, call in enumerate(calls):
             self.calls[request].append({"name": call.name, "arguments": call.arguments, "status": None,
