@@ -16,9 +16,11 @@ HEAVY_FIRST = (
     "tests/parallel/test_nodes.py",  # 780 at load 13-17: two launchers, three 4-rank jobs and one process
     "tests/parallel/test_msrun.py",  # 760: the 2-rank job
     "tests/grpo/test_learning.py",  # 1230 (450 alone)
+    "tests/grpo/test_tool_learning.py",  # the tiny tool recipe: 505 (about 1,060 at load 6-12)
     "tests/parallel/test_pipeline.py",  # 500: the 4-rank job
     "tests/grpo/test_chaos.py",  # 205
     "tests/grpo/test_trainer_run.py",  # over 170
+    "tests/grpo/test_tool_run.py",  # ~120 at load 12
     "tests/parallel/test_launch.py",  # 64 alone, mostly waiting (the stalled job's 20 s watchdog)
     "tests/inference/test_engine.py",  # over 170
     "tests/benchmarks/test_rollout_smoke.py",  # 174

@@ -53,7 +53,7 @@ ACTS_ALWAYS = (
     "generate_config.top_k", "generate_config.top_p", "generate_config.min_p", "generate_config.stop_token_ids",
     "generate_config.seed", "generate_config.max_num_seqs", "generate_config.max_num_batched_tokens",
     "generate_config.inference_weights", "generate_config.layerwise", "generate_config.max_prefill_tokens",
-    "generate_config.parallel_config",
+    "generate_config.parallel_config", "generate_config.tools",
     "reward_config.verifier_function", "reward_config.verifier_weight", "reward_config.reward_plugin",
     "reward_config.num_workers", "reward_config.reward_models",
     "sft_config.steps",
@@ -99,6 +99,8 @@ INERT_UNLESS = (
     *((f"sft_config.{key}", lambda c: c.sft_config.steps > 0,
        "has no effect with sft_config.steps = 0 (no warm start); to switch off a recipe's warm start, set the "
        "section whole: sft_config={steps: 0}") for key in ("lr", "batch_size", "teacher_carry_error")),
+    ("sft_config.teacher_tool_call_rate", lambda c: c.sft_config.steps > 0 and bool(c.generate_config.tools),
+     "has no effect without a warm start (sft_config.steps > 0) and generate_config.tools"),
     ("rl_config.memory_budget_gb", lambda c: c.rl_config.memory == "auto",
      "is what rl_config.memory auto plans against; it has no effect with memory speed or low"),
     ("rl_config.restart_on_memory_growth", lambda c: may_be_on(c, c.rl_config.release_graphs),
@@ -107,6 +109,10 @@ INERT_UNLESS = (
     *((f"actor_config.{key}", lambda c: c.actor_config.lora_rank > 0,
        "has no effect with actor_config.lora_rank = 0 (no LoRA adapters)")
       for key in ("lora_alpha", "lora_dropout", "lora_target_modules")),
+    *((f"generate_config.{key}", lambda c: bool(c.generate_config.tools),
+       "has no effect without generate_config.tools (no conversations)")
+      for key in ("max_turns", "tool_response_max_tokens", "tool_timeout_s", "tool_num_workers", "tool_plugin",
+                  "chat_template")),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
      "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
 )
@@ -201,6 +207,11 @@ class GRPOConfig:
                   "only the training layout has an optimizer; set actor_config.parallel_config.optimizer_shard")
         check(self.sft_config.teacher_carry_error == 0.0 or rl.dataset_path is None, "sft_config.teacher_carry_error",
               "applies to the built-in synthetic task only; set it to 0 with rl_config.dataset_path")
+        check(self.sft_config.teacher_tool_call_rate == 0.0 or rl.dataset_path is None,
+              "sft_config.teacher_tool_call_rate", "applies to the built-in synthetic task only; set it to 0 with "
+              "rl_config.dataset_path")
+        check(self.sft_config.teacher_tool_call_rate == 0.0 or "calculator" in self.generate_config.tools,
+              "sft_config.teacher_tool_call_rate", "the teacher calls the calculator: add it to generate_config.tools")
         overlong = self.reward_config.soft_overlong
         max_len = self.generate_config.max_tokens if overlong.max_len is None else overlong.max_len
         check("soft_overlong" not in self.reward_config.verifier_function or overlong.buffer_len < max_len,
@@ -215,6 +226,15 @@ class GRPOConfig:
             check(gen_par.world_size == 1, "generate_config.parallel_config",
                   "with actor_config.lora_rank > 0 the engine runs on one device in grpo_one_stage.py for now (1 "
                   "device; under msrun a LoRA run's checkpoints are not built: docs/lora.md)")
+
+        if self.generate_config.tools:  # conversations (mindgrpo/grpo/conversations.py)
+            gen = self.generate_config
+            check(not gen.layerwise, "generate_config.layerwise",
+                  "cannot combine with generate_config.tools: conversations append their tool turns with the whole "
+                  "graphs; set it false")
+            check(gen.parallel_config.world_size == 1, "generate_config.tools",
+                  "runs conversations on one inference device for now (each device would run every tool call): "
+                  f"set generate_config.parallel_config to 1 device (it has {gen.parallel_config.world_size})")
 
     def check_device(self, device_target: str) -> None:
         """Keys that need a kind of device (the run's device_target, e.g. "CPU" or "Ascend")."""

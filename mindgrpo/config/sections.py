@@ -418,9 +418,26 @@ class GenerateConfig:
     # in one call, 3.05 in calls of 4,096, the same samples (benchmarks/results/prefill_budget.md)
     max_prefill_tokens: Optional[int] = 4096
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    # conversations with tools (docs/tools.md; TRL's `tools`, verl's multi-turn names): the registered tools offered
+    # to the model (empty: one answer per prompt). A turn that ends with <tool_call> blocks gets the tools' answers
+    # as a tool turn appended to its KV cache, then the sample decodes on: at most max_turns tool turns a sample,
+    # each answer cut to tool_response_max_tokens tokens; max_tokens counts the model's own tokens over all turns.
+    # The calls run in tool_num_workers processes, each bounded by tool_timeout_s seconds; tool_plugin is a .py file
+    # of @register_tool functions; chat_template a tokenizer_config.json whose Jinja chat_template writes the tool
+    # turns (and the synthetic task's prompts), null: the tokenizer's own
+    tools: tuple[str, ...] = ()
+    max_turns: int = 4
+    tool_response_max_tokens: int = 256
+    tool_timeout_s: float = 10.0
+    tool_num_workers: int = 2
+    tool_plugin: Optional[str] = None
+    chat_template: Optional[str] = None
 
     def __post_init__(self):
-        _check_positive(self, "max_prompt_length", "max_tokens", "max_num_seqs", "decode_layers_per_graph")
+        _check_positive(self, "max_prompt_length", "max_tokens", "max_num_seqs", "decode_layers_per_graph",
+                        "max_turns", "tool_response_max_tokens", "tool_num_workers")
+        check(self.tool_timeout_s > 0, "tool_timeout_s", f"must be > 0, got {self.tool_timeout_s}")
+        check(len(set(self.tools)) == len(self.tools), "tools", f"has duplicates: {list(self.tools)}")
         capacity = self.max_prompt_length + self.max_tokens
         check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= capacity,
               "max_num_batched_tokens", f"must hold one sequence of max_prompt_length + max_tokens = {capacity} "
@@ -533,6 +550,10 @@ class SFTConfig:
     # A flawed teacher (built-in synthetic task only): each addition of a warm-start solution that carries
     # out of the ones column forgets the carry with this probability (mindgrpo.data.synthetic.flawed_solution).
     teacher_carry_error: float = 0.0
+    # A teacher that calls the tools only sometimes (built-in synthetic task with generate_config.tools: the warm
+    # start's targets are conversations in the chat template): in this share of its solutions it calls the
+    # calculator and boxes its answer, in the others it answers at once (with teacher_carry_error's mistakes)
+    teacher_tool_call_rate: float = 0.0
 
     def __post_init__(self):
         _check_non_negative(self, "steps")
@@ -540,6 +561,8 @@ class SFTConfig:
         check(self.lr > 0, "lr", f"must be > 0, got {self.lr}")
         check(0.0 <= self.teacher_carry_error <= 1.0, "teacher_carry_error",
               f"must be in [0, 1], got {self.teacher_carry_error}")
+        check(0.0 <= self.teacher_tool_call_rate <= 1.0, "teacher_tool_call_rate",
+              f"must be in [0, 1], got {self.teacher_tool_call_rate}")
 
 
 @dataclass(frozen=True)

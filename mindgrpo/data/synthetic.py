@@ -12,6 +12,7 @@ work on it exactly as on the real Qwen2.5 files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -67,6 +68,7 @@ class TinyTokenizerSpec:
     vocab_size: int = 512  # BPE vocabulary + the 3 special tokens
     task: ArithmeticTask = ArithmeticTask()
     version: int = 2  # bump when the corpus recipe changes
+    chat_texts: Tuple[str, ...] = ()  # more training text: conversations in a chat template (the tiny tool recipe)
 
 
 Problem = Tuple[Tuple[int, ...], Tuple[str, ...]]  # (operands, operators between them)
@@ -112,8 +114,44 @@ def _row(problem: Problem, form: int) -> PromptRow:
     return PromptRow(question=QUESTION_FORMS[form].format(expr=expr), answer=", ".join(steps), solution=str(value))
 
 
+SPACE_LIMIT = 200_000  # a larger problem space is sampled, not enumerated (sums of 3-digit numbers: 10^9)
+
+
+def _space_size(task: ArithmeticTask) -> int:
+    """An upper bound of the problems of a task (every chain of operands, whatever its sign)."""
+    chain_ops = len([op for op in task.operators if op != "*"])
+    products = (task.max_mul_operand + 1) ** 2 if "*" in task.operators else 0
+    return chain_ops ** (task.num_operands - 1) * (task.max_operand + 1) ** task.num_operands + products
+
+
+def _sampled_problems(task: ArithmeticTask, count: int, rng: np.random.Generator) -> List[Problem]:
+    """`count` distinct chains drawn at random (operands uniform in 0..max_operand, operators among the task's + and
+    -, every intermediate result >= 0): a space too large to enumerate (`SPACE_LIMIT`)."""
+    chain_ops = [op for op in task.operators if op != "*"]
+    if not chain_ops:
+        raise ValueError(f"a problem space of more than {SPACE_LIMIT} problems needs + or - among the operators")
+    seen, out = set(), []
+    while len(out) < count:
+        nums = tuple(int(x) for x in rng.integers(0, task.max_operand + 1, size=task.num_operands))
+        ops = tuple(chain_ops[int(i)] for i in rng.integers(0, len(chain_ops), size=task.num_operands - 1))
+        value, ok = nums[0], True
+        for op, b in zip(ops, nums[1:]):
+            value = _apply(value, op, b)
+            ok = ok and value >= 0
+        if ok and (nums, ops) not in seen:
+            seen.add((nums, ops))
+            out.append((nums, ops))
+    return out
+
+
 def arithmetic_rows(task: ArithmeticTask = ArithmeticTask()) -> Tuple[List[PromptRow], List[PromptRow]]:
     """(train, val) rows; deterministic in task.seed, no problem in both splits."""
+    if _space_size(task) > SPACE_LIMIT:
+        rng = np.random.default_rng(task.seed)
+        problems = _sampled_problems(task, task.num_train + task.num_val, rng)
+        forms = rng.integers(0, len(QUESTION_FORMS), size=len(problems))
+        rows = [_row(p, form=int(f)) for p, f in zip(problems, forms)]
+        return rows[: task.num_train], rows[task.num_train :]
     space = _problem_space(task)
     if task.num_train + task.num_val > len(space):
         raise ValueError(f"asked for {task.num_train} + {task.num_val} problems, the space holds {len(space)}")
@@ -165,11 +203,15 @@ REASONING_PHRASES = (
 )
 
 
-def tokenizer_corpus(task: ArithmeticTask) -> List[str]:
-    """Training text: every templated prompt (special tokens cut out), answers in R1 and plain form, and a few
-    fixed reasoning phrases."""
+def tokenizer_corpus(task: ArithmeticTask, chat_texts: Tuple[str, ...] = ()) -> List[str]:
+    """Training text: every templated prompt (special tokens cut out), answers in R1 and plain form, a few
+    fixed reasoning phrases, and `chat_texts` (special tokens cut out)."""
     train, val = arithmetic_rows(task)
     texts = list(REASONING_PHRASES) * 20
+    for text in chat_texts:
+        for special in DEFAULT_SPECIAL_TOKENS:
+            text = text.replace(special, "\n")
+        texts.append(text)
     for row in train + val:
         for name in TEMPLATES.names():
             prompt = TEMPLATES.get(name)(row.question)
@@ -191,7 +233,7 @@ def train_tiny_tokenizer(spec: TinyTokenizerSpec = TinyTokenizerSpec()) -> QwenT
     trainer = trainers.BpeTrainer(
         vocab_size=bpe_size, initial_alphabet=alphabet, special_tokens=[], min_frequency=1, show_progress=False
     )
-    tok.train_from_iterator(tokenizer_corpus(spec.task), trainer=trainer)
+    tok.train_from_iterator(tokenizer_corpus(spec.task, spec.chat_texts), trainer=trainer)
     model = json.loads(tok.to_str())["model"]
     vocab: Dict[str, int] = model["vocab"]
     merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
@@ -216,7 +258,11 @@ def ensure_tiny_tokenizer(path: str, spec: TinyTokenizerSpec = TinyTokenizerSpec
     The folder holds vocab.json, merges.txt, tokenizer_config.json (QwenTokenizer.from_dir / transformers
     format) and a stamp of the spec; it is written in a temporary folder and renamed into place.
     """
-    stamp = json.dumps(asdict(spec), sort_keys=True)
+    fields = asdict(spec)
+    texts = fields.pop("chat_texts")
+    if texts:  # (absent from the stamp when empty: the default's stamp as before the field)
+        fields["chat_texts"] = hashlib.sha1("\x00".join(texts).encode()).hexdigest()
+    stamp = json.dumps(fields, sort_keys=True)
     if _is_cached(path, stamp):
         return QwenTokenizer.from_dir(path)
     tokenizer = train_tiny_tokenizer(spec)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Tuple
 
 from mindgrpo.config.grpo import GRPOConfig
-from mindgrpo.config.loader import check
+from mindgrpo.config.loader import ConfigError, check
 from mindgrpo.models.lora_targets import LoraSpec
 from mindgrpo.grpo.prompts import PromptSource, check_vocabulary
 from mindgrpo.memory.policy import MemoryPolicy
@@ -36,6 +36,7 @@ from mindgrpo.models.presets import resolve_model_config
 
 if TYPE_CHECKING:  # for the types of Parts only: importing these here would load MindSpore with the builder
     from mindgrpo.data.tokenizer import QwenTokenizer
+    from mindgrpo.grpo.conversations import Conversations
     from mindgrpo.grpo.reward_models import ModelRewards
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
@@ -94,6 +95,7 @@ class Parts:
     reward_models: Optional[ModelRewards] = None  # reward_config.reward_models (grpo/reward_models.py)
     memory_policy: Optional[MemoryPolicy] = None  # rl_config.memory resolved (`mindgrpo/memory/auto.py`)
     base_path: Optional[str] = None  # where the policy's weights came from (LoRA's checkpoints refer to its base)
+    conversations: Optional[Conversations] = None  # generate_config.tools (grpo/conversations.py)
 
 
 def model_config_file(cfg: GRPOConfig, paths: Paths) -> Tuple[str, str]:
@@ -124,6 +126,22 @@ def check_model_limits(cfg: GRPOConfig, mcfg, model_source: str) -> None:
           f"holds {bad[0] if bad else None}, outside the vocabulary of {mcfg.vocab_size} tokens of {model_source}")
 
 
+def check_conversation_limits(cfg: GRPOConfig, mcfg, model_source: str, turn_positions: int) -> None:
+    """With conversations a slot holds the prompt, max_tokens and `turn_positions` positions of appended turns
+    (max_turns x a turn's tokens): within the model's positions and generate_config.max_num_batched_tokens."""
+    if not turn_positions:
+        return
+    gen = cfg.generate_config
+    need = gen.max_prompt_length + gen.max_tokens + turn_positions
+    check(need <= mcfg.max_position_embeddings, "generate_config.max_turns",
+          f"a conversation needs max_prompt_length + max_tokens + max_turns x {turn_positions // gen.max_turns} "
+          f"tokens a tool turn = {need} positions, more than the max_position_embeddings "
+          f"{mcfg.max_position_embeddings} of {model_source}; lower max_turns, tool_response_max_tokens or the lengths")
+    check(gen.max_num_batched_tokens is None or gen.max_num_batched_tokens >= need,
+          "generate_config.max_num_batched_tokens", f"must hold one conversation of {need} positions (max_prompt_length"
+          f" + max_tokens + max_turns tool turns), got {gen.max_num_batched_tokens}")
+
+
 def build_tokenizer(cfg: GRPOConfig, paths: Paths) -> QwenTokenizer:
     from mindgrpo.data.tokenizer import QwenTokenizer
     from mindgrpo.grpo.reward_models import ModelRewards
@@ -138,12 +156,69 @@ def build_tokenizer(cfg: GRPOConfig, paths: Paths) -> QwenTokenizer:
         return QwenTokenizer.from_files(paths.vocab_path, paths.merges_file_path, config)
     from mindgrpo.data.synthetic import TinyTokenizerSpec, ensure_tiny_tokenizer
 
+    chat_texts = ()
+    if cfg.generate_config.tools and cfg.generate_config.chat_template:  # the tiny tool recipe's conversations
+        from mindgrpo.data.templates import ChatTemplateError
+        from mindgrpo.grpo.conversations import load_tools, tool_chat_texts
+
+        load_tools(cfg)
+        try:
+            chat_texts = tool_chat_texts(cfg, chat_template_file(cfg, paths))
+        except ChatTemplateError as error:
+            raise ConfigError("generate_config.chat_template", str(error)) from None
     return ensure_tiny_tokenizer(os.path.join(paths.cache_dir, "tiny_tokenizer"),
-                                 TinyTokenizerSpec(task=cfg.synthetic_config.task))
+                                 TinyTokenizerSpec(task=cfg.synthetic_config.task, chat_texts=chat_texts))
 
 
-def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer):
-    """(train, val) PromptSources: the given MindRecords, or the built-in synthetic task."""
+def tokenizer_config_file(cfg: GRPOConfig, paths: Paths) -> Optional[str]:
+    """The tokenizer's tokenizer_config.json (--tokenizer_config, else the one beside --vocab_path, else the tiny
+    tokenizer's in the run's cache), or None."""
+    if paths.tokenizer_config:
+        return paths.tokenizer_config
+    if paths.vocab_path:
+        beside = os.path.join(os.path.dirname(os.path.abspath(paths.vocab_path)), "tokenizer_config.json")
+        return beside if os.path.exists(beside) else None
+    return os.path.join(paths.cache_dir, "tiny_tokenizer", "tokenizer_config.json")
+
+
+def chat_template_file(cfg: GRPOConfig, paths: Paths) -> Optional[str]:
+    """The tokenizer_config.json whose chat template writes the conversations: generate_config.chat_template (a
+    relative path not found from the working directory is taken from the repository's root, where the recipes
+    are), else the tokenizer's own (None: it has none; a file without a chat_template is refused later)."""
+    path = cfg.generate_config.chat_template
+    if path is None:
+        return tokenizer_config_file(cfg, paths)
+    if not os.path.isabs(path) and not os.path.exists(path):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        if os.path.exists(os.path.join(root, path)):
+            return os.path.join(root, path)
+    check(os.path.isfile(path), "generate_config.chat_template", f"{path} is not a file (a tokenizer_config.json "
+          "with a chat_template)")
+    return path
+
+
+def synthetic_template(cfg: GRPOConfig, chat_template: Optional[str]):
+    """The synthetic task's prompt template: synthetic_config.template, or with generate_config.tools the chat
+    template's one-question prompt with that template's system message and the tools' definitions."""
+    syn, gen = cfg.synthetic_config, cfg.generate_config
+    if not gen.tools:
+        return syn.template
+    from mindgrpo.data.templates import ChatTemplateError, chat_prompt_template, get_template
+    from mindgrpo.grpo.conversations import load_tools
+    from mindgrpo.tools import tool_schema
+
+    load_tools(cfg)
+
+    try:
+        return chat_prompt_template(chat_template, get_template(syn.template).system,
+                                    [tool_schema(n) for n in gen.tools])
+    except (ChatTemplateError, KeyError) as error:
+        raise ConfigError("generate_config.chat_template", str(error)) from None
+
+
+def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer, template=None):
+    """(train, val) PromptSources: the given MindRecords, or the built-in synthetic task (its prompts written with
+    `template`, default synthetic_config.template)."""
     from mindgrpo.data.mindrecord import load_prompt_dataset
 
     train_path = paths.dataset or cfg.rl_config.dataset_path
@@ -156,10 +231,12 @@ def build_prompts(cfg: GRPOConfig, paths: Paths, tokenizer):
         from mindgrpo.data.synthetic import write_arithmetic_dataset
 
         syn = cfg.synthetic_config
-        key = _json.dumps([asdict(syn), cfg.generate_config.max_prompt_length], sort_keys=True)
+        template = template or syn.template
+        written = template if isinstance(template, str) else template.parts()
+        key = _json.dumps([asdict(syn), cfg.generate_config.max_prompt_length, written], sort_keys=True)
         folder = os.path.join(paths.cache_dir, "tiny_data_" + hashlib.sha1(key.encode()).hexdigest()[:10])
         if not os.path.exists(os.path.join(folder, "val.mindrecord")):
-            write_arithmetic_dataset(folder, tokenizer, syn.task, template=syn.template,
+            write_arithmetic_dataset(folder, tokenizer, syn.task, template=template,
                                      max_prompt_length=cfg.generate_config.max_prompt_length, overwrite=True)
         train_path = os.path.join(folder, "train.mindrecord")
         val_path = val_path or os.path.join(folder, "val.mindrecord")
@@ -192,16 +269,18 @@ def build_rewards(cfg: GRPOConfig) -> RewardSet:
                      timeout_s=rc.timeout_s)
 
 
-def build_engine(cfg: GRPOConfig, inference, pad_token_id: int, memory_policy: Optional[MemoryPolicy] = None):
-    """The rollout engine of one inference replica, sized by generate_config; layer by layer where the memory
-    policy (default: the config's explicit switches) says so."""
+def build_engine(cfg: GRPOConfig, inference, pad_token_id: int, memory_policy: Optional[MemoryPolicy] = None,
+                 turn_positions: int = 0):
+    """The rollout engine of one inference replica, sized by generate_config (and `turn_positions` more per slot
+    for conversations' appended turns); layer by layer where the memory policy (default: the config's explicit
+    switches) says so."""
     from mindgrpo.inference.engine import RolloutEngine
 
     gen = cfg.generate_config
     memory_policy = memory_policy or MemoryPolicy.of_config(cfg)
     return RolloutEngine(inference, pad_token_id=pad_token_id, max_num_seqs=gen.max_num_seqs,
                          max_num_batched_tokens=gen.max_num_batched_tokens,
-                         max_model_len=gen.max_prompt_length + gen.max_tokens,
+                         max_model_len=gen.max_prompt_length + gen.max_tokens + turn_positions,
                          layerwise=memory_policy.generate_layerwise,
                          decode_layers_per_graph=gen.decode_layers_per_graph,
                          max_prefill_tokens=gen.max_prefill_tokens)
@@ -245,6 +324,7 @@ def reward_model_configs(cfg: GRPOConfig) -> list:
 def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
+    from mindgrpo.grpo.conversations import CONVERSATION_COLUMNS, build_conversations
     from mindgrpo.grpo.reward_models import build_model_rewards
     from mindgrpo.memory.auto import choose_for_run
     from mindgrpo.memory.swap import SwapManager
@@ -263,7 +343,9 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     for line in memory_policy.summary().splitlines():
         logger.info("%s", line)
     tokenizer = build_tokenizer(cfg, paths)
-    train, val = build_prompts(cfg, paths, tokenizer)
+    chat_template = chat_template_file(cfg, paths) if cfg.generate_config.tools else None
+    train, val = build_prompts(cfg, paths, tokenizer,
+                               synthetic_template(cfg, chat_template) if cfg.generate_config.tools else None)
     if mcfg.vocab_size < tokenizer.vocab_size:
         raise ValueError(f"the model's vocab_size {mcfg.vocab_size} is smaller than the tokenizer's "
                          f"{tokenizer.vocab_size}")
@@ -273,13 +355,17 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
           f"needs validation prompts, and rl_config.dataset_path {train.path} comes without any: give "
           "rl_config.val_dataset_path (--val_dataset)")
     rewards = build_rewards(cfg)
+    conversations = build_conversations(cfg, tokenizer, chat_template)
+    extra = [] if conversations is None else list(CONVERSATION_COLUMNS)
     # the columns every reward call gets (grpo/rollouts.Rollouts.columns): a reward needing another fails now
-    rewards.check_columns([*train.columns, "completion_length"], "the training prompts")
+    rewards.check_columns([*train.columns, "completion_length", *extra], "the training prompts")
     if val is not None:
-        rewards.check_columns([*val.columns, "completion_length"], "the validation prompts")
+        rewards.check_columns([*val.columns, "completion_length", *extra], "the validation prompts")
+    turn_positions = 0 if conversations is None else conversations.extra_positions
+    check_conversation_limits(cfg, mcfg, model_source, turn_positions)
 
     gen = cfg.generate_config  # RoPE positions: the longest prompt and response, some slack, at most the model's
-    max_positions = min(gen.max_prompt_length + gen.max_tokens + 64, mcfg.max_position_embeddings)
+    max_positions = min(gen.max_prompt_length + gen.max_tokens + turn_positions + 64, mcfg.max_position_embeddings)
 
     def model(role: str, path: Optional[str], load: bool):
         return placement.model(role, mcfg, path, load, rl.seed, max_positions)
@@ -310,7 +396,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
             p.requires_grad = False
     memory = SwapManager(enabled=rl.swap, device=placement.device, shared_inference=shared,  # real moves on Ascend
                          reference_is_policy=lora is not None and rl.beta > 0)
-    rollout = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy)
+    rollout = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy, turn_positions)
     memory.register("policy", policy.get_parameters())
     held = {id(p) for p in policy.get_parameters()}  # shared: the inference group is the fused copies alone
     memory.register("inference", [p for p in rollout.resident_parameters() if id(p) not in held])
@@ -342,7 +428,8 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
                  pipeline=placement.pipeline("policy", policy.dtype),
                  ref_pipeline=placement.pipeline("reference", reference.dtype) if reference is not None else None,
                  reward_models=reward_models, memory_policy=memory_policy,
-                 base_path=paths.sft_path_train if paths.sft_path_train and paths.load_sft_checkpoint_train else None)
+                 base_path=paths.sft_path_train if paths.sft_path_train and paths.load_sft_checkpoint_train else None,
+                 conversations=conversations)
 
 
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):
@@ -355,4 +442,4 @@ def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_di
                        output_dir=output_dir, rank=parts.rank, grad_reducer=parts.grad_reducer,
                        checkpoints=parts.checkpoints, pipeline=parts.pipeline, ref_pipeline=parts.ref_pipeline,
                        reward_models=parts.reward_models, memory_policy=parts.memory_policy,
-                       base_path=parts.base_path)
+                       base_path=parts.base_path, conversations=parts.conversations)

@@ -5,7 +5,7 @@ rewards, the figures a step logs about them, and their record as MindRecord (`--
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -20,13 +20,17 @@ ROLLOUT_STATS = ("useful_fraction", "slots_in_use", "kv_bytes", "prefill_seconds
 
 
 class Rollouts:
-    """The samples of one step: B = prompts * G rows, a prompt's G rows adjacent."""
+    """The samples of one step: B = prompts * G rows, a prompt's G rows adjacent. row_columns: columns of the
+    samples themselves (conversations' tool_calls and messages: grpo/conversations.py), one value per row."""
 
-    def __init__(self, batch: PromptBatch, completions: List[Completion], texts: List[str], group: int):
+    def __init__(self, batch: PromptBatch, completions: List[Completion], texts: List[str], group: int,
+                 row_columns: Optional[Dict[str, list]] = None):
         self.batch, self.completions, self.texts, self.group = batch, completions, texts, group
+        self.row_columns = dict(row_columns or {})
         self.prompt_ids = [batch.ids[c.prompt_index] for c in completions]
         self.columns = {k: [v[c.prompt_index] for c in completions] for k, v in batch.columns.items()}
         self.columns["completion_length"] = [len(c.token_ids) for c in completions]
+        self.columns.update(self.row_columns)
         self.rewards = np.zeros(len(completions), np.float32)
         self.per_function: Dict[str, np.ndarray] = {}
 
@@ -42,7 +46,8 @@ class Rollouts:
         batch = PromptBatch([self.batch.ids[p] for p in prompts],
                             {k: [v[p] for p in prompts] for k, v in self.batch.columns.items()})
         comps = [replace(self.completions[i], prompt_index=remap[self.completions[i].prompt_index]) for i in picked]
-        out = Rollouts(batch, comps, [self.texts[i] for i in picked], self.group)
+        out = Rollouts(batch, comps, [self.texts[i] for i in picked], self.group,
+                       {k: [v[i] for i in picked] for k, v in self.row_columns.items()})
         out.rewards = self.rewards[rows]
         out.per_function = {k: v[rows] for k, v in self.per_function.items()}
         return out
@@ -57,7 +62,8 @@ class Rollouts:
             comps += [replace(c, prompt_index=c.prompt_index + offset) for c in r.completions]
             texts += r.texts
             offset += len(r.batch.ids)
-        out = Rollouts(PromptBatch(ids, cols), comps, texts, parts[0].group)
+        rows = {k: [x for r in parts for x in r.row_columns[k]] for k in parts[0].row_columns}
+        out = Rollouts(PromptBatch(ids, cols), comps, texts, parts[0].group, rows)
         out.rewards = np.concatenate([r.rewards for r in parts])
         out.per_function = {k: np.concatenate([r.per_function[k] for r in parts]) for k in parts[0].per_function}
         return out

@@ -159,6 +159,26 @@ def progress_interval_s() -> float:
     return value
 
 
+def close_on_sigterm(close) -> None:
+    """On SIGTERM, `close()` first (the tool workers reaped, their folders removed), then the signal's default
+    action: the process ends as it would have (one process only: the handler runs when the main thread is back in
+    Python, and a rank stuck in a collective must still die at once)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_term(signum, frame):
+        try:
+            close()
+        finally:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def run(args) -> int:
     check_weight_paths(args)
     check_compile_cache(args)
@@ -215,6 +235,11 @@ def run(args) -> int:
     trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out)
     trainer.save_data_file = args.save_data_file
     parts.rewards.start()  # the reward workers start while the first rollout compiles
+    conversations = parts.conversations
+    if conversations is not None:
+        conversations.start()  # the tool workers too
+        if not args.use_parallel:
+            close_on_sigterm(conversations.close)
     resumed = bool(args.resume or args.resume_from)
     start_from_checkpoint(trainer, args.resume_from if args.resume_from else None, resumed,
                           args.allow_config_change)
@@ -228,7 +253,11 @@ def run(args) -> int:
             m = sft_warm_start(parts.policy, parts.train_prompts, parts.tokenizer, steps=sft.steps, lr=sft.lr,
                                batch_size=sft.batch_size, micro_batch_size=cfg.actor_config.micro_batch_size,
                                seed=rl.seed, teacher_carry_error=sft.teacher_carry_error,
-                               grad_reducer=parts.grad_reducer, pipeline=parts.pipeline)
+                               grad_reducer=parts.grad_reducer, pipeline=parts.pipeline,
+                               # the synthetic task with tools: the teacher's conversations (grpo/sft.tool_targets)
+                               tool_turns=parts.conversations.turns if parts.conversations is not None
+                               and rl.dataset_path is None else None,
+                               tool_call_rate=sft.teacher_tool_call_rate)
         if trainer.lora is not None:
             trainer.lora.base_changed()  # the checkpoints write the warm-started base once and refer to it
         trainer.sync()
@@ -250,6 +279,8 @@ def run(args) -> int:
     finally:
         ticker.stop()
         parts.rewards.close()  # the reward workers (also stopped at exit)
+        if conversations is not None:
+            conversations.close()  # the tool workers and their scratch folders (also at exit and on SIGTERM)
     hist = trainer.val_history
     if hist:
         logger.info("final: val_accuracy start=%.3f end=%.3f", hist[0], hist[-1])

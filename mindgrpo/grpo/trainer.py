@@ -21,6 +21,7 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.grpo import algos
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
+from mindgrpo.grpo.conversations import conversation_columns, conversation_metrics
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
@@ -50,8 +51,11 @@ class GRPOTrainer:
                  val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
                  rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None, checkpoints=None,
                  pipeline=None, ref_pipeline=None, reward_models=None, memory_policy: Optional[MemoryPolicy] = None,
-                 base_path: Optional[str] = None):
+                 base_path: Optional[str] = None, conversations=None):
         self.cfg = cfg
+        # generate_config.tools: the engine's conversation turns (grpo/conversations.py), None without
+        self.conversations = conversations
+        self.conversation_stats: Dict[str, float] = {}  # of the last generate call
         # the memory savers on: the builder's resolved rl_config.memory, else the config's explicit switches
         self.memory_policy = mp = memory_policy or MemoryPolicy.of_config(cfg)
         rl, actor, gen = cfg.rl_config, cfg.actor_config, cfg.generate_config
@@ -131,12 +135,23 @@ class GRPOTrainer:
                               top_k=g.top_k, top_p=g.top_p, min_p=g.min_p, n=n,
                               stop_token_ids=self.stop_ids, seed=seed)
 
+    def generate(self, prompts, params: SamplingParams) -> tuple:
+        """The engine's completions of `prompts`, and their per-sample columns (conversations: tool_calls,
+        messages; else none); self.conversation_stats gets the call's tool/ and turns/ metrics."""
+        conv = self.conversations
+        if conv is None:
+            return self.engine.generate(prompts, params), {}
+        conv.turns.reset()
+        comps = self.engine.generate(prompts, params, turns=conv.turns)
+        self.conversation_stats = conversation_metrics(conv.turns, comps)
+        return comps, conversation_columns(conv.turns, comps, self.tokenizer)
+
     def rollout(self, batch: PromptBatch, seed: int) -> Rollouts:
         with self.progress.phase("rollout"), self.memory.phase("rollout"):
-            comps = self.engine.generate(batch.ids, self.sampling(self.G, seed))
+            comps, row_columns = self.generate(batch.ids, self.sampling(self.G, seed))
         self.progress.add_tokens("rollout", self.engine.last_stats["new_tokens"])
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
-        return Rollouts(batch, comps, texts, self.G)
+        return Rollouts(batch, comps, texts, self.G, row_columns)
 
     def reward(self, r: Rollouts) -> Dict[str, float]:
         with self.progress.phase("reward"):
@@ -164,6 +179,7 @@ class GRPOTrainer:
             if rounds == 0:
                 metrics.update(m)
                 metrics.update(rollout_metrics(r, self.engine.last_stats))
+                metrics.update(self.conversation_stats)
             if not rl.dynamic_sampling:
                 return r, metrics
             informative = r.rewards.reshape(-1, self.G).std(-1) > 0
@@ -314,15 +330,18 @@ class GRPOTrainer:
         if rl.val_temperature > 0:
             params = replace(params, temperature=rl.val_temperature)
         with self.progress.phase("validate"), self.memory.phase("validate"):
-            comps = self.engine.generate(batch.ids, params)
+            comps, row_columns = self.generate(batch.ids, params)
         self.release(self.engine)
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
         columns = {k: [v[c.prompt_index] for c in comps] for k, v in batch.columns.items()}
+        columns.update(row_columns)
         _, per_fn, _ = self.rewards(texts, **columns, completion_length=[len(c.token_ids) for c in comps])
         if "accuracy" not in per_fn:
             from mindgrpo.rewards import get_reward
             per_fn["accuracy"] = np.array(get_reward("accuracy")(texts, **columns), np.float32)
         metrics = val_metrics(np.asarray(per_fn["accuracy"], np.float32), texts, rl.val_n)
+        if self.conversations is not None:  # e.g. val/tool/calls_mean: how often the policy calls a tool
+            metrics.update({f"val/{k}": v for k, v in self.conversation_stats.items()})
         self.val_history.append(metrics["val/accuracy"])
         return metrics
 
@@ -439,7 +458,7 @@ class GRPOTrainer:
             self.log.log(self.step, metrics)
             if self.step % rl.log_interval == 0 or self.step == rl.max_steps:
                 shown = {k: metrics[k] for k in ("reward_mean", "loss", "kl", "grad_norm", "response_length/mean",
-                                                 "val/accuracy") if k in metrics}
+                                                 "tool/calls_mean", "val/accuracy") if k in metrics}
                 if "perf/e2e_tokens_per_s_per_device" in metrics:
                     shown["e2e tok/s/device"] = metrics["perf/e2e_tokens_per_s_per_device"]
                 if "memory/host_resident_bytes" in metrics:  # the host process, resident now

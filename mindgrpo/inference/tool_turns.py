@@ -19,7 +19,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from mindgrpo.data.templates import ChatTemplateError, render_chat
 from mindgrpo.data.tokenizer import QwenTokenizer
-from mindgrpo.tools.calls import ToolResult, check_call, parse_tool_calls, truncate_response
+from mindgrpo.tools.calls import ToolCall, ToolResult, check_call, parse_tool_calls, truncate_response
 from mindgrpo.tools.pool import ToolPool
 
 _MODEL = "\x00model turn\x00"
@@ -42,6 +42,7 @@ class ToolTurns:
         self.max_turns, self.response_tokens = max_turns, tool_response_max_tokens
         self.max_turn_tokens = max_turn_tokens or 64 + 4 * (tool_response_max_tokens + 32)
         self.calls: Dict[int, List[dict]] = defaultdict(list)
+        self.answers: Dict[int, List[List[str]]] = defaultdict(list)  # request -> each tool turn's answers, as sent
         self._waiting: Dict[int, List] = {}  # request -> its calls' results so far (None: not yet)
         self._shapes: Dict[int, Tuple[str, List[str]]] = {}
 
@@ -74,7 +75,11 @@ class ToolTurns:
         text = self.tokenizer.decode(turn_ids[:-1])  # without its stop token
         if not text.rstrip().endswith("</tool_call>"):
             return False
-        calls = [check_call(c, self.allowed) for c in parse_tool_calls(text)]
+        # a turn that ends with </tool_call> but holds no whole <tool_call>...</tool_call> gets an error answer (with
+        # no call to wait for, its sample would stay parked for good)
+        calls = [check_call(c, self.allowed) for c in parse_tool_calls(text)] or \
+            [ToolCall("", error="no tool call found: a call is <tool_call>{\"name\": ..., \"arguments\": {...}}"
+                                "</tool_call>")]
         self._waiting[request] = [None] * len(calls)
         for j, call in enumerate(calls):
             self.calls[request].append({"name": call.name, "arguments": call.arguments, "status": None,
@@ -89,7 +94,7 @@ class ToolTurns:
                 self._record(request, k, result)
                 self._waiting[request][j] = result
                 if all(r is not None for r in self._waiting[request]):
-                    ready.append((request, self._turn_ids(self._waiting.pop(request))))
+                    ready.append((request, self._turn_ids(request, self._waiting.pop(request))))
             if ready or not block or not self._waiting:
                 return ready
 
@@ -97,9 +102,10 @@ class ToolTurns:
         call = self.calls[request][k]
         call.update(status=result.status, response=result.response(), seconds=result.seconds)
 
-    def _turn_ids(self, results: List[ToolResult]) -> List[int]:
+    def _turn_ids(self, request: int, results: List[ToolResult]) -> List[int]:
         enc, dec = self.tokenizer.encode, self.tokenizer.decode
         answers = [truncate_response(r.response(), enc, dec, self.response_tokens) for r in results]
+        self.answers[request].append(answers)
         return self.tokenizer.encode(self.tool_turn_text(answers))
 
     # ---------------------------------------------------------------- metrics
@@ -110,7 +116,17 @@ class ToolTurns:
                 "tool/timeouts": float(sum(c["status"] == "timeout" for c in calls)),
                 "tool/seconds": float(sum(c["seconds"] for c in calls))}
 
+    def columns(self, request: int) -> Dict[str, list]:
+        """What the rewards see of request's conversation besides its tokens: `tool_calls`, each call's name,
+        arguments, status and response (as the tool gave it), and `turn_messages`, each appended turn's chat
+        messages (one tool message per call, its answer as the model read it, cut to tool_response_max_tokens)."""
+        return {"tool_calls": [{k: c[k] for k in ("name", "arguments", "status", "response")}
+                               for c in self.calls.get(request, ())],
+                "turn_messages": [[{"role": "tool", "content": a} for a in answers]
+                                  for answers in self.answers.get(request, ())]}
+
     def reset(self) -> None:
         """Before the next generate call."""
         self.calls.clear()
+        self.answers.clear()
         self._waiting.clear()

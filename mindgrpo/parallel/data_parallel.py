@@ -115,31 +115,39 @@ class DataParallelEngine:
         self.engine.release()
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 return_logits: bool = False) -> List[Completion]:
-        n, width = params.n, params.max_tokens
+                 return_logits: bool = False, turns=None) -> List[Completion]:
+        """turns: conversations (`engine.Turns`), run by this replica for its share of the prompts."""
+        n = params.n
+        width = params.max_tokens + (0 if turns is None else turns.max_turns * turns.max_turn_tokens)
         mine = share(len(prompts), self.group.size, self.group.index)
         t0 = time.perf_counter()
         local: List[Completion] = []
         if len(mine):
             local = self.engine.generate([prompts[i] for i in mine], params, prompt_index=mine,
-                                         return_logits=return_logits)
-        # every row: [number of tokens, stopped, tokens, log-probs, sampled log-probs]; only this
-        # replica's rows are nonzero (the others add +0.0: the sum is exact)
-        rows = np.zeros((len(prompts) * n, 2 + 3 * width), np.float32)
+                                         return_logits=return_logits, turns=turns)
+        # every row: [number of tokens, stopped, turns appended, has a model mask, tokens, log-probs, sampled
+        # log-probs, model mask]; only this replica's rows are nonzero (the others add +0.0: the sum is exact)
+        head = 4
+        rows = np.zeros((len(prompts) * n, head + 4 * width), np.float32)
         first = int(mine[0]) * n if len(mine) else 0
         for k, c in enumerate(local):
             m = len(c.token_ids)
             row = rows[first + k]
-            row[:2] = m, c.finish_reason == "stop"
-            row[2:2 + m] = c.token_ids  # token ids < 2**24 are exact in float32
-            row[2 + width:2 + width + m] = c.logprobs
-            row[2 + 2 * width:2 + 2 * width + m] = c.sampling_logprobs
+            row[:head] = m, c.finish_reason == "stop", c.turns, c.model_mask is not None
+            row[head:head + m] = c.token_ids  # token ids < 2**24 are exact in float32
+            row[head + width:head + width + m] = c.logprobs
+            row[head + 2 * width:head + 2 * width + m] = c.sampling_logprobs
+            if c.model_mask is not None:
+                row[head + 3 * width:head + 3 * width + m] = c.model_mask
         rows = self.comm.host_sum(rows, self.group)
         out = []
         for i, row in enumerate(rows):
             m = int(row[0])
-            out.append(Completion(i // n, row[2:2 + m].astype(np.int64).tolist(), "stop" if row[1] > 0 else "length",
-                                  row[2 + width:2 + width + m].copy(), row[2 + 2 * width:2 + 2 * width + m].copy()))
+            at = [head + j * width for j in range(4)]
+            out.append(Completion(i // n, row[at[0]:at[0] + m].astype(np.int64).tolist(),
+                                  "stop" if row[1] > 0 else "length", row[at[1]:at[1] + m].copy(),
+                                  row[at[2]:at[2] + m].copy(), row[at[3]:at[3] + m] > 0 if row[3] > 0 else None,
+                                  int(row[2])))
         elapsed = time.perf_counter() - t0
         new_tokens = int(rows[:, 0].sum())
         self.last_stats = dict(self.engine.last_stats, rows=len(out), new_tokens=new_tokens, seconds=elapsed,

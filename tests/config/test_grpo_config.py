@@ -106,7 +106,13 @@ def test_yaml_that_sets_every_key():
               "actor_config.layerwise_update", "generate_config.layerwise", "ref_config.layerwise",
               # LoRA runs on one device (this file's parallelism refuses it): tests/config/test_lora_config.py
               "actor_config.lora_rank", "actor_config.lora_alpha", "actor_config.lora_dropout",
-              "actor_config.lora_target_modules"} | set(VARIANT_SETTINGS)
+              "actor_config.lora_target_modules",
+              # conversations run on one inference device (this file's generate parallel_config refuses them):
+              # tests/config/test_tools_config.py sets them
+              *(f"generate_config.{k}" for k in ("tools", "max_turns", "tool_response_max_tokens", "tool_timeout_s",
+                                                 "tool_num_workers", "tool_plugin", "chat_template")),
+              "sft_config.teacher_tool_call_rate"} \
+        | set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
     assert same == [], f"full_grpo.yaml leaves these at their defaults: {same}"
 
@@ -458,7 +464,11 @@ def _witness(key):
     others = {"sft_config.teacher_carry_error": 0.5, "actor_config.head_rows_per_graph": 2, "ref_config.layerwise": True,
               "rl_config.memory_budget_gb": 16.0, "actor_config.lora_alpha": 32.0, "actor_config.lora_dropout": 0.1,
               "actor_config.lora_target_modules": ["q_proj"],
-              "generate_config.decode_layers_per_graph": 2, "rl_config.save_best": "val/accuracy"}
+              "generate_config.decode_layers_per_graph": 2, "rl_config.save_best": "val/accuracy",
+              "generate_config.tools": ["calculator"], "generate_config.max_turns": 2,
+              "generate_config.tool_response_max_tokens": 64, "generate_config.tool_timeout_s": 5.0,
+              "generate_config.tool_num_workers": 1, "generate_config.tool_plugin": "my_tools.py",
+              "generate_config.chat_template": "tokenizer_config.json", "sft_config.teacher_tool_call_rate": 0.5}
     for table in (others, full, synthetic, VARIANT_SETTINGS):
         if key in table and table[key] != default[key]:
             return table[key]

@@ -77,3 +77,19 @@ def test_answers_are_cut_to_the_token_budget_and_the_turns_wait_for_every_call(t
         assert len(tokenizer.encode(answer.split("\n</tool_response>")[0])) <= 12
     turns.reset()
     assert not turns.calls
+
+
+def test_a_turn_that_ends_a_call_it_never_opened_gets_an_error_and_does_not_wait_for_ever(tokenizer, pool):
+    import threading
+
+    turns = ToolTurns(tokenizer, pool, ["calculator"], QWEN3, max_turns=2, tool_response_max_tokens=200)
+    end = tokenizer.decode([tokenizer.stop_token_ids[0]])
+    assert turns.end_turn(3, 0, tokenizer.encode('{"name": "calculator"}\n</tool_call>' + end))
+    ready = []
+    waiter = threading.Thread(target=lambda: ready.extend(turns.poll(True)), daemon=True)
+    waiter.start()
+    waiter.join(timeout=60)
+    assert not waiter.is_alive(), "poll(True) waits for a call that was never made"
+    (request, ids), = ready
+    assert request == 3 and "error: no tool call found" in tokenizer.decode(ids)
+    assert [c["status"] for c in turns.calls[3]] == ["error"]

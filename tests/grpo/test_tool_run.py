@@ -1,0 +1,95 @@
+"""scripts/grpo_one_stage.py with generate_config.tools on a micro model: start-up refusals in one line, a step
+that logs the tool metrics, and the tool workers closed at the end and on SIGTERM (their folder gone)."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "scripts", "grpo_one_stage.py")
+TEMPLATE = "model_configs/qwen_grpo/tiny_tools/tokenizer_config.json"  # relative: found from the repository's root
+MICRO = [f"actor_config.model={os.path.join(REPO, 'tests', 'grpo', 'micro_qwen2.yaml')}",
+         "rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=8",
+         "generate_config.max_tokens=8", "sft_config={steps: 0}", "rl_config.val_interval=0",
+         "synthetic_config.template=raw", "rl_config.max_steps=1", "generate_config.tools=[calculator]",
+         "generate_config.tool_num_workers=1", "generate_config.max_turns=1",
+         "generate_config.tool_response_max_tokens=16"]
+
+
+def command(out, *extra):
+    return [sys.executable, SCRIPT, "--output_dir", str(out), *MICRO, *extra]
+
+
+def environment(tmp):
+    os.makedirs(tmp, exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp)}
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["generate_config.chat_template=null"], "config key 'generate_config.chat_template': "),
+    ([f"generate_config.chat_template={TEMPLATE}", "generate_config.max_turns=40"],
+     "config key 'generate_config.max_turns': a conversation needs max_prompt_length + max_tokens + max_turns x"),
+    ([f"generate_config.chat_template={TEMPLATE}", "generate_config.tools=[abacus]"],
+     "config key 'generate_config.tools': names unknown tool(s) ['abacus']"),
+])
+def test_start_up_refusals_are_one_line(tmp_path, extra, needle):
+    r = subprocess.run(command(tmp_path / "out", *extra), capture_output=True, text=True, cwd=REPO, timeout=600,
+                       env=environment(tmp_path / "tmp"))
+    assert r.returncode == 2, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and needle in errors[0], r.stderr[-3000:]
+    assert not glob.glob(str(tmp_path / "tmp" / "mindgrpo-tools-*"))
+
+
+@pytest.mark.slow
+def test_a_step_with_tools_logs_their_metrics_and_closes_the_workers(tmp_path):
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    r = subprocess.run(command(out, f"generate_config.chat_template={TEMPLATE}"), capture_output=True, text=True,
+                       cwd=REPO, timeout=1800, env=environment(tmp))
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = [json.loads(line) for line in open(out / "metrics.jsonl")][-1]
+    for key in ("tool/calls_mean", "tool/errors", "tool/timeouts", "tool/seconds", "turns/mean",
+                "turns/masked_fraction", "tool/samples_with_calls"):
+        assert key in row and row[key] >= 0, key
+    assert "tools calculator, at most 1 tool turns" in r.stderr
+    assert not glob.glob(str(tmp / "mindgrpo-tools-*"))  # the pool's folder, removed at close
+
+
+@pytest.mark.slow
+def test_sigterm_closes_the_tool_workers(tmp_path):
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    proc = subprocess.Popen(command(out, f"generate_config.chat_template={TEMPLATE}", "rl_config.max_steps=50"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=environment(tmp))
+    try:
+        deadline = time.monotonic() + 600
+        while not glob.glob(str(tmp / "mindgrpo-tools-*")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.5)
+        folders = glob.glob(str(tmp / "mindgrpo-tools-*"))
+        assert folders, "the tool workers never started"
+        workers = glob.glob(os.path.join(folders[0], "worker-*"))
+        assert workers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=600) == -signal.SIGTERM  # it still ends as SIGTERM ends it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not glob.glob(str(tmp / "mindgrpo-tools-*"))
+    assert not [p for p in glob.glob("/proc/[0-9]*/environ") if _has_tmpdir(p, str(tmp))]
+
+
+def _has_tmpdir(environ_path, tmp):
+    """Whether a live process (not a zombie) has TMPDIR under `tmp` (each tool worker's is its own folder)."""
+    try:
+        with open(environ_path, "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(e.startswith(b"TMPDIR=" + tmp.encode()) for e in env)
