@@ -63,6 +63,22 @@ def save_model(folder: str, layers: int, pad_id: int = 0) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
 
 
+def serve(conn, framework: str, score) -> None:
+    """A side's loop, once it is ready: "stop" ends it, "matmul" -> the framework's matmul rates, any other message
+    -> (seconds, score(message) as a list)."""
+    conn.send(("ready", None))
+    while True:
+        msg = conn.recv()
+        if msg == "stop":
+            return
+        if msg == "matmul":
+            conn.send(matmul_gflops(framework, SQUARES))
+            continue
+        t0 = time.perf_counter()
+        scores = score(msg)
+        conn.send((time.perf_counter() - t0, scores.tolist()))
+
+
 def ours_worker(conn, folder: str, seqs, micro: int, max_tokens: int) -> None:
     """Our side: one model, a padded and a packed RewardScorer; "padded" / "packed" -> (seconds, scores);
     "matmul" -> MindSpore's matmul rates."""
@@ -76,17 +92,7 @@ def ours_worker(conn, folder: str, seqs, micro: int, max_tokens: int) -> None:
     scorers = {"padded": RewardScorer(rm, micro, 0), "packed": RewardScorer(rm, micro, max_tokens)}
     for scorer in scorers.values():
         scorer(seqs)  # compiles every shape
-    conn.send(("ready", None))
-    while True:
-        msg = conn.recv()
-        if msg == "stop":
-            return
-        if msg == "matmul":
-            conn.send(matmul_gflops("mindspore", SQUARES))
-            continue
-        t0 = time.perf_counter()
-        scores = scorers[msg](seqs)
-        conn.send((time.perf_counter() - t0, scores.tolist()))
+    serve(conn, "mindspore", lambda msg: scorers[msg](seqs))
 
 
 def transformers_worker(conn, folder: str, seqs, micro: int, threads: int) -> None:
@@ -115,17 +121,7 @@ def transformers_worker(conn, folder: str, seqs, micro: int, threads: int) -> No
         return out
 
     score()  # warm-up
-    conn.send(("ready", None))
-    while True:
-        msg = conn.recv()
-        if msg == "stop":
-            return
-        if msg == "matmul":
-            conn.send(matmul_gflops("torch", SQUARES))
-            continue
-        t0 = time.perf_counter()
-        scores = score()
-        conn.send((time.perf_counter() - t0, scores.tolist()))
+    serve(conn, "torch", lambda msg: score())
 
 
 def run(args) -> dict:

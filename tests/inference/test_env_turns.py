@@ -10,8 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindgrpo.data.synthetic import ensure_tiny_tokenizer
-from mindgrpo.data.tokenizer import QwenTokenizer
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.env_turns import EnvTurns
 from mindgrpo.inference.sampling import SamplingParams
@@ -24,13 +22,6 @@ CFG = Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidd
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, param_init_std=0.3)
 QUESTIONS = ["alpha", "b", "gamma delta"]
 HOSTILE_PROMPTS = ["sleep", "crash", "raise", "types", "fine", "sleep_reset"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "tokenizer"
-    ensure_tiny_tokenizer(str(path))
-    return QwenTokenizer.from_dir(str(path))
 
 
 @pytest.fixture(scope="module")

@@ -6,22 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from mindgrpo.data.synthetic import ensure_tiny_tokenizer
 from mindgrpo.data.templates import chat_prompt_template, render_chat
-from mindgrpo.data.tokenizer import QwenTokenizer
 from mindgrpo.inference.tool_turns import ToolTurns
 from mindgrpo.tools import ToolPool, tool_schema
 
 QWEN3 = str(Path(__file__).resolve().parents[1] / "data" / "qwen3_template" / "tokenizer_config.json")
 TOOLS = [tool_schema("calculator"), tool_schema("python")]
 QUESTION = "What is 123 + 456 + 789?"
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny") / "tokenizer"
-    ensure_tiny_tokenizer(str(path))
-    return QwenTokenizer.from_dir(str(path))
 
 
 @pytest.fixture(scope="module")
