@@ -63,10 +63,6 @@ LENGTH_STEP = 32  # capacities are multiples of this; decode length buckets stop
 KEPT_GRAPHS = ("decode", "decode_inputs", "decode_layers", "decode_head", "prefill_inputs")
 PROMPT_STEP = 16  # the smallest prefill / copy length bucket
 MIN_BATCH = 8  # decode and copy batch buckets stop halving near this (fewer shapes; idle rows cost little)
-# conversations: ready turns are held until they number at least 1/APPEND_SHARE of the decoding slots (or no slot
-# decodes), so that one append call takes several turns: an append call costs about a decode step whatever its rows,
-# and a fast tool answers within a step or two (one call per turn was 0.6x re-prefilling at a micro model)
-APPEND_SHARE = 8
 
 
 @dataclass
@@ -266,7 +262,6 @@ class RolloutEngine:
 
         t0 = time.perf_counter()
         self.model.weights.refresh()  # the model's weights may have changed since the last call
-        ready: List[Tuple[int, List[int]]] = []  # conversations' next turns, held for one append call
         while True:
             t1 = time.perf_counter()
             adm = call.sched.admit()
@@ -279,18 +274,14 @@ class RolloutEngine:
                 self._copy(cache, adm.copy_src, adm.copy_dst, p_len)
             call.start(adm)
             if turns is not None:
-                ready += turns.poll(False)
-                if len(ready) >= max(1, call.sched.live().size // APPEND_SHARE):
-                    self._append(cache, call, ready)
-                    ready = []
+                self._append(cache, call, turns.poll(False))
             t2 = time.perf_counter()
             call.stats["prefill_seconds"] += t2 - t1
             live = call.sched.live()
             if live.size == 0:
                 if not call.sched.parked.any():
                     break
-                self._append(cache, call, ready + turns.poll(not ready))  # no sample decodes: append what is ready
-                ready = []
+                self._append(cache, call, turns.poll(True))  # every sample waits for a tool
                 call.stats["waiting_seconds"] += time.perf_counter() - t2
                 continue
             self._decode(cache, call, live, params)
