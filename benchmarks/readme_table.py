@@ -71,10 +71,11 @@ ROWS: List[Row] = [
         lambda r: (r["configs"]["tiny-small-vocab"]["longtail"]["engine_tokens_per_s"],
                    r["configs"]["tiny-small-vocab"]["longtail"]["static_tokens_per_s"]),
         "useful tokens/s", 0, "a static batch", "rate"),
-    Row("multi-turn rollout of 64 prompts x 8 conversations with up to 4 tool calls each (a 50 ms tool), a micro "
-        "model: continuation in the KV cache", "python -m benchmarks.rollout --workloads multiturn --max_tokens 128",
-        "rollout_multiturn",
-        lambda r: (r["configs"]["micro"]["cache_tokens_per_s"], r["configs"]["micro"]["reprefill_tokens_per_s"]),
+    Row("multi-turn rollout of 64 prompts x 8 conversations with up to 4 tool calls each (a 50 ms tool), a 4-layer "
+        "hidden-256 model: continuation in the KV cache", "python -m benchmarks.rollout --workloads multiturn "
+        "--configs tiny-small-vocab --max_tokens 128", "rollout_multiturn_small_vocab",
+        lambda r: (r["configs"]["tiny-small-vocab"]["cache_tokens_per_s"],
+                   r["configs"]["tiny-small-vocab"]["reprefill_tokens_per_s"]),
         "useful tokens/s", 0, "re-prefilling each turn's history", "rate"),
     Row("reference + update of 32 long-tailed samples (mean 165, max 512 tokens), packed rows "
         "(`actor_config.packing`)", "python -m benchmarks.packing", "update",
