@@ -32,8 +32,7 @@ def main(argv=None) -> int:
     from mindgrpo.config import ConfigError, GRPOConfig, load_config
     from mindgrpo.memory.auto import apply, choose
     from mindgrpo.memory.plan import plan, report
-    from mindgrpo.models.checkpoint import find_config
-    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.grpo.builder import reward_model_configs
     from mindgrpo.models.presets import preset_config
     from mindgrpo.parallel.layout import ParallelLayout
 
@@ -42,7 +41,7 @@ def main(argv=None) -> int:
         mcfg = preset_config(cfg.actor_config.model, compute_dtype=cfg.actor_config.dtype)
         for section in ("actor_config", "generate_config"):
             ParallelLayout.from_config(getattr(cfg, section).parallel_config).check_divisible(mcfg)
-        reward_models = [Qwen2Config.load(m.config or find_config(m.path)) for m in cfg.reward_config.reward_models]
+        reward_models = reward_model_configs(cfg)  # the reward models', then the judges'
     except (ConfigError, OSError, ValueError) as e:
         print(f"plan_memory: error: {e}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from mindgrpo.config.sections import (
     ActorConfig,
     CosineRewardConfig,
     GenerateConfig,
+    JudgeConfig,
     ParallelConfig,
     RefConfig,
     RewardConfig,
@@ -26,7 +27,7 @@ from mindgrpo.config.sections import (
 )
 
 __all__ = [
-    "ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "ParallelConfig",
+    "ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "JudgeConfig", "ParallelConfig",
     "RLConfig", "RefConfig", "RewardConfig", "RewardModelConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig",
     "check", "from_dict", "load_config", "load_yaml", "parse_overrides", "to_dict", "to_yaml",
 ]

@@ -55,7 +55,7 @@ ACTS_ALWAYS = (
     "generate_config.inference_weights", "generate_config.layerwise", "generate_config.max_prefill_tokens",
     "generate_config.parallel_config", "generate_config.tools",
     "reward_config.verifier_function", "reward_config.verifier_weight", "reward_config.reward_plugin",
-    "reward_config.num_workers", "reward_config.reward_models",
+    "reward_config.num_workers", "reward_config.reward_models", "reward_config.judges",
     "sft_config.steps",
 )
 

@@ -31,6 +31,7 @@ from mindgrpo.grpo.algos import (
 )
 from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS
 from mindgrpo.models.lora_targets import ALL_LINEAR, target_modules
+from mindgrpo.rewards.judge_parsers import JUDGE_PARSERS
 
 
 # Sampling that leaves one token: a group's G samples alike, its rewards equal, its advantages 0, nothing learned.
@@ -508,6 +509,50 @@ class RewardModelConfig:
         _check_non_negative(self, "max_tokens_per_micro_batch")
 
 
+# What a generative judge is asked by default (`mindgrpo/grpo/judges.py`): a Jinja template over the rollout's
+# `prompt` and `completion` texts (and its data columns, e.g. `solution`), parsed by the "number" parser
+DEFAULT_JUDGE_TEMPLATE = ("Rate the answer to the question below from 0 (wrong or useless) to 10 (correct and "
+                          "complete). Reply with the number only.\n\nQuestion: {{ prompt }}\n\nAnswer: "
+                          "{{ completion }}\n\nScore:")
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """A generative judge (`mindgrpo/grpo/judges.py`): a Qwen2/Qwen3 causal LM (an HF folder or a MindSpore .ckpt,
+    with the run's tokenizer) asked by `template` to judge each rollout, through the rollout engine; a score is
+    parsed from its answer by `parser` (`mindgrpo/rewards/judge_parsers.py`), None when it cannot be. The score
+    enters the total reward times `weight`, as a verifier's does."""
+
+    path: str = ""  # the judge model: HF folder, or .ckpt with its config beside it (or `config`)
+    name: Optional[str] = None  # metrics' reward/<name>/...; None: judge0, judge1, ... by position
+    weight: float = 1.0
+    config: Optional[str] = None  # the model config, when none is beside the weights
+    # the question put to the judge: Jinja (sandboxed) over `prompt`, `completion` and the data's columns
+    template: str = DEFAULT_JUDGE_TEMPLATE
+    # a tokenizer_config.json whose chat template wraps the question as the user's turn (None: the text as it is)
+    chat_template: Optional[str] = None
+    parser: str = "number"  # a name of rewards/judge_parsers.JUDGE_PARSERS
+    # scores outside [lo, hi] are None (a judge that answers 11 on a 0-10 scale did not follow the question)
+    score_range: Optional[tuple[float, float]] = (0.0, 10.0)
+    max_tokens: int = 16  # of the judge's answer
+    temperature: float = 0.0  # 0: greedy
+    max_num_seqs: int = 64  # the judge engine's slots
+    seed: int = 0
+    normalize: bool = False  # standardised by its running mean and std before weighting, as a reward model's
+
+    def __post_init__(self):
+        check(bool(self.path), "path", "names no judge model (an HF folder or a MindSpore .ckpt)")
+        check(bool(self.template.strip()), "template", "is empty")
+        check(self.parser in JUDGE_PARSERS, "parser",
+              f"unknown judge parser {self.parser!r}; valid names: {', '.join(JUDGE_PARSERS.names())}")
+        _check_positive(self, "max_tokens")
+        _check_positive(self, "max_num_seqs")
+        check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        if self.score_range is not None:
+            check(len(self.score_range) == 2 and self.score_range[0] <= self.score_range[1], "score_range",
+                  f"must be [lo, hi] with lo <= hi, got {list(self.score_range)}")
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     verifier_function: tuple[str, ...] = ("accuracy", "format")  # registered reward names
@@ -522,10 +567,16 @@ class RewardConfig:
     soft_overlong: SoftOverlongConfig = field(default_factory=SoftOverlongConfig)
     # outcome reward models scored on the devices in a phase of their own, beside the verifiers
     reward_models: tuple[RewardModelConfig, ...] = ()
+    # generative judges: models asked to judge each rollout, in the same phase as the reward models
+    judges: tuple[JudgeConfig, ...] = ()
 
     def model_names(self) -> tuple:
         """The reward models' names (`RewardModelConfig.name`, else rm0, rm1, ...)."""
         return tuple(m.name or f"rm{i}" for i, m in enumerate(self.reward_models))
+
+    def judge_names(self) -> tuple:
+        """The judges' names (`JudgeConfig.name`, else judge0, judge1, ...)."""
+        return tuple(m.name or f"judge{i}" for i, m in enumerate(self.judges))
 
     def __post_init__(self):
         check(len(self.verifier_function) >= 1, "verifier_function", "needs at least one reward function")
@@ -535,8 +586,8 @@ class RewardConfig:
               f"has {len(self.verifier_weight)} weights for {len(self.verifier_function)} verifier_function entries")
         _check_non_negative(self, "num_workers")
         check(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
-        names = self.verifier_function + self.model_names()
-        check(len(set(names)) == len(names), "reward_models",
+        names = self.verifier_function + self.model_names() + self.judge_names()
+        check(len(set(names)) == len(names), "judges" if self.judges else "reward_models",
               f"names must differ from each other and from verifier_function: {list(names)}")
 
 

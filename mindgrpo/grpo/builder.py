@@ -307,17 +307,20 @@ def inference_shares_policy(cfg: GRPOConfig, paths: Paths, placement: Placement)
 
 
 def reward_model_configs(cfg: GRPOConfig) -> list:
-    """The model configs of reward_config.reward_models, in order (for the memory plan): each entry's config, else
-    the one beside its weights."""
+    """The model configs of reward_config.reward_models, then of reward_config.judges, in order (for the memory
+    plan): each entry's config, else the one beside its weights."""
     from mindgrpo.models.checkpoint import find_config
     from mindgrpo.models.config import Qwen2Config
 
     out = []
-    for i, entry in enumerate(cfg.reward_config.reward_models):
+    rc = cfg.reward_config
+    entries = [("reward_models", i, e) for i, e in enumerate(rc.reward_models)] + \
+        [("judges", i, e) for i, e in enumerate(rc.judges)]
+    for key, i, entry in entries:
         try:
             out.append(Qwen2Config.load(entry.config or find_config(entry.path)))
         except (OSError, ValueError) as e:
-            raise ValueError(f"reward_config.reward_models[{i}].path: {e}") from None
+            raise ValueError(f"reward_config.{key}[{i}].path: {e}") from None
     return out
 
 
@@ -404,7 +407,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         memory.register("reference", reference.get_parameters())
     engine = placement.engine(rollout)
     memory.register("kv_cache", sizer=engine.cache_bytes)
-    reward_models = build_model_rewards(cfg, tokenizer.pad_token_id, tokenizer.vocab_size, memory)
+    reward_models = build_model_rewards(cfg, tokenizer, memory)
     if shared:
         sync = placement.shared_sync()
     else:

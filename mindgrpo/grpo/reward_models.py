@@ -1,7 +1,9 @@
-"""The run's outcome reward models (`reward_config.reward_models`), scored in the memory phase "reward_model".
+"""The run's outcome reward models (`reward_config.reward_models`) and generative judges (`reward_config.judges`,
+`grpo/judges.py`), scored in the memory phase "reward_model".
 
-    models = build_model_rewards(cfg, tokenizer, memory)   # None without reward models
-    scores, metrics = models(prompt_ids, completion_ids)   # inside memory.phase("reward_model")
+    models = build_model_rewards(cfg, tokenizer, memory)            # None without reward models or judges
+    scores, metrics = models(prompt_ids, completion_ids, columns)   # inside memory.phase("reward_model")
+    models.last_answers                                             # {judge name: its answers}
 
 Each entry is a `models/reward_model.RewardModel` loaded whole on every rank (under msrun every rank holds the
 same rollouts and so computes the same scores; no tensor-parallel layout of its own yet), shown each rollout
@@ -11,8 +13,9 @@ rows within a token budget) and, with `normalize`, standardised by its running s
 (`rewards/combine.add_model_scores`). A rollout its template leaves empty (an empty completion under
 "completion") scores None, counted in reward/<name>/none.
 
-The swap ledger (`memory/swap.py`) holds every reward model's parameters in one group, "reward_model",
-exclusive with the policy, the reference and the inference model: on the device only in its phase.
+The swap ledger (`memory/swap.py`) holds every reward model's and judge's parameters (a judge's engine's fused
+copies and KV cache too) in one group, "reward_model", exclusive with the policy, the reference and the inference
+model: on the device only in its phase.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import numpy as np
 
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.sections import REWARD_MODEL_TEMPLATES
+from mindgrpo.grpo.judges import Judge, build_judge
+from mindgrpo.memory.swap import nbytes
 from mindgrpo.models.reward_model import RewardModel, RewardScorer, load_reward_model
 from mindgrpo.rewards.running_norm import RunningNorm
 
@@ -45,8 +50,11 @@ class ModelReward:
         self.present = TEMPLATES[template]
         self.norm = RunningNorm() if normalize else None
 
-    def __call__(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
-                 ) -> Tuple[np.ndarray, np.ndarray]:
+    def parameters(self) -> list:
+        return list(self.scorer.rm.get_parameters())
+
+    def __call__(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
+                 columns=None) -> Tuple[np.ndarray, np.ndarray]:
         """(the scores it enters the total with (B,), its raw scores (B,)); NaN where none."""
         seqs = [self.present(p, c) for p, c in zip(prompt_ids, completion_ids)]
         keep = [i for i, q in enumerate(seqs) if q]
@@ -56,10 +64,11 @@ class ModelReward:
 
 
 class ModelRewards:
-    """The run's reward models, scored one after another."""
+    """The run's reward models and judges, scored one after another."""
 
-    def __init__(self, models: List[ModelReward]):
-        self.models = models
+    def __init__(self, models: List):
+        self.models = models  # ModelReward and grpo/judges.Judge
+        self.last_answers: Dict[str, List[str]] = {}
 
     @property
     def names(self) -> List[str]:
@@ -70,13 +79,22 @@ class ModelRewards:
         return [m.weight for m in self.models]
 
     def parameters(self) -> list:
-        return [p for m in self.models for p in m.scorer.rm.get_parameters()]
+        return [p for m in self.models for p in m.parameters()]
 
-    def __call__(self, prompt_ids, completion_ids) -> Tuple[Dict[str, np.ndarray], Dict[str, float]]:
-        """{name: scores (B,)} as they enter the total, and the raw scores' metrics where normalised."""
+    def cache_bytes(self) -> int:
+        """The judges' KV caches allocated so far."""
+        return sum(m.engine.cache_bytes() for m in self.models if isinstance(m, Judge))
+
+    def __call__(self, prompt_ids, completion_ids, columns=None) -> Tuple[Dict[str, np.ndarray], Dict[str, float]]:
+        """{name: scores (B,)} as they enter the total, and metrics: the raw scores' where normalised, the judges'
+        counts of rollouts without a score."""
         scores, metrics = {}, {}
+        self.last_answers = {}
         for m in self.models:
-            scores[m.name], raw = m(prompt_ids, completion_ids)
+            scores[m.name], raw = m(prompt_ids, completion_ids, columns)
+            if isinstance(m, Judge):
+                self.last_answers[m.name] = m.last_answers
+                metrics.update({f"reward/{m.name}/{k}": float(v) for k, v in m.last_counts.items()})
             if m.norm is not None:
                 finite = raw[np.isfinite(raw)]
                 metrics[f"reward/{m.name}/raw_mean"] = float(finite.mean()) if finite.size else float("nan")
@@ -85,13 +103,15 @@ class ModelRewards:
         return scores, metrics
 
 
-def build_model_rewards(cfg: GRPOConfig, pad_token_id: int, vocab_size: int, memory=None) -> Optional[ModelRewards]:
-    """The reward models of `reward_config.reward_models` (None when there are none), registered with the swap
-    ledger as the group "reward_model". Each model's vocabulary must hold the tokenizer's."""
-    entries = cfg.reward_config.reward_models
-    if not entries:
+def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None) -> Optional[ModelRewards]:
+    """The reward models of `reward_config.reward_models` and the judges of `reward_config.judges` (None when there
+    are none), registered with the swap ledger as the group "reward_model". Each model's vocabulary must hold the
+    tokenizer's."""
+    entries, judges = cfg.reward_config.reward_models, cfg.reward_config.judges
+    if not entries and not judges:
         return None
-    models = []
+    pad_token_id, vocab_size = tokenizer.pad_token_id, tokenizer.vocab_size
+    models: list = []
     for i, (entry, name) in enumerate(zip(entries, cfg.reward_config.model_names())):
         key = f"reward_config.reward_models[{i}]"
         try:
@@ -104,7 +124,11 @@ def build_model_rewards(cfg: GRPOConfig, pad_token_id: int, vocab_size: int, mem
         scorer = RewardScorer(rm, entry.micro_batch_size, entry.max_tokens_per_micro_batch, pad_token_id)
         models.append(ModelReward(name, entry.weight, entry.template, scorer, entry.normalize))
         logger.info("reward model %r: %s, weight %g, template %s", name, entry.path, entry.weight, entry.template)
+    for i, (entry, name) in enumerate(zip(judges, cfg.reward_config.judge_names())):
+        models.append(build_judge(entry, name, f"reward_config.judges[{i}]", tokenizer, cfg.actor_config.dtype))
     out = ModelRewards(models)
     if memory is not None:
-        memory.register("reward_model", out.parameters())
+        params = out.parameters()
+        weights = nbytes(params)
+        memory.register("reward_model", params, sizer=lambda: weights + out.cache_bytes())
     return out

@@ -158,9 +158,12 @@ class GRPOTrainer:
             total, per_fn, metrics = self.rewards(r.texts, **r.columns)
         if self.reward_models is not None:
             with self.progress.phase("reward_model"), self.memory.phase("reward_model"):
-                scores, model_metrics = self.reward_models(r.prompt_ids, [c.token_ids for c in r.completions])
+                scores, model_metrics = self.reward_models(r.prompt_ids, [c.token_ids for c in r.completions],
+                                                           r.columns)
             total, per_fn, metrics = add_model_scores(total, per_fn, metrics, scores, self.reward_models.weights)
             metrics.update(model_metrics)
+            for name, answers in self.reward_models.last_answers.items():  # logged with the completions
+                r.row_columns[f"judge/{name}"] = r.columns[f"judge/{name}"] = answers
         r.rewards, r.per_function = total.astype(np.float32), per_fn
         return metrics
 
@@ -372,7 +375,8 @@ class GRPOTrainer:
         for i in range(min(len(r), 2 * self.G)):
             rows.append({"step": step, "prompt": r.columns.get("prompt", [""] * len(r))[i],
                          "completion": r.texts[i], "reward": float(r.rewards[i]),
-                         "solution": r.columns.get("solution", [""] * len(r))[i]})
+                         "solution": r.columns.get("solution", [""] * len(r))[i],
+                         **{k: v[i] for k, v in r.columns.items() if k.startswith("judge/")}})
         self.log.log_completions(step, rows)
 
     # ------------------------------------------------------------------ checkpoints

@@ -32,8 +32,10 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
     transient   the largest resharding bucket during `sync` (its new piece and what it receives),
                 from the resharding plan itself
     reward_model  every outcome reward model of reward_config.reward_models, whole on each rank, fp32
-                (`grpo/reward_models.py`), resident in its own phase "reward_model" only; the buffers its
-                scoring graphs keep on the CPU runtime are not measured and not counted
+                (`grpo/reward_models.py`), and every judge of reward_config.judges (its fp32 weights with the
+                LM head, and its engine's fused layer copies; `grpo/judges.py`), resident in its own phase
+                "reward_model" only; the buffers its scoring graphs keep on the CPU runtime and a judge's KV
+                cache (sized by its engine from the questions put to it) are not counted
 The ledger of a run counts exactly these (tests/parallel/test_msrun.py compares). On top, the
 activation estimate of the training step (not in the ledger): Megatron's per-layer count for
 tensor parallelism without sequence parallelism or recomputation (Korthikanti et al. 2022,
@@ -74,6 +76,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from mindgrpo.config.grpo import GRPOConfig
+from mindgrpo.config.sections import ParallelConfig
 from mindgrpo.inference.engine import kv_slots
 from mindgrpo.memory.swap import PHASES, SHARED_PHASES
 from mindgrpo.models.config import Qwen2Config
@@ -304,10 +307,18 @@ def reward_model_bytes(configs: Sequence[Qwen2Config]) -> int:
     return sum(4 * int(np.prod(shape)) for c in configs for shape in expected_shapes(c, "score").values())
 
 
+def judge_bytes(configs: Sequence[Qwen2Config]) -> int:
+    """The judges' fp32 weights (decoder and LM head), each whole, and their engines' fused layer copies."""
+    one = ParallelLayout.from_config(ParallelConfig())
+    return sum(4 * int(np.prod(shape)) for c in configs for shape in expected_shapes(c).values()) + \
+        sum(inference_copy_bytes(c, one) for c in configs)
+
+
 def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None,
          reward_models: Sequence[Qwen2Config] = ()) -> MemoryPlan:
     """The plan of one rank; by default the rank with the largest peak (swap on). reward_models: the model
-    configs of reward_config.reward_models, in order."""
+    configs of reward_config.reward_models, then of reward_config.judges, in order
+    (`grpo.builder.reward_model_configs`)."""
     train = ParallelLayout.from_config(gcfg.actor_config.parallel_config)
     if rank is None:
         candidates = [_plan_rank(gcfg, mcfg, s * train.stage_size, reward_models) for s in range(train.pp)]
@@ -340,11 +351,12 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
                                           rank=rank)
     groups["kv_cache"] = kv_cache_bytes(mcfg, gen, infer)
     groups["transient"] = sync_bucket
-    if len(reward_models) != len(gcfg.reward_config.reward_models):
-        raise ValueError(f"{len(reward_models)} model configs for {len(gcfg.reward_config.reward_models)} "
-                         "reward_config.reward_models")
+    n_rm, n_judges = len(gcfg.reward_config.reward_models), len(gcfg.reward_config.judges)
+    if len(reward_models) != n_rm + n_judges:
+        raise ValueError(f"{len(reward_models)} model configs for {n_rm} reward_config.reward_models and "
+                         f"{n_judges} reward_config.judges")
     if reward_models:
-        groups["reward_model"] = reward_model_bytes(reward_models)
+        groups["reward_model"] = reward_model_bytes(reward_models[:n_rm]) + judge_bytes(reward_models[n_rm:])
     table = {**(SHARED_PHASES if shared else PHASES), **({"reference": ("policy",)} if lora else {})}
     phases = {p: [g for g in table[p] if g in groups] for p in ACTIVE_PHASES}
     if not reward_models:

@@ -11,6 +11,7 @@ from mindgrpo.config import (
     ConfigError,
     CosineRewardConfig,
     GenerateConfig,
+    JudgeConfig,
     GRPOConfig,
     ParallelConfig,
     RefConfig,
@@ -61,7 +62,11 @@ FULL = GRPOConfig(
         soft_overlong=SoftOverlongConfig(buffer_len=256, max_len=900),
         reward_models=(RewardModelConfig(path="models/rm", name="helpful", weight=0.5, template="completion",
                                          config="models/rm/config.yaml", micro_batch_size=4,
-                                         max_tokens_per_micro_batch=4096, normalize=True),)),
+                                         max_tokens_per_micro_batch=4096, normalize=True),),
+        judges=(JudgeConfig(path="models/judge", name="critic", weight=0.25, config="models/judge/config.yaml",
+                            template="Is this answer right? {{ completion }} Answer yes or no.",
+                            chat_template="models/judge/tokenizer_config.json", parser="yes_no", score_range=(0.0, 1.0),
+                            max_tokens=4, temperature=0.5, max_num_seqs=16, seed=3, normalize=True),)),
     sft_config=SFTConfig(steps=12, lr=5e-4, batch_size=8, teacher_carry_error=0.0),
 )
 SYNTHETIC = SyntheticConfig(template="qwen_chat", task=ArithmeticTask(
