@@ -11,7 +11,8 @@ A LoRA adapter merged into its base -> HF (W + s B A, as PEFT's merge_and_unload
   config beside it, by default the adapter's base_model_name_or_path (our checkpoints write their base's path).
 
 Reward models (HF's Qwen2/Qwen3ForSequenceClassification with one label: the decoder and `score.weight`,
-no lm_head) convert the same way, recognised by their `score.weight` (`mindgrpo/models/reward_model.py`);
+no lm_head; or Qwen2ForRewardModel's two-layer head `score.0.*`, `score.2.*`, as Qwen2.5-Math-RM) convert the same
+way, recognised by their head's tensors (`mindgrpo/models/reward_model.py`);
 MindSpore -> HF from a model YAML writes the architecture `*ForSequenceClassification` and `num_labels: 1`.
 
 The name map is `mindgrpo/models/convert.py:NAME_TABLE`. Every tensor is checked against the
@@ -130,6 +131,8 @@ def write_hf(state: dict, cfg: Qwen2Config, config: str, out_dir: str, head: str
     if head == "score":  # HF's sequence classifier with one label: a reward model
         arch = hf_cfg["architectures"][0].replace("ForCausalLM", "ForSequenceClassification")
         hf_cfg.update(architectures=[arch], id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    elif head == "score_mlp":  # Qwen2.5-Math-RM's architecture (its modeling code ships with the model)
+        hf_cfg.update(architectures=["Qwen2ForRewardModel"], num_labels=1)
     if config.endswith(".json"):  # keep the user's HF config as it is
         with open(config) as f:
             hf_cfg = json.load(f)

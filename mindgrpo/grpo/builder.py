@@ -407,7 +407,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         memory.register("reference", reference.get_parameters())
     engine = placement.engine(rollout)
     memory.register("kv_cache", sizer=engine.cache_bytes)
-    reward_models = build_model_rewards(cfg, tokenizer, memory)
+    reward_models = build_model_rewards(cfg, tokenizer, memory, placement)
     if shared:
         sync = placement.shared_sync()
     else:

@@ -5,8 +5,8 @@
     scores, metrics = models(prompt_ids, completion_ids, columns)   # inside memory.phase("reward_model")
     models.last_answers                                             # {judge name: its answers}
 
-Each entry is a `models/reward_model.RewardModel` loaded whole on every rank (under msrun every rank holds the
-same rollouts and so computes the same scores; no tensor-parallel layout of its own yet), shown each rollout
+Each entry is a `models/reward_model.RewardModel`, whole on one device and under msrun split like the policy's
+tensor parallelism (every rank holds the same rollouts, so every data-parallel replica scores them all), shown each rollout
 through its template (`TEMPLATES`), scored micro-batch by micro-batch (`RewardScorer`: padded rows, or packed
 rows within a token budget) and, with `normalize`, standardised by its running statistics
 (`rewards/running_norm.py`). The trainer adds the scores to the verifiers' by their weights
@@ -29,7 +29,8 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.sections import REWARD_MODEL_TEMPLATES
 from mindgrpo.grpo.judges import Judge, build_judge
 from mindgrpo.memory.swap import nbytes
-from mindgrpo.models.reward_model import RewardModel, RewardScorer, load_reward_model
+from mindgrpo.models.reward_model import RewardModel, RewardScorer
+from mindgrpo.parallel.placement import OneDevice
 from mindgrpo.rewards.running_norm import RunningNorm
 
 logger = logging.getLogger(__name__)
@@ -103,10 +104,12 @@ class ModelRewards:
         return scores, metrics
 
 
-def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None) -> Optional[ModelRewards]:
+def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None, placement=None) -> Optional[ModelRewards]:
     """The reward models of `reward_config.reward_models` and the judges of `reward_config.judges` (None when there
     are none), registered with the swap ledger as the group "reward_model". Each model's vocabulary must hold the
-    tokenizer's."""
+    tokenizer's. Under msrun (`placement`) a reward model is split like the policy's tensor parallelism
+    (`parallel.placement.ParallelPlacement.reward_model`); a judge runs whole on every rank."""
+    placement = placement or OneDevice()
     entries, judges = cfg.reward_config.reward_models, cfg.reward_config.judges
     if not entries and not judges:
         return None
@@ -115,7 +118,7 @@ def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None) -> Optional[Mod
     for i, (entry, name) in enumerate(zip(entries, cfg.reward_config.model_names())):
         key = f"reward_config.reward_models[{i}]"
         try:
-            rm: RewardModel = load_reward_model(entry.path, entry.config, compute_dtype=cfg.actor_config.dtype)
+            rm: RewardModel = placement.reward_model(entry.path, entry.config, cfg.actor_config.dtype)
         except (OSError, ValueError) as e:
             raise ValueError(f"{key}.path: {e}") from None
         if rm.config.vocab_size < vocab_size:

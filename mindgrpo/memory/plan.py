@@ -31,7 +31,8 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
                 allocates it at its first call
     transient   the largest resharding bucket during `sync` (its new piece and what it receives),
                 from the resharding plan itself
-    reward_model  every outcome reward model of reward_config.reward_models, whole on each rank, fp32
+    reward_model  every outcome reward model of reward_config.reward_models, fp32, this rank's piece of it
+                (split like the policy's tensor parallelism)
                 (`grpo/reward_models.py`), and every judge of reward_config.judges (its fp32 weights with the
                 LM head, and its engine's fused layer copies; `grpo/judges.py`), resident in its own phase
                 "reward_model" only; the buffers its scoring graphs keep on the CPU runtime and a judge's KV
@@ -302,9 +303,12 @@ class MemoryPlan:
         return int(CPU_RUNTIME_BYTES) + held - (self.groups["grads"] if release else 0)
 
 
-def reward_model_bytes(configs: Sequence[Qwen2Config]) -> int:
-    """The reward models' fp32 weights (decoder and scalar head), each whole."""
-    return sum(4 * int(np.prod(shape)) for c in configs for shape in expected_shapes(c, "score").values())
+def reward_model_bytes(configs: Sequence[Qwen2Config], tp: int = 1) -> int:
+    """The reward models' fp32 weights (decoder and scalar head), each rank's tensor-parallel piece of each (split
+    like the policy: `parallel.placement.ParallelPlacement.reward_model`)."""
+    layout = ParallelLayout(dp=1, tp=tp)
+    return sum(4 * int(np.prod(layout.shard_shape(name, shape))) for c in configs
+               for name, shape in expected_shapes(c, "score").items())
 
 
 def judge_bytes(configs: Sequence[Qwen2Config]) -> int:
@@ -356,7 +360,7 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
         raise ValueError(f"{len(reward_models)} model configs for {n_rm} reward_config.reward_models and "
                          f"{n_judges} reward_config.judges")
     if reward_models:
-        groups["reward_model"] = reward_model_bytes(reward_models[:n_rm]) + judge_bytes(reward_models[n_rm:])
+        groups["reward_model"] = reward_model_bytes(reward_models[:n_rm], train.tp) + judge_bytes(reward_models[n_rm:])
     table = {**(SHARED_PHASES if shared else PHASES), **({"reference": ("policy",)} if lora else {})}
     phases = {p: [g for g in table[p] if g in groups] for p in ACTIVE_PHASES}
     if not reward_models:

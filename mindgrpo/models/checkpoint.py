@@ -10,7 +10,7 @@ import mindspore as ms
 
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import (WeightError, atomic_path, bf16_to_f32, check_state, f32_to_bf16,
-                                     load_hf_model_state)
+                                     head_of, load_hf_model_state, REWARD_HEADS)
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
 
@@ -82,7 +82,8 @@ def find_config(path: str) -> str:
 
 def read_model_state(path: str, cfg: Qwen2Config, head: str = "lm_head") -> Dict[str, np.ndarray]:
     """Checked fp32 weights (MindSpore names) from an HF directory or a MindSpore .ckpt (or a
-    directory holding one); head "score" for a reward model (`convert.HEADS`)."""
+    directory holding one); head "score" for a reward model, whichever of `convert.REWARD_HEADS` the
+    weights hold (`convert.head_of` of the returned names tells which)."""
     require_weights(path)
     if os.path.isdir(path) and not any(f.endswith(".ckpt") for f in os.listdir(path)):
         return load_hf_model_state(path, cfg, head)
@@ -93,6 +94,8 @@ def read_model_state(path: str, cfg: Qwen2Config, head: str = "lm_head") -> Dict
             raise WeightError(f"{path}: expected one .ckpt file, found {ckpts}")
         ckpt = os.path.join(path, ckpts[0])
     raw = read_ms_checkpoint(ckpt)
+    if head in REWARD_HEADS and head_of(raw) in REWARD_HEADS:
+        head = head_of(raw)
     return check_state({k: (bf16_to_f32(a) if d == "BF16" else a) for k, (d, a) in raw.items()}, cfg, ckpt, head)
 
 

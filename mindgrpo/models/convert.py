@@ -37,12 +37,18 @@ NAME_TABLE: Tuple[Tuple[str, str], ...] = (
     ("model.norm.weight", "model.norm_out.weight"),
     ("lm_head.weight", "lm_head.weight"),
     ("score.weight", "score.weight"),  # a reward model's scalar head (HF's *ForSequenceClassification, 1 label)
+    ("score.0.weight", "score.0.weight"),  # Qwen2ForRewardModel's head: Linear(H, H), ReLU, Linear(H, 1)
+    ("score.0.bias", "score.0.bias"),
+    ("score.2.weight", "score.2.weight"),
+    ("score.2.bias", "score.2.bias"),
 )
 
-# What sits on top of the decoder: the vocabulary projection (a causal LM), or a reward model's scalar
-# head of one output (`mindgrpo/models/reward_model.py`), which replaces the lm_head whatever the config's
-# tie_word_embeddings says (HF's sequence classifiers hold none).
-HEADS = ("lm_head", "score")
+# What sits on top of the decoder: the vocabulary projection (a causal LM), or a reward model's head of one
+# output (`mindgrpo/models/reward_model.py`), which replaces the lm_head whatever the config's tie_word_embeddings
+# says (HF's reward models hold none): "score" a linear one (HF's *ForSequenceClassification), "score_mlp"
+# Qwen2ForRewardModel's (Qwen2.5-Math-RM: Linear(H, H) with bias, ReLU, Linear(H, 1) with bias)
+HEADS = ("lm_head", "score", "score_mlp")
+REWARD_HEADS = ("score", "score_mlp")
 
 
 def _compile(idx: int):
@@ -91,13 +97,17 @@ def expected_shapes(cfg: Qwen2Config, head: str = "lm_head") -> Dict[str, Tuple[
         shapes.update({f"model.layers.{n}.{k}": s for k, s in per_layer.items()})
     if head == "score":
         shapes["score.weight"] = (1, h)
+    elif head == "score_mlp":
+        shapes.update({"score.0.weight": (h, h), "score.0.bias": (h,), "score.2.weight": (1, h), "score.2.bias": (1,)})
     elif not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, h)
     return shapes
 
 
 def head_of(names) -> str:
-    """The head a state's tensor names hold: "score" when a reward model's, else "lm_head"."""
+    """The head a state's tensor names hold: "score" or "score_mlp" when a reward model's, else "lm_head"."""
+    if "score.0.weight" in names:
+        return "score_mlp"
     return "score" if "score.weight" in names else "lm_head"
 
 
@@ -133,7 +143,7 @@ def check_state(state: Dict[str, np.ndarray], cfg: Qwen2Config, source: str, hea
                               "tie_word_embeddings is true")
     for name in sorted(state):
         if name not in want:
-            what = " (a reward model's head: load it as a reward model)" if name == "score.weight" else ""
+            what = " (a reward model's head: load it as a reward model)" if name.startswith("score.") else ""
             raise WeightError(f"{source}: unexpected tensor {shown(name)!r} for this config{what}")
     for name, shape in want.items():
         if name not in state:
@@ -312,4 +322,6 @@ def to_float32(item: Tuple[str, np.ndarray]) -> np.ndarray:
 def load_hf_model_state(hf_dir: str, cfg: Qwen2Config, head: str = "lm_head") -> Dict[str, np.ndarray]:
     """HF directory -> checked MindSpore-named fp32 arrays."""
     state = hf_to_ms_state(read_hf_state(hf_dir), hf_dir)
+    if head in REWARD_HEADS and head_of(state) in REWARD_HEADS:
+        head = head_of(state)
     return check_state({k: to_float32(v) for k, v in state.items()}, cfg, hf_dir, head, hf_names=True)

@@ -30,22 +30,35 @@ from mindspore import nn, ops
 
 from mindgrpo.models.checkpoint import find_config, read_model_state
 from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.convert import REWARD_HEADS, head_of
 from mindgrpo.models.qwen2 import _DTYPES, NEG_INF, DenseLayers, Linear, Qwen2ForCausalLM, StageSpec
 from mindgrpo.models.scoring import causal_bias, segment_bias
 
 
 class RewardModel(nn.Cell):
     """The decoder (a `Qwen2ForCausalLM` without its lm_head: its parameter names, its layer factory,
-    so the same tensor-parallel layers) and the scalar head `score` (1, H), replicated."""
+    so the same tensor-parallel layers) and the head `score`, replicated: head "score" the linear (1, H) one of
+    HF's *ForSequenceClassification, "score_mlp" Qwen2ForRewardModel's Linear(H, H) + bias, ReLU, Linear(H, 1) +
+    bias (`score.0.*`, `score.2.*`; Qwen2.5-Math-RM)."""
 
     def __init__(self, cfg: Qwen2Config, seed: int = 0, max_positions: Optional[int] = None,
-                 layers: Optional[DenseLayers] = None):
+                 layers: Optional[DenseLayers] = None, head: str = "score"):
         super().__init__()
-        self.config = cfg
+        if head not in REWARD_HEADS:
+            raise ValueError(f"unknown reward model head {head!r}; valid: {', '.join(REWARD_HEADS)}")
+        self.config, self.head_kind = cfg, head
         self.lm = Qwen2ForCausalLM(cfg, seed, max_positions, layers, StageSpec(), lm_head=False)
         rng = np.random.default_rng(seed + 1)
-        head = rng.normal(0.0, cfg.param_init_std, size=(1, cfg.hidden_size)).astype(np.float32)
-        self.score = Linear(head, None, _DTYPES[cfg.compute_dtype])  # named score.weight
+        h, dtype = cfg.hidden_size, _DTYPES[cfg.compute_dtype]
+
+        def draw(*shape):
+            return rng.normal(0.0, cfg.param_init_std, size=shape).astype(np.float32)
+
+        if head == "score":
+            self.score = Linear(draw(1, h), None, dtype)  # named score.weight
+        else:  # named score.0.weight, score.0.bias, score.2.weight, score.2.bias
+            self.score = nn.SequentialCell([Linear(draw(h, h), np.zeros(h, np.float32), dtype), nn.ReLU(),
+                                            Linear(draw(1, h), np.zeros(1, np.float32), dtype)])
 
     def named_parameters(self) -> dict:
         """Checkpoint name (`model.*`, `score.weight`) -> Parameter."""
@@ -207,10 +220,14 @@ class RewardScorer:
         return out
 
 
-def load_reward_model(path: str, config: Optional[str] = None, seed: int = 0, **overrides) -> RewardModel:
-    """A reward model from an HF folder (config.json + safetensors with `score.weight`) or a MindSpore
-    .ckpt with a config beside it (or given), as `scripts/convert_weight.py` writes them."""
+def load_reward_model(path: str, config: Optional[str] = None, seed: int = 0, layers: Optional[DenseLayers] = None,
+                      shard=None, **overrides) -> RewardModel:
+    """A reward model from an HF folder (config.json + safetensors with `score.weight`, or Qwen2ForRewardModel's
+    `score.0.*` / `score.2.*`) or a MindSpore .ckpt with a config beside it (or given), as
+    `scripts/convert_weight.py` writes them. layers / shard: a tensor-parallel piece (`layers` its factory,
+    `shard(name, full array)` this rank's piece of each tensor)."""
     cfg = Qwen2Config.load(config or find_config(path), **overrides)
-    rm = RewardModel(cfg, seed=seed)
-    rm.load(read_model_state(path, cfg, head="score"))
+    state = read_model_state(path, cfg, head="score")
+    rm = RewardModel(cfg, seed=seed, layers=layers, head=head_of(state))
+    rm.load(state if shard is None else {n: shard(n, a) for n, a in state.items()})
     return rm

@@ -41,6 +41,7 @@ SPLIT_RULES: Tuple[Tuple[str, Optional[int]], ...] = (
     (r"model\.layers\.\d+\.attention\.[qk]_norm\.weight", None),  # Qwen3's QK-norm: (d,) per head
     (r"model\.norm_out\.weight", None),
     (r"lm_head\.weight", 0),
+    (r"score\.(weight|[02]\.weight|[02]\.bias)", None),  # a reward model's head: whole on every rank
     # LoRA adapters, split with their projection: a column-parallel one's B (out, r) by output rows, its A whole;
     # a row-parallel one's A (r, in) by input columns, its B whole; the scalings whole
     (r"model\.layers\.\d+\.(attention\.w[qkv]|feed_forward\.w[13])\.lora_b", 0),

@@ -17,6 +17,8 @@ depends on how the run is laid out over devices, and runs the same build sequenc
     grad_reducer    None                               DataParallelGrads over the training dp group
     pipeline(role)  None (one stage)                   the role's Pipeline (its stage's hand-offs)
     rewards(set)    the RewardSet                      SharedRewards: rank 0 scores, every rank gets its scores
+    reward_model    a reward model whole                its tensor-parallel piece over the policy layout's
+                                                       tp group (every layer: no pipeline stages)
     checkpoints     LocalCheckpoints                   ShardedCheckpoints (every rank its pieces)
 
 The roles are "policy" (actor_config.parallel_config), "inference" (generate_config's) and
@@ -38,12 +40,13 @@ import mindspore as ms
 
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.memory.swap import SwapManager
-from mindgrpo.models.checkpoint import load_state, read_model_state
+from mindgrpo.models.checkpoint import find_config, load_state, read_model_state
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.lora import adapter_shapes
 from mindgrpo.models.presets import preset_config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.models.reward_model import RewardModel, load_reward_model
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, load_params
 from mindgrpo.parallel.comm import Comm, init_parallel, layouts_of
 from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
@@ -92,6 +95,16 @@ def shard_dir(path: str, rank: int) -> Optional[str]:
     return candidate if os.path.isdir(path) and os.path.isdir(candidate) else None
 
 
+def reward_model_piece(path: str, config: Optional[str], layout: ParallelLayout, group, compute_dtype: str
+                       ) -> RewardModel:
+    """This rank's tensor-parallel piece of the reward model at `path` over `group`, the tp group of `layout` (every
+    layer: a reward model has no pipeline stages): the full checkpoint read, each tensor sliced by SPLIT_RULES."""
+    tp = ParallelLayout(dp=1, tp=layout.tp)
+    tp.check_divisible(Qwen2Config.load(config or find_config(path)))
+    return load_reward_model(path, config, layers=TensorParallelLayers(group),
+                             shard=lambda n, a: tp.shard(n, a, group.index), compute_dtype=compute_dtype)
+
+
 class OneDevice:
     """Every model whole, in this process."""
 
@@ -114,6 +127,9 @@ class OneDevice:
 
     def engine(self, rollout: RolloutEngine) -> Engine:
         return rollout
+
+    def reward_model(self, path: str, config: Optional[str], compute_dtype: str) -> RewardModel:
+        return load_reward_model(path, config, compute_dtype=compute_dtype)
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
@@ -191,6 +207,14 @@ class ParallelPlacement:
 
     def engine(self, rollout: RolloutEngine) -> Engine:
         return DataParallelEngine(rollout, self.comm, self.comm.infer_dp)
+
+    def reward_model(self, path: str, config: Optional[str], compute_dtype: str) -> RewardModel:
+        """This rank's piece of a reward model, split like the policy's tensor parallelism (the policy is on the host
+        while it scores); every data-parallel replica scores every rollout."""
+        layout = self.layouts["policy"]
+        rm = reward_model_piece(path, config, layout, self.comm.tp_group(layout), compute_dtype)
+        heartbeat.beat()
+        return rm
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,

@@ -307,8 +307,9 @@ def test_plan_memory_says_when_it_counts_one_copy():
 
 
 def test_plan_memory_counts_a_reward_model_in_its_own_phase(tmp_path):
-    """reward_config.reward_models: the script reads each model's config beside its weights; the group is the
-    decoder and the (1, H) head in fp32, counted here by hand, resident alone in the phase "reward_model"."""
+    """reward_config.reward_models: the script reads each model's config beside its weights; the group is this
+    rank's piece of the decoder, split like the policy's tensor parallelism (the 7B recipe's tp), and the (1, H)
+    head in fp32, counted here by hand, resident alone in the phase "reward_model"."""
     import json
 
     rm = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
@@ -316,11 +317,13 @@ def test_plan_memory_counts_a_reward_model_in_its_own_phase(tmp_path):
     (tmp_path / "rm").mkdir()
     (tmp_path / "rm" / "config.json").write_text(json.dumps(rm.to_hf_dict()))
     h, i, q, kv = rm.hidden_size, rm.intermediate_size, rm.num_attention_heads * rm.d, rm.num_key_value_heads * rm.d
-    layer = h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * i + 2 * h
-    by_hand = 4 * (rm.vocab_size * h + rm.num_hidden_layers * layer + h + h)
     config = os.path.join(CONFIGS, "qwen2_5_7b", "grpo_config.yaml")
     entry = f"reward_config.reward_models=[{{path: {tmp_path / 'rm'}, name: rm}}]"
     cfg, m = load("qwen2_5_7b", entry)
+    tp = cfg.actor_config.parallel_config.model_parallel
+    assert tp > 1
+    split = (h * q + q + 2 * (h * kv + kv) + q * h + 3 * h * i) // tp  # projections (and biases) by rows or columns
+    by_hand = 4 * (rm.vocab_size * h // tp + rm.num_hidden_layers * (split + 2 * h) + h + h)  # norms, head whole
     p = plan(cfg, m, reward_models=[rm])
     assert p.groups["reward_model"] == by_hand and p.phases["reward_model"] == ["reward_model"]
     assert all("reward_model" not in groups for phase, groups in p.phases.items() if phase != "reward_model")

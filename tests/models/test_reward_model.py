@@ -98,3 +98,53 @@ def test_scorer_keeps_input_order_padded_and_packed(pair, max_tokens):
     ours = RewardScorer(rm, micro_batch_size=2, max_tokens=max_tokens)(seqs)
     ref = hf_reward_scores(hf, *padded(seqs, left=False))
     assert np.abs(ours - ref).max() <= 1e-4
+
+
+def test_a_qwen2_for_reward_model_head_matches_torch_and_converts_both_ways(tmp_path):
+    """Qwen2ForRewardModel (Qwen2.5-Math-RM's architecture, whose modeling code ships with the model, not with
+    transformers): transformers' Qwen2Model as the decoder and a torch head Linear(H, H), ReLU, Linear(H, 1) on the
+    last real token, saved with the model's tensor names (`model.*`, `score.0.*`, `score.2.*`)."""
+    import json
+
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    hidden = 64
+    cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+                                   rms_norm_eps=1e-6, max_position_embeddings=512)
+    torch.manual_seed(4)
+    decoder = transformers.Qwen2Model(cfg).eval()
+    head = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
+    with torch.no_grad():
+        for p in [*decoder.parameters(), *head.parameters()]:
+            p.normal_(0.0, 0.2)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    tensors = {f"model.{k}": v.contiguous() for k, v in decoder.state_dict().items()}
+    tensors.update({f"score.{k}": v.contiguous() for k, v in head.state_dict().items()})
+    save_file(tensors, str(hf / "model.safetensors"))
+    (hf / "config.json").write_text(json.dumps({**cfg.to_dict(), "architectures": ["Qwen2ForRewardModel"]}))
+    ckpt = str(tmp_path / "ms" / "rm.ckpt")
+    assert convert_weight.main(["--torch_ckpt_dir", str(hf), "--mindspore_ckpt_path", ckpt]) == 0
+    rm = load_reward_model(ckpt)
+    assert {"score.0.weight", "score.0.bias", "score.2.weight", "score.2.bias"} <= set(rm.named_parameters())
+
+    rng = np.random.default_rng(6)
+    seqs = [rng.integers(1, VOCAB, p + c).tolist() for p, c in PAIRS]
+    ids, mask = padded(seqs, left=False)
+    with torch.no_grad():
+        m = torch.tensor(mask, dtype=torch.long)
+        h = decoder(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=m,
+                    position_ids=(m.cumsum(1) - 1).clamp(min=0)).last_hidden_state  # (B, S, H), after the norm
+        ref = head(h[torch.arange(len(seqs)), m.sum(1) - 1])[:, 0].numpy()
+    ours = RewardScores(rm)(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    assert np.abs(ours - ref).max() <= 1e-4, (ours, ref)
+    assert np.ptp(ref) > 0.02  # 0.05 apart, 500x the tolerance: a wrong head or token would not pass
+    back = tmp_path / "back"
+    assert convert_weight.main(["--reverse", "--mindspore_ckpt_path", ckpt, "--torch_ckpt_dir", str(back)]) == 0
+    from safetensors.numpy import load_file
+    again = load_file(str(back / "model.safetensors"))
+    assert set(again) == set(tensors)
+    assert all(np.array_equal(again[k], tensors[k].numpy()) for k in tensors)

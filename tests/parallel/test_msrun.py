@@ -180,6 +180,15 @@ def test_reshard_in_one_bucket_gives_the_per_layer_buckets_bits_and_bytes(two_ra
         assert m["reshard_one_bucket"]["sync/max_bucket_bytes"] > m["reshard"]["sync/max_bucket_bytes"]
 
 
+def test_a_reward_model_split_like_training_tp2_gives_the_one_device_scores(two_ranks):
+    all_arrays, all_metrics, _ = two_ranks
+    for arrays, metrics in zip(all_arrays, all_metrics):
+        assert metrics["e/rm_tp_embedding_rows"] == 48  # half of the vocabulary: the model really is split
+        for rows in ("padded", "packed"):
+            np.testing.assert_allclose(arrays[f"e/rm_{rows}_tp"], arrays["e/rm_padded_dense"], rtol=0, atol=1e-5)
+        assert np.ptp(arrays["e/rm_padded_dense"]) > 1e-3  # the scores tell the sequences apart
+
+
 def test_qwen3_tp2_update_matches_one_device_and_reshards_bit_identical_to_transform_checkpoints(two_ranks, tmp_path):
     """Qwen3 under training tp=2: the step's loss, grad norm and metrics and the updated weights (the
     replicated QK-norm weights included: their gradient is summed over the ranks) equal one device's;

@@ -5,7 +5,7 @@ update, resharding and rollouts against the one-device model computed in the sam
 
 (c) reshards with one bucket per decoder layer (or the embedding, the norm, the head), then again in one
 bucket; (d) repeats the update and the resharding (in one bucket) on a Qwen3 (QK-norm, no q/k/v bias,
-head_dim != H / nh).
+head_dim != H / nh); (e) scores with a reward model split like training tp2 and whole.
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics); the test compares.
 """
 
@@ -148,6 +148,27 @@ Reshard(qwen3["tp"], inference3, comm.train, comm.infer, comm, expected_shapes(C
 weights(inference3, "d/infer")
 
 clock.mark("(a) shards, (d) qwen3 updates and resharding")
+# (e) a reward model split like training tp2 (parallel.placement.reward_model_piece, the trainer's path) against the
+# whole one built from the same seed: the scores of padded and packed rows
+from mindgrpo.models.checkpoint import save_ms_checkpoint  # noqa: E402
+from mindgrpo.models.reward_model import RewardModel, RewardScorer  # noqa: E402
+from mindgrpo.parallel.placement import reward_model_piece  # noqa: E402
+
+rm_dense = RewardModel(CFG, seed=SEED)
+rm_dir = os.path.join(out_dir, f"rm_rank_{rank}")  # each rank its own copy of the same weights: no shared write
+os.makedirs(rm_dir, exist_ok=True)
+with open(os.path.join(rm_dir, "config.json"), "w") as f:
+    json.dump(CFG.to_hf_dict(), f)
+save_ms_checkpoint({n: ("F32", p.asnumpy()) for n, p in rm_dense.named_parameters().items()},
+                   os.path.join(rm_dir, "rm.ckpt"))
+rm_tp = reward_model_piece(os.path.join(rm_dir, "rm.ckpt"), None, comm.train, comm.train_tp, "float32")
+metrics["e/rm_tp_embedding_rows"] = int(rm_tp.named_parameters()["model.tok_embeddings.embedding_weight"].shape[0])
+rng = np.random.default_rng(4)
+sequences = [rng.integers(1, 96, n).tolist() for n in (5, 17, 9, 30, 2, 12)]
+for key, rm in (("dense", rm_dense), ("tp", rm_tp)):
+    arrays[f"e/rm_padded_{key}"] = RewardScorer(rm, 4)(sequences)
+    arrays[f"e/rm_packed_{key}"] = RewardScorer(rm, 4, 64)(sequences)
+clock.mark("(e) reward model tp2")
 np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{rank}.json"), "w") as f:
     json.dump(metrics, f)
