@@ -44,3 +44,31 @@ def one_layer_micro(folder) -> str:
     with open(path, "w") as f:
         f.write(text)
     return path
+
+
+def watch_ledger(memory) -> list:
+    """Records (phase, the exclusive groups resident) at every check of the swap ledger `memory` (the checks still
+    run): the list it returns fills as the trainer runs."""
+    from mindgrpo.memory import swap
+
+    seen, check = [], memory._check_and_record
+
+    def watch():
+        seen.append((memory.current, [n for n in swap.EXCLUSIVE if n in memory.groups and memory.groups[n].resident]))
+        check()
+
+    memory._check_and_record = watch
+    return seen
+
+
+def keep_rollouts(trainer) -> dict:
+    """The trainer's reward phase also keeps the Rollouts it scored, in the returned dict under "r"."""
+    kept, reward = {}, trainer.reward
+
+    def keeping(r):
+        metrics = reward(r)
+        kept["r"] = r
+        return metrics
+
+    trainer.reward = keeping
+    return kept

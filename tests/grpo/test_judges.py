@@ -17,14 +17,13 @@ import mindspore as ms
 
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
 from mindgrpo.grpo import builder
-from mindgrpo.memory import swap
 from mindgrpo.models.checkpoint import model_state, save_ms_checkpoint
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.rewards.judge_parsers import JUDGE_PARSERS
 from mindgrpo.utils.progress import Progress
 
-from fakes import one_layer_micro
+from fakes import keep_rollouts, one_layer_micro, watch_ledger
 from test_reward_models import MICRO
 
 TEMPLATE = "Question: {{ prompt }} Answer: {{ completion }} Solution: {{ solution }} Score:"
@@ -77,24 +76,8 @@ def run(tmp_path_factory):
     parts = builder.build(cfg, builder.Paths(output_dir=str(out)))
     log = Rows()
     trainer = builder.make_trainer(cfg, parts, log, Progress(1), str(out))
-    seen = []
-    memory = parts.memory
-    check = memory._check_and_record
-
-    def watch():
-        seen.append((memory.current, [n for n in swap.EXCLUSIVE if n in memory.groups and memory.groups[n].resident]))
-        check()
-
-    memory._check_and_record = watch
-    kept = {}
-    reward = trainer.reward
-
-    def keep_rollouts(r):
-        m = reward(r)
-        kept["r"] = r
-        return m
-
-    trainer.reward = keep_rollouts
+    seen = watch_ledger(parts.memory)
+    kept = keep_rollouts(trainer)
     metrics = trainer.train_step()
     yield dict(cfg=cfg, parts=parts, metrics=metrics, seen=seen, r=kept["r"], rows=log.rows, out=out,
                judge_path=judge_path, tokenizer=trainer.tokenizer)

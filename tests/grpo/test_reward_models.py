@@ -22,7 +22,7 @@ from mindgrpo.models.reward_model import RewardModel, RewardScorer
 from mindgrpo.rewards.running_norm import RunningNorm
 from mindgrpo.utils.progress import Progress
 
-from fakes import one_layer_micro
+from fakes import keep_rollouts, one_layer_micro, watch_ledger
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MICRO = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
@@ -69,24 +69,8 @@ def run(tmp_path_factory):
         f"reward_config.reward_models=[{{path: {rm_path}, name: judge, weight: 0.5, max_tokens_per_micro_batch: 64}}]"])
     parts = builder.build(cfg, builder.Paths(output_dir=str(out)))
     trainer = builder.make_trainer(cfg, parts, NoLog(), Progress(1), str(out))
-    seen = []  # (phase, the exclusive groups resident) at every check of the ledger
-    memory = parts.memory
-    check = memory._check_and_record
-
-    def watch():
-        seen.append((memory.current, [n for n in swap.EXCLUSIVE if n in memory.groups and memory.groups[n].resident]))
-        check()
-
-    memory._check_and_record = watch
-    kept = {}
-    reward = trainer.reward
-
-    def keep_rollouts(r):
-        m = reward(r)
-        kept["r"] = r
-        return m
-
-    trainer.reward = keep_rollouts
+    seen = watch_ledger(parts.memory)
+    kept = keep_rollouts(trainer)
     metrics = trainer.train_step()
     yield dict(cfg=cfg, parts=parts, metrics=metrics, seen=seen, r=kept["r"], model=model)
     ms.set_context(mode=previous)
