@@ -128,7 +128,8 @@ def check_model_limits(cfg: GRPOConfig, mcfg, model_source: str) -> None:
 
 def check_conversation_limits(cfg: GRPOConfig, mcfg, model_source: str, turn_positions: int) -> None:
     """With conversations a slot holds the prompt, max_tokens and `turn_positions` positions of appended turns
-    (max_turns x a turn's tokens): within the model's positions and generate_config.max_num_batched_tokens."""
+    (max_turns x a turn's tokens): within the model's positions and generate_config.max_num_batched_tokens; and a
+    training row the whole trajectory: within the micro-batches' token budgets."""
     if not turn_positions:
         return
     gen = cfg.generate_config
@@ -140,6 +141,13 @@ def check_conversation_limits(cfg: GRPOConfig, mcfg, model_source: str, turn_pos
     check(gen.max_num_batched_tokens is None or gen.max_num_batched_tokens >= need,
           "generate_config.max_num_batched_tokens", f"must hold one conversation of {need} positions (max_prompt_length"
           f" + max_tokens + max_turns tool turns), got {gen.max_num_batched_tokens}")
+    longest = -(-need // 32) * 32  # a trajectory's row, rounded up as experience.pack does
+    actor = cfg.actor_config
+    for key, budget in (("actor_config.max_tokens_per_micro_batch", actor.max_tokens_per_micro_batch),
+                        ("ref_config.max_tokens_per_micro_batch", cfg.ref_config.max_tokens(actor))):
+        check(budget == 0 or budget >= longest, key, f"must hold the longest conversation, max_prompt_length + "
+              f"max_tokens + max_turns x {turn_positions // gen.max_turns} tokens an appended turn, rounded up to "
+              f"32 = {longest} tokens, got {budget}")
 
 
 def build_tokenizer(cfg: GRPOConfig, paths: Paths) -> QwenTokenizer:

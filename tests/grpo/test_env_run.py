@@ -180,3 +180,21 @@ def test_the_environment_reward_needs_an_environment():
     with pytest.raises(RewardError, match=r"reward 'environment' needs the column\(s\) \['env_reward'\]"):
         rewards.check_columns(dataset + ["tool_calls", "messages"], "the training prompts")
     rewards.check_columns(dataset + list(ENVIRONMENT_COLUMNS), "the training prompts")
+
+
+def test_a_token_budget_must_hold_the_longest_conversation():
+    """actor_config.max_tokens_per_micro_batch holds the longest trajectory: 160 prompt + 8 + 2 turns of 48 = 264,
+    rounded up to 288 (the config's own check counts prompt + max_tokens only: 192)."""
+    from mindgrpo.models.config import Qwen2Config
+
+    mcfg = Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=320)
+    for budget, refused in ((256, True), (288, False)):
+        cfg = load_config(GRPOConfig, None, MICRO + [f"actor_config.max_tokens_per_micro_batch={budget}"])
+        if refused:
+            with pytest.raises(ConfigError) as info:
+                builder.check_conversation_limits(cfg, mcfg, "micro", 2 * 48)
+            assert info.value.key == "actor_config.max_tokens_per_micro_batch"
+            assert "= 288 tokens, got 256" in info.value.message, str(info.value)
+        else:
+            builder.check_conversation_limits(cfg, mcfg, "micro", 2 * 48)
