@@ -19,6 +19,23 @@ MindSpore .ckpt of one, `scripts/convert_weight.py`) every sample is also scored
 its prompt's tokens and its completion's: samples.jsonl gets `rm_score`, summary.json `reward_model`
 (the mean and each problem's mean over its K samples). The reward model reads the policy's tokens.
 
+A model trained with tools (or an environment) is evaluated with them: the flags are the run's
+generate_config keys, and the rollouts are the same conversations as in training (tool turns in the KV
+cache, at most --max_turns of them), all problems in one generate call:
+
+    python scripts/evaluate.py --model PATH --data FILE --output DIR --tools calculator [--max_turns 4] \
+        [--tool_response_max_tokens 256] [--tool_timeout_s 10] [--tool_num_workers 2] [--tool_plugin FILE] \
+        [--chat_template tokenizer_config.json]
+    python scripts/evaluate.py ... --environment NAME [--environment_plugin FILE] [--environment_settings JSON] \
+        --reward environment
+
+--chat_template (default: the tokenizer folder's tokenizer_config.json) writes the turns and, for a .jsonl,
+the prompts: --template's system message with the tools' definitions, the question, the open assistant turn,
+as the trainer writes them (a MindRecord holds prompts written by rlhf_data.py --tools). An environment writes
+its own prompts from each problem's `prompt` text. The rewards get the columns of training (tool_calls,
+messages; env_reward, env_done); samples.jsonl gets each sample's turns and those columns, summary.json
+`conversations` (tool/calls_mean, tool/errors, ..., env/*, turns/mean) beside pass@k.
+
 Scoring given rows, without generating:
 
     python scripts/evaluate.py --score_only --input ROWS.jsonl --reward_model RM --output OUT.jsonl \
@@ -74,7 +91,23 @@ def parse_args(argv=None):
     ap.add_argument("--num_workers", type=int, default=2, help="reward worker processes (0: score in this process)")
     ap.add_argument("--timeout_s", type=float, default=10.0, help="bound on one reward call in a worker")
     ap.add_argument("--max_num_seqs", type=int, default=64, help="decode slots of the rollout engine")
+    conv = ap.add_argument_group("conversations", "as the run's generate_config keys (docs/tools.md)")
+    conv.add_argument("--tools", help="comma-separated registered tools offered to the model")
+    conv.add_argument("--max_turns", type=int, help="appended (tool or user) turns per sample at most (default 4)")
+    conv.add_argument("--tool_response_max_tokens", type=int, help="each answer cut to this many tokens (default 256)")
+    conv.add_argument("--tool_timeout_s", type=float, help="each call's wall-clock bound (default 10)")
+    conv.add_argument("--tool_num_workers", type=int, help="worker processes for the calls (default 2)")
+    conv.add_argument("--tool_plugin", help="a Python file of @register_tool functions")
+    conv.add_argument("--chat_template", help="a tokenizer_config.json whose chat template writes the turns "
+                      "(default: the tokenizer folder's)")
+    conv.add_argument("--environment", help="a registered multi-turn environment")
+    conv.add_argument("--environment_plugin", help="a Python file of @register_environment classes")
+    conv.add_argument("--environment_settings", help="the environment's settings as a JSON object")
     return ap.parse_args(argv)
+
+
+CONVERSATION_FLAGS = ("tools", "max_turns", "tool_response_max_tokens", "tool_timeout_s", "tool_num_workers",
+                      "tool_plugin", "chat_template", "environment", "environment_plugin", "environment_settings")
 
 
 class InputError(Exception):
@@ -110,7 +143,53 @@ def check_args(args) -> None:
     for flag in ("template", "max_prompt_length"):
         if not is_jsonl(args.data) and getattr(args, flag) is not None:
             raise InputError(f"--{flag} applies to .jsonl/.json data; {args.data} is a MindRecord of templated prompts")
+    conversation_config(args)  # the conversation flags: refused before any work
     check_output(args.output)
+
+
+def conversation_config(args):
+    """A GRPOConfig whose generate_config holds the conversation flags, or None when none is given; a flag that
+    cannot act (--max_turns without --tools or --environment, both of those) or a bad value is an InputError
+    naming the flag."""
+    from mindgrpo.config import ConfigError, GRPOConfig
+    from mindgrpo.config.loader import from_dict
+
+    gen = {k: getattr(args, k) for k in CONVERSATION_FLAGS if getattr(args, k) is not None}
+    if not gen:
+        return None
+    if "tools" in gen:
+        gen["tools"] = [t.strip() for t in gen["tools"].split(",") if t.strip()]
+    if "environment_settings" in gen:
+        try:
+            gen["environment_settings"] = json.loads(gen["environment_settings"])
+        except ValueError as e:
+            raise InputError(f"--environment_settings: not JSON ({e})") from None
+    try:
+        cfg = from_dict(GRPOConfig, {"generate_config": gen})
+    except ConfigError as e:
+        raise InputError(f"--{e.key.rsplit('.', 1)[-1]}: {e.message}") from None
+    if not cfg.generate_config.conversations:
+        raise InputError("--tools names no tool")
+    return cfg
+
+
+def build_conversation(cfg, args, tokenizer):
+    """The run's Conversations for cfg's flags (grpo/conversations.py): the chat template of --chat_template, else
+    the tokenizer folder's tokenizer_config.json."""
+    from mindgrpo.config import ConfigError
+    from mindgrpo.data.tokenizer import find_tokenizer_dir
+    from mindgrpo.grpo.conversations import build_conversations
+
+    path = args.chat_template
+    if path is None:
+        beside = os.path.join(find_tokenizer_dir(args.model, args.tokenizer_dir), "tokenizer_config.json")
+        path = beside if os.path.isfile(beside) else None
+    elif not os.path.isfile(path):
+        raise InputError(f"--chat_template {path}: no such file (a tokenizer_config.json with a chat_template)")
+    try:
+        return build_conversations(cfg, tokenizer, path), path
+    except ConfigError as e:
+        raise InputError(f"--{e.key.rsplit('.', 1)[-1]}: {e.message}") from None
 
 
 def check_output(output: str) -> None:
@@ -149,29 +228,44 @@ def check_tokenizer(tokenizer, vocab_size: int, where: str) -> None:
                          f"of {vocab_size}; pass the tokenizer the model was trained with")
 
 
-def load_problems(args, tokenizer):
+def load_problems(args, tokenizer, template=None):
+    """template: the prompt template of a .jsonl (default --template, else qwen_r1)."""
     from mindgrpo.eval.runner import problems_from_mindrecord, problems_from_questions
 
     if not is_jsonl(args.data):
         return problems_from_mindrecord(args.data, args.limit)
-    return problems_from_questions(args.data, tokenizer, args.template or "qwen_r1", args.max_prompt_length or 512,
-                                   args.limit)
+    return problems_from_questions(args.data, tokenizer, template or args.template or "qwen_r1",
+                                   args.max_prompt_length or 512, args.limit)
 
 
-def check_problems(problems, vocab_size: int, max_positions: int, max_tokens: int) -> int:
+def tool_prompt_template(args, cfg, chat_template: str):
+    """With --tools, a .jsonl's prompts as the trainer writes them: the chat template's one-question prompt with
+    --template's system message and the tools' definitions."""
+    from mindgrpo.data.templates import ChatTemplateError, chat_prompt_template, get_template
+    from mindgrpo.tools import tool_schema
+
+    try:
+        return chat_prompt_template(chat_template, get_template(args.template or "qwen_r1").system,
+                                    [tool_schema(n) for n in cfg.generate_config.tools])
+    except (ChatTemplateError, KeyError) as e:
+        raise InputError(f"--chat_template {chat_template}: {e}") from None
+
+
+def check_problems(problems, vocab_size: int, max_positions: int, max_tokens: int, turn_positions: int = 0) -> int:
     """The longest prompt; InputError naming the data file for a token id outside the model's
     vocabulary (a MindRecord written with another tokenizer) or a prompt that does not fit the context with
-    max_tokens."""
+    max_tokens (and conversations' `turn_positions`)."""
     for i, ids in enumerate(problems.ids):
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise InputError(f"{problems.path}: row {problems.rows[i]} holds token id {bad[0]}, outside the model's "
                              f"vocabulary of {vocab_size}; the data was written with another tokenizer than the "
                              "model's")
-        if len(ids) + max_tokens > max_positions:
+        if len(ids) + max_tokens + turn_positions > max_positions:
+            turns = f" and {turn_positions} for the appended turns (--max_turns)" if turn_positions else ""
             raise InputError(f"{problems.path}: row {problems.rows[i]} is {len(ids)} tokens; with --max_tokens "
-                             f"{max_tokens} it needs {len(ids) + max_tokens} positions, more than the model's "
-                             f"context of {max_positions}")
+                             f"{max_tokens}{turns} it needs {len(ids) + max_tokens + turn_positions} positions, more "
+                             f"than the model's context of {max_positions}")
     return max(len(ids) for ids in problems.ids)
 
 
@@ -255,6 +349,22 @@ def main(argv=None) -> int:
 def run(args) -> int:
     import mindspore as ms
 
+    ms.set_context(mode=ms.GRAPH_MODE)
+    tokenizer, tokenizer_source = load_tokenizer(args)
+    cfg = conversation_config(args)
+    conversations, template = None, None
+    if cfg is not None:
+        conversations, chat_template = build_conversation(cfg, args, tokenizer)
+        if cfg.generate_config.tools and is_jsonl(args.data):
+            template = tool_prompt_template(args, cfg, chat_template)
+    try:
+        return generate_and_score(args, tokenizer, tokenizer_source, template, conversations)
+    finally:
+        if conversations is not None:
+            conversations.close()  # the tool workers and their folders
+
+
+def generate_and_score(args, tokenizer, tokenizer_source, template, conversations) -> int:
     from mindgrpo.eval.runner import ProgressLine, evaluate, format_table, write_outputs
     from mindgrpo.inference.engine import RolloutEngine
     from mindgrpo.inference.sampling import SamplingParams
@@ -262,13 +372,13 @@ def run(args) -> int:
     from mindgrpo.models.lora import load_adapter
     from mindgrpo.rewards import RewardSet, load_reward_plugin
 
-    ms.set_context(mode=ms.GRAPH_MODE)
-    tokenizer, tokenizer_source = load_tokenizer(args)
-    problems = load_problems(args, tokenizer)
+    problems = load_problems(args, tokenizer, template)
     if args.reward_plugin:
         load_reward_plugin(args.reward_plugin, "--reward_plugin")
     rewards = RewardSet([args.reward], num_workers=args.num_workers, timeout_s=args.timeout_s)
-    rewards.check_columns([*problems.columns, "completion_length"], f"the problems of {args.data}")
+    extra = list(conversations.columns) if conversations is not None else []
+    rewards.check_columns([*problems.columns, "completion_length", *extra], f"the problems of {args.data}")
+    turn_positions = conversations.extra_positions if conversations is not None else 0
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, n=args.n, stop_token_ids=tuple(tokenizer.stop_token_ids), seed=args.seed)
     lm = load_model(args.model, args.config)
@@ -276,10 +386,14 @@ def run(args) -> int:
     if args.lora:
         load_adapter(lm, args.lora)
     max_positions = int(lm.rope_cos.shape[0])
-    longest = check_problems(problems, lm.config.vocab_size, max_positions, args.max_tokens)
+    longest = check_problems(problems, lm.config.vocab_size, max_positions, args.max_tokens, turn_positions)
+    capacity = longest + args.max_tokens + turn_positions
+    if conversations is not None and conversations.prompts is not None:
+        capacity = None  # an environment writes its prompts in the call: the engine sizes its slots then
     engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0, max_num_seqs=args.max_num_seqs,
-                           max_model_len=longest + args.max_tokens)
+                           max_model_len=capacity)
     settings = {"model": os.path.abspath(args.model), "data": os.path.abspath(args.data)}
+    settings.update({k: getattr(args, k) for k in ("tools", "environment") if getattr(args, k)})
     score_model = None
     if args.reward_model:
         score_model = reward_scorer(args, lm.config.vocab_size, "the policy's")
@@ -290,7 +404,8 @@ def run(args) -> int:
         settings["reward_model"] = os.path.abspath(args.reward_model)
     try:
         result = evaluate(engine, tokenizer, problems, params, rewards, args.reward, args.pass_threshold,
-                          on_progress=ProgressLine(len(problems)), settings=settings, score_model=score_model)
+                          on_progress=ProgressLine(len(problems)), settings=settings, score_model=score_model,
+                          conversations=conversations)
     finally:
         rewards.close()
     paths = write_outputs(args.output, result)

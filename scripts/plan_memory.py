@@ -5,7 +5,8 @@
 
 Groups: weights (policy, inference, reference), gradients, AdamW states, KV cache, the largest
 resharding bucket, the reward models of reward_config.reward_models (their configs read beside their
-weights), and an activation estimate for the update (mindgrpo/memory/plan.py says how each is counted). The model comes from actor_config.model (a preset name or a file). On one device
+weights), conversations' appended turns (generate_config.tools or environment: longer slots and rows), and an
+activation estimate for the update (mindgrpo/memory/plan.py says how each is counted). The model comes from actor_config.model (a preset name or a file). On one device
 it adds what MindSpore 2.10's CPU runtime keeps for the compiled graphs of each phase (measured at
 the Qwen2.5-0.5B shape, scaled) and the CPU peak with the graphs kept or released
 (rl_config.release_graphs).
@@ -30,6 +31,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from mindgrpo.config import ConfigError, GRPOConfig, load_config
+    from mindgrpo.config.sections import TURN_STEP, TURN_TEMPLATE_TOKENS
     from mindgrpo.memory.auto import apply, choose
     from mindgrpo.memory.plan import plan, report
     from mindgrpo.grpo.builder import reward_model_configs
@@ -60,6 +62,13 @@ def main(argv=None) -> int:
         print(f"LoRA rank {a.lora_rank} on {', '.join(a.lora_target_modules)}: gradients and AdamW moments of the "
               "adapters alone, the adapters beside the weights, no reference copy (the policy with its adapters off), "
               "the sync moves the adapters only.\n")
+    g = cfg.generate_config
+    if g.conversations:
+        kind = f"tools {', '.join(g.tools)}" if g.tools else f"environment {g.environment}"
+        print(f"Conversations ({kind}): each sample also holds up to {g.max_turns} appended turn(s) of "
+              f"{g.turn_positions() // g.max_turns} tokens ({TURN_TEMPLATE_TOKENS} for the chat template's text, "
+              f"{g.tool_response_max_tokens} of answer, rounded up to {TURN_STEP}): {g.turn_positions()} more "
+              "positions in each KV-cache slot and each training row (the run logs its template's exact turn size).\n")
     print(report(plan(cfg, mcfg, reward_models=reward_models), int((args.device_gb or 64.0) * 2 ** 30)))
     budget = args.device_gb or cfg.rl_config.memory_budget_gb
     policy = choose(cfg, mcfg, "CPU", actor.world_size == 1, None if budget is None else int(budget * 2 ** 30),

@@ -21,6 +21,7 @@ HEAVY_FIRST = (
     "tests/grpo/test_chaos.py",  # 205
     "tests/grpo/test_trainer_run.py",  # over 170
     "tests/grpo/test_tool_run.py",  # ~120 at load 12
+    "tests/grpo/test_env_run.py",  # 81 at load 1-2 (40 s of CPU): a build, a step with an environment, a validation
     "tests/parallel/test_launch.py",  # 64 alone, mostly waiting (the stalled job's 20 s watchdog)
     "tests/inference/test_engine.py",  # over 170
     "tests/benchmarks/test_rollout_smoke.py",  # 174

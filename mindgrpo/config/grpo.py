@@ -53,7 +53,7 @@ ACTS_ALWAYS = (
     "generate_config.top_k", "generate_config.top_p", "generate_config.min_p", "generate_config.stop_token_ids",
     "generate_config.seed", "generate_config.max_num_seqs", "generate_config.max_num_batched_tokens",
     "generate_config.inference_weights", "generate_config.layerwise", "generate_config.max_prefill_tokens",
-    "generate_config.parallel_config", "generate_config.tools",
+    "generate_config.parallel_config", "generate_config.tools", "generate_config.environment",
     "reward_config.verifier_function", "reward_config.verifier_weight", "reward_config.reward_plugin",
     "reward_config.num_workers", "reward_config.reward_models", "reward_config.judges",
     "sft_config.steps",
@@ -109,10 +109,13 @@ INERT_UNLESS = (
     *((f"actor_config.{key}", lambda c: c.actor_config.lora_rank > 0,
        "has no effect with actor_config.lora_rank = 0 (no LoRA adapters)")
       for key in ("lora_alpha", "lora_dropout", "lora_target_modules")),
-    *((f"generate_config.{key}", lambda c: bool(c.generate_config.tools),
-       "has no effect without generate_config.tools (no conversations)")
-      for key in ("max_turns", "tool_response_max_tokens", "tool_timeout_s", "tool_num_workers", "tool_plugin",
-                  "chat_template")),
+    *((f"generate_config.{key}", lambda c: c.generate_config.conversations,
+       "has no effect without generate_config.tools or generate_config.environment (no conversations)")
+      for key in ("max_turns", "tool_response_max_tokens", "tool_timeout_s", "tool_num_workers", "chat_template")),
+    ("generate_config.tool_plugin", lambda c: bool(c.generate_config.tools),
+     "has no effect without generate_config.tools (no tools offered)"),
+    *((f"generate_config.{key}", lambda c: c.generate_config.environment is not None,
+       "has no effect without generate_config.environment") for key in ("environment_plugin", "environment_settings")),
     ("synthetic_config", lambda c: c.rl_config.dataset_path is None,
      "applies to the built-in synthetic task only, and rl_config.dataset_path (--mind_dataset_dir) names a dataset"),
 )
@@ -156,7 +159,12 @@ def first_changed_key(cfg, path: str) -> Optional[str]:
     for part in rest.split(".") if rest else ():
         mine, default = mine[part], default[part]
     defaults = dict(_leaves(default, path))
-    return next((key for key, value in _leaves(mine, path) if value != defaults[key]), None)
+    for key, value in _leaves(mine, path):
+        # a mapping-valued key (generate_config.environment_settings) whose default is none: the key itself
+        owner = key if key in defaults else next(k for k in defaults if key.startswith(k + "."))
+        if key != owner or value != defaults[key]:
+            return owner
+    return None
 
 
 @dataclass(frozen=True)
@@ -227,12 +235,15 @@ class GRPOConfig:
                   "with actor_config.lora_rank > 0 the engine runs on one device in grpo_one_stage.py for now (1 "
                   "device; under msrun a LoRA run's checkpoints are not built: docs/lora.md)")
 
-        if self.generate_config.tools:  # conversations (mindgrpo/grpo/conversations.py)
-            gen = self.generate_config
+        gen = self.generate_config
+        check(not (gen.tools and gen.environment is not None), "generate_config.environment",
+              "cannot combine with generate_config.tools: a run's conversations are one kind (tools or an environment)")
+        if gen.conversations:  # conversations (mindgrpo/grpo/conversations.py)
+            key = "generate_config.tools" if gen.tools else "generate_config.environment"
             check(not gen.layerwise, "generate_config.layerwise",
-                  "cannot combine with generate_config.tools: conversations append their tool turns with the whole "
+                  f"cannot combine with {key}: conversations append their tool turns with the whole "
                   "graphs; set it false")
-            check(gen.parallel_config.world_size == 1, "generate_config.tools",
+            check(gen.parallel_config.world_size == 1, key,
                   "runs conversations on one inference device for now (each device would run every tool call): "
                   f"set generate_config.parallel_config to 1 device (it has {gen.parallel_config.world_size})")
 

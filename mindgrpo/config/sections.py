@@ -16,7 +16,7 @@ verl's rollout.n), giving B = batch_size * G rollout rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from mindgrpo.config.loader import check
 from mindgrpo.data.synthetic import ArithmeticTask
@@ -384,6 +384,10 @@ class RefConfig:
             else self.max_tokens_per_micro_batch
 
 
+TURN_STEP = 16  # an appended turn's token budget is rounded up to this
+TURN_TEMPLATE_TOKENS = 32  # the memory plan's allowance for the chat template's text around one appended turn
+
+
 @dataclass(frozen=True)
 class GenerateConfig:
     max_prompt_length: int = 512  # P
@@ -433,6 +437,30 @@ class GenerateConfig:
     tool_num_workers: int = 2
     tool_plugin: Optional[str] = None
     chat_template: Optional[str] = None
+    # conversations with an environment (docs/tools.md, "Environments in a run"; TRL's environments): a registered
+    # multi-turn environment (mindgrpo/envs; null: none) whose reset writes each prompt from the dataset's `prompt`
+    # text and whose step answers each model turn with the next user turn and a reward (the `env_reward` column, the
+    # `environment` reward function). environment_plugin: a .py file of @register_environment classes;
+    # environment_settings: the environment's keyword settings. It shares max_turns, tool_response_max_tokens (each
+    # observation's budget), tool_timeout_s (each reset / step), tool_num_workers and chat_template with tools; not
+    # both at once
+    environment: Optional[str] = None
+    environment_plugin: Optional[str] = None
+    environment_settings: Optional[dict[str, Any]] = None
+
+    @property
+    def conversations(self) -> bool:
+        """Whether the rollouts are conversations (tools or an environment), not one answer per prompt."""
+        return bool(self.tools) or self.environment is not None
+
+    def turn_positions(self, around: int = TURN_TEMPLATE_TOKENS) -> int:
+        """KV-cache positions a sample's appended turns may take beyond prompt + max_tokens: max_turns turns of
+        `around` tokens of the chat template's text and tool_response_max_tokens of answer, rounded up to TURN_STEP
+        (the run measures `around` from its template; the memory plan takes TURN_TEMPLATE_TOKENS); 0 without
+        conversations."""
+        if not self.conversations:
+            return 0
+        return self.max_turns * (-(-(around + self.tool_response_max_tokens) // TURN_STEP) * TURN_STEP)
 
     def __post_init__(self):
         _check_positive(self, "max_prompt_length", "max_tokens", "max_num_seqs", "decode_layers_per_graph",

@@ -7,8 +7,9 @@ function, summarised as pass@k / mean@K / maj@K (`mindgrpo/eval/metrics.py`).
     print(format_table(result.summary))
 
 Problems go to the engine a chunk at a time (as many as its slots hold at K samples each), so the
-progress line can say how far it is; a sample's tokens depend only on (seed, problem, sample,
-token), not on the chunking (`mindgrpo/inference/streams.py`). Scoring goes through a
+progress line can say how far it is (conversations, `evaluate(conversations=...)`: all in one call); a
+sample's tokens depend only on (seed, problem, sample, token), not on the chunking
+(`mindgrpo/inference/streams.py`). Scoring goes through a
 `rewards.RewardSet`, the trainer's reward pool (worker processes, a timeout per call). A sample is
 right when its score is at least `pass_threshold` (1.0: `accuracy`'s right answer); a sample the
 reward could not score (None) is wrong. maj@K votes over each sample's final answer
@@ -113,26 +114,40 @@ class ProgressLine:
 def evaluate(engine, tokenizer, problems: Problems, params: SamplingParams, rewards, reward_name: str,
              pass_threshold: float = 1.0, on_progress: Optional[Callable[[int, int], object]] = None,
              settings: Optional[dict] = None,
-             score_model: Optional[Callable[[List[List[int]]], np.ndarray]] = None) -> EvalResult:
+             score_model: Optional[Callable[[List[List[int]]], np.ndarray]] = None,
+             conversations=None) -> EvalResult:
     """Generate params.n samples per problem with `engine` (a RolloutEngine), score them with
     `rewards` (a RewardSet holding `reward_name`) and summarise. `settings` go into the summary as
     they are (model, data, ...). score_model: a reward model's scorer (token sequences -> scores,
     `models/reward_model.RewardScorer`), given each sample as its prompt's tokens and its completion's:
-    every sample gets `rm_score`, the summary `reward_model` (the mean and each problem's mean)."""
+    every sample gets `rm_score`, the summary `reward_model` (the mean and each problem's mean).
+    conversations: a run's conversations (`grpo.conversations.Conversations`: tools or an environment), run in
+    one generate call over every problem (the progress line comes at its end): the rewards get their columns
+    (tool_calls, messages, ...), each sample its `turns`, the summary `conversations` (tool/*, env/*, turns/*)."""
     K = params.n
     per_call = max(1, engine.max_num_seqs // K)
-    comps, seconds = [], 0.0
-    for start in range(0, len(problems), per_call):
-        idx = list(range(start, min(start + per_call, len(problems))))
-        # each problem keyed by its index, so its samples do not depend on the chunking
-        comps += engine.generate([problems.ids[i] for i in idx], params, prompt_index=idx)
-        seconds += engine.last_stats["seconds"]
+    comps, seconds, row_columns, conversation_metrics = [], 0.0, {}, None
+    prompt_ids = problems.ids
+    if conversations is not None:  # (the engine keys each problem's samples by its index, as below)
+        prompt_ids, comps, row_columns, conversation_metrics = conversations.generate(
+            engine, problems.ids, problems.columns["prompt"], params, tokenizer,
+            prompt_index=list(range(len(problems))))
+        seconds = engine.last_stats["seconds"]
         if on_progress is not None:
-            on_progress(idx[-1] + 1, sum(len(c.token_ids) for c in comps))
+            on_progress(len(problems), sum(len(c.token_ids) for c in comps))
+    else:
+        for start in range(0, len(problems), per_call):
+            idx = list(range(start, min(start + per_call, len(problems))))
+            # each problem keyed by its index, so its samples do not depend on the chunking
+            comps += engine.generate([problems.ids[i] for i in idx], params, prompt_index=idx)
+            seconds += engine.last_stats["seconds"]
+            if on_progress is not None:
+                on_progress(idx[-1] + 1, sum(len(c.token_ids) for c in comps))
     texts = tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
     # the engine numbers the prompts of one call from 0: a problem's K samples are adjacent, in order
     columns = {k: [v[j // K] for j in range(len(comps))] for k, v in problems.columns.items()}
     columns["completion_length"] = [len(c.token_ids) for c in comps]
+    columns.update(row_columns)
     _, per_fn, _ = rewards(texts, **columns)
     scores = np.asarray(per_fn[reward_name], np.float64)  # (P * K,), nan where the reward gave None
     correct = np.nan_to_num(scores, nan=-np.inf) >= pass_threshold
@@ -145,11 +160,13 @@ def evaluate(engine, tokenizer, problems: Problems, params: SamplingParams, rewa
                         "completion": text, "solution": problems.columns["solution"][p],
                         "answer_key": keys[j], "score": None if np.isnan(scores[j]) else float(scores[j]),
                         "correct": bool(correct[j]), "finish_reason": c.finish_reason,
-                        "tokens": len(c.token_ids)})
+                        "tokens": len(c.token_ids),
+                        **({"turns": c.turns, **{k: v[j] for k, v in row_columns.items()}}
+                           if conversations is not None else {})})
     P = len(problems)
     rm = None
     if score_model is not None:
-        rm = np.asarray(score_model([[*problems.ids[j // K], *c.token_ids] for j, c in enumerate(comps)]), np.float64)
+        rm = np.asarray(score_model([[*prompt_ids[j // K], *c.token_ids] for j, c in enumerate(comps)]), np.float64)
         for sample, value in zip(samples, rm):
             sample["rm_score"] = float(value)
     metrics = summarize(correct.reshape(P, K).astype(np.float64), [keys[p * K:(p + 1) * K] for p in range(P)])
@@ -162,6 +179,8 @@ def evaluate(engine, tokenizer, problems: Problems, params: SamplingParams, rewa
                "length_clipped": float(np.mean([c.finish_reason == "length" for c in comps])),
                "generated_tokens": tokens, "generate_seconds": seconds,
                "tokens_per_s": tokens / max(seconds, 1e-9)}
+    if conversation_metrics is not None:
+        summary["conversations"] = conversation_metrics
     if rm is not None:
         per_problem = rm.reshape(P, K).mean(1)
         summary["reward_model"] = {"mean": float(rm.mean()), "per_problem": [float(v) for v in per_problem]}
@@ -184,6 +203,7 @@ def format_table(summary: dict) -> str:
     rows += [("reward_mean", f"{summary['reward_mean']:.4f}"), ("length_clipped", f"{summary['length_clipped']:.3f}")]
     if "reward_model" in summary:
         rows.append(("reward_model_mean", f"{summary['reward_model']['mean']:.4f}"))
+    rows += [(k, f"{v:.4f}") for k, v in summary.get("conversations", {}).items()]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v:>8}" for k, v in rows]
     lines.insert(1, "-" * (width + 10))

@@ -128,18 +128,26 @@ def check_model_limits(cfg: GRPOConfig, mcfg, model_source: str) -> None:
 
 def check_conversation_limits(cfg: GRPOConfig, mcfg, model_source: str, turn_positions: int) -> None:
     """With conversations a slot holds the prompt, max_tokens and `turn_positions` positions of appended turns
-    (max_turns x a turn's tokens): within the model's positions and generate_config.max_num_batched_tokens."""
+    (max_turns x a turn's tokens): within the model's positions and generate_config.max_num_batched_tokens; and a
+    training row the whole trajectory: within the micro-batches' token budgets."""
     if not turn_positions:
         return
     gen = cfg.generate_config
     need = gen.max_prompt_length + gen.max_tokens + turn_positions
     check(need <= mcfg.max_position_embeddings, "generate_config.max_turns",
           f"a conversation needs max_prompt_length + max_tokens + max_turns x {turn_positions // gen.max_turns} "
-          f"tokens a tool turn = {need} positions, more than the max_position_embeddings "
+          f"tokens an appended turn = {need} positions, more than the max_position_embeddings "
           f"{mcfg.max_position_embeddings} of {model_source}; lower max_turns, tool_response_max_tokens or the lengths")
     check(gen.max_num_batched_tokens is None or gen.max_num_batched_tokens >= need,
           "generate_config.max_num_batched_tokens", f"must hold one conversation of {need} positions (max_prompt_length"
           f" + max_tokens + max_turns tool turns), got {gen.max_num_batched_tokens}")
+    longest = -(-need // 32) * 32  # a trajectory's row, rounded up as experience.pack does
+    actor = cfg.actor_config
+    for key, budget in (("actor_config.max_tokens_per_micro_batch", actor.max_tokens_per_micro_batch),
+                        ("ref_config.max_tokens_per_micro_batch", cfg.ref_config.max_tokens(actor))):
+        check(budget == 0 or budget >= longest, key, f"must hold the longest conversation, max_prompt_length + "
+              f"max_tokens + max_turns x {turn_positions // gen.max_turns} tokens an appended turn, rounded up to "
+              f"32 = {longest} tokens, got {budget}")
 
 
 def build_tokenizer(cfg: GRPOConfig, paths: Paths) -> QwenTokenizer:
@@ -327,7 +335,7 @@ def reward_model_configs(cfg: GRPOConfig) -> list:
 def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
-    from mindgrpo.grpo.conversations import CONVERSATION_COLUMNS, build_conversations
+    from mindgrpo.grpo.conversations import build_conversations
     from mindgrpo.grpo.reward_models import build_model_rewards
     from mindgrpo.memory.auto import choose_for_run
     from mindgrpo.memory.swap import SwapManager
@@ -346,7 +354,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     for line in memory_policy.summary().splitlines():
         logger.info("%s", line)
     tokenizer = build_tokenizer(cfg, paths)
-    chat_template = chat_template_file(cfg, paths) if cfg.generate_config.tools else None
+    chat_template = chat_template_file(cfg, paths) if cfg.generate_config.conversations else None
     train, val = build_prompts(cfg, paths, tokenizer,
                                synthetic_template(cfg, chat_template) if cfg.generate_config.tools else None)
     if mcfg.vocab_size < tokenizer.vocab_size:
@@ -359,7 +367,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
           "rl_config.val_dataset_path (--val_dataset)")
     rewards = build_rewards(cfg)
     conversations = build_conversations(cfg, tokenizer, chat_template)
-    extra = [] if conversations is None else list(CONVERSATION_COLUMNS)
+    extra = [] if conversations is None else list(conversations.columns)
     # the columns every reward call gets (grpo/rollouts.Rollouts.columns): a reward needing another fails now
     rewards.check_columns([*train.columns, "completion_length", *extra], "the training prompts")
     if val is not None:

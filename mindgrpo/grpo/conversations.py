@@ -3,17 +3,19 @@ registers, and what a step takes from them: the reward columns and the metrics.
 
     conv = build_conversations(cfg, tokenizer, chat_template)   # None: one answer per prompt
     conv.start()                                                  # the tool workers, while the first rollout compiles
-    conv.turns.reset()
-    completions = engine.generate(prompts, params, turns=conv.turns)
-    columns = conversation_columns(conv.turns, completions, tokenizer)    # tool_calls, messages, ... per sample
-    metrics = conversation_metrics(conv.turns, completions)               # tool/*, turns/*
+    ids, completions, columns, metrics = conv.generate(engine, prompt_ids, questions, params, tokenizer)
+    # ids: the prompts generated (an environment's own); columns: tool_calls, messages, ... per sample (one
+    # call: conversation_columns); metrics: tool/*, env/*, turns/* (conversation_metrics)
     conv.close()                                                  # at the end of the run, SIGTERM included
 
 A kind is an entry of CONVERSATIONS: a function (cfg, tokenizer, chat_template) -> Conversations whose `turns`
 implements `inference.engine.Turns` and also `columns(request) -> dict` (per-sample columns for the rewards; a
-`turn_messages` entry, each appended turn's chat messages, goes into `messages` instead), `stats(samples) -> dict`
-(metrics of the last generate call) and `reset()` (before each call). `tools` (generate_config.tools) is the one
-kind built here; a kind is chosen by `conversation_kind`.
+`turn_messages` entry, each appended turn's chat messages, goes into `messages` instead; a `messages` entry is the
+sample's messages whole), `stats(samples) -> dict` (metrics of the last generate call) and `reset()` (before each
+call). A kind may also write the prompts (`prompts(questions) -> ids`: an environment's resets) and must then see
+the completions after each generate call (`finish(completions)`). Kinds: `tools` (generate_config.tools) and
+`environment` (generate_config.environment); `conversation_kind` chooses.
+`Conversations.generate` makes one call of either kind (the trainer's and scripts/evaluate.py's).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import numpy as np
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import ConfigError, check
 from mindgrpo.data.templates import ChatTemplateError
+from mindgrpo.envs import ENVIRONMENTS, check_environment_settings, load_environment_plugin
 from mindgrpo.inference.engine import Completion
+from mindgrpo.inference.env_turns import EnvTurns
 from mindgrpo.inference.tool_turns import ToolTurns
 from mindgrpo.tools import TOOLS, ToolPool, load_tool_plugin, parse_tool_calls
 from mindgrpo.utils.registry import Registry
@@ -35,30 +39,53 @@ from mindgrpo.utils.registry import Registry
 logger = logging.getLogger(__name__)
 
 CONVERSATIONS = Registry("conversation kind")
-# the columns every conversation gives the rewards (a kind may add its own)
+# the columns the tool conversations give the rewards
 CONVERSATION_COLUMNS = ("tool_calls", "messages")
-TURN_STEP = 16  # a tool turn's token budget is rounded up to this
+# the columns an environment's conversations give the rewards (the `environment` reward reads env_reward)
+ENVIRONMENT_COLUMNS = ("messages", "env_reward", "env_done")
+
+
+def _nothing(completions) -> None:
+    return None
 
 
 @dataclass
 class Conversations:
-    """A run's conversations: the engine's `turns` (see the module docstring), and `start` / `close` of what they
-    run on (the tool workers), closed once at the end of the run."""
+    """A run's conversations: the engine's `turns` (see the module docstring), `start` / `close` of what they
+    run on (the tool workers), closed once at the end of the run, the reward `columns` they give, and for a kind
+    that writes its prompts `prompts(questions) -> ids`; `finish(completions)` after each generate call."""
 
     kind: str
     turns: object
     start: Callable[[], None]
     close: Callable[[], None]
+    columns: Tuple[str, ...] = CONVERSATION_COLUMNS
+    prompts: Optional[Callable[[Sequence[str]], List[List[int]]]] = None
+    finish: Callable[[Sequence[Completion]], None] = _nothing
 
     @property
     def extra_positions(self) -> int:
         """KV-cache positions a sample may need beyond its prompt and max_tokens: its appended turns."""
         return self.turns.max_turns * self.turns.max_turn_tokens
 
+    def generate(self, engine, prompt_ids: Sequence[Sequence[int]], questions: Sequence[str], params, tokenizer,
+                 **engine_kwargs) -> tuple:
+        """One generate call of the conversations (the trainer's and scripts/evaluate.py's): (the prompts as
+        generated: an environment's resets of `questions`, else `prompt_ids`; the completions; their per-sample
+        columns, `conversation_columns`; the call's metrics, `conversation_metrics`)."""
+        self.turns.reset()
+        if self.prompts is not None:
+            prompt_ids = self.prompts(questions)
+        completions = engine.generate(prompt_ids, params, turns=self.turns, **engine_kwargs)
+        self.finish(completions)  # an environment steps the last turns the engine ended
+        return (prompt_ids, completions, conversation_columns(self.turns, completions, tokenizer),
+                conversation_metrics(self.turns, completions))
+
 
 def conversation_kind(cfg: GRPOConfig) -> Optional[str]:
     """The kind of conversation the config asks for, or None (one answer per prompt)."""
-    return "tools" if cfg.generate_config.tools else None
+    gen = cfg.generate_config
+    return "tools" if gen.tools else "environment" if gen.environment is not None else None
 
 
 def build_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optional[str]) -> Optional[Conversations]:
@@ -99,11 +126,68 @@ def tool_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optional[str])
         around = len(tokenizer.encode(turns.tool_turn_text([""])))
     except ChatTemplateError as error:
         raise ConfigError("generate_config.chat_template", str(error)) from None
-    turns.max_turn_tokens = -(-(around + gen.tool_response_max_tokens) // TURN_STEP) * TURN_STEP
+    turns.max_turn_tokens = gen.turn_positions(around) // gen.max_turns
     logger.info("conversations: tools %s, at most %d tool turns of %d tokens a sample, calls in %d worker(s), "
                 "%.0f s each", ", ".join(gen.tools), gen.max_turns, turns.max_turn_tokens, gen.tool_num_workers,
                 gen.tool_timeout_s)
     return Conversations("tools", turns, pool.start, pool.close)
+
+
+def load_environment(cfg: GRPOConfig) -> None:
+    """generate_config.environment_plugin loaded, generate_config.environment registered and its settings known
+    (ConfigError naming the key otherwise)."""
+    gen = cfg.generate_config
+    if gen.environment_plugin:
+        try:
+            load_environment_plugin(gen.environment_plugin)
+        except Exception as error:  # the user's file: any error it raises while loading stops the start-up
+            raise ConfigError("generate_config.environment_plugin",
+                              f"{gen.environment_plugin}: {type(error).__name__}: {error}") from None
+    check(gen.environment in ENVIRONMENTS, "generate_config.environment",
+          f"names unknown environment {gen.environment!r}; registered: {', '.join(ENVIRONMENTS.names())} (more from "
+          "generate_config.environment_plugin)")
+    try:
+        check_environment_settings(gen.environment, gen.environment_settings or {})
+    except ValueError as error:
+        raise ConfigError("generate_config.environment_settings", str(error)) from None
+
+
+@CONVERSATIONS.register("environment")
+def environment_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optional[str]) -> Conversations:
+    """generate_config.environment: each prompt is the environment's reset of the dataset row's `prompt` text (the
+    chat template's first user turn), each model turn is stepped on a pool of tool_num_workers processes (each call
+    bounded by tool_timeout_s) and its observation, cut to tool_response_max_tokens tokens, is the next user turn,
+    up to max_turns of them; `env_reward` (the steps' rewards summed) and `env_done` go to the rewards."""
+    gen = cfg.generate_config
+    load_environment(cfg)
+    check(chat_template is not None, "generate_config.chat_template",
+          "the tokenizer has no tokenizer_config.json with a chat template, which writes the environment's turns: "
+          "name one")
+    plugins = [gen.environment_plugin] if gen.environment_plugin else []
+    turns = EnvTurns(tokenizer, gen.environment, chat_template, settings=gen.environment_settings or {},
+                     plugins=plugins, max_turns=gen.max_turns, observation_max_tokens=gen.tool_response_max_tokens,
+                     num_workers=gen.tool_num_workers, timeout_s=gen.tool_timeout_s)
+    try:
+        around = len(tokenizer.encode(turns.observation_text("")))
+    except ChatTemplateError as error:
+        turns.close()
+        raise ConfigError("generate_config.chat_template", str(error)) from None
+    turns.max_turn_tokens = gen.turn_positions(around) // gen.max_turns
+
+    def prompts(questions: Sequence[str]) -> List[List[int]]:
+        ids = turns.prompts(questions)
+        long = [len(p) for p in ids if len(p) > gen.max_prompt_length]
+        if long:  # the environment's first user turn: the engine's slots hold max_prompt_length prompt tokens
+            raise ValueError(f"generate_config.max_prompt_length: environment {gen.environment!r} wrote a prompt of "
+                             f"{max(long)} tokens (its reset's observation in the chat template), over "
+                             f"max_prompt_length {gen.max_prompt_length}: raise it or shorten the dataset's prompts")
+        return ids
+
+    logger.info("conversations: environment %s, at most %d user turns of %d tokens a sample, calls in %d worker(s), "
+                "%.0f s each", gen.environment, gen.max_turns, turns.max_turn_tokens, gen.tool_num_workers,
+                gen.tool_timeout_s)
+    return Conversations("environment", turns, turns.pool.start, turns.close, ENVIRONMENT_COLUMNS, prompts,
+                         turns.finish)
 
 
 def tool_chat_texts(cfg: GRPOConfig, chat_template: str, count: int = 200) -> Tuple[str, ...]:
@@ -160,6 +244,11 @@ def conversation_columns(turns, completions: Sequence[Completion], tokenizer) ->
     out: Dict[str, list] = {"messages": []}
     for request, c in enumerate(completions):
         columns = dict(turns.columns(request))
+        if "messages" in columns:  # the kind's own (an environment's: its first user turn included)
+            out["messages"].append(columns.pop("messages"))
+            for key, value in columns.items():
+                out.setdefault(key, [None] * request).append(value)
+            continue
         context = list(columns.pop("turn_messages", ()))
         messages = []
         mask = c.model_mask if c.model_mask is not None else np.ones(len(c.token_ids), bool)
@@ -176,18 +265,21 @@ def conversation_columns(turns, completions: Sequence[Completion], tokenizer) ->
 
 
 def conversation_metrics(turns, completions: Sequence[Completion]) -> Dict[str, float]:
-    """The kind's own (`turns.stats`: tool/calls_mean, tool/errors, tool/timeouts, tool/seconds for tools),
-    turns/mean (turns appended per sample), tool/samples_with_calls (the fraction of samples that called a tool)
+    """The kind's own (`turns.stats`: tool/calls_mean, tool/errors, tool/timeouts, tool/seconds for tools; env/* for
+    an environment), turns/mean (turns appended per sample), with tools tool/samples_with_calls (the fraction of
+    samples that called a tool)
     and turns/masked_fraction (the trajectory tokens that are not the model's own: context, not trained)."""
     out = {k: float(v) for k, v in turns.stats(len(completions)).items()}
     out["turns/mean"] = float(np.mean([c.turns for c in completions]))
-    out["tool/samples_with_calls"] = float(np.mean([c.turns > 0 for c in completions]))
+    if "tool/calls_mean" in out:
+        out["tool/samples_with_calls"] = float(np.mean([c.turns > 0 for c in completions]))
     total = sum(len(c.token_ids) for c in completions)
     own = sum(int(np.sum(c.model_mask)) if c.model_mask is not None else len(c.token_ids) for c in completions)
     out["turns/masked_fraction"] = 1.0 - own / max(total, 1)
     return out
 
 
-__all__ = ["CONVERSATIONS", "CONVERSATION_COLUMNS", "Conversations", "assistant_message", "build_conversations",
-           "conversation_columns", "conversation_kind", "conversation_metrics", "load_tools", "tool_chat_texts", "tool_conversations",
+__all__ = ["CONVERSATIONS", "CONVERSATION_COLUMNS", "ENVIRONMENT_COLUMNS", "Conversations", "assistant_message",
+           "build_conversations", "conversation_columns", "conversation_kind", "conversation_metrics",
+           "environment_conversations", "load_environment", "load_tools", "tool_chat_texts", "tool_conversations",
            "trajectory_runs"]

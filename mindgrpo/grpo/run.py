@@ -256,7 +256,7 @@ def run(args) -> int:
                                grad_reducer=parts.grad_reducer, pipeline=parts.pipeline,
                                # the synthetic task with tools: the teacher's conversations (grpo/sft.tool_targets)
                                tool_turns=parts.conversations.turns if parts.conversations is not None
-                               and rl.dataset_path is None else None,
+                               and parts.conversations.kind == "tools" and rl.dataset_path is None else None,
                                tool_call_rate=sft.teacher_tool_call_rate)
         if trainer.lora is not None:
             trainer.lora.base_changed()  # the checkpoints write the warm-started base once and refer to it

@@ -21,7 +21,6 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.grpo import algos
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
-from mindgrpo.grpo.conversations import conversation_columns, conversation_metrics
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
@@ -53,7 +52,7 @@ class GRPOTrainer:
                  pipeline=None, ref_pipeline=None, reward_models=None, memory_policy: Optional[MemoryPolicy] = None,
                  base_path: Optional[str] = None, conversations=None):
         self.cfg = cfg
-        # generate_config.tools: the engine's conversation turns (grpo/conversations.py), None without
+        # generate_config.tools / environment: the engine's conversation turns (grpo/conversations.py), None without
         self.conversations = conversations
         self.conversation_stats: Dict[str, float] = {}  # of the last generate call
         # the memory savers on: the builder's resolved rl_config.memory, else the config's explicit switches
@@ -135,20 +134,21 @@ class GRPOTrainer:
                               top_k=g.top_k, top_p=g.top_p, min_p=g.min_p, n=n,
                               stop_token_ids=self.stop_ids, seed=seed)
 
-    def generate(self, prompts, params: SamplingParams) -> tuple:
-        """The engine's completions of `prompts`, and their per-sample columns (conversations: tool_calls,
-        messages; else none); self.conversation_stats gets the call's tool/ and turns/ metrics."""
+    def generate(self, batch: PromptBatch, params: SamplingParams) -> tuple:
+        """(the batch as generated, the engine's completions, their per-sample columns): conversations give columns
+        (tool_calls, messages; an environment's env_reward, env_done, messages) and an environment writes the
+        prompts (its resets of the rows' `prompt` text), so the batch's ids are its; self.conversation_stats gets
+        the call's tool/ (env/) and turns/ metrics."""
         conv = self.conversations
         if conv is None:
-            return self.engine.generate(prompts, params), {}
-        conv.turns.reset()
-        comps = self.engine.generate(prompts, params, turns=conv.turns)
-        self.conversation_stats = conversation_metrics(conv.turns, comps)
-        return comps, conversation_columns(conv.turns, comps, self.tokenizer)
+            return batch, self.engine.generate(batch.ids, params), {}
+        ids, comps, columns, self.conversation_stats = conv.generate(self.engine, batch.ids, batch.columns["prompt"],
+                                                                     params, self.tokenizer)
+        return PromptBatch(ids, batch.columns), comps, columns
 
     def rollout(self, batch: PromptBatch, seed: int) -> Rollouts:
         with self.progress.phase("rollout"), self.memory.phase("rollout"):
-            comps, row_columns = self.generate(batch.ids, self.sampling(self.G, seed))
+            batch, comps, row_columns = self.generate(batch, self.sampling(self.G, seed))
         self.progress.add_tokens("rollout", self.engine.last_stats["new_tokens"])
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
         return Rollouts(batch, comps, texts, self.G, row_columns)
@@ -333,7 +333,7 @@ class GRPOTrainer:
         if rl.val_temperature > 0:
             params = replace(params, temperature=rl.val_temperature)
         with self.progress.phase("validate"), self.memory.phase("validate"):
-            comps, row_columns = self.generate(batch.ids, params)
+            batch, comps, row_columns = self.generate(batch, params)
         self.release(self.engine)
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
         columns = {k: [v[c.prompt_index] for c in comps] for k, v in batch.columns.items()}
@@ -343,7 +343,7 @@ class GRPOTrainer:
             from mindgrpo.rewards import get_reward
             per_fn["accuracy"] = np.array(get_reward("accuracy")(texts, **columns), np.float32)
         metrics = val_metrics(np.asarray(per_fn["accuracy"], np.float32), texts, rl.val_n)
-        if self.conversations is not None:  # e.g. val/tool/calls_mean: how often the policy calls a tool
+        if self.conversations is not None:  # e.g. val/tool/calls_mean (how often the policy calls a tool), val/env/*
             metrics.update({f"val/{k}": v for k, v in self.conversation_stats.items()})
         self.val_history.append(metrics["val/accuracy"])
         return metrics

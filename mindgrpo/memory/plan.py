@@ -26,7 +26,7 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
     kv_cache    the rollout engine's cache, sized from generate_config as the engine sizes it
                 (`mindgrpo.inference.engine`): S = max_num_seqs slots, fewer if the budget
                 max_num_batched_tokens cannot hold S x C tokens, C = max_prompt_length + max_tokens
-                (at most max_position_embeddings), plus one trash slot; x this
+                (+ conversations' appended turns, below; at most max_position_embeddings), plus one trash slot; x this
                 rank's kv heads x d x layers x 2 (k and v), in the compute dtype. Exact: the engine
                 allocates it at its first call
     transient   the largest resharding bucket during `sync` (its new piece and what it receives),
@@ -47,6 +47,10 @@ fp32, x3: logits, probabilities, their gradient) and, with pipeline stages, the 
 keeps of the pp - s micro-batches 1F1B has in flight (s*b*h each; `parallel.pipeline`). With
 actor_config.max_tokens_per_micro_batch T > 0 a micro-batch holds at most T tokens, padding
 included (`grpo.packing`): s*b is T, a row at most s long, and at most T positions are scored.
+Conversations (generate_config.tools or environment): a sample also holds up to max_turns appended turns, each
+taken as TURN_TEMPLATE_TOKENS of the chat template's text and tool_response_max_tokens of answer, rounded up to
+TURN_STEP (`GenerateConfig.turn_positions`; the run measures its template's text and logs the turn's size): they
+lengthen the cache's slots, the training rows and their scored positions alike.
 
 Measured on MindSpore 2.10's CPU runtime (`benchmarks/results/memory.md`, the 0.5B shape, 16 rows of
 up to 285 tokens, micro-batches of 4): the parameter groups above agree with the resident memory
@@ -72,7 +76,7 @@ the engine's fused copies and KV cache only while it generates (`MemoryPlan.cpu_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -177,9 +181,16 @@ def lora_bytes(cfg: Qwen2Config, actor) -> Dict[int, int]:
     return out
 
 
+def sequence_lengths(gen) -> Tuple[int, int]:
+    """(s, r) of generate_config: the longest sequence (prompt, response and conversations' appended turns) and
+    the longest response (the model's max_tokens and the appended turns)."""
+    r = gen.max_tokens + gen.turn_positions()
+    return gen.max_prompt_length + r, r
+
+
 def kv_cache_bytes(cfg: Qwen2Config, gen, layout: ParallelLayout) -> int:
     """The rollout engine's KV cache on one rank of the inference layout (gen: generate_config)."""
-    capacity = min(gen.max_prompt_length + gen.max_tokens, cfg.max_position_embeddings)
+    capacity = min(sequence_lengths(gen)[0], cfg.max_position_embeddings)
     slots = kv_slots(capacity, gen.max_num_seqs, gen.max_num_batched_tokens)
     width = 2 if cfg.compute_dtype != "float32" else 4
     return 2 * cfg.num_hidden_layers * (slots + 1) * (cfg.num_key_value_heads // layout.tp) * capacity * cfg.d * width
@@ -201,9 +212,9 @@ def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayo
 def activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, layout: ParallelLayout, rank: int = 0) -> int:
     """Estimate for one micro-batch of the training graph on rank's stage (see the module docstring)."""
     gen, actor, rl = gcfg.generate_config, gcfg.actor_config, gcfg.rl_config
-    s = gen.max_prompt_length + gen.max_tokens
+    s, r = sequence_lengths(gen)
     b, h, a, tp = actor.micro_batch_size, cfg.hidden_size, cfg.num_attention_heads, layout.tp
-    scored = b * gen.max_tokens
+    scored = b * r
     if actor.max_tokens_per_micro_batch:  # rows of at most s tokens, T in all (packing.py)
         b = actor.max_tokens_per_micro_batch / s
         scored = actor.max_tokens_per_micro_batch
@@ -225,9 +236,9 @@ def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int
     """phase -> the buffers its compiled graphs keep on MindSpore 2.10's CPU runtime, on one device
     (`CPU_GRAPH_BUFFERS`, scaled to this config), for the phases in `phases`."""
     gen, actor = gcfg.generate_config, gcfg.actor_config
-    s = gen.max_prompt_length + gen.max_tokens
+    s, r = sequence_lengths(gen)
     tokens = actor.max_tokens_per_micro_batch or actor.micro_batch_size * s
-    scored = actor.max_tokens_per_micro_batch or actor.micro_batch_size * gen.max_tokens
+    scored = actor.max_tokens_per_micro_batch or actor.micro_batch_size * r
     capacity = min(s, cfg.max_position_embeddings)
     slot_positions = kv_slots(capacity, gen.max_num_seqs, gen.max_num_batched_tokens) * capacity
     width = cfg.hidden_size / _MEASURED_H

@@ -1,4 +1,4 @@
-"""Built-in reward functions: accuracy, format, format_lenient, cosine, repetition, soft_overlong.
+"""Built-in reward functions: accuracy, format, format_lenient, cosine, repetition, soft_overlong, environment.
 
 Lengths (cosine, soft_overlong) are token counts from the `completion_length` column when the caller passes it
 (the trainer does: it has the response mask); without it they fall back to whitespace-separated word counts.
@@ -37,6 +37,13 @@ def accuracy_reward(completions, solution, *, accuracy_rel_tol: float = 1e-4, **
         None if _solution_missing(sol) else float(is_correct(c, sol, accuracy_rel_tol))
         for c, sol in zip(completions, solution)
     ]
+
+
+@register_reward("environment")
+def environment_reward(completions, env_reward, **kwargs) -> List[float]:
+    """The environment's reward of each conversation (generate_config.environment): the sum of the rewards its
+    steps gave, the `env_reward` column (0 for a conversation whose environment failed)."""
+    return [float(r) for r in env_reward]
 
 
 @register_reward("format")

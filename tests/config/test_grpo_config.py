@@ -115,7 +115,8 @@ def test_yaml_that_sets_every_key():
               # conversations run on one inference device (this file's generate parallel_config refuses them):
               # tests/config/test_tools_config.py sets them
               *(f"generate_config.{k}" for k in ("tools", "max_turns", "tool_response_max_tokens", "tool_timeout_s",
-                                                 "tool_num_workers", "tool_plugin", "chat_template")),
+                                                 "tool_num_workers", "tool_plugin", "chat_template", "environment",
+                                                 "environment_plugin", "environment_settings")),
               "sft_config.teacher_tool_call_rate"} \
         | set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
@@ -473,7 +474,8 @@ def _witness(key):
               "generate_config.tools": ["calculator"], "generate_config.max_turns": 2,
               "generate_config.tool_response_max_tokens": 64, "generate_config.tool_timeout_s": 5.0,
               "generate_config.tool_num_workers": 1, "generate_config.tool_plugin": "my_tools.py",
-              "generate_config.chat_template": "tokenizer_config.json", "sft_config.teacher_tool_call_rate": 0.5}
+              "generate_config.chat_template": "tokenizer_config.json", "sft_config.teacher_tool_call_rate": 0.5,
+              "generate_config.environment_plugin": "my_envs.py", "generate_config.environment_settings": {"high": 5}}
     for table in (others, full, synthetic, VARIANT_SETTINGS):
         if key in table and table[key] != default[key]:
             return table[key]

@@ -26,6 +26,19 @@ def test_tool_keys_from_yaml(tmp_path):
 
 @pytest.mark.parametrize("overrides, key, words", [
     (["generate_config.max_turns=2"], "generate_config.max_turns", "without generate_config.tools"),
+    # environments (generate_config.environment) share the conversation keys and have two of their own
+    (["generate_config.environment_plugin=my_envs.py"], "generate_config.environment_plugin",
+     "without generate_config.environment"),
+    (["generate_config.environment_settings={high: 5}"], "generate_config.environment_settings",
+     "without generate_config.environment"),
+    (["generate_config.tool_plugin=my_tools.py", "generate_config.environment=guess_number"],
+     "generate_config.tool_plugin", "without generate_config.tools"),
+    (["generate_config.environment=guess_number", "generate_config.tools=[calculator]"],
+     "generate_config.environment", "cannot combine with generate_config.tools"),
+    (["generate_config.environment=guess_number", "generate_config.layerwise=true"], "generate_config.layerwise",
+     "cannot combine with generate_config.environment"),
+    (["generate_config.environment=guess_number", "generate_config.parallel_config.data_parallel=2"],
+     "generate_config.environment", "one inference device"),
     (["generate_config.tools=[calculator]", "generate_config.layerwise=true"], "generate_config.layerwise",
      "cannot combine with generate_config.tools"),
     (["generate_config.tools=[calculator]", "generate_config.parallel_config.data_parallel=2"],
@@ -39,6 +52,18 @@ def test_tool_keys_refused(overrides, key, words):
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=overrides)
     assert info.value.key == key and words in info.value.message, str(info.value)
+
+
+def test_environment_keys_from_yaml_and_the_shared_keys_act_with_an_environment(tmp_path):
+    path = tmp_path / "env.yaml"
+    path.write_text("generate_config:\n  environment: guess_number\n  environment_plugin: my_envs.py\n"
+                    "  environment_settings: {high: 50, seed: 3}\n  max_turns: 3\n  tool_response_max_tokens: 40\n")
+    gen = load_config(GRPOConfig, path).generate_config
+    assert (gen.environment, gen.environment_plugin, gen.environment_settings, gen.max_turns) == \
+        ("guess_number", "my_envs.py", {"high": 50, "seed": 3}, 3)
+    # each of 3 turns: 32 tokens of template text (the plan's allowance) + 40, rounded up to 48
+    assert gen.conversations and gen.turn_positions() == 3 * 80 and gen.turn_positions(around=8) == 3 * 48
+    assert load_config(GRPOConfig).generate_config.turn_positions() == 0
 
 
 def test_memory_auto_never_turns_layerwise_generate_on_with_tools():

@@ -331,3 +331,34 @@ def test_plan_memory_counts_a_reward_model_in_its_own_phase(tmp_path):
     out = subprocess.run([sys.executable, script, "--config", config, entry], capture_output=True, text=True,
                          check=True).stdout
     assert f"| reward_model | {by_hand / 2 ** 30:.2f} |" in out and "| reward_model | reward_model |" in out
+
+
+def test_conversations_add_their_turns_to_the_slots_and_the_rows(capsys):
+    """generate_config.tools with max_turns 2 and answers of 100 tokens: each appended turn is planned as 32 tokens
+    of the template's text (the allowance) + 100, rounded up to 16: 144, so 288 more positions in every slot and
+    every training row. Qwen2.5-0.5B (24 layers, 2 kv heads, d 64): 16 slots of 512 + 512 + 288 positions and
+    the trash slot, k and v; a budget of 16 x 1024 tokens holds 12 such slots only (16384 // 1312)."""
+    over = ["actor_config.model=qwen2_5_0_5b", "generate_config.max_num_seqs=16"]
+    turns = ["generate_config.max_turns=2", "generate_config.tool_response_max_tokens=100"]
+    cfg = load_config(GRPOConfig, overrides=over + turns + ["generate_config.tools=[calculator]"])
+    m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"), compute_dtype=cfg.actor_config.dtype)
+    width = 4 if m.compute_dtype == "float32" else 2
+    per_slot = 2 * 24 * 2 * (512 + 512 + 288) * 64 * width
+    with_tools = plan(cfg, m)
+    assert with_tools.groups["kv_cache"] == 17 * per_slot
+    capped = load_config(GRPOConfig, overrides=over + turns + ["generate_config.tools=[calculator]",
+                                                               "generate_config.max_num_batched_tokens=16384"])
+    assert plan(capped, m).groups["kv_cache"] == 13 * per_slot
+    # the training rows: as long as those of a config whose responses are 288 tokens longer
+    longer = plan(load_config(GRPOConfig, overrides=over + ["generate_config.max_tokens=800"]), m)
+    assert with_tools.activations == longer.activations and with_tools.cpu_graphs == longer.cpu_graphs
+    assert with_tools.activations > plan(load_config(GRPOConfig, overrides=over), m).activations
+    # an environment's turns are planned alike
+    env = plan(load_config(GRPOConfig, overrides=over + turns + ["generate_config.environment=guess_number"]), m)
+    assert env.groups == with_tools.groups and env.activations == with_tools.activations
+    from scripts import plan_memory
+
+    assert plan_memory.main(["--config", os.path.join(CONFIGS, "tiny_tools", "grpo_config.yaml")]) == 0
+    out = capsys.readouterr().out
+    # the recipe: 1 tool turn, answers of 8 tokens: 32 + 8 rounded up to 48
+    assert "Conversations (tools calculator): each sample also holds up to 1 appended turn(s) of 48 tokens" in out

@@ -320,3 +320,101 @@ def test_reward_model_scores_every_sample_beside_pass_at_k(cli, model_dir, rewar
     assert np.ptp(scores) > 0 and "pass@2" in summary["metrics"]
     np.testing.assert_allclose(summary["reward_model"]["per_problem"], scores.mean(1), rtol=1e-6)
     assert summary["reward_model"]["mean"] == pytest.approx(scores.mean())
+
+
+TOOLS_TEMPLATE = Path(__file__).resolve().parents[2] / "model_configs" / "qwen_grpo" / "tiny_tools" / \
+    "tokenizer_config.json"
+QUESTIONS = [("What is 123 + 456 + 789?", 1368), ("What is 500 + 321 + 99?", 920), ("What is 111 + 222 + 333?", 666)]
+
+
+def scripted_tool_engine(tokenizer, made):
+    """RolloutEngine as evaluate.py uses it, a script instead of a model, driving the real ToolTurns as the engine
+    does: sample 0 of a problem calls the calculator on the question's sum, then boxes what the tool answered
+    (read from the appended tool turn); sample 1 boxes 0 at once."""
+    import re
+
+    from mindgrpo.inference.engine import Completion
+
+    stop = tokenizer.stop_token_ids[0]
+
+    class Engine:
+        def __init__(self, lm, pad_token_id, max_num_seqs, max_model_len):
+            self.max_num_seqs, self.max_model_len, self.calls = max_num_seqs, max_model_len, []
+            self.last_stats = {"seconds": 1.0}
+            made.append(self)
+
+        def generate(self, prompts, params, prompt_index=None, turns=None):
+            self.calls.append((len(prompts), list(prompt_index), turns))
+            out = []
+            for i, prompt in enumerate(prompts):
+                question = tokenizer.decode(prompt).split("What is ")[1].split("?")[0]
+                for j in range(params.n):
+                    request = i * params.n + j
+                    text = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
+                            % question) if j == 0 else "\\boxed{0}"
+                    ids = tokenizer.encode(text) + [stop]
+                    mask = [True] * len(ids)
+                    if turns.end_turn(request, i, ids):
+                        ready = []
+                        while not ready:
+                            ready = [t for r, t in turns.poll(True) if r == request]
+                        answer = re.search(r"<tool_response>\n(.*?)\n</tool_response>", tokenizer.decode(ready[0]))
+                        final = tokenizer.encode("\\boxed{%s}" % answer.group(1)) + [stop]
+                        ids, mask = ids + ready[0] + final, mask + [False] * len(ready[0]) + [True] * len(final)
+                    mask = np.array(mask)
+                    logp = np.where(mask, -0.5, 0.0).astype(np.float32)
+                    out.append(Completion(i, ids, "stop", logp, logp, mask, int((~mask).any())))
+            return out
+
+    return Engine
+
+
+def test_tools_run_in_the_evaluation_and_their_metrics_are_reported(cli, model_dir, tmp_path, monkeypatch, capsys):
+    """--tools calculator on .jsonl problems: the prompts offer the tool through the chat template (as the trainer
+    writes them), the engine gets the conversations (all problems in one call), the rewards see the trajectory and
+    the tool_calls column, summary.json reports tool/* and turns/* beside pass@k, the tool workers are closed.
+    A scripted engine and a stand-in model (no graphs): the conversations and the tool pool are real."""
+    import types
+
+    from mindgrpo.data.tokenizer import QwenTokenizer
+    from mindgrpo.models import checkpoint
+
+    tokenizer, made = QwenTokenizer.from_dir(str(model_dir)), []
+    monkeypatch.setattr("mindgrpo.inference.engine.RolloutEngine", scripted_tool_engine(tokenizer, made))
+    lm = types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=tokenizer.vocab_size),
+                               rope_cos=np.zeros((512, 1)))
+    monkeypatch.setattr(checkpoint, "load_model", lambda path, config=None: lm)
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": f"{a} #### {a}"}) + "\n" for q, a in QUESTIONS))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    common = ["--model", str(model_dir / "policy.ckpt"), "--tokenizer_dir", str(model_dir), "--data", str(data),
+              "--template", "raw", "--n", "2", "--temperature", "1.0", "--max_tokens", "64", "--num_workers", "0",
+              "--chat_template", str(TOOLS_TEMPLATE)]
+    assert cli.main([*common, "--tools", "calculator", "--max_turns", "1", "--tool_response_max_tokens", "16",
+                     "--tool_num_workers", "1", "--output", str(tmp_path / "out")]) == 0
+    summary, samples = read_outputs(tmp_path / "out")
+    (calls, index, turns), = made[0].calls
+    assert calls == 3 and index == [0, 1, 2] and turns is not None
+    assert made[0].max_model_len > max(len(tokenizer.encode(s["prompt"])) for s in samples) + 64  # + the tool turn
+    assert all(s["prompt"].startswith("<|im_start|>system\nTools: calculator(expression)\n") for s in samples)
+    assert [s["correct"] for s in samples] == [True, False] * 3  # the tool's sums, boxed
+    assert [s["turns"] for s in samples] == [1, 0] * 3
+    assert samples[0]["tool_calls"] == [{"name": "calculator", "arguments": {"expression": "123 + 456 + 789"},
+                                         "status": "ok", "response": "1368"}]
+    assert summary["metrics"]["mean@2"] == 0.5 and summary["tools"] == "calculator"
+    conv = summary["conversations"]
+    assert conv["tool/calls_mean"] == 0.5 and conv["tool/errors"] == conv["tool/timeouts"] == 0
+    assert conv["turns/mean"] == 0.5 and conv["tool/samples_with_calls"] == 0.5 and conv["turns/masked_fraction"] > 0
+    assert "tool/calls_mean" in capsys.readouterr().out  # the printed table
+    assert not list(tmp.glob("mindgrpo-tools-*"))  # the tool workers' folder, removed at the end
+    # flags that cannot act, or name nothing registered: one line naming the flag
+    capsys.readouterr()
+    assert cli.main([*common, "--max_turns", "2", "--output", str(tmp_path / "no")]) == 1
+    line = one_error_line(capsys)
+    assert line.startswith("evaluate: error: --max_turns: has no effect without generate_config.tools"), line
+    assert cli.main([*common, "--tools", "abacus", "--output", str(tmp_path / "no")]) == 1
+    assert one_error_line(capsys).startswith("evaluate: error: --tools: names unknown tool(s) ['abacus']")
+    assert not (tmp_path / "no").exists()
+
