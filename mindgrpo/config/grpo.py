@@ -36,7 +36,8 @@ ACTS_ALWAYS = (
     "rl_config.seed", "rl_config.max_steps", "rl_config.batch_size", "rl_config.num_generations",
     "rl_config.num_iterations", "rl_config.num_mini_batches", "rl_config.beta", "rl_config.loss_agg_mode",
     "rl_config.adv_estimator", "rl_config.policy_loss", "rl_config.top_entropy_quantile",
-    "rl_config.rollout_correction", "rl_config.old_logprobs_from_rollout", "rl_config.dynamic_sampling",
+    "rl_config.rollout_correction", "rl_config.old_logprobs_from_rollout", "rl_config.off_policy_steps",
+    "rl_config.dynamic_sampling",
     "rl_config.overlong_filtering", "rl_config.val_interval", "rl_config.save_interval", "rl_config.keep_last_k",
     "rl_config.log_interval", "rl_config.max_bad_steps", "rl_config.completions_interval", "rl_config.swap",
     "rl_config.release_graphs", "rl_config.memory", "rl_config.device_peak_tflops", "rl_config.dataset_path", "rl_config.output_dir",
@@ -54,6 +55,8 @@ ACTS_ALWAYS = (
     "generate_config.seed", "generate_config.max_num_seqs", "generate_config.max_num_batched_tokens",
     "generate_config.inference_weights", "generate_config.layerwise", "generate_config.max_prefill_tokens",
     "generate_config.parallel_config", "generate_config.tools", "generate_config.environment",
+    # acts under msrun (--use_parallel True), which the launch decides; one process refuses "separate"
+    "generate_config.placement", "generate_config.partial_rollout",
     "reward_config.verifier_function", "reward_config.verifier_weight", "reward_config.reward_plugin",
     "reward_config.num_workers", "reward_config.reward_models", "reward_config.judges",
     "sft_config.steps",
@@ -235,6 +238,22 @@ class GRPOConfig:
                   "with actor_config.lora_rank > 0 the engine runs on one device in grpo_one_stage.py for now (1 "
                   "device; under msrun a LoRA run's checkpoints are not built: docs/lora.md)")
 
+        if self.generate_config.placement == "separate":  # mindgrpo/grpo/separate.py
+            self._check_separate()
+
+        if self.generate_config.partial_rollout:  # mindgrpo/grpo/partial.py
+            gen = self.generate_config
+            check(rl.off_policy_steps >= 1, "rl_config.off_policy_steps",
+                  "must be >= 1 with generate_config.partial_rollout: a carried sample's first tokens are a step "
+                  "older than the policy, and off_policy_steps is how stale a sample may be")
+            for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
+                             ("generate_config.tools", not gen.tools),
+                             ("generate_config.environment", gen.environment is None),
+                             ("generate_config.placement", gen.placement == "colocated"),
+                             ("generate_config.parallel_config", gen.parallel_config.world_size == 1)):
+                check(off, key, "cannot combine with generate_config.partial_rollout yet (one process, one answer a "
+                      "prompt, one rollout a step)")
+
         gen = self.generate_config
         check(not (gen.tools and gen.environment is not None), "generate_config.environment",
               "cannot combine with generate_config.tools: a run's conversations are one kind (tools or an environment)")
@@ -246,6 +265,26 @@ class GRPOConfig:
             check(gen.parallel_config.world_size == 1, key,
                   "runs conversations on one inference device for now (each device would run every tool call): "
                   f"set generate_config.parallel_config to 1 device (it has {gen.parallel_config.world_size})")
+
+    def _check_separate(self) -> None:
+        """What generate_config.placement separate runs for now (docs/async.md: its limits)."""
+        rl, gen = self.rl_config, self.generate_config
+        for key, world in (("actor_config.parallel_config", self.actor_config.parallel_config.world_size),
+                           ("generate_config.parallel_config", gen.parallel_config.world_size)):
+            check(world == 1, key, f"with generate_config.placement separate: one rank for now (msrun "
+                  f"--worker_num=2: rank 0 trains, rank 1 generates), got {world}")
+        check(rl.off_policy_steps <= 1, "rl_config.off_policy_steps",
+              f"with generate_config.placement separate: 0 or 1 for now, got {rl.off_policy_steps}")
+        for key, off in (("rl_config.val_interval", rl.val_interval == 0),
+                         ("rl_config.dynamic_sampling", not rl.dynamic_sampling),
+                         ("generate_config.tools", not gen.tools), ("sft_config.steps", self.sft_config.steps == 0),
+                         ("actor_config.lora_rank", self.actor_config.lora_rank == 0),
+                         ("generate_config.environment", gen.environment is None),
+                         ("reward_config.reward_models", not self.reward_config.reward_models),
+                         ("reward_config.judges", not self.reward_config.judges)):
+            check(off, key, "is not built with generate_config.placement separate yet (the rollout rank runs one "
+                  "rollout a step, no validation, warm start, LoRA, tools, environments, reward models or judges): "
+                  "leave it off")
 
     def check_device(self, device_target: str) -> None:
         """Keys that need a kind of device (the run's device_target, e.g. "CPU" or "Ascend")."""

@@ -130,6 +130,12 @@ class RLConfig:
     rollout_correction_threshold: float = 2.0
     # the engine's log-probs under softmax(logits / T) (before top-k / top-p) are the old ones: no scoring pass
     old_logprobs_from_rollout: bool = False
+    # asynchronous GRPO (docs/async.md; verl's one-step-off-policy): the rollout engine's weights are this many
+    # updates behind the policy's (0: synchronous, each rollout with the latest update). With k, the rollout of step
+    # s samples with the weights of update s - 1 - k; every token records the policy version that sampled it, and
+    # the corrections (rollout_correction) weigh it by that version's log-probs against the current policy's; a
+    # sample more than k updates stale is dropped from the loss and counted (staleness/dropped)
+    off_policy_steps: int = 0
     # reference model
     ref_model_sync_steps: int = 0  # copy the policy into the reference every this many steps; 0 never
     # DAPO
@@ -195,7 +201,7 @@ class RLConfig:
         check(self.num_generations >= 2, "num_generations",
               f"must be >= 2 (group advantages of one sample are 0), got {self.num_generations}")
         _check_non_negative(self, "beta", "advantage_eps", "ref_model_sync_steps", "max_resample_times",
-                            "val_interval", "val_size", "save_interval", "completions_interval")
+                            "off_policy_steps", "val_interval", "val_size", "save_interval", "completions_interval")
         check(0 < self.clip_low < 1, "clip_low", f"must be in (0, 1), got {self.clip_low}")
         check(self.clip_high > 0, "clip_high", f"must be > 0, got {self.clip_high}")
         check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", f"must be > 1 or null, got {self.dual_clip}")
@@ -423,6 +429,17 @@ class GenerateConfig:
     # in one call, 3.05 in calls of 4,096, the same samples (benchmarks/results/prefill_budget.md)
     max_prefill_tokens: Optional[int] = 4096
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    # where the rollout runs under msrun (docs/async.md): "colocated", every rank trains and generates in turn;
+    # "separate", the ranks split into a training group (actor_config.parallel_config, the first ranks) and a
+    # rollout group (this parallel_config, the next ones) that meet once a step (the samples to the trainers, the
+    # new weights to the rollout) and otherwise work at the same time: with rl_config.off_policy_steps 1 the
+    # rollout of the next step runs while this step trains. For now one training and one rollout rank
+    placement: Literal["colocated", "separate"] = "colocated"
+    # partial rollouts (docs/async.md; AReaL's, slime's): a step's rollout admits twice the groups it still needs and
+    # stops once it has them; the unfinished samples keep their tokens and go on in the next step's rollout with the
+    # new weights (prefilled again), their tokens stamped with the version that generated each. A group trains when
+    # all its samples are finished; rl_config.off_policy_steps bounds how stale a sample may be (>= 1 needed)
+    partial_rollout: bool = False
     # conversations with tools (docs/tools.md; TRL's `tools`, verl's multi-turn names): the registered tools offered
     # to the model (empty: one answer per prompt). A turn that ends with <tool_call> blocks gets the tools' answers
     # as a tool turn appended to its KV cache, then the sample decodes on: at most max_turns tool turns a sample,

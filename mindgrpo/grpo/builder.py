@@ -304,9 +304,11 @@ def lora_config(cfg: GRPOConfig) -> Optional[LoraSpec]:
 
 def inference_shares_policy(cfg: GRPOConfig, paths: Paths, placement: Placement) -> bool:
     """Whether the inference model is the policy model itself: generate_config.inference_weights is auto,
-    the inference layout is the policy's (always on one device) and the inference weights come from the
-    policy's (no --sft_path_infer loaded, or the same file as the policy's)."""
-    if cfg.generate_config.inference_weights == "copy" or not placement.same_layout("inference"):
+    the inference layout is the policy's (always on one device), the inference weights come from the
+    policy's (no --sft_path_infer loaded, or the same file as the policy's) and do not lag them
+    (rl_config.off_policy_steps 0)."""
+    if cfg.generate_config.inference_weights == "copy" or not placement.same_layout("inference") \
+            or cfg.rl_config.off_policy_steps > 0:  # the engine's weights lag the policy's: a copy of their own
         return False
     if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
         return True
@@ -395,6 +397,8 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         inference = policy
         logger.info("inference: the policy model itself (one copy of the weights, no weight sync; "
                     "generate_config.inference_weights=copy keeps a copy)")
+    elif placement.remote_rollout:  # generate_config.placement separate: the inference copy is the rollout rank's
+        inference = None
     else:
         inference = model("inference", paths.sft_path_infer or paths.sft_path_train, paths.load_sft_checkpoint_infer)
         if lora is not None:
@@ -407,10 +411,12 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
             p.requires_grad = False
     memory = SwapManager(enabled=rl.swap, device=placement.device, shared_inference=shared,  # real moves on Ascend
                          reference_is_policy=lora is not None and rl.beta > 0)
-    rollout = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy, turn_positions)
+    rollout = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy, turn_positions) \
+        if inference is not None else None
     memory.register("policy", policy.get_parameters())
     held = {id(p) for p in policy.get_parameters()}  # shared: the inference group is the fused copies alone
-    memory.register("inference", [p for p in rollout.resident_parameters() if id(p) not in held])
+    if rollout is not None:
+        memory.register("inference", [p for p in rollout.resident_parameters() if id(p) not in held])
     if reference is not None:
         memory.register("reference", reference.get_parameters())
     engine = placement.engine(rollout)
@@ -425,8 +431,8 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
 
             moved = adapter_names(policy)
         sync = placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes, names=moved)
-        if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
-            sync()  # start the inference copy from the policy's weights
+        if placement.remote_rollout or not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
+            sync()  # start the inference copy from the policy's weights (separate: always, the rollout rank waits)
     ref_sync = None
     if reference is not None:
         ref_sync = placement.weight_sync(policy, reference, "reference",  # the trainer logs it as ref_sync/...
@@ -441,6 +447,29 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
                  reward_models=reward_models, memory_policy=memory_policy,
                  base_path=paths.sft_path_train if paths.sft_path_train and paths.load_sft_checkpoint_train else None,
                  conversations=conversations)
+
+
+def build_rollout(cfg: GRPOConfig, paths: Paths, placement):
+    """The rollout rank of generate_config.placement separate: its inference copy, engine and prompts (the training
+    rank's, in the same order) as a `grpo/rollout_worker.RolloutWorker`, whose `run` meets the training rank."""
+    from mindgrpo.grpo.rollout_worker import RolloutWorker
+    from mindgrpo.grpo.trainer import stop_ids_of
+    from mindgrpo.models.config import Qwen2Config
+
+    rl, gen = cfg.rl_config, cfg.generate_config
+    config_file, model_source = model_config_file(cfg, paths)
+    mcfg = Qwen2Config.load(config_file, compute_dtype=cfg.actor_config.dtype)
+    memory_policy = MemoryPolicy.of_config(cfg)
+    tokenizer = build_tokenizer(cfg, paths)
+    train, _ = build_prompts(cfg, paths, tokenizer)
+    check_vocabulary(mcfg.vocab_size, model_source, train, None)
+    check_model_limits(cfg, mcfg, model_source)
+    max_positions = min(gen.max_prompt_length + gen.max_tokens + 64, mcfg.max_position_embeddings)
+    inference = placement.model("inference", mcfg, paths.sft_path_infer or paths.sft_path_train,
+                                paths.load_sft_checkpoint_infer, rl.seed, max_positions)
+    engine = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy)
+    return RolloutWorker(cfg, placement.engine(engine), inference, train, placement.meeting,
+                         stop_ids_of(tokenizer, gen))
 
 
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):

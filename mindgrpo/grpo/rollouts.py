@@ -17,6 +17,9 @@ from mindgrpo.utils.stats import sample_std
 # the engine's per-call figures logged as rollout/<key> (mindgrpo.inference.engine.RolloutEngine.last_stats)
 ROLLOUT_STATS = ("useful_fraction", "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps",
                  "compiled_graphs")
+# the rollout rank's seconds generating and waiting in meetings since its last samples, the training rank's
+# waiting for these samples (mindgrpo/parallel/separate.py)
+ASYNC_STATS = ("generate_seconds", "wait_seconds", "train_wait_seconds")
 
 
 class Rollouts:
@@ -88,6 +91,9 @@ def rollout_metrics(r: Rollouts, stats: Dict[str, float]) -> Dict[str, float]:
     for key in ROLLOUT_STATS:  # the engine's account of this call (this replica's, under data parallelism)
         if key in stats:
             out[f"rollout/{key}"] = float(stats[key])
+    for key in ASYNC_STATS:  # generate_config.placement separate: each rank's generating and waiting (idle) seconds
+        if key in stats:
+            out[f"async/{key}"] = float(stats[key])
     return out
 
 

@@ -211,7 +211,10 @@ def run(args) -> int:
 
     from mindgrpo.parallel.placement import placement_for
 
-    placement = placement_for(cfg, args.use_parallel)  # under msrun: communication initialised, rank guarded
+    try:
+        placement = placement_for(cfg, args.use_parallel)  # under msrun: communication initialised, rank guarded
+    except ValueError as e:  # a layout that does not fit the world, a placement that needs msrun
+        raise SetupError(str(e)) from None
     rank = placement.rank
     if args.only_save_strategy:
         from mindgrpo.parallel.placement import save_strategies
@@ -225,6 +228,17 @@ def run(args) -> int:
     logger.info("config %s, output %s", args.config, out)
     np.random.seed(rl.seed)
     ms.set_seed(rl.seed)
+    if cfg.generate_config.placement == "separate" and (args.resume or args.resume_from):
+        raise SetupError("--resume: resuming a run with generate_config.placement separate is not built yet "
+                         "(docs/async.md); resume it colocated, or start it again")
+    if placement.rollout_rank:  # generate_config.placement separate: this rank only generates (docs/async.md)
+        try:
+            worker = builder.build_rollout(cfg, run_paths(cfg, args), placement)
+        except (ConfigError, OSError, KeyError, ValueError) as e:
+            raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
+        worker.run()
+        logger.info("rollout rank done")
+        return 0
     try:
         parts = builder.build(cfg, run_paths(cfg, args), placement)
     except (ConfigError, OSError, KeyError, ValueError) as e:
@@ -260,7 +274,7 @@ def run(args) -> int:
                                tool_call_rate=sft.teacher_tool_call_rate)
         if trainer.lora is not None:
             trainer.lora.base_changed()  # the checkpoints write the warm-started base once and refer to it
-        trainer.sync()
+        trainer.sync_now()  # the engine starts from the warm-started weights (off_policy_steps: so does its lag)
         if parts.ref_sync is not None:
             parts.ref_sync()  # the reference is the warm-started policy
         logger.info("sft warm start done: %s", json.dumps(m))

@@ -22,6 +22,8 @@ from mindgrpo.grpo import algos
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
+from mindgrpo.grpo.off_policy import LaggedSync, sample_versions, staleness
+from mindgrpo.grpo.partial import PartialRollouts
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.grpo.recycle import MemoryWatch, Restart
@@ -42,6 +44,22 @@ logger = logging.getLogger(__name__)
 
 class TrainingStopped(Exception):
     """rl_config.max_bad_steps steps in a row had a non-finite loss or gradient norm."""
+
+
+def sampling_params(gen, n: int, seed: int, stop_ids: tuple, greedy: bool = False) -> SamplingParams:
+    """The rollout's sampling by generate_config `gen`: n samples a prompt, the random streams of `seed`."""
+    return SamplingParams(max_tokens=gen.max_tokens, temperature=0.0 if greedy else gen.temperature,
+                          top_k=gen.top_k, top_p=gen.top_p, min_p=gen.min_p, n=n, stop_token_ids=stop_ids, seed=seed)
+
+
+def rollout_seed(sample_seed: int, step: int, rounds: int = 0) -> int:
+    """The sampling seed of step `step` (steps done before it) and its dynamic-sampling round."""
+    return int(np.random.SeedSequence([sample_seed, step, rounds]).generate_state(1)[0])
+
+
+def stop_ids_of(tokenizer, gen) -> tuple:
+    """The rollout's stop token ids: the tokenizer's and generate_config.stop_token_ids."""
+    return tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))
 
 
 class GRPOTrainer:
@@ -104,16 +122,27 @@ class GRPOTrainer:
         self.old_scorer = Scorer(policy, actor.micro_batch_size, temperature, chunk, pipeline, **batching) \
             if self.needs_old and not rl.old_logprobs_from_rollout else None
         self.total_optimizer_steps = rl.max_steps * rl.num_iterations * rl.num_mini_batches
-        self.stop_ids = tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))
+        self.stop_ids = stop_ids_of(tokenizer, gen)
         self.sample_seed = rl.seed if gen.seed is None else gen.seed
         self.step = 0
+        # rl_config.off_policy_steps (mindgrpo/grpo/off_policy.py): the inference copy synced that many updates late
+        self.off_policy_steps = rl.off_policy_steps
+        self.lagged = None
+        if rl.off_policy_steps > 0 and gen.placement == "colocated":  # separate: the schedule makes the lag
+            if inference is policy:
+                raise ValueError("rl_config.off_policy_steps > 0 needs an inference copy of its own (the engine's "
+                                 "weights lag the policy's); the builder makes one")
+            self.lagged = LaggedSync(sync, policy, rl.off_policy_steps)
+        # generate_config.partial_rollout (mindgrpo/grpo/partial.py): the groups in flight between steps
+        self.partial = PartialRollouts(self.G, gen.max_tokens) if gen.partial_rollout else None
         self.val_history: List[float] = []
         self.best = Best(rl.save_best) if rl.save_best else None
         # steps with a skipped update (non-finite loss or gradient norm): in all, and the last ones in a row
         self.bad_steps = {"total": 0, "in_a_row": 0}
         # a fresh process when the resident memory grows (release_graphs compiles every step: mindgrpo/grpo/recycle.py)
         growth = rl.restart_on_memory_growth
-        self.memory_watch = MemoryWatch(growth) if mp.release_graphs and growth > 0 and self.devices == 1 else None
+        self.memory_watch = MemoryWatch(growth) if mp.release_graphs and growth > 0 and self.devices == 1 \
+            and gen.placement == "colocated" else None  # one process only
         memory.register("grads", extra_bytes=self.updater.buffer.nbytes())
         memory.register("optimizer", self.updater.resident_parameters())
 
@@ -129,10 +158,7 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ phases
     def sampling(self, n: int, seed: int, greedy: bool = False) -> SamplingParams:
-        g = self.cfg.generate_config
-        return SamplingParams(max_tokens=g.max_tokens, temperature=0.0 if greedy else g.temperature,
-                              top_k=g.top_k, top_p=g.top_p, min_p=g.min_p, n=n,
-                              stop_token_ids=self.stop_ids, seed=seed)
+        return sampling_params(self.cfg.generate_config, n, seed, self.stop_ids, greedy)
 
     def generate(self, batch: PromptBatch, params: SamplingParams) -> tuple:
         """(the batch as generated, the engine's completions, their per-sample columns): conversations give columns
@@ -172,11 +198,13 @@ class GRPOTrainer:
         all equal teach nothing and are replaced by fresh prompts, for up to max_resample_times
         extra rounds; if still short, dropped groups fill the batch (their advantages are 0)."""
         rl = self.cfg.rl_config
+        if self.partial is not None:
+            return self.collect_partial()
         want = rl.batch_size
         kept, dropped, metrics, rounds = [], [], {}, 0
         while True:
             batch = self.train_prompts.next(want if rounds == 0 else want - sum(len(k.batch.ids) for k in kept))
-            seed = int(np.random.SeedSequence([self.sample_seed, self.step, rounds]).generate_state(1)[0])
+            seed = rollout_seed(self.sample_seed, self.step, rounds)
             r = self.rollout(batch, seed)
             m = self.reward(r)
             if rounds == 0:
@@ -198,15 +226,55 @@ class GRPOTrainer:
                         "dynamic_sampling/kept_groups": float(min(have, want))})
         return r, metrics
 
+    def collect_partial(self) -> tuple:
+        """generate_config.partial_rollout: the carried unfinished samples go on with the current weights (prefilled
+        again), then fresh prompts, twice the groups still needed, until enough groups are complete; the step takes
+        the oldest batch_size complete groups, the rest stays in flight (mindgrpo/grpo/partial.py)."""
+        want, carry = self.cfg.rl_config.batch_size, self.partial
+        prompts, left, where = carry.continuations()
+        tokens = 0
+        with self.progress.phase("rollout"), self.memory.phase("rollout"):
+            if prompts:  # keyed past any batch index: their own random streams
+                comps = self.engine.generate(prompts, self.sampling(1, rollout_seed(self.sample_seed, self.step, 1)),
+                                             max_tokens=left, prompt_index=[1_000_000 + k for k in range(len(left))])
+                carry.resume(where, comps)
+                tokens += self.engine.last_stats["new_tokens"]
+            need = want - carry.complete()
+            if need > 0:
+                batch = self.train_prompts.next(2 * need)
+                params = self.sampling(self.G, rollout_seed(self.sample_seed, self.step))
+                comps = self.engine.generate(batch.ids, params, min_groups=need)
+                carry.add(batch, comps)
+                tokens += self.engine.last_stats["new_tokens"]
+        self.progress.add_tokens("rollout", tokens)
+        batch, comps = carry.take(want)
+        texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
+        r = Rollouts(batch, comps, texts, self.G)
+        metrics = self.reward(r)
+        metrics.update(rollout_metrics(r, self.engine.last_stats))
+        metrics.update(carry.metrics())
+        metrics["partial/continued_samples"] = float(len(prompts))
+        return r, metrics
+
     def advantages(self, r: Rollouts) -> tuple:
         rl = self.cfg.rl_config
         estimate = algos.ADVANTAGES.get(rl.adv_estimator)
         return estimate(r.rewards, self.G, **rl.settings(algos.ADVANTAGES, rl.adv_estimator))
 
-    def build_experience(self, r: Rollouts, adv: np.ndarray) -> Experience:
-        keep = None
+    def stale(self, r: Rollouts) -> tuple:
+        """With off_policy_steps k > 0: (keep (B,) bool, the staleness/ metrics) of the samples against the policy
+        before this update (a sample more than k updates stale is dropped from the loss); else (None, {})."""
+        oldest = sample_versions([c.versions for c in r.completions]) if self.off_policy_steps else None
+        if oldest is None:
+            return None, {}
+        return staleness(oldest, self.step, self.off_policy_steps)
+
+    def build_experience(self, r: Rollouts, adv: np.ndarray, fresh: Optional[np.ndarray] = None) -> Experience:
+        """fresh (B,) bool: the samples within the staleness bound (`stale`), the others masked; None: all."""
+        keep = fresh
         if self.cfg.rl_config.overlong_filtering:
-            keep = np.array([c.finish_reason != "length" for c in r.completions])
+            within = np.array([c.finish_reason != "length" for c in r.completions])
+            keep = within if keep is None else keep & within
         with_logp = all(c.logprobs is not None for c in r.completions)
         return pack(r.prompt_ids, [c.token_ids for c in r.completions], adv,
                     pad_id=self.tokenizer.pad_token_id, loss_mask=keep,
@@ -267,12 +335,26 @@ class GRPOTrainer:
         return out
 
     def sync_weights(self) -> Dict[str, float]:
+        """After update self.step + 1: the inference weights (with off_policy_steps k: those of update
+        self.step + 1 - k) and their version stamped on the engine."""
         with self.memory.phase("sync"):
-            m = self.sync()
+            if self.lagged is None:
+                m, version = self.sync(), self.step + 1
+            else:
+                m, version = self.lagged(self.step + 1)
+        self.engine.version = version
         every = self.cfg.rl_config.ref_model_sync_steps
         if self.ref_sync is not None and every and (self.step + 1) % every == 0:
             m.update({f"ref_{k}": v for k, v in self.ref_sync().items()})
         return m
+
+    def sync_now(self) -> None:
+        """The inference copy set to the policy as it is now (after a warm start or a resume), version self.step;
+        with off_policy_steps the lag starts again from it (no older version is at hand)."""
+        self.sync()
+        self.engine.version = self.step
+        if self.lagged is not None:
+            self.lagged.restart(self.step)
 
     # ------------------------------------------------------------------ the step
     def check_spread(self, r: Rollouts, metrics: Dict[str, float]) -> bool:
@@ -300,13 +382,18 @@ class GRPOTrainer:
         r, metrics = self.collect()
         self.release(self.engine)  # after all of dynamic sampling's rounds, which share the graphs
         self.step_lengths = ([len(p) for p in r.prompt_ids], [len(c.token_ids) for c in r.completions])
+        fresh, stale_metrics = self.stale(r)
+        metrics.update(stale_metrics)
         if not self.check_spread(r, metrics):
             metrics["train/skipped_updates"] = 0.0  # not a bad step: nothing to update on
+            if self.lagged is not None:  # the version still counts the step: the engine's lag moves on
+                with p.phase("sync"):
+                    metrics.update(self.sync_weights())
             self.maybe_log_completions(self.running_step, r)
             return metrics
         with p.phase("advantage"):
             adv, adv_metrics = self.advantages(r)
-            exp = self.build_experience(r, adv)
+            exp = self.build_experience(r, adv, fresh)
         with p.phase("ref"):
             self.reference_logprobs(exp)
         with p.phase("old"):
@@ -345,6 +432,8 @@ class GRPOTrainer:
         metrics = val_metrics(np.asarray(per_fn["accuracy"], np.float32), texts, rl.val_n)
         if self.conversations is not None:  # e.g. val/tool/calls_mean (how often the policy calls a tool), val/env/*
             metrics.update({f"val/{k}": v for k, v in self.conversation_stats.items()})
+        if self.lagged is not None:  # validation runs on the engine's weights: off_policy_steps behind the policy's
+            metrics["val/policy_version"] = float(self.engine.version)
         self.val_history.append(metrics["val/accuracy"])
         return metrics
 
@@ -437,7 +526,7 @@ class GRPOTrainer:
         self.bad_steps = {"total": int(state["bad_steps"]["total"]), "in_a_row": int(state["bad_steps"]["in_a_row"])}
         if self.best is not None and "best" in state:  # checkpoints of runs without save_best have none
             self.best.load_state(state["best"])
-        self.sync()  # the inference copy follows the restored policy
+        self.sync_now()  # the inference copy follows the restored policy
         self.progress.start_at(self.step)
         logger.info("resumed from %s at step %d", path, self.step)
         return state
@@ -465,6 +554,12 @@ class GRPOTrainer:
                                                  "tool/calls_mean", "val/accuracy") if k in metrics}
                 if "perf/e2e_tokens_per_s_per_device" in metrics:
                     shown["e2e tok/s/device"] = metrics["perf/e2e_tokens_per_s_per_device"]
+                if "staleness/mean" in metrics:  # rl_config.off_policy_steps
+                    shown["staleness"] = metrics["staleness/mean"]
+                if "async/generate_seconds" in metrics:  # generate_config.placement separate: both ranks' seconds
+                    shown["rollout gen/idle s"] = f"{metrics['async/generate_seconds']:.1f}/" \
+                                                  f"{metrics['async/wait_seconds']:.1f}"
+                    shown["train idle s"] = f"{metrics['async/train_wait_seconds'] + metrics['sync/seconds']:.1f}"
                 if "memory/host_resident_bytes" in metrics:  # the host process, resident now
                     shown["host"] = f"{metrics['memory/host_resident_bytes'] / 1e9:.2f} GB"
                 logger.info(self.progress.line(self.step, shown))

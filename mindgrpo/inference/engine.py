@@ -69,12 +69,15 @@ MIN_BATCH = 8  # decode and copy batch buckets stop halving near this (fewer sha
 class Completion:
     prompt_index: int  # which input prompt this sample answers
     token_ids: List[int]  # generated ids, the stop id included when one was hit (a conversation: every turn)
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop" or "length"; "partial": not finished when the call stopped (min_groups)
     logprobs: Optional[np.ndarray] = None  # (n,) fp32: each token's log-prob under softmax(logits / T)
     sampling_logprobs: Optional[np.ndarray] = None  # (n,) fp32: under the filtered distribution it was drawn from
     model_mask: Optional[np.ndarray] = None  # (n,) bool, conversations only: the model's own tokens (tool turns
     # False, their log-probs 0)
     turns: int = 0  # the turns appended (tool answers)
+    versions: Optional[np.ndarray] = None  # (n,) int64: the policy version (updates done) of the weights that
+    # generated each token (the engine's `version` when it generated it; a tool turn's tokens: the version of the
+    # model turn they follow)
 
 
 class Turns(Protocol):
@@ -167,6 +170,9 @@ class RolloutEngine:
         self.compiled_graphs = 0  # grows only when a new graph shape is built
         self.last_stats: dict = {}
         self.last_logits: Optional[List[np.ndarray]] = None
+        # the policy version of the weights the engine generates with (updates done; the trainer sets it at each
+        # weight sync): every token a call generates is stamped with it (Completion.versions)
+        self.version = 0
 
     @property
     def max_positions(self) -> int:
@@ -229,7 +235,8 @@ class RolloutEngine:
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  max_tokens: Optional[Sequence[int]] = None, prompt_index: Optional[Sequence[int]] = None,
-                 return_logits: bool = False, turns: Optional[Turns] = None) -> List[Completion]:
+                 return_logits: bool = False, turns: Optional[Turns] = None,
+                 min_groups: Optional[int] = None) -> List[Completion]:
         """prompts: token ids per prompt. Returns len(prompts) * params.n completions, the n samples
         of a prompt adjacent. max_tokens: per prompt (default params.max_tokens for all).
         prompt_index: each prompt's index in the whole batch, the key of its samples' random
@@ -237,7 +244,12 @@ class RolloutEngine:
         return_logits, self.last_logits[r] holds request r's logits (n, V) (tests only: it syncs
         and copies every step). turns: conversations (the `Turns` protocol): a sample whose turn ends with a
         stop id may get another turn appended to its cache rows, then decodes on in its slot; max_tokens
-        counts its own tokens over all turns; its Completion holds the whole trajectory and its model_mask."""
+        counts its own tokens over all turns; its Completion holds the whole trajectory and its model_mask.
+        min_groups: stop as soon as this many prompts have all their n samples finished (partial rollouts); the
+        samples not finished then come back with finish_reason "partial" and the tokens they have (none for one
+        never started). None: every sample to its end."""
+        if min_groups is not None and turns is not None:
+            raise ValueError("min_groups (partial rollouts) cannot combine with conversations (turns)")
         if turns is not None and self.layerwise:
             raise ValueError("conversations (turns) run on the whole graphs: set generate_config.layerwise false")
         lengths = np.array([len(p) for p in prompts], np.int64)
@@ -286,11 +298,13 @@ class RolloutEngine:
                 continue
             self._decode(cache, call, live, params)
             call.stats["decode_seconds"] += time.perf_counter() - t2
+            if min_groups is not None and call.complete_groups() >= min_groups:
+                break
         elapsed = time.perf_counter() - t0
 
         self.last_logits = [np.stack(rows) for rows in call.logits] if return_logits else None
         self.last_stats = call.summary(elapsed, cache, self.compiled_graphs)
-        return call.completions()
+        return call.completions(self.version)
 
     def prefill_batch(self, n: int, slots: int, p_len: int) -> int:
         """Prompts of length bucket p_len per prefill call, n admitted at once: all n without max_prefill_tokens,
@@ -434,6 +448,7 @@ class _Call:
         self.n_turns = np.zeros(n_req, np.int64)  # turns appended
         self.out_model = np.zeros((n_req, width), bool) if turns is not None else None
         self.stopped = np.zeros(n_req, bool)
+        self.finished = np.zeros(n_req, bool)  # the sample ended (a stop id, max_tokens, or its turn did not fit)
         self.logits: List[List[np.ndarray]] = [[] for _ in range(n_req)] if return_logits else []
         self.stats = {"prefill_seconds": 0.0, "decode_seconds": 0.0, "decode_steps": 0, "rows_computed": 0,
                       "prefilled_prompts": 0, "copied_slots": 0, "append_seconds": 0.0, "append_calls": 0,
@@ -479,6 +494,7 @@ class _Call:
             done[parked] = False
             self.sched.park(live[parked])
         self.stopped[req[done]] = hit[done]
+        self.finished[req[done]] = True
         self.n_out[req[done]] = self.tpos[req[done]]
         self.position[live[done]] = self.token[live[done]] = 0  # a free slot idles at position 0
         self.sched.finish(live[done])
@@ -493,6 +509,7 @@ class _Call:
         if not ids or len(ids) > self.turns.max_turn_tokens or start + len(ids) + left > capacity \
                 or self.tpos[r] + len(ids) + left > self.out_tok.shape[1]:
             self.n_out[r] = self.tpos[r]
+            self.finished[r] = True
             self.position[slot] = self.token[slot] = 0
             self.sched.finish(np.array([slot]))  # parked until the next admit frees or hands it over
             return None
@@ -506,14 +523,22 @@ class _Call:
         self.stats["appended_tokens"] += len(ids)
         return slot, start, written
 
-    def completions(self) -> List[Completion]:
-        return [Completion(r // self.group, self.out_tok[r, :n].tolist(), "stop" if self.stopped[r] else "length",
+    def complete_groups(self) -> int:
+        """Prompts whose samples have all finished."""
+        return int(self.finished.reshape(-1, self.group).all(axis=1).sum())
+
+    def completions(self, version: int) -> List[Completion]:
+        ends = np.where(self.finished, self.n_out, self.tpos)  # an unfinished sample: the tokens it has
+        reasons = np.where(self.finished, np.where(self.stopped, "stop", "length"), "partial")
+        return [Completion(r // self.group, self.out_tok[r, :n].tolist(), str(reasons[r]),
                            self.out_scaled[r, :n].copy(), self.out_sampled[r, :n].copy(),
-                           None if self.out_model is None else self.out_model[r, :n].copy(), int(self.n_turns[r]))
-                for r, n in enumerate(self.n_out)]
+                           None if self.out_model is None else self.out_model[r, :n].copy(), int(self.n_turns[r]),
+                           np.full(n, version, np.int64))
+                for r, n in enumerate(ends)]
 
     def summary(self, seconds: float, cache: KVCache, compiled: int) -> dict:
-        new_tokens, s = int(self.n_out.sum()) - self.stats["appended_tokens"], self.stats
+        new_tokens = int(np.where(self.finished, self.n_out, self.tpos).sum()) - self.stats["appended_tokens"]
+        s = self.stats
         return {"rows": self.n_out.size, "new_tokens": new_tokens, "seconds": seconds,
                 "prefill_seconds": s["prefill_seconds"], "decode_seconds": s["decode_seconds"],
                 "decode_steps": s["decode_steps"], "prefilled_prompts": s["prefilled_prompts"],

@@ -348,7 +348,8 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
     infer = ParallelLayout.from_config(gen.parallel_config)
     policy = piece_bytes(mcfg, train, rank=rank)
     optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard, rank)
-    shared = gen.inference_weights == "auto" and infer == train  # as grpo.builder.inference_shares_policy decides
+    # as grpo.builder.inference_shares_policy decides (off_policy_steps: the engine's weights lag, a copy)
+    shared = gen.inference_weights == "auto" and infer == train and rl.off_policy_steps == 0
     inference = inference_copy_bytes(mcfg, infer) + (0 if shared else piece_bytes(mcfg, infer))
     grads, sync_bucket = policy, 0 if shared else largest_sync_bucket(mcfg, train, infer, rank,
                                                                       rl.weight_sync_bucket_bytes)

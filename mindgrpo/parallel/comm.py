@@ -207,6 +207,39 @@ def init_parallel(cfg) -> Comm:
     return comm
 
 
+def init_separate(cfg) -> Comm:
+    """generate_config.placement separate: communication initialised, the world checked to be the training
+    layout's ranks (the first ones) and the rollout layout's (the next ones). No group but the world: the two
+    sides meet over it (mindgrpo/parallel/separate.py)."""
+    from mindspore.communication import get_group_size, get_rank, init
+
+    train, infer, ref = layouts_of(cfg)
+    wanted = train.world_size + infer.world_size
+
+    def check(world: int) -> None:
+        if world != wanted:
+            raise LayoutError(f"generate_config.placement separate: the world has {world} ranks, "
+                              f"actor_config.parallel_config {train.world_size} + generate_config.parallel_config "
+                              f"{infer.world_size} = {wanted} (msrun --worker_num)")
+
+    announced = world_size_from_env()
+    if announced is not None:
+        check(announced)  # before the cluster set-up
+    rl = cfg.rl_config
+    if rl.collective_timeout_s > 0 and not communication_started():  # as init_parallel
+        os.environ[CPU_TIMEOUT_ENV] = str(collective_wait_s(os.environ.get(CPU_TIMEOUT_ENV), rl.collective_timeout_s,
+                                                            rl.compile_timeout_s))
+    if not communication_started():
+        tie_to_msrun()
+        init()
+    rank, world = get_rank(), get_group_size()
+    check(world)
+    device = ms.get_context("device_target")
+    logger.info("rank %d of %d on %s: %s (separate placement: train %s, rollout %s)", rank, world, device,
+                "training" if rank < train.world_size else "rollout", train, infer)
+    return Comm(rank, world, device, train, infer, ref)
+
+
 def communication_started() -> bool:
     """Whether this process has run MindSpore's `init()` (once per process)."""
     from mindspore.communication import GlobalComm

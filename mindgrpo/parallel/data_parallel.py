@@ -96,6 +96,43 @@ class DataParallelGrads:
         return self.comm.host_sum(table, self.group).max(axis=0).reshape(np.shape(values))
 
 
+# a completion as one float32 row: [number of tokens, stopped, turns appended, has a model mask, then `width` slots each
+# of: tokens, log-probs, sampled log-probs, model mask, versions] (token ids and versions < 2**24 are exact in float32)
+ROW_HEAD, ROW_FIELDS = 4, 5
+
+
+def completion_rows(comps: Sequence[Completion], rows: int, width: int, first: int = 0) -> np.ndarray:
+    """(rows, ROW_HEAD + ROW_FIELDS * width) float32, comps in rows first, first + 1, ...; the other rows 0 (a sum
+    over ranks that each fill their own rows gives every row)."""
+    out = np.zeros((rows, ROW_HEAD + ROW_FIELDS * width), np.float32)
+    at = [ROW_HEAD + j * width for j in range(ROW_FIELDS)]
+    for k, c in enumerate(comps):
+        m = len(c.token_ids)
+        row = out[first + k]
+        row[:ROW_HEAD] = m, c.finish_reason == "stop", c.turns, c.model_mask is not None
+        row[at[0]:at[0] + m] = c.token_ids
+        row[at[1]:at[1] + m] = c.logprobs
+        row[at[2]:at[2] + m] = c.sampling_logprobs
+        if c.model_mask is not None:
+            row[at[3]:at[3] + m] = c.model_mask
+        if c.versions is not None:
+            row[at[4]:at[4] + m] = c.versions
+    return out
+
+
+def rows_completions(rows: np.ndarray, n: int, width: int) -> List[Completion]:
+    """The completions of `completion_rows` (n samples a prompt, adjacent)."""
+    at = [ROW_HEAD + j * width for j in range(ROW_FIELDS)]
+    out = []
+    for i, row in enumerate(rows):
+        m = int(row[0])
+        out.append(Completion(i // n, row[at[0]:at[0] + m].astype(np.int64).tolist(),
+                              "stop" if row[1] > 0 else "length", row[at[1]:at[1] + m].copy(),
+                              row[at[2]:at[2] + m].copy(), row[at[3]:at[3] + m] > 0 if row[3] > 0 else None,
+                              int(row[2]), row[at[4]:at[4] + m].astype(np.int64)))
+    return out
+
+
 class DataParallelEngine:
     """A RolloutEngine over one replica's tensor-parallel model, generating that replica's share
     of the prompts; `generate` returns every prompt's completions on every rank."""
@@ -114,6 +151,15 @@ class DataParallelEngine:
     def release(self) -> None:
         self.engine.release()
 
+    @property
+    def version(self) -> int:
+        """The policy version of the replica's weights (every replica's: they are synced together)."""
+        return self.engine.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.engine.version = value
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  return_logits: bool = False, turns=None) -> List[Completion]:
         """turns: conversations (`engine.Turns`), run by this replica for its share of the prompts."""
@@ -125,29 +171,10 @@ class DataParallelEngine:
         if len(mine):
             local = self.engine.generate([prompts[i] for i in mine], params, prompt_index=mine,
                                          return_logits=return_logits, turns=turns)
-        # every row: [number of tokens, stopped, turns appended, has a model mask, tokens, log-probs, sampled
-        # log-probs, model mask]; only this replica's rows are nonzero (the others add +0.0: the sum is exact)
-        head = 4
-        rows = np.zeros((len(prompts) * n, head + 4 * width), np.float32)
         first = int(mine[0]) * n if len(mine) else 0
-        for k, c in enumerate(local):
-            m = len(c.token_ids)
-            row = rows[first + k]
-            row[:head] = m, c.finish_reason == "stop", c.turns, c.model_mask is not None
-            row[head:head + m] = c.token_ids  # token ids < 2**24 are exact in float32
-            row[head + width:head + width + m] = c.logprobs
-            row[head + 2 * width:head + 2 * width + m] = c.sampling_logprobs
-            if c.model_mask is not None:
-                row[head + 3 * width:head + 3 * width + m] = c.model_mask
-        rows = self.comm.host_sum(rows, self.group)
-        out = []
-        for i, row in enumerate(rows):
-            m = int(row[0])
-            at = [head + j * width for j in range(4)]
-            out.append(Completion(i // n, row[at[0]:at[0] + m].astype(np.int64).tolist(),
-                                  "stop" if row[1] > 0 else "length", row[at[1]:at[1] + m].copy(),
-                                  row[at[2]:at[2] + m].copy(), row[at[3]:at[3] + m] > 0 if row[3] > 0 else None,
-                                  int(row[2])))
+        rows = completion_rows(local, len(prompts) * n, width, first)  # only this replica's rows are nonzero
+        rows = self.comm.host_sum(rows, self.group)  # the others add +0.0: the sum is exact
+        out = rows_completions(rows, n, width)
         elapsed = time.perf_counter() - t0
         new_tokens = int(rows[:, 0].sum())
         self.last_stats = dict(self.engine.last_stats, rows=len(out), new_tokens=new_tokens, seconds=elapsed,

@@ -48,11 +48,12 @@ from mindgrpo.models.presets import preset_config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.reward_model import RewardModel, load_reward_model
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, load_params
-from mindgrpo.parallel.comm import Comm, init_parallel, layouts_of
+from mindgrpo.parallel.comm import Comm, init_parallel, init_separate, layouts_of
 from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.pipeline import Pipeline, stage_spec
 from mindgrpo.parallel.reshard import Reshard
+from mindgrpo.parallel.separate import Meeting, RemoteRollout, SendWeights
 from mindgrpo.parallel.sharded_checkpoints import ShardedCheckpoints
 from mindgrpo.parallel.shared_rewards import SharedRewards
 from mindgrpo.parallel.strategy import training_shapes, write_layout_strategies, write_strategy_file
@@ -65,7 +66,7 @@ from mindgrpo.utils import heartbeat
 logger = logging.getLogger(__name__)
 
 ROLES = ("policy", "inference", "reference")
-Engine = Union[RolloutEngine, DataParallelEngine]
+Engine = Union[RolloutEngine, DataParallelEngine, RemoteRollout]
 Checkpoints = Union[LocalCheckpoints, ShardedCheckpoints]
 Rewards = Union[RewardSet, SharedRewards]
 
@@ -86,7 +87,7 @@ class SharedWeights:
         return {k: 0.0 for k in self.keys}
 
 
-Sync = Union[WeightSync, Reshard, SharedWeights]
+Sync = Union[WeightSync, Reshard, SharedWeights, SendWeights]
 
 
 def shard_dir(path: str, rank: int) -> Optional[str]:
@@ -109,6 +110,8 @@ class OneDevice:
     """Every model whole, in this process."""
 
     rank = 0
+    rollout_rank = False  # this rank runs the trainer (SeparatePlacement: one rank runs the rollout instead)
+    remote_rollout = False  # the trainer's samples come from this process's engine
 
     @property
     def device(self) -> str:
@@ -160,6 +163,8 @@ class OneDevice:
 class ParallelPlacement:
     """This rank's pieces of the training, inference and (with beta > 0) reference layouts of a
     GRPOConfig, over the world `comm` initialised (`init_parallel`)."""
+
+    rollout_rank = remote_rollout = False
 
     def __init__(self, cfg, comm: Comm):
         self.comm = comm
@@ -257,15 +262,61 @@ class ParallelPlacement:
             path, train, shapes, optimizer_shard=self.optimizer_shard))
 
 
-Placement = Union[OneDevice, ParallelPlacement]
+class SeparatePlacement(OneDevice):
+    """generate_config.placement separate (mindgrpo/parallel/separate.py): rank 0 trains, rank 1 generates (for
+    now one of each, their models whole). On the training rank the engine and the inference weight sync are the
+    meetings with the rollout rank (`RemoteRollout`, `SendWeights`); the reference (beta > 0) is beside the policy;
+    checkpoints and rewards are this rank's. The rollout rank builds its inference copy and engine
+    (`builder.build_rollout`) and runs `grpo/rollout_worker.RolloutWorker`."""
+
+    remote_rollout = True
+
+    def __init__(self, cfg, comm: Comm):
+        self.comm = comm
+        self.meeting = Meeting(comm, cfg.rl_config.weight_sync_bucket_bytes)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def rollout_rank(self) -> bool:
+        return self.comm.rank >= self.comm.train.world_size
+
+    def engine(self, rollout: Optional[RolloutEngine]) -> Engine:
+        """The training rank: the samples meeting; the rollout rank: its own engine."""
+        return rollout if self.rollout_rank else RemoteRollout(self.meeting)
+
+    def weight_sync(self, src: Qwen2ForCausalLM, dst: Optional[Qwen2ForCausalLM], role: str,
+                    memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
+                    names: Optional[List[str]] = None) -> Sync:
+        """The inference copy is on the rollout rank: the weights meeting; the reference is beside the policy."""
+        if role == "inference":
+            return SendWeights(self.meeting, src)
+        return WeightSync(src, dst, memory, bucket_bytes, names)
+
+    def same_layout(self, role: str) -> bool:
+        """The inference copy is on another rank; the reference is beside the policy."""
+        return role != "inference"
+
+
+Placement = Union[OneDevice, ParallelPlacement, SeparatePlacement]
 
 
 def placement_for(cfg, use_parallel: bool) -> Placement:
     """One device, or (under msrun) the config's layouts over the world, communication initialised
     and the rank guarded: SIGTERM when msrun dies, the watchdog's bounds (rl_config.collective_timeout_s,
     compile_timeout_s) on every collective, so that no rank hangs or outlives the job."""
+    separate = cfg.generate_config.placement == "separate"
     if not use_parallel:
+        if separate:
+            raise ValueError("generate_config.placement separate runs under msrun (--use_parallel True, "
+                             "msrun --worker_num=2: rank 0 trains, rank 1 generates); one process is colocated")
         return OneDevice()
+    if separate:
+        comm = init_separate(cfg)
+        guard_rank(comm.rank, cfg.rl_config.collective_timeout_s, cfg.rl_config.compile_timeout_s)
+        return SeparatePlacement(cfg, comm)
     comm = init_parallel(cfg)
     guard_rank(comm.rank, cfg.rl_config.collective_timeout_s, cfg.rl_config.compile_timeout_s)
     return ParallelPlacement(cfg, comm)

@@ -37,7 +37,7 @@ FULL = GRPOConfig(
         kl_kind="k3", clip_low=0.1, clip_high=0.28, dual_clip=3.0, loss_agg_mode="seq-mean-token-sum-norm",
         advantage_scale="batch", advantage_eps=1e-4, policy_loss="gspo", top_entropy_quantile=0.2,
         rollout_correction="tis_sequence", rollout_correction_threshold=3.0, old_logprobs_from_rollout=True,
-        ref_model_sync_steps=5, dynamic_sampling=True,
+        off_policy_steps=2, ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, val_n=4, val_temperature=0.6,
         val_before_train=False, save_best="val/pass@2", save_interval=5, keep_last_k=3,
         log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, memory="low", release_graphs=True, restart_on_memory_growth=0.05,
@@ -117,7 +117,10 @@ def test_yaml_that_sets_every_key():
               *(f"generate_config.{k}" for k in ("tools", "max_turns", "tool_response_max_tokens", "tool_timeout_s",
                                                  "tool_num_workers", "tool_plugin", "chat_template", "environment",
                                                  "environment_plugin", "environment_settings")),
-              "sft_config.teacher_tool_call_rate"} \
+              "sft_config.teacher_tool_call_rate",
+              # the separate placement runs one training and one rollout rank for now (this file's parallelism refuses
+              # it): test_separate_placement_rules sets it
+              "generate_config.placement", "generate_config.partial_rollout"} \
         | set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
     assert same == [], f"full_grpo.yaml leaves these at their defaults: {same}"
@@ -190,6 +193,7 @@ def test_nested_unknown_key():
     (["rl_config.dual_clip=1"], "rl_config.dual_clip", "must be > 1"),
     (["rl_config.num_generations=1"], "rl_config.num_generations", "must be >= 2"),
     (["rl_config.beta=-1"], "rl_config.beta", "must be >= 0"),
+    (["rl_config.off_policy_steps=-1"], "rl_config.off_policy_steps", "must be >= 0"),
     (["rl_config.kl_kind=kl"], "rl_config.kl_kind", "valid names: k1, k2, k3, low_var_kl"),
     (["rl_config.loss_agg_mode=sum"], "rl_config.loss_agg_mode",
      "valid names: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"),
@@ -533,3 +537,38 @@ def test_a_sections_own_value_error_names_its_section():
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=["synthetic_config.task.num_operands=3"])
     assert info.value.key == "synthetic_config.task" and "only supported with num_operands 2" in info.value.message
+
+
+SEPARATE = ["generate_config.placement=separate"]
+
+
+@pytest.mark.parametrize("extra, key", [
+    (["actor_config.parallel_config.data_parallel=2"], "actor_config.parallel_config"),
+    (["generate_config.parallel_config.data_parallel=2"], "generate_config.parallel_config"),
+    (["rl_config.off_policy_steps=2"], "rl_config.off_policy_steps"),
+    (["rl_config.val_interval=5"], "rl_config.val_interval"),
+    (["rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
+    (["sft_config.steps=3"], "sft_config.steps"),
+])
+def test_separate_placement_rules(extra, key):
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["rl_config.off_policy_steps=1"])
+    assert cfg.generate_config.placement == "separate" and cfg.rl_config.off_policy_steps == 1
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=SEPARATE + extra)
+    assert info.value.key == key
+    with pytest.raises(ConfigError, match="colocated, separate|'colocated', 'separate'"):
+        load_config(GRPOConfig, overrides=["generate_config.placement=apart"])
+
+
+@pytest.mark.parametrize("extra, key", [
+    ([], "rl_config.off_policy_steps"),
+    (["rl_config.off_policy_steps=1", "rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
+    (["rl_config.off_policy_steps=1", "generate_config.parallel_config.data_parallel=2"],
+     "generate_config.parallel_config"),
+])
+def test_partial_rollout_rules(extra, key):
+    cfg = load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1"])
+    assert cfg.generate_config.partial_rollout
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", *extra])
+    assert info.value.key == key

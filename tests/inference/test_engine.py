@@ -280,3 +280,35 @@ def test_a_prefill_budget_splits_the_admitted_prompts_into_bucket_sized_calls(lm
     assert RolloutEngine(lm, max_num_seqs=64).prefill_batch(64, 64, 256) == 16  # 4,096 positions by default
     with pytest.raises(ValueError, match="max_prefill_tokens"):
         RolloutEngine(lm, max_prefill_tokens=0)
+
+
+@pytest.mark.slow  # two training-graph forwards and a longer prompt bucket: over 30 s under load
+def test_a_partial_sample_continued_with_new_weights_is_a_run_that_switches_weights_at_its_token(lm, engines):
+    """Partial rollouts (mindgrpo/grpo/partial.py), greedy: a call with min_groups stops once that many prompts are
+    done, the others "partial" with the tokens they have; each goes on from its prompt and its tokens under other
+    weights, and the whole is what the training graph's forward gives when the weights change at that token."""
+    from mindgrpo.grpo.partial import joined
+    from mindgrpo.models.checkpoint import load_state, model_state
+
+    e, greedy = engines[8], SamplingParams(max_tokens=10, temperature=0.0)
+    saved = model_state(lm)
+    try:
+        e.version = 4
+        first = e.generate(PROMPTS, greedy, max_tokens=[3, 10, 10, 10, 10], min_groups=1)
+        assert [c.finish_reason for c in first] == ["length"] + ["partial"] * 4  # prompt 0 ended: the call stops
+        assert tokens(first) == greedy_by_reforward(lm, PROMPTS, 3)
+        load_state(lm, model_state(Qwen2ForCausalLM(CFG, seed=2)))
+        e.version = 5
+        carried = [p + c.token_ids for p, c in zip(PROMPTS[1:], first[1:])]
+        rest = e.generate(carried, greedy, max_tokens=[7] * 4)
+        whole = [joined(a, b) for a, b in zip(first[1:], rest)]
+        assert [w.token_ids for w in whole] == [c.token_ids + r for c, r in
+                                                zip(first[1:], greedy_by_reforward(lm, carried, 7))]
+        assert all(w.versions.tolist() == [4] * 3 + [5] * 7 and w.finish_reason == "length" for w in whole)
+        assert all(len(w.logprobs) == len(w.sampling_logprobs) == 10 for w in whole)
+        # the new weights changed the continuation: the check can fail
+        load_state(lm, saved)
+        assert any(w.token_ids != t for w, t in zip(whole, tokens(e.generate(PROMPTS[1:], greedy))))
+    finally:
+        load_state(lm, saved)
+        e.version = 0

@@ -1,5 +1,5 @@
-"""DataParallelEngine: the completions summed into every rank are each replica's own, conversations' model masks
-and turn counts included (a fake engine and a fake collective: no msrun)."""
+"""DataParallelEngine: the completions summed into every rank are each replica's own, conversations' model masks,
+turn counts and token versions included (a fake engine and a fake collective: no msrun)."""
 
 from types import SimpleNamespace
 
@@ -18,8 +18,9 @@ def completion(prompt, sample, turns):
     if turns:
         mask[m // 3: 2 * m // 3] = False
     logp = -np.arange(1, m + 1, dtype=np.float32) / 7 * mask
+    versions = prompt + np.arange(m, dtype=np.int64) // 3  # per token: a partial rollout's carried sample
     return Completion(prompt, ids, "stop" if sample % 2 == 0 else "length", logp, logp - 0.5,
-                      mask if turns else None, turns)
+                      mask if turns else None, turns, versions)
 
 
 class FakeEngine:
@@ -62,6 +63,7 @@ def test_every_completion_comes_back_whole_with_its_model_mask_and_turns():
                 (c.prompt_index, c.token_ids, c.finish_reason, c.turns)
             np.testing.assert_array_equal(got.logprobs, c.logprobs)
             np.testing.assert_array_equal(got.sampling_logprobs, c.sampling_logprobs)
+            assert got.versions.dtype == np.int64 and got.versions.tolist() == c.versions.tolist()
             if c.model_mask is None:
                 assert got.model_mask is None
             else:

@@ -5,7 +5,8 @@ with the given key=value settings plus each run's own, into folders of OUT_DIR n
     python one_stage_runs.py OUT_DIR single,single_packed [key=value ...]
 
 Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and off), pp2 (two
-pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1).
+pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
+sep1 (generate_config.placement separate, off_policy_steps 0 and 1; their one-process peers: col0, col1).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -31,6 +32,7 @@ DP2 = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel
 # the single-process peer on packed rows (mindgrpo/grpo/packing.py): the trainer's update through them
 PACKED = ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true"]
 MSRUN = ["--use_parallel", "True"]
+SEPARATE, OFF1 = ["generate_config.placement=separate"], ["rl_config.off_policy_steps=1"]
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
     "swap_on": [(MSRUN + ["--swap", "True"], TP2)],
@@ -39,6 +41,12 @@ RUNS = {
     "opt_whole": [(MSRUN, DP2 + ["actor_config.parallel_config.optimizer_shard=false"])],
     "opt_shard": [(MSRUN, DP2 + ["actor_config.parallel_config.optimizer_shard=true", "rl_config.max_steps=1"]),
                   (MSRUN + ["--resume"], DP2 + ["actor_config.parallel_config.optimizer_shard=true"])],
+    # generate_config.placement separate (rank 0 trains, rank 1 generates), synchronous and one step off-policy,
+    # and their one-process peers (tests/grpo/test_off_policy.py)
+    "sep0": [(MSRUN, SEPARATE)],
+    "sep1": [(MSRUN, SEPARATE + OFF1)],
+    "col0": [([], [])],
+    "col1": [([], OFF1)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }

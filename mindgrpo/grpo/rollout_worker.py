@@ -1,0 +1,85 @@
+"""The rollout rank of generate_config.placement separate (docs/async.md; the meetings: parallel/separate.py).
+
+It draws the training rank's prompts in the same order (the same PromptSource, the same seeds), generates each
+step's samples with its inference copy and meets the training rank once for the samples and once for the new
+weights, in the trainer's order: the first weights (version 0), then per step s its samples and the weights of
+update s. With off_policy_steps 0 it generates step s + 1 after receiving update s (the ranks take turns, as a
+colocated run); with 1 it generates step s + 1 right after handing over step s, with the weights it has (those of
+update s - 1), while update s trains:
+
+    training rank   W0 | S1  train 1  W1 | S2  train 2  W2 | S3 ...
+    rollout (k=0)   W0  gen 1  S1 | W1  gen 2  S2 | W2  gen 3 ...
+    rollout (k=1)   W0  gen 1  S1  gen 2 | W1  S2  gen 3 | W2  S3 ...
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from mindgrpo.grpo.prompts import PromptSource
+from mindgrpo.grpo.trainer import rollout_seed, sampling_params
+from mindgrpo.parallel.separate import Meeting, prompt_check, width_of
+from mindgrpo.parallel.weight_sync import named_parameters
+from mindgrpo.utils import heartbeat
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    def __init__(self, cfg, engine, model, prompts: PromptSource, meeting: Meeting, stop_ids: tuple):
+        self.cfg, self.engine, self.prompts, self.meeting, self.stop_ids = cfg, engine, prompts, meeting, stop_ids
+        self.params = named_parameters(model)  # by path: the training rank's policy has the same paths
+        self.waited = 0.0  # seconds in meetings since the last samples were handed over
+
+    def receive(self, version: int) -> None:
+        t0 = time.perf_counter()
+        with heartbeat.phase("sync"):
+            self.meeting.weights(self.params, give=False)
+        self.engine.version = version
+        self.waited += time.perf_counter() - t0
+
+    def generate(self, step: int):
+        """The samples of step `step` (counted from 1) and the figures that go with them."""
+        rl, gen = self.cfg.rl_config, self.cfg.generate_config
+        batch = self.prompts.next(rl.batch_size)
+        params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1), self.stop_ids)
+        t0 = time.perf_counter()
+        with heartbeat.phase("rollout"):
+            comps = self.engine.generate(batch.ids, params)
+        stats = self.engine.last_stats
+        figures = {k: float(stats.get(k, 0.0)) for k in ("useful_fraction", "slots_in_use", "kv_bytes",
+                                                         "prefill_seconds", "decode_seconds", "decode_steps",
+                                                         "compiled_graphs")}
+        figures.update(new_tokens=float(stats["new_tokens"]), generate_seconds=time.perf_counter() - t0,
+                       version=float(self.engine.version), prompt_check=prompt_check(batch.ids))
+        return comps, figures, len(batch.ids) * params.n, width_of(params)
+
+    def send(self, samples) -> None:
+        comps, figures, rows, width = samples
+        t0 = time.perf_counter()
+        figures["wait_seconds"] = self.waited
+        with heartbeat.phase("samples"):
+            self.meeting.samples(comps, rows, self.cfg.rl_config.num_generations, width, figures)
+        self.waited = time.perf_counter() - t0
+
+    @property
+    def sample_seed(self) -> int:
+        rl, gen = self.cfg.rl_config, self.cfg.generate_config
+        return rl.seed if gen.seed is None else gen.seed
+
+    def run(self) -> None:
+        """Every meeting of the run, in the training rank's order (module docstring)."""
+        rl = self.cfg.rl_config
+        lag = rl.off_policy_steps
+        self.receive(0)  # the builder's first sync on the training rank
+        samples = self.generate(1)
+        for step in range(1, rl.max_steps + 1):
+            self.send(samples)
+            if lag == 1 and step < rl.max_steps:  # while update `step` trains
+                samples = self.generate(step + 1)
+            self.receive(step)
+            if lag == 0 and step < rl.max_steps:
+                samples = self.generate(step + 1)
+            logger.info("rollout rank: step %d handed over; weights of update %d in; waited %.2f s", step, step,
+                        self.waited)

@@ -1,0 +1,145 @@
+"""generate_config.placement separate (docs/async.md): under msrun the training rank and the rollout rank meet
+once a step, and otherwise work at the same time.
+
+MindSpore's CPU collectives have no Send / Receive, and every member of a group enters a collective at the same
+point; so a meeting is an AllReduce over the world (`Comm.host_sum`) to which one side gives its data and the
+other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subnormal, which mccl flushes):
+
+    samples   the rollout rank's completions of a step (as `data_parallel.completion_rows`, versions included)
+              and a row of its figures (FIGURES) -> the training rank
+    weights   the policy's parameters after an update, in buckets of rl_config.weight_sync_bucket_mb ->
+              the rollout rank's inference copy
+
+The training rank's side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
+the trainer's step is unchanged; the rollout rank runs `grpo/rollout_worker.RolloutWorker`. One training and one
+rollout rank for now (the config refuses more): their models are whole, in the same layout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mindspore import Parameter, Tensor
+
+from mindgrpo.inference.engine import Completion
+from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.parallel.comm import Comm
+from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, rows_completions
+from mindgrpo.parallel.weight_sync import named_parameters
+
+# the rollout rank's figures of a step, sent after its samples (one float32 row); "prompt_check" is the sum of the
+# step's prompt token ids (mod 2**23): the training rank compares it with its own prompts' (the same data order)
+FIGURES = ("new_tokens", "generate_seconds", "wait_seconds", "version", "prompt_check", "useful_fraction",
+           "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps", "compiled_graphs")
+TRAIN_RANK, ROLLOUT_RANK = 0, 1
+
+
+def prompt_check(prompts: Sequence[Sequence[int]]) -> float:
+    """A sum of the prompts' token ids that float32 carries exactly (below 2**23)."""
+    return float(sum(int(np.sum(np.asarray(p, np.int64))) for p in prompts) % (1 << 23))
+
+
+def width_of(params: SamplingParams) -> int:
+    """Token slots of a sample's row: its max_tokens (no conversations under this placement)."""
+    return params.max_tokens
+
+
+class Meeting:
+    """The two ranks' collectives (every call is made by both ranks, in the same order: `RolloutWorker.run`
+    and the trainer's step keep it). bucket_bytes: the weights' buckets (rl_config.weight_sync_bucket_bytes)."""
+
+    def __init__(self, comm: Comm, bucket_bytes: int):
+        if comm.world != 2:
+            raise ValueError(f"generate_config.placement separate runs on 2 ranks for now, the world has {comm.world}")
+        self.comm, self.group = comm, comm.group(range(comm.world))
+        self.bucket_bytes = bucket_bytes
+
+    def samples(self, comps: Optional[List[Completion]], rows: int, n: int, width: int,
+                figures: Optional[Dict[str, float]] = None) -> Tuple[List[Completion], Dict[str, float]]:
+        """The rollout rank's `comps` (rows of them, n a prompt) and figures on both ranks; the training rank
+        passes None."""
+        data = np.zeros((rows + 1, ROW_HEAD + ROW_FIELDS * width), np.float32)
+        if comps is not None:
+            data[:rows] = completion_rows(comps, rows, width)
+            data[rows, :len(FIGURES)] = [figures[k] for k in FIGURES]
+        data = self.comm.host_sum(data, self.group)
+        return rows_completions(data[:rows], n, width), dict(zip(FIGURES, map(float, data[rows, :len(FIGURES)])))
+
+    def weights(self, params: Dict[str, Parameter], give: bool) -> Dict[str, float]:
+        """params by their path in the model (the same paths and shapes on both ranks; taken in path order): the
+        training rank's values (give True) into the rollout rank's, bucket by bucket. Returns sync/seconds (the
+        meeting, waiting for the other rank included), sync/bytes and sync/max_bucket_bytes."""
+        t0 = time.perf_counter()
+        ordered = [params[name] for name in sorted(params)]
+        buckets, bucket, size = [], [], 0
+        for p in ordered:
+            nbytes = int(np.prod(p.shape)) * 4
+            if bucket and size + nbytes > self.bucket_bytes:
+                buckets.append(bucket)
+                bucket, size = [], 0
+            bucket.append(p)
+            size += nbytes
+        buckets.append(bucket)
+        total, largest = 0, 0
+        for bucket in buckets:
+            sizes = [int(np.prod(p.shape)) for p in bucket]
+            flat = np.concatenate([p.asnumpy().reshape(-1).astype(np.float32) for p in bucket]) if give \
+                else np.zeros(sum(sizes), np.float32)
+            flat = self.comm.host_sum(flat, self.group)
+            if not give:
+                at = 0
+                for p, k in zip(bucket, sizes):
+                    p.set_data(Tensor(flat[at:at + k].reshape(p.shape), p.dtype))
+                    at += k
+            total += flat.nbytes
+            largest = max(largest, flat.nbytes)
+        return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(total),
+                "sync/max_bucket_bytes": float(largest)}
+
+
+class RemoteRollout:
+    """The training rank's engine: `generate` is the samples meeting (the rollout rank generated the same prompts
+    with the same seeds); `last_stats` the rollout rank's figures. The versions come stamped on the samples."""
+
+    compiled_graphs = 0
+
+    def __init__(self, meeting: Meeting):
+        self.meeting = meeting
+        self.last_stats: dict = {}
+        self.version = 0  # the trainer's sync sets it; the samples carry the versions that really sampled them
+
+    def cache_bytes(self) -> int:
+        return 0  # no KV cache on this rank
+
+    def release(self) -> None:
+        """No graphs on this rank."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[Completion]:
+        t0 = time.perf_counter()
+        comps, figures = self.meeting.samples(None, len(prompts) * params.n, params.n, width_of(params))
+        if figures["prompt_check"] != prompt_check(prompts):
+            raise RuntimeError("generate_config.placement separate: the rollout rank generated other prompts than "
+                               "the training rank trains on (their data order differs)")
+        waited = time.perf_counter() - t0
+        seconds = max(figures["generate_seconds"], 1e-9)
+        self.last_stats = dict(figures, new_tokens=int(figures["new_tokens"]), seconds=seconds,
+                               tokens_per_s=figures["new_tokens"] / seconds, train_wait_seconds=waited)
+        return comps
+
+
+class SendWeights:
+    """The training rank's weight sync: the policy's parameters into the weights meeting."""
+
+    METRICS = ("sync/seconds", "sync/bytes", "sync/max_bucket_bytes")
+
+    def __init__(self, meeting: Meeting, policy):
+        self.meeting = meeting
+        self.params = named_parameters(policy)
+
+    def release(self) -> None:
+        """No graphs of its own (the meeting's AllReduce is the comm's)."""
+
+    def __call__(self) -> Dict[str, float]:
+        return self.meeting.weights(self.params, give=True)

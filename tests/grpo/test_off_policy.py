@@ -1,0 +1,284 @@
+"""Off-policy steps (rl_config.off_policy_steps, mindgrpo/grpo/off_policy.py): the engine's weights lag the policy's
+by k updates. A run of three steps with k = 1 against a replay: a fresh engine given the weights of update s - 2
+(saved here before each step, not by the code under test) draws exactly step s's samples, with the same seeds and
+the same call history; each token is stamped with the version that sampled it; the staleness metrics count the
+updates between sampling and training; tis_token weighs each token by the current policy's log-prob (the update's
+own, computed here by transformers from the weights before the update) against the sampling version's (the
+engine's). Staleness past the bound drops samples from the loss."""
+
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor
+
+from mindgrpo.config import GRPOConfig, load_config
+from mindgrpo.grpo import builder
+from mindgrpo.grpo.off_policy import LaggedSync, sample_versions, staleness
+from mindgrpo.models.convert import ms_to_hf_name
+from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.parallel.weight_sync import named_parameters
+from mindgrpo.utils.progress import Progress
+
+from fakes import RecordingLog, one_layer_micro  # tests/grpo is on sys.path under pytest
+from test_one_copy import assert_same_completions
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 3
+THRESHOLD = 2.0
+# as test_one_copy.py (a dense reward: every group has a spread, so every step moves the weights), one micro-batch
+CONFIG = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=8",
+          "generate_config.max_tokens=8", "generate_config.max_prompt_length=32", "generate_config.max_num_seqs=8",
+          "synthetic_config.template=raw", "actor_config.lr=1e-2", "rl_config.val_interval=0",
+          "rl_config.completions_interval=0", f"rl_config.max_steps={STEPS}", "reward_config.num_workers=0",
+          f"reward_config.reward_plugin={os.path.join(HERE, 'text_length_reward.py')}",
+          "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]",
+          "rl_config.memory=speed", "rl_config.off_policy_steps=1", "rl_config.rollout_correction=tis_token",
+          f"rl_config.rollout_correction_threshold={THRESHOLD}"]
+
+
+# ---------------------------------------------------------------------------------------------- by hand
+def test_staleness_by_hand():
+    oldest = sample_versions([np.array([3, 3]), np.array([1, 2, 3]), np.array([], np.int64), np.array([0])])
+    assert oldest[:2].tolist() == [3, 1] and oldest[3] == 0  # the empty sample: never stale
+    keep, m = staleness(oldest, current=3, bound=2)
+    assert keep.tolist() == [True, True, True, False]  # 0, 2, 0 and 3 updates stale
+    assert m == {"staleness/mean": 5 / 4, "staleness/max": 3.0, "staleness/dropped": 1.0}
+    assert sample_versions([np.array([0]), None]) is None  # an engine that stamps nothing: no staleness
+
+
+class CountingSync:
+    def __init__(self, param):
+        self.param, self.seen = param, []
+
+    def __call__(self):
+        self.seen.append(float(self.param.asnumpy()[0]))
+        return {"sync/seconds": 0.0}
+
+
+class OneParam:
+    def __init__(self):
+        self.p = ms.Parameter(Tensor(np.zeros(2, np.float32)), name="w")
+        self.frozen = ms.Parameter(Tensor(np.zeros(1, np.float32)), name="f", requires_grad=False)
+
+    def get_parameters(self):
+        return iter([self.p, self.frozen])
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_lagged_sync_gives_the_version_lag_updates_back_and_leaves_the_policy_as_it_was(lag):
+    model = OneParam()
+    sync = CountingSync(model.p)
+    lagged = LaggedSync(sync, model, lag)
+    assert [p.name for p in lagged.params] == ["w"]  # trained parameters only
+    synced = []
+    for version in range(1, 6):
+        model.p.set_data(Tensor(np.full(2, version, np.float32)))  # update `version`: the weights hold its number
+        _, v = lagged(version)
+        synced.append(v)
+        assert model.p.asnumpy().tolist() == [version, version]  # the policy back as the update left it
+        assert len(lagged.copies) <= lag + 1
+    assert synced == [max(0, v - lag) for v in range(1, 6)]
+    assert sync.seen == [float(v) for v in synced]  # what the sync read from the policy: that version's weights
+    model.p.set_data(Tensor(np.full(2, 9, np.float32)))
+    lagged.restart(9)  # a resume: the restored weights are the oldest at hand
+    model.p.set_data(Tensor(np.full(2, 10, np.float32)))
+    assert lagged(10)[1] == 9 and sync.seen[-1] == 9.0
+
+
+# ---------------------------------------------------------------------------------------------- a run
+def hf_token_logprobs(weights, config, exp, temperature):
+    """(B, R) log-probs of the labels under softmax(logits / T) by transformers, given our weights by name."""
+    import torch
+    import transformers
+
+    hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**config.to_hf_dict())).eval()
+    state = {ms_to_hf_name(n): torch.tensor(w) for n, w in weights.items()}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    lengths = exp.prompt_lens + exp.response_lens
+    attention = (np.arange(exp.input_ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64)
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor(exp.input_ids, dtype=torch.long),
+                    attention_mask=torch.tensor(attention)).logits.double() / temperature
+    logp = torch.log_softmax(logits, -1).numpy()  # (B, S, V)
+    rows = np.arange(len(exp))[:, None]
+    return logp[rows, exp.score_pos, exp.labels] * exp.mask
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Three steps with off_policy_steps 1, recording before each step the policy's weights (version = steps done)
+    and in it the rollouts (prompts, seed, samples), the experience trained on and the metrics."""
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    out = tmp_path_factory.mktemp("off_policy")
+    cfg = load_config(GRPOConfig, None, CONFIG + [f"actor_config.model={one_layer_micro(out)}",
+                                                  f"rl_config.output_dir={out}"])
+    parts = builder.build(cfg, builder.Paths(output_dir=str(out)))
+    trainer = builder.make_trainer(cfg, parts, RecordingLog(), Progress(1), str(out))
+    rec = {"weights": [], "rollouts": [], "exps": [], "metrics": [], "engine_version": []}
+    rollout, update = trainer.rollout, trainer.update
+
+    def recorded_rollout(batch, seed):
+        r = rollout(batch, seed)
+        rec["rollouts"].append((batch.ids, seed, r))
+        return r
+
+    def recorded_update(exp):
+        rec["exps"].append(exp)
+        return update(exp)
+
+    trainer.rollout, trainer.update = recorded_rollout, recorded_update
+    for _ in range(STEPS):
+        rec["weights"].append({n: p.asnumpy().copy() for n, p in named_parameters(parts.policy).items()})
+        rec["metrics"].append(trainer.train_step())
+        trainer.step += 1
+        rec["engine_version"].append(parts.engine.version)
+    yield dict(cfg=cfg, parts=parts, trainer=trainer, **rec)
+    ms.set_context(mode=previous)
+
+
+@pytest.mark.slow  # a run and a replay engine: about a minute of compiling under load
+def test_the_samples_of_step_s_are_those_of_update_s_minus_2_replayed(run):
+    parts, cfg = run["parts"], run["cfg"]
+    assert parts.inference is not parts.policy  # the lag needs a copy of its own
+    assert run["engine_version"] == [0, 1, 2]  # after update s: version s - 1
+    policy = parts.policy
+    model = Qwen2ForCausalLM(policy.config, seed=cfg.rl_config.seed + 7, max_positions=int(policy.rope_cos.shape[0]))
+    params = named_parameters(model)
+    engine = builder.build_engine(cfg, model, parts.tokenizer.pad_token_id)
+    trainer = run["trainer"]
+
+    def replay(version, step):
+        for name, w in run["weights"][version].items():
+            params[name].set_data(Tensor(w))
+        prompts, seed, _ = run["rollouts"][step]
+        return engine.generate(prompts, trainer.sampling(cfg.rl_config.num_generations, seed))
+
+    # the same calls in the same order as the run's engine made (bit-for-bit engines: DEVELOPERS.md)
+    for step, version in enumerate([0, 0, 1]):  # step s + 1 samples with update max(0, s - 1)
+        samples = run["rollouts"][step][2].completions
+        assert_same_completions(samples, replay(version, step), f"step {step + 1}")
+        assert all(c.versions.tolist() == [version] * len(c.token_ids) for c in samples)
+    # the latest weights would have drawn other samples: the replay tells the versions apart
+    fresh = replay(2, 2)
+    assert any(a.token_ids != b.token_ids or a.logprobs.tobytes() != b.logprobs.tobytes()
+               for a, b in zip(run["rollouts"][2][2].completions, fresh))
+
+
+@pytest.mark.slow
+def test_staleness_metrics_and_tis_token_against_the_sampling_version(run):
+    m = run["metrics"]
+    assert [x["staleness/mean"] for x in m] == [0.0, 1.0, 1.0]
+    assert [x["staleness/max"] for x in m] == [0.0, 1.0, 1.0]
+    assert [x["staleness/dropped"] for x in m] == [0.0, 0.0, 0.0]
+    exp, cfg, policy = run["exps"][2], run["cfg"], run["parts"].policy
+    temperature = cfg.generate_config.temperature
+    # step 3 trains update 3 on samples of version 1; the policy before it is version 2 (the weights before step 3)
+    current = hf_token_logprobs(run["weights"][2], policy.config, exp, temperature)
+    sampled_by = hf_token_logprobs(run["weights"][1], policy.config, exp, temperature)
+    mask = exp.mask > 0
+
+    def weights(old):
+        return np.minimum(np.exp((old - exp.sampling_logp) * exp.mask), THRESHOLD)[mask]
+
+    # the engine's log-probs are the sampling version's (top-k / top-p off: the sampled distribution is softmax/T)
+    np.testing.assert_allclose(exp.sampling_logp[mask], sampled_by[mask], atol=2e-5)
+    w = weights(current)
+    assert abs(w.mean() - weights(sampled_by).mean()) > 1e-3  # the two versions' weights differ: the check can fail
+    assert m[2]["rollout_correction/weight_mean"] == pytest.approx(w.mean(), rel=1e-4)
+    assert m[2]["rollout_correction/weight_max"] == pytest.approx(w.max(), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_sample_staler_than_the_bound_is_dropped_from_the_loss(run):
+    from dataclasses import replace
+
+    trainer = run["trainer"]
+    r = run["rollouts"][2][2]
+    assert trainer.step == STEPS
+    # before update 4 the policy is version 3: version 2 is one update stale (kept), version 1 two (dropped)
+    old = [replace(c, versions=np.full(len(c.versions), STEPS - 1 if i != 5 else STEPS - 2))
+           for i, c in enumerate(r.completions)]
+    r.completions, kept = old, r.completions
+    try:
+        fresh, metrics = trainer.stale(r)
+        exp = trainer.build_experience(r, np.ones(len(r), np.float32), fresh)
+    finally:
+        r.completions = kept
+    assert fresh.tolist() == [i != 5 for i in range(len(r))]
+    assert metrics["staleness/dropped"] == 1.0 and metrics["staleness/max"] == 2.0
+    assert exp.mask[5].sum() == 0 and all(exp.mask[i].sum() > 0 for i in range(len(r)) if i != 5)
+
+
+# ---------------------------------------------------------------------------------------------- partial rollouts
+class PartialEngine:
+    """Prompt k's samples answer `k`; with min_groups, odd prompts' last sample stops after one token ("partial");
+    a continuation (n = 1) ends its sample with its answer. Tokens are stamped with `version`."""
+
+    def __init__(self):
+        self.calls, self.version, self.last_stats = [], 0, {"new_tokens": 0}
+
+    def generate(self, prompts, params, max_tokens=None, prompt_index=None, min_groups=None):
+        from mindgrpo.inference.engine import Completion
+
+        self.calls.append(([list(p) for p in prompts], params.n, None if max_tokens is None else list(max_tokens),
+                           min_groups))
+        out = []
+        for i, p in enumerate(prompts):
+            for j in range(params.n):
+                if params.n == 1:  # a carried sample goes on: prompt = [k, its token]
+                    toks, reason = [p[0]], "stop"
+                elif p[0] % 2 and j == params.n - 1:
+                    toks, reason = [p[0]], "partial"
+                else:
+                    toks, reason = [p[0], 1], "stop"
+                out.append(Completion(i, toks, reason, np.zeros(len(toks), np.float32),
+                                      np.zeros(len(toks), np.float32), None, 0,
+                                      np.full(len(toks), self.version, np.int64)))
+        self.last_stats = {"new_tokens": sum(len(c.token_ids) for c in out), "tokens_per_s": 1.0}
+        return out
+
+
+def test_partial_rollouts_carry_unfinished_samples_into_the_next_step():
+    from mindgrpo.config.loader import from_dict
+    from mindgrpo.grpo.prompts import PromptSource
+    from mindgrpo.grpo.trainer import GRPOTrainer
+    from mindgrpo.memory.swap import SwapManager
+    from mindgrpo.models.config import Qwen2Config
+    from test_dynamic_sampling import G, Log, Rewards, Tok
+
+    cfg = from_dict(GRPOConfig, {"rl_config": dict(batch_size=2, num_generations=G, off_policy_steps=1),
+                                 "generate_config": {"partial_rollout": True, "max_tokens": 5},
+                                 "actor_config": {"micro_batch_size": 4}})
+    data = {"prompt_ids": [np.array([k]) for k in range(10, 40)], "prompt_length": [1] * 30,
+            "solution": [str(k) for k in range(10, 40)], "answer": [""] * 30, "prompt": [""] * 30}
+    lm = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+    engine = PartialEngine()
+    trainer = GRPOTrainer(cfg, policy=lm, inference=object(), reference=None, engine=engine, sync=None,
+                          ref_sync=None, memory=SwapManager(enabled=False), rewards=Rewards(), tokenizer=Tok(),
+                          train_prompts=PromptSource(data, seed=0, shuffle=False), val_prompts=None,
+                          metrics_log=Log(), progress=Progress(1), output_dir="unused")
+    # step 1: 2 groups needed, 4 prompts admitted (10, 11, 12, 13); 11 and 13 leave a sample unfinished
+    r, m = trainer.collect()
+    assert [(c[1], c[3]) for c in engine.calls] == [(G, 2)] and [p[0] for p in engine.calls[0][0]] == [10, 11, 12, 13]
+    assert r.batch.columns["solution"] == ["10", "12"] and len(r) == 2 * G
+    assert m["partial/carried_groups"] == 2 and m["partial/carried_samples"] == 2
+    assert m["partial/continued_samples"] == 0
+    # step 2, weights of version 1: the two carried samples go on from their tokens, their groups complete: no
+    # fresh prompt; their versions say which token came from which weights
+    trainer.step, engine.version = 1, 1
+    r, m = trainer.collect()
+    prompts, n, left, _ = engine.calls[1]
+    assert n == 1 and prompts == [[11, 11], [13, 13]] and left == [4, 4] and len(engine.calls) == 2
+    assert r.batch.columns["solution"] == ["11", "13"] and m["partial/carried_groups"] == 0
+    last = [c for c in r.completions if len(c.token_ids) == 2 and c.finish_reason == "stop"]
+    assert [c.versions.tolist() for c in r.completions[G - 1::G]] == [[0, 1], [0, 1]]
+    assert all(c.versions.tolist() == [0, 0] for c in r.completions if c not in r.completions[G - 1::G])
+    assert len(last) == 2 * G
+    fresh, stale = trainer.stale(r)
+    assert fresh.all() and stale["staleness/max"] == 1.0  # the oldest token is one update old
+    assert m["partial/continued_samples"] == 2

@@ -1,0 +1,78 @@
+"""generate_config.placement separate (mindgrpo/parallel/separate.py, mindgrpo/grpo/rollout_worker.py): one msrun
+job of two ranks (rank 0 trains, rank 1 generates) runs scripts/grpo_one_stage.py twice, with off_policy_steps 0
+and 1; one process runs the colocated peers of both (tests/parallel/workers/one_stage_runs.py: sep0, sep1, col0,
+col1). Step for step the separate runs give their peers' samples (completions.jsonl: every sample's text and
+reward), losses within 1e-6 and staleness; the separate runs log both ranks' figures."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from msrun_util import REPO, WORKERS, run_msrun
+
+STEPS = 3
+# the micro model with one decoder layer (tests/grpo/fakes.one_layer_micro), batch 2 x 4 samples, a dense reward
+CONFIG = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=8",
+          "generate_config.max_tokens=8", "generate_config.max_prompt_length=32", "generate_config.max_num_seqs=8",
+          "synthetic_config.template=raw", "actor_config.lr=1e-2", "rl_config.val_interval=0",
+          "rl_config.completions_interval=1", f"rl_config.max_steps={STEPS}", "reward_config.num_workers=0",
+          f"reward_config.reward_plugin={os.path.join(WORKERS, 'text_length_reward.py')}",
+          "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]",
+          "rl_config.rollout_correction=tis_token", "rl_config.memory=speed", "sft_config={steps: 0}", "--swap", "False"]
+
+
+def one_layer_micro(folder) -> str:
+    with open(os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")) as f:
+        text = f.read().replace("num_hidden_layers: 2", "num_hidden_layers: 1")
+    path = os.path.join(str(folder), "micro_one_layer.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("separate")
+    shared = [*CONFIG, f"actor_config.model={one_layer_micro(out)}"]
+    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1", *shared], timeout=900)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1", *shared],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def metrics(folder):
+    return [json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))]
+
+
+def samples(folder):
+    """Per step, every sample's (text, reward) in order."""
+    rows = [json.loads(line) for line in open(os.path.join(folder, "completions.jsonl"))]
+    return [[(r["completion"], r["reward"]) for r in rows if r["step"] == s] for s in range(1, STEPS + 1)]
+
+
+@pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
+@pytest.mark.parametrize("lag", [0, 1])
+def test_separate_placement_equals_the_colocated_run_step_for_step(runs, lag):
+    sep, col = runs / f"sep{lag}", runs / f"col{lag}"
+    ms, mc = metrics(sep), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    got, want = samples(sep), samples(col)
+    assert all(len(step) == 8 for step in want)  # batch 2 x 4 samples, all logged
+    assert got == want
+    for a, b in zip(ms, mc):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
+        assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    if lag:
+        assert [m["staleness/mean"] for m in ms] == [m["staleness/mean"] for m in mc] == [0.0, 1.0, 1.0]
+    # the later steps' samples differ from the first's weights: the sync carried new weights each step
+    assert got[1] != got[0] and got[2] != got[1]
+    # both ranks' figures: the rollout rank's generating and waiting, the training rank's waiting, the sync
+    for m in ms:
+        assert m["async/generate_seconds"] > 0 and m["async/wait_seconds"] >= 0 and m["async/train_wait_seconds"] > 0
+        assert m["sync/bytes"] > 0 and m["rollout/tokens_per_s"] > 0
