@@ -79,8 +79,9 @@ INERT_UNLESS = (
     *((f"ref_config.{key}", lambda c: c.rl_config.beta > 0 and c.actor_config.lora_rank == 0,
        "has no effect with rl_config.beta = 0 or actor_config.lora_rank > 0 (no reference model; with LoRA the "
        "reference is the policy with its adapters off)") for key in ("load_checkpoint", "parallel_config")),
-    ("rl_config.ref_model_sync_steps", lambda c: c.rl_config.beta > 0,
-     "has no effect with rl_config.beta = 0 (no reference model)"),
+    ("rl_config.ref_model_sync_steps", lambda c: c.rl_config.beta > 0 and c.actor_config.lora_rank == 0,
+     "has no effect with rl_config.beta = 0 or actor_config.lora_rank > 0 (no reference model; with LoRA the "
+     "reference is the policy with its adapters off)"),
     ("rl_config.kl_kind", lambda c: c.rl_config.beta > 0, "has no effect with rl_config.beta = 0 (no KL term)"),
     ("rl_config.max_resample_times", lambda c: c.rl_config.dynamic_sampling,
      "has no effect without rl_config.dynamic_sampling"),

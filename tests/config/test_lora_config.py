@@ -31,6 +31,8 @@ def test_lora_keys_load_and_accept_peft_and_short_names():
     # with LoRA the reference is the policy with its adapters off: no reference model to load or lay out
     (["actor_config.lora_rank=8", "rl_config.beta=0.04", "ref_config.load_checkpoint=/models/ref"],
      "ref_config.load_checkpoint", "actor_config.lora_rank > 0"),
+    (["actor_config.lora_rank=8", "rl_config.beta=0.04", "rl_config.ref_model_sync_steps=10"],
+     "rl_config.ref_model_sync_steps", "actor_config.lora_rank > 0"),
     (["actor_config.lora_rank=8", "rl_config.beta=0.04", "actor_config.parallel_config.model_parallel=2",
       "generate_config.parallel_config.data_parallel=2", "ref_config.parallel_config.model_parallel=2"],
      "ref_config.parallel_config.model_parallel", "actor_config.lora_rank > 0"),
