@@ -76,9 +76,15 @@ def may_be_on(cfg, saver: Optional[bool]) -> bool:
 # an error, since whoever reads the config would believe they act. (dotted key or section, when
 # it takes effect, why not)
 INERT_UNLESS = (
-    ("ref_config", lambda c: c.rl_config.beta > 0, "has no effect with rl_config.beta = 0 (no reference model)"),
-    ("rl_config.ref_model_sync_steps", lambda c: c.rl_config.beta > 0,
-     "has no effect with rl_config.beta = 0 (no reference model)"),
+    *((f"ref_config.{key}", lambda c: c.rl_config.beta > 0, "has no effect with rl_config.beta = 0 (no reference model)")
+      for key in ("max_tokens_per_micro_batch", "layerwise")),
+    # with LoRA the reference pass runs the policy with its adapters off: no reference model to load or lay out
+    *((f"ref_config.{key}", lambda c: c.rl_config.beta > 0 and c.actor_config.lora_rank == 0,
+       "has no effect with rl_config.beta = 0 or actor_config.lora_rank > 0 (no reference model; with LoRA the "
+       "reference is the policy with its adapters off)") for key in ("load_checkpoint", "parallel_config")),
+    ("rl_config.ref_model_sync_steps", lambda c: c.rl_config.beta > 0 and c.actor_config.lora_rank == 0,
+     "has no effect with rl_config.beta = 0 or actor_config.lora_rank > 0 (no reference model; with LoRA the "
+     "reference is the policy with its adapters off)"),
     ("rl_config.kl_kind", lambda c: c.rl_config.beta > 0, "has no effect with rl_config.beta = 0 (no KL term)"),
     ("rl_config.max_resample_times", lambda c: c.rl_config.dynamic_sampling,
      "has no effect without rl_config.dynamic_sampling"),
@@ -233,10 +239,6 @@ class GRPOConfig:
                             ("generate_config.layerwise", self.generate_config.layerwise)):
                 check(not on, key, "cannot combine with actor_config.lora_rank > 0 (its layer graph runs the base "
                       "weights only): set it false")
-            gen_par = self.generate_config.parallel_config
-            check(gen_par.world_size == 1, "generate_config.parallel_config",
-                  "with actor_config.lora_rank > 0 the engine runs on one device in grpo_one_stage.py for now (1 "
-                  "device; under msrun a LoRA run's checkpoints are not built: docs/lora.md)")
 
         if self.generate_config.placement == "separate":  # mindgrpo/grpo/separate.py
             self._check_separate()

@@ -352,11 +352,13 @@ class ActorConfig:
         check(self.lora_dropout == 0.0, "lora_dropout",
               f"is not supported (only 0: the training graph has no dropout), got {self.lora_dropout}")
         par = self.parallel_config
-        check(par.world_size == 1, "lora_rank",
-              "runs on one device in grpo_one_stage.py for now (under msrun its checkpoints are not built: the base by "
-              "checksum and PEFT's files from per-rank pieces; docs/lora.md): with LoRA set actor_config.parallel_config "
-              "to 1 device (data_parallel, "
-              f"model_parallel, pipeline_stage = {par.data_parallel}, {par.model_parallel}, {par.pipeline_stage})")
+        check(par.pipeline_stage == 1, "lora_rank",
+              "cannot combine with pipeline stages yet (the adapter-only sync and LoRA's checkpoints gather over "
+              f"tensor-parallel pieces only; docs/lora.md): set parallel_config.pipeline_stage to 1 (it is "
+              f"{par.pipeline_stage}) and use model_parallel and data_parallel")
+        check(not par.optimizer_shard, "lora_rank",
+              "cannot combine with parallel_config.optimizer_shard (ZeRO-1 of the adapters' moments is not built; "
+              "they are megabytes): set it false")
         check(not self.layerwise_update, "lora_rank",
               "cannot combine with layerwise_update (its layer graph runs the base weights only): set it false")
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import ConfigError, check
@@ -37,6 +37,7 @@ from mindgrpo.models.presets import resolve_model_config
 if TYPE_CHECKING:  # for the types of Parts only: importing these here would load MindSpore with the builder
     from mindgrpo.data.tokenizer import QwenTokenizer
     from mindgrpo.grpo.conversations import Conversations
+    from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
     from mindgrpo.grpo.reward_models import ModelRewards
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
@@ -96,6 +97,10 @@ class Parts:
     memory_policy: Optional[MemoryPolicy] = None  # rl_config.memory resolved (`mindgrpo/memory/auto.py`)
     base_path: Optional[str] = None  # where the policy's weights came from (LoRA's checkpoints refer to its base)
     conversations: Optional[Conversations] = None  # generate_config.tools (grpo/conversations.py)
+    lora: Optional[LoraCheckpoint] = None  # LoRA's part of the checkpoints (grpo/lora_checkpoint.py)
+    # LoRA with an inference copy: moves the base weights into it once, when the policy's base changed (the warm
+    # start, a resume); the sync moves the adapters only
+    base_sync: Optional[Callable[[], Dict[str, float]]] = None
 
 
 def model_config_file(cfg: GRPOConfig, paths: Paths) -> Tuple[str, str]:
@@ -422,6 +427,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     engine = placement.engine(rollout)
     memory.register("kv_cache", sizer=engine.cache_bytes)
     reward_models = build_model_rewards(cfg, tokenizer, memory, placement)
+    base_sync = None
     if shared:
         sync = placement.shared_sync()
     else:
@@ -433,20 +439,35 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         sync = placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes, names=moved)
         if placement.remote_rollout or not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
             sync()  # start the inference copy from the policy's weights (separate: always, the rollout rank waits)
+        if lora is not None:
+            from mindgrpo.grpo.lora_checkpoint import base_parameters
+
+            base = [p.name for p in base_parameters(policy)]
+
+            def base_sync() -> Dict[str, float]:  # built when called, its graphs dropped after: a run calls it once
+                return placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes,
+                                             names=base)()
     ref_sync = None
     if reference is not None:
         ref_sync = placement.weight_sync(policy, reference, "reference",  # the trainer logs it as ref_sync/...
                                          bucket_bytes=rl.weight_sync_bucket_bytes)
         if not (paths.ref_path or paths.sft_path_train):
             ref_sync()  # random init: the reference starts as the policy
+    from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
+    from mindgrpo.models.lora import adapter_shapes
+
+    base_path = paths.sft_path_train if paths.sft_path_train and paths.load_sft_checkpoint_train else None
+    checkpoints = placement.checkpoints(checkpoint_root(cfg, paths.output_dir), rl.keep_last_k, mcfg,
+                                        adapters=adapter_shapes(policy) if lora is not None else None)
     return Parts(tokenizer, policy, inference, reference, train, val, placement.rewards(rewards), memory, engine, sync,
-                 ref_sync, placement.checkpoints(checkpoint_root(cfg, paths.output_dir), rl.keep_last_k, mcfg),
+                 ref_sync, checkpoints,
                  rank=placement.rank, grad_reducer=placement.grad_reducer(),
                  pipeline=placement.pipeline("policy", policy.dtype),
                  ref_pipeline=placement.pipeline("reference", reference.dtype) if reference is not None else None,
                  reward_models=reward_models, memory_policy=memory_policy,
-                 base_path=paths.sft_path_train if paths.sft_path_train and paths.load_sft_checkpoint_train else None,
-                 conversations=conversations)
+                 base_path=base_path, conversations=conversations,
+                 lora=LoraCheckpoint(policy, checkpoints.root, base_path, placement) if lora is not None else None,
+                 base_sync=base_sync)
 
 
 def build_rollout(cfg: GRPOConfig, paths: Paths, placement):
@@ -482,4 +503,5 @@ def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_di
                        output_dir=output_dir, rank=parts.rank, grad_reducer=parts.grad_reducer,
                        checkpoints=parts.checkpoints, pipeline=parts.pipeline, ref_pipeline=parts.ref_pipeline,
                        reward_models=parts.reward_models, memory_policy=parts.memory_policy,
-                       base_path=parts.base_path, conversations=parts.conversations)
+                       base_path=parts.base_path, conversations=parts.conversations, lora=parts.lora,
+                       base_sync=parts.base_sync)

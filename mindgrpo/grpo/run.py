@@ -274,6 +274,7 @@ def run(args) -> int:
                                tool_call_rate=sft.teacher_tool_call_rate)
         if trainer.lora is not None:
             trainer.lora.base_changed()  # the checkpoints write the warm-started base once and refer to it
+            trainer.sync_base()  # an inference copy takes the warm-started base; the sync moves the adapters
         trainer.sync_now()  # the engine starts from the warm-started weights (off_policy_steps: so does its lag)
         if parts.ref_sync is not None:
             parts.ref_sync()  # the reference is the warm-started policy

@@ -34,7 +34,7 @@ from mindgrpo.grpo.validation import Best, val_metrics
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.memory.policy import MemoryPolicy
-from mindgrpo.models.lora import adapter_parameters, adapters_off, lora_spec
+from mindgrpo.models.lora import adapters_off, lora_spec
 from mindgrpo.parallel.checkpoint_folders import BEST, CheckpointError
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, checkpoint_root
 from mindgrpo.rewards.combine import add_model_scores
@@ -68,7 +68,8 @@ class GRPOTrainer:
                  val_prompts: Optional[PromptSource], metrics_log, progress, output_dir: str,
                  rank: int = 0, grad_reducer=None, save_data_file: Optional[str] = None, checkpoints=None,
                  pipeline=None, ref_pipeline=None, reward_models=None, memory_policy: Optional[MemoryPolicy] = None,
-                 base_path: Optional[str] = None, conversations=None):
+                 base_path: Optional[str] = None, conversations=None, lora: Optional[LoraCheckpoint] = None,
+                 base_sync=None):
         self.cfg = cfg
         # generate_config.tools / environment: the engine's conversation turns (grpo/conversations.py), None without
         self.conversations = conversations
@@ -111,8 +112,12 @@ class GRPOTrainer:
             layerwise=mp.layerwise_update, head_rows=actor.head_rows_per_graph,
             released=mp.release_graphs, **batching)  # released: the gradient accumulators exist in the update only
         # LoRA (docs/lora.md): the reference is the policy with its adapters off (`adapters_off`), no copy; the
-        # checkpoints hold the adapters and refer to the base
-        self.lora = LoraCheckpoint(policy, self.checkpoints.root, base_path) if lora_spec(policy) else None
+        # checkpoints hold the adapters and refer to the base (`lora`: the builder's, which knows the placement);
+        # base_sync moves the base into an inference copy when it changed (the sync moves the adapters only)
+        if lora is None and lora_spec(policy):
+            lora = LoraCheckpoint(policy, self.checkpoints.root, base_path)
+        self.lora, self.base_sync = lora, base_sync
+        self.base_loaded = lora.base_path if lora is not None else None  # what an inference copy was loaded from
         self.ref_is_base = reference is None and self.lora is not None and rl.beta > 0
         scored = policy if self.ref_is_base else reference
         self.ref_scorer = Scorer(scored, actor.micro_batch_size, temperature, chunk, ref_pipeline,
@@ -468,10 +473,19 @@ class GRPOTrainer:
                          **{k: v[i] for k, v in r.columns.items() if k.startswith("judge/")}})
         self.log.log_completions(step, rows)
 
+    def sync_base(self) -> None:
+        """LoRA with an inference copy: the policy's base weights into it, after they changed (the warm start, a
+        resume); nothing otherwise."""
+        if self.base_sync is not None:
+            m = self.base_sync()
+            self.base_loaded = self.lora.base_path
+            logger.info("LoRA: the base weights moved into the inference copy (%.1f MB)",
+                        m.get("sync/bytes", 0.0) / 2 ** 20)
+
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_groups(self) -> Dict[str, list]:
         if self.lora is not None:  # the base is referred to (state.json lora_base), not copied
-            return {"adapter": adapter_parameters(self.policy), "optimizer": self.updater.state_parameters()}
+            return self.lora.groups(self.updater.state_parameters())
         groups = {"policy": list(self.policy.get_parameters()), "optimizer": self.updater.state_parameters()}
         if self.reference is not None:  # it may be the warm-started or a synced policy: not rebuildable
             groups["reference"] = list(self.reference.get_parameters())
@@ -519,6 +533,8 @@ class GRPOTrainer:
             if "lora_base" not in state:
                 raise CheckpointError(f"checkpoint {path} was saved without LoRA (actor_config.lora_rank 0)")
             self.lora.restore(state["lora_base"], path)
+            if self.lora.base_path != self.base_loaded:  # a base the run wrote (warm-started, drawn at random)
+                self.sync_base()
         self.step = int(state["step"])
         self.updater.optimizer_steps = int(state["optimizer_steps"])
         self.train_prompts.load_state(state["train_prompts"])

@@ -19,10 +19,12 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
                 its own keeps a copy): the group is the fused copies alone, generating needs the
                 policy resident (`swap.SHARED_PHASES`) and there is no sync bucket
     reference   the reference model's piece (reference layout), when beta > 0 without LoRA
-    LoRA        (actor_config.lora_rank > 0, one device) the policy and an inference copy hold the adapters
-                beside the weights (r x (in + out) fp32 per targeted projection, and its scaling); grads and
-                optimizer are the adapters' alone; no reference group: the reference phase runs the
-                policy with its adapters off; the sync moves the adapters only (the largest layer's)
+    LoRA        (actor_config.lora_rank > 0) the policy and an inference copy hold the adapters beside the
+                weights (r x (in + out) fp32 per targeted projection, split as the projection in their layout:
+                a column-parallel one's B by rows, a row-parallel one's A by columns; and its scaling); grads
+                and optimizer are the adapters' alone; no reference group: the reference phase runs the
+                policy with its adapters off; the sync moves the adapters only (its largest bucket: layers
+                joined up to rl_config.weight_sync_bucket_mb, as for the weights)
     kv_cache    the rollout engine's cache, sized from generate_config as the engine sizes it
                 (`mindgrpo.inference.engine`): S = max_num_seqs slots, fewer if the budget
                 max_num_batched_tokens cannot hold S x C tokens, C = max_prompt_length + max_tokens
@@ -86,7 +88,7 @@ from mindgrpo.inference.engine import kv_slots
 from mindgrpo.memory.swap import PHASES, SHARED_PHASES
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
-from mindgrpo.models.lora_targets import TARGETS, target_modules
+from mindgrpo.models.lora_targets import full_adapter_shapes, target_modules
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.reshard_plan import exchange_bytes, plan_parameter, sync_buckets
 
@@ -166,18 +168,13 @@ def inference_copy_bytes(cfg: Qwen2Config, layout: ParallelLayout) -> int:
                if n.startswith("model.layers.") and "_norm." not in n)
 
 
-def lora_bytes(cfg: Qwen2Config, actor) -> Dict[int, int]:
-    """decoder layer -> the fp32 bytes of its LoRA adapters, A (r, in) and B (out, r) per targeted projection
-    (actor: actor_config), without their scalings (4 bytes per projection, not trained)."""
-    shapes = expected_shapes(cfg)
-    out = {}
-    for i in range(cfg.num_hidden_layers):
-        total = 0
-        for t in target_modules(actor.lora_target_modules):
-            block, attr = TARGETS[t]
-            rows, cols = shapes[f"model.layers.{i}.{block}.{attr}.weight"]
-            total += 4 * actor.lora_rank * (rows + cols)
-        out[i] = total
+def lora_bytes(cfg: Qwen2Config, actor, layout: ParallelLayout = ParallelLayout()) -> Dict[int, int]:
+    """decoder layer -> the fp32 bytes of this layout's pieces of its LoRA adapters, A (r, in) and B (out, r) per
+    targeted projection split as the projection (`parallel/layout.py` SPLIT_RULES; whole on one device), without
+    their scalings (4 bytes per projection, not trained). actor: actor_config."""
+    out = {i: 0 for i in range(cfg.num_hidden_layers)}
+    for name, shape in full_adapter_shapes(cfg, actor.lora_rank, actor.lora_target_modules).items():
+        out[int(name.split(".")[2])] += 4 * int(np.prod(layout.shard_shape(name, shape)))
     return out
 
 
@@ -186,6 +183,13 @@ def sequence_lengths(gen) -> Tuple[int, int]:
     the longest response (the model's max_tokens and the appended turns)."""
     r = gen.max_tokens + gen.turn_positions()
     return gen.max_prompt_length + r, r
+
+
+def largest_adapter_bucket(cfg: Qwen2Config, actor, src: ParallelLayout, dst: ParallelLayout, rank: int = 0,
+                           bucket_bytes: int = 0) -> int:
+    """`largest_sync_bucket` of LoRA's adapter-only sync: the adapters' buckets alone."""
+    shapes = full_adapter_shapes(cfg, actor.lora_rank, actor.lora_target_modules)
+    return _largest_bucket(shapes, cfg.num_hidden_layers, src, dst, rank, bucket_bytes)
 
 
 def kv_cache_bytes(cfg: Qwen2Config, gen, layout: ParallelLayout) -> int:
@@ -200,10 +204,14 @@ def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayo
                         bucket_bytes: int = 0) -> int:
     """Bytes of the largest resharding bucket on `rank`: its destination pieces + what it receives
     (bucket_bytes: rl_config.weight_sync_bucket_mb in bytes)."""
-    shapes = expected_shapes(cfg)
+    return _largest_bucket(expected_shapes(cfg), cfg.num_hidden_layers, src, dst, rank, bucket_bytes)
+
+
+def _largest_bucket(shapes, num_layers: int, src: ParallelLayout, dst: ParallelLayout, rank: int,
+                    bucket_bytes: int) -> int:
     best = 0
     for names in sync_buckets(shapes, src, bucket_bytes):
-        plans = [plan_parameter(n, shapes[n], 4, src, dst, rank, cfg.num_hidden_layers) for n in names]
+        plans = [plan_parameter(n, shapes[n], 4, src, dst, rank, num_layers) for n in names]
         size = sum(4 * int(np.prod(dst.shard_shape(n, shapes[n]))) for n, p in zip(names, plans) if p.needed)
         best = max(best, size + exchange_bytes(plans, [shapes[n] for n in names]))
     return best
@@ -353,14 +361,15 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
     inference = inference_copy_bytes(mcfg, infer) + (0 if shared else piece_bytes(mcfg, infer))
     grads, sync_bucket = policy, 0 if shared else largest_sync_bucket(mcfg, train, infer, rank,
                                                                       rl.weight_sync_bucket_bytes)
-    lora = actor.lora_rank > 0  # one device (the config refuses more): adapters beside the weights
+    lora = actor.lora_rank > 0  # adapters beside the weights, split as their projection in each layout
     if lora:
-        per_layer = lora_bytes(mcfg, actor)
-        adapters = sum(per_layer.values())
-        held = adapters + 4 * mcfg.num_hidden_layers * len(target_modules(actor.lora_target_modules))  # + scalings
-        policy, grads, optimizer = policy + held, adapters, 2 * adapters
-        inference += 0 if shared else held
-        sync_bucket = 0 if shared else max(per_layer.values())  # only the adapters move, a layer at a time
+        scalings = 4 * mcfg.num_hidden_layers * len(target_modules(actor.lora_target_modules))
+        adapters = sum(lora_bytes(mcfg, actor, train).values())
+        policy, grads, optimizer = policy + adapters + scalings, adapters, 2 * adapters
+        inference += 0 if shared else sum(lora_bytes(mcfg, actor, infer).values()) + scalings
+        # only the adapters move, in buckets of layers joined up to weight_sync_bucket_mb
+        sync_bucket = 0 if shared else largest_adapter_bucket(mcfg, actor, train, infer, rank,
+                                                              rl.weight_sync_bucket_bytes)
     groups = {"policy": policy, "grads": grads, "optimizer": optimizer, "inference": inference}
     if rl.beta > 0 and not lora:  # with LoRA the reference is the policy with its adapters off
         groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config),

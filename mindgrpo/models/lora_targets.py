@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Dict, Sequence, Tuple
+
+from mindgrpo.models.config import Qwen2Config
+from mindgrpo.models.convert import expected_shapes
 
 # PEFT's module name -> (the block's attribute, the projection's attribute), in PEFT's order of a layer
 TARGETS = {
@@ -56,3 +59,17 @@ class LoraSpec:
     @property
     def scaling(self) -> float:
         return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+
+def full_adapter_shapes(cfg: Qwen2Config, rank: int, targets: Sequence[str]) -> Dict[str, Tuple[int, int]]:
+    """Our name -> the whole shape of every A (r, in) and B (out, r) of a model of `cfg` with adapters of `rank` on
+    `targets`, in layer order then PEFT's (`models.lora.adapter_shapes` of such a model, without building it)."""
+    shapes = expected_shapes(cfg)
+    out = {}
+    for i in range(cfg.num_hidden_layers):
+        for t in target_modules(targets):
+            block, attr = TARGETS[t]
+            path = f"model.layers.{i}.{block}.{attr}"
+            rows, cols = shapes[path + ".weight"]
+            out[path + ".lora_a"], out[path + ".lora_b"] = (rank, cols), (rows, rank)
+    return out

@@ -146,7 +146,9 @@ def layouts_of(cfg) -> Tuple[ParallelLayout, ParallelLayout, Optional[ParallelLa
     if infer.pp != 1:
         raise LayoutError(f"generate_config.parallel_config.pipeline_stage = {infer.pp}: generation runs without "
                           "pipeline stages (use data_parallel and model_parallel)")
-    ref = ParallelLayout.from_config(cfg.ref_config.parallel_config) if cfg.rl_config.beta > 0 else None
+    # a reference model runs with beta > 0, but not with LoRA (the policy with its adapters off is the reference)
+    has_ref = cfg.rl_config.beta > 0 and cfg.actor_config.lora_rank == 0
+    ref = ParallelLayout.from_config(cfg.ref_config.parallel_config) if has_ref else None
     return train, infer, ref
 
 
@@ -157,7 +159,8 @@ def check_layouts(cfg, world: int) -> None:
     train.check_world(world, "actor_config.parallel_config")
     infer.check_world(world, "generate_config.parallel_config")
     if ref is not None:
-        ref.check_world(world, "ref_config.parallel_config (the reference model runs when rl_config.beta > 0)")
+        ref.check_world(world, "ref_config.parallel_config (the reference model runs when rl_config.beta > 0 "
+                        "without LoRA)")
 
 
 def world_size_from_env() -> Optional[int]:

@@ -20,6 +20,11 @@ depends on how the run is laid out over devices, and runs the same build sequenc
     reward_model    a reward model whole                its tensor-parallel piece over the policy layout's
                                                        tp group (every layer: no pipeline stages)
     checkpoints     LocalCheckpoints                   ShardedCheckpoints (every rank its pieces)
+    whole(params)   each parameter's values            each parameter of the policy's pieces made whole (its
+                                                       tensor-parallel pieces summed over the training tp group,
+                                                       -0.0 in the others' places: bit for bit)
+    load_weights    the weights at a path into a model its piece of them (sliced, or this rank's shard)
+    writer          True                               rank 0 (writes what is written once: LoRA's files)
 
 The roles are "policy" (actor_config.parallel_config), "inference" (generate_config's) and
 "reference" (ref_config's). Model weights come from the same seed as a one-device run (every rank
@@ -34,8 +39,9 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from typing import Dict, List, Optional, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import mindspore as ms
 
 from mindgrpo.inference.engine import RolloutEngine
@@ -44,11 +50,12 @@ from mindgrpo.models.checkpoint import find_config, load_state, read_model_state
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.lora import adapter_shapes
+from mindgrpo.models.lora_targets import full_adapter_shapes
 from mindgrpo.models.presets import preset_config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.reward_model import RewardModel, load_reward_model
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, load_params
-from mindgrpo.parallel.comm import Comm, init_parallel, init_separate, layouts_of
+from mindgrpo.parallel.comm import CPU_CHUNK, Comm, init_parallel, init_separate, layouts_of
 from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.pipeline import Pipeline, stage_spec
@@ -112,6 +119,7 @@ class OneDevice:
     rank = 0
     rollout_rank = False  # this rank runs the trainer (SeparatePlacement: one rank runs the rollout instead)
     remote_rollout = False  # the trainer's samples come from this process's engine
+    writer = True  # the process that writes what is written once
 
     @property
     def device(self) -> str:
@@ -156,8 +164,22 @@ class OneDevice:
     def pipeline(self, role: str, dtype) -> Optional[Pipeline]:
         return None
 
-    def checkpoints(self, root: str, keep_last: int, mcfg: Qwen2Config) -> Checkpoints:
+    def checkpoints(self, root: str, keep_last: int, mcfg: Qwen2Config,
+                    adapters: Optional[Dict[str, Tuple[int, ...]]] = None) -> Checkpoints:
         return LocalCheckpoints(root, keep_last)
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+    def whole(self, params: Sequence[ms.Parameter]) -> Iterator[Tuple[str, np.ndarray]]:
+        """(name, fp32 values) of each parameter, in the given order."""
+        for p in params:
+            yield p.name, fp32(p)
+
+    def load_weights(self, role: str, lm: Qwen2ForCausalLM, path: str, names: Sequence[str]) -> None:
+        """The parameters `names` of the model from the weights at `path` (an HF directory or a .ckpt)."""
+        state = read_model_state(path, lm.config)
+        load_state(lm, {n: state[n] for n in names})
 
 
 class ParallelPlacement:
@@ -200,15 +222,23 @@ class ParallelPlacement:
         lm = Qwen2ForCausalLM(mcfg, seed=seed, max_positions=max_positions, layers=TensorParallelLayers(group),
                               stage=stage)
         if path and load:
-            shards = shard_dir(path, self.rank)
-            if shards:
-                load_shard(lm, shards)
-            else:  # a full checkpoint: every rank reads it and keeps its piece of its stage
-                state = read_model_state(path, mcfg)
-                mine = dict(lm.parameters_and_names())
-                load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items() if n in mine})
+            self.load_weights(role, lm, path)
         heartbeat.beat()  # progress for the collective watchdog: building a big model takes a while
         return lm
+
+    def load_weights(self, role: str, lm: Qwen2ForCausalLM, path: str, names: Optional[Sequence[str]] = None) -> None:
+        """This rank's pieces of the parameters `names` (None: every one of the model) from the weights at `path`:
+        a folder of per-rank shards (this rank's), or a full checkpoint or HF directory that every rank reads and
+        slices."""
+        layout, group = self.layouts[role], self.comm.tp_group(self.layouts[role])
+        mine = dict(lm.parameters_and_names())
+        wanted = set(mine) if names is None else set(names)
+        shards = shard_dir(path, self.rank)
+        if shards:
+            load_shard(lm, shards, [mine[n] for n in mine if n in wanted])
+        else:  # a full checkpoint: every rank reads it and keeps its piece of its stage
+            state = read_model_state(path, lm.config)
+            load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items() if n in wanted and n in mine})
 
     def engine(self, rollout: RolloutEngine) -> Engine:
         return DataParallelEngine(rollout, self.comm, self.comm.infer_dp)
@@ -254,12 +284,42 @@ class ParallelPlacement:
     def pipeline(self, role: str, dtype) -> Optional[Pipeline]:
         return Pipeline(self.comm, self.layouts[role], dtype)
 
-    def checkpoints(self, root: str, keep_last: int, mcfg: Qwen2Config) -> Checkpoints:
+    def checkpoints(self, root: str, keep_last: int, mcfg: Qwen2Config,
+                    adapters: Optional[Dict[str, Tuple[int, ...]]] = None) -> Checkpoints:
         """Its pieces of the policy, optimizer state and reference, plus (rank 0) the training
-        layout's strategy file (mindgrpo.parallel.sharded_checkpoints)."""
-        shapes, train = training_shapes(mcfg), self.layouts["policy"]
+        layout's strategy file (mindgrpo.parallel.sharded_checkpoints). adapters: LoRA's full shapes
+        (`models.lora.adapter_shapes`), whose checkpoints hold the adapters and their moments in place of the
+        weights: the strategy file describes them."""
+        shapes, train = training_shapes(mcfg, adapters), self.layouts["policy"]
         return ShardedCheckpoints(self.comm, root, keep_last, lambda path: write_strategy_file(
             path, train, shapes, optimizer_shard=self.optimizer_shard))
+
+    @property
+    def writer(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        self.comm.barrier()
+
+    def whole(self, params: Sequence[ms.Parameter]) -> Iterator[Tuple[str, np.ndarray]]:
+        """(name, the whole fp32 values) of each of the policy's parameters, in the given order (the same on
+        every rank: each call is a collective over the training tp group). A piece goes into its place of a
+        buffer of -0.0 that the group sums (x + -0.0 is x), in pieces of CPU_CHUNK values."""
+        layout, group = self.layouts["policy"], self.comm.train_tp
+        if layout.pp > 1:
+            raise ValueError(f"actor_config.parallel_config.pipeline_stage = {layout.pp}: a parameter's whole values "
+                             "are gathered over the tensor-parallel group only")
+        for p in params:
+            piece = fp32(p)
+            if group.size == 1 or layout.param_split(p.name) is None:
+                yield p.name, piece
+                continue
+            flat = np.full((group.size, piece.size), -0.0, np.float32)
+            flat[group.index] = piece.reshape(-1)
+            flat = flat.reshape(-1)
+            for start in range(0, flat.size, CPU_CHUNK):
+                flat[start:start + CPU_CHUNK] = self.comm.host_sum(flat[start:start + CPU_CHUNK], group)
+            yield p.name, layout.merge(p.name, [row.reshape(piece.shape) for row in flat.reshape(group.size, -1)])
 
 
 class SeparatePlacement(OneDevice):
@@ -322,22 +382,31 @@ def placement_for(cfg, use_parallel: bool) -> Placement:
     return ParallelPlacement(cfg, comm)
 
 
-def load_shard(lm: Qwen2ForCausalLM, folder: str) -> None:
-    """Load this rank's shard (the last .ckpt of folder in name order, as MindSpore picks),
-    checking every parameter's name and local shape."""
+def load_shard(lm: Qwen2ForCausalLM, folder: str, params: Optional[Sequence[ms.Parameter]] = None) -> None:
+    """Load this rank's shard (the last .ckpt of folder in name order, as MindSpore picks) into params (None:
+    every parameter of the model), checking every parameter's name and local shape."""
     files = sorted(glob.glob(os.path.join(folder, "*.ckpt")))
     if not files:
         raise FileNotFoundError(f"{folder}: no .ckpt shard")
-    load_params(files[-1], [p for _, p in lm.parameters_and_names()], hint=" (a shard of another layout?)")
+    params = [p for _, p in lm.parameters_and_names()] if params is None else params
+    load_params(files[-1], params, hint=" (a shard of another layout?)")
+
+
+def fp32(p: ms.Parameter) -> np.ndarray:
+    """A parameter's values as an fp32 numpy array (a copy)."""
+    return p.astype(ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy().copy()
 
 
 def save_strategies(cfg, out_dir: str) -> List[str]:
     """Write the training and inference strategy files of cfg's layouts into out_dir/strategy
-    (MindSpore's format; see mindgrpo.parallel.strategy) and return their paths."""
+    (MindSpore's format; see mindgrpo.parallel.strategy) and return their paths. With actor_config.lora_rank > 0
+    the training file describes the adapters and their moments (what the run's checkpoints hold)."""
     train_layout, infer_layout, _ = layouts_of(cfg)
     mcfg = preset_config(cfg.actor_config.model, compute_dtype=cfg.actor_config.dtype)
     folder = os.path.join(out_dir, "strategy")
     os.makedirs(folder, exist_ok=True)
+    a = cfg.actor_config  # LoRA: the training file describes the adapters and their moments (its checkpoints')
+    adapters = full_adapter_shapes(mcfg, a.lora_rank, a.lora_target_modules) if a.lora_rank > 0 else None
     written = write_layout_strategies(folder, mcfg, train_layout, infer_layout,
-                                      optimizer_shard=cfg.actor_config.parallel_config.optimizer_shard)
+                                      optimizer_shard=a.parallel_config.optimizer_shard, adapters=adapters)
     return [written["train"], written["infer"]]

@@ -6,6 +6,9 @@
     <root>/step_00000004/policy/rank_<k>/policy.ckpt        every rank: its pieces
     <root>/step_00000004/optimizer/rank_<k>/optimizer.ckpt  every rank: its AdamW moments
     <root>/step_00000004/reference/rank_<k>/reference.ckpt  when the reference is synced
+    <root>/step_00000004/adapter/rank_<k>/adapter.ckpt      LoRA (in place of policy/): every rank its adapters'
+                                                            pieces; optimizer/ their moments' pieces
+    <root>/step_00000004/adapter/adapter_model.safetensors  LoRA, rank 0: the adapters whole in PEFT's layout
     <root>/step_00000004/manifest.json               rank 0, last: the step, every file's size and SHA-256
 
 Each group folder is MindSpore's sharded layout, so
@@ -34,7 +37,7 @@ import json
 import logging
 import os
 import secrets
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import mindspore as ms
@@ -55,9 +58,12 @@ def rank_part(rank: int) -> str:
 
 
 def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict,
-                 model_config: dict, keep_last: int, write_strategy, name: Optional[str] = None) -> str:
+                 model_config: dict, keep_last: int, write_strategy, name: Optional[str] = None,
+                 extra: Optional[Callable[[str], List[str]]] = None) -> str:
     """write_strategy(path): rank 0 writes the training layout's strategy file there. Into
-    root/step_<step>, or root/<name> (checkpoint_folders.BEST)."""
+    root/step_<step>, or root/<name> (checkpoint_folders.BEST). extra(folder), called on every rank after its
+    pieces (it may gather over the ranks), writes more files into the folder and returns their paths relative to
+    it (LoRA's PEFT adapter, written whole by rank 0), which the manifest lists."""
     final = os.path.join(root, name or f"step_{step:08d}")
     tmp = os.path.join(root, f".step_{step:08d}.tmp" + (f"-{name}" if name else ""))
     if comm.rank == 0:
@@ -71,6 +77,8 @@ def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms
         ckpt.save_params(groups[name], os.path.join(tmp, rel))
         record.add(rel)
         folders.crash_point(step, f"{name}.ckpt")
+    for rel in extra(tmp) if extra is not None else ():
+        record.add(rel)
     folders.write_json(os.path.join(tmp, rank_part(comm.rank)), record.entries())
     folders.fsync_path(os.path.join(tmp, rank_part(comm.rank)))
     comm.barrier()
@@ -235,9 +243,9 @@ class ShardedCheckpoints:
         return moved
 
     def save(self, step: int, groups: Dict[str, Sequence[ms.Parameter]], state: dict, model_config: dict,
-             name: Optional[str] = None) -> str:
+             name: Optional[str] = None, extra: Optional[Callable[[str], List[str]]] = None) -> str:
         return save_sharded(self.comm, self.root, step, groups, state, model_config, self.keep_last,
-                            self.write_strategy, name)
+                            self.write_strategy, name, extra)
 
     def load(self, path: str, groups: Dict[str, Sequence[ms.Parameter]], model_config: dict) -> dict:
         return load_sharded(self.comm, path, groups, model_config, checked=path == self.checked)

@@ -28,7 +28,7 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass, replace
-from typing import Dict, Mapping, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore.parallel import build_searched_strategy, merge_pipeline_strategys
@@ -203,22 +203,27 @@ def write_layouts(path: str, entries: Mapping[str, TensorLayout]) -> str:
     return path
 
 
-def training_shapes(cfg: Qwen2Config) -> Dict[str, Tuple[int, ...]]:
-    """Full shapes of what the training layout holds: the weights and their adam_m./adam_v. moments."""
-    shapes = expected_shapes(cfg)
+def training_shapes(cfg: Qwen2Config, adapters: Optional[Mapping[str, Sequence[int]]] = None
+                    ) -> Dict[str, Tuple[int, ...]]:
+    """Full shapes of what the training layout holds: the weights and their adam_m./adam_v. moments; with LoRA's
+    adapters (name -> full shape, `models.lora.adapter_shapes`) what its checkpoints hold instead: the adapters and
+    their moments (the base is referred to, not saved)."""
+    shapes = expected_shapes(cfg) if adapters is None else {n: tuple(s) for n, s in adapters.items()}
     return {prefix + name: shape for prefix in ("",) + OPTIMIZER_PREFIXES for name, shape in shapes.items()}
 
 
 def write_layout_strategies(out_dir: str, cfg: Qwen2Config, train_layout: ParallelLayout,
-                            infer_layout: ParallelLayout, optimizer_shard: bool = False) -> Dict[str, str]:
+                            infer_layout: ParallelLayout, optimizer_shard: bool = False,
+                            adapters: Optional[Mapping[str, Sequence[int]]] = None) -> Dict[str, str]:
     """The strategy files of a run: out_dir/train_strategy.ckpt (the actor's layout, weights and
-    their adam_m./adam_v. moments, split over dp with optimizer_shard) and out_dir/infer_strategy.ckpt
+    their adam_m./adam_v. moments, split over dp with optimizer_shard; with LoRA's adapters (name -> full shape)
+    the adapters and their moments instead, what a LoRA run's checkpoints hold) and out_dir/infer_strategy.ckpt
     (the generation layout, weights). Both layouts are checked against the model before either file is written.
     Returns {"train": path, "infer": path}."""
     train_layout.check_divisible(cfg)
     infer_layout.check_divisible(cfg)
-    return {"train": write_strategy_file(os.path.join(out_dir, TRAIN_STRATEGY), train_layout, training_shapes(cfg),
-                                         optimizer_shard=optimizer_shard),
+    return {"train": write_strategy_file(os.path.join(out_dir, TRAIN_STRATEGY), train_layout,
+                                         training_shapes(cfg, adapters), optimizer_shard=optimizer_shard),
             "infer": write_strategy_file(os.path.join(out_dir, INFER_STRATEGY), infer_layout, expected_shapes(cfg))}
 
 

@@ -526,8 +526,8 @@ def test_each_variant_setting_is_refused_beside_a_variant_that_does_not_read_it(
 
 
 def test_every_shipped_recipe_loads():
-    recipes = sorted((Path(__file__).parents[2] / "model_configs" / "qwen_grpo").glob("*/grpo_config.yaml"))
-    assert len(recipes) >= 6
+    recipes = sorted((Path(__file__).parents[2] / "model_configs" / "qwen_grpo").glob("*/grpo_config*.yaml"))
+    assert len(recipes) >= 10 and sum(p.name == "grpo_config_lora.yaml" for p in recipes) >= 3
     for path in recipes:
         load_config(GRPOConfig, path)
 

@@ -22,18 +22,33 @@ def test_lora_keys_load_and_accept_peft_and_short_names():
      "actor_config.lora_target_modules", "'embed_tokens' is not a module of Qwen2/Qwen3's decoder layers"),
     (["actor_config.lora_rank=8", "actor_config.lora_dropout=0.05"], "actor_config.lora_dropout", "only 0"),
     (["actor_config.lora_rank=8", "actor_config.lora_alpha=0"], "actor_config.lora_alpha", "must be > 0"),
-    (["actor_config.lora_rank=8", "actor_config.parallel_config.model_parallel=2"], "actor_config.lora_rank",
-     "one device"),
     (["actor_config.lora_rank=8", "actor_config.parallel_config.pipeline_stage=2"], "actor_config.lora_rank",
-     "one device"),
+     "pipeline stages"),
+    (["actor_config.lora_rank=8", "actor_config.parallel_config.data_parallel=2",
+      "actor_config.parallel_config.optimizer_shard=true", "generate_config.parallel_config.data_parallel=2"],
+     "actor_config.lora_rank", "optimizer_shard"),
     (["actor_config.lora_rank=8", "actor_config.layerwise_update=true"], "actor_config.lora_rank", "layerwise_update"),
+    # with LoRA the reference is the policy with its adapters off: no reference model to load or lay out
+    (["actor_config.lora_rank=8", "rl_config.beta=0.04", "ref_config.load_checkpoint=/models/ref"],
+     "ref_config.load_checkpoint", "actor_config.lora_rank > 0"),
+    (["actor_config.lora_rank=8", "rl_config.beta=0.04", "rl_config.ref_model_sync_steps=10"],
+     "rl_config.ref_model_sync_steps", "actor_config.lora_rank > 0"),
+    (["actor_config.lora_rank=8", "rl_config.beta=0.04", "actor_config.parallel_config.model_parallel=2",
+      "generate_config.parallel_config.data_parallel=2", "ref_config.parallel_config.model_parallel=2"],
+     "ref_config.parallel_config.model_parallel", "actor_config.lora_rank > 0"),
     (["actor_config.lora_rank=8", "generate_config.layerwise=true"], "generate_config.layerwise", "lora_rank > 0"),
     (["actor_config.lora_rank=8", "rl_config.beta=0.04", "ref_config.layerwise=true"], "ref_config.layerwise",
      "lora_rank > 0"),
-    (["actor_config.lora_rank=8", "generate_config.parallel_config.data_parallel=2"],
-     "generate_config.parallel_config", "one device"),
 ])
 def test_lora_refusals_name_the_key(overrides, key, expected):
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=overrides)
     assert info.value.key == key and expected in info.value.message, str(info.value)
+
+
+def test_lora_loads_under_msrun_layouts():
+    """Training tp2 with inference dp2 (the layouts of tests/parallel/test_lora_msrun.py), and data parallelism."""
+    for overrides in (["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"],
+                      ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel_config.model_parallel=2"]):
+        cfg = load_config(GRPOConfig, overrides=["actor_config.lora_rank=8", "rl_config.beta=0.04", *overrides])
+        assert cfg.actor_config.lora_rank == 8 and cfg.actor_config.parallel_config.world_size == 2

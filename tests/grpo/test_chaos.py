@@ -112,7 +112,7 @@ LORA = ["actor_config.lora_rank=4", "actor_config.lora_alpha=8"]
 
 
 def test_a_killed_lora_run_ends_as_an_uninterrupted_one(tmp_path):
-    """LoRA (docs/lora.md): killed in the middle of a save (after adapter.ckpt) and once at a random moment, resumed
+    """LoRA (docs/lora.md): killed in the middle of a save (after lora.ckpt) and once at a random moment, resumed
     each time: the adapters, their moments, the PEFT adapter folder and the losses of an uninterrupted run."""
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -120,12 +120,12 @@ def test_a_killed_lora_run_ends_as_an_uninterrupted_one(tmp_path):
     code, err = finish(start(straight, *LORA))
     assert code == 0, err[-3000:]
     crash_step = rng.randint(2, 3)
-    code, err = finish(start(chaos, *LORA, env={CRASH_ENV: f"{crash_step}:adapter.ckpt"}))
+    code, err = finish(start(chaos, *LORA, env={CRASH_ENV: f"{crash_step}:lora.ckpt"}))
     assert code == -signal.SIGKILL, err[-3000:]
     kill_after_progress(start(chaos, *LORA, "--resume"), chaos, steps=rng.randint(1, 2), delay=rng.uniform(0.0, 0.4))
     code, err = finish(start(chaos, *LORA, "--resume"))
     assert code == 0, err[-3000:]
-    a, b = files(straight, STEPS, ("adapter", "optimizer")), files(chaos, STEPS, ("adapter", "optimizer"))
+    a, b = files(straight, STEPS, ("lora", "optimizer")), files(chaos, STEPS, ("lora", "optimizer"))
     for name in a:
         assert sorted(a[name]) == sorted(b[name])
         for k in a[name]:

@@ -132,7 +132,7 @@ def test_adapter_only_sync_and_the_merged_engine_equal_a_full_merged_model(run):
 def test_checkpoint_holds_adapters_moments_base_reference_and_peft_folder(run, tmp_path):
     saved, parts, trainer = run["saved"], run["parts"], run["trainer"]
     files = sorted(os.listdir(saved))
-    assert "adapter.ckpt" in files and "optimizer.ckpt" in files and "adapter" in files
+    assert "lora.ckpt" in files and "optimizer.ckpt" in files and "adapter" in files
     assert "policy.ckpt" not in files and "reference.ckpt" not in files
     with open(os.path.join(saved, "manifest.json")) as f:
         listed = json.load(f)["files"]

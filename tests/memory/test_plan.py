@@ -20,8 +20,8 @@ CONFIGS = os.path.join(REPO, "model_configs", "qwen_grpo")
 GiB = 2 ** 30
 
 
-def load(name, *overrides):
-    cfg = load_config(GRPOConfig, os.path.join(CONFIGS, name, "grpo_config.yaml"), list(overrides))
+def load(name, *overrides, recipe="grpo_config.yaml"):
+    cfg = load_config(GRPOConfig, os.path.join(CONFIGS, name, recipe), list(overrides))
     return cfg, Qwen2Config.load(resolve_model_config(cfg.actor_config.model), compute_dtype=cfg.actor_config.dtype)
 
 
@@ -362,3 +362,56 @@ def test_conversations_add_their_turns_to_the_slots_and_the_rows(capsys):
     out = capsys.readouterr().out
     # the recipe: 1 tool turn, answers of 8 tokens: 32 + 8 rounded up to 48
     assert "Conversations (tools calculator): each sample also holds up to 1 appended turn(s) of 48 tokens" in out
+
+
+def lora_layer_params(m: Qwen2Config, r: int, tp: int) -> int:
+    """One decoder layer's rank-r adapters on all seven projections on a tensor-parallel rank, by hand: a
+    column-parallel projection (q, k, v, gate, up) keeps A (r, in) whole and its rows of B (out, r); a row-parallel
+    one (o, down) its columns of A and B whole."""
+    h, i, d = m.hidden_size, m.intermediate_size, m.d
+    q, kv = m.num_attention_heads * d, m.num_key_value_heads * d
+    column = sum(r * h + out * r // tp for out in (q, kv, kv, i, i))
+    row = (r * q // tp + h * r) + (r * i // tp + h * r)
+    return column + row
+
+
+@pytest.mark.parametrize("name, tp, devices", [("qwen2_5_7b", 2, 8), ("qwen2_5_32b", 8, 32), ("qwen3_32b", 8, 32)])
+def test_the_lora_recipes_count_the_adapters_pieces_and_fit_on_a_quarter_of_the_devices(name, tp, devices):
+    """grpo_config_lora.yaml beside each recipe: training and generation in one tp layout (one copy of the weights,
+    no sync), gradients and moments of the adapters' pieces alone, no reference group; it fits 64 GiB per device
+    with swap and without, on a quarter of the full recipe's devices."""
+    full, _ = load(name)
+    cfg, m = load(name, recipe="grpo_config_lora.yaml")
+    a = cfg.actor_config
+    assert ParallelLayout.from_config(full.actor_config.parallel_config).world_size == devices
+    layout = ParallelLayout.from_config(a.parallel_config)
+    assert layout == ParallelLayout(dp=1, tp=tp) == ParallelLayout.from_config(cfg.generate_config.parallel_config)
+    assert layout.world_size * 4 == devices and (a.lora_rank, a.lora_alpha) == (32, 64.0)
+    layout.check_divisible(m)
+    p = plan(cfg, m)
+    adapters = 4 * m.num_hidden_layers * lora_layer_params(m, a.lora_rank, tp)
+    per_layer = qwen3_layer_params(m, tp) if m.model_type == "qwen3" else layer_params(m, tp)
+    weights = 4 * (m.num_hidden_layers * per_layer + 2 * m.vocab_size * m.hidden_size // tp + m.hidden_size)
+    assert p.shared and "reference" not in p.groups and p.groups["transient"] == 0
+    assert p.groups["grads"] == adapters and p.groups["optimizer"] == 2 * adapters
+    assert p.groups["policy"] == weights + adapters + 4 * 7 * m.num_hidden_layers  # + the scalings
+    assert p.peak(False) < 64 * GiB
+
+
+def test_a_lora_plan_under_other_layouts_counts_each_sides_pieces():
+    """Training tp2 -> inference dp2 (the msrun test's layouts) on the 7B LoRA recipe: the policy holds its tp2
+    pieces of the adapters, the inference copy the adapters whole (beside the same copy of the weights as without
+    LoRA); the sync's transient is the adapter-only reshard's largest bucket: rl_config.weight_sync_bucket_mb (512)
+    joins every layer's adapters into one, whole on the inference side, with at most as much again received; less
+    than half the weights' largest bucket (a 7B layer)."""
+    dp2 = ["generate_config.parallel_config.data_parallel=2", "generate_config.parallel_config.model_parallel=1"]
+    cfg, m = load("qwen2_5_7b", *dp2, recipe="grpo_config_lora.yaml")
+    full, _ = load("qwen2_5_7b", *dp2, "actor_config.lora_rank=0", "actor_config.lora_alpha=16",
+                   recipe="grpo_config_lora.yaml")
+    p, q, r, layers = plan(cfg, m), plan(full, m), cfg.actor_config.lora_rank, m.num_hidden_layers
+    whole, piece = lora_layer_params(m, r, 1), lora_layer_params(m, r, 2)
+    assert not p.shared and p.groups["grads"] == 4 * layers * piece < 4 * layers * whole
+    assert p.groups["policy"] - q.groups["policy"] == 4 * layers * (piece + 7)  # + the scalings
+    assert p.groups["inference"] - q.groups["inference"] == 4 * layers * (whole + 7)
+    assert 4 * layers * whole < p.groups["transient"] <= 2 * 4 * layers * whole
+    assert p.groups["transient"] < q.groups["transient"] / 2  # the weights' largest bucket

@@ -43,6 +43,9 @@ def test_reference_layout_is_checked_only_when_the_reference_runs():
     with pytest.raises(LayoutError, match="ref_config.parallel_config .*beta > 0"):
         check_layouts(config(*both, "rl_config.beta=0.04"), 2)
     check_layouts(config(*both, "rl_config.beta=0.04", "ref_config.parallel_config.model_parallel=2"), 2)
+    lora = config(*both, "rl_config.beta=0.04", "actor_config.lora_rank=8")  # the reference is the policy's base
+    check_layouts(lora, 2)
+    assert layouts_of(lora)[2] is None
 
 
 def test_pipeline_stages_train_but_do_not_generate():

@@ -1,7 +1,13 @@
 """LoRA under msrun (docs/lora.md): adapters on the training tp2 policy against one device, and the adapter-only
 sync to inference dp2 against a full-weight sync of the merged weights. One msrun job of two ranks (the module
 fixture `lora_job`: tests/parallel/workers/lora_ranks.py); the references are the one-device model in the same
-process and, for the sync, the merged weights W + s B A computed in numpy and resharded whole."""
+process and, for the sync, the merged weights W + s B A computed in numpy and resharded whole. Then the tp2
+policy's checkpoint as the trainer writes it under msrun (each rank its pieces, the base by path and a layout-free
+sha256, the PEFT folder whole), resumed exactly, and merged / sliced by scripts/transform_checkpoint.py."""
+
+import hashlib
+import json
+import os
 
 import numpy as np
 import pytest
@@ -9,7 +15,7 @@ import pytest
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.parallel.layout import ParallelLayout
 from msrun_util import load_results, run_msrun
-from parallel_cases import CFG, UPDATE_KEYS
+from parallel_cases import CFG, SEED, UPDATE_KEYS
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 TRAIN = ParallelLayout(dp=1, tp=2)
@@ -105,3 +111,116 @@ def test_the_sync_moves_the_adapters_bytes_only(lora_job):
         assert full["sync/bytes"] == weights
         assert 0 < lora["sync/bytes_received"] <= lora["sync/bytes"]  # B of the column-parallel ones, A of the rows'
         assert lora["sync/bytes_received"] == lora["sync/bytes_min"]
+
+
+# ---------------------------------------------------------------------------- (d) checkpoints under msrun
+
+def column_parallel(name):
+    return ".wq." in name or ".wk." in name or ".wv." in name or ".w1." in name or ".w3." in name
+
+
+def numpy_merge(name, pieces):
+    """The whole adapter (or its moment) from its tp pieces, by the rules written out here: a column-parallel
+    projection's B by output rows, a row-parallel one's A by input columns, the rest whole (the pieces equal)."""
+    if name.endswith(".lora_b") and column_parallel(name):
+        return np.concatenate(pieces, axis=0)
+    if name.endswith(".lora_a") and not column_parallel(name):
+        return np.concatenate(pieces, axis=1)
+    assert pieces[0].tobytes() == pieces[1].tobytes(), name
+    return pieces[0]
+
+
+def test_a_tp2_checkpoint_holds_each_ranks_pieces_and_the_peft_folder_whole(lora_job):
+    from mindgrpo.models.ckpt_codec import read_ckpt
+    from mindgrpo.models.lora_files import read_adapter
+
+    arrays, metrics = lora_job
+    saved = metrics[0]["d/saved"]
+    with open(os.path.join(saved, "manifest.json")) as f:
+        files = set(json.load(f)["files"])
+    assert {"lora/rank_0/lora.ckpt", "lora/rank_1/lora.ckpt", "optimizer/rank_0/optimizer.ckpt",
+            "optimizer/rank_1/optimizer.ckpt", "adapter/adapter_model.safetensors", "adapter/adapter_config.json",
+            "state.json", "train_strategy.ckpt"} <= files
+    assert not any(f.startswith(("policy/", "reference/")) for f in files)  # the base is referred to, not copied
+    for rank, a in enumerate(arrays):  # every rank wrote its own pieces
+        pieces = read_ckpt(os.path.join(saved, "lora", f"rank_{rank}", "lora.ckpt"))
+        moments = read_ckpt(os.path.join(saved, "optimizer", f"rank_{rank}", "optimizer.ckpt"))
+        mine = prefixed(a, "d/saved")
+        assert len(pieces) == 2 * TARGETS and len(moments) == 4 * TARGETS
+        for name, (_, value) in {**pieces, **moments}.items():
+            assert value.tobytes() == mine[name].tobytes(), (rank, name)
+    spec, whole = read_adapter(os.path.join(saved, "adapter"))
+    assert (spec.rank, spec.alpha) == (RANK, 8.0)
+    trained, dense = prefixed(arrays[0], "b/tp"), prefixed(arrays[0], "b/dense")
+    assert sorted(whole) == sorted(dense)
+    for name, value in whole.items():  # gathered by rank 0: the pieces whole, bit for bit; the one-device run's
+        assert value.tobytes() == numpy_merge(name, [prefixed(a, "b/tp")[name] for a in arrays]).tobytes(), name
+        np.testing.assert_allclose(value, dense[name], rtol=0, atol=2e-5, err_msg=name)
+    assert len(trained) == len(whole)
+
+
+def test_the_lora_base_is_written_once_whole_and_its_sha256_is_the_one_device_models(lora_job):
+    """The base was drawn at random: rank 0 wrote it whole from the tp2 pieces; its sha256 (names, full shapes, fp32
+    bytes in name order, computed here by hashlib) is the one a one-device run of the same base records."""
+    from mindgrpo.models.checkpoint import model_state, read_model_state
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+    _, metrics = lora_job
+    base = metrics[0]["d/lora_base"]
+    assert all(m["d/lora_base"] == base for m in metrics)
+    assert os.path.basename(base["path"]) == base["sha256"][:16] + ".ckpt"
+    assert os.path.dirname(base["path"]) == os.path.join(os.path.dirname(metrics[0]["d/saved"]), "lora_base")
+    one = {k: v for k, v in model_state(Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)).items()
+           if ".lora_" not in k}
+    written = read_model_state(base["path"], CFG)
+    assert sorted(written) == sorted(one)
+    h = hashlib.sha256()
+    for name in sorted(one):
+        assert written[name].tobytes() == one[name].tobytes(), name
+        h.update(f"{name}{tuple(one[name].shape)}".encode())
+        h.update(one[name].astype(np.float32).tobytes())
+    assert base["sha256"] == h.hexdigest() == metrics[0]["d/sha_one_device"]
+
+
+def test_resuming_a_tp2_lora_checkpoint_is_exact(lora_job):
+    """After a third update and the base spoilt, the checkpoint brings back every rank's adapters and moments and
+    its base bit for bit, and the third update again gives the same metrics and adapters."""
+    arrays, metrics = lora_job
+    for a, m in zip(arrays, metrics):
+        assert m["d/found"] == m["d/saved"]
+        saved, restored = prefixed(a, "d/saved"), prefixed(a, "d/restored")
+        assert sorted(saved) == sorted(restored) and len(saved) == 6 * TARGETS
+        for name in saved:
+            assert restored[name].tobytes() == saved[name].tobytes(), name
+        assert a["d/base_restored"].tobytes() == a["d/base_tp"].tobytes()
+        assert m["d/update/resumed"] == m["d/update/straight"]
+        straight, resumed = prefixed(a, "d/straight"), prefixed(a, "d/resumed")
+        assert any(straight[n].tobytes() != saved[n].tobytes() for n in saved)  # the update moved them
+        for name in straight:
+            assert resumed[name].tobytes() == straight[name].tobytes(), name
+
+
+def test_transform_checkpoint_merges_and_slices_the_adapter_pieces_by_the_checkpoints_strategy(lora_job, tmp_path):
+    """scripts/transform_checkpoint.py on a LoRA step: the adapters' pieces merged by the strategy the checkpoint
+    holds (numpy and MindSpore's engines) equal the numpy split rules' merge, and sliced again equal each rank's."""
+    from mindgrpo.models.ckpt_codec import read_ckpt
+    from scripts import transform_checkpoint
+
+    arrays, metrics = lora_job
+    saved = metrics[0]["d/saved"]
+    strategy = os.path.join(saved, "train_strategy.ckpt")
+    for engine in ("numpy", "mindspore"):
+        full = tmp_path / f"lora_{engine}.ckpt"
+        assert transform_checkpoint.main([f"--src_checkpoint={saved}/lora", f"--src_strategy={strategy}",
+                                          f"--dst_checkpoint={full}", f"--engine={engine}"]) == 0
+        merged = {n: v for n, (_, v) in read_ckpt(str(full)).items()}
+        assert len(merged) == 2 * TARGETS
+        for name, value in merged.items():
+            assert value.tobytes() == numpy_merge(name, [prefixed(a, "d/saved")[name] for a in arrays]).tobytes()
+    shards = tmp_path / "shards"
+    assert transform_checkpoint.main([f"--src_checkpoint={tmp_path / 'lora_numpy.ckpt'}", f"--dst_strategy={strategy}",
+                                      f"--dst_checkpoint={shards}"]) == 0
+    for rank, a in enumerate(arrays):
+        (file,) = (shards / f"rank_{rank}").glob("*.ckpt")
+        for name, (_, value) in read_ckpt(str(file)).items():
+            assert value.tobytes() == prefixed(a, "d/saved")[name].tobytes(), (rank, name)

@@ -9,7 +9,10 @@ full-weight sync of the merged weights.
 training tp2, the same loss, metrics and adapters; (c) the adapters resharded to inference dp2 (`ParallelPlacement.
 weight_sync` with the adapters' names, as `grpo/builder.py` calls it) once before the updates and once after,
 against the tp2 policy's merged weights (W + s B A per piece) resharded whole into a model without adapters:
-greedy and sampled rollouts of both, the sync's metrics.
+greedy and sampled rollouts of both, the sync's metrics; (d) the tp2 policy's checkpoint as the trainer saves it
+(every rank its adapters' and moments' pieces, the base by path and sha256, written once whole since it was drawn at
+random, the PEFT folder gathered whole by rank 0), one more update, the base spoilt, the checkpoint resumed and the
+update again.
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics); the test compares.
 """
 
@@ -27,19 +30,20 @@ ms.set_context(mode=ms.GRAPH_MODE)
 ms.set_device("CPU")
 
 from mindgrpo.grpo.actor import PolicyUpdater  # noqa: E402
+from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint, base_parameters, fingerprint  # noqa: E402
 from mindgrpo.grpo.experience import pack  # noqa: E402
 from mindgrpo.grpo.ms_objective import GRPOLoss  # noqa: E402
 from mindgrpo.inference.engine import RolloutEngine  # noqa: E402
 from mindgrpo.inference.sampling import SamplingParams  # noqa: E402
 from mindgrpo.models.checkpoint import load_state  # noqa: E402
-from mindgrpo.models.lora import (ALL_LINEAR, LoraSpec, adapter_names, adapter_state, adapters_off,  # noqa: E402
-                                  add_adapters, merge_state)
+from mindgrpo.models.lora import (ALL_LINEAR, LoraSpec, adapter_names, adapter_shapes, adapter_state,  # noqa: E402
+                                  adapters_off, add_adapters, merge_state)
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
 from mindgrpo.models.scoring import TokenLogProbs  # noqa: E402
 from mindgrpo.parallel.comm import init_comm  # noqa: E402
 from mindgrpo.parallel.data_parallel import DataParallelEngine  # noqa: E402
 from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402
-from mindgrpo.parallel.placement import ParallelPlacement  # noqa: E402
+from mindgrpo.parallel.placement import OneDevice, ParallelPlacement  # noqa: E402
 from mindgrpo.parallel.reshard import named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
@@ -99,8 +103,9 @@ clock.mark("(a) reference")
 # (b) two updates of the adapters: one device and training tp2
 exp = pack(*experience_arrays())
 exp.sampling_logp = sampling_logprobs(exp.mask)
+updaters = {}
 for key, lm in (("dense", dense), ("tp", tp)):
-    updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=None, chunk=0, **updater_kwargs())
+    updater = updaters[key] = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=None, chunk=0, **updater_kwargs())
     for i in range(2):
         metrics[f"update{i}/{key}"] = updater.update(exp, lr=1e-2)
     metrics[f"trainable/{key}"] = sorted(p.name for p in lm.trainable_params())
@@ -131,6 +136,47 @@ for key, lm in (("adapters", inference), ("merged", merged_inference)):
     metrics[f"rollout/sampled/{key}"] = [c.token_ids for c in comps]
     arrays[f"c/sampled_logp_{key}"] = np.concatenate([c.logprobs for c in comps])
     clock.mark(f"(c) rollouts {key}")
+
+# (d) the tp2 policy's checkpoint as the trainer saves it under msrun (`GRPOTrainer.save`: LoRA's groups, state.json's
+# lora_base, the PEFT folder) with its base drawn at random (so written once, whole, by rank 0), a third update, the
+# base spoilt, then the checkpoint resumed (`GRPOTrainer.resume`) and the third update again
+root = os.path.join(out_dir, "checkpoints")
+checkpoints = placement.checkpoints(root, 2, CFG, adapters=adapter_shapes(tp))
+lora, updater = LoraCheckpoint(tp, root, None, placement), updaters["tp"]
+groups = lora.groups(updater.state_parameters())
+
+
+def snapshot(prefix):
+    for name, p in named_parameters(tp).items():
+        if ".lora_" in name and not name.endswith("lora_scaling"):
+            arrays[f"{prefix}/{name}"] = p.asnumpy().copy()
+    for p in groups["optimizer"]:
+        arrays[f"{prefix}/{p.name}"] = p.asnumpy().copy()
+
+
+state = {"step": 2, "optimizer_steps": updater.optimizer_steps, "train_prompts": {"epoch": 0, "index": 0},
+         "val_history": [], "bad_steps": {"total": 0, "in_a_row": 0}, "config": {}, "lora_base": lora.state()}
+saved = checkpoints.save(2, groups, state, CFG.to_hf_dict(), extra=lora.write_adapter)
+metrics["d/saved"], metrics["d/lora_base"] = saved, state["lora_base"]
+metrics["d/sha_one_device"] = fingerprint(OneDevice().whole(base_parameters(dense)))
+snapshot("d/saved")
+clock.mark("(d) save")
+metrics["d/update/straight"] = updater.update(exp, lr=1e-2)
+snapshot("d/straight")
+for p in base_parameters(tp):
+    p.set_data(Tensor(np.full(p.shape, 0.5, np.float32)).astype(p.dtype))
+updater.optimizer_steps = 0
+found = checkpoints.find()
+restored = checkpoints.load(found, lora.groups(updater.state_parameters()), CFG.to_hf_dict())
+lora.restore(restored["lora_base"], found)
+updater.optimizer_steps = restored["optimizer_steps"]
+metrics["d/found"] = found
+snapshot("d/restored")
+arrays["d/base_restored"] = np.concatenate([p.asnumpy().ravel() for p in base_parameters(tp)])
+arrays["d/base_tp"] = np.concatenate([p.asnumpy().ravel() for p in base_parameters(base_tp)])
+metrics["d/update/resumed"] = updater.update(exp, lr=1e-2)
+snapshot("d/resumed")
+clock.mark("(d) resume")
 
 np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{rank}.json"), "w") as f:
