@@ -74,8 +74,8 @@ def test_flags_set_their_keys(start, tmp_path):
     (["rl_config.beta=0.1", "ref_config.load_checkpoint=/b/ref"], {"ref_path": "/a/ref"},
      "--ref_path /a/ref and config key 'ref_config.load_checkpoint' /b/ref name different files"),
     ([], {"ref_path": "/a/ref"},
-     "config key 'ref_config.load_checkpoint': has no effect with rl_config.beta = 0 (no reference model) "
-     "(set by --ref_path)"),
+     "config key 'ref_config.load_checkpoint': has no effect with rl_config.beta = 0 or actor_config.lora_rank > 0 "
+     "(no reference model; with LoRA the reference is the policy with its adapters off) (set by --ref_path)"),
     (["synthetic_config.template=raw"], {"mind_dataset_dir": "/a/train.mindrecord"},
      "config key 'synthetic_config.template': applies to the built-in synthetic task only"),
 ])
