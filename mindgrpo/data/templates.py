@@ -21,7 +21,7 @@ import functools
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jinja2
 import jinja2.ext
@@ -179,19 +179,22 @@ def chat_template_of(tokenizer_config: str) -> Tuple[str, Dict[str, str]]:
     return template, dict(special)
 
 
-def _plain(value: Any) -> Any:
-    """JSON-shaped data only (str, int, float, bool, None, lists, dicts): nothing with methods reaches the sandbox."""
+def plain_data(value: Any, other: Optional[Callable[[Any], Any]] = None) -> Any:
+    """JSON-shaped data only (str, int, float, bool, None, lists, dicts): nothing with methods reaches the sandbox.
+    Anything else is `other(value)` when given (e.g. str), else a TypeError."""
     if value is None or type(value) in (str, int, float, bool):
         return value
     if isinstance(value, Mapping):
-        return {_plain(k): _plain(v) for k, v in value.items()}
+        return {plain_data(k, other): plain_data(v, other) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_data(v, other) for v in value]
     if callable(getattr(value, "item", None)):  # numpy scalars
-        return _plain(value.item())
+        return plain_data(value.item(), other)
     for kind in (bool, int, float, str):  # subclasses (enums, ...) as their base type
         if isinstance(value, kind):
             return kind.__str__(value) if kind is str else kind(value)
+    if other is not None:
+        return other(value)
     raise TypeError(f"chat messages and tools hold JSON data only, got {type(value).__name__}")
 
 
@@ -206,11 +209,11 @@ def render_chat(messages: Sequence[Mapping], tools: Optional[Sequence[Mapping]] 
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or "role" not in message:
             raise ChatTemplateError(f"message {i} is not a dict with a 'role': {message!r}")
-        chat.append({k: _plain(v) for k, v in message.items() if v is not None})  # a None key = an absent key
+        chat.append({k: plain_data(v) for k, v in message.items() if v is not None})  # a None key = an absent key
     variables = dict(special)
-    variables.update({k: _plain(v) for k, v in template_kwargs.items()})
+    variables.update({k: plain_data(v) for k, v in template_kwargs.items()})
     try:
-        return compile_chat_template(source).render(messages=chat, tools=None if tools is None else _plain(tools),
+        return compile_chat_template(source).render(messages=chat, tools=None if tools is None else plain_data(tools),
                                                     documents=None, add_generation_prompt=add_generation_prompt,
                                                     **variables)
     except jinja2.exceptions.TemplateError as error:

@@ -27,7 +27,7 @@ import jinja2
 import numpy as np
 
 from mindgrpo.config.sections import JudgeConfig
-from mindgrpo.data.templates import ChatTemplateError, compile_chat_template, render_chat
+from mindgrpo.data.templates import ChatTemplateError, compile_chat_template, plain_data, render_chat
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.models.checkpoint import load_model
@@ -35,17 +35,6 @@ from mindgrpo.rewards.judge_parsers import JUDGE_PARSERS
 from mindgrpo.rewards.running_norm import RunningNorm
 
 logger = logging.getLogger(__name__)
-
-
-def _plain(value):
-    """A data column's value as the template may see it: JSON-shaped data, else its text."""
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return str(value)
 
 
 class Judge:
@@ -63,7 +52,7 @@ class Judge:
 
     def question(self, prompt: str, completion: str, columns: Mapping) -> str:
         """The text put to the judge for one rollout."""
-        variables = {k: _plain(v) for k, v in columns.items()}
+        variables = {k: plain_data(v, other=str) for k, v in columns.items()}  # a column's other values as text
         variables.update(prompt=prompt, completion=completion)
         try:
             text = self.template.render(**variables)
