@@ -14,10 +14,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindgrpo.models.reductions import squared_sum
+from mindgrpo.models.reductions import SquaredSums
 from mindgrpo.parallel.comm import AllGather, Group
 from mindgrpo.utils.registry import Registry
 from mindgrpo.utils.shrink import shrink, zeros_again
+from mindgrpo.utils.spans import spans
 
 LR_SCHEDULES = Registry("lr schedule")
 
@@ -86,18 +87,32 @@ class GradBuffer(nn.Cell):
             self.released = False
 
 
+class _AccumulateSpan(nn.Cell):
+    def __init__(self, n: int):
+        super().__init__(auto_prefix=False)
+        self.n = n
+
+    def construct(self, bufs, grads):
+        out = ()
+        for i in range(self.n):
+            out = out + (ops.assign_add(bufs[i], grads[i].astype(ms.float32)),)
+        return out
+
+
 class AccumulateGrads(nn.Cell):
     """bufs += grads, in one graph."""
 
     def __init__(self, buffer: GradBuffer):
         super().__init__()
         self.bufs = buffer.bufs
-        self.n = len(buffer.bufs)
+        self.bounds = spans(len(buffer.bufs))
+        self.span = nn.CellList([_AccumulateSpan(b - a) for a, b in self.bounds])
 
     def construct(self, grads):
         out = ()
-        for i in range(self.n):
-            out = out + (ops.assign_add(self.bufs[i], grads[i].astype(ms.float32)),)
+        for k in range(len(self.bounds)):
+            a, b = self.bounds[k]
+            out = out + self.span[k](self.bufs[a:b], grads[a:b])
         return out
 
 
@@ -106,16 +121,27 @@ class GradNorm(nn.Cell):
 
     def __init__(self, buffer: GradBuffer, sq_norm: Optional[nn.Cell] = None):
         super().__init__()
-        self.bufs, self.sq_norm, self.n = buffer.bufs, sq_norm, len(buffer.bufs)
+        self.bufs, self.sq_norm = buffer.bufs, sq_norm
+        self.local = SquaredSums(len(buffer.bufs))
 
     def construct(self):
         if self.sq_norm is None:
-            sq = ops.zeros((), ms.float32)
-            for i in range(self.n):
-                sq = sq + squared_sum(self.bufs[i])
+            sq = self.local(self.bufs)
         else:
             sq = self.sq_norm(self.bufs)
         return ops.sqrt(sq)
+
+
+class _ZeroSpan(nn.Cell):
+    def __init__(self, n: int):
+        super().__init__(auto_prefix=False)
+        self.n = n
+
+    def construct(self, bufs):
+        out = ()
+        for i in range(self.n):
+            out = out + (ops.assign(bufs[i], ops.zeros_like(bufs[i])),)
+        return out
 
 
 class ZeroGrads(nn.Cell):
@@ -123,12 +149,15 @@ class ZeroGrads(nn.Cell):
 
     def __init__(self, buffer: GradBuffer):
         super().__init__()
-        self.bufs, self.n = buffer.bufs, len(buffer.bufs)
+        self.bufs = buffer.bufs
+        self.bounds = spans(len(buffer.bufs))
+        self.span = nn.CellList([_ZeroSpan(b - a) for a, b in self.bounds])
 
     def construct(self):
         out = ()
-        for i in range(self.n):
-            out = out + (ops.assign(self.bufs[i], ops.zeros_like(self.bufs[i])),)
+        for k in range(len(self.bounds)):
+            a, b = self.bounds[k]
+            out = out + self.span[k](self.bufs[a:b])
         return out
 
 
@@ -193,6 +222,11 @@ class AdamW(nn.Cell):
         self.decay = [0.0 if no_decay(p.name) else float(weight_decay) for p in params]
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
         self.n = len(params)
+        self.bounds = spans(self.n)
+        gather = self.gather if shard is not None else None
+        self.span = nn.CellList([
+            _AdamSpan(tuple(self.decay[a:b]), self.sharded[a:b], self.rows[a:b], self.start[a:b], self.piece_of[a:b],
+                      self.beta1, self.beta2, self.adam, gather) for a, b in self.bounds])
 
     def state_parameters(self) -> List[Parameter]:
         """What a checkpoint holds: the moments."""
@@ -210,20 +244,39 @@ class AdamW(nn.Cell):
         step = lr * root / bias_correction1  # lr' and eps' of the class docstring
         eps = self.eps * root
         out = ()
+        for k in range(len(self.bounds)):
+            a, b = self.bounds[k]
+            out = out + (self.span[k](self.params[a:b], self.m[a:b], self.v[a:b], self.bufs[a:b], self.piece,
+                                      lr, step, eps, coef),)
+        return ops.depend(norm, out)
+
+
+class _AdamSpan(nn.Cell):
+    """AdamW.construct's step for a span of its parameters (in spans: `utils/spans.py`): params, m, v, bufs of
+    the span, every ZeRO-1 piece; the per-parameter constants of the span."""
+
+    def __init__(self, decay, sharded, rows, start, piece_of, beta1, beta2, adam, gather):
+        super().__init__(auto_prefix=False)
+        self.decay, self.sharded, self.rows, self.start, self.piece_of = decay, sharded, rows, start, piece_of
+        self.beta1, self.beta2, self.n = beta1, beta2, len(decay)
+        self.adam, self.gather = adam, gather
+
+    def construct(self, params, m, v, bufs, pieces, lr, step, eps, coef):
+        out = ()
         for i in range(self.n):
-            g = self.bufs[i] * coef
+            g = bufs[i] * coef
             decay = lr * self.decay[i] / step
             if self.sharded[i]:  # this member's rows of dim 0, updated in its piece, then gathered
-                piece = self.piece[self.piece_of[i]]
+                piece = pieces[self.piece_of[i]]
                 rows = slice(self.start[i], self.start[i] + self.rows[i])
-                loaded = ops.assign(piece, self.params[i][rows])
-                done = self.adam(piece, self.m[i], self.v[i], step, self.beta1, self.beta2, eps, decay,
+                loaded = ops.assign(piece, params[i][rows])
+                done = self.adam(piece, m[i], v[i], step, self.beta1, self.beta2, eps, decay,
                                  ops.depend(g[rows], loaded))
-                done = ops.assign(self.params[i], self.gather(ops.depend(piece, done)))  # members in order
+                done = ops.assign(params[i], self.gather(ops.depend(piece, done)))  # members in order
             else:
-                done = self.adam(self.params[i], self.m[i], self.v[i], step, self.beta1, self.beta2, eps, decay, g)
-            out = out + (ops.depend(ops.assign(self.bufs[i], ops.zeros_like(self.bufs[i])), done),)
-        return ops.depend(norm, out)
+                done = self.adam(params[i], m[i], v[i], step, self.beta1, self.beta2, eps, decay, g)
+            out = out + (ops.depend(ops.assign(bufs[i], ops.zeros_like(bufs[i])), done),)
+        return ops.depend(ops.zeros((1,), ms.float32), out)
 
 
 def adam_scalars(step: int, beta1: float, beta2: float):

@@ -26,6 +26,7 @@ from mindspore import nn, ops
 
 from mindgrpo.inference.engine import Completion, RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.utils.spans import spans
 from mindgrpo.parallel.comm import AllReduce, Comm, Group
 
 
@@ -46,19 +47,33 @@ def share_by_tokens(tokens: np.ndarray, parts: int, index: int) -> np.ndarray:
     return np.flatnonzero(owner == index)
 
 
+class _AllReduceSpan(nn.Cell):
+    def __init__(self, n: int, reduce: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.n, self.reduce = n, reduce
+
+    def construct(self, bufs):
+        out = ()
+        for i in range(self.n):
+            out = out + (ops.assign(bufs[i], self.reduce(bufs[i])),)
+        return out
+
+
 class _AllReduceBuffers(nn.Cell):
-    """Every gradient buffer <- its sum over the group, in one graph."""
+    """Every gradient buffer <- its sum over the group, in one graph (in spans: `utils/spans.py`)."""
 
     def __init__(self, bufs, group: Group):
         super().__init__(auto_prefix=False)
         self.bufs = bufs
-        self.n = len(bufs)
-        self.reduce = AllReduce(group)
+        self.bounds = spans(len(bufs))
+        reduce = AllReduce(group)
+        self.span = nn.CellList([_AllReduceSpan(b - a, reduce) for a, b in self.bounds])
 
     def construct(self):
         out = ()
-        for i in range(self.n):
-            out = out + (ops.assign(self.bufs[i], self.reduce(self.bufs[i])),)
+        for k in range(len(self.bounds)):
+            a, b = self.bounds[k]
+            out = out + self.span[k](self.bufs[a:b])
         return out
 
 

@@ -34,7 +34,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from mindgrpo.models.qwen2 import StageSpec
-from mindgrpo.models.reductions import squared_sum
+from mindgrpo.models.reductions import SquaredSums
 from mindgrpo.parallel.comm import AllReduce, Comm, Group
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.utils import heartbeat
@@ -97,18 +97,11 @@ class ChainSqNorm(nn.Cell):
 
     def __init__(self, inner: Optional[nn.Cell], n: int, chain: Group):
         super().__init__()
-        self.inner, self.n = inner, n
-        self.has_inner = inner is not None
+        self.inner = inner if inner is not None else SquaredSums(n)
         self.sum = AllReduce(chain)
 
     def construct(self, grads):
-        if self.has_inner:
-            sq = self.inner(grads)
-        else:
-            sq = ops.zeros((), ms.float32)
-            for i in range(self.n):
-                sq = sq + squared_sum(grads[i])
-        return self.sum(sq)
+        return self.sum(self.inner(grads))
 
 
 class Pipeline:

@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindgrpo.parallel.layout import ParallelLayout, num_layers_of
+from mindgrpo.utils.spans import SPAN
 
 
 def layer_buckets(names: Sequence[str]) -> List[List[str]]:
@@ -276,12 +277,13 @@ def plan_parameter(name: str, shape: Sequence[int], itemsize: int, src: Parallel
 
 
 def merge_buckets(buckets: Sequence[List[str]], sizes: Sequence[int], budget: int) -> List[List[str]]:
-    """Consecutive buckets joined while their bytes together stay within `budget`; a bucket larger
-    than the budget stays alone, and budget 0 keeps every bucket as it is."""
+    """Consecutive buckets joined while their bytes together stay within `budget` and their parameters
+    within `utils/spans.SPAN` (a bucket's graphs loop over its parameters); a bucket larger than the
+    budget stays alone, and budget 0 keeps every bucket as it is."""
     out: List[List[str]] = []
     total = 0
     for bucket, size in zip(buckets, sizes):
-        if out and total + size <= budget:
+        if out and total + size <= budget and len(out[-1]) + len(bucket) <= SPAN:
             out[-1] = out[-1] + list(bucket)
             total += size
         else:

@@ -32,7 +32,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.models.fused_head import HeadLogProbs
 from mindgrpo.models.qwen2 import Embedding, Linear
-from mindgrpo.models.reductions import squared_sum
+from mindgrpo.models.reductions import SquaredSums
 from mindgrpo.parallel.comm import AllGather, AllReduce, CopyToGroup, Group, ReduceFromGroup
 from mindgrpo.parallel.layout import ParallelLayout
 
@@ -191,19 +191,13 @@ class GradSqNorm(nn.Cell):
 
     def __init__(self, split, group: Group):
         super().__init__()
-        self.split, self.n = split, len(split)
+        split = tuple(bool(s) for s in split)
+        self.pieces = SquaredSums(len(split), split)
+        self.whole = SquaredSums(len(split), tuple(not s for s in split))
         self.reduce = AllReduce(group)
 
     def construct(self, grads):
-        pieces = ops.zeros((), ms.float32)
-        whole = ops.zeros((), ms.float32)
-        for i in range(self.n):
-            sq = squared_sum(grads[i])
-            if self.split[i]:
-                pieces = pieces + sq
-            else:
-                whole = whole + sq
-        return self.reduce(pieces) + whole
+        return self.reduce(self.pieces(grads)) + self.whole(grads)
 
 
 class TensorParallelLayers:

@@ -63,3 +63,42 @@ def test_lr_schedule_hand_values():
     assert lr_at(10, 1.0, 10, warmup_steps=4, schedule="cosine", min_lr=0.1) == pytest.approx(0.1)
     with pytest.raises(KeyError, match="constant"):
         lr_at(0, 1.0, 10, schedule="nope")
+
+
+def test_adamw_over_hundreds_of_parameters_matches_torch():
+    """400 parameters: one loop over them in a graph passed MindSpore's call-depth limit (a 24-layer model's
+    LoRA adapters did not compile); the step, the norm, accumulation and zeroing run in spans of them."""
+    import torch
+
+    from mindgrpo.utils.spans import SPAN
+
+    n = 400
+    assert n > 3 * SPAN
+    rng = np.random.default_rng(1)
+    names = [f"model.layers.{i // 4}.{['mlp.w1.weight', 'attention.wq.bias', 'ffn_norm.weight', 'x.lora_B'][i % 4]}"
+             for i in range(n)]
+    init = {k: rng.normal(size=(3, 2) if k.endswith("weight") else (3,)).astype(np.float32) for k in names}
+    params = [Parameter(Tensor(v.copy()), name=k) for k, v in init.items()]
+    buf = GradBuffer(params)
+    acc, opt = AccumulateGrads(buf), AdamW(params, buf, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05)
+    tparams = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in init.items()}
+    groups = [{"params": [p for k, p in tparams.items() if not no_decay(k)], "weight_decay": 0.05},
+              {"params": [p for k, p in tparams.items() if no_decay(k)], "weight_decay": 0.0}]
+    topt = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.99), eps=1e-8)
+    for step in (1, 2):
+        grads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in init.items()}
+        acc(tuple(Tensor(grads[k]) for k in names))
+        ref_norm = float(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads.values())))
+        assert abs(float(opt.grad_norm().asnumpy()) - ref_norm) <= 1e-5 * ref_norm
+        bc1, bc2 = adam_scalars(step, 0.9, 0.99)
+        opt(Tensor(np.float32(1e-2)), bc1, bc2, Tensor(np.float32(1.0)), None)
+        for k, p in tparams.items():
+            p.grad = torch.tensor(grads[k])
+        torch.nn.utils.clip_grad_norm_(list(tparams.values()), 1.0)
+        topt.step()
+        for p in params:
+            np.testing.assert_allclose(p.asnumpy(), tparams[p.name].detach().numpy(), rtol=0, atol=2e-6)
+        assert all(not b.asnumpy().any() for b in buf.bufs)
+    acc(tuple(Tensor(np.ones_like(init[k])) for k in names))
+    opt.zero_grads()
+    assert all(not b.asnumpy().any() for b in buf.bufs)

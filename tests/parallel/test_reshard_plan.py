@@ -187,6 +187,18 @@ def test_merge_buckets_joins_consecutive_ones_up_to_the_budget():
     assert merge_buckets(buckets, sizes, 21) == [["a", "b", "c", "d", "e"]]
 
 
+def test_merge_buckets_stop_at_a_span_of_parameters():
+    """A bucket's graphs loop over its parameters: LoRA's adapters (a few KB a layer) under a budget of
+    megabytes join into buckets of at most SPAN parameters, never one of every adapter of the model."""
+    from mindgrpo.utils.spans import SPAN
+
+    buckets = [[f"layers.{i}.{k}" for k in range(14)] for i in range(64)]  # 14 adapters a layer
+    merged = merge_buckets(buckets, [1000] * 64, 1 << 30)
+    per = SPAN // 14
+    assert [len(b) for b in merged] == [14 * per] * (64 // per) + ([14 * (64 % per)] if 64 % per else [])
+    assert sum(merged, []) == sum(buckets, [])
+
+
 def test_sync_buckets_by_bytes_keep_whole_layers_and_the_stages_pairs():
     """One stage: layers joined in order up to the budget (bytes of full fp32 parameters, counted here by
     hand). Two source stages: whole pairs (a bucket of every stage) joined, so every bucket still holds
