@@ -6,8 +6,8 @@ GRPOTrainer with PEFT's LoraConfig, each alone in its process, one after the oth
 The work is `benchmarks.step_memory`'s (4 GSM8K prompts x G = 4 x 128 forced new tokens, micro-batches of 4 rows,
 beta 0.04, one update per step, random weights of the qwen2_5_0_5b preset with --layers decoder layers):
     full      our trainer, full fine-tuning, the memory switches on (step_memory's README row)
-    lora      our trainer, actor_config.lora_rank = R (lora_alpha 2 R) on all seven projections; rl_config.release_graphs
-              on, the layerwise switches off (they run the base weights only: LoRA refuses them)
+    lora      our trainer, actor_config.lora_rank = R (lora_alpha 2 R) on all seven projections, the same memory
+              switches on (the layer graphs take the adapters as inputs beside the base weights)
     trl_lora  TRL's GRPOTrainer with peft_config = LoraConfig(r=R, lora_alpha=2 R, the same seven target modules);
               its reference is the model with the adapters off, as ours
 Per side: seconds per phase and per step, the peak resident memory (VmHWM) of the process. On one device our engine
@@ -32,13 +32,13 @@ SIDES = ("full", "lora", "trl_lora")
 
 
 def lora_overrides(rank: int) -> tuple:
-    return (f"actor_config.lora_rank={rank}", f"actor_config.lora_alpha={2 * rank}", "rl_config.release_graphs=true")
+    return (f"actor_config.lora_rank={rank}", f"actor_config.lora_alpha={2 * rank}")
 
 
 def _ours(res: dict, key: str, args, output: str) -> None:
     lora = key == "lora"
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
-        worker = workers.start(step_memory.side, args.layers, not lora, folder, False,
+        worker = workers.start(step_memory.side, args.layers, True, folder, False,
                                lora_overrides(args.rank) if lora else (), ())
         side = res["sides"][key] = {"built": worker.recv(), "steps": []}
         for _ in range(args.steps):
@@ -108,7 +108,7 @@ def markdown(res: dict) -> str:
             continue
         side = sides[key]
         title = ("full fine-tuning, the memory switches on" if key == "full" else
-                 f"LoRA rank {res['rank']} (alpha {2 * res['rank']}) on all seven projections, release_graphs on")
+                 f"LoRA rank {res['rank']} (alpha {2 * res['rank']}) on all seven projections, the memory switches on")
         lines += [f"## Ours: {title}", "", f"Built in {side['built']['build_s']:.1f} s, peak "
                   f"{side['built']['build_peak_gb']:.2f} GB.", "", "| step | phase | s | peak GB |", "|---|---|---|---|"]
         for i, step in enumerate(side["steps"], 1):

@@ -234,12 +234,6 @@ class GRPOConfig:
         check("soft_overlong" not in self.reward_config.verifier_function or overlong.buffer_len < max_len,
               "reward_config.soft_overlong.buffer_len",
               f"must be < the overlong max_len {max_len}, got {overlong.buffer_len}")
-        if actor.lora_rank > 0:  # the reference and the rollout run the policy's adapters through the whole graphs
-            for key, on in (("ref_config.layerwise", self.ref_config.layerwise),
-                            ("generate_config.layerwise", self.generate_config.layerwise)):
-                check(not on, key, "cannot combine with actor_config.lora_rank > 0 (its layer graph runs the base "
-                      "weights only): set it false")
-
         if self.generate_config.placement == "separate":  # mindgrpo/grpo/separate.py
             self._check_separate()
 
@@ -287,6 +281,15 @@ class GRPOConfig:
             check(off, key, "is not built with generate_config.placement separate yet (the rollout rank runs one "
                   "rollout a step, no validation, warm start, LoRA, tools, environments, reward models or judges): "
                   "leave it off")
+
+    def inference_shares_policy(self, same_layout: bool, own_inference_weights: bool = False) -> bool:
+        """Whether the rollout engine generates with the policy model itself (one copy of the weights, no sync):
+        generate_config.inference_weights auto, the inference layout the policy's (`same_layout`; always on one
+        device), the engine's weights not lagging the policy's (rl_config.off_policy_steps 0) and no weights of
+        its own to load (`own_inference_weights`: --sft_path_infer naming another file than the policy's). The one
+        rule for the builder and the memory plan."""
+        return (self.generate_config.inference_weights == "auto" and same_layout
+                and self.rl_config.off_policy_steps == 0 and not own_inference_weights)
 
     def check_device(self, device_target: str) -> None:
         """Keys that need a kind of device (the run's device_target, e.g. "CPU" or "Ascend")."""

@@ -33,7 +33,7 @@ REFUSED_ON_RESUME = (
     "generate_config.top_k", "generate_config.top_p", "generate_config.min_p", "generate_config.stop_token_ids",
     "generate_config.seed", "generate_config.partial_rollout",
     "reward_config.verifier_function", "reward_config.verifier_weight", "reward_config.reward_plugin",
-    "reward_config.cosine", "reward_config.soft_overlong",
+    "reward_config.cosine", "reward_config.soft_overlong", "reward_config.reward_models", "reward_config.judges",
     "synthetic_config",
 )
 

@@ -359,8 +359,6 @@ class ActorConfig:
         check(not par.optimizer_shard, "lora_rank",
               "cannot combine with parallel_config.optimizer_shard (ZeRO-1 of the adapters' moments is not built; "
               "they are megabytes): set it false")
-        check(not self.layerwise_update, "lora_rank",
-              "cannot combine with layerwise_update (its layer graph runs the base weights only): set it false")
 
 
 @dataclass(frozen=True)
@@ -584,6 +582,10 @@ class JudgeConfig:
     max_tokens: int = 16  # of the judge's answer
     temperature: float = 0.0  # 0: greedy
     max_num_seqs: int = 64  # the judge engine's slots
+    # positions a slot holds, question + answer (vLLM's name): questions longer than max_model_len - max_tokens get
+    # no score (counted too_long); None: sized from the questions put to it (the memory plan cannot count its KV
+    # cache then)
+    max_model_len: Optional[int] = None
     seed: int = 0
     normalize: bool = False  # standardised by its running mean and std before weighting, as a reward model's
 
@@ -594,6 +596,10 @@ class JudgeConfig:
               f"unknown judge parser {self.parser!r}; valid names: {', '.join(JUDGE_PARSERS.names())}")
         _check_positive(self, "max_tokens")
         _check_positive(self, "max_num_seqs")
+        if self.max_model_len is not None:
+            check(self.max_model_len > self.max_tokens, "max_model_len",
+                  f"must exceed max_tokens ({self.max_tokens}): it holds the question and the answer, got "
+                  f"{self.max_model_len}")
         check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
         if self.score_range is not None:
             check(len(self.score_range) == 2 and self.score_range[0] <= self.score_range[1], "score_range",

@@ -308,17 +308,12 @@ def lora_config(cfg: GRPOConfig) -> Optional[LoraSpec]:
 
 
 def inference_shares_policy(cfg: GRPOConfig, paths: Paths, placement: Placement) -> bool:
-    """Whether the inference model is the policy model itself: generate_config.inference_weights is auto,
-    the inference layout is the policy's (always on one device), the inference weights come from the
-    policy's (no --sft_path_infer loaded, or the same file as the policy's) and do not lag them
-    (rl_config.off_policy_steps 0)."""
-    if cfg.generate_config.inference_weights == "copy" or not placement.same_layout("inference") \
-            or cfg.rl_config.off_policy_steps > 0:  # the engine's weights lag the policy's: a copy of their own
-        return False
-    if not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
-        return True
-    return bool(paths.sft_path_train and paths.load_sft_checkpoint_train) and \
-        os.path.realpath(paths.sft_path_infer) == os.path.realpath(paths.sft_path_train)
+    """`GRPOConfig.inference_shares_policy` for this run: its placement's layouts, and whether --sft_path_infer
+    loads weights of its own (a file other than the policy's)."""
+    own = bool(paths.sft_path_infer and paths.load_sft_checkpoint_infer) and not (
+        paths.sft_path_train and paths.load_sft_checkpoint_train
+        and os.path.realpath(paths.sft_path_infer) == os.path.realpath(paths.sft_path_train))
+    return cfg.inference_shares_policy(placement.same_layout("inference"), own)
 
 
 def reward_model_configs(cfg: GRPOConfig) -> list:

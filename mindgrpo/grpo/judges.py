@@ -85,7 +85,7 @@ class Judge:
         texts = [self.question(p, c, {k: v[i] for k, v in columns.items()})
                  for i, (p, c) in enumerate(zip(prompts, completions))]
         ids = self.tokenizer.encode_batch(texts)
-        room = self.engine.max_positions - self.entry.max_tokens
+        room = (self.engine.fixed_capacity or self.engine.max_positions) - self.entry.max_tokens
         fits = [i for i, q in enumerate(ids) if len(q) <= room]
         answers = [""] * len(ids)
         self.calls += 1
@@ -119,7 +119,8 @@ def build_judge(entry: JudgeConfig, name: str, key: str, tokenizer, compute_dtyp
             render_chat([{"role": "user", "content": "?"}], tokenizer_config=entry.chat_template)
         except ChatTemplateError as e:
             raise ValueError(f"{key}.chat_template: {e}") from None
-    engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0, max_num_seqs=entry.max_num_seqs)
+    engine = RolloutEngine(lm, pad_token_id=tokenizer.pad_token_id or 0, max_num_seqs=entry.max_num_seqs,
+                           max_model_len=entry.max_model_len)
     logger.info("judge %r: %s, weight %g, parser %s, answers of at most %d tokens (%s)", name, entry.path,
                 entry.weight, entry.parser, entry.max_tokens,
                 "greedy" if entry.temperature == 0 else f"temperature {entry.temperature:g}")

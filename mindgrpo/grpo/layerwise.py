@@ -109,6 +109,43 @@ class _Layer(nn.Cell):
         return self.layer.apply(x, cos, sin, bias, w)
 
 
+class _AdaptedLayer(nn.Cell):
+    """`_Layer` with the layer's LoRA adapters as inputs too: x, cos, sin, bias, w, lora (the adapters,
+    `DecoderLayer.lora_weights()` order) -> (B, S, H). frozen: no gradient flows into w (the base weights of a
+    LoRA update: their gradients are neither wanted nor computed)."""
+
+    def __init__(self, layer: nn.Cell, frozen: bool = False):
+        super().__init__(auto_prefix=False)
+        self.layer, self.frozen, self.nw = layer, frozen, len(layer.weights())
+
+    def construct(self, x, cos, sin, bias, w, lora):
+        if self.frozen:
+            held = ()
+            for k in range(self.nw):
+                held = held + (ops.stop_gradient(w[k]),)
+            w = held
+        return self.layer.apply(x, cos, sin, bias, w, lora)
+
+
+class _AdaptedLayerGrad(nn.Cell):
+    """x, cos, sin, bias, w, lora, dy (B, S, H), acc (the accumulators of lora's A and B, in lora's order
+    without the scalings) -> dL/dx (B, S, H); the adapters' gradients added to acc, the base weights frozen."""
+
+    def __init__(self, layer: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.layer = _AdaptedLayer(layer, frozen=True)
+        self.grad = ops.GradOperation(get_all=True, sens_param=True)
+        self.n = len(layer.lora_weights()) // 3
+
+    def construct(self, x, cos, sin, bias, w, lora, dy, acc):
+        grads = self.grad(self.layer)(x, cos, sin, bias, w, lora, dy)
+        done = ()
+        for k in range(self.n):
+            done = done + (ops.assign_add(acc[2 * k], grads[5][3 * k].astype(ms.float32)),
+                           ops.assign_add(acc[2 * k + 1], grads[5][3 * k + 1].astype(ms.float32)))
+        return ops.depend(grads[0], done)
+
+
 class _LayerGrad(nn.Cell):
     """x (B, S, H), cos, sin, bias, w, dy (B, S, H), acc (w's accumulators, in w's order) -> dL/dx
     (B, S, H); the weights' gradients added to acc: the layer run again from x, its vector-Jacobian
@@ -147,19 +184,27 @@ class LayerwiseGradStep:
         trained = {id(p) for p in params}
         layers = [lm.model.layers[i] for i in lm.layer_ids]
         weights = [layer.weights() for layer in layers]
-        if any(id(p) not in trained for w in weights for p in w):
+        adapters = [layer.lora_weights() for layer in layers]
+        tuned = [[p for k, p in enumerate(a) if k % 3 != 2] for a in adapters]  # LoRA: A and B, not the scalings
+        self.lora = any(adapters)
+        if self.lora and trained != {id(p) for t in tuned for p in t}:
+            raise ValueError("with LoRA adapters the layerwise update trains the adapters alone")
+        if not self.lora and any(id(p) not in trained for w in weights for p in w):
             raise ValueError("the layerwise update trains every decoder layer weight")
         embedding = lm.model.tok_embeddings.embedding_weight
-        in_layers = {id(p) for w in weights for p in w}
+        in_layers = {id(p) for w in weights + adapters for p in w}
         head = [p for p in params if id(p) not in in_layers and (lm.tied or p is not embedding)]
         # graph inputs: the Parameters themselves (in place, no copy), the same tuples at every call
         self.layer_weights = [ms.mutable(tuple(w)) for w in weights]
-        self.layer_accumulators = [ms.mutable(tuple(_Accumulators(buffer, params, w).bufs)) for w in weights]
+        self.layer_lora = [ms.mutable(tuple(a)) for a in adapters] if self.lora else []
+        self.layer_accumulators = [ms.mutable(tuple(_Accumulators(buffer, params, t if self.lora else w).bufs))
+                                   for w, t in zip(weights, tuned)]
         self.embed = _Embed(lm)
-        self.layer = _Layer(layers[0])
-        self.layer_grad = _LayerGrad(layers[0])
+        self.layer = _AdaptedLayer(layers[0]) if self.lora else _Layer(layers[0])
+        self.layer_grad = _AdaptedLayerGrad(layers[0]) if self.lora else _LayerGrad(layers[0])
         self.head = GRPOGradStep(policy_loss, head, _Accumulators(buffer, params, head), wrt_inputs=True)
-        self.embed_grad = _EmbedGrad(lm, _Accumulators(buffer, params, [embedding]))
+        self.embed_grad = _EmbedGrad(lm, _Accumulators(buffer, params, [embedding])) \
+            if id(embedding) in trained else None  # LoRA: the embedding is the frozen base's
         self.loss = policy_loss.loss
         self.head_rows = 0 if policy_loss.loss.needs_entropy else head_rows
 
@@ -167,14 +212,19 @@ class LayerwiseGradStep:
                  rollout_logp=None):
         x, cos, sin, bias = self.embed(ids)
         inputs = []
-        for w in self.layer_weights:
+        for i, w in enumerate(self.layer_weights):
             inputs.append(x)
-            x = self.layer(x, cos, sin, bias, w)
+            x = self.layer(x, cos, sin, bias, w, self.layer_lora[i]) if self.lora else self.layer(x, cos, sin, bias, w)
         loss, metrics, dx = self._head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                                        rollout_logp)
         for i in reversed(range(len(self.layer_weights))):
-            dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], dx, self.layer_accumulators[i])
-        self.embed_grad(ids, dx)
+            if self.lora:
+                dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], self.layer_lora[i], dx,
+                                     self.layer_accumulators[i])
+            else:
+                dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], dx, self.layer_accumulators[i])
+        if self.embed_grad is not None:
+            self.embed_grad(ids, dx)
         return loss, metrics
 
     def _head(self, x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs, rollout_logp):
@@ -211,14 +261,17 @@ class LayerwiseLogProbs:
                              "parallelism)")
         layers = [lm.model.layers[i] for i in lm.layer_ids]
         self.layer_weights = [ms.mutable(tuple(layer.weights())) for layer in layers]  # in place, no copy
+        # LoRA: the adapters too (with `lora.adapters_off`, scaling 0: the base's log-probs, y + 0)
+        self.lora = bool(layers[0].lora_weights())
+        self.layer_lora = [ms.mutable(tuple(layer.lora_weights())) for layer in layers] if self.lora else []
         self.embed = _Embed(lm)
-        self.layer = _Layer(layers[0])
+        self.layer = _AdaptedLayer(layers[0]) if self.lora else _Layer(layers[0])
         self.head = TokenLogProbs(lm, with_entropy, temperature, chunk, from_hidden=True)
 
     def __call__(self, ids, score_pos, labels):
         x, cos, sin, bias = self.embed(ids)  # (B, S, H)
-        for w in self.layer_weights:
-            x = self.layer(x, cos, sin, bias, w)
+        for i, w in enumerate(self.layer_weights):
+            x = self.layer(x, cos, sin, bias, w, self.layer_lora[i]) if self.lora else self.layer(x, cos, sin, bias, w)
         return self.head(x, score_pos, labels)
 
 

@@ -82,6 +82,19 @@ class ModelRewards:
     def parameters(self) -> list:
         return [p for m in self.models for p in m.parameters()]
 
+    def state(self) -> Dict[str, dict]:
+        """{name: running statistics} of the models that normalise their scores, for a checkpoint."""
+        return {m.name: m.norm.state() for m in self.models if m.norm is not None}
+
+    def load_state(self, state: Dict[str, dict]) -> List[str]:
+        """Restore `state()`; returns the names of normalising models it holds nothing for (nothing restored then)."""
+        missing = [m.name for m in self.models if m.norm is not None and m.name not in state]
+        if not missing:
+            for m in self.models:
+                if m.norm is not None:
+                    m.norm.load_state(state[m.name])
+        return missing
+
     def cache_bytes(self) -> int:
         """The judges' KV caches allocated so far."""
         return sum(m.engine.cache_bytes() for m in self.models if isinstance(m, Judge))

@@ -128,13 +128,17 @@ class GRPOGradStep(nn.Cell):
         self.policy_loss = policy_loss
         self.weights = ms.ParameterTuple(params)
         self.wrt_inputs = wrt_inputs
-        self.grad_fn = ms.value_and_grad(self.policy_loss, 0 if wrt_inputs else None, self.weights, has_aux=True)
+        self.has_weights = len(params) > 0  # none: the inputs' gradient alone (a LoRA head, `layerwise.py`)
+        self.grad_fn = ms.value_and_grad(self.policy_loss, 0 if wrt_inputs else None,
+                                         self.weights if params else None, has_aux=True)
         self.accumulate = AccumulateGrads(buffer)
 
     def construct(self, inputs, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                   rollout_logp):
         (loss, metrics), grads = self.grad_fn(inputs, feed, mask, advantages, old_logp, ref_logp,
                                               global_tokens, global_seqs, rollout_logp)
+        if self.wrt_inputs and not self.has_weights:
+            return loss, metrics, grads
         if self.wrt_inputs:
             d_inputs, grads = grads
             return ops.depend(loss, self.accumulate(grads)), metrics, d_inputs

@@ -519,6 +519,8 @@ class GRPOTrainer:
                  "bad_steps": self.bad_steps, "config": asdict(self.cfg)}
         if self.best is not None:
             state["best"] = self.best.state()
+        if self.reward_models is not None:
+            state["reward_norms"] = self.reward_models.state()
         extra = {"name": name} if name else {}
         if self.lora is not None:
             state["lora_base"] = self.lora.state()
@@ -542,6 +544,10 @@ class GRPOTrainer:
         self.bad_steps = {"total": int(state["bad_steps"]["total"]), "in_a_row": int(state["bad_steps"]["in_a_row"])}
         if self.best is not None and "best" in state:  # checkpoints of runs without save_best have none
             self.best.load_state(state["best"])
+        missing = self.reward_models.load_state(state.get("reward_norms", {})) if self.reward_models else []
+        if missing:
+            raise CheckpointError(f"checkpoint {path} holds no running statistics of the normalised reward model(s) "
+                                  f"{missing} (saved by a run with other reward_config.reward_models / judges)")
         self.sync_now()  # the inference copy follows the restored policy
         self.progress.start_at(self.step)
         logger.info("resumed from %s at step %d", path, self.step)

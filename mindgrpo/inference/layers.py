@@ -103,11 +103,21 @@ class _RefreshLayer(nn.Cell):
         self.layer, self.n = layer, n
 
     def construct(self, w, out):
-        fused = fuse_layer(self.layer, w)
+        return self.assign(fuse_layer(self.layer, w), out)
+
+    def assign(self, fused, out):
         done = ()
         for k in range(self.n):
             done = done + (ops.assign(out[k], fused[k]),)
         return done
+
+
+class _RefreshAdaptedLayer(_RefreshLayer):
+    """`_RefreshLayer` called (w, lora, out): the layer's LoRA adapters (`DecoderLayer.lora_weights()` order)
+    merged into w first, as `fused_layer_weights` merges them."""
+
+    def construct(self, w, lora, out):
+        return self.assign(fuse_layer(self.layer, self.layer.merge(w, lora)), out)
 
 
 class InferenceWeights(nn.Cell):
@@ -133,11 +143,17 @@ class InferenceWeights(nn.Cell):
         self.sources = [ms.mutable(tuple(layer.weights()[:12 if layer.attention.wq.has_bias else 9]))
                         for layer in lm.model.layers]
         self.layer_buffers = [ms.mutable(tuple(self.buffers[i * n:(i + 1) * n])) for i in range(len(self.sources))]
+        self.adapters = []  # layerwise with LoRA: each layer's adapters (`DecoderLayer.lora_weights()`), merged in
         self._refresh = self._make_refresh()
 
     def _make_refresh(self):
         layer = self.lm.model.layers[0]
-        return _RefreshLayer(layer, len(self.fields)) if self.layerwise else _Refresh(self.lm, self.buffers)
+        if not self.layerwise:
+            return _Refresh(self.lm, self.buffers)
+        # adapters added after the engine was built (a --lora folder loaded) are seen here, at the next refresh
+        self.adapters = [ms.mutable(tuple(layer.lora_weights())) for layer in self.lm.model.layers] \
+            if layer.lora_weights() else []
+        return (_RefreshAdaptedLayer if self.adapters else _RefreshLayer)(layer, len(self.fields))
 
     def get(self, i: int, field: str):
         """Layer i's copy named `field` (a Python constant in a graph: resolved at compile time)."""
@@ -150,8 +166,13 @@ class InferenceWeights(nn.Cell):
         if not self.layerwise:
             self._refresh()
             return
-        for w, out in zip(self.sources, self.layer_buffers):
-            self._refresh(w, out)
+        if bool(self.lm.model.layers[0].lora_weights()) != bool(self.adapters):
+            self._refresh = self._make_refresh()
+        for i, (w, out) in enumerate(zip(self.sources, self.layer_buffers)):
+            if self.adapters:
+                self._refresh(w, self.adapters[i], out)
+            else:
+                self._refresh(w, out)
 
     def release(self) -> None:
         """Drop the compiled refresh graph and the buffers the runtime keeps for it (its transposed and

@@ -15,7 +15,7 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
                 dtype (`mindgrpo.inference.layers.InferenceWeights`). Where the inference layout
                 is the training layout and generate_config.inference_weights is auto, the
                 inference model is the policy itself (one copy of the weights,
-                `mindgrpo.grpo.builder.inference_shares_policy`; a run given --sft_path_infer of
+                `GRPOConfig.inference_shares_policy`; a run given --sft_path_infer of
                 its own keeps a copy): the group is the fused copies alone, generating needs the
                 policy resident (`swap.SHARED_PHASES`) and there is no sync bucket
     reference   the reference model's piece (reference layout), when beta > 0 without LoRA
@@ -37,8 +37,9 @@ largest: ranks differ only by pipeline stage, the first holding the embedding, t
                 (split like the policy's tensor parallelism)
                 (`grpo/reward_models.py`), and every judge of reward_config.judges (its fp32 weights with the
                 LM head, and its engine's fused layer copies; `grpo/judges.py`), resident in its own phase
-                "reward_model" only; the buffers its scoring graphs keep on the CPU runtime and a judge's KV
-                cache (sized by its engine from the questions put to it) are not counted
+                "reward_model" only, with a judge's KV cache when its entry fixes max_model_len (otherwise
+                its engine sizes it from the questions put to it, and it is not counted); the buffers the
+                scoring graphs keep on the CPU runtime are not counted
 The ledger of a run counts exactly these (tests/parallel/test_msrun.py compares). On top, the
 activation estimate of the training step (not in the ledger): Megatron's per-layer count for
 tensor parallelism without sequence parallelism or recomputation (Korthikanti et al. 2022,
@@ -330,11 +331,20 @@ def reward_model_bytes(configs: Sequence[Qwen2Config], tp: int = 1) -> int:
                for name, shape in expected_shapes(c, "score").items())
 
 
-def judge_bytes(configs: Sequence[Qwen2Config]) -> int:
-    """The judges' fp32 weights (decoder and LM head), each whole, and their engines' fused layer copies."""
+def judge_bytes(configs: Sequence[Qwen2Config], entries: Sequence = (), compute_dtype: str = "float32") -> int:
+    """The judges' fp32 weights (decoder and LM head), each whole, their engines' fused layer copies, and the KV
+    cache of each judge whose entry (reward_config.judges[i]) fixes max_model_len: max_num_seqs slots of that many
+    positions, in the compute dtype (the rollout engine's cache: `kv_cache_bytes`)."""
     one = ParallelLayout.from_config(ParallelConfig())
+    width = 2 if compute_dtype != "float32" else 4
+    cache = 0
+    for c, e in zip(configs, entries):
+        if e.max_model_len is not None:
+            capacity = min(e.max_model_len, c.max_position_embeddings)
+            slots = kv_slots(capacity, e.max_num_seqs, None)
+            cache += 2 * c.num_hidden_layers * (slots + 1) * c.num_key_value_heads * capacity * c.d * width
     return sum(4 * int(np.prod(shape)) for c in configs for shape in expected_shapes(c).values()) + \
-        sum(inference_copy_bytes(c, one) for c in configs)
+        sum(inference_copy_bytes(c, one) for c in configs) + cache
 
 
 def plan(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: Optional[int] = None,
@@ -356,8 +366,7 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
     infer = ParallelLayout.from_config(gen.parallel_config)
     policy = piece_bytes(mcfg, train, rank=rank)
     optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard, rank)
-    # as grpo.builder.inference_shares_policy decides (off_policy_steps: the engine's weights lag, a copy)
-    shared = gen.inference_weights == "auto" and infer == train and rl.off_policy_steps == 0
+    shared = gcfg.inference_shares_policy(infer == train)  # the plan of a run without --sft_path_infer of its own
     inference = inference_copy_bytes(mcfg, infer) + (0 if shared else piece_bytes(mcfg, infer))
     grads, sync_bucket = policy, 0 if shared else largest_sync_bucket(mcfg, train, infer, rank,
                                                                       rl.weight_sync_bucket_bytes)
@@ -381,7 +390,8 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
         raise ValueError(f"{len(reward_models)} model configs for {n_rm} reward_config.reward_models and "
                          f"{n_judges} reward_config.judges")
     if reward_models:
-        groups["reward_model"] = reward_model_bytes(reward_models[:n_rm], train.tp) + judge_bytes(reward_models[n_rm:])
+        groups["reward_model"] = reward_model_bytes(reward_models[:n_rm], train.tp) + judge_bytes(
+            reward_models[n_rm:], gcfg.reward_config.judges, gcfg.actor_config.dtype)
     table = {**(SHARED_PHASES if shared else PHASES), **({"reference": ("policy",)} if lora else {})}
     phases = {p: [g for g in table[p] if g in groups] for p in ACTIVE_PHASES}
     if not reward_models:

@@ -78,7 +78,10 @@ class Linear(nn.Cell):
 
     def adapter(self, x):
         """x (N, in) in the compute dtype -> s (x A^T) B^T (N, out)."""
-        a, b, s = self.lora_in(self.lora_a), self.lora_b, self.lora_scaling
+        return self.adapter_of(x, self.lora_in(self.lora_a), self.lora_b, self.lora_scaling)
+
+    def adapter_of(self, x, a, b, s):
+        """`adapter` with the given A (r, in), B (out, r) and s instead of this layer's."""
         if self.cast_needed:
             a, b, s = a.astype(self.dtype), b.astype(self.dtype), s.astype(self.dtype)
         return self.matmul(self.lora_mid(self.matmul(x, a)), b) * s  # (N, r) then (N, out)
@@ -103,7 +106,7 @@ class Linear(nn.Cell):
         """W + s B A (out, in) fp32 with an adapter (the rollout engine's copies), else W itself."""
         if not self.has_lora:
             return self.weight
-        return self.weight + ops.matmul(self.lora_b, self.lora_a) * self.lora_scaling
+        return merge_adapter(self.weight, self.lora_a, self.lora_b, self.lora_scaling)
 
     def finish(self, y):
         """What follows the matmul: the bias (a row-parallel layer first sums the ranks' partial
@@ -112,9 +115,9 @@ class Linear(nn.Cell):
             y = y + (self.bias.astype(self.dtype) if self.cast_needed else self.bias)
         return y
 
-    def apply(self, x, w, b):
-        """`construct` on one device with the given weight (out, in) and bias (out,) or None instead of
-        this layer's: one compiled graph serves every decoder layer (`DecoderLayer.apply`)."""
+    def apply(self, x, w, b, lora=None):
+        """`construct` on one device with the given weight (out, in), bias (out,) or None and adapter (A, B, s)
+        or None instead of this layer's: one compiled graph serves every decoder layer (`DecoderLayer.apply`)."""
         lead = x.shape[:-1]
         x = x.reshape(-1, x.shape[-1])
         if self.cast_needed:
@@ -122,7 +125,14 @@ class Linear(nn.Cell):
         y = self.matmul(x, w)
         if b is not None:
             y = y + (b.astype(self.dtype) if self.cast_needed else b)
+        if lora is not None:
+            y = y + self.adapter_of(x, lora[0], lora[1], lora[2])
         return y.reshape(lead + (y.shape[-1],))
+
+
+def merge_adapter(w, a, b, s):
+    """W (out, in) + s B A: a projection's weight with its adapter merged in, fp32."""
+    return w + ops.matmul(b, a) * s
 
 
 class Embedding(nn.Cell):
@@ -347,19 +357,19 @@ class Attention(nn.Cell):
             return self.wo(self._attend(q, k, v, bias, self.scale))
         return self.wo(self._attend_flash(q, k, v, flash[0], flash[1]))
 
-    def apply(self, x, cos, sin, bias, wq, wk, wv, wo, qkv_bias, qk_norms):
+    def apply(self, x, cos, sin, bias, wq, wk, wv, wo, qkv_bias, qk_norms, adapters=(None,) * 4):
         """`construct` on one device with the given weights instead of this layer's: wq, wk, wv, wo;
         qkv_bias: (bq, bk, bv), or (None, None, None) without attention_bias; qk_norms: (q_norm,
-        k_norm) weights with qk_norm, else None."""
+        k_norm) weights with qk_norm, else None; adapters: (A, B, s) or None for wq, wk, wv, wo."""
         b, s, _ = x.shape
-        q = self.wq.apply(x, wq, qkv_bias[0]).reshape(b, s, self.nh, self.d)  # (B, S, nh, d)
-        k = self.wk.apply(x, wk, qkv_bias[1]).reshape(b, s, self.nkv, self.d)  # (B, S, nkv, d)
+        q = self.wq.apply(x, wq, qkv_bias[0], adapters[0]).reshape(b, s, self.nh, self.d)  # (B, S, nh, d)
+        k = self.wk.apply(x, wk, qkv_bias[1], adapters[1]).reshape(b, s, self.nkv, self.d)  # (B, S, nkv, d)
         if self.qk_norm:
             q, k = self.q_norm.apply(q, qk_norms[0]), self.k_norm.apply(k, qk_norms[1])
         q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)  # (B, nh, S, d), (B, nkv, S, d)
-        v = self.wv.apply(x, wv, qkv_bias[2]).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)
+        v = self.wv.apply(x, wv, qkv_bias[2], adapters[2]).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.wo.apply(self._attend(q, k, v, bias, self.scale), wo, None)
+        return self.wo.apply(self._attend(q, k, v, bias, self.scale), wo, None, adapters[3])
 
     def _attend_flash(self, q, k, v, seq_ends, causal_mask):
         """Packed rows through Ascend's fused kernel in its TND layout: q (B, nh, S, d), k/v
@@ -393,9 +403,10 @@ class MLP(nn.Cell):
         x = self.enter(x)
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
-    def apply(self, x, w1, w3, w2):
-        """`construct` on one device with the given weights."""
-        return self.w2.apply(ops.silu(self.w1.apply(x, w1, None)) * self.w3.apply(x, w3, None), w2, None)
+    def apply(self, x, w1, w3, w2, adapters=(None,) * 3):
+        """`construct` on one device with the given weights and adapters ((A, B, s) or None for w1, w3, w2)."""
+        gate, up = self.w1.apply(x, w1, None, adapters[0]), self.w3.apply(x, w3, None, adapters[1])
+        return self.w2.apply(ops.silu(gate) * up, w2, None, adapters[2])
 
 
 class DecoderLayer(nn.Cell):
@@ -425,23 +436,57 @@ class DecoderLayer(nn.Cell):
     def merged_weights(self) -> tuple:
         """`weights()` with each projection's LoRA adapter merged in (`Linear.merged_weight`): the same
         Parameters where the layer has none."""
-        att, mlp = self.attention, self.feed_forward
         w = self.weights()
-        merged = tuple(lin.merged_weight() for lin in (att.wq, att.wk, att.wv, att.wo, mlp.w1, mlp.w3, mlp.w2))
-        return w[:2] + merged + w[9:]
+        return w[:2] + tuple(lin.merged_weight() for lin in self._projections()) + w[9:]
 
-    def apply(self, x, cos, sin, bias, w):
+    def _projections(self) -> tuple:
+        """wq, wk, wv, wo, w1, w3, w2: the projections in `weights()` order (entries 2-8)."""
+        att, mlp = self.attention, self.feed_forward
+        return (att.wq, att.wk, att.wv, att.wo, mlp.w1, mlp.w3, mlp.w2)
+
+    def lora_weights(self) -> tuple:
+        """(A, B, s) of each projection that has an adapter, in `weights()` order, one flat tuple: the adapters
+        `apply` and `merge` take; () without adapters."""
+        out = ()
+        for lin in self._projections():
+            if lin.has_lora:
+                out += (lin.lora_a, lin.lora_b, lin.lora_scaling)
+        return out
+
+    def _adapters(self, lora) -> tuple:
+        """lora (`lora_weights()` order) -> one entry per projection: its (A, B, s), or None."""
+        out, k = (), 0
+        for lin in self._projections():
+            if lin.has_lora:
+                out += ((lora[k], lora[k + 1], lora[k + 2]),)
+                k += 3
+            else:
+                out += (None,)
+        return out
+
+    def merge(self, w, lora) -> tuple:
+        """w (`weights()` order) with each adapter of lora (`lora_weights()` order) merged into its projection
+        (`merge_adapter`), of any layer of this architecture."""
+        adapters = self._adapters(lora)
+        merged = ()
+        for k in range(7):
+            one = adapters[k]
+            merged += (w[2 + k] if one is None else merge_adapter(w[2 + k], one[0], one[1], one[2]),)
+        return (w[0], w[1]) + merged + tuple(w[9:])
+
+    def apply(self, x, cos, sin, bias, w, lora=()):
         """`construct` on one device with the weights w (a tuple in the order of `weights()`, of any
-        layer of this architecture) instead of this layer's: the same ops, so that one compiled graph
-        runs every layer (`mindgrpo/grpo/layerwise.py`)."""
+        layer of this architecture) and its adapters lora (`lora_weights()` order) instead of this layer's:
+        the same ops, so that one compiled graph runs every layer (`mindgrpo/grpo/layerwise.py`)."""
         att = self.attention
         qkv_bias = (w[9], w[10], w[11]) if att.wq.has_bias else (None, None, None)
         # positive indices only: a negative one into a mutable tuple reads garbage on MindSpore 2.10's CPU
         norms_at = 12 if att.wq.has_bias else 9
         qk_norms = (w[norms_at], w[norms_at + 1]) if att.qk_norm else None
+        ad = self._adapters(lora)
         x = x + att.apply(self.attention_norm.apply(x, w[0]), cos, sin, bias, w[2], w[3], w[4], w[5], qkv_bias,
-                          qk_norms)
-        return x + self.feed_forward.apply(self.ffn_norm.apply(x, w[1]), w[6], w[7], w[8])
+                          qk_norms, ad[:4])
+        return x + self.feed_forward.apply(self.ffn_norm.apply(x, w[1]), w[6], w[7], w[8], ad[4:])
 
 
 @dataclass(frozen=True)

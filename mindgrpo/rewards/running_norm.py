@@ -5,8 +5,8 @@ reward model's scores before they are weighted (`reward_config.reward_models[].n
     z = norm(scores)  # (B,): the statistics first take in this batch's finite scores, then standardise it
 
 z = (x - mean) / max(std, eps) with the mean and the population std of every finite score seen so far, this
-batch's included; NaN (no score) stays NaN. The statistics are state of the run, not of a checkpoint: a
-resumed run starts them again.
+batch's included; NaN (no score) stays NaN. The statistics are part of a checkpoint (`state()`,
+`load_state()`), so a resumed run standardises as the run it continues would have.
 """
 
 from __future__ import annotations
@@ -42,3 +42,10 @@ class RunningNorm:
         self.update(x)
         x = np.asarray(x, np.float32)
         return ((x - self.mean) / max(self.std, self.eps)).astype(np.float32)
+
+    def state(self) -> dict:
+        """The statistics, for a checkpoint's state.json (floats kept exactly: JSON writes repr)."""
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state(self, state: dict) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])

@@ -27,7 +27,6 @@ def test_lora_keys_load_and_accept_peft_and_short_names():
     (["actor_config.lora_rank=8", "actor_config.parallel_config.data_parallel=2",
       "actor_config.parallel_config.optimizer_shard=true", "generate_config.parallel_config.data_parallel=2"],
      "actor_config.lora_rank", "optimizer_shard"),
-    (["actor_config.lora_rank=8", "actor_config.layerwise_update=true"], "actor_config.lora_rank", "layerwise_update"),
     # with LoRA the reference is the policy with its adapters off: no reference model to load or lay out
     (["actor_config.lora_rank=8", "rl_config.beta=0.04", "ref_config.load_checkpoint=/models/ref"],
      "ref_config.load_checkpoint", "actor_config.lora_rank > 0"),
@@ -36,14 +35,19 @@ def test_lora_keys_load_and_accept_peft_and_short_names():
     (["actor_config.lora_rank=8", "rl_config.beta=0.04", "actor_config.parallel_config.model_parallel=2",
       "generate_config.parallel_config.data_parallel=2", "ref_config.parallel_config.model_parallel=2"],
      "ref_config.parallel_config.model_parallel", "actor_config.lora_rank > 0"),
-    (["actor_config.lora_rank=8", "generate_config.layerwise=true"], "generate_config.layerwise", "lora_rank > 0"),
-    (["actor_config.lora_rank=8", "rl_config.beta=0.04", "ref_config.layerwise=true"], "ref_config.layerwise",
-     "lora_rank > 0"),
 ])
 def test_lora_refusals_name_the_key(overrides, key, expected):
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=overrides)
     assert info.value.key == key and expected in info.value.message, str(info.value)
+
+
+def test_lora_takes_the_layer_graphs():
+    """The layer-at-a-time graphs (update, reference, rollout) run the adapters too (`grpo/layerwise.py`)."""
+    cfg = load_config(GRPOConfig, overrides=["actor_config.lora_rank=8", "rl_config.beta=0.04",
+                                             "actor_config.layerwise_update=true", "generate_config.layerwise=true",
+                                             "ref_config.layerwise=true"])
+    assert cfg.actor_config.layerwise_update and cfg.generate_config.layerwise and cfg.ref_config.layerwise
 
 
 def test_lora_loads_under_msrun_layouts():

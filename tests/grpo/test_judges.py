@@ -71,7 +71,7 @@ def run(tmp_path_factory):
     template = TEMPLATE.replace('"', '\\"')
     cfg = load_config(GRPOConfig, None, [x for x in MICRO if "completions_interval" not in x] + [
         f"actor_config.model={model}", f"rl_config.output_dir={out}", "rl_config.completions_interval=1",
-        f'reward_config.judges=[{{path: {judge_path}, name: critic, weight: 0.25, max_tokens: 6, '
+        f'reward_config.judges=[{{path: {judge_path}, name: critic, weight: 0.25, max_tokens: 6, max_model_len: 256, '
         f'score_range: [{SCORE_RANGE[0]}, {SCORE_RANGE[1]}], template: "{template}"}}]'])
     parts = builder.build(cfg, builder.Paths(output_dir=str(out)))
     log = Rows()
@@ -140,6 +140,8 @@ def test_the_judge_is_resident_in_its_own_phase_only(run):
     judge = run["parts"].reward_models.models[0]
     weights = sum(p.asnumpy().nbytes for p in judge.engine.lm.get_parameters())
     assert memory.groups["reward_model"].size() >= weights + judge.engine.cache_bytes() > weights
+    m = judge.engine.lm.config  # max_model_len 256 fixes the cache: 64 slots + the trash slot, fp32 k and v
+    assert judge.engine.cache_bytes() == 2 * m.num_hidden_layers * 65 * m.num_key_value_heads * 256 * m.d * 4
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -148,6 +150,7 @@ def test_the_judge_is_resident_in_its_own_phase_only(run):
     ("{path: a, name: test_text_length}", "names must differ"),
     ("{path: a, score_range: [3, 1]}", "judges\\[0\\].score_range"),
     ("{path: a, max_tokens: 0}", "judges\\[0\\].max_tokens"),
+    ("{path: a, max_tokens: 8, max_model_len: 8}", "judges\\[0\\].max_model_len"),
 ])
 def test_config_refuses_bad_judges(entry, message):
     with pytest.raises(ConfigError, match=message):
@@ -166,5 +169,9 @@ def test_the_plan_counts_a_judges_weights_and_fused_copies(tmp_path):
     cfg = load_config(GRPOConfig, None, MICRO + [f"actor_config.model={model}", "reward_config.judges=[{path: j}]"])
     p = plan(cfg, m, reward_models=[m])
     assert p.groups["reward_model"] == weights + fused and p.phases["reward_model"] == ["reward_model"]
+    fixed = load_config(GRPOConfig, None, MICRO + [f"actor_config.model={model}",
+                                                   "reward_config.judges=[{path: j, max_model_len: 100, max_num_seqs: 6}]"])
+    cache = 2 * m.num_hidden_layers * (6 + 1) * m.num_key_value_heads * 100 * m.d * 4  # 6 slots + the trash slot
+    assert plan(fixed, m, reward_models=[m]).groups["reward_model"] == weights + fused + cache
     with pytest.raises(ValueError, match="1 reward_config.judges"):
         plan(cfg, m, reward_models=[])

@@ -206,3 +206,50 @@ def test_an_update_that_releases_drops_its_graphs_before_the_optimizer_step_and_
         assert dropped.step_graph is None and not dropped.adamw.norm_graphs and dropped.adamw.adam_graphs
         for a, b in zip(lm_a.get_parameters(), lm_b.get_parameters()):
             np.testing.assert_array_equal(b.asnumpy(), a.asnumpy(), err_msg=a.name)
+
+
+def with_adapters(cfg, seed=7):
+    """A model of cfg with rank-4 adapters on all seven projections, B random (zero B gives A no gradient)."""
+    from mindgrpo.models.lora import LoraSpec, add_adapters, adapter_parameters
+
+    lm = Qwen2ForCausalLM(cfg, seed=seed)
+    add_adapters(lm, LoraSpec(rank=4, alpha=8.0), seed=3)
+    rng = np.random.default_rng(11)
+    for p in adapter_parameters(lm):
+        if p.name.endswith(".lora_b"):
+            p.set_data(Tensor(rng.normal(0.0, 0.2, p.shape).astype(np.float32)))
+    return lm
+
+
+@pytest.mark.slow
+def test_layerwise_with_lora_gives_the_adapters_gradients_and_log_probs_of_the_whole_graph():
+    """LoRA on the layer graphs (the adapters graph inputs beside the base weights): the update's loss, metrics
+    and adapter gradients (the only ones: the base is frozen) equal the whole-model graph's; the scoring pass
+    gives its log-probs, and with the adapters off (the LoRA reference) the base model's."""
+    from mindgrpo.grpo.actor import Scorer
+    from mindgrpo.models.lora import adapters_off
+
+    exp = experience()
+    loss = GRPOLoss(beta=0.04, kl_kind="k3")
+    kw = dict(micro_batch_size=4, detach_old=True, use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8,
+              weight_decay=0.0, grad_clip=1.0)
+    whole = PolicyUpdater(with_adapters(QWEN2), loss, layerwise=False, **kw)
+    lm = with_adapters(QWEN2)
+    layerwise = PolicyUpdater(lm, loss, layerwise=True, **kw)
+    assert isinstance(layerwise.step_graph, LayerwiseGradStep) and layerwise.step_graph.lora
+    a, b = one_micro_batch(whole, exp), one_micro_batch(layerwise, exp)
+    assert b[0] == pytest.approx(a[0], rel=1e-6, abs=1e-7)
+    np.testing.assert_allclose(b[1], a[1], rtol=1e-6, atol=1e-7)
+    assert sorted(b[2]) == sorted(a[2]) and len(a[2]) == 2 * 7 * QWEN2.num_hidden_layers
+    assert all(".lora_" in name for name in a[2])
+    for name, grad in a[2].items():
+        assert np.any(grad != 0), name
+        np.testing.assert_allclose(b[2][name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
+
+    scored, by_layer = Scorer(lm, 2), Scorer(lm, 2, layerwise=True)
+    np.testing.assert_allclose(by_layer(exp), scored(exp), rtol=1e-6, atol=1e-7)
+    base = Scorer(Qwen2ForCausalLM(QWEN2, seed=7), 2)(exp)
+    with adapters_off(lm):
+        off = by_layer(exp)
+    assert not np.allclose(off, scored(exp))  # the adapters matter ...
+    np.testing.assert_allclose(off, base, rtol=1e-6, atol=1e-7)  # ... and off, the base model's log-probs

@@ -72,7 +72,7 @@ def run(tmp_path_factory):
     seen = watch_ledger(parts.memory)
     kept = keep_rollouts(trainer)
     metrics = trainer.train_step()
-    yield dict(cfg=cfg, parts=parts, metrics=metrics, seen=seen, r=kept["r"], model=model)
+    yield dict(cfg=cfg, parts=parts, metrics=metrics, seen=seen, r=kept["r"], model=model, trainer=trainer)
     ms.set_context(mode=previous)
 
 
@@ -110,6 +110,25 @@ def test_the_total_is_the_weighted_sum_of_rule_and_model_scores(run):
     assert metrics["reward/total/mean"] == pytest.approx(float(r.rewards.mean()), rel=1e-5)
 
 
+@pytest.mark.slow
+def test_a_checkpoint_holds_the_running_statistics_of_a_normalised_reward_model(run):
+    """Resume continues the standardisation where the run left it (state.json's reward_norms); statistics for a
+    model that normalises but is missing are reported, not silently restarted."""
+    trainer, models = run["trainer"], run["parts"].reward_models
+    model = models.models[0]
+    model.norm = RunningNorm()
+    try:
+        model.norm(np.array([0.25, 1.5, -3.0], np.float32))
+        saved = model.norm.state()
+        path = trainer.save()
+        model.norm(np.array([7.0, 8.0], np.float32))  # the run went on after the save
+        trainer.resume(path)
+        assert model.norm.state() == saved and model.norm.count == 3
+        assert models.load_state({}) == ["judge"] and model.norm.state() == saved
+    finally:
+        model.norm = None
+
+
 def test_the_ledger_refuses_the_reward_model_beside_another_model():
     memory = swap.SwapManager(enabled=True)
     memory.register("policy", extra_bytes=10)
@@ -130,6 +149,18 @@ def test_running_norm_is_numpys_over_everything_seen():
         z = norm(x)
         np.testing.assert_allclose(z[1:], (x[1:] - np.mean(seen)) / np.std(seen), rtol=1e-5)
     assert np.isnan(z[0]) and norm.count == len(seen)
+
+
+def test_running_norm_continues_from_its_state_through_json():
+    import json
+
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(2.0, 3.0, 9).astype(np.float32), rng.normal(-1.0, 0.5, 4).astype(np.float32)
+    whole = RunningNorm()
+    whole(a)
+    again = RunningNorm()
+    again.load_state(json.loads(json.dumps(whole.state())))
+    np.testing.assert_array_equal(again(b), whole(b))
 
 
 def test_model_reward_normalises_and_leaves_empty_inputs_unscored():

@@ -151,3 +151,24 @@ def test_the_key_is_off_by_default_refused_with_tensor_parallelism_and_reaches_t
     engine = build_engine(cfg, Qwen2ForCausalLM(config("qwen2", 1), seed=1), 0)
     assert engine.layerwise is True and engine.decode_layers_per_graph == 3 and engine.max_prefill_tokens == 1024
     assert GRPOConfig().generate_config.max_prefill_tokens == 4096
+
+
+@pytest.mark.slow
+def test_layerwise_refresh_merges_lora_adapters_as_the_whole_graph_does():
+    """With LoRA adapters the layerwise refresh merges W + s B A layer by layer (the adapters graph inputs), as the
+    whole refresh graph does: greedy generation identical, log-probs bit for bit; adapters added to the model after
+    a layerwise engine was built are merged from its next call on."""
+    from mindgrpo.models.lora import LoraSpec, add_adapters, adapter_parameters
+
+    lm = Qwen2ForCausalLM(config("qwen2", 2), seed=1)
+    late = RolloutEngine(lm, max_num_seqs=8, layerwise=True)
+    plain = run(late, GREEDY)
+    add_adapters(lm, LoraSpec(rank=4, alpha=8.0), seed=3)
+    rng = np.random.default_rng(5)
+    for p in adapter_parameters(lm):
+        if p.name.endswith(".lora_b"):
+            p.set_data(ms.Tensor(rng.normal(0.0, 0.3, p.shape).astype(np.float32)))
+    whole = run(RolloutEngine(lm, max_num_seqs=8), GREEDY)
+    assert whole[0] != plain[0]  # the adapters change what is generated
+    assert_identical(run(RolloutEngine(lm, max_num_seqs=8, layerwise=True), GREEDY), whole)
+    assert_identical(run(late, GREEDY), whole)
