@@ -219,10 +219,12 @@ def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, ext
 
 def sync_seconds(policy, repeats: int = 3) -> dict:
     """Seconds of a same-layout weight sync (`parallel/weight_sync.WeightSync`, as with
-    generate_config.inference_weights: copy) from the policy into a fresh copy of its model: of every base weight
-    (full fine-tuning's sync) and, with adapters, of the adapters alone (LoRA's); each the median of `repeats`
-    calls after a first that compiles. And MindSpore's fp32 matmul GFLOP/s in this process."""
+    generate_config.inference_weights: copy) from the policy into a fresh copy of its model, in the buckets of a run's
+    default rl_config.weight_sync_bucket_mb: of every base weight (full fine-tuning's sync) and, with adapters, of
+    the adapters alone (LoRA's); each the median of `repeats` calls after a first that compiles. And MindSpore's
+    fp32 matmul GFLOP/s in this process."""
     from benchmarks.matmul_peak import SQUARES, matmul_gflops
+    from mindgrpo.config import GRPOConfig
     from mindgrpo.models.lora import add_adapters, adapter_names, lora_spec
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
     from mindgrpo.parallel.weight_sync import WeightSync
@@ -236,7 +238,7 @@ def sync_seconds(policy, repeats: int = 3) -> dict:
         moved["adapters"] = adapter_names(policy)
     out = {}
     for kind, names in moved.items():
-        sync = WeightSync(policy, copy, names=names)
+        sync = WeightSync(policy, copy, bucket_bytes=GRPOConfig().rl_config.weight_sync_bucket_bytes, names=names)
         first = sync()
         times = sorted(sync()["sync/seconds"] for _ in range(repeats))
         out[kind] = {"seconds": times[len(times) // 2], "first_s": first["sync/seconds"], "bytes": first["sync/bytes"]}
