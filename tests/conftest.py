@@ -21,6 +21,7 @@ HEAVY_FIRST = (
     "tests/grpo/test_chaos.py",  # 205
     "tests/parallel/test_separate.py",  # 320 at load 5-6: a 2-rank job of two runs and one process of two more
     "tests/grpo/test_off_policy.py",  # 190 at load 5: a 3-step run, a replay engine, transformers
+    "tests/parallel/test_lora_msrun.py",  # 191 at load 5 (87 before its pp2 case): the 2-rank LoRA job
     "tests/grpo/test_trainer_run.py",  # over 170
     "tests/grpo/test_tool_run.py",  # ~120 at load 12
     "tests/grpo/test_env_run.py",  # 81 at load 1-2 (40 s of CPU): a build, a step with an environment, a validation

@@ -352,10 +352,6 @@ class ActorConfig:
         check(self.lora_dropout == 0.0, "lora_dropout",
               f"is not supported (only 0: the training graph has no dropout), got {self.lora_dropout}")
         par = self.parallel_config
-        check(par.pipeline_stage == 1, "lora_rank",
-              "cannot combine with pipeline stages yet (the adapter-only sync and LoRA's checkpoints gather over "
-              f"tensor-parallel pieces only; docs/lora.md): set parallel_config.pipeline_stage to 1 (it is "
-              f"{par.pipeline_stage}) and use model_parallel and data_parallel")
         check(not par.optimizer_shard, "lora_rank",
               "cannot combine with parallel_config.optimizer_shard (ZeRO-1 of the adapters' moments is not built; "
               "they are megabytes): set it false")

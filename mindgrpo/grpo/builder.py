@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Tuple
 
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import ConfigError, check
+from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.lora_targets import LoraSpec
 from mindgrpo.grpo.prompts import PromptSource, check_vocabulary
 from mindgrpo.memory.policy import MemoryPolicy
@@ -428,16 +429,14 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     else:
         moved = None
         if lora is not None:  # only the adapters move: the base was loaded on both sides
-            from mindgrpo.models.lora import adapter_names
+            from mindgrpo.models.lora import adapter_shapes
 
-            moved = adapter_names(policy)
+            moved = list(adapter_shapes(policy))  # the whole model's: a pipeline stage gives its layers'
         sync = placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes, names=moved)
         if placement.remote_rollout or not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
             sync()  # start the inference copy from the policy's weights (separate: always, the rollout rank waits)
         if lora is not None:
-            from mindgrpo.grpo.lora_checkpoint import base_parameters
-
-            base = [p.name for p in base_parameters(policy)]
+            base = sorted(expected_shapes(mcfg))  # the whole model's base weights (every stage's)
 
             def base_sync() -> Dict[str, float]:  # built when called, its graphs dropped after: a run calls it once
                 return placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes,

@@ -12,8 +12,9 @@ The base is the file the policy was loaded from (--sft_path_train, actor_config.
 run changed it (the SFT warm start) or drew it at random, a file written once beside the checkpoints,
 `<checkpoints>/lora_base/<sha256[:16]>.ckpt` (the base whole, with its config.json). The sha256 is of the whole
 base (names, full shapes, fp32 values in name order), so it does not depend on the layout: under msrun each
-parameter's tensor-parallel pieces are made whole first (`placement.whole`, one parameter at a time), and what is
-written once (the base file, the PEFT folder) rank 0 writes. Resuming loads (each rank its piece of) the base
+parameter's tensor-parallel pieces are made whole first and, with pipeline stages, brought from the stage that holds
+it (`placement.whole`, one parameter at a time), and what is written once (the base file, the PEFT folder) rank 0
+writes. Resuming loads (each rank its piece of) the base
 from `path` and refuses one whose values hash otherwise.
 """
 
@@ -28,7 +29,8 @@ import numpy as np
 import mindspore as ms
 
 from mindgrpo.models.ckpt_codec import write_ckpt
-from mindgrpo.models.lora import adapter_parameters, lora_spec
+from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.lora import adapter_parameters, adapter_shapes, lora_spec
 from mindgrpo.models.lora_files import write_adapter
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.checkpoint_folders import CheckpointError
@@ -72,6 +74,13 @@ class LoraCheckpoint:
         self.placement = placement or OneDevice()
         self.base_path = os.path.abspath(base_path) if base_path else None
         self.sha: Optional[str] = None  # of the base, once computed (the base does not train)
+        # the whole model's base and adapters (name -> full shape): a pipeline stage holds its layers' only
+        self.base_shapes = dict(sorted(expected_shapes(policy.config).items()))
+        self.adapter_shapes = adapter_shapes(policy)
+
+    def _whole_base(self) -> Iterator[Tuple[str, np.ndarray]]:
+        """(name, whole fp32 values) of the whole base, in name order (a collective under msrun)."""
+        return self.placement.whole(base_parameters(self.policy), self.base_shapes)
 
     def base_changed(self) -> None:
         self.base_path, self.sha = None, None
@@ -83,7 +92,7 @@ class LoraCheckpoint:
     def state(self) -> Dict[str, str]:
         """state.json's lora_base; writes the base file first when there is no file of it (rank 0)."""
         if self.sha is None and self.base_path is not None:
-            self.sha = fingerprint(self.placement.whole(base_parameters(self.policy)))
+            self.sha = fingerprint(self._whole_base())
         if self.base_path is None:
             self.base_path = self._write_base()
         return {"path": self.base_path, "sha256": self.sha}
@@ -94,7 +103,7 @@ class LoraCheckpoint:
         h = hashlib.sha256()
         folder = os.path.join(self.root, "lora_base")
         tmp = os.path.join(folder, f".base.{os.getpid()}.tmp.ckpt")
-        arrays = self.placement.whole(base_parameters(self.policy))
+        arrays = self._whole_base()
         if self.placement.writer:
             os.makedirs(folder, exist_ok=True)
             write_ckpt(tmp, _hashed(arrays, h))
@@ -117,7 +126,7 @@ class LoraCheckpoint:
     def write_adapter(self, folder: str) -> List[str]:
         """The adapters whole in PEFT's layout into folder/adapter (rank 0; under msrun every rank gathers); their
         paths relative to folder (the manifest's; none on the other ranks)."""
-        state = dict(self.placement.whole(adapter_parameters(self.policy)))
+        state = dict(self.placement.whole(adapter_parameters(self.policy), self.adapter_shapes))
         if not self.placement.writer:
             return []
         out = write_adapter(os.path.join(folder, ADAPTER_DIR), lora_spec(self.policy), state,
@@ -132,7 +141,7 @@ class LoraCheckpoint:
             raise CheckpointError(f"checkpoint {checkpoint}: its LoRA base {path} does not exist (state.json lora_base)")
         base = base_parameters(self.policy)
         self.placement.load_weights("policy", self.policy, path, [p.name for p in base])
-        sha = fingerprint(self.placement.whole(base))
+        sha = fingerprint(self._whole_base())
         if sha != saved["sha256"]:
             raise CheckpointError(f"checkpoint {checkpoint}: the LoRA base {path} has changed since it was saved "
                                   f"(sha256 {sha[:16]}, state.json lora_base says {saved['sha256'][:16]})")

@@ -120,7 +120,8 @@ class GRPOTrainer:
         self.base_loaded = lora.base_path if lora is not None else None  # what an inference copy was loaded from
         self.ref_is_base = reference is None and self.lora is not None and rl.beta > 0
         scored = policy if self.ref_is_base else reference
-        self.ref_scorer = Scorer(scored, actor.micro_batch_size, temperature, chunk, ref_pipeline,
+        self.ref_scorer = Scorer(scored, actor.micro_batch_size, temperature, chunk,
+                                 pipeline if self.ref_is_base else ref_pipeline,  # the policy's stages, or the ref's
                                  **dict(batching, max_tokens=cfg.ref_config.max_tokens(actor)),
                                  layerwise=mp.reference_layerwise) \
             if scored is not None else None

@@ -372,10 +372,11 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
                                                                       rl.weight_sync_bucket_bytes)
     lora = actor.lora_rank > 0  # adapters beside the weights, split as their projection in each layout
     if lora:
-        scalings = 4 * mcfg.num_hidden_layers * len(target_modules(actor.lora_target_modules))
-        adapters = sum(lora_bytes(mcfg, actor, train).values())
-        policy, grads, optimizer = policy + adapters + scalings, adapters, 2 * adapters
-        inference += 0 if shared else sum(lora_bytes(mcfg, actor, infer).values()) + scalings
+        scaling = 4 * len(target_modules(actor.lora_target_modules))  # per layer
+        mine = train.stage_layers(train.stage(rank), mcfg.num_hidden_layers)  # a pipeline stage: its layers' adapters
+        adapters = sum(v for i, v in lora_bytes(mcfg, actor, train).items() if i in mine)
+        policy, grads, optimizer = policy + adapters + scaling * len(mine), adapters, 2 * adapters
+        inference += 0 if shared else sum(lora_bytes(mcfg, actor, infer).values()) + scaling * mcfg.num_hidden_layers
         # only the adapters move, in buckets of layers joined up to weight_sync_bucket_mb
         sync_bucket = 0 if shared else largest_adapter_bucket(mcfg, actor, train, infer, rank,
                                                               rl.weight_sync_bucket_bytes)

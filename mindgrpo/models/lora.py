@@ -24,7 +24,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor
 
 from mindgrpo.models.lora_files import read_adapter
-from mindgrpo.models.lora_targets import ALL_LINEAR, HF_BLOCK, SHORT, TARGETS, LoraSpec, target_modules
+from mindgrpo.models.lora_targets import (ALL_LINEAR, HF_BLOCK, SHORT, TARGETS, LoraSpec, full_adapter_shapes,
+                                          target_modules)
 from mindgrpo.models.qwen2 import Linear, Qwen2ForCausalLM
 
 __all__ = ["ALL_LINEAR", "HF_BLOCK", "SHORT", "TARGETS", "LoraSpec", "target_modules", "ADAPTER_SUFFIXES",
@@ -45,31 +46,36 @@ def projections(lm: Qwen2ForCausalLM, targets: Sequence[str]) -> Iterator[Tuple[
 
 def add_adapters(lm: Qwen2ForCausalLM, spec: LoraSpec, seed: int = 0) -> None:
     """Adapters on every targeted projection (A Kaiming-uniform from `seed`, B zeros); every other
-    parameter stops training (requires_grad False). Once per model, before any graph of it compiles."""
+    parameter stops training (requires_grad False). Once per model, before any graph of it compiles.
+    Every layout draws the whole model's adapters in the same order and keeps its own: a pipeline stage its
+    layers', a tensor-parallel piece its piece of each, so a seed gives the one-device adapters anywhere."""
     if getattr(lm, "lora", None) is not None:
         raise ValueError("the model has adapters already")
     rng = np.random.default_rng([seed, 0x10A])  # a stream of its own: the base's draws stay as they were
-    for path, _, lin in projections(lm, spec.targets):
-        out_f, in_f = lin.full_shape()  # a tensor-parallel piece draws the whole adapter and keeps its piece
+    held = {path: lin for path, _, lin in projections(lm, spec.targets)}
+    for name, (rank, in_f) in full_adapter_shapes(lm.config, spec.rank, spec.targets).items():
+        if not name.endswith(".lora_a"):
+            continue
         bound = 1.0 / math.sqrt(in_f)  # kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / 6) * sqrt(3 / fan_in)
-        a = rng.uniform(-bound, bound, (spec.rank, in_f)).astype(np.float32)
-        lin.add_adapter(path, *lin.adapter_piece(a, np.zeros((out_f, spec.rank), np.float32)), spec.scaling)
+        a = rng.uniform(-bound, bound, (rank, in_f)).astype(np.float32)  # drawn on every stage: the stream goes on
+        path = name[:-len(".lora_a")]
+        if path in held:
+            lin = held.pop(path)
+            out_f = lin.full_shape()[0]
+            lin.add_adapter(path, *lin.adapter_piece(a, np.zeros((out_f, spec.rank), np.float32)), spec.scaling)
+    if held:  # the model's projections are the config's
+        raise ValueError(f"no adapter shape for {sorted(held)[0]} in the model's config")
     for p in lm.get_parameters():
         p.requires_grad = p.name.endswith(ADAPTER_SUFFIXES)
     lm.lora = spec
 
 
 def adapter_shapes(lm: Qwen2ForCausalLM) -> Dict[str, Tuple[int, int]]:
-    """Our name -> the whole shape of every A (r, in) and B (out, r) of the model, whatever piece of it a
-    tensor-parallel rank holds (a resharding's full shapes); empty without adapters."""
+    """Our name -> the whole shape of every A (r, in) and B (out, r) of the whole model, in layer order then PEFT's,
+    whatever a rank holds (a pipeline stage its layers', a tensor-parallel piece its piece of each): a resharding's
+    and a strategy file's full shapes, the same on every rank; empty without adapters."""
     spec = lora_spec(lm)
-    if spec is None:
-        return {}
-    out = {}
-    for path, _, lin in projections(lm, spec.targets):
-        out_f, in_f = lin.full_shape()
-        out[path + ".lora_a"], out[path + ".lora_b"] = (spec.rank, in_f), (out_f, spec.rank)
-    return out
+    return {} if spec is None else full_adapter_shapes(lm.config, spec.rank, spec.targets)
 
 
 def lora_spec(lm: Qwen2ForCausalLM):

@@ -22,7 +22,8 @@ depends on how the run is laid out over devices, and runs the same build sequenc
     checkpoints     LocalCheckpoints                   ShardedCheckpoints (every rank its pieces)
     whole(params)   each parameter's values            each parameter of the policy's pieces made whole (its
                                                        tensor-parallel pieces summed over the training tp group,
-                                                       -0.0 in the others' places: bit for bit)
+                                                       -0.0 in the others' places: bit for bit; with pipeline
+                                                       stages every stage's, summed over the chain of stages)
     load_weights    the weights at a path into a model its piece of them (sliced, or this rank's shard)
     writer          True                               rank 0 (writes what is written once: LoRA's files)
 
@@ -171,8 +172,9 @@ class OneDevice:
     def barrier(self) -> None:
         """Nothing to wait for."""
 
-    def whole(self, params: Sequence[ms.Parameter]) -> Iterator[Tuple[str, np.ndarray]]:
-        """(name, fp32 values) of each parameter, in the given order."""
+    def whole(self, params: Sequence[ms.Parameter], shapes: Optional[Dict[str, Tuple[int, ...]]] = None
+              ) -> Iterator[Tuple[str, np.ndarray]]:
+        """(name, fp32 values) of each parameter, in the given order (shapes: for pipeline stages only)."""
         for p in params:
             yield p.name, fp32(p)
 
@@ -255,10 +257,8 @@ class ParallelPlacement:
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
                     names: Optional[List[str]] = None) -> Sync:
         """names: only these parameters move (LoRA's adapters, resharded like the weights by their split rules in
-        `parallel/layout.py`)."""
-        if names is not None and self.layouts["policy"].pp > 1:
-            raise ValueError(f"actor_config.parallel_config.pipeline_stage = {self.layouts['policy'].pp}: LoRA's "
-                             "adapter-only sync across pipeline stages is not built (use model_parallel, data_parallel)")
+        `parallel/layout.py`): the whole model's names, the same on every rank (`models.lora.adapter_shapes`), of which
+        each pipeline stage gives its own."""
         shapes = dict(expected_shapes(src.config), **adapter_shapes(src))
         sync = Reshard(src, dst, self.layouts["policy"], self.layouts[role], self.comm, shapes, memory,
                        bucket_bytes=bucket_bytes, names=names)
@@ -301,14 +301,34 @@ class ParallelPlacement:
     def barrier(self) -> None:
         self.comm.barrier()
 
-    def whole(self, params: Sequence[ms.Parameter]) -> Iterator[Tuple[str, np.ndarray]]:
-        """(name, the whole fp32 values) of each of the policy's parameters, in the given order (the same on
-        every rank: each call is a collective over the training tp group). A piece goes into its place of a
-        buffer of -0.0 that the group sums (x + -0.0 is x), in pieces of CPU_CHUNK values."""
-        layout, group = self.layouts["policy"], self.comm.train_tp
-        if layout.pp > 1:
-            raise ValueError(f"actor_config.parallel_config.pipeline_stage = {layout.pp}: a parameter's whole values "
-                             "are gathered over the tensor-parallel group only")
+    def whole(self, params: Sequence[ms.Parameter], shapes: Optional[Dict[str, Tuple[int, ...]]] = None
+              ) -> Iterator[Tuple[str, np.ndarray]]:
+        """(name, the whole fp32 values) of each of the policy's parameters, in the given order (the same on every
+        rank: each call is a collective). A tensor-parallel piece goes into its place of a buffer of -0.0 that the
+        training tp group sums (x + -0.0 is x), in pieces of CPU_CHUNK values. With pipeline stages `shapes` names the
+        parameters of the whole model to give (name -> full shape, in their order; `params` are this stage's among
+        them): the stage that holds one makes it whole, then the chain of stages sums it with -0.0 from the others."""
+        layout = self.layouts["policy"]
+        if layout.pp == 1:
+            yield from self._tp_whole(params)
+            return
+        if shapes is None:
+            raise ValueError("placement.whole: with pipeline stages the whole model's names and shapes are needed")
+        held = {p.name: p for p in params}
+        unknown = sorted(set(held) - set(shapes))
+        if unknown:
+            raise ValueError(f"placement.whole: {unknown[0]} is not among the parameters asked for")
+        chain = self.comm.group(layout.pp_group(self.rank))
+        for name, shape in shapes.items():
+            value = next(self._tp_whole([held[name]]))[1] if name in held else np.full(shape, -0.0, np.float32)
+            if value.shape != tuple(shape):
+                raise ValueError(f"placement.whole: {name} is {value.shape} whole, the shapes say {tuple(shape)}")
+            yield name, self._sum(value, chain)
+
+    def _tp_whole(self, params: Sequence[ms.Parameter]) -> Iterator[Tuple[str, np.ndarray]]:
+        """(name, whole fp32 values) of each parameter of this stage, its pieces summed over the tp group."""
+        layout = self.layouts["policy"]
+        group = self.comm.tp_group(layout)
         for p in params:
             piece = fp32(p)
             if group.size == 1 or layout.param_split(p.name) is None:
@@ -316,10 +336,15 @@ class ParallelPlacement:
                 continue
             flat = np.full((group.size, piece.size), -0.0, np.float32)
             flat[group.index] = piece.reshape(-1)
-            flat = flat.reshape(-1)
-            for start in range(0, flat.size, CPU_CHUNK):
-                flat[start:start + CPU_CHUNK] = self.comm.host_sum(flat[start:start + CPU_CHUNK], group)
+            flat = self._sum(flat, group)
             yield p.name, layout.merge(p.name, [row.reshape(piece.shape) for row in flat.reshape(group.size, -1)])
+
+    def _sum(self, values: np.ndarray, group) -> np.ndarray:
+        """values summed over the group, in pieces of CPU_CHUNK values (a host sum's one buffer each)."""
+        flat = values.reshape(-1).copy()
+        for start in range(0, flat.size, CPU_CHUNK):
+            flat[start:start + CPU_CHUNK] = self.comm.host_sum(flat[start:start + CPU_CHUNK], group)
+        return flat.reshape(values.shape)
 
 
 class SeparatePlacement(OneDevice):

@@ -22,8 +22,6 @@ def test_lora_keys_load_and_accept_peft_and_short_names():
      "actor_config.lora_target_modules", "'embed_tokens' is not a module of Qwen2/Qwen3's decoder layers"),
     (["actor_config.lora_rank=8", "actor_config.lora_dropout=0.05"], "actor_config.lora_dropout", "only 0"),
     (["actor_config.lora_rank=8", "actor_config.lora_alpha=0"], "actor_config.lora_alpha", "must be > 0"),
-    (["actor_config.lora_rank=8", "actor_config.parallel_config.pipeline_stage=2"], "actor_config.lora_rank",
-     "pipeline stages"),
     (["actor_config.lora_rank=8", "actor_config.parallel_config.data_parallel=2",
       "actor_config.parallel_config.optimizer_shard=true", "generate_config.parallel_config.data_parallel=2"],
      "actor_config.lora_rank", "optimizer_shard"),
@@ -51,8 +49,10 @@ def test_lora_takes_the_layer_graphs():
 
 
 def test_lora_loads_under_msrun_layouts():
-    """Training tp2 with inference dp2 (the layouts of tests/parallel/test_lora_msrun.py), and data parallelism."""
+    """Training tp2 or pp2 with inference dp2 (the layouts of tests/parallel/test_lora_msrun.py), and data
+    parallelism."""
     for overrides in (["actor_config.parallel_config.model_parallel=2", "generate_config.parallel_config.data_parallel=2"],
+                      ["actor_config.parallel_config.pipeline_stage=2", "generate_config.parallel_config.data_parallel=2"],
                       ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel_config.model_parallel=2"]):
         cfg = load_config(GRPOConfig, overrides=["actor_config.lora_rank=8", "rl_config.beta=0.04", *overrides])
         assert cfg.actor_config.lora_rank == 8 and cfg.actor_config.parallel_config.world_size == 2

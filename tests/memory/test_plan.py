@@ -402,7 +402,8 @@ def test_a_lora_plan_under_other_layouts_counts_each_sides_pieces():
     """Training tp2 -> inference dp2 (the msrun test's layouts) on the 7B LoRA recipe: the policy holds its tp2
     pieces of the adapters, the inference copy the adapters whole (beside the same copy of the weights as without
     LoRA); the sync's transient is the adapter-only reshard's largest bucket: rl_config.weight_sync_bucket_mb (512)
-    joins every layer's adapters into one, whole on the inference side, with at most as much again received; less
+    would join every layer's adapters into one, but a bucket holds at most 96 parameters (utils/spans.SPAN: 6 layers
+    of 14 adapters), whole on the inference side, with at most as much again received; less
     than half the weights' largest bucket (a 7B layer)."""
     dp2 = ["generate_config.parallel_config.data_parallel=2", "generate_config.parallel_config.model_parallel=1"]
     cfg, m = load("qwen2_5_7b", *dp2, recipe="grpo_config_lora.yaml")
@@ -413,5 +414,22 @@ def test_a_lora_plan_under_other_layouts_counts_each_sides_pieces():
     assert not p.shared and p.groups["grads"] == 4 * layers * piece < 4 * layers * whole
     assert p.groups["policy"] - q.groups["policy"] == 4 * layers * (piece + 7)  # + the scalings
     assert p.groups["inference"] - q.groups["inference"] == 4 * layers * (whole + 7)
-    assert 4 * layers * whole < p.groups["transient"] <= 2 * 4 * layers * whole
+    assert 4 * 6 * whole < p.groups["transient"] <= 2 * 4 * 6 * whole
     assert p.groups["transient"] < q.groups["transient"] / 2  # the weights' largest bucket
+
+
+def test_a_lora_plan_with_pipeline_stages_counts_each_stages_adapters():
+    """Training pp2 -> inference dp2 on the 7B LoRA recipe: each stage holds its half of the layers' adapters (whole:
+    no tensor parallelism) and their scalings, their gradients and two moments; the inference copy every layer's."""
+    pp2 = ["actor_config.parallel_config.model_parallel=1", "actor_config.parallel_config.pipeline_stage=2",
+           "generate_config.parallel_config.data_parallel=2", "generate_config.parallel_config.model_parallel=1"]
+    cfg, m = load("qwen2_5_7b", *pp2, recipe="grpo_config_lora.yaml")
+    full, _ = load("qwen2_5_7b", *pp2, "actor_config.lora_rank=0", "actor_config.lora_alpha=16",
+                   recipe="grpo_config_lora.yaml")
+    whole, layers = lora_layer_params(m, cfg.actor_config.lora_rank, 1), m.num_hidden_layers
+    for rank in (0, 1):  # one rank per stage
+        p, q = plan(cfg, m, rank=rank), plan(full, m, rank=rank)
+        assert p.stage == rank and p.groups["grads"] == 4 * layers // 2 * whole
+        assert p.groups["optimizer"] == 2 * p.groups["grads"]
+        assert p.groups["policy"] - q.groups["policy"] == 4 * layers // 2 * (whole + 7)  # + the scalings
+        assert p.groups["inference"] - q.groups["inference"] == 4 * layers * (whole + 7)

@@ -15,6 +15,10 @@ CFG4 = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidd
 # (two stages hold two each, four stages one)
 CFG_PP = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+# LoRA through two pipeline stages (a layer each): the micro model's shape (tests/grpo/micro_qwen2.yaml) with CFG's
+# vocabulary, untied (the embedding and the head live on different stages)
+CFG_PP2 = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
 # Qwen3: QK-norm, no q/k/v bias, head_dim 12 (not hidden / heads = 8); untied, one layer
 CFG_QWEN3 = Qwen2Config(model_type="qwen3", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=12, max_position_embeddings=128,

@@ -3,7 +3,10 @@ sync to inference dp2 against a full-weight sync of the merged weights. One msru
 fixture `lora_job`: tests/parallel/workers/lora_ranks.py); the references are the one-device model in the same
 process and, for the sync, the merged weights W + s B A computed in numpy and resharded whole. Then the tp2
 policy's checkpoint as the trainer writes it under msrun (each rank its pieces, the base by path and a layout-free
-sha256, the PEFT folder whole), resumed exactly, and merged / sliced by scripts/transform_checkpoint.py."""
+sha256, the PEFT folder whole), resumed exactly, and merged / sliced by scripts/transform_checkpoint.py. Then the same
+under training pp2 (a layer per stage, each stage with its layers' adapters) against the one-device model computed
+here (`one_device_pp`): the updates, the reference, the adapter-only sync out of the stages and its rollouts, the
+checkpoint and its resume."""
 
 import hashlib
 import json
@@ -15,10 +18,12 @@ import pytest
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.parallel.layout import ParallelLayout
 from msrun_util import load_results, run_msrun
-from parallel_cases import CFG, SEED, UPDATE_KEYS
+from parallel_cases import CFG, CFG_PP2, LOSS, SEED, UPDATE_KEYS, experience_arrays, prompts, sampling_logprobs, \
+    updater_kwargs
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 TRAIN = ParallelLayout(dp=1, tp=2)
+PP2 = ParallelLayout(dp=1, tp=1, pp=2)  # (e): rank k is stage k, which holds decoder layer k
 RANK, TARGETS = 4, 7  # the worker's adapters: rank 4 on all seven projections of CFG's one layer
 
 
@@ -224,3 +229,155 @@ def test_transform_checkpoint_merges_and_slices_the_adapter_pieces_by_the_checkp
         (file,) = (shards / f"rank_{rank}").glob("*.ckpt")
         for name, (_, value) in read_ckpt(str(file)).items():
             assert value.tobytes() == prefixed(a, "d/saved")[name].tobytes(), (rank, name)
+
+
+# ---------------------------------------------------------------------------- (e) pipeline stages
+
+
+@pytest.fixture(scope="module")
+def one_device_pp():
+    """The one-device model of (e) (CFG_PP2, the worker's adapters) on the worker's inputs: its initial adapters, two
+    updates (metrics, adapters), its greedy rollouts, its base weights."""
+    from mindgrpo.grpo.actor import PolicyUpdater
+    from mindgrpo.grpo.experience import pack
+    from mindgrpo.grpo.ms_objective import GRPOLoss
+    from mindgrpo.inference.engine import RolloutEngine
+    from mindgrpo.inference.sampling import SamplingParams
+    from mindgrpo.models.checkpoint import model_state
+    from mindgrpo.models.lora import ALL_LINEAR, LoraSpec, adapter_state, add_adapters
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+    exp = pack(*experience_arrays())
+    exp.sampling_logp = sampling_logprobs(exp.mask)
+    lm = Qwen2ForCausalLM(CFG_PP2, seed=SEED, max_positions=128)
+    base = {k: v.copy() for k, v in model_state(lm).items()}
+    add_adapters(lm, LoraSpec(rank=RANK, alpha=8.0, targets=ALL_LINEAR), seed=3)
+    init = adapter_state(lm)
+    updater = PolicyUpdater(lm, GRPOLoss(**LOSS), **updater_kwargs())
+    metrics = [updater.update(exp, lr=1e-3) for _ in range(2)]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, n=2)
+    rollouts = [c.token_ids for c in RolloutEngine(lm, max_num_seqs=2).generate(prompts(), greedy)]
+    return dict(init=init, metrics=metrics, trained=adapter_state(lm), rollouts=rollouts, base=base)
+
+
+def stage_of(name):
+    return int(name.split(".")[2])  # model.layers.<k>...: stage k
+
+
+def test_pp2_stages_hold_their_layers_adapters_drawn_as_one_device(lora_job, one_device_pp):
+    arrays, _ = lora_job
+    init = one_device_pp["init"]
+    assert len(init) == 2 * 2 * TARGETS
+    for rank, a in enumerate(arrays):
+        mine = prefixed(a, "e/init")
+        assert sorted(mine) == sorted(n for n in init if stage_of(n) == rank)
+        for name, value in mine.items():
+            assert value.tobytes() == init[name].tobytes(), name
+
+
+def test_pp2_lora_updates_match_one_device(lora_job, one_device_pp):
+    """Two updates (B off zero, then A) through 1F1B on two stages, the clip active: it needs the norm of every
+    adapter's gradient, each counted once over the stages. The tolerance is test_pipeline's for full weights."""
+    arrays, metrics = lora_job
+    dense = one_device_pp["trained"]
+    for i, one in enumerate(one_device_pp["metrics"]):
+        assert one["grad_norm"] > 0.05
+        for rank, m in enumerate(metrics):
+            for key in UPDATE_KEYS:  # the last stage's metrics, on every stage
+                assert m[f"e/update{i}"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (i, rank, key)
+    for rank, (a, m) in enumerate(zip(arrays, metrics)):
+        mine, initial = prefixed(a, "e/trained"), prefixed(a, "e/init")
+        assert sorted(mine) == sorted(n for n in dense if stage_of(n) == rank)
+        assert m["e/trainable"] == sorted(mine)  # only the stage's adapters train; moments for them alone
+        assert {n.split(".", 1)[1] for n in m["e/optimizer"]} == set(mine) and len(m["e/optimizer"]) == 2 * len(mine)
+        for name, value in mine.items():
+            assert np.abs(value - initial[name]).max() > 1e-4, name  # the second update moved A too
+            np.testing.assert_allclose(value, dense[name], rtol=0, atol=1e-5, err_msg=name)
+
+
+def test_pp2_reference_with_adapters_off_is_the_base_bit_for_bit(lora_job):
+    arrays, _ = lora_job
+    for a in arrays:  # every stage gets the last stage's log-probs
+        assert a["e/logp_off"].tobytes() == a["e/logp_base"].tobytes()
+        assert np.abs(a["e/logp_on"] - a["e/logp_off"]).max() > 1e-5  # the trained adapters change them
+
+
+def test_pp2_adapter_only_sync_out_of_the_stages_gives_one_devices_rollouts(lora_job, one_device_pp):
+    """Each inference rank (dp2, whole) gets both stages' adapters bit for bit, the sync moving the adapters' bytes
+    alone (half of them from the other stage), and generates one device's greedy rollouts."""
+    arrays, metrics = lora_job
+    trained = {}
+    for a in arrays:
+        trained.update(prefixed(a, "e/trained"))
+    assert len(trained) == 2 * 2 * TARGETS
+    c = CFG_PP2
+    h, inter, nh, nkv = c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads
+    d = h // nh
+    outs_ins = [(nh * d, h), (nkv * d, h), (nkv * d, h), (h, nh * d), (inter, h), (inter, h), (h, inter)]
+    adapters = 2 * 4 * sum(RANK * (o + i) for o, i in outs_ins)  # two layers, fp32
+    dense = one_device_pp["rollouts"]
+    assert len(dense) == 6 and all(len(t) == 8 for t in dense)
+    for a, m in zip(arrays, metrics):
+        synced = prefixed(a, "e/synced")
+        assert sorted(synced) == sorted(trained)
+        for name, value in synced.items():
+            assert value.tobytes() == trained[name].tobytes(), name
+        sync = m["e/sync"]
+        assert sync["sync/bytes"] == adapters and sync["sync/bytes_min"] == adapters // 2
+        assert sync["sync/bytes_min"] <= sync["sync/bytes_received"] <= adapters
+        assert m["e/rollout/greedy"] == dense
+
+
+def test_a_pp2_checkpoint_holds_each_stages_adapters_and_the_peft_folder_and_base_whole(lora_job, one_device_pp):
+    """Each stage wrote its adapters and moments; rank 0 wrote the PEFT folder (both stages' adapters, bit for bit the
+    stages', within the update tolerance one device's) and the base (drawn at random) whole, with the sha256 of the
+    one-device base computed here; the resume gives the third update again bit for bit."""
+    from mindgrpo.models.checkpoint import read_model_state
+    from mindgrpo.models.ckpt_codec import read_ckpt
+    from mindgrpo.models.lora_files import read_adapter
+
+    arrays, metrics = lora_job
+    saved = metrics[0]["e/saved"]
+    with open(os.path.join(saved, "manifest.json")) as f:
+        files = set(json.load(f)["files"])
+    assert {"lora/rank_0/lora.ckpt", "lora/rank_1/lora.ckpt", "optimizer/rank_0/optimizer.ckpt",
+            "optimizer/rank_1/optimizer.ckpt", "adapter/adapter_model.safetensors", "adapter/adapter_config.json",
+            "state.json", "train_strategy.ckpt"} <= files
+    stages = {}
+    for rank, a in enumerate(arrays):
+        mine = prefixed(a, "e/saved")
+        pieces = read_ckpt(os.path.join(saved, "lora", f"rank_{rank}", "lora.ckpt"))
+        moments = read_ckpt(os.path.join(saved, "optimizer", f"rank_{rank}", "optimizer.ckpt"))
+        assert len(pieces) == 2 * TARGETS and len(moments) == 4 * TARGETS
+        for name, (_, value) in {**pieces, **moments}.items():
+            assert stage_of(name.split(".", 1)[1] if name.startswith("adam_") else name) == rank, name
+            assert value.tobytes() == mine[name].tobytes(), (rank, name)
+        stages.update({n: v for n, (_, v) in pieces.items()})
+    spec, whole = read_adapter(os.path.join(saved, "adapter"))
+    assert (spec.rank, spec.alpha) == (RANK, 8.0) and sorted(whole) == sorted(stages)
+    for name, value in whole.items():
+        assert value.tobytes() == stages[name].tobytes(), name
+        np.testing.assert_allclose(value, one_device_pp["trained"][name], rtol=0, atol=1e-5, err_msg=name)
+    base = metrics[0]["e/lora_base"]
+    assert all(m["e/lora_base"] == base for m in metrics)
+    one = one_device_pp["base"]
+    written = read_model_state(base["path"], CFG_PP2)
+    assert sorted(written) == sorted(one)
+    h = hashlib.sha256()
+    for name in sorted(one):
+        assert written[name].tobytes() == one[name].tobytes(), name
+        h.update(f"{name}{tuple(one[name].shape)}".encode())
+        h.update(one[name].astype(np.float32).tobytes())
+    assert base["sha256"] == h.hexdigest()
+    for a, m in zip(arrays, metrics):
+        assert m["e/found"] == saved
+        before, restored = prefixed(a, "e/saved"), prefixed(a, "e/restored")
+        assert sorted(before) == sorted(restored) and len(before) == 6 * TARGETS
+        for name in before:
+            assert restored[name].tobytes() == before[name].tobytes(), name
+        assert a["e/base_restored"].tobytes() == a["e/base"].tobytes()
+        assert m["e/update/resumed"] == m["e/update/straight"]
+        straight, resumed = prefixed(a, "e/straight"), prefixed(a, "e/resumed")
+        assert any(straight[n].tobytes() != before[n].tobytes() for n in before)
+        for name in straight:
+            assert resumed[name].tobytes() == straight[name].tobytes(), name

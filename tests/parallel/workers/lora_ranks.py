@@ -12,7 +12,11 @@ against the tp2 policy's merged weights (W + s B A per piece) resharded whole in
 greedy and sampled rollouts of both, the sync's metrics; (d) the tp2 policy's checkpoint as the trainer saves it
 (every rank its adapters' and moments' pieces, the base by path and sha256, written once whole since it was drawn at
 random, the PEFT folder gathered whole by rank 0), one more update, the base spoilt, the checkpoint resumed and the
-update again.
+update again; (e) training pp2 (rank 0 holds layer 0 and the embedding, rank 1 layer 1, the final norm and the
+head), each stage with its layers' adapters: drawn as one device's, the reference with adapters off against pp2
+stages without adapters, two updates through 1F1B, the adapter-only sync out of the stages into inference dp2 and its
+greedy rollouts, then (d)'s checkpoint, update, spoilt base and resume under pp2 (the test computes the one-device
+model itself).
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics); the test compares.
 """
 
@@ -29,7 +33,7 @@ from mindspore import Tensor
 ms.set_context(mode=ms.GRAPH_MODE)
 ms.set_device("CPU")
 
-from mindgrpo.grpo.actor import PolicyUpdater  # noqa: E402
+from mindgrpo.grpo.actor import PolicyUpdater, Scorer  # noqa: E402
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint, base_parameters, fingerprint  # noqa: E402
 from mindgrpo.grpo.experience import pack  # noqa: E402
 from mindgrpo.grpo.ms_objective import GRPOLoss  # noqa: E402
@@ -47,8 +51,8 @@ from mindgrpo.parallel.placement import OneDevice, ParallelPlacement  # noqa: E4
 from mindgrpo.parallel.reshard import named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 
-from parallel_cases import CFG, LOSS, SEED, experience_arrays, prompts, token_batch, updater_kwargs  # noqa: E402
-from parallel_cases import sampling_logprobs  # noqa: E402
+from parallel_cases import CFG, CFG_PP2, LOSS, SEED, experience_arrays, prompts, token_batch  # noqa: E402
+from parallel_cases import sampling_logprobs, updater_kwargs  # noqa: E402
 from worker_clock import Clock  # noqa: E402
 
 gc.collect()
@@ -146,11 +150,11 @@ lora, updater = LoraCheckpoint(tp, root, None, placement), updaters["tp"]
 groups = lora.groups(updater.state_parameters())
 
 
-def snapshot(prefix):
-    for name, p in named_parameters(tp).items():
+def snapshot(prefix, lm=tp, optimizer=groups["optimizer"]):
+    for name, p in named_parameters(lm).items():
         if ".lora_" in name and not name.endswith("lora_scaling"):
             arrays[f"{prefix}/{name}"] = p.asnumpy().copy()
-    for p in groups["optimizer"]:
+    for p in optimizer:
         arrays[f"{prefix}/{p.name}"] = p.asnumpy().copy()
 
 
@@ -177,6 +181,70 @@ arrays["d/base_tp"] = np.concatenate([p.asnumpy().ravel() for p in base_paramete
 metrics["d/update/resumed"] = updater.update(exp, lr=1e-2)
 snapshot("d/resumed")
 clock.mark("(d) resume")
+
+# (e) pipeline stages: training pp2 (rank k is stage k, a layer each), each stage with its layers' adapters
+PP2 = ParallelLayout(dp=1, tp=1, pp=2)
+placement_pp = ParallelPlacement(SimpleNamespace(
+    actor_config=SimpleNamespace(parallel_config=parallel_config(PP2)),
+    generate_config=SimpleNamespace(parallel_config=parallel_config(infer)),
+    ref_config=SimpleNamespace(parallel_config=parallel_config(PP2)), rl_config=SimpleNamespace(beta=0.0)), comm)
+pipe = placement_pp.pipeline("policy", ms.float32)
+stage, base_pp = (placement_pp.model("policy", CFG_PP2, None, False, SEED, 128) for _ in range(2))
+add_adapters(stage, SPEC, seed=3)
+for name, value in adapter_state(stage).items():
+    arrays[f"e/init/{name}"] = value
+updater_pp = PolicyUpdater(stage, GRPOLoss(**LOSS), pipeline=pipe, **updater_kwargs())
+for i in range(2):
+    metrics[f"e/update{i}"] = updater_pp.update(exp, lr=1e-3)
+metrics["e/trainable"] = sorted(p.name for p in stage.trainable_params())
+metrics["e/optimizer"] = sorted(p.name for p in updater_pp.state_parameters())
+for name, value in adapter_state(stage).items():
+    arrays[f"e/trained/{name}"] = value
+clock.mark("(e) pp2 updates")
+# the reference (the trainer's: the policy's stages with their adapters off) against pp2 stages without adapters
+scorer = Scorer(stage, 3, pipeline=pipe)
+with adapters_off(stage):
+    arrays["e/logp_off"] = scorer(exp)
+arrays["e/logp_on"] = scorer(exp)
+arrays["e/logp_base"] = Scorer(base_pp, 3, pipeline=pipe)(exp)
+clock.mark("(e) pp2 reference")
+# the adapter-only sync out of the stages (as grpo/builder.py: the whole model's adapter names) into inference dp2
+inference_pp = Qwen2ForCausalLM(CFG_PP2, seed=SEED, max_positions=128)
+add_adapters(inference_pp, SPEC, seed=4)  # other adapters until the sync
+metrics["e/sync"] = placement_pp.weight_sync(stage, inference_pp, "inference", names=list(adapter_shapes(stage)))()
+for name, value in adapter_state(inference_pp).items():
+    arrays[f"e/synced/{name}"] = value
+engine = DataParallelEngine(RolloutEngine(inference_pp, max_num_seqs=2), comm, comm.infer_dp)
+metrics["e/rollout/greedy"] = [c.token_ids for c in engine.generate(prompts(), greedy)]
+clock.mark("(e) pp2 sync and rollouts")
+# (d) under pp2: the checkpoint (each stage its adapters and moments, the base and the PEFT folder whole by rank 0),
+# a third update, the base spoilt, the checkpoint resumed, the third update again
+root_pp = os.path.join(out_dir, "checkpoints_pp")
+checkpoints_pp = placement_pp.checkpoints(root_pp, 2, CFG_PP2, adapters=adapter_shapes(stage))
+lora_pp = LoraCheckpoint(stage, root_pp, None, placement_pp)
+moments_pp = lora_pp.groups(updater_pp.state_parameters())["optimizer"]
+state = dict(state, optimizer_steps=updater_pp.optimizer_steps, lora_base=lora_pp.state())
+saved = checkpoints_pp.save(2, lora_pp.groups(updater_pp.state_parameters()), state, CFG_PP2.to_hf_dict(),
+                            extra=lora_pp.write_adapter)
+metrics["e/saved"], metrics["e/lora_base"] = saved, state["lora_base"]
+snapshot("e/saved", stage, moments_pp)
+clock.mark("(e) pp2 save")
+metrics["e/update/straight"] = updater_pp.update(exp, lr=1e-3)
+snapshot("e/straight", stage, moments_pp)
+for p in base_parameters(stage):
+    p.set_data(Tensor(np.full(p.shape, 0.5, np.float32)).astype(p.dtype))
+updater_pp.optimizer_steps = 0
+found = checkpoints_pp.find()
+restored = checkpoints_pp.load(found, lora_pp.groups(updater_pp.state_parameters()), CFG_PP2.to_hf_dict())
+lora_pp.restore(restored["lora_base"], found)
+updater_pp.optimizer_steps = restored["optimizer_steps"]
+metrics["e/found"] = found
+snapshot("e/restored", stage, moments_pp)
+arrays["e/base_restored"] = np.concatenate([p.asnumpy().ravel() for p in base_parameters(stage)])
+arrays["e/base"] = np.concatenate([p.asnumpy().ravel() for p in base_parameters(base_pp)])  # the stage's base
+metrics["e/update/resumed"] = updater_pp.update(exp, lr=1e-3)
+snapshot("e/resumed", stage, moments_pp)
+clock.mark("(e) pp2 resume")
 
 np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{rank}.json"), "w") as f:
