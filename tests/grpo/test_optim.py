@@ -12,6 +12,16 @@ SHAPES = {"layers.0.attention.wq.weight": (6, 4), "layers.0.attention.wq.bias": 
           "layers.0.attention_norm.weight": (4,), "lm_head.weight": (5, 4)}
 
 
+def torch_adamw(init, weight_decay, betas):
+    """torch.optim.AdamW over copies of `init` (name -> array), no decay on biases and norms, lr 1e-2."""
+    import torch
+
+    tparams = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in init.items()}
+    groups = [{"params": [p for k, p in tparams.items() if not no_decay(k)], "weight_decay": weight_decay},
+              {"params": [p for k, p in tparams.items() if no_decay(k)], "weight_decay": 0.0}]
+    return tparams, torch.optim.AdamW(groups, lr=1e-2, betas=betas, eps=1e-8)
+
+
 @pytest.mark.parametrize("max_norm", [0.0, 0.5])
 def test_adamw_matches_torch(max_norm):
     import torch
@@ -22,10 +32,7 @@ def test_adamw_matches_torch(max_norm):
     buf = GradBuffer(params)
     acc, opt = AccumulateGrads(buf), AdamW(params, buf, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
 
-    tparams = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in init.items()}
-    groups = [{"params": [p for k, p in tparams.items() if not no_decay(k)], "weight_decay": 0.1},
-              {"params": [p for k, p in tparams.items() if no_decay(k)], "weight_decay": 0.0}]
-    topt = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    tparams, topt = torch_adamw(init, 0.1, (0.9, 0.95))
     for step in range(1, 4):
         lr = lr_at(step - 1, 1e-2, total_steps=3, warmup_steps=1, schedule="cosine", min_lr=1e-3)
         micro = [{k: rng.normal(size=s).astype(np.float32) for k, s in SHAPES.items()} for _ in range(2)]
@@ -81,10 +88,7 @@ def test_adamw_over_hundreds_of_parameters_matches_torch():
     params = [Parameter(Tensor(v.copy()), name=k) for k, v in init.items()]
     buf = GradBuffer(params)
     acc, opt = AccumulateGrads(buf), AdamW(params, buf, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.05)
-    tparams = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in init.items()}
-    groups = [{"params": [p for k, p in tparams.items() if not no_decay(k)], "weight_decay": 0.05},
-              {"params": [p for k, p in tparams.items() if no_decay(k)], "weight_decay": 0.0}]
-    topt = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.99), eps=1e-8)
+    tparams, topt = torch_adamw(init, 0.05, (0.9, 0.99))
     for step in (1, 2):
         grads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in init.items()}
         acc(tuple(Tensor(grads[k]) for k in names))

@@ -135,17 +135,25 @@ def numpy_merge(name, pieces):
     return pieces[0]
 
 
+# what a 2-rank LoRA step holds: each rank's adapters and moments, the PEFT folder whole, no copy of the base
+LORA_FILES = {"lora/rank_0/lora.ckpt", "lora/rank_1/lora.ckpt", "optimizer/rank_0/optimizer.ckpt",
+              "optimizer/rank_1/optimizer.ckpt", "adapter/adapter_model.safetensors", "adapter/adapter_config.json",
+              "state.json", "train_strategy.ckpt"}
+
+
+def manifest_files(saved: str) -> set:
+    with open(os.path.join(saved, "manifest.json")) as f:
+        return set(json.load(f)["files"])
+
+
 def test_a_tp2_checkpoint_holds_each_ranks_pieces_and_the_peft_folder_whole(lora_job):
     from mindgrpo.models.ckpt_codec import read_ckpt
     from mindgrpo.models.lora_files import read_adapter
 
     arrays, metrics = lora_job
     saved = metrics[0]["d/saved"]
-    with open(os.path.join(saved, "manifest.json")) as f:
-        files = set(json.load(f)["files"])
-    assert {"lora/rank_0/lora.ckpt", "lora/rank_1/lora.ckpt", "optimizer/rank_0/optimizer.ckpt",
-            "optimizer/rank_1/optimizer.ckpt", "adapter/adapter_model.safetensors", "adapter/adapter_config.json",
-            "state.json", "train_strategy.ckpt"} <= files
+    files = manifest_files(saved)
+    assert LORA_FILES <= files
     assert not any(f.startswith(("policy/", "reference/")) for f in files)  # the base is referred to, not copied
     for rank, a in enumerate(arrays):  # every rank wrote its own pieces
         pieces = read_ckpt(os.path.join(saved, "lora", f"rank_{rank}", "lora.ckpt"))
@@ -338,11 +346,8 @@ def test_a_pp2_checkpoint_holds_each_stages_adapters_and_the_peft_folder_and_bas
 
     arrays, metrics = lora_job
     saved = metrics[0]["e/saved"]
-    with open(os.path.join(saved, "manifest.json")) as f:
-        files = set(json.load(f)["files"])
-    assert {"lora/rank_0/lora.ckpt", "lora/rank_1/lora.ckpt", "optimizer/rank_0/optimizer.ckpt",
-            "optimizer/rank_1/optimizer.ckpt", "adapter/adapter_model.safetensors", "adapter/adapter_config.json",
-            "state.json", "train_strategy.ckpt"} <= files
+    files = manifest_files(saved)
+    assert LORA_FILES <= files
     stages = {}
     for rank, a in enumerate(arrays):
         mine = prefixed(a, "e/saved")
