@@ -195,8 +195,9 @@ class LayerwiseGradStep:
         in_layers = {id(p) for w in weights + adapters for p in w}
         head = [p for p in params if id(p) not in in_layers and (lm.tied or p is not embedding)]
         # graph inputs: the Parameters themselves (in place, no copy), the same tuples at every call
-        self.layer_weights = [ms.mutable(tuple(w)) for w in weights]
-        self.layer_lora = [ms.mutable(tuple(a)) for a in adapters] if self.lora else []
+        # each layer graph's weight inputs: (w,), or with LoRA (w, lora)
+        self.layer_inputs = [(ms.mutable(tuple(w)), ms.mutable(tuple(a))) if self.lora else (ms.mutable(tuple(w)),)
+                             for w, a in zip(weights, adapters)]
         self.layer_accumulators = [ms.mutable(tuple(_Accumulators(buffer, params, t if self.lora else w).bufs))
                                    for w, t in zip(weights, tuned)]
         self.embed = _Embed(lm)
@@ -212,17 +213,13 @@ class LayerwiseGradStep:
                  rollout_logp=None):
         x, cos, sin, bias = self.embed(ids)
         inputs = []
-        for i, w in enumerate(self.layer_weights):
+        for w in self.layer_inputs:
             inputs.append(x)
-            x = self.layer(x, cos, sin, bias, w, self.layer_lora[i]) if self.lora else self.layer(x, cos, sin, bias, w)
+            x = self.layer(x, cos, sin, bias, *w)
         loss, metrics, dx = self._head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                                        rollout_logp)
-        for i in reversed(range(len(self.layer_weights))):
-            if self.lora:
-                dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], self.layer_lora[i], dx,
-                                     self.layer_accumulators[i])
-            else:
-                dx = self.layer_grad(inputs[i], cos, sin, bias, self.layer_weights[i], dx, self.layer_accumulators[i])
+        for i in reversed(range(len(self.layer_inputs))):
+            dx = self.layer_grad(inputs[i], cos, sin, bias, *self.layer_inputs[i], dx, self.layer_accumulators[i])
         if self.embed_grad is not None:
             self.embed_grad(ids, dx)
         return loss, metrics
@@ -260,18 +257,19 @@ class LayerwiseLogProbs:
             raise ValueError("layerwise scoring runs the whole model on one device (no pipeline stages or tensor "
                              "parallelism)")
         layers = [lm.model.layers[i] for i in lm.layer_ids]
-        self.layer_weights = [ms.mutable(tuple(layer.weights())) for layer in layers]  # in place, no copy
-        # LoRA: the adapters too (with `lora.adapters_off`, scaling 0: the base's log-probs, y + 0)
+        # each layer graph's weight inputs (in place, no copy): its weights and, with LoRA, its adapters (with
+        # `lora.adapters_off`, scaling 0: the base's log-probs, y + 0)
         self.lora = bool(layers[0].lora_weights())
-        self.layer_lora = [ms.mutable(tuple(layer.lora_weights())) for layer in layers] if self.lora else []
+        self.layer_inputs = [(ms.mutable(tuple(layer.weights())),) + ((ms.mutable(tuple(layer.lora_weights())),)
+                                                                      if self.lora else ()) for layer in layers]
         self.embed = _Embed(lm)
         self.layer = _AdaptedLayer(layers[0]) if self.lora else _Layer(layers[0])
         self.head = TokenLogProbs(lm, with_entropy, temperature, chunk, from_hidden=True)
 
     def __call__(self, ids, score_pos, labels):
         x, cos, sin, bias = self.embed(ids)  # (B, S, H)
-        for i, w in enumerate(self.layer_weights):
-            x = self.layer(x, cos, sin, bias, w, self.layer_lora[i]) if self.lora else self.layer(x, cos, sin, bias, w)
+        for w in self.layer_inputs:
+            x = self.layer(x, cos, sin, bias, *w)
         return self.head(x, score_pos, labels)
 
 

@@ -168,11 +168,9 @@ class InferenceWeights(nn.Cell):
             return
         if bool(self.lm.model.layers[0].lora_weights()) != bool(self.adapters):
             self._refresh = self._make_refresh()
-        for i, (w, out) in enumerate(zip(self.sources, self.layer_buffers)):
-            if self.adapters:
-                self._refresh(w, self.adapters[i], out)
-            else:
-                self._refresh(w, out)
+        adapters = [(a,) for a in self.adapters] or [()] * len(self.sources)
+        for w, lora, out in zip(self.sources, adapters, self.layer_buffers):
+            self._refresh(w, *lora, out)
 
     def release(self) -> None:
         """Drop the compiled refresh graph and the buffers the runtime keeps for it (its transposed and

@@ -197,8 +197,14 @@ def kv_cache_bytes(cfg: Qwen2Config, gen, layout: ParallelLayout) -> int:
     """The rollout engine's KV cache on one rank of the inference layout (gen: generate_config)."""
     capacity = min(sequence_lengths(gen)[0], cfg.max_position_embeddings)
     slots = kv_slots(capacity, gen.max_num_seqs, gen.max_num_batched_tokens)
-    width = 2 if cfg.compute_dtype != "float32" else 4
-    return 2 * cfg.num_hidden_layers * (slots + 1) * (cfg.num_key_value_heads // layout.tp) * capacity * cfg.d * width
+    return cache_bytes(cfg, slots, capacity, cfg.compute_dtype, layout.tp)
+
+
+def cache_bytes(cfg: Qwen2Config, slots: int, capacity: int, compute_dtype: str, tp: int = 1) -> int:
+    """A rollout engine's KV cache: slots + the trash slot of `capacity` positions, k and v of every layer and of
+    this rank's kv heads, in the compute dtype."""
+    width = 2 if compute_dtype != "float32" else 4
+    return 2 * cfg.num_hidden_layers * (slots + 1) * (cfg.num_key_value_heads // tp) * capacity * cfg.d * width
 
 
 def largest_sync_bucket(cfg: Qwen2Config, src: ParallelLayout, dst: ParallelLayout, rank: int = 0,
@@ -336,13 +342,11 @@ def judge_bytes(configs: Sequence[Qwen2Config], entries: Sequence = (), compute_
     cache of each judge whose entry (reward_config.judges[i]) fixes max_model_len: max_num_seqs slots of that many
     positions, in the compute dtype (the rollout engine's cache: `kv_cache_bytes`)."""
     one = ParallelLayout.from_config(ParallelConfig())
-    width = 2 if compute_dtype != "float32" else 4
     cache = 0
     for c, e in zip(configs, entries):
         if e.max_model_len is not None:
             capacity = min(e.max_model_len, c.max_position_embeddings)
-            slots = kv_slots(capacity, e.max_num_seqs, None)
-            cache += 2 * c.num_hidden_layers * (slots + 1) * c.num_key_value_heads * capacity * c.d * width
+            cache += cache_bytes(c, kv_slots(capacity, e.max_num_seqs, None), capacity, compute_dtype)
     return sum(4 * int(np.prod(shape)) for c in configs for shape in expected_shapes(c).values()) + \
         sum(inference_copy_bytes(c, one) for c in configs) + cache
 

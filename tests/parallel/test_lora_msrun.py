@@ -141,6 +141,21 @@ LORA_FILES = {"lora/rank_0/lora.ckpt", "lora/rank_1/lora.ckpt", "optimizer/rank_
               "state.json", "train_strategy.ckpt"}
 
 
+def written_base_sha256(path: str, cfg, one: dict) -> str:
+    """Checks the base a checkpoint wrote at `path` against the one-device base `one` (name -> array) bit for bit
+    and returns the sha256 of `one` computed here: names sorted, each name and shape, then its fp32 bytes."""
+    from mindgrpo.models.checkpoint import read_model_state
+
+    written = read_model_state(path, cfg)
+    assert sorted(written) == sorted(one)
+    h = hashlib.sha256()
+    for name in sorted(one):
+        assert written[name].tobytes() == one[name].tobytes(), name
+        h.update(f"{name}{tuple(one[name].shape)}".encode())
+        h.update(one[name].astype(np.float32).tobytes())
+    return h.hexdigest()
+
+
 def manifest_files(saved: str) -> set:
     with open(os.path.join(saved, "manifest.json")) as f:
         return set(json.load(f)["files"])
@@ -175,7 +190,7 @@ def test_a_tp2_checkpoint_holds_each_ranks_pieces_and_the_peft_folder_whole(lora
 def test_the_lora_base_is_written_once_whole_and_its_sha256_is_the_one_device_models(lora_job):
     """The base was drawn at random: rank 0 wrote it whole from the tp2 pieces; its sha256 (names, full shapes, fp32
     bytes in name order, computed here by hashlib) is the one a one-device run of the same base records."""
-    from mindgrpo.models.checkpoint import model_state, read_model_state
+    from mindgrpo.models.checkpoint import model_state
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     _, metrics = lora_job
@@ -185,14 +200,7 @@ def test_the_lora_base_is_written_once_whole_and_its_sha256_is_the_one_device_mo
     assert os.path.dirname(base["path"]) == os.path.join(os.path.dirname(metrics[0]["d/saved"]), "lora_base")
     one = {k: v for k, v in model_state(Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)).items()
            if ".lora_" not in k}
-    written = read_model_state(base["path"], CFG)
-    assert sorted(written) == sorted(one)
-    h = hashlib.sha256()
-    for name in sorted(one):
-        assert written[name].tobytes() == one[name].tobytes(), name
-        h.update(f"{name}{tuple(one[name].shape)}".encode())
-        h.update(one[name].astype(np.float32).tobytes())
-    assert base["sha256"] == h.hexdigest() == metrics[0]["d/sha_one_device"]
+    assert base["sha256"] == written_base_sha256(base["path"], CFG, one) == metrics[0]["d/sha_one_device"]
 
 
 def test_resuming_a_tp2_lora_checkpoint_is_exact(lora_job):
@@ -340,7 +348,6 @@ def test_a_pp2_checkpoint_holds_each_stages_adapters_and_the_peft_folder_and_bas
     """Each stage wrote its adapters and moments; rank 0 wrote the PEFT folder (both stages' adapters, bit for bit the
     stages', within the update tolerance one device's) and the base (drawn at random) whole, with the sha256 of the
     one-device base computed here; the resume gives the third update again bit for bit."""
-    from mindgrpo.models.checkpoint import read_model_state
     from mindgrpo.models.ckpt_codec import read_ckpt
     from mindgrpo.models.lora_files import read_adapter
 
@@ -366,14 +373,7 @@ def test_a_pp2_checkpoint_holds_each_stages_adapters_and_the_peft_folder_and_bas
     base = metrics[0]["e/lora_base"]
     assert all(m["e/lora_base"] == base for m in metrics)
     one = one_device_pp["base"]
-    written = read_model_state(base["path"], CFG_PP2)
-    assert sorted(written) == sorted(one)
-    h = hashlib.sha256()
-    for name in sorted(one):
-        assert written[name].tobytes() == one[name].tobytes(), name
-        h.update(f"{name}{tuple(one[name].shape)}".encode())
-        h.update(one[name].astype(np.float32).tobytes())
-    assert base["sha256"] == h.hexdigest()
+    assert base["sha256"] == written_base_sha256(base["path"], CFG_PP2, one)
     for a, m in zip(arrays, metrics):
         assert m["e/found"] == saved
         before, restored = prefixed(a, "e/saved"), prefixed(a, "e/restored")

@@ -150,6 +150,19 @@ lora, updater = LoraCheckpoint(tp, root, None, placement), updaters["tp"]
 groups = lora.groups(updater.state_parameters())
 
 
+def spoil_and_resume(lm, updater, checkpoints, lora, cfg) -> str:
+    """The base spoilt and the step count reset, then the last checkpoint loaded into the adapters, the moments and
+    the base (LoRA's restore) as a resumed run does; returns the checkpoint's folder."""
+    for p in base_parameters(lm):
+        p.set_data(Tensor(np.full(p.shape, 0.5, np.float32)).astype(p.dtype))
+    updater.optimizer_steps = 0
+    found = checkpoints.find()
+    restored = checkpoints.load(found, lora.groups(updater.state_parameters()), cfg.to_hf_dict())
+    lora.restore(restored["lora_base"], found)
+    updater.optimizer_steps = restored["optimizer_steps"]
+    return found
+
+
 def snapshot(prefix, lm=tp, optimizer=groups["optimizer"]):
     for name, p in named_parameters(lm).items():
         if ".lora_" in name and not name.endswith("lora_scaling"):
@@ -167,14 +180,7 @@ snapshot("d/saved")
 clock.mark("(d) save")
 metrics["d/update/straight"] = updater.update(exp, lr=1e-2)
 snapshot("d/straight")
-for p in base_parameters(tp):
-    p.set_data(Tensor(np.full(p.shape, 0.5, np.float32)).astype(p.dtype))
-updater.optimizer_steps = 0
-found = checkpoints.find()
-restored = checkpoints.load(found, lora.groups(updater.state_parameters()), CFG.to_hf_dict())
-lora.restore(restored["lora_base"], found)
-updater.optimizer_steps = restored["optimizer_steps"]
-metrics["d/found"] = found
+metrics["d/found"] = spoil_and_resume(tp, updater, checkpoints, lora, CFG)
 snapshot("d/restored")
 arrays["d/base_restored"] = np.concatenate([p.asnumpy().ravel() for p in base_parameters(tp)])
 arrays["d/base_tp"] = np.concatenate([p.asnumpy().ravel() for p in base_parameters(base_tp)])
@@ -231,14 +237,7 @@ snapshot("e/saved", stage, moments_pp)
 clock.mark("(e) pp2 save")
 metrics["e/update/straight"] = updater_pp.update(exp, lr=1e-3)
 snapshot("e/straight", stage, moments_pp)
-for p in base_parameters(stage):
-    p.set_data(Tensor(np.full(p.shape, 0.5, np.float32)).astype(p.dtype))
-updater_pp.optimizer_steps = 0
-found = checkpoints_pp.find()
-restored = checkpoints_pp.load(found, lora_pp.groups(updater_pp.state_parameters()), CFG_PP2.to_hf_dict())
-lora_pp.restore(restored["lora_base"], found)
-updater_pp.optimizer_steps = restored["optimizer_steps"]
-metrics["e/found"] = found
+metrics["e/found"] = spoil_and_resume(stage, updater_pp, checkpoints_pp, lora_pp, CFG_PP2)
 snapshot("e/restored", stage, moments_pp)
 arrays["e/base_restored"] = np.concatenate([p.asnumpy().ravel() for p in base_parameters(stage)])
 arrays["e/base"] = np.concatenate([p.asnumpy().ravel() for p in base_parameters(base_pp)])  # the stage's base
