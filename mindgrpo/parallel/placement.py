@@ -147,7 +147,7 @@ class OneDevice:
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
                     names: Optional[List[str]] = None) -> Sync:
         """names: only these parameters move (LoRA's adapters)."""
-        return WeightSync(src, dst, memory, bucket_bytes, names)
+        return WeightSync(src, dst, memory, bucket_bytes, names, role)
 
     def same_layout(self, role: str) -> bool:
         """One device holds every model whole: the role's parameters are the policy's, laid out alike."""
@@ -378,7 +378,7 @@ class SeparatePlacement(OneDevice):
         """The inference copy is on the rollout rank: the weights meeting; the reference is beside the policy."""
         if role == "inference":
             return SendWeights(self.meeting, src)
-        return WeightSync(src, dst, memory, bucket_bytes, names)
+        return WeightSync(src, dst, memory, bucket_bytes, names, role)
 
     def same_layout(self, role: str) -> bool:
         """The inference copy is on another rank; the reference is beside the policy."""

@@ -31,37 +31,47 @@ def _check_same_names(src: Dict[str, Parameter], dst: Dict[str, Parameter]) -> N
 
 
 class _CopyBucket(nn.Cell):
-    """dst parameters <- src parameters (`construct(src)`: a mutable tuple of the source Parameters
-    themselves, read in place; the two models' parameters share names, and one graph cannot hold two
-    parameters of the same name as its own). Returns a (1,) zero that depends on every assignment:
-    returning the assignments' outputs made the runtime keep a copy of a one-parameter bucket, and
-    `Parameter.value()` inputs a copy of every bucket (0.54 and 1.31 GB at the Qwen2.5-0.5B shape cut to
-    2 layers, `git show 997488e:benchmarks/results/build_memory.md`); now the sync holds no memory of its own."""
+    """dst parameters <- src parameters, both the graph's own (`WeightSync` names the copy's apart): a
+    Parameter given as a graph input costs ~0.1 ms a call on the CPU, as much as its copy (an adapter), so a
+    bucket takes no inputs. Returns a (1,) zero that depends on every assignment: returning the assignments'
+    outputs made the runtime keep a copy of a one-parameter bucket, and `Parameter.value()` inputs a copy of
+    every bucket (0.54 and 1.31 GB at the Qwen2.5-0.5B shape cut to 2 layers, `git show
+    997488e:benchmarks/results/build_memory.md`); now the sync holds no memory of its own."""
 
     def __init__(self, dst: Sequence[Parameter], src: Sequence[Parameter]):
         super().__init__(auto_prefix=False)
-        self.dst = ms.ParameterTuple(dst)
+        self.dst, self.src = ms.ParameterTuple(dst), ms.ParameterTuple(src)
         self.n = len(dst)
         self.cast = tuple(s.dtype != d.dtype for s, d in zip(src, dst))  # bf16 compute copies on Ascend
 
-    def construct(self, src):
+    def construct(self):
         out = ()
         for i in range(self.n):
-            value = src[i].astype(self.dst[i].dtype) if self.cast[i] else src[i]
+            value = self.src[i].astype(self.dst[i].dtype) if self.cast[i] else self.src[i]
             out = out + (ops.assign(self.dst[i], value),)
         return ops.depend(ops.zeros((1,), ms.float32), out)
+
+
+def name_apart(dst: Sequence[Parameter], src: Sequence[Parameter], role: str) -> None:
+    """One graph cannot own two parameters of one name, and a copy's parameters carry its model's names: a
+    dst parameter named as its source is renamed `role.NAME` (the models match parameters by their path in
+    the model, `named_parameters`, never by this name)."""
+    for d, s in zip(dst, src):
+        if d.name == s.name:
+            d.name = f"{role}.{d.name}"
 
 
 class WeightSync:
     """Same-layout sync: dst parameters take the values of the src parameters of the same name,
     one bucket at a time; bucket_bytes: consecutive layer buckets joined up to this many bytes of
     fp32 parameters (0: one per decoder layer), as `reshard_plan.sync_buckets` and the memory plan.
-    names: only these parameters move (LoRA: the adapters; the base weights were loaded on both sides)."""
+    names: only these parameters move (LoRA: the adapters; the base weights were loaded on both sides);
+    role: what the copy is ("inference", "reference"), the prefix of its parameters' names (`name_apart`)."""
 
     METRICS = ("sync/seconds", "sync/bytes", "sync/max_bucket_bytes")  # the keys of each call's metrics
 
     def __init__(self, src: nn.Cell, dst: nn.Cell, memory=None, bucket_bytes: int = 0,
-                 names: Optional[Sequence[str]] = None):
+                 names: Optional[Sequence[str]] = None, role: str = "copy"):
         src_p, dst_p = named_parameters(src), named_parameters(dst)
         _check_same_names(src_p, dst_p)
         if names is not None:
@@ -69,20 +79,21 @@ class WeightSync:
         self.buckets = []
         for names in sync_buckets({n: p.shape for n, p in src_p.items()}, ParallelLayout(), bucket_bytes):
             src_b, dst_b = [src_p[n] for n in names], [dst_p[n] for n in names]
-            self.buckets.append((_CopyBucket(dst_b, src_b), ms.mutable(tuple(src_b)), nbytes(dst_b)))
+            name_apart(dst_b, src_b, role)
+            self.buckets.append((_CopyBucket(dst_b, src_b), nbytes(dst_b)))
         self.memory = memory
-        self.total_bytes = sum(b for _, _, b in self.buckets)
-        self.max_bucket_bytes = max(b for _, _, b in self.buckets)
+        self.total_bytes = sum(b for _, b in self.buckets)
+        self.max_bucket_bytes = max(b for _, b in self.buckets)
 
     def release(self) -> None:
         """Drop the compiled bucket graphs and the buffers the runtime keeps for them (freed only with
         the cells that compiled them: `tests/test_environment.py`); the next call compiles them again."""
-        self.buckets = [(_CopyBucket(list(graph.dst), src), src, size) for graph, src, size in self.buckets]
+        self.buckets = [(_CopyBucket(list(graph.dst), list(graph.src)), size) for graph, size in self.buckets]
 
     def __call__(self) -> Dict[str, float]:
         t0 = time.perf_counter()
-        for graph, src, size in self.buckets:
+        for graph, size in self.buckets:
             with self.memory.transient(size) if self.memory is not None else nullcontext():
-                graph(src)  # the Parameters themselves, the same mutable tuple every call: no copy, no recompiling
+                graph()
         return dict(zip(self.METRICS, (time.perf_counter() - t0, float(self.total_bytes),
                                        float(self.max_bucket_bytes))))

@@ -91,9 +91,10 @@ def run(tmp_path_factory):
 def test_one_device_generates_with_the_policy_itself_and_the_sync_moves_nothing(run):
     parts = run["parts"]
     assert parts.inference is parts.policy and parts.engine.lm is parts.policy
-    # generating did not rename the policy's parameters (what its checkpoints are saved under)
+    # generating did not rename the policy's parameters (what its checkpoints are saved under); the sync names
+    # the copy's apart (its graphs own both)
     names = sorted(p.name for p in parts.policy.get_parameters())
-    assert names == sorted(p.name for p in run["copy"].get_parameters())
+    assert sorted("copy." + n for n in names) == sorted(p.name for p in run["copy"].get_parameters())
     assert "model.layers.0.attention.wq.weight" in names
     m = parts.sync()
     assert m == {k: 0.0 for k in run["sync_metrics"]}  # WeightSync's columns, each 0
