@@ -245,10 +245,9 @@ class GRPOConfig:
             for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
                              ("generate_config.tools", not gen.tools),
                              ("generate_config.environment", gen.environment is None),
-                             ("generate_config.placement", gen.placement == "colocated"),
                              ("generate_config.parallel_config", gen.parallel_config.world_size == 1)):
-                check(off, key, "cannot combine with generate_config.partial_rollout yet (one process, one answer a "
-                      "prompt, one rollout a step)")
+                check(off, key, "cannot combine with generate_config.partial_rollout yet (one inference device, one "
+                      "answer a prompt, one rollout a step)")
 
         gen = self.generate_config
         check(not (gen.tools and gen.environment is not None), "generate_config.environment",

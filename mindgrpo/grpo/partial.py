@@ -7,19 +7,29 @@ A carried sample goes on from its prompt and its own tokens as a new prompt, pre
 engine's cache belongs to one call), for the tokens it has left; each token keeps the version that generated it
 (`Completion.versions`), so a sample's staleness is that of its oldest token. A group (the G samples of a prompt)
 trains once all its samples are finished, oldest groups first.
+
+Under generate_config.placement separate the rollout rank keeps the groups in flight and runs each step's partial
+rollout (`PartialRollouts.step`, the same calls as one process); the training rank keeps only the prompts the
+rollout rank drew and has not handed over yet (`DrawnPrompts`), and takes the step's groups from the samples
+meeting by their draw numbers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
-from mindgrpo.grpo.prompts import PromptBatch
+from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.inference.engine import Completion
+from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.parallel.separate import prompt_check, width_of
 
 PARTIAL = "partial"
+CONTINUED = 1_000_000  # a continuation's random-stream key: past any batch index
+# a step's figures (`PartialRollouts.step`), logged as partial/<name>
+METRICS = ("carried_groups", "carried_samples", "continued_samples")
 
 
 @dataclass
@@ -29,6 +39,7 @@ class Group:
     prompt: List[int]
     columns: Dict[str, object]
     samples: List[Completion]
+    number: int = 0  # the prompt's draw number in the run (0, 1, ...: the order the rollout drew prompts)
 
     @property
     def complete(self) -> bool:
@@ -52,6 +63,8 @@ class PartialRollouts:
     def __init__(self, group: int, max_tokens: int):
         self.G, self.max_tokens = group, max_tokens
         self.groups: List[Group] = []  # oldest first
+        self.drawn = 0  # prompts drawn so far (the next group's number)
+        self.taken: List[int] = []  # the draw numbers of the groups the last `take` gave, in its order
 
     def continuations(self) -> Tuple[List[List[int]], List[int], List[Tuple[int, int]]]:
         """The carried unfinished samples as prompts (the prompt and the sample's tokens), the tokens each has
@@ -75,7 +88,8 @@ class PartialRollouts:
         """A rollout call's samples of fresh prompts (G a prompt, adjacent), finished or not."""
         for p, ids in enumerate(batch.ids):
             self.groups.append(Group(list(ids), {k: v[p] for k, v in batch.columns.items()},
-                                     list(comps[p * self.G:(p + 1) * self.G])))
+                                     list(comps[p * self.G:(p + 1) * self.G]), self.drawn))
+            self.drawn += 1
 
     def complete(self) -> int:
         return sum(g.complete for g in self.groups)
@@ -86,6 +100,7 @@ class PartialRollouts:
         taken = [g for g in self.groups if g.complete][:n]
         kept = {id(g) for g in taken}
         self.groups = [g for g in self.groups if id(g) not in kept]
+        self.taken = [g.number for g in taken]
         keys = sorted({k for g in taken for k in g.columns})
         batch = PromptBatch([g.prompt for g in taken], {k: [g.columns[k] for g in taken] for k in keys})
         comps = [replace(c, prompt_index=p) for p, g in enumerate(taken) for c in g.samples]
@@ -93,6 +108,70 @@ class PartialRollouts:
 
     def metrics(self) -> Dict[str, float]:
         """What stays in flight after a step took its groups."""
-        return {"partial/carried_groups": float(len(self.groups)),
-                "partial/carried_samples": float(sum(c.finish_reason == PARTIAL for g in self.groups
-                                                     for c in g.samples))}
+        return {"carried_groups": float(len(self.groups)),
+                "carried_samples": float(sum(c.finish_reason == PARTIAL for g in self.groups for c in g.samples))}
+
+    def step(self, engine, prompts: PromptSource, want: int, sampling: Callable[[int, int], SamplingParams],
+             seeds: Tuple[int, int]) -> Tuple[PromptBatch, List[Completion], Dict[str, float]]:
+        """One step's partial rollout with the engine's weights: the carried unfinished samples go on (prefilled
+        again; sampling(1, seeds[1])), then fresh prompts, twice the groups still needed (sampling(G, seeds[0])),
+        until that many are complete. The engine runs every fresh sample to its end if it must: a step never
+        trains fewer than `want` groups. Returns the `want` oldest complete groups (their prompts and samples) and
+        the step's figures: new_tokens, drawn (fresh prompts), METRICS."""
+        carried, left, where = self.continuations()
+        tokens, drawn = 0, 0
+        if carried:  # keyed past any batch index: their own random streams
+            comps = engine.generate(carried, sampling(1, seeds[1]), max_tokens=left,
+                                    prompt_index=[CONTINUED + k for k in range(len(left))])
+            self.resume(where, comps)
+            tokens += engine.last_stats["new_tokens"]
+        need = want - self.complete()
+        if need > 0:
+            batch = prompts.next(2 * need)
+            comps = engine.generate(batch.ids, sampling(self.G, seeds[0]), min_groups=need)
+            self.add(batch, comps)
+            drawn = len(batch.ids)
+            tokens += engine.last_stats["new_tokens"]
+        batch, comps = self.take(want)
+        return batch, comps, dict(self.metrics(), new_tokens=float(tokens), drawn=float(drawn),
+                                  continued_samples=float(len(carried)))
+
+
+class DrawnPrompts:
+    """The training rank's side of partial rollouts under generate_config.placement separate: the prompts the
+    rollout rank drew (the same PromptSource, in the same order), by draw number, until their group is handed
+    over in a samples meeting (`separate.RemoteRollout.groups`)."""
+
+    def __init__(self, group: int):
+        self.G = group
+        self.rows: Dict[int, Tuple[List[int], Dict[str, object]]] = {}
+        self.drawn = 0
+
+    def draw(self, prompts: PromptSource, n: int) -> None:
+        batch = prompts.next(n) if n else PromptBatch([], {})
+        for p, ids in enumerate(batch.ids):
+            self.rows[self.drawn] = (list(ids), {k: v[p] for k, v in batch.columns.items()})
+            self.drawn += 1
+
+    def take(self, numbers: List[int]) -> PromptBatch:
+        missing = [k for k in numbers if k not in self.rows]
+        if missing:
+            raise RuntimeError(f"partial rollouts under generate_config.placement separate: the rollout rank handed "
+                               f"over groups of prompts {missing} that this rank has not drawn or already trained")
+        rows = [self.rows.pop(k) for k in numbers]
+        keys = sorted({k for _, columns in rows for k in columns})
+        return PromptBatch([ids for ids, _ in rows], {k: [columns[k] for _, columns in rows] for k in keys})
+
+    def step(self, engine, prompts: PromptSource, want: int, sampling: Callable[[int, int], SamplingParams],
+             seeds: Tuple[int, int]) -> Tuple[PromptBatch, List[Completion], Dict[str, float]]:
+        """`PartialRollouts.step` as the rollout rank ran it (with its weights and these seeds): its `want` complete
+        groups, from the samples meeting, and its figures. The training rank draws as many prompts as the rollout
+        rank drew, so the data order (what a checkpoint records) stays the same on both."""
+        params = sampling(self.G, seeds[0])
+        comps, numbers, figures = engine.groups(want * self.G, self.G, width_of(params))
+        self.draw(prompts, int(figures["drawn"]))
+        batch = self.take(numbers)
+        if figures["prompt_check"] != prompt_check(batch.ids):
+            raise RuntimeError("generate_config.placement separate: the rollout rank generated other prompts than "
+                               "the training rank trains on (their data order differs)")
+        return batch, comps, figures

@@ -10,6 +10,10 @@ update s - 1), while update s trains:
     training rank   W0 | S1  train 1  W1 | S2  train 2  W2 | S3 ...
     rollout (k=0)   W0  gen 1  S1 | W1  gen 2  S2 | W2  gen 3 ...
     rollout (k=1)   W0  gen 1  S1  gen 2 | W1  S2  gen 3 | W2  S3 ...
+
+With generate_config.partial_rollout this rank keeps the groups in flight (`partial.PartialRollouts`) and a step's
+"gen" is its partial rollout with the weights it has, the same calls as one process; it hands over the step's
+complete groups with their draw numbers (the training rank keeps the prompts drawn: `partial.DrawnPrompts`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 
+from mindgrpo.grpo.partial import PartialRollouts
 from mindgrpo.grpo.prompts import PromptSource
 from mindgrpo.grpo.trainer import rollout_seed, sampling_params
 from mindgrpo.parallel.separate import Meeting, prompt_check, width_of
@@ -31,6 +36,8 @@ class RolloutWorker:
         self.cfg, self.engine, self.prompts, self.meeting, self.stop_ids = cfg, engine, prompts, meeting, stop_ids
         self.params = named_parameters(model)  # by path: the training rank's policy has the same paths
         self.waited = 0.0  # seconds in meetings since the last samples were handed over
+        gen = cfg.generate_config
+        self.partial = PartialRollouts(cfg.rl_config.num_generations, gen.max_tokens) if gen.partial_rollout else None
 
     def receive(self, version: int) -> None:
         t0 = time.perf_counter()
@@ -42,25 +49,33 @@ class RolloutWorker:
     def generate(self, step: int):
         """The samples of step `step` (counted from 1) and the figures that go with them."""
         rl, gen = self.cfg.rl_config, self.cfg.generate_config
-        batch = self.prompts.next(rl.batch_size)
         params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1), self.stop_ids)
         t0 = time.perf_counter()
+        groups, extra = None, {}
         with heartbeat.phase("rollout"):
-            comps = self.engine.generate(batch.ids, params)
-        stats = self.engine.last_stats
+            if self.partial is None:
+                batch = self.prompts.next(rl.batch_size)
+                comps = self.engine.generate(batch.ids, params)
+            else:  # the trainer's collect_partial, with this rank's weights
+                batch, comps, extra = self.partial.step(
+                    self.engine, self.prompts, rl.batch_size,
+                    lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
+                    (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)))
+                groups = self.partial.taken
+        stats = dict(self.engine.last_stats, **extra)  # partial: the step's new tokens, not its last call's
         figures = {k: float(stats.get(k, 0.0)) for k in ("useful_fraction", "slots_in_use", "kv_bytes",
                                                          "prefill_seconds", "decode_seconds", "decode_steps",
-                                                         "compiled_graphs")}
+                                                         "compiled_graphs", *extra)}
         figures.update(new_tokens=float(stats["new_tokens"]), generate_seconds=time.perf_counter() - t0,
                        version=float(self.engine.version), prompt_check=prompt_check(batch.ids))
-        return comps, figures, len(batch.ids) * params.n, width_of(params)
+        return comps, figures, len(batch.ids) * params.n, width_of(params), groups
 
     def send(self, samples) -> None:
-        comps, figures, rows, width = samples
+        comps, figures, rows, width, groups = samples
         t0 = time.perf_counter()
         figures["wait_seconds"] = self.waited
         with heartbeat.phase("samples"):
-            self.meeting.samples(comps, rows, self.cfg.rl_config.num_generations, width, figures)
+            self.meeting.samples(comps, rows, self.cfg.rl_config.num_generations, width, figures, groups)
         self.waited = time.perf_counter() - t0
 
     @property

@@ -23,7 +23,7 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
 from mindgrpo.grpo.off_policy import LaggedSync, sample_versions, staleness
-from mindgrpo.grpo.partial import PartialRollouts
+from mindgrpo.grpo.partial import METRICS as PARTIAL_METRICS, DrawnPrompts, PartialRollouts
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.grpo.recycle import MemoryWatch, Restart
@@ -139,8 +139,10 @@ class GRPOTrainer:
                 raise ValueError("rl_config.off_policy_steps > 0 needs an inference copy of its own (the engine's "
                                  "weights lag the policy's); the builder makes one")
             self.lagged = LaggedSync(sync, policy, rl.off_policy_steps)
-        # generate_config.partial_rollout (mindgrpo/grpo/partial.py): the groups in flight between steps
-        self.partial = PartialRollouts(self.G, gen.max_tokens) if gen.partial_rollout else None
+        # generate_config.partial_rollout (mindgrpo/grpo/partial.py): the groups in flight between steps (separate
+        # placement: the rollout rank keeps them, this rank the prompts drawn for them)
+        self.partial = None if not gen.partial_rollout else DrawnPrompts(self.G) if gen.placement == "separate" \
+            else PartialRollouts(self.G, gen.max_tokens)
         self.val_history: List[float] = []
         self.best = Best(rl.save_best) if rl.save_best else None
         # steps with a skipped update (non-finite loss or gradient norm): in all, and the last ones in a row
@@ -235,31 +237,18 @@ class GRPOTrainer:
     def collect_partial(self) -> tuple:
         """generate_config.partial_rollout: the carried unfinished samples go on with the current weights (prefilled
         again), then fresh prompts, twice the groups still needed, until enough groups are complete; the step takes
-        the oldest batch_size complete groups, the rest stays in flight (mindgrpo/grpo/partial.py)."""
-        want, carry = self.cfg.rl_config.batch_size, self.partial
-        prompts, left, where = carry.continuations()
-        tokens = 0
+        the oldest batch_size complete groups, the rest stays in flight (mindgrpo/grpo/partial.py; under a separate
+        placement the rollout rank does that and hands over the groups)."""
+        seeds = (rollout_seed(self.sample_seed, self.step), rollout_seed(self.sample_seed, self.step, 1))
         with self.progress.phase("rollout"), self.memory.phase("rollout"):
-            if prompts:  # keyed past any batch index: their own random streams
-                comps = self.engine.generate(prompts, self.sampling(1, rollout_seed(self.sample_seed, self.step, 1)),
-                                             max_tokens=left, prompt_index=[1_000_000 + k for k in range(len(left))])
-                carry.resume(where, comps)
-                tokens += self.engine.last_stats["new_tokens"]
-            need = want - carry.complete()
-            if need > 0:
-                batch = self.train_prompts.next(2 * need)
-                params = self.sampling(self.G, rollout_seed(self.sample_seed, self.step))
-                comps = self.engine.generate(batch.ids, params, min_groups=need)
-                carry.add(batch, comps)
-                tokens += self.engine.last_stats["new_tokens"]
-        self.progress.add_tokens("rollout", tokens)
-        batch, comps = carry.take(want)
+            batch, comps, figures = self.partial.step(self.engine, self.train_prompts, self.cfg.rl_config.batch_size,
+                                                      self.sampling, seeds)
+        self.progress.add_tokens("rollout", int(figures["new_tokens"]))
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
         r = Rollouts(batch, comps, texts, self.G)
         metrics = self.reward(r)
         metrics.update(rollout_metrics(r, self.engine.last_stats))
-        metrics.update(carry.metrics())
-        metrics["partial/continued_samples"] = float(len(prompts))
+        metrics.update({f"partial/{k}": float(figures[k]) for k in PARTIAL_METRICS})
         return r, metrics
 
     def advantages(self, r: Rollouts) -> tuple:

@@ -5,7 +5,8 @@ MindSpore's CPU collectives have no Send / Receive, and every member of a group 
 point; so a meeting is an AllReduce over the world (`Comm.host_sum`) to which one side gives its data and the
 other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subnormal, which mccl flushes):
 
-    samples   the rollout rank's completions of a step (as `data_parallel.completion_rows`, versions included)
+    samples   the rollout rank's completions of a step (as `data_parallel.completion_rows`, versions included,
+              and in a last column each sample's group number: with partial rollouts, its prompt's draw number)
               and a row of its figures (FIGURES) -> the training rank
     weights   the policy's parameters after an update, in buckets of rl_config.weight_sync_bucket_mb ->
               the rollout rank's inference copy
@@ -31,8 +32,11 @@ from mindgrpo.parallel.weight_sync import named_parameters
 
 # the rollout rank's figures of a step, sent after its samples (one float32 row); "prompt_check" is the sum of the
 # step's prompt token ids (mod 2**23): the training rank compares it with its own prompts' (the same data order)
+# with partial rollouts (grpo/partial.py) also the prompts drawn, the groups and samples in flight after the step and
+# the carried samples that went on in it (0 without)
 FIGURES = ("new_tokens", "generate_seconds", "wait_seconds", "version", "prompt_check", "useful_fraction",
-           "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps", "compiled_graphs")
+           "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps", "compiled_graphs",
+           "drawn", "carried_groups", "carried_samples", "continued_samples")
 TRAIN_RANK, ROLLOUT_RANK = 0, 1
 
 
@@ -57,15 +61,20 @@ class Meeting:
         self.bucket_bytes = bucket_bytes
 
     def samples(self, comps: Optional[List[Completion]], rows: int, n: int, width: int,
-                figures: Optional[Dict[str, float]] = None) -> Tuple[List[Completion], Dict[str, float]]:
-        """The rollout rank's `comps` (rows of them, n a prompt) and figures on both ranks; the training rank
-        passes None."""
-        data = np.zeros((rows + 1, ROW_HEAD + ROW_FIELDS * width), np.float32)
+                figures: Optional[Dict[str, float]] = None, groups: Optional[Sequence[int]] = None
+                ) -> Tuple[List[Completion], List[int], Dict[str, float]]:
+        """The rollout rank's `comps` (rows of them, n a prompt), their groups' numbers (rows // n; default 0, 1,
+        ...; float32 carries them exactly below 2**24) and its figures, on both ranks; the training rank passes
+        None."""
+        head = ROW_HEAD + ROW_FIELDS * width
+        data = np.zeros((rows + 1, head + 1), np.float32)
         if comps is not None:
-            data[:rows] = completion_rows(comps, rows, width)
-            data[rows, :len(FIGURES)] = [figures[k] for k in FIGURES]
+            data[:rows, :head] = completion_rows(comps, rows, width)
+            data[:rows, head] = np.repeat(np.arange(rows // n) if groups is None else np.asarray(groups), n)
+            data[rows, :len(FIGURES)] = [figures.get(k, 0.0) for k in FIGURES]
         data = self.comm.host_sum(data, self.group)
-        return rows_completions(data[:rows], n, width), dict(zip(FIGURES, map(float, data[rows, :len(FIGURES)])))
+        return (rows_completions(data[:rows, :head], n, width), data[:rows:n, head].astype(np.int64).tolist(),
+                dict(zip(FIGURES, map(float, data[rows, :len(FIGURES)]))))
 
     def weights(self, params: Dict[str, Parameter], give: bool) -> Dict[str, float]:
         """params by their path in the model (the same paths and shapes on both ranks; taken in path order): the
@@ -117,16 +126,22 @@ class RemoteRollout:
         """No graphs on this rank."""
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[Completion]:
-        t0 = time.perf_counter()
-        comps, figures = self.meeting.samples(None, len(prompts) * params.n, params.n, width_of(params))
+        comps, _, figures = self.groups(len(prompts) * params.n, params.n, width_of(params))
         if figures["prompt_check"] != prompt_check(prompts):
             raise RuntimeError("generate_config.placement separate: the rollout rank generated other prompts than "
                                "the training rank trains on (their data order differs)")
+        return comps
+
+    def groups(self, rows: int, n: int, width: int) -> Tuple[List[Completion], List[int], Dict[str, float]]:
+        """The samples meeting: the rollout rank's `rows` samples (n a group), their groups' numbers and its
+        figures; last_stats set from them (with train_wait_seconds, this rank's wait in the meeting)."""
+        t0 = time.perf_counter()
+        comps, numbers, figures = self.meeting.samples(None, rows, n, width)
         waited = time.perf_counter() - t0
         seconds = max(figures["generate_seconds"], 1e-9)
         self.last_stats = dict(figures, new_tokens=int(figures["new_tokens"]), seconds=seconds,
                                tokens_per_s=figures["new_tokens"] / seconds, train_wait_seconds=waited)
-        return comps
+        return comps, numbers, figures
 
 
 class SendWeights:

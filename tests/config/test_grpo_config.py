@@ -569,6 +569,9 @@ def test_separate_placement_rules(extra, key):
 def test_partial_rollout_rules(extra, key):
     cfg = load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1"])
     assert cfg.generate_config.partial_rollout
+    cfg = load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1",
+                                             *SEPARATE])  # the rollout rank keeps the groups in flight
+    assert cfg.generate_config.partial_rollout and cfg.generate_config.placement == "separate"
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", *extra])
     assert info.value.key == key

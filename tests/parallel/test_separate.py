@@ -1,8 +1,9 @@
 """generate_config.placement separate (mindgrpo/parallel/separate.py, mindgrpo/grpo/rollout_worker.py): one msrun
-job of two ranks (rank 0 trains, rank 1 generates) runs scripts/grpo_one_stage.py twice, with off_policy_steps 0
-and 1; one process runs the colocated peers of both (tests/parallel/workers/one_stage_runs.py: sep0, sep1, col0,
-col1). Step for step the separate runs give their peers' samples (completions.jsonl: every sample's text and
-reward), losses within 1e-6 and staleness; the separate runs log both ranks' figures."""
+job of two ranks (rank 0 trains, rank 1 generates) runs scripts/grpo_one_stage.py three times, with off_policy_steps
+0, 1, and 1 with partial rollouts; one process runs the colocated peers of the three (tests/parallel/workers/
+one_stage_runs.py: sep0, sep1, sep1p, col0, col1, col1p). Step for step the separate runs give their peers' samples
+(completions.jsonl: every sample's text and reward), losses within 1e-6 and staleness (the sampling versions); the
+partial runs carry the same groups and samples; the separate runs log both ranks' figures."""
 
 import json
 import os
@@ -37,10 +38,10 @@ def one_layer_micro(folder) -> str:
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("separate")
     shared = [*CONFIG, f"actor_config.model={one_layer_micro(out)}"]
-    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1", *shared], timeout=900)
+    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1,sep1p", *shared], timeout=900)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1", *shared],
+    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -57,9 +58,9 @@ def samples(folder):
 
 
 @pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
-@pytest.mark.parametrize("lag", [0, 1])
-def test_separate_placement_equals_the_colocated_run_step_for_step(runs, lag):
-    sep, col = runs / f"sep{lag}", runs / f"col{lag}"
+@pytest.mark.parametrize("run", ["0", "1", "1p"])
+def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
+    sep, col, lag = runs / f"sep{run}", runs / f"col{run}", run != "0"
     ms, mc = metrics(sep), metrics(col)
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
     got, want = samples(sep), samples(col)
@@ -68,8 +69,14 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, lag):
     for a, b in zip(ms, mc):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
         assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
-    if lag:
+    if run == "1":
         assert [m["staleness/mean"] for m in ms] == [m["staleness/mean"] for m in mc] == [0.0, 1.0, 1.0]
+    if run == "1p":  # the sampling versions of every token (a carried sample's oldest) and the groups in flight
+        keys = ("staleness/mean", "staleness/max", "staleness/dropped", "partial/carried_groups",
+                "partial/carried_samples", "partial/continued_samples")
+        assert [[m[k] for k in keys] for m in ms] == [[m[k] for k in keys] for m in mc]
+        # samples were carried half done into a later step and went on there with newer weights
+        assert sum(m["partial/continued_samples"] for m in ms) > 0 and max(m["staleness/max"] for m in ms) >= 1
     # the later steps' samples differ from the first's weights: the sync carried new weights each step
     assert got[1] != got[0] and got[2] != got[1]
     # both ranks' figures: the rollout rank's generating and waiting, the training rank's waiting, the sync

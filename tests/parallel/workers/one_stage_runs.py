@@ -6,7 +6,8 @@ with the given key=value settings plus each run's own, into folders of OUT_DIR n
 
 Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and off), pp2 (two
 pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
-sep1 (generate_config.placement separate, off_policy_steps 0 and 1; their one-process peers: col0, col1).
+sep1 (generate_config.placement separate, off_policy_steps 0 and 1; their one-process peers: col0, col1), sep1p
+(sep1 with partial rollouts; its peer col1p).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -33,6 +34,9 @@ DP2 = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel
 PACKED = ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true"]
 MSRUN = ["--use_parallel", "True"]
 SEPARATE, OFF1 = ["generate_config.placement=separate"], ["rl_config.off_policy_steps=1"]
+# partial rollouts; a tenth of the micro model's 512 ids stop a sample, so that lengths differ and a step's rollout
+# stops with samples half done (they go on in the next step)
+PARTIAL = OFF1 + ["generate_config.partial_rollout=true", f"generate_config.stop_token_ids={list(range(100, 152))}"]
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
     "swap_on": [(MSRUN + ["--swap", "True"], TP2)],
@@ -47,6 +51,8 @@ RUNS = {
     "sep1": [(MSRUN, SEPARATE + OFF1)],
     "col0": [([], [])],
     "col1": [([], OFF1)],
+    "sep1p": [(MSRUN, SEPARATE + PARTIAL)],
+    "col1p": [([], PARTIAL)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
