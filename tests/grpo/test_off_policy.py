@@ -286,24 +286,23 @@ def test_partial_rollouts_carry_unfinished_samples_into_the_next_step():
 
 # ------------------------------------------------------------------------------- partial rollouts across a resume
 @pytest.fixture(scope="module")
-def partial_runs(tmp_path_factory):
+def partial_runs(run, tmp_path_factory):
     """Three steps with off_policy_steps 1 and partial rollouts, a checkpoint saved after step 1, then steps 2 and 3
     again from that checkpoint in a trainer whose groups in flight are a fresh process's (none). Each step's trained
-    prompts and samples are recorded. A quarter of the vocabulary stops a sample and 12 slots run three groups at
-    once, so step 1 stops with its third group's samples part-way and its fourth not started; lr 1e-12 leaves the weights as they are (below fp32's resolution), so the resumed run,
+    prompts and samples are recorded. A quarter of the vocabulary stops a sample and a slot freed takes the next
+    sample (8 slots), so step 1 stops with samples part-way; the models and the engine are the `run` fixture's
+    (its compiled engine graphs reused), the weights what its run left; lr 1e-12 leaves the weights as they are (below fp32's resolution), so the resumed run,
     whose engine gets the restored weights rather than the one-update-older ones the straight run's had (the lag
     starts again after a resume: docs/async.md), samples as the straight run did."""
     from mindgrpo.grpo.partial import PartialRollouts
 
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
     out = tmp_path_factory.mktemp("partial_resume")
     cfg = load_config(GRPOConfig, None, CONFIG + [
-        f"actor_config.model={one_layer_micro(out)}", f"rl_config.output_dir={out}", "rl_config.max_steps=3",
-        "actor_config.lr=1e-12", "generate_config.partial_rollout=true", "generate_config.max_num_seqs=12",
+        f"actor_config.model={run['cfg'].actor_config.model}", f"rl_config.output_dir={out}",
+        "actor_config.lr=1e-12", "generate_config.partial_rollout=true",
         f"generate_config.stop_token_ids=[{','.join(map(str, range(384, 512)))}]"])
-    parts = builder.build(cfg, builder.Paths(output_dir=str(out)))
-    trainer = builder.make_trainer(cfg, parts, RecordingLog(), Progress(3), str(out))
+    trainer = builder.make_trainer(cfg, run["parts"], RecordingLog(), Progress(3), str(out))
+    trainer.sync_now()  # the engine from the policy as the `run` fixture left it, version 0
     trained = {"straight": {}, "resumed": {}}
     run_name = ["straight"]
     collect = trainer.collect
@@ -331,11 +330,10 @@ def partial_runs(tmp_path_factory):
     trainer.partial = PartialRollouts(cfg.rl_config.num_generations, cfg.generate_config.max_tokens)
     trainer.resume(saved)
     steps(2)
-    yield dict(trained=trained, in_flight=in_flight, G=cfg.rl_config.num_generations, saved=saved)
-    ms.set_context(mode=previous)
+    return dict(trained=trained, in_flight=in_flight, G=cfg.rl_config.num_generations, saved=saved)
 
 
-@pytest.mark.slow  # a run of three steps and two more: about a minute of compiling under load
+@pytest.mark.slow  # three steps and two more on the `run` fixture's parts: its update graphs compiled again
 def test_a_resumed_partial_run_trains_every_prompt_once_as_the_straight_run(partial_runs):
     straight, resumed, G = partial_runs["trained"]["straight"], partial_runs["trained"]["resumed"], partial_runs["G"]
     in_flight = partial_runs["in_flight"]
