@@ -291,9 +291,9 @@ def partial_runs(run, tmp_path_factory):
     again from that checkpoint in a trainer whose groups in flight are a fresh process's (none). Each step's trained
     prompts and samples are recorded. A quarter of the vocabulary stops a sample and a slot freed takes the next
     sample (8 slots), so step 1 stops with samples part-way; the models and the engine are the `run` fixture's
-    (its compiled engine graphs reused), the weights what its run left; lr 1e-12 leaves the weights as they are (below fp32's resolution), so the resumed run,
-    whose engine gets the restored weights rather than the one-update-older ones the straight run's had (the lag
-    starts again after a resume: docs/async.md), samples as the straight run did."""
+    (its compiled engine graphs reused), the weights what its run left. lr 1e-12 moves the weights by about fp32's
+    resolution, so the resumed run, whose engine gets the restored weights rather than the one-update-older ones the
+    straight run's had (the lag starts again after a resume: docs/async.md), draws the straight run's tokens."""
     from mindgrpo.grpo.partial import PartialRollouts
 
     out = tmp_path_factory.mktemp("partial_resume")
