@@ -12,24 +12,32 @@ Under generate_config.placement separate the rollout rank keeps the groups in fl
 rollout (`PartialRollouts.step`, the same calls as one process); the training rank keeps only the prompts the
 rollout rank drew and has not handed over yet (`DrawnPrompts`), and takes the step's groups from the samples
 meeting by their draw numbers.
+
+A checkpoint holds the groups in flight (IN_FLIGHT, beside its state.json: each prompt, its dataset columns and
+its samples' tokens, log-probs and per-token versions), so that a resumed run trains them as the run it continues
+would have: their prompts were drawn before the save and are not drawn again.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.parallel.checkpoint_folders import CheckpointError
 from mindgrpo.parallel.separate import prompt_check, width_of
 
 PARTIAL = "partial"
 CONTINUED = 1_000_000  # a continuation's random-stream key: past any batch index
 # a step's figures (`PartialRollouts.step`), logged as partial/<name>
 METRICS = ("carried_groups", "carried_samples", "continued_samples")
+IN_FLIGHT = "in_flight.json"  # a checkpoint's groups in flight (`PartialRollouts.write`, `read`)
 
 
 @dataclass
@@ -44,6 +52,32 @@ class Group:
     @property
     def complete(self) -> bool:
         return all(c.finish_reason != PARTIAL for c in self.samples)
+
+
+def _plain(v):
+    """A dataset column's value as JSON has it (numpy scalars as Python's)."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _array(values: Optional[list], dtype) -> Optional[np.ndarray]:
+    return None if values is None else np.asarray(values, dtype)
+
+
+def _list(a: Optional[np.ndarray]) -> Optional[list]:
+    return None if a is None else a.tolist()  # fp32 -> Python float -> fp32 is exact
+
+
+def sample_state(c: Completion) -> dict:
+    return {"prompt_index": int(c.prompt_index), "token_ids": [int(t) for t in c.token_ids],
+            "finish_reason": c.finish_reason, "logprobs": _list(c.logprobs),
+            "sampling_logprobs": _list(c.sampling_logprobs), "model_mask": _list(c.model_mask),
+            "turns": int(c.turns), "versions": _list(c.versions)}
+
+
+def sample_of(s: dict) -> Completion:
+    return Completion(int(s["prompt_index"]), [int(t) for t in s["token_ids"]], str(s["finish_reason"]),
+                      _array(s["logprobs"], np.float32), _array(s["sampling_logprobs"], np.float32),
+                      _array(s["model_mask"], bool), int(s["turns"]), _array(s["versions"], np.int64))
 
 
 def joined(before: Completion, after: Completion) -> Completion:
@@ -105,6 +139,37 @@ class PartialRollouts:
         batch = PromptBatch([g.prompt for g in taken], {k: [g.columns[k] for g in taken] for k in keys})
         comps = [replace(c, prompt_index=p) for p, g in enumerate(taken) for c in g.samples]
         return batch, comps
+
+    def state(self) -> dict:
+        return {"drawn": self.drawn,
+                "groups": [{"prompt": [int(t) for t in g.prompt], "number": g.number,
+                            "columns": {k: _plain(v) for k, v in g.columns.items()},
+                            "samples": [sample_state(c) for c in g.samples]} for g in self.groups]}
+
+    def load_state(self, state: dict) -> None:
+        self.groups = [Group([int(t) for t in g["prompt"]], dict(g["columns"]), [sample_of(s) for s in g["samples"]],
+                             int(g["number"])) for g in state["groups"]]
+        self.drawn = int(state["drawn"])
+
+    def write(self, folder: str) -> List[str]:
+        """The groups in flight into folder/IN_FLIGHT (a checkpoint's folder before its manifest: the checkpoint
+        is published whole or not at all); returns the file's path relative to the folder."""
+        with open(os.path.join(folder, IN_FLIGHT), "w") as f:
+            json.dump(self.state(), f)
+        return [IN_FLIGHT]
+
+    def read(self, folder: str) -> None:
+        """The groups in flight of the checkpoint at `folder`; none when it has no IN_FLIGHT (saved by a run without
+        partial rollouts, which has nothing in flight). CheckpointError naming the file when it is not one."""
+        path = os.path.join(folder, IN_FLIGHT)
+        self.groups = []
+        if not os.path.isfile(path):
+            return
+        try:
+            with open(path) as f:
+                self.load_state(json.load(f))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{path}: not the groups in flight of a checkpoint ({e!r})") from None
 
     def metrics(self) -> Dict[str, float]:
         """What stays in flight after a step took its groups."""

@@ -83,13 +83,27 @@ class RolloutWorker:
         rl, gen = self.cfg.rl_config, self.cfg.generate_config
         return rl.seed if gen.seed is None else gen.seed
 
-    def run(self) -> None:
-        """Every meeting of the run, in the training rank's order (module docstring)."""
+    def resume(self) -> int:
+        """After the training rank's --resume: the restored weights (its trainer's sync), then its step and prompt
+        position; the rollout goes on from them, the lag starting again from the restored weights (as a colocated
+        run's). Returns the step."""
+        self.receive(0)
+        step, epoch, index = self.meeting.start(None)
+        self.prompts.load_state({"epoch": epoch, "index": index})
+        self.engine.version = step
+        return step
+
+    def run(self, resumed: bool = False) -> None:
+        """Every meeting of the run, in the training rank's order (module docstring); resumed: the run continues a
+        checkpoint (--resume)."""
         rl = self.cfg.rl_config
         lag = rl.off_policy_steps
         self.receive(0)  # the builder's first sync on the training rank
-        samples = self.generate(1)
-        for step in range(1, rl.max_steps + 1):
+        start = self.resume() if resumed else 0
+        if start >= rl.max_steps:
+            return
+        samples = self.generate(start + 1)
+        for step in range(start + 1, rl.max_steps + 1):
             self.send(samples)
             if lag == 1 and step < rl.max_steps:  # while update `step` trains
                 samples = self.generate(step + 1)

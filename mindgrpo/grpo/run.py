@@ -228,15 +228,17 @@ def run(args) -> int:
     logger.info("config %s, output %s", args.config, out)
     np.random.seed(rl.seed)
     ms.set_seed(rl.seed)
-    if cfg.generate_config.placement == "separate" and (args.resume or args.resume_from):
-        raise SetupError("--resume: resuming a run with generate_config.placement separate is not built yet "
-                         "(docs/async.md); resume it colocated, or start it again")
+    gen = cfg.generate_config
+    if gen.placement == "separate" and gen.partial_rollout and (args.resume or args.resume_from):
+        raise SetupError("--resume: a run with generate_config.placement separate and generate_config.partial_rollout "
+                         "keeps its samples in flight on the rollout rank, which writes no checkpoint: resuming it is "
+                         "not built yet (docs/async.md); start it again, or resume it colocated")
     if placement.rollout_rank:  # generate_config.placement separate: this rank only generates (docs/async.md)
         try:
             worker = builder.build_rollout(cfg, run_paths(cfg, args), placement)
         except (ConfigError, OSError, KeyError, ValueError) as e:
             raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
-        worker.run()
+        worker.run(resumed=bool(args.resume or args.resume_from))
         logger.info("rollout rank done")
         return 0
     try:
@@ -259,6 +261,8 @@ def run(args) -> int:
                           args.allow_config_change)
     if resumed:
         metrics_log.truncate_after(trainer.step + 1)  # keep what the checkpointed steps logged
+        if placement.remote_rollout:  # the rollout rank goes on from the step and prompt position restored
+            placement.meeting.start((trainer.step, *(trainer.train_prompts.state()[k] for k in ("epoch", "index"))))
     if rank == 0:  # checkpoints/tokenizer: generate.py and evaluate.py find it for checkpoints/step_N/policy.ckpt
         write_run_tokenizer(parts.tokenizer, checkpoint_root(cfg, out))
     if not resumed and cfg.sft_config.steps > 0:

@@ -10,6 +10,7 @@ sources and a metrics logger. Each step method below is one phase.
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from typing import Dict, List, Optional
@@ -23,7 +24,7 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
 from mindgrpo.grpo.off_policy import LaggedSync, sample_versions, staleness
-from mindgrpo.grpo.partial import METRICS as PARTIAL_METRICS, DrawnPrompts, PartialRollouts
+from mindgrpo.grpo.partial import IN_FLIGHT, METRICS as PARTIAL_METRICS, DrawnPrompts, PartialRollouts
 from mindgrpo.grpo.optim import lr_at
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.grpo.recycle import MemoryWatch, Restart
@@ -512,9 +513,14 @@ class GRPOTrainer:
         if self.reward_models is not None:
             state["reward_norms"] = self.reward_models.state()
         extra = {"name": name} if name else {}
+        writers = []  # files beside state.json: the PEFT adapter, the partial rollouts in flight
         if self.lora is not None:
             state["lora_base"] = self.lora.state()
-            extra["extra"] = self.lora.write_adapter
+            writers.append(self.lora.write_adapter)
+        if isinstance(self.partial, PartialRollouts) and self.rank == 0:  # the same groups on every training rank:
+            writers.append(self.partial.write)  # one writes them (separate: they are the rollout rank's, not saved)
+        if writers:
+            extra["extra"] = lambda folder: [rel for write in writers for rel in write(folder)]
         return self.checkpoints.save(self.step, self.checkpoint_groups(), state, self.policy.config.to_hf_dict(),
                                      **extra)
 
@@ -530,6 +536,11 @@ class GRPOTrainer:
         self.step = int(state["step"])
         self.updater.optimizer_steps = int(state["optimizer_steps"])
         self.train_prompts.load_state(state["train_prompts"])
+        if isinstance(self.partial, PartialRollouts):  # the groups in flight at the save: drawn before, trained after
+            self.partial.read(path)
+        elif os.path.isfile(os.path.join(path, IN_FLIGHT)):
+            logger.warning("%s: the checkpoint's partial rollouts in flight are dropped (generate_config."
+                           "partial_rollout is off): their prompts are not trained", os.path.join(path, IN_FLIGHT))
         self.val_history = list(state["val_history"])
         self.bad_steps = {"total": int(state["bad_steps"]["total"]), "in_a_row": int(state["bad_steps"]["in_a_row"])}
         if self.best is not None and "best" in state:  # checkpoints of runs without save_best have none

@@ -282,3 +282,118 @@ def test_partial_rollouts_carry_unfinished_samples_into_the_next_step():
     fresh, stale = trainer.stale(r)
     assert fresh.all() and stale["staleness/max"] == 1.0  # the oldest token is one update old
     assert m["partial/continued_samples"] == 2
+
+
+# ------------------------------------------------------------------------------- partial rollouts across a resume
+@pytest.fixture(scope="module")
+def partial_runs(run, tmp_path_factory):
+    """Three steps with off_policy_steps 1 and partial rollouts, a checkpoint saved after step 1, then steps 2 and 3
+    again from that checkpoint in a trainer whose groups in flight are a fresh process's (none). Each step's trained
+    prompts and samples are recorded. A quarter of the vocabulary stops a sample and a slot freed takes the next
+    sample (8 slots), so step 1 stops with samples part-way; the models and the engine are the `run` fixture's
+    (its compiled engine graphs reused), the weights what its run left. lr 1e-12 moves the weights by about fp32's
+    resolution, so the resumed run, whose engine gets the restored weights rather than the one-update-older ones the
+    straight run's had (the lag starts again after a resume: docs/async.md), draws the straight run's tokens."""
+    from mindgrpo.grpo.partial import PartialRollouts
+
+    out = tmp_path_factory.mktemp("partial_resume")
+    cfg = load_config(GRPOConfig, None, CONFIG + [
+        f"actor_config.model={run['cfg'].actor_config.model}", f"rl_config.output_dir={out}",
+        "actor_config.lr=1e-12", "generate_config.partial_rollout=true",
+        f"generate_config.stop_token_ids=[{','.join(map(str, range(384, 512)))}]"])
+    trainer = builder.make_trainer(cfg, run["parts"], RecordingLog(), Progress(3), str(out))
+    trainer.sync_now()  # the engine from the policy as the `run` fixture left it, version 0
+    trained = {"straight": {}, "resumed": {}}
+    run_name = ["straight"]
+    collect = trainer.collect
+
+    def recorded_collect():
+        r, m = collect()
+        trained[run_name[0]][trainer.step + 1] = (
+            [tuple(p) for p in r.batch.ids],
+            [(tuple(c.token_ids), c.finish_reason, c.logprobs.tolist(), c.versions.tolist()) for c in r.completions])
+        return r, m
+
+    trainer.collect = recorded_collect
+
+    def steps(n):
+        for _ in range(n):
+            trainer.train_step()
+            trainer.step += 1
+
+    steps(1)
+    in_flight = [(tuple(g.prompt), [(list(c.token_ids), c.finish_reason, c.versions.tolist()) for c in g.samples])
+                 for g in trainer.partial.groups]
+    saved = trainer.save()
+    steps(2)
+    run_name[0] = "resumed"
+    trainer.partial = PartialRollouts(cfg.rl_config.num_generations, cfg.generate_config.max_tokens)
+    trainer.resume(saved)
+    steps(2)
+    return dict(trained=trained, in_flight=in_flight, G=cfg.rl_config.num_generations, saved=saved)
+
+
+@pytest.mark.slow  # three steps and two more on the `run` fixture's parts: its update graphs compiled again
+def test_a_resumed_partial_run_trains_every_prompt_once_as_the_straight_run(partial_runs):
+    straight, resumed, G = partial_runs["trained"]["straight"], partial_runs["trained"]["resumed"], partial_runs["G"]
+    in_flight = partial_runs["in_flight"]
+    # the checkpoint holds groups in flight, among them a sample part-way (tokens, not finished)
+    assert in_flight and any(reason == "partial" and tokens for _, samples in in_flight
+                             for tokens, reason, _ in samples)
+    assert sorted(resumed) == [2, 3]
+    for step in (2, 3):
+        # the same prompts, the same samples (tokens, finish; log-probs within the weights' 1e-12 updates) as the
+        # straight run
+        assert resumed[step][0] == straight[step][0], step
+        assert [s[:2] for s in resumed[step][1]] == [s[:2] for s in straight[step][1]], step
+        for a, b in zip(resumed[step][1], straight[step][1]):
+            np.testing.assert_allclose(a[2], b[2], atol=1e-4)
+    # the carried groups train after the resume: step 2's groups start with those in flight at the save, their
+    # samples' first tokens and versions those saved
+    assert resumed[2][0] == [prompt for prompt, _ in in_flight][:2]
+    for (prompt, samples), got in zip(in_flight, [resumed[2][1][k * G:(k + 1) * G] for k in range(2)]):
+        for (before, _, versions_before), (tokens, _, _, versions) in zip(samples, got):
+            assert list(tokens[:len(before)]) == before and versions[:len(before)] == versions_before
+    assert os.path.isfile(os.path.join(partial_runs["saved"], "in_flight.json"))  # beside state.json
+    # no prompt lost, none trained twice: step 1 of the straight run then the resumed 2-3 train what the straight
+    # run trains, each prompt once
+    whole = straight[1][0] + resumed[2][0] + resumed[3][0]
+    assert whole == straight[1][0] + straight[2][0] + straight[3][0] and len(set(whole)) == len(whole)
+
+
+def test_the_groups_in_flight_round_trip_through_a_checkpoint_folder(tmp_path):
+    """PartialRollouts.write / read: prompts, columns and every sample field back as they were (fp32 log-probs bit
+    for bit); a folder without the file has nothing in flight; a garbled file is refused naming it."""
+    from mindgrpo.grpo.partial import IN_FLIGHT, PartialRollouts
+    from mindgrpo.grpo.prompts import PromptBatch
+    from mindgrpo.inference.engine import Completion
+    from mindgrpo.parallel.checkpoint_folders import CheckpointError
+
+    rng = np.random.default_rng(0)
+
+    def sample(k, reason):
+        return Completion(k, list(range(k + 1)), reason, rng.standard_normal(k + 1).astype(np.float32),
+                          rng.standard_normal(k + 1).astype(np.float32), None, 0, np.arange(k + 1, dtype=np.int64))
+
+    carry = PartialRollouts(2, 8)
+    carry.add(PromptBatch([[5, 6], [7]], {"solution": ["a", "b"], "answer": [np.str_("1"), np.str_("2")]}),
+              [sample(0, "stop"), sample(1, "partial"), sample(2, "length"), sample(0, "partial")])
+    assert carry.write(str(tmp_path)) == [IN_FLIGHT]
+    back = PartialRollouts(2, 8)
+    back.read(str(tmp_path))
+    assert [(g.prompt, g.columns) for g in back.groups] == [(g.prompt, g.columns) for g in carry.groups]
+    for g, h in zip(carry.groups, back.groups):
+        for a, b in zip(g.samples, h.samples):
+            assert (a.prompt_index, a.token_ids, a.finish_reason, a.turns, a.model_mask) == \
+                (b.prompt_index, b.token_ids, b.finish_reason, b.turns, b.model_mask)
+            for x, y in ((a.logprobs, b.logprobs), (a.sampling_logprobs, b.sampling_logprobs),
+                         (a.versions, b.versions)):
+                assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert back.continuations() == carry.continuations()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    back.read(str(empty))
+    assert back.groups == []
+    (tmp_path / IN_FLIGHT).write_text('{"groups": [{"prompt": [1]}]}')
+    with pytest.raises(CheckpointError, match=IN_FLIGHT):
+        back.read(str(tmp_path))

@@ -3,7 +3,9 @@ job of two ranks (rank 0 trains, rank 1 generates) runs scripts/grpo_one_stage.p
 0, 1, and 1 with partial rollouts; one process runs the colocated peers of the three (tests/parallel/workers/
 one_stage_runs.py: sep0, sep1, sep1p, col0, col1, col1p). Step for step the separate runs give their peers' samples
 (completions.jsonl: every sample's text and reward), losses within 1e-6 and staleness (the sampling versions); the
-partial runs carry the same groups and samples; the separate runs log both ranks' figures."""
+partial runs carry the same groups and samples; the separate runs log both ranks' figures. The same job then runs
+the last step of sep0 and sep1 again, resumed from their step-2 checkpoints (sep0r, sep1r): it trains the straight
+run's prompts (off_policy_steps 0: its samples and loss too)."""
 
 import json
 import os
@@ -38,7 +40,8 @@ def one_layer_micro(folder) -> str:
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("separate")
     shared = [*CONFIG, f"actor_config.model={one_layer_micro(out)}"]
-    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1,sep1p", *shared], timeout=900)
+    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r", *shared],
+              timeout=900)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p", *shared],
@@ -51,10 +54,10 @@ def metrics(folder):
     return [json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))]
 
 
-def samples(folder):
-    """Per step, every sample's (text, reward) in order."""
+def samples(folder, fields=("completion", "reward")):
+    """Per step, every sample's (text, reward) (or other fields of completions.jsonl) in order."""
     rows = [json.loads(line) for line in open(os.path.join(folder, "completions.jsonl"))]
-    return [[(r["completion"], r["reward"]) for r in rows if r["step"] == s] for s in range(1, STEPS + 1)]
+    return [[tuple(r[k] for k in fields) for r in rows if r["step"] == s] for s in range(1, STEPS + 1)]
 
 
 @pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
@@ -83,3 +86,24 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
     for m in ms:
         assert m["async/generate_seconds"] > 0 and m["async/wait_seconds"] >= 0 and m["async/train_wait_seconds"] > 0
         assert m["sync/bytes"] > 0 and m["rollout/tokens_per_s"] > 0
+
+
+@pytest.mark.slow  # the same msrun job
+@pytest.mark.parametrize("lag", [0, 1])
+def test_a_resumed_separate_run_trains_the_prompts_of_the_straight_run(runs, lag):
+    """The last step again from the checkpoint of step 2 (--resume_from): the rollout rank draws from the restored
+    position (the training rank checks its prompts every step), with the restored weights."""
+    sep, res = runs / f"sep{lag}", runs / f"sep{lag}r"
+    m = metrics(res)
+    assert [r["step"] for r in m] == [STEPS]
+    fields = ("prompt", "completion", "reward")
+    straight, resumed = samples(sep, fields), samples(res, fields)
+    assert resumed[:STEPS - 1] == [[]] * (STEPS - 1) and len(resumed[-1]) == 8
+    # steps 1-2 of the straight run then the resumed step: the straight run's prompts, none lost, none twice
+    assert [r[0] for r in resumed[-1]] == [r[0] for r in straight[-1]]
+    if lag == 0:  # the same weights sample: the same samples and loss
+        assert resumed[-1] == straight[-1]
+        assert m[0]["loss"] == pytest.approx(metrics(sep)[-1]["loss"], abs=1e-6)
+    else:  # the lag starts again from the restored weights: step 3 samples with update 2's, not update 1's
+        assert m[0]["staleness/mean"] == 0.0 and metrics(sep)[-1]["staleness/mean"] == 1.0
+        assert [r[1:] for r in resumed[-1]] != [r[1:] for r in straight[-1]]

@@ -7,7 +7,8 @@ with the given key=value settings plus each run's own, into folders of OUT_DIR n
 Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and off), pp2 (two
 pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
 sep1 (generate_config.placement separate, off_policy_steps 0 and 1; their one-process peers: col0, col1), sep1p
-(sep1 with partial rollouts; its peer col1p).
+(sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1: their last step again, resumed from
+their step-2 checkpoints).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -33,7 +34,8 @@ DP2 = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel
 # the single-process peer on packed rows (mindgrpo/grpo/packing.py): the trainer's update through them
 PACKED = ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true"]
 MSRUN = ["--use_parallel", "True"]
-SEPARATE, OFF1 = ["generate_config.placement=separate"], ["rl_config.off_policy_steps=1"]
+# save_interval 2: the checkpoint of step 2 that sep0r and sep1r resume from
+SEPARATE, OFF1 = ["generate_config.placement=separate", "rl_config.save_interval=2"], ["rl_config.off_policy_steps=1"]
 # partial rollouts; a tenth of the micro model's 512 ids stop a sample, so that lengths differ and a step's rollout
 # stops with samples half done (they go on in the next step)
 PARTIAL = OFF1 + ["generate_config.partial_rollout=true", f"generate_config.stop_token_ids={list(range(100, 152))}"]
@@ -58,6 +60,10 @@ RUNS = {
 }
 
 out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
+# sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step
+for lag in (0, 1):
+    RUNS[f"sep{lag}r"] = [(MSRUN + ["--resume_from", os.path.join(out, f"sep{lag}", "checkpoints", "step_00000002")],
+                           RUNS[f"sep{lag}"][0][1])]
 unknown = [n for n in names if n not in RUNS]
 if unknown:
     sys.exit(f"one_stage_runs.py: unknown runs {unknown}; valid: {sorted(RUNS)}")
