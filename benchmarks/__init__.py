@@ -21,6 +21,8 @@ ratio against a baseline timed side by side in the same run. benchmarks/README.m
     recompute            actor_config.recompute against none (no saving on MindSpore's CPU runtime)
     logprobs             per-token log-probs: the softmax-kernel head against LogSoftmax and the op chain
     adamw                one AdamW step: the fused kernel against tensor arithmetic
+    async_rollout        asynchronous GRPO (separate placement, one step off, partial rollouts) against the
+                         synchronous step on 2 msrun workers, a long-tailed rollout
     reshard              online resharding against the disk path, under msrun
     transform_checkpoint slicing a checkpoint for 8 ranks against a file copy
     rlhf_data            the data tool on the GSM8K train set

@@ -397,3 +397,44 @@ def test_the_groups_in_flight_round_trip_through_a_checkpoint_folder(tmp_path):
     (tmp_path / IN_FLIGHT).write_text('{"groups": [{"prompt": [1]}]}')
     with pytest.raises(CheckpointError, match=IN_FLIGHT):
         back.read(str(tmp_path))
+def test_the_training_rank_takes_the_rollout_ranks_groups_by_their_draw_numbers():
+    """generate_config.placement separate: the rollout rank runs PartialRollouts.step; the training rank's
+    DrawnPrompts, given what the samples meeting carries (the samples, each group's draw number, the figures), gives
+    the same batch, draws as many prompts (the same data order) and keeps those still in flight."""
+    from mindgrpo.grpo.partial import DrawnPrompts, PartialRollouts
+    from mindgrpo.grpo.prompts import PromptSource
+    from mindgrpo.inference.sampling import SamplingParams
+    from mindgrpo.parallel.separate import prompt_check
+
+    G = 3
+    data = {"prompt_ids": [np.array([k]) for k in range(10, 40)], "prompt_length": [1] * 30,
+            "solution": [str(k) for k in range(10, 40)]}
+    rollout_prompts, train_prompts = PromptSource(data, seed=0), PromptSource(data, seed=0)
+    carry, drawn, engine = PartialRollouts(G, 5), DrawnPrompts(G), PartialEngine()
+
+    def sampling(n, seed):
+        return SamplingParams(max_tokens=5, n=n, seed=seed)
+
+    class Meeting:  # what the samples meeting hands the training rank
+        def groups(self, rows, n, width):
+            assert (rows, n, width) == (2 * G, G, 5)
+            figures = dict(self.figures, prompt_check=prompt_check(self.batch.ids))
+            return self.comps, list(carry.taken), figures
+
+    meeting, continued = Meeting(), 0
+    for step in range(3):
+        meeting.batch, meeting.comps, meeting.figures = carry.step(engine, rollout_prompts, 2, sampling, (step, 0))
+        batch, comps, figures = drawn.step(meeting, train_prompts, 2, sampling, (step, 0))
+        assert batch == meeting.batch and comps is meeting.comps and figures["drawn"] == meeting.figures["drawn"]
+        assert train_prompts.state() == rollout_prompts.state()  # the same prompts drawn
+        assert sorted(drawn.rows) == sorted(g.number for g in carry.groups)  # the prompts still in flight
+        assert [drawn.rows[g.number][0] for g in carry.groups] == [g.prompt for g in carry.groups]
+        continued += figures["continued_samples"]
+    assert continued > 0  # carried samples went on in a later step
+    # a group this rank never drew (or trained already), prompts out of order: refused, naming the cause
+    with pytest.raises(RuntimeError, match="not drawn or already trained"):
+        drawn.take([999])
+    meeting.batch, meeting.comps, meeting.figures = carry.step(engine, rollout_prompts, 2, sampling, (3, 0))
+    meeting.batch = type(meeting.batch)([[1]] * len(meeting.batch.ids), meeting.batch.columns)
+    with pytest.raises(RuntimeError, match="other prompts"):
+        drawn.step(meeting, train_prompts, 2, sampling, (3, 0))
