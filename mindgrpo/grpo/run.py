@@ -283,6 +283,9 @@ def run(args) -> int:
         if parts.ref_sync is not None:
             parts.ref_sync()  # the reference is the warm-started policy
         logger.info("sft warm start done: %s", json.dumps(m))
+        # the warm start's weights are a checkpoint of step 0: a crash in the first steps resumes from them (--resume)
+        # instead of warming up again, and another run can start from them (--sft_path_train .../policy.ckpt)
+        logger.info("the warm-started policy: checkpoint %s", trainer.save())
 
     t0 = time.perf_counter()
     ticker = Ticker(progress, logger.info, interval_s).start()  # a line a minute while a step runs for minutes

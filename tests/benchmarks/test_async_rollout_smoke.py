@@ -9,16 +9,9 @@ import sys
 
 import pytest
 
+from grpo.fakes import one_layer_micro  # tests/ is on the path (pyproject.toml)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def one_layer_micro(folder) -> str:
-    with open(os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")) as f:
-        text = f.read().replace("num_hidden_layers: 2", "num_hidden_layers: 1")
-    path = os.path.join(str(folder), "micro_one_layer.yaml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
 
 
 def logged(folder, side):

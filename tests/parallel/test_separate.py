@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from grpo.fakes import one_layer_micro  # tests/ is on the path (pyproject.toml)
 from msrun_util import REPO, WORKERS, run_msrun
 
 STEPS = 3
@@ -25,15 +26,6 @@ CONFIG = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config
           f"reward_config.reward_plugin={os.path.join(WORKERS, 'text_length_reward.py')}",
           "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]",
           "rl_config.rollout_correction=tis_token", "rl_config.memory=speed", "sft_config={steps: 0}", "--swap", "False"]
-
-
-def one_layer_micro(folder) -> str:
-    with open(os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")) as f:
-        text = f.read().replace("num_hidden_layers: 2", "num_hidden_layers: 1")
-    path = os.path.join(str(folder), "micro_one_layer.yaml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
 
 
 @pytest.fixture(scope="module")
