@@ -270,15 +270,14 @@ class GRPOConfig:
                   f"--worker_num=2: rank 0 trains, rank 1 generates), got {world}")
         check(rl.off_policy_steps <= 1, "rl_config.off_policy_steps",
               f"with generate_config.placement separate: 0 or 1 for now, got {rl.off_policy_steps}")
-        for key, off in (("rl_config.val_interval", rl.val_interval == 0),
-                         ("rl_config.dynamic_sampling", not rl.dynamic_sampling),
-                         ("generate_config.tools", not gen.tools), ("sft_config.steps", self.sft_config.steps == 0),
+        for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
+                         ("generate_config.tools", not gen.tools),
                          ("actor_config.lora_rank", self.actor_config.lora_rank == 0),
                          ("generate_config.environment", gen.environment is None),
                          ("reward_config.reward_models", not self.reward_config.reward_models),
                          ("reward_config.judges", not self.reward_config.judges)):
             check(off, key, "is not built with generate_config.placement separate yet (the rollout rank runs one "
-                  "rollout a step, no validation, warm start, LoRA, tools, environments, reward models or judges): "
+                  "rollout a step: no dynamic sampling, LoRA, tools, environments, reward models or judges): "
                   "leave it off")
 
     def inference_shares_policy(self, same_layout: bool, own_inference_weights: bool = False) -> bool:

@@ -476,15 +476,15 @@ def build_rollout(cfg: GRPOConfig, paths: Paths, placement):
     mcfg = Qwen2Config.load(config_file, compute_dtype=cfg.actor_config.dtype)
     memory_policy = MemoryPolicy.of_config(cfg)
     tokenizer = build_tokenizer(cfg, paths)
-    train, _ = build_prompts(cfg, paths, tokenizer)
-    check_vocabulary(mcfg.vocab_size, model_source, train, None)
+    train, val = build_prompts(cfg, paths, tokenizer)  # val: the held-out prompts it validates on
+    check_vocabulary(mcfg.vocab_size, model_source, train, val)
     check_model_limits(cfg, mcfg, model_source)
     max_positions = min(gen.max_prompt_length + gen.max_tokens + 64, mcfg.max_position_embeddings)
     inference = placement.model("inference", mcfg, paths.sft_path_infer or paths.sft_path_train,
                                 paths.load_sft_checkpoint_infer, rl.seed, max_positions)
     engine = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy)
     return RolloutWorker(cfg, placement.engine(engine), inference, train, placement.meeting,
-                         stop_ids_of(tokenizer, gen))
+                         stop_ids_of(tokenizer, gen), val)
 
 
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):

@@ -11,6 +11,12 @@ update s - 1), while update s trains:
     rollout (k=0)   W0  gen 1  S1 | W1  gen 2  S2 | W2  gen 3 ...
     rollout (k=1)   W0  gen 1  S1  gen 2 | W1  S2  gen 3 | W2  S3 ...
 
+With sft_config.steps the training rank warm-starts after the first weights meeting and then meets again with the
+warm-started weights (its `sync_now`, still version 0): this rank waits in that meeting. A validation (rl_config.
+val_interval, and at step 0 with val_before_train) is one more samples meeting: this rank generates the held-out
+prompts with its weights, the training rank scores them. With k = 0 it validates after receiving update s, with
+k = 1 before (with update s - 1, while update s trains), as a colocated run's engine, k updates behind.
+
 With generate_config.partial_rollout this rank keeps the groups in flight (`partial.PartialRollouts`) and a step's
 "gen" is its partial rollout with the weights it has, the same calls as one process; it hands over the step's
 complete groups with their draw numbers (the training rank keeps the prompts drawn: `partial.DrawnPrompts`).
@@ -20,10 +26,11 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Optional
 
 from mindgrpo.grpo.partial import PartialRollouts
 from mindgrpo.grpo.prompts import PromptSource
-from mindgrpo.grpo.trainer import rollout_seed, sampling_params
+from mindgrpo.grpo.trainer import rollout_seed, sampling_params, validation_request
 from mindgrpo.parallel.separate import Meeting, prompt_check, width_of
 from mindgrpo.parallel.weight_sync import named_parameters
 from mindgrpo.utils import heartbeat
@@ -32,16 +39,18 @@ logger = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    def __init__(self, cfg, engine, model, prompts: PromptSource, meeting: Meeting, stop_ids: tuple):
+    def __init__(self, cfg, engine, model, prompts: PromptSource, meeting: Meeting, stop_ids: tuple,
+                 val_prompts: Optional[PromptSource] = None):
         self.cfg, self.engine, self.prompts, self.meeting, self.stop_ids = cfg, engine, prompts, meeting, stop_ids
+        self.val_prompts = val_prompts
         self.params = named_parameters(model)  # by path: the training rank's policy has the same paths
         self.waited = 0.0  # seconds in meetings since the last samples were handed over
         gen = cfg.generate_config
         self.partial = PartialRollouts(cfg.rl_config.num_generations, gen.max_tokens) if gen.partial_rollout else None
 
-    def receive(self, version: int) -> None:
+    def receive(self, version: int, phase: str = "sync") -> None:
         t0 = time.perf_counter()
-        with heartbeat.phase("sync"):
+        with heartbeat.phase(phase):
             self.meeting.weights(self.params, give=False)
         self.engine.version = version
         self.waited += time.perf_counter() - t0
@@ -62,21 +71,37 @@ class RolloutWorker:
                     lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
                     (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)))
                 groups = self.partial.taken
+        return comps, self.figures(batch, t0, extra), len(batch.ids) * params.n, width_of(params), groups
+
+    def validation(self):
+        """The held-out prompts' samples with this rank's weights, as the trainer's `validate` draws them."""
+        rl, gen = self.cfg.rl_config, self.cfg.generate_config
+        batch, params = validation_request(rl, gen, self.val_prompts, self.stop_ids)
+        t0 = time.perf_counter()
+        with heartbeat.phase("validate"):
+            comps = self.engine.generate(batch.ids, params)
+        return comps, self.figures(batch, t0), len(batch.ids) * params.n, width_of(params), None
+
+    def figures(self, batch, t0: float, extra: Optional[dict] = None) -> dict:
+        """The figures of a generation started at perf_counter `t0` (extra: the partial rollout's)."""
+        extra = extra or {}
         stats = dict(self.engine.last_stats, **extra)  # partial: the step's new tokens, not its last call's
         figures = {k: float(stats.get(k, 0.0)) for k in ("useful_fraction", "slots_in_use", "kv_bytes",
                                                          "prefill_seconds", "decode_seconds", "decode_steps",
                                                          "compiled_graphs", *extra)}
         figures.update(new_tokens=float(stats["new_tokens"]), generate_seconds=time.perf_counter() - t0,
                        version=float(self.engine.version), prompt_check=prompt_check(batch.ids))
-        return comps, figures, len(batch.ids) * params.n, width_of(params), groups
+        return figures
 
-    def send(self, samples) -> None:
+    def send(self, samples, validation: bool = False) -> None:
+        """A step's samples (or a validation's: its wait counts towards the next step's)."""
         comps, figures, rows, width, groups = samples
         t0 = time.perf_counter()
         figures["wait_seconds"] = self.waited
+        n = self.cfg.rl_config.val_n if validation else self.cfg.rl_config.num_generations
         with heartbeat.phase("samples"):
-            self.meeting.samples(comps, rows, self.cfg.rl_config.num_generations, width, figures, groups)
-        self.waited = time.perf_counter() - t0
+            self.meeting.samples(comps, rows, n, width, figures, groups)
+        self.waited = (self.waited if validation else 0.0) + time.perf_counter() - t0
 
     @property
     def sample_seed(self) -> int:
@@ -93,21 +118,39 @@ class RolloutWorker:
         self.engine.version = step
         return step
 
-    def run(self, resumed: bool = False) -> None:
+    def validates(self, step: int) -> bool:
+        """Whether the training rank validates after `step` updates (its `fit`)."""
+        rl = self.cfg.rl_config
+        if not rl.val_interval or self.val_prompts is None:
+            return False
+        return rl.val_before_train if step == 0 else step % rl.val_interval == 0
+
+    def run(self, resumed: bool = False, warm_start: bool = False) -> None:
         """Every meeting of the run, in the training rank's order (module docstring); resumed: the run continues a
-        checkpoint (--resume)."""
+        checkpoint (--resume); `warm_start`: the training rank runs the SFT warm start first."""
         rl = self.cfg.rl_config
         lag = rl.off_policy_steps
         self.receive(0)  # the builder's first sync on the training rank
+        if warm_start:
+            self.receive(0, "warm_start")  # the warm-started weights (the training rank's sync_now)
         start = self.resume() if resumed else 0
         if start >= rl.max_steps:
             return
+        if start == 0 and self.validates(0):  # the training rank validates before training only at step 0
+            self.send(self.validation(), validation=True)
         samples = self.generate(start + 1)
         for step in range(start + 1, rl.max_steps + 1):
             self.send(samples)
+            checked = None
             if lag == 1 and step < rl.max_steps:  # while update `step` trains
                 samples = self.generate(step + 1)
+            if lag == 1 and self.validates(step):  # with update step - 1, as a colocated engine one update behind
+                checked = self.validation()
             self.receive(step)
+            if lag == 0 and self.validates(step):
+                checked = self.validation()
+            if checked is not None:
+                self.send(checked, validation=True)
             if lag == 0 and step < rl.max_steps:
                 samples = self.generate(step + 1)
             logger.info("rollout rank: step %d handed over; weights of update %d in; waited %.2f s", step, step,

@@ -238,7 +238,8 @@ def run(args) -> int:
             worker = builder.build_rollout(cfg, run_paths(cfg, args), placement)
         except (ConfigError, OSError, KeyError, ValueError) as e:
             raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
-        worker.run(resumed=bool(args.resume or args.resume_from))
+        resumed = bool(args.resume or args.resume_from)
+        worker.run(resumed=resumed, warm_start=cfg.sft_config.steps > 0 and not resumed)  # as rank 0's
         logger.info("rollout rank done")
         return 0
     try:

@@ -53,6 +53,16 @@ def sampling_params(gen, n: int, seed: int, stop_ids: tuple, greedy: bool = Fals
                           top_k=gen.top_k, top_p=gen.top_p, min_p=gen.min_p, n=n, stop_token_ids=stop_ids, seed=seed)
 
 
+def validation_request(rl, gen, val_prompts: PromptSource, stop_ids: tuple) -> tuple:
+    """(the held-out prompts a validation generates for, its sampling): the first rl_config.val_size prompts,
+    rl_config.val_n samples each at val_temperature (greedy at 0). The trainer's and the rollout rank's."""
+    batch = val_prompts.take(range(min(rl.val_size, len(val_prompts))))
+    params = sampling_params(gen, rl.val_n, seed=0, stop_ids=stop_ids, greedy=rl.val_temperature == 0)
+    if rl.val_temperature > 0:
+        params = replace(params, temperature=rl.val_temperature)
+    return batch, params
+
+
 def rollout_seed(sample_seed: int, step: int, rounds: int = 0) -> int:
     """The sampling seed of step `step` (steps done before it) and its dynamic-sampling round."""
     return int(np.random.SeedSequence([sample_seed, step, rounds]).generate_state(1)[0])
@@ -410,11 +420,7 @@ class GRPOTrainer:
         if self.val_prompts is None:
             return {}
         rl = self.cfg.rl_config
-        n = min(rl.val_size, len(self.val_prompts))
-        batch = self.val_prompts.take(range(n))
-        params = self.sampling(rl.val_n, seed=0, greedy=rl.val_temperature == 0)
-        if rl.val_temperature > 0:
-            params = replace(params, temperature=rl.val_temperature)
+        batch, params = validation_request(rl, self.cfg.generate_config, self.val_prompts, self.stop_ids)
         with self.progress.phase("validate"), self.memory.phase("validate"):
             batch, comps, row_columns = self.generate(batch, params)
         self.release(self.engine)
@@ -428,8 +434,9 @@ class GRPOTrainer:
         metrics = val_metrics(np.asarray(per_fn["accuracy"], np.float32), texts, rl.val_n)
         if self.conversations is not None:  # e.g. val/tool/calls_mean (how often the policy calls a tool), val/env/*
             metrics.update({f"val/{k}": v for k, v in self.conversation_stats.items()})
-        if self.lagged is not None:  # validation runs on the engine's weights: off_policy_steps behind the policy's
-            metrics["val/policy_version"] = float(self.engine.version)
+        if self.off_policy_steps > 0:  # validation runs on the engine's weights: off_policy_steps behind the policy's
+            # (separate placement: the rollout rank's, whose figures name their version)
+            metrics["val/policy_version"] = float(self.engine.last_stats.get("version", self.engine.version))
         self.val_history.append(metrics["val/accuracy"])
         return metrics
 

@@ -3,9 +3,11 @@ job of two ranks (rank 0 trains, rank 1 generates) runs scripts/grpo_one_stage.p
 0, 1, and 1 with partial rollouts; one process runs the colocated peers of the three (tests/parallel/workers/
 one_stage_runs.py: sep0, sep1, sep1p, col0, col1, col1p). Step for step the separate runs give their peers' samples
 (completions.jsonl: every sample's text and reward), losses within 1e-6 and staleness (the sampling versions); the
-partial runs carry the same groups and samples; the separate runs log both ranks' figures. The same job then runs
-the last step of sep0 and sep1 again, resumed from their step-2 checkpoints (sep0r, sep1r): it trains the straight
-run's prompts (off_policy_steps 0: its samples and loss too)."""
+partial runs carry the same groups and samples; the separate runs log both ranks' figures. sep0 and col0 warm-start
+first (the rollout rank receives the warm-started weights); sep0 and sep1 validate on the rollout rank at steps 0 and
+3 (greedy; sep1 sampling) with their peers' figures (workers/separate_rewards.py: a score that differs by answer).
+The same job then runs the last step of sep0 and sep1 again, resumed from their step-2 checkpoints (sep0r, sep1r):
+it trains the straight run's prompts (off_policy_steps 0: its samples and loss too)."""
 
 import json
 import os
@@ -23,7 +25,7 @@ CONFIG = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config
           "generate_config.max_tokens=8", "generate_config.max_prompt_length=32", "generate_config.max_num_seqs=8",
           "synthetic_config.template=raw", "actor_config.lr=1e-2", "rl_config.val_interval=0",
           "rl_config.completions_interval=1", f"rl_config.max_steps={STEPS}", "reward_config.num_workers=0",
-          f"reward_config.reward_plugin={os.path.join(WORKERS, 'text_length_reward.py')}",
+          f"reward_config.reward_plugin={os.path.join(WORKERS, 'separate_rewards.py')}",
           "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]",
           "rl_config.rollout_correction=tis_token", "rl_config.memory=speed", "sft_config={steps: 0}", "--swap", "False"]
 
@@ -56,7 +58,8 @@ def samples(folder, fields=("completion", "reward")):
 @pytest.mark.parametrize("run", ["0", "1", "1p"])
 def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
     sep, col, lag = runs / f"sep{run}", runs / f"col{run}", run != "0"
-    ms, mc = metrics(sep), metrics(col)
+    rows_s, rows_c = metrics(sep), metrics(col)  # with validation, a row at step 0 (before the first update)
+    ms, mc = [m for m in rows_s if m["step"]], [m for m in rows_c if m["step"]]
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
     got, want = samples(sep), samples(col)
     assert all(len(step) == 8 for step in want)  # batch 2 x 4 samples, all logged
@@ -66,6 +69,16 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
         assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     if run == "1":
         assert [m["staleness/mean"] for m in ms] == [m["staleness/mean"] for m in mc] == [0.0, 1.0, 1.0]
+    if run == "0":  # the warm start moved the weights rank 1 samples with: sep1 samples step 1 without it (same seeds)
+        assert samples(runs / "sep1")[0] != got[0]
+    if run != "1p":  # validation: the rollout rank's answers (one update behind with k = 1) scored on rank 0
+        def validations(rows):
+            return [(m["step"], m["val/accuracy"], m.get("val/policy_version")) for m in rows if "val/accuracy" in m]
+
+        val = validations(rows_s)
+        assert val == validations(rows_c)
+        assert [v[0] for v in val] == [0, STEPS] and val[0][1] != val[1][1] and val[0][1] > 0
+        assert [v[2] for v in val] == ([None, None] if run == "0" else [0.0, STEPS - 1.0])
     if run == "1p":  # the sampling versions of every token (a carried sample's oldest) and the groups in flight
         keys = ("staleness/mean", "staleness/max", "staleness/dropped", "partial/carried_groups",
                 "partial/carried_samples", "partial/continued_samples")

@@ -6,9 +6,9 @@ with the given key=value settings plus each run's own, into folders of OUT_DIR n
 
 Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and off), pp2 (two
 pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
-sep1 (generate_config.placement separate, off_policy_steps 0 and 1; their one-process peers: col0, col1), sep1p
-(sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1: their last step again, resumed from
-their step-2 checkpoints).
+sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1, both validating; their
+one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1:
+their last step again, resumed from their step-2 checkpoints).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -36,6 +36,11 @@ PACKED = ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=
 MSRUN = ["--use_parallel", "True"]
 # save_interval 2: the checkpoint of step 2 that sep0r and sep1r resume from
 SEPARATE, OFF1 = ["generate_config.placement=separate", "rl_config.save_interval=2"], ["rl_config.off_policy_steps=1"]
+# validation at step 0 and after the last step (the test's 3) on 4 held-out prompts, greedy (VAL) or sampled (SAMPLED:
+# a micro model's greedy answers may not move in 2 updates, its samples do); and a 2-step warm start
+VAL, SAMPLED = ["rl_config.val_interval=3", "rl_config.val_size=4"], ["rl_config.val_temperature=1.0"]
+WARM = \
+    ["sft_config={steps: 2, batch_size: 4, lr: 1.0e-2}"]  # a section: the shared overrides set it as one
 # partial rollouts; a tenth of the micro model's 512 ids stop a sample, so that lengths differ and a step's rollout
 # stops with samples half done (they go on in the next step)
 PARTIAL = OFF1 + ["generate_config.partial_rollout=true", f"generate_config.stop_token_ids={list(range(100, 152))}"]
@@ -48,11 +53,11 @@ RUNS = {
     "opt_shard": [(MSRUN, DP2 + ["actor_config.parallel_config.optimizer_shard=true", "rl_config.max_steps=1"]),
                   (MSRUN + ["--resume"], DP2 + ["actor_config.parallel_config.optimizer_shard=true"])],
     # generate_config.placement separate (rank 0 trains, rank 1 generates), synchronous and one step off-policy,
-    # and their one-process peers (tests/grpo/test_off_policy.py)
-    "sep0": [(MSRUN, SEPARATE)],
-    "sep1": [(MSRUN, SEPARATE + OFF1)],
-    "col0": [([], [])],
-    "col1": [([], OFF1)],
+    # and their one-process peers (tests/grpo/test_off_policy.py); sep0 with a warm start, both with validation
+    "sep0": [(MSRUN, SEPARATE + WARM + VAL)],
+    "sep1": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED)],
+    "col0": [([], WARM + VAL)],
+    "col1": [([], OFF1 + VAL + SAMPLED)],
     "sep1p": [(MSRUN, SEPARATE + PARTIAL)],
     "col1p": [([], PARTIAL)],
     "single": [(["--swap", "False"], [])],

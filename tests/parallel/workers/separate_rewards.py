@@ -1,0 +1,17 @@
+"""The reward plugin of tests/parallel/test_separate.py: text_length_reward.py's dense reward, and a validation score
+that an untrained micro model moves. Validation scores with the reward named "accuracy" (grpo/trainer.validate),
+which gives every answer of an untrained model 0, so two runs' val/accuracy would agree whatever they generated;
+here it is a figure of the completion's characters (their code points' sum mod 1000, / 1000), which differs
+between answers (an untrained model's greedy answers often have the same length)."""
+
+from mindgrpo.rewards import register_reward
+
+
+@register_reward("test_text_length")
+def text_length(completions, **kwargs):
+    return [len(c) / 100.0 for c in completions]
+
+
+@register_reward("accuracy", overwrite=True)
+def characters_as_accuracy(completions, **kwargs):
+    return [(sum(map(ord, c)) % 1000) / 1000.0 for c in completions]
