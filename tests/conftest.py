@@ -15,8 +15,7 @@ from mindgrpo.utils.malloc import with_allocator
 HEAVY_FIRST = (
     "tests/parallel/test_nodes.py",  # 780 at load 13-17: two launchers, three 4-rank jobs and one process
     "tests/parallel/test_msrun.py",  # 760: the 2-rank job
-    "tests/grpo/test_learning.py",  # 1230 (450 alone)
-    "tests/grpo/test_async_learning.py",  # 540 at load 4-5: the tiny recipe on 2 ranks, separate, one step off
+    "tests/grpo/test_learning.py",  # 1230 (450 alone) before the shared warm start; + the 2-rank async run
     "tests/grpo/test_tool_learning.py",  # the tiny tool recipe: 505 (about 1,060 at load 6-12)
     "tests/parallel/test_pipeline.py",  # 500: the 4-rank job
     "tests/grpo/test_chaos.py",  # 205

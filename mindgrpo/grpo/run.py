@@ -232,7 +232,7 @@ def run(args) -> int:
     if gen.placement == "separate" and gen.partial_rollout and (args.resume or args.resume_from):
         raise SetupError("--resume: a run with generate_config.placement separate and generate_config.partial_rollout "
                          "keeps its samples in flight on the rollout rank, which writes no checkpoint: resuming it is "
-                         "not built yet (docs/async.md); start it again, or resume it colocated")
+                         "not built yet (docs/async.md); start it again")
     if placement.rollout_rank:  # generate_config.placement separate: this rank only generates (docs/async.md)
         try:
             worker = builder.build_rollout(cfg, run_paths(cfg, args), placement)
