@@ -77,6 +77,10 @@ ROWS: List[Row] = [
         lambda r: (r["configs"]["tiny-small-vocab"]["cache_tokens_per_s"],
                    r["configs"]["tiny-small-vocab"]["reprefill_tokens_per_s"]),
         "useful tokens/s", 0, "re-prefilling each turn's history", "rate"),
+    Row("asynchronous GRPO on 2 ranks of one core: separate placement, one step off-policy, partial rollouts; 4 "
+        "prompts x 8 long-tailed samples of up to 256 tokens, tiny_qwen2", "python -m benchmarks.async_rollout",
+        "async_rollout", lambda r: (r["async_step_s"], r["sync_step_s"]), "s per step", 1,
+        "the synchronous colocated step (dp 2)", "time"),
     Row("reference + update of 32 long-tailed samples (mean 165, max 512 tokens), packed rows "
         "(`actor_config.packing`)", "python -m benchmarks.packing", "update",
         lambda r: (r["configs"]["tiny-qwen-vocab"]["longtail"]["packed_s"],
