@@ -31,7 +31,7 @@ from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel.checkpoint_folders import CheckpointError
-from mindgrpo.parallel.separate import prompt_check, width_of
+from mindgrpo.parallel.separate import check_prompts, width_of
 
 PARTIAL = "partial"
 CONTINUED = 1_000_000  # a continuation's random-stream key: past any batch index
@@ -236,7 +236,5 @@ class DrawnPrompts:
         comps, numbers, figures = engine.groups(want * self.G, self.G, width_of(params))
         self.draw(prompts, int(figures["drawn"]))
         batch = self.take(numbers)
-        if figures["prompt_check"] != prompt_check(batch.ids):
-            raise RuntimeError("generate_config.placement separate: the rollout rank generated other prompts than "
-                               "the training rank trains on (their data order differs)")
+        check_prompts(figures, batch.ids)
         return batch, comps, figures

@@ -46,6 +46,13 @@ def prompt_check(prompts: Sequence[Sequence[int]]) -> float:
     return float(sum(int(np.sum(np.asarray(p, np.int64))) for p in prompts) % (1 << 23))
 
 
+def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]]) -> None:
+    """The rollout rank's figures name the prompts it generated (`prompt_check`): those this rank trains on."""
+    if figures["prompt_check"] != prompt_check(prompts):
+        raise RuntimeError("generate_config.placement separate: the rollout rank generated other prompts than "
+                           "the training rank trains on (their data order differs)")
+
+
 def width_of(params: SamplingParams) -> int:
     """Token slots of a sample's row: its max_tokens (no conversations under this placement)."""
     return params.max_tokens
@@ -139,9 +146,7 @@ class RemoteRollout:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[Completion]:
         comps, _, figures = self.groups(len(prompts) * params.n, params.n, width_of(params))
-        if figures["prompt_check"] != prompt_check(prompts):
-            raise RuntimeError("generate_config.placement separate: the rollout rank generated other prompts than "
-                               "the training rank trains on (their data order differs)")
+        check_prompts(figures, prompts)
         return comps
 
     def groups(self, rows: int, n: int, width: int) -> Tuple[List[Completion], List[int], Dict[str, float]]:
