@@ -19,47 +19,24 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import select
-import subprocess
-import sys
 import time
 from collections import deque
 from typing import List, Mapping, Optional, Sequence
 
 from mindgrpo.rewards.registry import reward_origin
 from mindgrpo.rewards.scoring import Call, Outcome, RewardError
-from mindgrpo.utils.frames import close_and_reap, recv_frame, send_frame
+from mindgrpo.utils.frames import recv_frame, send_frame
+from mindgrpo.utils.workers import START_TIMEOUT_S, WorkerProcess
 
 logger = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 120.0  # a worker's start-up (an interpreter, NumPy, the plugins) on a loaded machine
+class _Worker(WorkerProcess):
+    """A reward worker; its reward functions' prints go to our stderr."""
 
-
-class _Worker:
-    """One worker process and our ends of its two pipes."""
-
-    def __init__(self, setup: dict):
-        child_tasks, self.tasks = os.pipe()
-        self.results, child_results = os.pipe()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mindgrpo.rewards.worker", str(child_tasks), str(child_results), str(os.getpid())],
-            pass_fds=(child_tasks, child_results), stdin=subprocess.DEVNULL,
-            stdout=2, env=env)  # the reward functions' prints go to our stderr
-        os.close(child_tasks)
-        os.close(child_results)
-        self.ready = False
+    def __init__(self):
+        super().__init__("mindgrpo.rewards.worker", stdout=2)
         self.call: Optional[int] = None  # index of the call it is running
-        self.deadline = time.monotonic() + START_TIMEOUT_S
-        try:
-            send_frame(self.tasks, setup)  # small: fits the pipe's buffer while the worker starts
-        except OSError:  # it died at once: RewardPool.run reads its end of file and reports it
-            pass
-
-    def stop(self, grace_s: float = 0.0) -> None:
-        """Close the pipes (the worker exits at end of file); SIGKILL it if it is still there after grace_s."""
-        close_and_reap(self.proc, (self.tasks, self.results), grace_s)
 
 
 class RewardPool:
@@ -85,8 +62,9 @@ class RewardPool:
     def start(self) -> None:
         """Start the workers (once; `run` calls it)."""
         if not self.workers:
-            self.workers = [_Worker(self.setup) for _ in range(self.num_workers)]
             atexit.register(self.close)
+            for _ in range(self.num_workers):
+                self._add(len(self.workers))
 
     def pids(self) -> List[int]:
         return [w.proc.pid for w in self.workers]
@@ -104,10 +82,19 @@ class RewardPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _add(self, k: int) -> None:
+        """A new worker as self.workers[k] (appended at len), listed before its process starts (utils/workers)."""
+        w = _Worker()
+        if k == len(self.workers):
+            self.workers.append(w)
+        else:
+            self.workers[k] = w
+        w.spawn(self.setup)
+
     def _replace(self, worker: _Worker) -> None:
         logger.info("reward worker %d stopped (a call timed out or it died); starting another", worker.proc.pid)
         worker.stop()
-        self.workers[self.workers.index(worker)] = _Worker(self.setup)
+        self._add(self.workers.index(worker))
         self.replaced += 1
 
     def run(self, calls: Sequence[Call], completions: Sequence[str],

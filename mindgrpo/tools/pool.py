@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import select
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
@@ -30,44 +27,30 @@ from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 from mindgrpo.tools.calls import ToolCall, ToolResult
 from mindgrpo.tools.registry import check_settings, tool_origin
-from mindgrpo.utils.frames import close_and_reap, recv_frame, send_frame
+from mindgrpo.utils.frames import recv_frame, send_frame
+from mindgrpo.utils.workers import START_TIMEOUT_S, WorkerProcess
 
 logger = logging.getLogger(__name__)
-
-START_TIMEOUT_S = 120.0  # a worker's start-up (an interpreter, the plugins) on a loaded machine
-
 
 class ToolPoolError(RuntimeError):
     """The pool cannot run tools at all (a worker cannot load them): stops the run, unlike any call's failure."""
 
 
-class _Worker:
-    def __init__(self, setup, root: str):
+class _Worker(WorkerProcess):
+    """A tool worker: its process, and a scratch folder of its own (its TMPDIR) removed when it stops."""
+
+    def __init__(self, root: str):
         self.tmp = tempfile.mkdtemp(prefix="worker-", dir=root)
-        child_tasks, self.tasks = os.pipe()
-        self.results, child_results = os.pipe()
-        env = dict(os.environ, TMPDIR=self.tmp,
-                   PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mindgrpo.tools.worker", str(child_tasks), str(child_results), str(os.getpid())],
-            pass_fds=(child_tasks, child_results), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
-        os.close(child_tasks)
-        os.close(child_results)
-        self.ready = False
+        super().__init__("mindgrpo.tools.worker", env={"TMPDIR": self.tmp})
         self.key: Optional[Hashable] = None  # the call it runs
         self.started = 0.0
-        self.deadline = time.monotonic() + START_TIMEOUT_S
-        try:
-            send_frame(self.tasks, setup)
-        except OSError:
-            pass
 
     @property
     def busy(self) -> bool:
         return self.key is not None
 
     def stop(self, grace_s: float = 0.0) -> None:
-        close_and_reap(self.proc, (self.tasks, self.results), grace_s)
+        super().stop(grace_s)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -98,9 +81,10 @@ class ToolPool:
 
     def start(self) -> None:
         if not self.workers:
-            self.root = tempfile.mkdtemp(prefix="mindgrpo-tools-")
-            self.workers = [_Worker(self.setup, self.root) for _ in range(self.num_workers)]
             atexit.register(self.close)
+            self.root = tempfile.mkdtemp(prefix="mindgrpo-tools-")
+            for _ in range(self.num_workers):
+                self._add(len(self.workers))
 
     def close(self) -> None:
         workers, self.workers = self.workers, []
@@ -196,8 +180,17 @@ class ToolPool:
             self.done.append((key, result))
             w.key = None
 
+    def _add(self, k: int) -> None:
+        """A new worker as self.workers[k] (appended at len), listed before its process starts (utils/workers)."""
+        w = _Worker(self.root)
+        if k == len(self.workers):
+            self.workers.append(w)
+        else:
+            self.workers[k] = w
+        w.spawn(self.setup)
+
     def _replace(self, w: _Worker) -> None:
         logger.info("tool worker %d stopped (a call timed out or it died); starting another", w.proc.pid)
         w.stop()
-        self.workers[self.workers.index(w)] = _Worker(self.setup, self.root)
+        self._add(self.workers.index(w))
         self.replaced += 1

@@ -126,6 +126,31 @@ def test_close_leaves_nothing(tmp_path):
                                             children_of(os.getpid()).count(pid) == 0 for pid in pids)
 
 
+def test_a_close_that_interrupts_the_start_reaps_every_worker_started(monkeypatch):
+    """The run's SIGTERM handler calls close() between any two bytecodes, start() included: here it runs right
+    after the second worker's process starts, before start() returns. Every process started must be gone and
+    the folders removed (before workers were listed as they started, close() found none and both lived on)."""
+    from mindgrpo.utils.workers import WorkerProcess
+
+    p = ToolPool({"calculator": {}}, num_workers=3, timeout_s=5.0)
+    started, roots, spawn = [], set(), WorkerProcess.spawn
+
+    def spawn_then_maybe_close(self, setup):
+        spawn(self, setup)
+        started.append(self.proc.pid)
+        roots.add(os.path.dirname(self.tmp))
+        if len(started) == 2:
+            p.close()
+            raise KeyboardInterrupt  # the handler ends the process; here it ends start()
+
+    before = children_of(os.getpid())
+    monkeypatch.setattr(WorkerProcess, "spawn", spawn_then_maybe_close)
+    with pytest.raises(KeyboardInterrupt):
+        p.start()
+    assert len(started) == 2 and p.workers == [] and len(roots) == 1 and not os.path.exists(roots.pop())
+    assert not [pid for pid in started if pid in children_of(os.getpid()) and pid not in before]
+
+
 def test_bad_settings_fail_at_construction_and_a_broken_plugin_at_start(tmp_path):
     with pytest.raises(ValueError, match="tool 'python' has no setting"):
         ToolPool({"python": {"timeout": 3}}, num_workers=1, timeout_s=5.0)
