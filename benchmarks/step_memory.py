@@ -1,7 +1,7 @@
 """The issue-20 GRPO step at the Qwen2.5-0.5B shape through the project's own trainer, alone in its process:
 resident memory and seconds per phase, with the memory switches on or off.
 
-    python -m benchmarks.step_memory [--layers 24] [--steps 2] [--switches on|off] [--sides ours trl] [--output PATH]
+    python -m benchmarks.step_memory [--layers 24] [--steps 2] [--switches on|off|auto] [--sides ours trl] [--output PATH]
         [--set KEY=VALUE ...] [--malloc_trim] [--pool INIT INCREASE]
 
 The model: the qwen2_5_0_5b preset (hidden 896, intermediate 4864, 14 / 2 heads, tied, vocabulary 151,936;
@@ -10,7 +10,8 @@ template, Qwen2.5's tokenizer (`../shared`), G = 4 samples of 128 forced new tok
 stop), micro-batches of 4 rows, beta 0.04 (k3), one update per step, a cheap in-process reward (the share of
 digits). One device: the engine generates with the policy itself (generate_config.inference_weights: auto).
 `--switches on` sets rl_config.release_graphs, actor_config.layerwise_update, generate_config.layerwise and
-ref_config.layerwise.
+ref_config.layerwise; `off` clears them; `auto` sets none (rl_config.memory auto chooses them for this machine's
+available memory: its start-up block says which).
 
 For experiments on our side: `--set` adds config overrides (e.g. actor_config.logprob_chunk_size=256),
 `--malloc_trim` calls glibc's malloc_trim(0) after every phase, `--pool` sets MindSpore's memory pool
@@ -42,6 +43,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Optional
 
 from benchmarks.harness import (RESULTS, SHARED, code_version, peak_since_reset_gb, reset_peak_rss, rss_gb, run_stamp,
                                 stamp_lines, write_results)
@@ -120,8 +122,9 @@ def _digit_share(completions, **_):
     return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
 
 
-def setup(folder: str, layers: int, switches: bool, extra: tuple = ()):
-    """The workload's config, paths, overrides and prompt lengths (the reward registered, the files written)."""
+def setup(folder: str, layers: int, switches: Optional[bool], extra: tuple = ()):
+    """The workload's config, paths, overrides and prompt lengths (the reward registered, the files written);
+    switches None: none set, rl_config.memory (auto) chooses them."""
     from mindgrpo.config import GRPOConfig, load_config
     from mindgrpo.grpo import builder
     from mindgrpo.rewards import register_reward
@@ -136,7 +139,8 @@ def setup(folder: str, layers: int, switches: bool, extra: tuple = ()):
                  f"generate_config.max_prompt_length={max(lengths)}", f"generate_config.max_tokens={RESPONSE}",
                  "generate_config.temperature=1.0", f"generate_config.max_num_seqs={PROMPTS * G}",
                  "reward_config.verifier_function=[benchmark_digit_share]", "reward_config.verifier_weight=[1.0]",
-                 "reward_config.num_workers=0"] + [f"{k}={'true' if switches else 'false'}" for k in SWITCHES] \
+                 "reward_config.num_workers=0"] \
+        + ([] if switches is None else [f"{k}={'true' if switches else 'false'}" for k in SWITCHES]) \
         + list(extra)
     cfg = load_config(GRPOConfig, overrides=overrides)
     paths = builder.Paths(output_dir=folder, vocab_path=os.path.join(tokenizer_dir, "vocab.json"),
@@ -170,7 +174,7 @@ def _malloc_trim():
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, extra: tuple = (),
+def side(conn, layers: int, switches: Optional[bool], folder: str, trim: bool = False, extra: tuple = (),
          pool: tuple = ()) -> None:
     """A `benchmarks.workers` side: builds the trainer, then one step per "step" message."""
     import mindspore as ms
@@ -193,7 +197,8 @@ def side(conn, layers: int, switches: bool, folder: str, trim: bool = False, ext
     build_peak = peak_since_reset_gb()
     memory.max_peak = build_peak
     conn.send({"build_s": time.perf_counter() - t0, "built_gb": rss_gb(), "build_peak_gb": build_peak,
-               "prompt_tokens": lengths, "overrides": overrides, "shared": parts.inference is parts.policy})
+               "prompt_tokens": lengths, "overrides": overrides, "shared": parts.inference is parts.policy,
+               "memory_policy": parts.memory_policy.summary() if parts.memory_policy else ""})
     while True:
         message = conn.recv()
         if message == "sync":  # after the steps (their peaks are sent): the syncs and the matmul rate
@@ -352,10 +357,12 @@ def markdown(res: dict) -> str:
 
 def _ours(res: dict, args, output: str) -> None:
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
-        worker = workers.start(side, args.layers, args.switches == "on", folder, args.malloc_trim, tuple(args.set),
-                                tuple(args.pool))
+        switches = {"on": True, "off": False, "auto": None}[args.switches]
+        worker = workers.start(side, args.layers, switches, folder, args.malloc_trim, tuple(args.set),
+                               tuple(args.pool))
         res["built"] = worker.recv()
-        print(f"built: {res['built']['build_s']:.1f} s, {res['built']['built_gb']:.2f} GB", flush=True)
+        print(f"built: {res['built']['build_s']:.1f} s, {res['built']['built_gb']:.2f} GB\n"
+              f"{res['built']['memory_policy']}", flush=True)
         for _ in range(args.steps):
             step = worker.ask("step")
             res["steps"].append(step)
@@ -397,7 +404,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--switches", choices=("on", "off"), default="on")
+    ap.add_argument("--switches", choices=("on", "off", "auto"), default="on",
+                    help="auto: none set, rl_config.memory auto chooses them for this machine")
     ap.add_argument("--sides", nargs="+", choices=("ours", "trl"), default=["ours"])
     ap.add_argument("--torch_threads", type=int, default=os.cpu_count(), help="PyTorch threads on TRL's side")
     ap.add_argument("--malloc_trim", action="store_true", help="glibc's malloc_trim(0) after every phase")
