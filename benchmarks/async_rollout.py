@@ -9,7 +9,8 @@ on 2 workers, each worker pinned to one core, side by side in one invocation.
   of the step's prompts, then both train on their half; rl_config.off_policy_steps 0.
 - async: generate_config.placement separate (rank 0 trains, rank 1 generates), rl_config.off_policy_steps 1 and
   generate_config.partial_rollout: the rollout rank generates step s + 1 with the weights of update s - 1 while
-  update s trains, and stops once it has the step's groups (the unfinished samples go on in the next step).
+  update s trains, and stops once it has the step's groups (the unfinished samples go on in the next step; those
+  carried over once, 2 updates stale, train under the default rl_config.max_staleness).
   rl_config.rollout_correction tis_token on both sides (the same loss).
 
 The workload: a random model (`--model`, no warm start) with V / 150 stop ids and temperature 1, so a sample
@@ -145,7 +146,7 @@ def figures(side: str, rows: list, warmup: int) -> dict:
         out["rollout_generate_s"] = mean("async/generate_seconds")
         out["staleness_mean"] = mean("staleness/mean")
         out["staleness_max"] = float(max(r["staleness/max"] for r in timed))
-        out["stale_dropped"] = mean("staleness/dropped")  # samples staler than 1 update: out of the loss
+        out["stale_dropped"] = mean("staleness/dropped")  # staler than rl_config.max_staleness: out of the loss
         out["carried_samples"] = mean("partial/carried_samples")
         out["continued_samples"] = mean("partial/continued_samples")
     return out
@@ -169,7 +170,8 @@ def markdown(res: dict) -> str:
               "the rest of the step; asynchronous, the rollout rank waiting in meetings and the training rank waiting "
               "for the samples and the weights' meeting (module docstring of benchmarks/async_rollout.py). "
               f"Async: {a['carried_samples']:.1f} unfinished samples in flight after a step, {a['stale_dropped']:.1f} "
-              "samples a step staler than one update (carried over twice) left out of the loss, on average; rollout "
+              "samples a step staler than rl_config.max_staleness (default 2 here: carried over twice) left out of the "
+              "loss, on average; rollout "
               f"graphs compiled during the timed steps: sync {s['rollout_graphs_compiled_timed']:.0f}, async "
               f"{a['rollout_graphs_compiled_timed']:.0f} (each a prompt-length bucket met late; its seconds count in "
               "its step).", ""]

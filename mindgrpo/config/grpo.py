@@ -76,6 +76,8 @@ def may_be_on(cfg, saver: Optional[bool]) -> bool:
 # an error, since whoever reads the config would believe they act. (dotted key or section, when
 # it takes effect, why not)
 INERT_UNLESS = (
+    ("rl_config.max_staleness", lambda c: c.rl_config.off_policy_steps > 0,
+     "has no effect with rl_config.off_policy_steps 0 (every sample comes from the latest weights)"),
     *((f"ref_config.{key}", lambda c: c.rl_config.beta > 0, "has no effect with rl_config.beta = 0 (no reference model)")
       for key in ("max_tokens_per_micro_batch", "layerwise")),
     # with LoRA the reference pass runs the policy with its adapters off: no reference model to load or lay out
@@ -240,8 +242,8 @@ class GRPOConfig:
         if self.generate_config.partial_rollout:  # mindgrpo/grpo/partial.py
             gen = self.generate_config
             check(rl.off_policy_steps >= 1, "rl_config.off_policy_steps",
-                  "must be >= 1 with generate_config.partial_rollout: a carried sample's first tokens are a step "
-                  "older than the policy, and off_policy_steps is how stale a sample may be")
+                  "must be >= 1 with generate_config.partial_rollout: a carried sample's first tokens are older "
+                  "than the policy, and its tokens are stamped with their versions")
             for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
                              ("generate_config.tools", not gen.tools),
                              ("generate_config.environment", gen.environment is None),
@@ -269,7 +271,8 @@ class GRPOConfig:
             check(world == 1, key, f"with generate_config.placement separate: one rank for now (msrun "
                   f"--worker_num=2: rank 0 trains, rank 1 generates), got {world}")
         check(rl.off_policy_steps <= 1, "rl_config.off_policy_steps",
-              f"with generate_config.placement separate: 0 or 1 for now, got {rl.off_policy_steps}")
+              f"with generate_config.placement separate: 0 or 1 (the rollout rank runs at most one step ahead; "
+              f"rl_config.max_staleness bounds how stale a sample may train), got {rl.off_policy_steps}")
         for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
                          ("generate_config.tools", not gen.tools),
                          ("actor_config.lora_rank", self.actor_config.lora_rank == 0),
@@ -279,6 +282,14 @@ class GRPOConfig:
             check(off, key, "is not built with generate_config.placement separate yet (the rollout rank runs one "
                   "rollout a step: no dynamic sampling, LoRA, tools, environments, reward models or judges): "
                   "leave it off")
+
+    def staleness_bound(self) -> int:
+        """rl_config.max_staleness, or its default (sections.RLConfig): the most updates a training sample may be
+        stale."""
+        rl = self.rl_config
+        if rl.max_staleness is not None:
+            return rl.max_staleness
+        return rl.off_policy_steps + int(self.generate_config.partial_rollout)
 
     def inference_shares_policy(self, same_layout: bool, own_inference_weights: bool = False) -> bool:
         """Whether the rollout engine generates with the policy model itself (one copy of the weights, no sync):

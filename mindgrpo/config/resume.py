@@ -23,7 +23,7 @@ REFUSED_ON_RESUME = (
     "rl_config.dual_clip", "rl_config.loss_agg_mode", "rl_config.advantage_scale", "rl_config.advantage_eps",
     "rl_config.adv_estimator", "rl_config.policy_loss", "rl_config.cispo_epsilon_max", "rl_config.sapo_temperature",
     "rl_config.gmpo_epsilon", "rl_config.top_entropy_quantile", "rl_config.rollout_correction",
-    "rl_config.old_logprobs_from_rollout", "rl_config.off_policy_steps",
+    "rl_config.old_logprobs_from_rollout", "rl_config.off_policy_steps", "rl_config.max_staleness",
     "rl_config.ref_model_sync_steps", "rl_config.dynamic_sampling",
     "rl_config.max_resample_times", "rl_config.overlong_filtering", "rl_config.dataset_path",
     "actor_config.model", "actor_config.dtype", "actor_config.lr", "actor_config.lr_schedule",

@@ -134,8 +134,13 @@ class RLConfig:
     # updates behind the policy's (0: synchronous, each rollout with the latest update). With k, the rollout of step
     # s samples with the weights of update s - 1 - k; every token records the policy version that sampled it, and
     # the corrections (rollout_correction) weigh it by that version's log-probs against the current policy's; a
-    # sample more than k updates stale is dropped from the loss and counted (staleness/dropped)
+    # sample staler than max_staleness is dropped from the loss and counted (staleness/dropped)
     off_policy_steps: int = 0
+    # how many updates stale a sample may be and still train (AReaL's max_head_offpolicyness, verl's staleness
+    # threshold): a sample's staleness is that of its oldest token. null: off_policy_steps, plus one with
+    # generate_config.partial_rollout (a carried sample's first tokens are a rollout older than a fresh sample's:
+    # without the extra update every carried sample would be dropped). At least off_policy_steps
+    max_staleness: Optional[int] = None
     # reference model
     ref_model_sync_steps: int = 0  # copy the policy into the reference every this many steps; 0 never
     # DAPO
@@ -202,6 +207,9 @@ class RLConfig:
               f"must be >= 2 (group advantages of one sample are 0), got {self.num_generations}")
         _check_non_negative(self, "beta", "advantage_eps", "ref_model_sync_steps", "max_resample_times",
                             "off_policy_steps", "val_interval", "val_size", "save_interval", "completions_interval")
+        check(self.max_staleness is None or self.max_staleness >= self.off_policy_steps, "max_staleness",
+              f"must be >= off_policy_steps ({self.off_policy_steps}: every sample is that stale), got "
+              f"{self.max_staleness}")
         check(0 < self.clip_low < 1, "clip_low", f"must be in (0, 1), got {self.clip_low}")
         check(self.clip_high > 0, "clip_high", f"must be > 0, got {self.clip_high}")
         check(self.dual_clip is None or self.dual_clip > 1, "dual_clip", f"must be > 1 or null, got {self.dual_clip}")
@@ -434,7 +442,7 @@ class GenerateConfig:
     # partial rollouts (docs/async.md; AReaL's, slime's): a step's rollout admits twice the groups it still needs and
     # stops once it has them; the unfinished samples keep their tokens and go on in the next step's rollout with the
     # new weights (prefilled again), their tokens stamped with the version that generated each. A group trains when
-    # all its samples are finished; rl_config.off_policy_steps bounds how stale a sample may be (>= 1 needed)
+    # all its samples are finished; rl_config.max_staleness bounds how stale a sample may be (off_policy_steps >= 1)
     partial_rollout: bool = False
     # conversations with tools (docs/tools.md; TRL's `tools`, verl's multi-turn names): the registered tools offered
     # to the model (empty: one answer per prompt). A turn that ends with <tool_call> blocks gets the tools' answers

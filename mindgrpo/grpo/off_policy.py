@@ -74,9 +74,9 @@ def sample_versions(versions: Sequence[Optional[np.ndarray]]) -> Optional[np.nda
 
 def staleness(oldest: np.ndarray, current: int, bound: int) -> Tuple[np.ndarray, Dict[str, float]]:
     """oldest (B,): each sample's oldest token version; current: the policy's version before the update (updates
-    done); bound: rl_config.off_policy_steps. Returns keep (B,) bool, False for a sample more than `bound` updates
-    stale (dropped from the loss), and staleness/mean, staleness/max (updates, over the samples) and
-    staleness/dropped (samples)."""
+    done); bound: rl_config.max_staleness (GRPOConfig.staleness_bound). Returns keep (B,) bool, False for a sample
+    more than `bound` updates stale (dropped from the loss), and staleness/mean, staleness/max (updates, over the
+    samples) and staleness/dropped (samples)."""
     lag = np.maximum(current - np.minimum(oldest, current), 0)  # (B,); an empty sample: 0
     keep = lag <= bound
     return keep, {"staleness/mean": float(lag.mean()), "staleness/max": float(lag.max()),

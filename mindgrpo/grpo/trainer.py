@@ -269,11 +269,11 @@ class GRPOTrainer:
 
     def stale(self, r: Rollouts) -> tuple:
         """With off_policy_steps k > 0: (keep (B,) bool, the staleness/ metrics) of the samples against the policy
-        before this update (a sample more than k updates stale is dropped from the loss); else (None, {})."""
+        before this update (a sample staler than rl_config.max_staleness is dropped from the loss); else (None, {})."""
         oldest = sample_versions([c.versions for c in r.completions]) if self.off_policy_steps else None
         if oldest is None:
             return None, {}
-        return staleness(oldest, self.step, self.off_policy_steps)
+        return staleness(oldest, self.step, self.cfg.staleness_bound())
 
     def build_experience(self, r: Rollouts, adv: np.ndarray, fresh: Optional[np.ndarray] = None) -> Experience:
         """fresh (B,) bool: the samples within the staleness bound (`stale`), the others masked; None: all."""

@@ -37,7 +37,7 @@ FULL = GRPOConfig(
         kl_kind="k3", clip_low=0.1, clip_high=0.28, dual_clip=3.0, loss_agg_mode="seq-mean-token-sum-norm",
         advantage_scale="batch", advantage_eps=1e-4, policy_loss="gspo", top_entropy_quantile=0.2,
         rollout_correction="tis_sequence", rollout_correction_threshold=3.0, old_logprobs_from_rollout=True,
-        off_policy_steps=2, ref_model_sync_steps=5, dynamic_sampling=True,
+        off_policy_steps=2, max_staleness=3, ref_model_sync_steps=5, dynamic_sampling=True,
         max_resample_times=2, overlong_filtering=True, val_interval=10, val_size=32, val_n=4, val_temperature=0.6,
         val_before_train=False, save_best="val/pass@2", save_interval=5, keep_last_k=3,
         log_interval=2, max_bad_steps=5, completions_interval=4, swap=False, memory="low", release_graphs=True, restart_on_memory_growth=0.05,
@@ -194,6 +194,8 @@ def test_nested_unknown_key():
     (["rl_config.num_generations=1"], "rl_config.num_generations", "must be >= 2"),
     (["rl_config.beta=-1"], "rl_config.beta", "must be >= 0"),
     (["rl_config.off_policy_steps=-1"], "rl_config.off_policy_steps", "must be >= 0"),
+    (["rl_config.off_policy_steps=2", "rl_config.max_staleness=1"], "rl_config.max_staleness", "must be >= off_policy"),
+    (["rl_config.max_staleness=1"], "rl_config.max_staleness", "has no effect with rl_config.off_policy_steps 0"),
     (["rl_config.kl_kind=kl"], "rl_config.kl_kind", "valid names: k1, k2, k3, low_var_kl"),
     (["rl_config.loss_agg_mode=sum"], "rl_config.loss_agg_mode",
      "valid names: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"),
@@ -570,6 +572,11 @@ def test_separate_placement_rules(extra, key):
 def test_partial_rollout_rules(extra, key):
     cfg = load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1"])
     assert cfg.generate_config.partial_rollout
+    # a carried sample's first tokens are one rollout older: the default bound lets it train
+    assert cfg.staleness_bound() == 2
+    assert load_config(GRPOConfig, overrides=["rl_config.off_policy_steps=1"]).staleness_bound() == 1
+    assert load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1",
+                                              "rl_config.max_staleness=1"]).staleness_bound() == 1
     cfg = load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1",
                                              *SEPARATE])  # the rollout rank keeps the groups in flight
     assert cfg.generate_config.partial_rollout and cfg.generate_config.placement == "separate"

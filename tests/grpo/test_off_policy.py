@@ -282,6 +282,17 @@ def test_partial_rollouts_carry_unfinished_samples_into_the_next_step():
     fresh, stale = trainer.stale(r)
     assert fresh.all() and stale["staleness/max"] == 1.0  # the oldest token is one update old
     assert m["partial/continued_samples"] == 2
+    # one update later (the engine one update behind, as off_policy_steps 1 runs it) these groups, begun in step 1's
+    # rollout, are 2 updates stale: the default bound with partial rollouts (off_policy_steps + 1) trains them;
+    # rl_config.max_staleness 1 drops every one of them
+    from dataclasses import replace
+
+    trainer.step = 2
+    fresh, stale = trainer.stale(r)
+    assert fresh.all() and stale["staleness/max"] == 2.0 and stale["staleness/dropped"] == 0.0
+    trainer.cfg = replace(cfg, rl_config=replace(cfg.rl_config, max_staleness=1))
+    fresh, stale = trainer.stale(r)
+    assert not fresh.any() and stale["staleness/dropped"] == 2 * G
 
 
 # ------------------------------------------------------------------------------- partial rollouts across a resume
