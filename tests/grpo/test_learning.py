@@ -135,31 +135,57 @@ def test_the_tiny_default_learns_one_step_off_policy_on_a_separate_rollout_rank(
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="does not reach +0.3 yet: held-out 0.26 -> 0.25 (step 10) -> 0.32 (step 20) with a fixture "
-                  "right on 90% of held-out solutions, which scores inflated steps too high (docs/reward_models.md)")
-def test_the_tiny_default_learns_from_a_reward_model_alone(tmp_path):
-    """The shipped recipe with the reward model of `tiny_reward_model.py` as the only reward (docs/reward_models.md):
-    the accuracy rule stays in verifier_function with weight 0, so it is logged (reward/accuracy/mean) but adds
-    nothing; the policy learns from the reward model's score of prompt + completion alone. The reward model is
-    trained by this test in torch on the training problems' worked solutions (right and wrong); held-out greedy
-    accuracy, measured by the rule on the 100 validation problems neither model saw, must rise by 0.3."""
-    from mindgrpo.data.synthetic import ArithmeticTask, TinyTokenizerSpec, ensure_tiny_tokenizer
-    from tiny_reward_model import train_tiny_reward_model
+@pytest.mark.skip(reason="not reliably +0.3 yet: held-out 0.26 -> 0.42 -> 0.58 (steps 0, 10, 20) and 0.26 -> 0.38 -> 0.50 on "
+                  "two sets of the warm start's samples (docs/reward_models.md); about 3-5 min")
+def test_the_tiny_default_learns_from_a_reward_model_alone(default_run, tmp_path):
+    """The shipped recipe's GRPO stage with the reward model of `tiny_reward_model.py` as the only reward
+    (docs/reward_models.md): the accuracy rule stays in verifier_function with weight 0, so it is logged
+    (reward/accuracy/mean) but adds nothing; the policy learns from the reward model's score of prompt + completion
+    alone. The reward model starts from the recipe's warm-started policy (the default run's step-0 checkpoint,
+    converted to HF) and is trained by this test in torch on the training problems only: that policy's own samples of
+    them (scripts/generate.py, temperature 1, labelled by the arithmetic's truth), mixed with a student's worked
+    solutions that slip either way. GRPO starts from the same warm start, with one change to the recipe:
+    rl_config.advantage_scale=batch (TRL's scale_rewards="batch"). A reward model's scores differ within every
+    group, so dividing by the group's std blows its noise between equally wrong answers up to full-size advantages;
+    with the group std, held-out accuracy rose 0.26 -> 0.42 -> 0.43 (steps 0, 10, 20) as the policy drifted to
+    "9 + 1 = 11", with the batch std 0.26 -> 0.42 -> 0.58 (and 0.26 -> 0.38 -> 0.50 on another draw of the warm
+    start's samples: not yet reliable, hence skipped). Held-out greedy accuracy, measured by the rule on the 100
+    validation problems neither model saw, must rise by 0.3 between step 0 and step 20. A random 4-layer reward model
+    on the same data gave 0.26 -> 0.30 -> 0.09 (group std); the earlier fixture (a random 4-layer model trained on the
+    student's solutions alone) gave 0.26 -> 0.25 -> 0.32."""
+    from mindgrpo.data.synthetic import ArithmeticTask, arithmetic_rows
+    from mindgrpo.data.tokenizer import QwenTokenizer
+    from tiny_reward_model import policy_samples, train_tiny_reward_model
 
-    out = tmp_path / "run"
+    policy = warm_started(default_run)
+    tokenizer_dir = str(default_run[0] / "checkpoints" / "tokenizer")  # the run's
+    tokenizer = QwenTokenizer.from_dir(tokenizer_dir)
     task = ArithmeticTask(operators=("+",), max_operand=9, num_operands=3, num_train=800, num_val=100)  # the recipe's
-    tokenizer = ensure_tiny_tokenizer(str(out / "cache" / "tiny_tokenizer"), TinyTokenizerSpec(task=task))  # the run's
-    rm, held_out = train_tiny_reward_model(str(tmp_path), tokenizer, task, steps=300)
-    assert held_out >= 0.8, held_out  # the fixture made a reward model that tells right from wrong
+    train, val = arithmetic_rows(task)
+    hf_policy = tmp_path / "policy_hf"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "convert_weight.py"), "--reverse",
+                        "--mindspore_ckpt_path", policy, "--torch_ckpt_dir", str(hf_policy)],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    on_policy = policy_samples(policy, tokenizer_dir, tokenizer, train, n=4, seed=0)
+    held_out_samples = policy_samples(policy, tokenizer_dir, tokenizer, val, n=4, seed=10_000)  # to check the RM only
+    rm, held_out = train_tiny_reward_model(str(tmp_path), tokenizer, task, on_policy=on_policy,
+                                           held_out_policy=held_out_samples, init_from=str(hf_policy), steps=300)
+    print("reward model's held-out accuracy:", held_out)
+    # the fixture made a reward model that tells right from wrong on unseen problems: the policy's own answers, and
+    # the student's (off by one in a quarter of the chains: 0.78-0.83 when measured)
+    assert held_out["policy"] >= 0.85 and held_out["student"] >= 0.7, held_out
+    out = tmp_path / "run"
     cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", str(out),
-           "reward_config.verifier_weight=[0.0]", f"reward_config.reward_models=[{{path: {rm}, name: rm}}]",
-           "rl_config.val_interval=10"]
+           "--sft_path_train", policy, "sft_config={steps: 0}", "reward_config.verifier_weight=[0.0]",
+           f"reward_config.reward_models=[{{path: {rm}, name: rm}}]", "rl_config.advantage_scale=batch",
+           "rl_config.val_interval=10", "rl_config.save_interval=0"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=3600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    val = {m["step"]: m["val/accuracy"] for m in rows if "val/accuracy" in m}
-    print("held-out accuracy by step:", val, "reward model's held-out accuracy:", held_out)
-    assert sorted(val) == [0, 10, 20]
+    val_accuracy = {m["step"]: m["val/accuracy"] for m in rows if "val/accuracy" in m}
+    print("held-out accuracy by step:", val_accuracy)
+    assert sorted(val_accuracy) == [0, 10, 20]
     steps = [m for m in rows if "reward/rm/mean" in m]
     assert len(steps) == 20 and all(m["reward_mean"] == pytest.approx(m["reward/rm/mean"], rel=1e-5, abs=1e-5) for m in steps)
-    assert val[20] >= val[0] + 0.3, val
+    assert val_accuracy[20] >= val_accuracy[0] + 0.3, val_accuracy
