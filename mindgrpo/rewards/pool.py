@@ -27,9 +27,10 @@ from typing import List, Mapping, Optional, Sequence
 from mindgrpo.rewards.registry import reward_origin
 from mindgrpo.rewards.scoring import Call, Outcome, RewardError
 from mindgrpo.utils.frames import recv_frame, send_frame
-from mindgrpo.utils.workers import START_TIMEOUT_S, WorkerProcess
+from mindgrpo.utils.workers import START_TIMEOUT_S, WorkerProcess, start_at
 
 logger = logging.getLogger(__name__)
+
 
 class _Worker(WorkerProcess):
     """A reward worker; its reward functions' prints go to our stderr."""
@@ -64,7 +65,7 @@ class RewardPool:
         if not self.workers:
             atexit.register(self.close)
             for _ in range(self.num_workers):
-                self._add(len(self.workers))
+                start_at(self.workers, len(self.workers), _Worker(), self.setup)
 
     def pids(self) -> List[int]:
         return [w.proc.pid for w in self.workers]
@@ -82,19 +83,10 @@ class RewardPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _add(self, k: int) -> None:
-        """A new worker as self.workers[k] (appended at len), listed before its process starts (utils/workers)."""
-        w = _Worker()
-        if k == len(self.workers):
-            self.workers.append(w)
-        else:
-            self.workers[k] = w
-        w.spawn(self.setup)
-
     def _replace(self, worker: _Worker) -> None:
         logger.info("reward worker %d stopped (a call timed out or it died); starting another", worker.proc.pid)
         worker.stop()
-        self._add(self.workers.index(worker))
+        start_at(self.workers, self.workers.index(worker), _Worker(), self.setup)
         self.replaced += 1
 
     def run(self, calls: Sequence[Call], completions: Sequence[str],

@@ -28,9 +28,10 @@ from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 from mindgrpo.tools.calls import ToolCall, ToolResult
 from mindgrpo.tools.registry import check_settings, tool_origin
 from mindgrpo.utils.frames import recv_frame, send_frame
-from mindgrpo.utils.workers import START_TIMEOUT_S, WorkerProcess
+from mindgrpo.utils.workers import START_TIMEOUT_S, WorkerProcess, start_at
 
 logger = logging.getLogger(__name__)
+
 
 class ToolPoolError(RuntimeError):
     """The pool cannot run tools at all (a worker cannot load them): stops the run, unlike any call's failure."""
@@ -84,7 +85,7 @@ class ToolPool:
             atexit.register(self.close)
             self.root = tempfile.mkdtemp(prefix="mindgrpo-tools-")
             for _ in range(self.num_workers):
-                self._add(len(self.workers))
+                start_at(self.workers, len(self.workers), _Worker(self.root), self.setup)
 
     def close(self) -> None:
         workers, self.workers = self.workers, []
@@ -180,17 +181,8 @@ class ToolPool:
             self.done.append((key, result))
             w.key = None
 
-    def _add(self, k: int) -> None:
-        """A new worker as self.workers[k] (appended at len), listed before its process starts (utils/workers)."""
-        w = _Worker(self.root)
-        if k == len(self.workers):
-            self.workers.append(w)
-        else:
-            self.workers[k] = w
-        w.spawn(self.setup)
-
     def _replace(self, w: _Worker) -> None:
         logger.info("tool worker %d stopped (a call timed out or it died); starting another", w.proc.pid)
         w.stop()
-        self._add(self.workers.index(w))
+        start_at(self.workers, self.workers.index(w), _Worker(self.root), self.setup)
         self.replaced += 1

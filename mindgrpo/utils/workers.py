@@ -1,8 +1,9 @@
 """A worker process the trainer talks to over two pipes in frames (utils/frames.py): reward and tool workers.
 
     w = WorkerProcess("mindgrpo.tools.worker", env={"TMPDIR": folder})  # our pipes now, no process yet
-    pool.workers.append(w)       # listed before it starts, so a close() that interrupts the start still reaps it
-    w.spawn(setup)               # `python -m MODULE TASKS_FD RESULTS_FD PARENT_PID`, then the set-up frame
+    start_at(pool.workers, k, w, setup)  # listed as workers[k] first (a close() that interrupts the start still
+                                         # reaps it), then `python -m MODULE TASKS_FD RESULTS_FD PARENT_PID` and
+                                         # the set-up frame
     w.stop(grace_s)              # pipes closed, the process waited for or killed (one never spawned: fds only)
 
 Workers are fresh interpreters, never forks of the trainer (a fork would copy MindSpore's threads' locks in
@@ -17,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 from mindgrpo.utils.frames import close_and_reap, send_frame
 
@@ -34,7 +35,7 @@ class WorkerProcess:
         self.deadline = time.monotonic() + START_TIMEOUT_S
 
     def spawn(self, setup) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p), **self.env)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path if p), **self.env}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module, str(self.child_tasks), str(self.child_results), str(os.getpid())],
             pass_fds=(self.child_tasks, self.child_results), stdin=subprocess.DEVNULL, stdout=self.stdout, env=env)
@@ -61,3 +62,12 @@ def _close_all(fds) -> None:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def start_at(workers: List[WorkerProcess], k: int, worker: WorkerProcess, setup) -> None:
+    """`worker` as workers[k] (appended when k is len(workers)), listed before its process starts; then started."""
+    if k == len(workers):
+        workers.append(worker)
+    else:
+        workers[k] = worker
+    worker.spawn(setup)
