@@ -2,7 +2,7 @@
 benchmarks/rollout.py with training on every step's samples, each side one msrun job of scripts/grpo_one_stage.py
 on 2 workers, each worker pinned to one core, side by side in one invocation.
 
-    python -m benchmarks.async_rollout [--steps 8] [--warmup 3] [--batch_size 4] [--group 8] [--max_tokens 256]
+    python -m benchmarks.async_rollout [--steps 16] [--warmup 6] [--batch_size 4] [--group 8] [--max_tokens 256]
         [--model tiny_qwen2] [--runs_dir DIR] [--output benchmarks/results/async_rollout.json]
 
 - sync: generate_config.placement colocated, data parallel 2 (actor and rollout): both ranks generate their half
@@ -21,7 +21,10 @@ above. Smaller than benchmarks/rollout.py's 64 prompts x 8 samples of up to 512 
 minutes with one core a rank: 4 prompts x 8 of up to 256 by default (tiny_qwen2 has 512 positions).
 
 The figures come from the runs' own logs (metrics.jsonl, written by rank 0), over the steps after --warmup (which
-compile): the step's seconds (`time/step`), and the idle seconds of each group. Synchronous: the training group
+compile). A shape met late still compiles in a timed step (the async side more: a carried sample prefilled again
+picks a new prompt-length bucket, a batch of carried samples a new training length): its seconds count, and the
+rollout's count is reported. 16 steps with 6 warm-up by default: with 8 and 3 the five timed steps were mostly such
+compiles (0.95x and 1.00x on two runs where 16/6 gives 1.39x; benchmarks/results/HISTORY.md). Per side: the step's seconds (`time/step`), and the idle seconds of each group. Synchronous: the training group
 idles while the rollout runs (`time/rollout`, the longest sample's wait included) and the rollout group while the
 rest of the step runs (`time/step - time/rollout`). Asynchronous: the rollout rank's seconds waiting in meetings
 (`async/wait_seconds`), the training rank's waiting for samples and for the weights' meeting
@@ -203,8 +206,8 @@ def main(argv=None) -> int:
     if argv[:1] == [WORKER]:
         return worker(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=3, help="first steps not timed (they compile)")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=6, help="first steps not timed (they compile)")
     ap.add_argument("--batch_size", type=int, default=4, help="prompts a step (even: data parallel 2)")
     ap.add_argument("--group", type=int, default=8, help="samples a prompt (G)")
     ap.add_argument("--micro_batch_size", type=int, default=16, help="rows a training graph call, both sides")

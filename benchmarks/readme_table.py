@@ -79,7 +79,7 @@ ROWS: List[Row] = [
         "useful tokens/s", 0, "re-prefilling each turn's history", "rate"),
     Row("asynchronous GRPO on 2 ranks of one core: separate placement, one step off-policy, partial rollouts; 4 "
         "prompts x 8 long-tailed samples of up to 256 tokens, tiny_qwen2", "python -m benchmarks.async_rollout",
-        "async_rollout", lambda r: (r["async_step_s"], r["sync_step_s"]), "s per step", 1,
+        "async_rollout", lambda r: (r["async_step_s"], r["sync_step_s"]), "s per step", 2,
         "the synchronous colocated step (dp 2)", "time"),
     Row("reference + update of 32 long-tailed samples (mean 165, max 512 tokens), packed rows "
         "(`actor_config.packing`)", "python -m benchmarks.packing", "update",
