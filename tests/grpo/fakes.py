@@ -72,3 +72,19 @@ def keep_rollouts(trainer) -> dict:
 
     trainer.reward = keeping
     return kept
+
+
+def save_reward_model(folder, model_yaml, seed=7) -> str:
+    """A random reward model of `model_yaml`'s shape as a MindSpore .ckpt with its config beside it: its path."""
+    import shutil
+
+    from mindgrpo.models.checkpoint import save_ms_checkpoint
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.reward_model import RewardModel
+
+    os.makedirs(folder, exist_ok=True)
+    shutil.copyfile(model_yaml, os.path.join(folder, "config.yaml"))
+    rm = RewardModel(Qwen2Config.load(model_yaml, param_init_std=0.5), seed=seed)
+    path = os.path.join(folder, "rm.ckpt")
+    save_ms_checkpoint({n: ("F32", p.asnumpy()) for n, p in rm.named_parameters().items()}, path)
+    return path

@@ -4,7 +4,6 @@ model, a reference, the reward model): the ledger's invariant in every phase, th
 own phase only and counted as `plan_memory` counts it; the total reward the weighted sum; the config's checks."""
 
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -16,13 +15,12 @@ from mindgrpo.grpo import builder
 from mindgrpo.grpo.reward_models import ModelReward
 from mindgrpo.memory import swap
 from mindgrpo.memory.plan import plan
-from mindgrpo.models.checkpoint import save_ms_checkpoint
 from mindgrpo.models.config import Qwen2Config
-from mindgrpo.models.reward_model import RewardModel, RewardScorer
+from mindgrpo.models.reward_model import RewardScorer
 from mindgrpo.rewards.running_norm import RunningNorm
 from mindgrpo.utils.progress import Progress
 
-from fakes import keep_rollouts, one_layer_micro, watch_ledger
+from fakes import keep_rollouts, one_layer_micro, save_reward_model, watch_ledger
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MICRO = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
@@ -37,16 +35,6 @@ MICRO = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.
 class NoLog:
     def log_completions(self, step, rows):
         pass
-
-
-def save_reward_model(folder, model_yaml, seed=7) -> str:
-    """A random reward model of the micro shape as a MindSpore .ckpt with its config beside it."""
-    os.makedirs(folder, exist_ok=True)
-    shutil.copyfile(model_yaml, os.path.join(folder, "config.yaml"))
-    rm = RewardModel(Qwen2Config.load(model_yaml, param_init_std=0.5), seed=seed)
-    path = os.path.join(folder, "rm.ckpt")
-    save_ms_checkpoint({n: ("F32", p.asnumpy()) for n, p in rm.named_parameters().items()}, path)
-    return path
 
 
 def by_hand_bytes(m: Qwen2Config) -> int:

@@ -1,7 +1,8 @@
 """generate_config.placement separate (mindgrpo/parallel/separate.py, mindgrpo/grpo/rollout_worker.py): one msrun
 job of two ranks (rank 0 trains, rank 1 generates) runs scripts/grpo_one_stage.py three times, with off_policy_steps
 0, 1, and 1 with partial rollouts; one process runs the colocated peers of the three (tests/parallel/workers/
-one_stage_runs.py: sep0, sep1, sep1p, col0, col1, col1p). Step for step the separate runs give their peers' samples
+one_stage_runs.py: sep0, sep1, sep1p, col0, col1, col1p); sep1 and col1 also score with a reward model (on the
+training rank). Step for step the separate runs give their peers' samples
 (completions.jsonl: every sample's text and reward), losses within 1e-6 and staleness (the sampling versions); the
 partial runs carry the same groups and samples; the separate runs log both ranks' figures. sep0 and col0 warm-start
 first (the rollout rank receives the warm-started weights); sep0 and sep1 validate on the rollout rank at steps 0 and
@@ -16,7 +17,7 @@ import sys
 
 import pytest
 
-from grpo.fakes import one_layer_micro  # tests/ is on the path (pyproject.toml)
+from grpo.fakes import one_layer_micro, save_reward_model  # tests/ is on the path (pyproject.toml)
 from msrun_util import REPO, WORKERS, run_msrun
 
 STEPS = 3
@@ -33,7 +34,9 @@ CONFIG = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("separate")
-    shared = [*CONFIG, f"actor_config.model={one_layer_micro(out)}"]
+    model = one_layer_micro(out)
+    save_reward_model(str(out / "rm"), model)  # sep1 and col1 score with it (workers/one_stage_runs.py)
+    shared = [*CONFIG, f"actor_config.model={model}"]
     run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r", *shared],
               timeout=900)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
@@ -69,6 +72,10 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
         assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     if run == "1":
         assert [m["staleness/mean"] for m in ms] == [m["staleness/mean"] for m in mc] == [0.0, 1.0, 1.0]
+        # the reward model scored on the training rank as in one process, and its scores differ between samples
+        keys = ("reward/rm/mean", "reward/rm/std", "reward/total/mean")
+        assert [[m[k] for k in keys] for m in ms] == [[m[k] for k in keys] for m in mc]
+        assert all(m["reward/rm/std"] > 0 and m["reward/rm/none"] == 0 for m in ms)
     if run == "0":  # the warm start moved the weights rank 1 samples with: sep1 samples step 1 without it (same seeds)
         assert samples(runs / "sep1")[0] != got[0]
     if run != "1p":  # validation: the rollout rank's answers (one update behind with k = 1) scored on rank 0

@@ -6,8 +6,8 @@ with the given key=value settings plus each run's own, into folders of OUT_DIR n
 
 Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and off), pp2 (two
 pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
-sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1, both validating; their
-one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1:
+sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1 with a reward model, both
+validating; their one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1:
 their last step again, resumed from their step-2 checkpoints).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
@@ -65,6 +65,11 @@ RUNS = {
 }
 
 out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
+# sep1, col1 (and sep1r) also score with a reward model on the training rank, the random one of the micro shape that
+# tests/parallel/test_separate.py saves as OUT_DIR/rm/rm.ckpt (tests/grpo/fakes.save_reward_model), beside the rule
+REWARD_MODEL = [f"reward_config.reward_models=[{{path: {os.path.join(out, 'rm', 'rm.ckpt')}, name: rm, weight: 0.5}}]"]
+for name in ("sep1", "col1"):
+    RUNS[name] = [(flags, more + REWARD_MODEL) for flags, more in RUNS[name]]
 # sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step
 for lag in (0, 1):
     RUNS[f"sep{lag}r"] = [(MSRUN + ["--resume_from", os.path.join(out, f"sep{lag}", "checkpoints", "step_00000002")],
