@@ -245,11 +245,14 @@ class GRPOConfig:
                   "must be >= 1 with generate_config.partial_rollout: a carried sample's first tokens are older "
                   "than the policy, and its tokens are stamped with their versions")
             for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
-                             ("generate_config.tools", not gen.tools),
-                             ("generate_config.environment", gen.environment is None),
                              ("generate_config.parallel_config", gen.parallel_config.world_size == 1)):
                 check(off, key, "cannot combine with generate_config.partial_rollout yet (one inference device, one "
                       "answer a prompt, one rollout a step)")
+            for key, off in (("generate_config.tools", not gen.tools),
+                             ("generate_config.environment", gen.environment is None)):
+                check(off, key, "cannot combine with generate_config.partial_rollout yet: the engine stops a call at "
+                      "its complete groups (min_groups) only without conversations, and a parked conversation would "
+                      "have to be carried with its tool calls")
 
         gen = self.generate_config
         check(not (gen.tools and gen.environment is not None), "generate_config.environment",
@@ -274,7 +277,6 @@ class GRPOConfig:
               f"with generate_config.placement separate: 0 or 1 (the rollout rank runs at most one step ahead; "
               f"rl_config.max_staleness bounds how stale a sample may train), got {rl.off_policy_steps}")
         for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
-                         ("generate_config.tools", not gen.tools),
                          ("actor_config.lora_rank", self.actor_config.lora_rank == 0),
                          ("generate_config.environment", gen.environment is None),
                          ("reward_config.judges", not self.reward_config.judges)):

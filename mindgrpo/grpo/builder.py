@@ -338,7 +338,7 @@ def reward_model_configs(cfg: GRPOConfig) -> list:
 def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
-    from mindgrpo.grpo.conversations import build_conversations
+    from mindgrpo.grpo.conversations import build_conversations, remote_conversations
     from mindgrpo.grpo.reward_models import build_model_rewards
     from mindgrpo.memory.auto import choose_for_run
     from mindgrpo.memory.swap import SwapManager
@@ -370,6 +370,8 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
           "rl_config.val_dataset_path (--val_dataset)")
     rewards = build_rewards(cfg)
     conversations = build_conversations(cfg, tokenizer, chat_template)
+    if conversations is not None and placement.remote_rollout:  # the rollout rank runs them (docs/async.md)
+        conversations = remote_conversations(conversations, placement.meeting)
     extra = [] if conversations is None else list(conversations.columns)
     # the columns every reward call gets (grpo/rollouts.Rollouts.columns): a reward needing another fails now
     rewards.check_columns([*train.columns, "completion_length", *extra], "the training prompts")
@@ -467,6 +469,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
 def build_rollout(cfg: GRPOConfig, paths: Paths, placement):
     """The rollout rank of generate_config.placement separate: its inference copy, engine and prompts (the training
     rank's, in the same order) as a `grpo/rollout_worker.RolloutWorker`, whose `run` meets the training rank."""
+    from mindgrpo.grpo.conversations import build_conversations
     from mindgrpo.grpo.rollout_worker import RolloutWorker
     from mindgrpo.grpo.trainer import stop_ids_of
     from mindgrpo.models.config import Qwen2Config
@@ -476,15 +479,20 @@ def build_rollout(cfg: GRPOConfig, paths: Paths, placement):
     mcfg = Qwen2Config.load(config_file, compute_dtype=cfg.actor_config.dtype)
     memory_policy = MemoryPolicy.of_config(cfg)
     tokenizer = build_tokenizer(cfg, paths)
-    train, val = build_prompts(cfg, paths, tokenizer)  # val: the held-out prompts it validates on
+    chat_template = chat_template_file(cfg, paths) if gen.conversations else None
+    # val: the held-out prompts it validates on; with tools the synthetic task's prompts show them (as build's)
+    train, val = build_prompts(cfg, paths, tokenizer, synthetic_template(cfg, chat_template) if gen.tools else None)
     check_vocabulary(mcfg.vocab_size, model_source, train, val)
     check_model_limits(cfg, mcfg, model_source)
-    max_positions = min(gen.max_prompt_length + gen.max_tokens + 64, mcfg.max_position_embeddings)
+    conversations = build_conversations(cfg, tokenizer, chat_template)  # this rank runs them (its tool workers)
+    turn_positions = 0 if conversations is None else conversations.extra_positions
+    check_conversation_limits(cfg, mcfg, model_source, turn_positions)
+    max_positions = min(gen.max_prompt_length + gen.max_tokens + turn_positions + 64, mcfg.max_position_embeddings)
     inference = placement.model("inference", mcfg, paths.sft_path_infer or paths.sft_path_train,
                                 paths.load_sft_checkpoint_infer, rl.seed, max_positions)
-    engine = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy)
+    engine = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy, turn_positions)
     return RolloutWorker(cfg, placement.engine(engine), inference, train, placement.meeting,
-                         stop_ids_of(tokenizer, gen), val)
+                         stop_ids_of(tokenizer, gen), val, conversations=conversations, tokenizer=tokenizer)
 
 
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):

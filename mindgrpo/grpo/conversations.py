@@ -16,12 +16,16 @@ call). A kind may also write the prompts (`prompts(questions) -> ids`: an enviro
 the completions after each generate call (`finish(completions)`). Kinds: `tools` (generate_config.tools) and
 `environment` (generate_config.environment); `conversation_kind` chooses.
 `Conversations.generate` makes one call of either kind (the trainer's and scripts/evaluate.py's).
+
+Under generate_config.placement separate the rollout rank runs them (its own workers, `RolloutWorker`) and hands
+over, after each samples meeting, what a call gives besides the tokens and model masks; the training rank's are
+`remote_conversations`: no workers, each call's columns and metrics those of the rollout rank.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -33,6 +37,7 @@ from mindgrpo.envs import ENVIRONMENTS, check_environment_settings, load_environ
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.env_turns import EnvTurns
 from mindgrpo.inference.tool_turns import ToolTurns
+from mindgrpo.parallel.separate import check_prompts
 from mindgrpo.tools import TOOLS, ToolPool, load_tool_plugin, parse_tool_calls
 from mindgrpo.utils.registry import Registry
 
@@ -80,6 +85,33 @@ class Conversations:
         self.finish(completions)  # an environment steps the last turns the engine ended
         return (prompt_ids, completions, conversation_columns(self.turns, completions, tokenizer),
                 conversation_metrics(self.turns, completions))
+
+
+@dataclass
+class RemoteConversations(Conversations):
+    """The training rank's conversations under generate_config.placement separate: the rollout rank runs them (module
+    docstring); `engine` is the samples meeting (`parallel/separate.RemoteRollout`) and `meeting` the ranks'
+    `Meeting`, whose value meeting brings (the prompts generated, the columns, the metrics) of each call."""
+
+    meeting: object = None
+
+    def generate(self, engine, prompt_ids: Sequence[Sequence[int]], questions: Sequence[str], params, tokenizer,
+                 **engine_kwargs) -> tuple:
+        completions = engine.generate(prompt_ids, params, turns=self.turns, **engine_kwargs)
+        ids, columns, metrics = self.meeting.value(None)
+        check_prompts(engine.last_stats, ids)  # the prompts the rollout rank generated: an environment's its own
+        return ids, completions, columns, metrics
+
+
+def remote_conversations(conv: Conversations, meeting) -> RemoteConversations:
+    """`conv` on the training rank of a separate placement: the same turns (their sizes set the samples' rows; the
+    warm start's teacher renders with them), no workers started."""
+    own = {f.name: getattr(conv, f.name) for f in fields(Conversations)}
+    return RemoteConversations(**dict(own, start=_idle), meeting=meeting)
+
+
+def _idle() -> None:
+    """Nothing to start: the rollout rank runs the workers."""
 
 
 def conversation_kind(cfg: GRPOConfig) -> Optional[str]:
@@ -279,7 +311,8 @@ def conversation_metrics(turns, completions: Sequence[Completion]) -> Dict[str, 
     return out
 
 
-__all__ = ["CONVERSATIONS", "CONVERSATION_COLUMNS", "ENVIRONMENT_COLUMNS", "Conversations", "assistant_message",
+__all__ = ["CONVERSATIONS", "CONVERSATION_COLUMNS", "ENVIRONMENT_COLUMNS", "Conversations", "RemoteConversations",
+           "assistant_message", "remote_conversations",
            "build_conversations", "conversation_columns", "conversation_kind", "conversation_metrics",
            "environment_conversations", "load_environment", "load_tools", "tool_chat_texts", "tool_conversations",
            "trajectory_runs"]

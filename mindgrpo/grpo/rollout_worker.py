@@ -20,6 +20,11 @@ k = 1 before (with update s - 1, while update s trains), as a colocated run's en
 With generate_config.partial_rollout this rank keeps the groups in flight (`partial.PartialRollouts`) and a step's
 "gen" is its partial rollout with the weights it has, the same calls as one process; it hands over the step's
 complete groups with their draw numbers (the training rank keeps the prompts drawn: `partial.DrawnPrompts`).
+
+With conversations (generate_config.tools) this rank runs them on its own tool workers (started with `run`, closed at
+its end, on an error and on SIGTERM: `close`): a sample's rows carry its model mask and turns, and each samples
+meeting is followed by a value meeting with the call's prompts, reward columns (tool_calls, messages) and tool/,
+turns/ metrics (`grpo/conversations.RemoteConversations` on the training rank).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import time
 from typing import Optional
 
 from mindgrpo.grpo.partial import PartialRollouts
-from mindgrpo.grpo.prompts import PromptSource
+from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.grpo.trainer import rollout_seed, sampling_params, validation_request
 from mindgrpo.parallel.separate import Meeting, prompt_check, width_of
 from mindgrpo.parallel.weight_sync import named_parameters
@@ -40,9 +45,10 @@ logger = logging.getLogger(__name__)
 
 class RolloutWorker:
     def __init__(self, cfg, engine, model, prompts: PromptSource, meeting: Meeting, stop_ids: tuple,
-                 val_prompts: Optional[PromptSource] = None):
+                 val_prompts: Optional[PromptSource] = None, conversations=None, tokenizer=None):
         self.cfg, self.engine, self.prompts, self.meeting, self.stop_ids = cfg, engine, prompts, meeting, stop_ids
         self.val_prompts = val_prompts
+        self.conversations, self.tokenizer = conversations, tokenizer  # grpo/conversations.Conversations, or None
         self.params = named_parameters(model)  # by path: the training rank's policy has the same paths
         self.waited = 0.0  # seconds in meetings since the last samples were handed over
         gen = cfg.generate_config
@@ -60,18 +66,29 @@ class RolloutWorker:
         rl, gen = self.cfg.rl_config, self.cfg.generate_config
         params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1), self.stop_ids)
         t0 = time.perf_counter()
-        groups, extra = None, {}
+        groups, extra, talk = None, {}, None
         with heartbeat.phase("rollout"):
             if self.partial is None:
-                batch = self.prompts.next(rl.batch_size)
-                comps = self.engine.generate(batch.ids, params)
+                batch, comps, talk = self.run_call(self.prompts.next(rl.batch_size), params)
             else:  # the trainer's collect_partial, with this rank's weights
                 batch, comps, extra = self.partial.step(
                     self.engine, self.prompts, rl.batch_size,
                     lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
                     (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)))
                 groups = self.partial.taken
-        return comps, self.figures(batch, t0, extra), len(batch.ids) * params.n, width_of(params), groups
+        return comps, self.figures(batch, t0, extra), len(batch.ids) * params.n, self.width(params), groups, talk
+
+    def run_call(self, batch, params):
+        """(the batch as generated, its completions, the conversations' (prompts, columns, metrics) or None)."""
+        conv = self.conversations
+        if conv is None:
+            return batch, self.engine.generate(batch.ids, params), None
+        ids, comps, columns, metrics = conv.generate(self.engine, batch.ids, batch.columns["prompt"], params,
+                                                     self.tokenizer)
+        return PromptBatch(ids, batch.columns), comps, (ids, columns, metrics)
+
+    def width(self, params) -> int:
+        return width_of(params, 0 if self.conversations is None else self.conversations.extra_positions)
 
     def validation(self):
         """The held-out prompts' samples with this rank's weights, as the trainer's `validate` draws them."""
@@ -79,8 +96,8 @@ class RolloutWorker:
         batch, params = validation_request(rl, gen, self.val_prompts, self.stop_ids)
         t0 = time.perf_counter()
         with heartbeat.phase("validate"):
-            comps = self.engine.generate(batch.ids, params)
-        return comps, self.figures(batch, t0), len(batch.ids) * params.n, width_of(params), None
+            batch, comps, talk = self.run_call(batch, params)
+        return comps, self.figures(batch, t0), len(batch.ids) * params.n, self.width(params), None, talk
 
     def figures(self, batch, t0: float, extra: Optional[dict] = None) -> dict:
         """The figures of a generation started at perf_counter `t0` (extra: the partial rollout's)."""
@@ -95,12 +112,14 @@ class RolloutWorker:
 
     def send(self, samples, validation: bool = False) -> None:
         """A step's samples (or a validation's: its wait counts towards the next step's)."""
-        comps, figures, rows, width, groups = samples
+        comps, figures, rows, width, groups, talk = samples
         t0 = time.perf_counter()
         figures["wait_seconds"] = self.waited
         n = self.cfg.rl_config.val_n if validation else self.cfg.rl_config.num_generations
         with heartbeat.phase("samples"):
             self.meeting.samples(comps, rows, n, width, figures, groups)
+            if talk is not None:  # the conversations' columns and metrics (RemoteConversations.generate)
+                self.meeting.value(talk)
         self.waited = (self.waited if validation else 0.0) + time.perf_counter() - t0
 
     @property
@@ -125,9 +144,23 @@ class RolloutWorker:
             return False
         return rl.val_before_train if step == 0 else step % rl.val_interval == 0
 
+    def close(self) -> None:
+        """The conversations' tool workers stopped, their folders removed (idempotent)."""
+        if self.conversations is not None:
+            self.conversations.close()
+
     def run(self, resumed: bool = False, warm_start: bool = False) -> None:
         """Every meeting of the run, in the training rank's order (module docstring); resumed: the run continues a
-        checkpoint (--resume); `warm_start`: the training rank runs the SFT warm start first."""
+        checkpoint (--resume); `warm_start`: the training rank runs the SFT warm start first. The conversations'
+        workers run from its start to its end."""
+        if self.conversations is not None:
+            self.conversations.start()
+        try:
+            self.meet(resumed, warm_start)
+        finally:
+            self.close()
+
+    def meet(self, resumed: bool, warm_start: bool) -> None:
         rl = self.cfg.rl_config
         lag = rl.off_policy_steps
         self.receive(0)  # the builder's first sync on the training rank

@@ -159,15 +159,31 @@ def progress_interval_s() -> float:
     return value
 
 
-def close_on_sigterm(close) -> None:
+def close_on_sigterm(close, in_collectives: bool = False) -> None:
     """On SIGTERM, `close()` first (the tool workers reaped, their folders removed), then the signal's default
-    action: the process ends as it would have (one process only: the handler runs when the main thread is back in
-    Python, and a rank stuck in a collective must still die at once)."""
+    action: the process ends as it would have. The handler runs when the main thread is back in Python; a rank that
+    waits in collectives (`in_collectives`: the rollout rank of a separate placement) must still die at once, so
+    there a thread woken by the signal (`signal.set_wakeup_fd`; MindSpore's graph calls let other threads run)
+    closes too and ends the process with status 128 + SIGTERM."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return
+    if in_collectives:
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write)  # the C handler writes the signal's number here at once
+
+        def watch() -> None:
+            while signal.SIGTERM not in os.read(read, 64):
+                pass
+            try:
+                close()
+            finally:
+                os._exit(128 + signal.SIGTERM)
+
+        threading.Thread(target=watch, name="mindgrpo-sigterm", daemon=True).start()
 
     def on_term(signum, frame):
         try:
@@ -238,6 +254,8 @@ def run(args) -> int:
             worker = builder.build_rollout(cfg, run_paths(cfg, args), placement)
         except (ConfigError, OSError, KeyError, ValueError) as e:
             raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
+        if worker.conversations is not None:  # its tool workers: run starts them and closes them at its end
+            close_on_sigterm(worker.close, in_collectives=True)
         resumed = bool(args.resume or args.resume_from)
         worker.run(resumed=resumed, warm_start=cfg.sft_config.steps > 0 and not resumed)  # as rank 0's
         logger.info("rollout rank done")

@@ -11,6 +11,9 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
     weights   the policy's parameters after an update, in buckets of rl_config.weight_sync_bucket_mb ->
               the rollout rank's inference copy
     start     after a --resume, the restored step and prompt position -> the rollout rank
+    value     after a samples meeting of conversations (generate_config.tools): what the rollout rank's
+              conversations give besides the tokens (the prompts as generated, the reward columns, the tool/ and
+              turns/ metrics), pickled, its length first -> the training rank
 
 The training rank's side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
 the trainer's step is unchanged; the rollout rank runs `grpo/rollout_worker.RolloutWorker`. One training and one
@@ -19,6 +22,7 @@ rollout rank for now (the config refuses more): their models are whole, in the s
 
 from __future__ import annotations
 
+import pickle
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -53,9 +57,10 @@ def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]]) -
                            "the training rank trains on (their data order differs)")
 
 
-def width_of(params: SamplingParams) -> int:
-    """Token slots of a sample's row: its max_tokens (no conversations under this placement)."""
-    return params.max_tokens
+def width_of(params: SamplingParams, turn_positions: int = 0) -> int:
+    """Token slots of a sample's row: its max_tokens, and with conversations the positions of its appended turns
+    (`Conversations.extra_positions`: the model mask marks them)."""
+    return params.max_tokens + turn_positions
 
 
 class Meeting:
@@ -94,6 +99,19 @@ class Meeting:
                                  "2**24 does not pass the meeting exactly")
             data[:] = position
         return tuple(int(v) for v in self.comm.host_sum(data, self.group))
+
+    def value(self, value=None):
+        """The rollout rank's `value` (any picklable object: it is this job's own data) on both ranks; the training
+        rank passes None. Two AllReduces: its length, then its bytes (one a float32, exact)."""
+        data = np.frombuffer(pickle.dumps(value), np.uint8) if value is not None else np.zeros(0, np.uint8)
+        if len(data) >= 1 << 24:
+            raise ValueError(f"generate_config.placement separate: a conversation value of {len(data)} bytes is over "
+                             "2**24, which the meeting does not carry exactly (lower generate_config.tool_response_max_"
+                             "tokens or the batch)")
+        size = int(self.comm.host_sum(np.array([len(data)], np.float32), self.group)[0])
+        flat = np.zeros(size, np.float32)
+        flat[:len(data)] = data
+        return pickle.loads(self.comm.host_sum(flat, self.group).astype(np.uint8).tobytes())
 
     def weights(self, params: Dict[str, Parameter], give: bool) -> Dict[str, float]:
         """params by their path in the model (the same paths and shapes on both ranks; taken in path order): the
@@ -144,9 +162,13 @@ class RemoteRollout:
     def release(self) -> None:
         """No graphs on this rank."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> List[Completion]:
-        comps, _, figures = self.groups(len(prompts) * params.n, params.n, width_of(params))
-        check_prompts(figures, prompts)
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, turns=None) -> List[Completion]:
+        """turns: the run's conversations (`engine.Turns`; the rollout rank runs them): only their size is read
+        here, the model masks come with the samples and the rest in a value meeting (`Conversations.remote`)."""
+        extra = 0 if turns is None else turns.max_turns * turns.max_turn_tokens
+        comps, _, figures = self.groups(len(prompts) * params.n, params.n, width_of(params, extra))
+        if turns is None:  # conversations: the prompts they generated come after, in the value meeting
+            check_prompts(figures, prompts)
         return comps
 
     def groups(self, rows: int, n: int, width: int) -> Tuple[List[Completion], List[int], Dict[str, float]]:

@@ -550,6 +550,7 @@ SEPARATE = ["generate_config.placement=separate"]
     (["rl_config.off_policy_steps=2"], "rl_config.off_policy_steps"),
     (["rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
     (["actor_config.lora_rank=8"], "actor_config.lora_rank"),
+    (["generate_config.environment=guess_number"], "generate_config.environment"),
 ])
 def test_separate_placement_rules(extra, key):
     # validation and the warm start run with it (the rollout rank validates, the training rank warm-starts)
@@ -561,6 +562,17 @@ def test_separate_placement_rules(extra, key):
     assert info.value.key == key
     with pytest.raises(ConfigError, match="colocated, separate|'colocated', 'separate'"):
         load_config(GRPOConfig, overrides=["generate_config.placement=apart"])
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_tools_run_with_the_separate_placement_but_not_with_partial_rollouts(lag):
+    tools = ["generate_config.tools=[calculator]", f"rl_config.off_policy_steps={lag}"]
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + tools)  # the rollout rank runs the conversations
+    assert cfg.generate_config.tools == ("calculator",) or list(cfg.generate_config.tools) == ["calculator"]
+    if lag:
+        with pytest.raises(ConfigError) as info:
+            load_config(GRPOConfig, overrides=SEPARATE + tools + ["generate_config.partial_rollout=true"])
+        assert info.value.key == "generate_config.tools" and "min_groups" in info.value.message
 
 
 @pytest.mark.parametrize("extra, key", [

@@ -99,3 +99,45 @@ def _has_tmpdir(environ_path, tmp):
     except OSError:
         return False
     return any(e.startswith(b"TMPDIR=" + tmp.encode()) for e in env)
+
+
+# a rank of a separate placement whose main thread waits in a collective (a graph call) when SIGTERM comes: here the
+# main thread blocks the signal and sleeps, so only another thread of the process can take it
+WAITING_RANK = """
+import os, signal, sys, threading
+from mindgrpo.grpo.run import close_on_sigterm
+
+def close():
+    open(sys.argv[1], "w").write("closed")
+
+close_on_sigterm(close, in_collectives=sys.argv[2] == "1")
+read, write = os.pipe()
+threading.Timer(float(sys.argv[3]), os.write, (write, b"x")).start()  # the collective's end
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+print("waiting", flush=True)
+os.read(read, 1)
+"""
+
+
+@pytest.mark.parametrize("in_collectives", [True, False])
+def test_sigterm_closes_the_tool_workers_of_a_rank_waiting_in_a_collective(tmp_path, in_collectives):
+    """The rollout rank's tool workers (grpo/run.close_on_sigterm(in_collectives=True)): closed and the process ended
+    at once, though its main thread does not run Python; without it the rank would end only when the wait does."""
+    marker = tmp_path / "closed"
+    wait_s = 60 if in_collectives else 3
+    proc = subprocess.Popen([sys.executable, "-c", WAITING_RANK, str(marker), "1" if in_collectives else "0",
+                             str(wait_s)], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": REPO})
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=wait_s + 30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if in_collectives:
+        assert code == 128 + signal.SIGTERM and marker.read_text() == "closed" and took < 30
+    else:  # the main thread's handler, once the sleep is over: closed late, then ended by the signal
+        assert code == -signal.SIGTERM and marker.read_text() == "closed" and took >= wait_s - 1

@@ -8,7 +8,9 @@ partial runs carry the same groups and samples; the separate runs log both ranks
 first (the rollout rank receives the warm-started weights); sep0 and sep1 validate on the rollout rank at steps 0 and
 3 (greedy; sep1 sampling) with their peers' figures (workers/separate_rewards.py: a score that differs by answer).
 The same job then runs the last step of sep0 and sep1 again, resumed from their step-2 checkpoints (sep0r, sep1r):
-it trains the straight run's prompts (off_policy_steps 0: its samples and loss too)."""
+it trains the straight run's prompts (off_policy_steps 0: its samples and loss too). sep0t and its peer col0t call
+tools (the micro model of tests/grpo/tool_caller.py, which ends turns with a tool call): the rollout rank runs the
+conversations, the training rank trains the model's own tokens (the model masks) and rewards the tools' answers."""
 
 import json
 import os
@@ -18,6 +20,7 @@ import sys
 import pytest
 
 from grpo.fakes import one_layer_micro, save_reward_model  # tests/ is on the path (pyproject.toml)
+from grpo.tool_caller import tool_calling_micro
 from msrun_util import REPO, WORKERS, run_msrun
 
 STEPS = 3
@@ -37,12 +40,16 @@ def runs(tmp_path_factory):
     model = one_layer_micro(out)
     save_reward_model(str(out / "rm"), model)  # sep1 and col1 score with it (workers/one_stage_runs.py)
     shared = [*CONFIG, f"actor_config.model={model}"]
-    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r", *shared],
-              timeout=900)
+    # sep0t and col0t load it (workers/one_stage_runs.py: TOOLS, whose tools and chat template make the tokenizer)
+    tool_calling_micro(str(out / "tool_caller"), shared + [
+        "generate_config.tools=[calculator]",
+        "generate_config.chat_template=model_configs/qwen_grpo/tiny_tools/tokenizer_config.json"])
+    run_msrun("one_stage_runs.py", 2, str(out / "log"),
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t", *shared], timeout=1200)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p", *shared],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p,col0t", *shared],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -119,3 +126,25 @@ def test_a_resumed_separate_run_trains_the_prompts_of_the_straight_run(runs, lag
     else:  # the lag starts again from the restored weights: step 3 samples with update 2's, not update 1's
         assert m[0]["staleness/mean"] == 0.0 and metrics(sep)[-1]["staleness/mean"] == 1.0
         assert [r[1:] for r in resumed[-1]] != [r[1:] for r in straight[-1]]
+
+
+@pytest.mark.slow  # the same msrun job
+def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs):
+    """The rollout rank runs the conversations; rank 0 gets the same trajectories, trains the same tokens (the model
+    masks: the gradient's norm moves with them), rewards the same tool answers and logs the same tool/ and turns/
+    metrics as the colocated run."""
+    sep, col = runs / "sep0t", runs / "col0t"
+    ms, mc = metrics(sep), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    assert samples(sep) == samples(col)
+    keys = ("tool/calls_mean", "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean",
+            "turns/masked_fraction", "reward_mean")
+    for a, b in zip(ms, mc):
+        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
+                                                                                                   rel=1e-5)
+    # conversations happened: tool turns in the trajectories (context, not trained), answered with errors (the calls
+    # close a call they never opened), and their answers reached the rewards (test_tool_outcome)
+    assert all(m["turns/masked_fraction"] > 0.3 and m["tool/errors"] > 0 for m in ms)
+    assert any("<tool_response>" in text for step in samples(sep) for text, _ in step)
+    assert max(r for step in samples(sep) for _, r in step) > 1.0  # a tool answer's length and error counted

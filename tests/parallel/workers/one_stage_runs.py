@@ -8,7 +8,9 @@ Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and 
 pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
 sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1 with a reward model, both
 validating; their one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1:
-their last step again, resumed from their step-2 checkpoints).
+their last step again, resumed from their step-2 checkpoints), sep0t (sep0's schedule with tool calls: TOOLS, on the
+micro model that calls tools of tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer:
+col0t).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -44,6 +46,13 @@ WARM = \
 # partial rollouts; a tenth of the micro model's 512 ids stop a sample, so that lengths differ and a step's rollout
 # stops with samples half done (they go on in the next step)
 PARTIAL = OFF1 + ["generate_config.partial_rollout=true", f"generate_config.stop_token_ids={list(range(100, 152))}"]
+# tool calls (docs/tools.md) on tests/grpo/tool_caller.py's micro model, its rewards reading the tools' answers
+TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers=1", "generate_config.max_turns=1",
+         "generate_config.tool_response_max_tokens=48", "generate_config.max_prompt_length=64",
+         "generate_config.temperature=1.0",
+         "generate_config.chat_template=model_configs/qwen_grpo/tiny_tools/tokenizer_config.json",
+         f"actor_config.load_checkpoint={os.path.join(sys.argv[1], 'tool_caller', 'policy.ckpt')}",
+         "reward_config.verifier_function=[test_text_length,test_tool_outcome]", "reward_config.verifier_weight=[1.0,1.0]"]
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
     "swap_on": [(MSRUN + ["--swap", "True"], TP2)],
@@ -60,6 +69,8 @@ RUNS = {
     "col1": [([], OFF1 + VAL + SAMPLED)],
     "sep1p": [(MSRUN, SEPARATE + PARTIAL)],
     "col1p": [([], PARTIAL)],
+    "sep0t": [(MSRUN, ["generate_config.placement=separate"] + TOOLS)],
+    "col0t": [([], TOOLS)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
