@@ -228,11 +228,6 @@ def run(args) -> int:
     logger.info("config %s, output %s", args.config, out)
     np.random.seed(rl.seed)
     ms.set_seed(rl.seed)
-    gen = cfg.generate_config
-    if gen.placement == "separate" and gen.partial_rollout and (args.resume or args.resume_from):
-        raise SetupError("--resume: a run with generate_config.placement separate and generate_config.partial_rollout "
-                         "keeps its samples in flight on the rollout rank, which writes no checkpoint: resuming it is "
-                         "not built yet (docs/async.md); start it again")
     if placement.rollout_rank:  # generate_config.placement separate: this rank only generates (docs/async.md)
         try:
             worker = builder.build_rollout(cfg, run_paths(cfg, args), placement)
@@ -262,8 +257,11 @@ def run(args) -> int:
                           args.allow_config_change)
     if resumed:
         metrics_log.truncate_after(trainer.step + 1)  # keep what the checkpointed steps logged
-        if placement.remote_rollout:  # the rollout rank goes on from the step and prompt position restored
-            placement.meeting.start((trainer.step, *(trainer.train_prompts.state()[k] for k in ("epoch", "index"))))
+        if placement.remote_rollout:  # the rollout rank goes on from the step and prompt position restored (partial
+            drawn = trainer.partial  # rollouts: the prompts drawn, the groups in flight, generated again there)
+            placement.meeting.start((trainer.step, *(trainer.train_prompts.state()[k] for k in ("epoch", "index")),
+                                     drawn.drawn if drawn is not None else 0),
+                                    drawn.in_flight() if drawn is not None else None)
     if rank == 0:  # checkpoints/tokenizer: generate.py and evaluate.py find it for checkpoints/step_N/policy.ckpt
         write_run_tokenizer(parts.tokenizer, checkpoint_root(cfg, out))
     if not resumed and cfg.sft_config.steps > 0:

@@ -7,8 +7,10 @@ with the given key=value settings plus each run's own, into folders of OUT_DIR n
 Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and off), pp2 (two
 pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
 sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1, both validating; their
-one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1:
-their last step again, resumed from their step-2 checkpoints).
+one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r, sep1pr (after
+sep0, sep1: their last step again, resumed from their step-2 checkpoints; sep1p: its last two from step 1), sepk
+(sep1p killed with SIGKILL on rank 0 right after its step-1 checkpoint: the job fails), sepkr (sepk resumed in its
+folder, --resume).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -20,6 +22,7 @@ import sys
 
 import mindgrpo.grpo.builder  # noqa: F401  (imported by each run: here so that they are frozen below)
 import mindgrpo.grpo.trainer  # noqa: F401
+from mindgrpo.parallel.checkpoint_folders import CRASH_ENV, PUBLISHED
 from scripts import grpo_one_stage
 from worker_clock import Clock
 
@@ -44,6 +47,8 @@ WARM = \
 # partial rollouts; a tenth of the micro model's 512 ids stop a sample, so that lengths differ and a step's rollout
 # stops with samples half done (they go on in the next step)
 PARTIAL = OFF1 + ["generate_config.partial_rollout=true", f"generate_config.stop_token_ids={list(range(100, 152))}"]
+# a checkpoint every step, all kept: sep1p's step 1 has groups in flight (its step 2 takes them all)
+EVERY_STEP = ["rl_config.save_interval=1", "rl_config.keep_last_k=3"]
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
     "swap_on": [(MSRUN + ["--swap", "True"], TP2)],
@@ -58,24 +63,35 @@ RUNS = {
     "sep1": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED)],
     "col0": [([], WARM + VAL)],
     "col1": [([], OFF1 + VAL + SAMPLED)],
-    "sep1p": [(MSRUN, SEPARATE + PARTIAL)],
+    "sep1p": [(MSRUN, SEPARATE + PARTIAL + EVERY_STEP)],
+    # sep1p killed (SIGKILL, rank 0) right after its step-1 checkpoint, and resumed in place (--resume) for steps 2-3
+    "sepk": [(MSRUN, SEPARATE + PARTIAL + EVERY_STEP)],
+    "sepkr": [(MSRUN + ["--resume"], SEPARATE + PARTIAL + EVERY_STEP)],
     "col1p": [([], PARTIAL)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
 
 out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
-# sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step
-for lag in (0, 1):
-    RUNS[f"sep{lag}r"] = [(MSRUN + ["--resume_from", os.path.join(out, f"sep{lag}", "checkpoints", "step_00000002")],
-                           RUNS[f"sep{lag}"][0][1])]
+# sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step; sep1pr: sep1p
+# from its step-1 checkpoint for its last two
+for run, step in (("0", 2), ("1", 2), ("1p", 1)):
+    RUNS[f"sep{run}r"] = [(MSRUN + ["--resume_from", os.path.join(out, f"sep{run}", "checkpoints", f"step_{step:08d}")],
+                           RUNS[f"sep{run}"][0][1])]
+KILLED = {"sepk": f"1:{PUBLISHED}"}  # CRASH_ENV of a run: its rank 0 kills itself there
+FOLDERS = {"sepkr": "sepk"}  # a run that goes on in another's output folder
 unknown = [n for n in names if n not in RUNS]
 if unknown:
     sys.exit(f"one_stage_runs.py: unknown runs {unknown}; valid: {sorted(RUNS)}")
 clock = Clock("one_stage_runs")
 for name in names:
+    if name in KILLED:
+        os.environ[CRASH_ENV] = KILLED[name]
+    else:
+        os.environ.pop(CRASH_ENV, None)
     for flags, more in RUNS[name]:
-        code = grpo_one_stage.main([*flags, "--output_dir", os.path.join(out, name), *overrides, *more])
+        code = grpo_one_stage.main([*flags, "--output_dir", os.path.join(out, FOLDERS.get(name, name)), *overrides,
+                                    *more])
         if code:
             sys.exit(code)
         clock.mark(" ".join([name, *flags]))
