@@ -257,11 +257,11 @@ def run(args) -> int:
                           args.allow_config_change)
     if resumed:
         metrics_log.truncate_after(trainer.step + 1)  # keep what the checkpointed steps logged
-        if placement.remote_rollout:  # the rollout rank goes on from the step and prompt position restored (partial
-            drawn = trainer.partial  # rollouts: the prompts drawn, the groups in flight, generated again there)
-            placement.meeting.start((trainer.step, *(trainer.train_prompts.state()[k] for k in ("epoch", "index")),
-                                     drawn.drawn if drawn is not None else 0),
-                                    drawn.in_flight() if drawn is not None else None)
+        if placement.remote_rollout:  # the rollout rank goes on from the step and prompt position restored
+            drawn = trainer.partial  # partial rollouts (DrawnPrompts): the prompts drawn and those in flight too
+            position = (trainer.step, *(trainer.train_prompts.state()[k] for k in ("epoch", "index")))
+            placement.meeting.start((*position, 0 if drawn is None else drawn.drawn),
+                                    None if drawn is None else drawn.in_flight())
     if rank == 0:  # checkpoints/tokenizer: generate.py and evaluate.py find it for checkpoints/step_N/policy.ckpt
         write_run_tokenizer(parts.tokenizer, checkpoint_root(cfg, out))
     if not resumed and cfg.sft_config.steps > 0:
