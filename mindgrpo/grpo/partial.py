@@ -15,7 +15,10 @@ meeting by their draw numbers.
 
 A checkpoint holds the groups in flight (IN_FLIGHT, beside its state.json: each prompt, its dataset columns and
 its samples' tokens, log-probs and per-token versions), so that a resumed run trains them as the run it continues
-would have: their prompts were drawn before the save and are not drawn again.
+would have: their prompts were drawn before the save and are not drawn again. Under a separate placement the
+training rank writes it with the prompts only (their samples were the rollout rank's, which writes nothing); after a
+resume the rollout rank draws those prompts again by their draw numbers (`PartialRollouts.redraw`) and generates
+them from scratch, with the restored weights, before any fresh prompt.
 """
 
 from __future__ import annotations
@@ -78,6 +81,34 @@ def sample_of(s: dict) -> Completion:
     return Completion(int(s["prompt_index"]), [int(t) for t in s["token_ids"]], str(s["finish_reason"]),
                       _array(s["logprobs"], np.float32), _array(s["sampling_logprobs"], np.float32),
                       _array(s["model_mask"], bool), int(s["turns"]), _array(s["versions"], np.int64))
+
+
+def unstarted() -> Completion:
+    """A sample not generated yet: a continuation of it generates it whole."""
+    return Completion(0, [], PARTIAL, np.zeros(0, np.float32), np.zeros(0, np.float32), None, 0,
+                      np.zeros(0, np.int64))
+
+
+def write_in_flight(folder: str, state: dict) -> List[str]:
+    """The groups in flight into folder/IN_FLIGHT (a checkpoint's folder before its manifest: the checkpoint is
+    published whole or not at all); returns the file's path relative to the folder."""
+    with open(os.path.join(folder, IN_FLIGHT), "w") as f:
+        json.dump(state, f)
+    return [IN_FLIGHT]
+
+
+def read_in_flight(folder: str, load: Callable[[dict], None]) -> bool:
+    """load(the state in folder/IN_FLIGHT); False when the checkpoint has none (saved by a run without partial
+    rollouts, which has nothing in flight). CheckpointError naming the file when it is not one."""
+    path = os.path.join(folder, IN_FLIGHT)
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path) as f:
+            load(json.load(f))
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: not the groups in flight of a checkpoint ({e!r})") from None
+    return True
 
 
 def joined(before: Completion, after: Completion) -> Completion:
@@ -147,29 +178,40 @@ class PartialRollouts:
                             "samples": [sample_state(c) for c in g.samples]} for g in self.groups]}
 
     def load_state(self, state: dict) -> None:
-        self.groups = [Group([int(t) for t in g["prompt"]], dict(g["columns"]), [sample_of(s) for s in g["samples"]],
+        """A group saved without samples (by the training rank of a separate placement) is generated again."""
+        self.groups = [Group([int(t) for t in g["prompt"]], dict(g["columns"]),
+                             [sample_of(s) for s in g["samples"]] or [unstarted() for _ in range(self.G)],
                              int(g["number"])) for g in state["groups"]]
         self.drawn = int(state["drawn"])
 
     def write(self, folder: str) -> List[str]:
-        """The groups in flight into folder/IN_FLIGHT (a checkpoint's folder before its manifest: the checkpoint
-        is published whole or not at all); returns the file's path relative to the folder."""
-        with open(os.path.join(folder, IN_FLIGHT), "w") as f:
-            json.dump(self.state(), f)
-        return [IN_FLIGHT]
+        return write_in_flight(folder, self.state())
 
     def read(self, folder: str) -> None:
-        """The groups in flight of the checkpoint at `folder`; none when it has no IN_FLIGHT (saved by a run without
-        partial rollouts, which has nothing in flight). CheckpointError naming the file when it is not one."""
-        path = os.path.join(folder, IN_FLIGHT)
+        """The groups in flight of the checkpoint at `folder` (none without its IN_FLIGHT)."""
         self.groups = []
-        if not os.path.isfile(path):
+        read_in_flight(folder, self.load_state)
+
+    def redraw(self, prompts: PromptSource, drawn: int, numbers: List[int]) -> None:
+        """After a --resume under a separate placement (the rollout rank): the training rank's groups in flight, by
+        their draw numbers, put back in flight unstarted; `drawn` prompts were drawn in all, the last of them just
+        before the position `prompts` is at. Their prompts are drawn again from that many positions back (the draws
+        are consecutive), and the next step generates their samples from scratch (as continuations of nothing)."""
+        self.groups, self.drawn = [], drawn
+        if not numbers:
             return
-        try:
-            with open(path) as f:
-                self.load_state(json.load(f))
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{path}: not the groups in flight of a checkpoint ({e!r})") from None
+        first = min(numbers)
+        back = drawn - first
+        if first < 0 or back <= 0 or max(numbers) >= drawn:
+            raise CheckpointError(f"partial rollouts: groups in flight {sorted(numbers)} outside the {drawn} prompts "
+                                  "drawn before the checkpoint")
+        prompts.back(back)
+        batch = prompts.next(back)  # back at the restored position
+        wanted = set(numbers)
+        for p, ids in enumerate(batch.ids):
+            if first + p in wanted:
+                self.groups.append(Group(list(ids), {k: v[p] for k, v in batch.columns.items()},
+                                         [unstarted() for _ in range(self.G)], first + p))
 
     def metrics(self) -> Dict[str, float]:
         """What stays in flight after a step took its groups."""
@@ -226,6 +268,29 @@ class DrawnPrompts:
         rows = [self.rows.pop(k) for k in numbers]
         keys = sorted({k for _, columns in rows for k in columns})
         return PromptBatch([ids for ids, _ in rows], {k: [columns[k] for _, columns in rows] for k in keys})
+
+    def in_flight(self) -> List[int]:
+        """The draw numbers of the prompts drawn and not trained yet, oldest first."""
+        return sorted(self.rows)
+
+    def state(self) -> dict:
+        """IN_FLIGHT's format with no samples: the rollout rank generates these groups again after a resume."""
+        return {"drawn": self.drawn,
+                "groups": [{"prompt": [int(t) for t in ids], "number": k,
+                            "columns": {c: _plain(v) for c, v in columns.items()}, "samples": []}
+                           for k, (ids, columns) in sorted(self.rows.items())]}
+
+    def load_state(self, state: dict) -> None:
+        self.rows = {int(g["number"]): ([int(t) for t in g["prompt"]], dict(g["columns"])) for g in state["groups"]}
+        self.drawn = int(state["drawn"])
+
+    def write(self, folder: str) -> List[str]:
+        return write_in_flight(folder, self.state())
+
+    def read(self, folder: str) -> None:
+        """The prompts in flight of the checkpoint at `folder` (none without its IN_FLIGHT)."""
+        self.rows = {}
+        read_in_flight(folder, self.load_state)
 
     def step(self, engine, prompts: PromptSource, want: int, sampling: Callable[[int, int], SamplingParams],
              seeds: Tuple[int, int]) -> Tuple[PromptBatch, List[Completion], Dict[str, float]]:

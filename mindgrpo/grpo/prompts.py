@@ -63,6 +63,13 @@ class PromptSource:
                 return row, bad[0]
         return None
 
+    def back(self, n: int) -> None:
+        """To the position n prompts earlier (across epochs): the next n draws give the last n drawn again."""
+        at = self.epoch * len(self.ids) + self.index - n
+        if n < 0 or at < 0:
+            raise ValueError(f"{self.path}: cannot go back {n} prompts from epoch {self.epoch}, index {self.index}")
+        self.load_state({"epoch": at // len(self.ids), "index": at % len(self.ids)})
+
     def load_state(self, state: dict) -> None:
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self._order = self._epoch_order(self.epoch)

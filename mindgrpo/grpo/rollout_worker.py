@@ -129,11 +129,14 @@ class RolloutWorker:
 
     def resume(self) -> int:
         """After the training rank's --resume: the restored weights (its trainer's sync), then its step and prompt
-        position; the rollout goes on from them, the lag starting again from the restored weights (as a colocated
-        run's). Returns the step."""
+        position (with partial rollouts, the prompts drawn and the groups in flight, generated again from scratch
+        in the first step); the rollout goes on from them, the lag starting again from the restored weights (as a
+        colocated run's). Returns the step."""
         self.receive(0)
-        step, epoch, index = self.meeting.start(None)
+        (step, epoch, index, drawn), in_flight = self.meeting.start(None)
         self.prompts.load_state({"epoch": epoch, "index": index})
+        if self.partial is not None:
+            self.partial.redraw(self.prompts, drawn, in_flight)
         self.engine.version = step
         return step
 

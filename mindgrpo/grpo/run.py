@@ -244,11 +244,6 @@ def run(args) -> int:
     logger.info("config %s, output %s", args.config, out)
     np.random.seed(rl.seed)
     ms.set_seed(rl.seed)
-    gen = cfg.generate_config
-    if gen.placement == "separate" and gen.partial_rollout and (args.resume or args.resume_from):
-        raise SetupError("--resume: a run with generate_config.placement separate and generate_config.partial_rollout "
-                         "keeps its samples in flight on the rollout rank, which writes no checkpoint: resuming it is "
-                         "not built yet (docs/async.md); start it again")
     if placement.rollout_rank:  # generate_config.placement separate: this rank only generates (docs/async.md)
         try:
             worker = builder.build_rollout(cfg, run_paths(cfg, args), placement)
@@ -281,7 +276,10 @@ def run(args) -> int:
     if resumed:
         metrics_log.truncate_after(trainer.step + 1)  # keep what the checkpointed steps logged
         if placement.remote_rollout:  # the rollout rank goes on from the step and prompt position restored
-            placement.meeting.start((trainer.step, *(trainer.train_prompts.state()[k] for k in ("epoch", "index"))))
+            drawn = trainer.partial  # partial rollouts (DrawnPrompts): the prompts drawn and those in flight too
+            position = (trainer.step, *(trainer.train_prompts.state()[k] for k in ("epoch", "index")))
+            placement.meeting.start((*position, 0 if drawn is None else drawn.drawn),
+                                    None if drawn is None else drawn.in_flight())
     if rank == 0:  # checkpoints/tokenizer: generate.py and evaluate.py find it for checkpoints/step_N/policy.ckpt
         write_run_tokenizer(parts.tokenizer, checkpoint_root(cfg, out))
     if not resumed and cfg.sft_config.steps > 0:

@@ -524,8 +524,8 @@ class GRPOTrainer:
         if self.lora is not None:
             state["lora_base"] = self.lora.state()
             writers.append(self.lora.write_adapter)
-        if isinstance(self.partial, PartialRollouts) and self.rank == 0:  # the same groups on every training rank:
-            writers.append(self.partial.write)  # one writes them (separate: they are the rollout rank's, not saved)
+        if self.partial is not None and self.rank == 0:  # the same groups on every training rank: one writes them
+            writers.append(self.partial.write)  # (separate: the prompts in flight, DrawnPrompts; no samples)
         if writers:
             extra["extra"] = lambda folder: [rel for write in writers for rel in write(folder)]
         return self.checkpoints.save(self.step, self.checkpoint_groups(), state, self.policy.config.to_hf_dict(),
@@ -543,7 +543,7 @@ class GRPOTrainer:
         self.step = int(state["step"])
         self.updater.optimizer_steps = int(state["optimizer_steps"])
         self.train_prompts.load_state(state["train_prompts"])
-        if isinstance(self.partial, PartialRollouts):  # the groups in flight at the save: drawn before, trained after
+        if self.partial is not None:  # the groups in flight at the save: drawn before, trained after
             self.partial.read(path)
         elif os.path.isfile(os.path.join(path, IN_FLIGHT)):
             logger.warning("%s: the checkpoint's partial rollouts in flight are dropped (generate_config."

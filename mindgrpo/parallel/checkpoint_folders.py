@@ -53,8 +53,10 @@ OWNER = "owner.json"  # in a folder being written: who writes it
 FORMAT = 1
 CHUNK = 8 << 20  # bytes read at a time when hashing
 # Tests only: "STEP:FILE" kills the process (SIGKILL) right after FILE of step STEP is written,
-# a deterministic crash in the middle of a save (tests/grpo/test_chaos.py).
+# a deterministic crash in the middle of a save (tests/grpo/test_chaos.py); "STEP:published" right after the
+# checkpoint of step STEP is complete (one process's saves; tests/parallel/test_separate.py).
 CRASH_ENV = "MINDGRPO_TEST_CRASH_IN_SAVE"
+PUBLISHED = "published"
 
 
 class CheckpointError(Exception):

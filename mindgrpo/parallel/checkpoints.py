@@ -14,10 +14,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import mindspore as ms
 
-from mindgrpo.parallel.checkpoint_folders import (MANIFEST, CheckpointError, Recorder, begin_folder, check_model_config,
-                                                  crash_point, inspect, newest_complete, prune, publish, read_manifest,
-                                                  read_state, remove_leftovers, set_aside_after, write_json,
-                                                  write_manifest)
+from mindgrpo.parallel.checkpoint_folders import (MANIFEST, PUBLISHED, CheckpointError, Recorder, begin_folder,
+                                                  check_model_config, crash_point, inspect, newest_complete, prune,
+                                                  publish, read_manifest, read_state, remove_leftovers,
+                                                  set_aside_after, write_json, write_manifest)
 
 
 def save_params(params: Sequence[ms.Parameter], path: str) -> None:
@@ -74,6 +74,7 @@ def save(root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     prune(root, keep_last)
+    crash_point(step, PUBLISHED)
     return final
 
 

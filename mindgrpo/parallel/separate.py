@@ -10,7 +10,8 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
               and a row of its figures (FIGURES) -> the training rank
     weights   the policy's parameters after an update, in buckets of rl_config.weight_sync_bucket_mb ->
               the rollout rank's inference copy
-    start     after a --resume, the restored step and prompt position -> the rollout rank
+    start     after a --resume, the restored step and prompt position, and with partial rollouts the prompts drawn
+              and the draw numbers of the groups in flight -> the rollout rank
     value     after a samples meeting of conversations (generate_config.tools): what the rollout rank's
               conversations give besides the tokens (the prompts as generated, the reward columns, the tool/ and
               turns/ metrics), pickled, its length first -> the training rank
@@ -89,16 +90,25 @@ class Meeting:
         return (rows_completions(data[:rows, :head], n, width), data[:rows:n, head].astype(np.int64).tolist(),
                 dict(zip(FIGURES, map(float, data[rows, :len(FIGURES)]))))
 
-    def start(self, position: Optional[Sequence[int]]) -> Tuple[int, ...]:
-        """After a --resume: the training rank's (step, prompt epoch, prompt index) on both ranks (the rollout rank
-        passes None), so that the rollout rank goes on from the step and draws from the position restored."""
-        data = np.zeros(3, np.float32)
+    def start(self, position: Optional[Sequence[int]], in_flight: Optional[Sequence[int]] = None
+              ) -> Tuple[Tuple[int, ...], List[int]]:
+        """After a --resume: the training rank's (step, prompt epoch, prompt index, prompts drawn) and, with partial
+        rollouts, the draw numbers of its groups in flight, on both ranks (the rollout rank passes None), so that the
+        rollout rank goes on from the step, generates those groups again and draws from the position restored."""
+        head = np.zeros(5, np.float32)
+        numbers = [int(k) for k in in_flight or ()]
         if position is not None:
-            if max(position) >= 1 << 24:
-                raise ValueError(f"generate_config.placement separate: a resume position {tuple(position)} past "
-                                 "2**24 does not pass the meeting exactly")
-            data[:] = position
-        return tuple(int(v) for v in self.comm.host_sum(data, self.group))
+            values = (*position, len(numbers))
+            if max(values + tuple(numbers)) >= 1 << 24:
+                raise ValueError(f"generate_config.placement separate: a resume position {tuple(position)} or draw "
+                                 "number past 2**24 does not pass the meeting exactly")
+            head[:] = values
+        head = self.comm.host_sum(head, self.group)
+        count = int(head[4])
+        if count:  # the groups in flight's draw numbers (the same padded size as the head up to 256 of them)
+            data = np.asarray(numbers, np.float32) if position is not None else np.zeros(count, np.float32)
+            numbers = [int(v) for v in self.comm.host_sum(data, self.group)]
+        return tuple(int(v) for v in head[:4]), numbers
 
     def value(self, value=None):
         """The rollout rank's `value` (any picklable object: it is this job's own data) on both ranks; the training

@@ -449,3 +449,60 @@ def test_the_training_rank_takes_the_rollout_ranks_groups_by_their_draw_numbers(
     meeting.batch = type(meeting.batch)([[1]] * len(meeting.batch.ids), meeting.batch.columns)
     with pytest.raises(RuntimeError, match="other prompts"):
         drawn.step(meeting, train_prompts, 2, sampling, (3, 0))
+
+
+def test_a_resumed_rollout_rank_draws_the_training_ranks_prompts_in_flight_again(tmp_path):
+    """generate_config.placement separate, --resume: the training rank's checkpoint holds the prompts in flight
+    (DrawnPrompts.write, no samples); the rollout rank, told how many prompts were drawn and the draw numbers in
+    flight, draws those prompts again from the restored position (across an epoch's end) and generates them whole
+    in the next step, before fresh prompts: the same groups as the straight run's rollout rank, the same batch."""
+    from mindgrpo.grpo.partial import DrawnPrompts, PartialRollouts
+    from mindgrpo.grpo.prompts import PromptSource
+    from mindgrpo.inference.sampling import SamplingParams
+    from mindgrpo.parallel.checkpoint_folders import CheckpointError
+    from mindgrpo.parallel.separate import prompt_check
+
+    G, N = 3, 7  # 7 prompts: three steps' draws cross an epoch's end
+    data = {"prompt_ids": [np.array([k]) for k in range(10, 10 + N)], "prompt_length": [1] * N,
+            "solution": [str(k) for k in range(10, 10 + N)]}
+    rollout_prompts, train_prompts = PromptSource(data, seed=0), PromptSource(data, seed=0)
+    carry, drawn, engine = PartialRollouts(G, 5), DrawnPrompts(G), PartialEngine()
+
+    def sampling(n, seed):
+        return SamplingParams(max_tokens=5, n=n, seed=seed)
+
+    class Meeting:  # what the samples meeting hands the training rank: the rollout rank's step
+        def groups(self, rows, n, width):
+            return self.comps, list(self.numbers), dict(self.figures, prompt_check=prompt_check(self.batch.ids))
+
+    def meet(rollout, prompts, k):  # the rollout rank's step k
+        meeting = Meeting()
+        meeting.batch, meeting.comps, meeting.figures = rollout.step(engine, prompts, 2, sampling, (k, 0))
+        meeting.numbers = rollout.taken
+        return meeting
+
+    for k in range(3):
+        drawn.step(meet(carry, rollout_prompts, k), train_prompts, 2, sampling, (k, 0))
+    assert drawn.rows and train_prompts.epoch >= 1
+    drawn.write(str(tmp_path))
+    # the resumed run: the training rank reads the checkpoint, the rollout rank gets its position and draw numbers
+    back = DrawnPrompts(G)
+    back.read(str(tmp_path))
+    assert (back.rows, back.drawn) == (drawn.rows, drawn.drawn)
+    resumed_prompts, again = PromptSource(data, seed=0), PartialRollouts(G, 5)
+    resumed_prompts.load_state(train_prompts.state())
+    rank1 = PromptSource(data, seed=0)
+    rank1.load_state(train_prompts.state())
+    again.redraw(rank1, back.drawn, back.in_flight())
+    assert [(g.number, g.prompt, g.columns) for g in again.groups] == \
+        [(g.number, g.prompt, g.columns) for g in carry.groups]  # the straight run's rollout rank's groups
+    assert all(c.token_ids == [] and c.finish_reason == "partial" for g in again.groups for c in g.samples)
+    # the next step: the straight run's batch (its groups in flight first), every sample in flight generated whole
+    straight = carry.step(engine, rollout_prompts, 2, sampling, (3, 0))
+    meeting = meet(again, rank1, 3)
+    batch, comps, figures = back.step(meeting, resumed_prompts, 2, sampling, (3, 0))
+    assert batch == straight[0] and meeting.numbers == carry.taken
+    assert figures["continued_samples"] == G * len(drawn.rows) and all(len(c.token_ids) for c in comps)
+    assert rank1.state() == rollout_prompts.state() == resumed_prompts.state()
+    with pytest.raises(CheckpointError, match="outside"):  # draw numbers the prompts drawn do not cover
+        PartialRollouts(G, 5).redraw(PromptSource(data, seed=0), 2, [5])

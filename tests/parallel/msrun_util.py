@@ -43,15 +43,18 @@ def tail(path: str, lines: int = 40) -> str:
     return "\n".join(kept[-lines:])
 
 
-def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float = 300.0) -> None:
+def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float = 300.0, fails: bool = False,
+              env=None) -> None:
     """Run `script` (a path, or a file in tests/parallel/workers) on `workers` msrun workers and
-    wait; on a non-zero exit or a timeout, fail with the tail of every worker's log."""
+    wait; on a non-zero exit (fails: on a zero exit: a job meant to be killed) or a timeout, fail with
+    the tail of every worker's log. env: more environment variables."""
     script = script if os.path.isabs(script) else os.path.join(WORKERS, script)
     cmd = [msrun_path(), f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_port",
            str(free_port()), "--log_dir", log_dir, "--join", "True", script, *map(str, args)]
     # the repo (mindgrpo, scripts) and tests/parallel (the workers' shared cases)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
-                                                       os.environ.get("PYTHONPATH", "")]), PATH=python_path())
+                                                       os.environ.get("PYTHONPATH", "")]), PATH=python_path(),
+               **(env or {}))
     # MindSpore's CPU collectives give up on a rank 30 s late by default: on a loaded machine one rank
     # can compile that much longer than another (DEVELOPERS.md); `timeout` still bounds the job
     env.setdefault("MS_CPU_COMM_OP_TIMEOUT", "300")
@@ -60,7 +63,7 @@ def run_msrun(script: str, workers: int, log_dir: str, args=(), timeout: float =
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own process group: killed whole on timeout
         try:
-            failed, reason = proc.wait(timeout) != 0, f"exit code {proc.returncode}"
+            failed, reason = (proc.wait(timeout) != 0) != fails, f"exit code {proc.returncode}"
         except subprocess.TimeoutExpired:  # msrun's SIGINT handler kills its workers (own sessions)
             os.kill(proc.pid, signal.SIGINT)
             try:

@@ -6,11 +6,12 @@ with the given key=value settings plus each run's own, into folders of OUT_DIR n
 
 Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and off), pp2 (two
 pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
-sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1 with a reward model, both
-validating; their one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1:
-their last step again, resumed from their step-2 checkpoints), sep0t (sep0's schedule with tool calls: TOOLS, on the
-micro model that calls tools of tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer:
-col0t).
+sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1 with a reward model, both validating; their
+one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after
+sep0, sep1: their last step again, resumed from their step-2 checkpoints), sepk
+(sep1p killed with SIGKILL on rank 0 right after its step-1 checkpoint: the job fails), sepkr (sepk resumed in its
+folder, --resume), sep0t (sep0's schedule with tool calls: TOOLS, on the micro model that calls tools of
+tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -22,6 +23,7 @@ import sys
 
 import mindgrpo.grpo.builder  # noqa: F401  (imported by each run: here so that they are frozen below)
 import mindgrpo.grpo.trainer  # noqa: F401
+from mindgrpo.parallel.checkpoint_folders import CRASH_ENV, PUBLISHED
 from scripts import grpo_one_stage
 from worker_clock import Clock
 
@@ -53,6 +55,8 @@ TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers
          "generate_config.chat_template=model_configs/qwen_grpo/tiny_tools/tokenizer_config.json",
          f"actor_config.load_checkpoint={os.path.join(sys.argv[1], 'tool_caller', 'policy.ckpt')}",
          "reward_config.verifier_function=[test_text_length,test_tool_outcome]", "reward_config.verifier_weight=[1.0,1.0]"]
+# a checkpoint every step, all kept: sepk's step 1 has groups in flight (its step 2 takes them all)
+EVERY_STEP = ["rl_config.save_interval=1", "rl_config.keep_last_k=3"]
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
     "swap_on": [(MSRUN + ["--swap", "True"], TP2)],
@@ -68,6 +72,9 @@ RUNS = {
     "col0": [([], WARM + VAL)],
     "col1": [([], OFF1 + VAL + SAMPLED)],
     "sep1p": [(MSRUN, SEPARATE + PARTIAL)],
+    # sep1p killed (SIGKILL, rank 0) right after its step-1 checkpoint, and resumed in place (--resume) for steps 2-3
+    "sepk": [(MSRUN, SEPARATE + PARTIAL + EVERY_STEP)],
+    "sepkr": [(MSRUN + ["--resume"], SEPARATE + PARTIAL + EVERY_STEP)],
     "col1p": [([], PARTIAL)],
     "sep0t": [(MSRUN, ["generate_config.placement=separate"] + TOOLS)],
     "col0t": [([], TOOLS)],
@@ -82,16 +89,23 @@ REWARD_MODEL = [f"reward_config.reward_models=[{{path: {os.path.join(out, 'rm', 
 for name in ("sep1", "col1"):
     RUNS[name] = [(flags, more + REWARD_MODEL) for flags, more in RUNS[name]]
 # sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step
-for lag in (0, 1):
-    RUNS[f"sep{lag}r"] = [(MSRUN + ["--resume_from", os.path.join(out, f"sep{lag}", "checkpoints", "step_00000002")],
-                           RUNS[f"sep{lag}"][0][1])]
+for run, step in (("0", 2), ("1", 2)):
+    RUNS[f"sep{run}r"] = [(MSRUN + ["--resume_from", os.path.join(out, f"sep{run}", "checkpoints", f"step_{step:08d}")],
+                           RUNS[f"sep{run}"][0][1])]
+KILLED = {"sepk": f"1:{PUBLISHED}"}  # CRASH_ENV of a run: its rank 0 kills itself there
+FOLDERS = {"sepkr": "sepk"}  # a run that goes on in another's output folder
 unknown = [n for n in names if n not in RUNS]
 if unknown:
     sys.exit(f"one_stage_runs.py: unknown runs {unknown}; valid: {sorted(RUNS)}")
 clock = Clock("one_stage_runs")
 for name in names:
+    if name in KILLED:
+        os.environ[CRASH_ENV] = KILLED[name]
+    else:
+        os.environ.pop(CRASH_ENV, None)
     for flags, more in RUNS[name]:
-        code = grpo_one_stage.main([*flags, "--output_dir", os.path.join(out, name), *overrides, *more])
+        code = grpo_one_stage.main([*flags, "--output_dir", os.path.join(out, FOLDERS.get(name, name)), *overrides,
+                                    *more])
         if code:
             sys.exit(code)
         clock.mark(" ".join([name, *flags]))
