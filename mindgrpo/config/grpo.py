@@ -275,12 +275,11 @@ class GRPOConfig:
               f"rl_config.max_staleness bounds how stale a sample may train), got {rl.off_policy_steps}")
         for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
                          ("generate_config.tools", not gen.tools),
-                         ("actor_config.lora_rank", self.actor_config.lora_rank == 0),
                          ("generate_config.environment", gen.environment is None),
                          ("reward_config.reward_models", not self.reward_config.reward_models),
                          ("reward_config.judges", not self.reward_config.judges)):
             check(off, key, "is not built with generate_config.placement separate yet (the rollout rank runs one "
-                  "rollout a step: no dynamic sampling, LoRA, tools, environments, reward models or judges): "
+                  "rollout a step: no dynamic sampling, tools, environments, reward models or judges): "
                   "leave it off")
 
     def staleness_bound(self) -> int:

@@ -7,7 +7,8 @@ partial runs carry the same groups and samples; the separate runs log both ranks
 first (the rollout rank receives the warm-started weights); sep0 and sep1 validate on the rollout rank at steps 0 and
 3 (greedy; sep1 sampling) with their peers' figures (workers/separate_rewards.py: a score that differs by answer).
 The same job then runs the last step of sep0 and sep1 again, resumed from their step-2 checkpoints (sep0r, sep1r):
-it trains the straight run's prompts (off_policy_steps 0: its samples and loss too)."""
+it trains the straight run's prompts (off_policy_steps 0: its samples and loss too). sep0l (LoRA rank 4, beta > 0,
+a warm start, stopped after step 2 and resumed) against its peer col0l: each update's meeting moves the adapters."""
 
 import json
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from grpo.fakes import one_layer_micro  # tests/ is on the path (pyproject.toml)
 from msrun_util import REPO, WORKERS, run_msrun
@@ -34,11 +36,11 @@ CONFIG = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("separate")
     shared = [*CONFIG, f"actor_config.model={one_layer_micro(out)}"]
-    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r", *shared],
+    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0l", *shared],
               timeout=900)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p", *shared],
+    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p,col0l", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -112,3 +114,34 @@ def test_a_resumed_separate_run_trains_the_prompts_of_the_straight_run(runs, lag
     else:  # the lag starts again from the restored weights: step 3 samples with update 2's, not update 1's
         assert m[0]["staleness/mean"] == 0.0 and metrics(sep)[-1]["staleness/mean"] == 1.0
         assert [r[1:] for r in resumed[-1]] != [r[1:] for r in straight[-1]]
+
+
+def adapter_bytes(model_yaml: str, rank: int) -> int:
+    """fp32 bytes of LoRA rank `rank` on the seven projections of every layer: A (r, in) and B (out, r) each."""
+    c = yaml.safe_load(open(model_yaml))
+    h, inter, nh, nkv = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    d = h // nh
+    # (in, out): q, k, v, o, gate, up, down
+    shapes = [(h, nh * d), (h, nkv * d), (h, nkv * d), (nh * d, h), (h, inter), (h, inter), (inter, h)]
+    return c["num_hidden_layers"] * sum(rank * (i + o) for i, o in shapes) * 4
+
+
+@pytest.mark.slow  # the same msrun job
+def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs):
+    """sep0l: LoRA rank 4 with a warm start (the base trains, then moves whole to the rollout rank), stopped after
+    step 2 and resumed (the base and adapters move again), the reference the policy with its adapters off (beta > 0);
+    col0l: the same in one process, the engine on the policy itself."""
+    sep, col = runs / "sep0l", runs / "col0l"
+    ms, mc = metrics(sep), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    got, want = samples(sep), samples(col)
+    assert all(len(step) == 8 for step in want) and got == want
+    for a, b in zip(ms, mc):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
+        assert a["kl"] == pytest.approx(b["kl"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    assert ms[-1]["kl"] > 0  # the adapters moved the policy off the base, the reference
+    assert got[1] != got[0] and got[2] != got[1]  # each update's adapters reached the rollout rank
+    # each update's meeting moved the adapters alone: their bytes, far below the whole model's (sep0's meetings)
+    lora = adapter_bytes(str(runs / "micro_one_layer.yaml"), 4)
+    assert [m["sync/bytes"] for m in ms] == [float(lora)] * STEPS
+    assert lora * 10 < metrics(runs / "sep0")[-1]["sync/bytes"]

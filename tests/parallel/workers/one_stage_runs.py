@@ -8,7 +8,8 @@ Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and 
 pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
 sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1, both validating; their
 one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1:
-their last step again, resumed from their step-2 checkpoints).
+their last step again, resumed from their step-2 checkpoints), sep0l (sep0 with LoRA rank 4, without validation,
+stopped after step 2 and resumed for step 3; its peer col0l).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -43,6 +44,8 @@ WARM = \
     ["sft_config={steps: 2, batch_size: 4, lr: 1.0e-2}"]  # a section: the shared overrides set it as one
 # partial rollouts; a tenth of the micro model's 512 ids stop a sample, so that lengths differ and a step's rollout
 # stops with samples half done (they go on in the next step)
+# rank 4 on all seven projections (docs/lora.md); beta > 0: the reference is the policy with its adapters off
+LORA = ["actor_config.lora_rank=4", "rl_config.beta=0.04"]
 PARTIAL = OFF1 + ["generate_config.partial_rollout=true", f"generate_config.stop_token_ids={list(range(100, 152))}"]
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
@@ -60,6 +63,11 @@ RUNS = {
     "col1": [([], OFF1 + VAL + SAMPLED)],
     "sep1p": [(MSRUN, SEPARATE + PARTIAL)],
     "col1p": [([], PARTIAL)],
+    # LoRA under a separate placement: the base at the start, after the warm start and after the resume (sep0l stops
+    # after step 2 and resumes for step 3), the adapters each update
+    "sep0l": [(MSRUN, SEPARATE + WARM + LORA + ["rl_config.max_steps=2"]),
+              (MSRUN + ["--resume"], SEPARATE + WARM + LORA)],
+    "col0l": [([], WARM + LORA)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
