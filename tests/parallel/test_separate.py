@@ -40,7 +40,8 @@ def runs(tmp_path_factory):
               timeout=900)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p,col0l", *shared],
+    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p,col0l",
+                        *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
