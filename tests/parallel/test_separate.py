@@ -8,7 +8,8 @@ first (the rollout rank receives the warm-started weights); sep0 and sep1 valida
 3 (greedy; sep1 sampling) with their peers' figures (workers/separate_rewards.py: a score that differs by answer).
 The same job then runs the last step of sep0 and sep1 again, resumed from their step-2 checkpoints (sep0r, sep1r):
 it trains the straight run's prompts (off_policy_steps 0: its samples and loss too). sep0l (LoRA rank 4, beta > 0,
-a warm start, stopped after step 2 and resumed) against its peer col0l: each update's meeting moves the adapters."""
+a warm start, stopped after step 2 and resumed) and sep1l (LoRA, off_policy_steps 1) against their peers col0l, col1l:
+each update's meeting moves the adapters."""
 
 import json
 import os
@@ -36,11 +37,11 @@ CONFIG = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("separate")
     shared = [*CONFIG, f"actor_config.model={one_layer_micro(out)}"]
-    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0l", *shared],
+    run_msrun("one_stage_runs.py", 2, str(out / "log"), args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0l,sep1l", *shared],
               timeout=900)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p,col0l",
+    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p,col0l,col1l",
                         *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -128,11 +129,12 @@ def adapter_bytes(model_yaml: str, rank: int) -> int:
 
 
 @pytest.mark.slow  # the same msrun job
-def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs):
+@pytest.mark.parametrize("lag", [0, 1])
+def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, lag):
     """sep0l: LoRA rank 4 with a warm start (the base trains, then moves whole to the rollout rank), stopped after
     step 2 and resumed (the base and adapters move again), the reference the policy with its adapters off (beta > 0);
-    col0l: the same in one process, the engine on the policy itself."""
-    sep, col = runs / "sep0l", runs / "col0l"
+    col0l: the same in one process, the engine on the policy itself. sep1l, col1l: LoRA with off_policy_steps 1."""
+    sep, col = runs / f"sep{lag}l", runs / f"col{lag}l"
     ms, mc = metrics(sep), metrics(col)
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
     got, want = samples(sep), samples(col)
@@ -141,6 +143,7 @@ def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
         assert a["kl"] == pytest.approx(b["kl"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     assert ms[-1]["kl"] > 0  # the adapters moved the policy off the base, the reference
+    assert [m["staleness/mean"] for m in ms] == [m["staleness/mean"] for m in mc] == [0.0, lag, lag]
     assert got[1] != got[0] and got[2] != got[1]  # each update's adapters reached the rollout rank
     # each update's meeting moved the adapters alone: their bytes, far below the whole model's (sep0's meetings)
     lora = adapter_bytes(str(runs / "micro_one_layer.yaml"), 4)

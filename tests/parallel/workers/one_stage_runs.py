@@ -9,7 +9,7 @@ pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments who
 sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1, both validating; their
 one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after sep0, sep1:
 their last step again, resumed from their step-2 checkpoints), sep0l (sep0 with LoRA rank 4, without validation,
-stopped after step 2 and resumed for step 3; its peer col0l).
+stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its peer col1l).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -68,6 +68,8 @@ RUNS = {
     "sep0l": [(MSRUN, SEPARATE + WARM + LORA + ["rl_config.max_steps=2"]),
               (MSRUN + ["--resume"], SEPARATE + WARM + LORA)],
     "col0l": [([], WARM + LORA)],
+    "sep1l": [(MSRUN, SEPARATE + OFF1 + LORA)],
+    "col1l": [([], OFF1 + LORA)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
