@@ -277,7 +277,6 @@ class GRPOConfig:
               f"with generate_config.placement separate: 0 or 1 (the rollout rank runs at most one step ahead; "
               f"rl_config.max_staleness bounds how stale a sample may train), got {rl.off_policy_steps}")
         for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
-                         ("actor_config.lora_rank", self.actor_config.lora_rank == 0),
                          ("generate_config.environment", gen.environment is None),
                          ("reward_config.judges", not self.reward_config.judges)):
             check(off, key, "is not built with generate_config.placement separate yet (docs/async.md, its limits): "

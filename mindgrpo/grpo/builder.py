@@ -435,14 +435,16 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
 
             moved = list(adapter_shapes(policy))  # the whole model's: a pipeline stage gives its layers'
         sync = placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes, names=moved)
-        if placement.remote_rollout or not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
-            sync()  # start the inference copy from the policy's weights (separate: always, the rollout rank waits)
         if lora is not None:
             base = sorted(expected_shapes(mcfg))  # the whole model's base weights (every stage's)
 
             def base_sync() -> Dict[str, float]:  # built when called, its graphs dropped after: a run calls it once
                 return placement.weight_sync(policy, inference, "inference", memory, rl.weight_sync_bucket_bytes,
                                              names=base)()
+            if placement.remote_rollout:  # separate: the base first, whole (the rollout rank expects it: docs/async.md)
+                base_sync()
+        if placement.remote_rollout or not (paths.sft_path_infer and paths.load_sft_checkpoint_infer):
+            sync()  # start the inference copy from the policy's weights (separate: always, the rollout rank waits)
     ref_sync = None
     if reference is not None:
         ref_sync = placement.weight_sync(policy, reference, "reference",  # the trainer logs it as ref_sync/...
@@ -490,9 +492,16 @@ def build_rollout(cfg: GRPOConfig, paths: Paths, placement):
     max_positions = min(gen.max_prompt_length + gen.max_tokens + turn_positions + 64, mcfg.max_position_embeddings)
     inference = placement.model("inference", mcfg, paths.sft_path_infer or paths.sft_path_train,
                                 paths.load_sft_checkpoint_infer, rl.seed, max_positions)
+    lora, adapters = lora_config(cfg), None
+    if lora is not None:  # base and adapters, as the one-process inference copy: each update moves the adapters
+        from mindgrpo.models.lora import add_adapters, adapter_shapes
+
+        add_adapters(inference, lora, rl.seed)
+        adapters = (sorted(expected_shapes(mcfg)), list(adapter_shapes(inference)))
     engine = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy, turn_positions)
     return RolloutWorker(cfg, placement.engine(engine), inference, train, placement.meeting,
-                         stop_ids_of(tokenizer, gen), val, conversations=conversations, tokenizer=tokenizer)
+                         stop_ids_of(tokenizer, gen), val, conversations=conversations, tokenizer=tokenizer,
+                         lora=adapters)
 
 
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):

@@ -12,9 +12,11 @@ update s - 1), while update s trains:
     rollout (k=1)   W0  gen 1  S1  gen 2 | W1  S2  gen 3 | W2  S3 ...
 
 With sft_config.steps the training rank warm-starts after the first weights meeting and then meets again with the
-warm-started weights (its `sync_now`, still version 0): this rank waits in that meeting. A validation (rl_config.
-val_interval, and at step 0 with val_before_train) is one more samples meeting: this rank generates the held-out
-prompts with its weights, the training rank scores them. With k = 0 it validates after receiving update s, with
+warm-started weights (its `sync_now`, still version 0): this rank waits in that meeting. With LoRA (actor_config.
+lora_rank) a weights meeting moves the adapters only, and the first one, the warm start's and a resume's are each
+preceded by a meeting of the base weights (the training rank's `base_sync`): both ranks know which comes next from
+where they are in the run. A validation (rl_config.val_interval, and at step 0 with val_before_train) is one more
+samples meeting: this rank generates the held-out prompts with its weights, the training rank scores them. With k = 0 it validates after receiving update s, with
 k = 1 before (with update s - 1, while update s trains), as a colocated run's engine, k updates behind.
 
 With generate_config.partial_rollout this rank keeps the groups in flight (`partial.PartialRollouts`) and a step's
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import List, Optional, Tuple
 
 from mindgrpo.grpo.partial import PartialRollouts
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
@@ -45,18 +47,26 @@ logger = logging.getLogger(__name__)
 
 class RolloutWorker:
     def __init__(self, cfg, engine, model, prompts: PromptSource, meeting: Meeting, stop_ids: tuple,
-                 val_prompts: Optional[PromptSource] = None, conversations=None, tokenizer=None):
+                 val_prompts: Optional[PromptSource] = None, conversations=None, tokenizer=None,
+                 lora: Optional[Tuple[List[str], List[str]]] = None):
+        """lora: the names of the base weights and of the adapters (LoRA's two meetings), None without LoRA."""
         self.cfg, self.engine, self.prompts, self.meeting, self.stop_ids = cfg, engine, prompts, meeting, stop_ids
         self.val_prompts = val_prompts
         self.conversations, self.tokenizer = conversations, tokenizer  # grpo/conversations.Conversations, or None
-        self.params = named_parameters(model)  # by path: the training rank's policy has the same paths
+        params = named_parameters(model)  # by path: the training rank's policy has the same paths
+        base, moved = ([], list(params)) if lora is None else lora
+        self.params = {n: params[n] for n in moved}  # every weights meeting
+        self.base = {n: params[n] for n in base}  # LoRA: before the first, the warm start's and a resume's
         self.waited = 0.0  # seconds in meetings since the last samples were handed over
         gen = cfg.generate_config
         self.partial = PartialRollouts(cfg.rl_config.num_generations, gen.max_tokens) if gen.partial_rollout else None
 
-    def receive(self, version: int, phase: str = "sync") -> None:
+    def receive(self, version: int, phase: str = "sync", whole: bool = False) -> None:
+        """A weights meeting; whole: at the start, after the warm start or a resume (LoRA: the base first)."""
         t0 = time.perf_counter()
         with heartbeat.phase(phase):
+            if whole and self.base:
+                self.meeting.weights(self.base, give=False)
             self.meeting.weights(self.params, give=False)
         self.engine.version = version
         self.waited += time.perf_counter() - t0
@@ -132,7 +142,7 @@ class RolloutWorker:
         position (with partial rollouts, the prompts drawn and the groups in flight, generated again from scratch
         in the first step); the rollout goes on from them, the lag starting again from the restored weights (as a
         colocated run's). Returns the step."""
-        self.receive(0)
+        self.receive(0, whole=True)
         (step, epoch, index, drawn), in_flight = self.meeting.start(None)
         self.prompts.load_state({"epoch": epoch, "index": index})
         if self.partial is not None:
@@ -166,9 +176,9 @@ class RolloutWorker:
     def meet(self, resumed: bool, warm_start: bool) -> None:
         rl = self.cfg.rl_config
         lag = rl.off_policy_steps
-        self.receive(0)  # the builder's first sync on the training rank
+        self.receive(0, whole=True)  # the builder's first sync on the training rank
         if warm_start:
-            self.receive(0, "warm_start")  # the warm-started weights (the training rank's sync_now)
+            self.receive(0, "warm_start", whole=True)  # the warm-started weights (the training rank's sync_now)
         start = self.resume() if resumed else 0
         if start >= rl.max_steps:
             return

@@ -538,7 +538,8 @@ class GRPOTrainer:
             if "lora_base" not in state:
                 raise CheckpointError(f"checkpoint {path} was saved without LoRA (actor_config.lora_rank 0)")
             self.lora.restore(state["lora_base"], path)
-            if self.lora.base_path != self.base_loaded:  # a base the run wrote (warm-started, drawn at random)
+            # a base the run wrote (warm-started, drawn at random); separate: always (the rollout rank expects it)
+            if self.lora.base_path != self.base_loaded or self.cfg.generate_config.placement == "separate":
                 self.sync_base()
         self.step = int(state["step"])
         self.updater.optimizer_steps = int(state["optimizer_steps"])

@@ -375,9 +375,10 @@ class SeparatePlacement(OneDevice):
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Optional[Qwen2ForCausalLM], role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
                     names: Optional[List[str]] = None) -> Sync:
-        """The inference copy is on the rollout rank: the weights meeting; the reference is beside the policy."""
+        """The inference copy is on the rollout rank: the weights meeting (names: only these parameters, LoRA's
+        adapters or base); the reference is beside the policy."""
         if role == "inference":
-            return SendWeights(self.meeting, src)
+            return SendWeights(self.meeting, src, names)
         return WeightSync(src, dst, memory, bucket_bytes, names, role)
 
     def same_layout(self, role: str) -> bool:

@@ -9,7 +9,8 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
               and in a last column each sample's group number: with partial rollouts, its prompt's draw number)
               and a row of its figures (FIGURES) -> the training rank
     weights   the policy's parameters after an update, in buckets of rl_config.weight_sync_bucket_mb ->
-              the rollout rank's inference copy
+              the rollout rank's inference copy; with LoRA the adapters only, and at the start, after the warm
+              start and after a resume first a meeting of the base weights (both ranks know when: docs/async.md)
     start     after a --resume, the restored step and prompt position, and with partial rollouts the prompts drawn
               and the draw numbers of the groups in flight -> the rollout rank
     value     after a samples meeting of conversations (generate_config.tools): what the rollout rank's
@@ -194,13 +195,15 @@ class RemoteRollout:
 
 
 class SendWeights:
-    """The training rank's weight sync: the policy's parameters into the weights meeting."""
+    """The training rank's weight sync: the policy's parameters (names: only these, by path; LoRA's adapters, or its
+    base weights) into the weights meeting."""
 
     METRICS = ("sync/seconds", "sync/bytes", "sync/max_bucket_bytes")
 
-    def __init__(self, meeting: Meeting, policy):
+    def __init__(self, meeting: Meeting, policy, names: Optional[Sequence[str]] = None):
         self.meeting = meeting
-        self.params = named_parameters(policy)
+        params = named_parameters(policy)
+        self.params = params if names is None else {n: params[n] for n in names}
 
     def release(self) -> None:
         """No graphs of its own (the meeting's AllReduce is the comm's)."""

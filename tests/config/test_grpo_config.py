@@ -549,14 +549,15 @@ SEPARATE = ["generate_config.placement=separate"]
     (["generate_config.parallel_config.data_parallel=2"], "generate_config.parallel_config"),
     (["rl_config.off_policy_steps=2"], "rl_config.off_policy_steps"),
     (["rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
-    (["actor_config.lora_rank=8"], "actor_config.lora_rank"),
     (["generate_config.environment=guess_number"], "generate_config.environment"),
 ])
 def test_separate_placement_rules(extra, key):
-    # validation and the warm start run with it (the rollout rank validates, the training rank warm-starts)
+    # validation, the warm start and LoRA run with it (the rollout rank validates, the training rank warm-starts;
+    # each update moves the adapters)
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["rl_config.off_policy_steps=1", "rl_config.val_interval=5",
-                                                        "sft_config.steps=3"])
+                                                        "sft_config.steps=3", "actor_config.lora_rank=8"])
     assert cfg.generate_config.placement == "separate" and cfg.rl_config.off_policy_steps == 1
+    assert cfg.actor_config.lora_rank == 8
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=SEPARATE + extra)
     assert info.value.key == key

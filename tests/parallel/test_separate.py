@@ -13,7 +13,9 @@ sep1p's config until its training rank kills itself with SIGKILL right after the
 main job resumes it in its folder (sepkr, --resume): the groups in flight at the checkpoint are generated again, no
 prompt lost, none twice. sep0t and its peer col0t
 call tools (the micro model of tests/grpo/tool_caller.py, which ends turns with a tool call): the rollout rank runs the
-conversations, the training rank trains the model's own tokens (the model masks) and rewards the tools' answers."""
+conversations, the training rank trains the model's own tokens (the model masks) and rewards the tools' answers. sep0l (LoRA rank 4,
+beta > 0, a warm start, stopped after step 2 and resumed) and sep1l (LoRA, off_policy_steps 1) against their peers
+col0l, col1l: each update's meeting moves the adapters."""
 
 import json
 import os
@@ -21,6 +23,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from grpo.fakes import one_layer_micro, save_reward_model  # tests/ is on the path (pyproject.toml)
 from grpo.tool_caller import tool_calling_micro
@@ -58,10 +61,11 @@ def runs(tmp_path_factory):
                    "checkpoints": sorted(os.listdir(out / "sepk" / "checkpoints")),
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
-              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,sepkr", *shared], timeout=1200)
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,sepkr,sep0l,sep1l", *shared], timeout=1200)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out), "col0,col1,col1p,col0t", *shared],
+    r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
+                        "col0,col1,col1p,col0t,col0l,col1l", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -171,3 +175,37 @@ def test_a_separate_run_killed_after_a_checkpoint_resumes_without_losing_or_repe
     # the groups in flight went first, every sample generated again whole with the restored weights (update 1)
     assert sorted(g["columns"]["prompt"] for g in in_flight) == prompts(chaos[1:2])
     assert m[1]["partial/continued_samples"] == 4 * len(in_flight) and m[1]["staleness/max"] == 0.0
+
+
+def adapter_bytes(model_yaml: str, rank: int) -> int:
+    """fp32 bytes of LoRA rank `rank` on the seven projections of every layer: A (r, in) and B (out, r) each."""
+    c = yaml.safe_load(open(model_yaml))
+    h, inter, nh, nkv = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    d = h // nh
+    # (in, out): q, k, v, o, gate, up, down
+    shapes = [(h, nh * d), (h, nkv * d), (h, nkv * d), (nh * d, h), (h, inter), (h, inter), (inter, h)]
+    return c["num_hidden_layers"] * sum(rank * (i + o) for i, o in shapes) * 4
+
+
+@pytest.mark.slow  # the same msrun job
+@pytest.mark.parametrize("lag", [0, 1])
+def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, lag):
+    """sep0l: LoRA rank 4 with a warm start (the base trains, then moves whole to the rollout rank), stopped after
+    step 2 and resumed (the base and adapters move again), the reference the policy with its adapters off (beta > 0);
+    col0l: the same in one process, the engine on the policy itself. sep1l, col1l: LoRA with off_policy_steps 1."""
+    sep, col = runs / f"sep{lag}l", runs / f"col{lag}l"
+    ms, mc = metrics(sep), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    got, want = samples(sep), samples(col)
+    assert all(len(step) == 8 for step in want) and got == want
+    for a, b in zip(ms, mc):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
+        assert a["kl"] == pytest.approx(b["kl"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    assert ms[-1]["kl"] > 0  # the adapters moved the policy off the base, the reference
+    if lag:
+        assert [m["staleness/mean"] for m in ms] == [m["staleness/mean"] for m in mc] == [0.0, 1.0, 1.0]
+    assert got[1] != got[0] and got[2] != got[1]  # each update's adapters reached the rollout rank
+    # each update's meeting moved the adapters alone: their bytes, far below the whole model's (sep0's meetings)
+    lora = adapter_bytes(str(runs / "micro_one_layer.yaml"), 4)
+    assert [m["sync/bytes"] for m in ms] == [float(lora)] * STEPS
+    assert lora * 10 < metrics(runs / "sep0")[-1]["sync/bytes"]

@@ -11,7 +11,9 @@ one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1
 sep0, sep1: their last step again, resumed from their step-2 checkpoints), sepk
 (sep1p killed with SIGKILL on rank 0 right after its step-1 checkpoint: the job fails), sepkr (sepk resumed in its
 folder, --resume), sep0t (sep0's schedule with tool calls: TOOLS, on the micro model that calls tools of
-tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t).
+tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), sep0l (sep0 with LoRA rank 4, without
+validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its
+peer col1l).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -47,6 +49,8 @@ WARM = \
     ["sft_config={steps: 2, batch_size: 4, lr: 1.0e-2}"]  # a section: the shared overrides set it as one
 # partial rollouts; a tenth of the micro model's 512 ids stop a sample, so that lengths differ and a step's rollout
 # stops with samples half done (they go on in the next step)
+# rank 4 on all seven projections (docs/lora.md); beta > 0: the reference is the policy with its adapters off
+LORA = ["actor_config.lora_rank=4", "rl_config.beta=0.04"]
 PARTIAL = OFF1 + ["generate_config.partial_rollout=true", f"generate_config.stop_token_ids={list(range(100, 152))}"]
 # tool calls (docs/tools.md) on tests/grpo/tool_caller.py's micro model, its rewards reading the tools' answers
 TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers=1", "generate_config.max_turns=1",
@@ -78,6 +82,13 @@ RUNS = {
     "col1p": [([], PARTIAL)],
     "sep0t": [(MSRUN, ["generate_config.placement=separate"] + TOOLS)],
     "col0t": [([], TOOLS)],
+    # LoRA under a separate placement: the base at the start, after the warm start and after the resume (sep0l stops
+    # after step 2 and resumes for step 3), the adapters each update
+    "sep0l": [(MSRUN, SEPARATE + WARM + LORA + ["rl_config.max_steps=2"]),
+              (MSRUN + ["--resume"], SEPARATE + WARM + LORA)],
+    "col0l": [([], WARM + LORA)],
+    "sep1l": [(MSRUN, SEPARATE + OFF1 + LORA)],
+    "col1l": [([], OFF1 + LORA)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
