@@ -15,7 +15,8 @@ prompt lost, none twice. sep0t and its peer col0t
 call tools (the micro model of tests/grpo/tool_caller.py, which ends turns with a tool call): the rollout rank runs the
 conversations, the training rank trains the model's own tokens (the model masks) and rewards the tools' answers. sep0l (LoRA rank 4,
 beta > 0, a warm start, stopped after step 2 and resumed) and sep1l (LoRA, off_policy_steps 1) against their peers
-col0l, col1l: each update's meeting moves the adapters."""
+col0l, col1l: each update's meeting moves the adapters (sep1l and col1l are in workers/one_stage_runs.py, not in
+the job: the same meetings)."""
 
 import json
 import os
@@ -61,11 +62,11 @@ def runs(tmp_path_factory):
                    "checkpoints": sorted(os.listdir(out / "sepk" / "checkpoints")),
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
-              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,sepkr,sep0l,sep1l", *shared], timeout=1200)
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,sepkr,sep0l", *shared], timeout=1200)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l,col1l", *shared],
+                        "col0,col1,col1p,col0t,col0l", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -188,7 +189,7 @@ def adapter_bytes(model_yaml: str, rank: int) -> int:
 
 
 @pytest.mark.slow  # the same msrun job
-@pytest.mark.parametrize("lag", [0, 1])
+@pytest.mark.parametrize("lag", [0])  # sep1l, col1l (off_policy_steps 1: the same meetings) pass too; 46 s of CI
 def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, lag):
     """sep0l: LoRA rank 4 with a warm start (the base trains, then moves whole to the rollout rank), stopped after
     step 2 and resumed (the base and adapters move again), the reference the policy with its adapters off (beta > 0);
