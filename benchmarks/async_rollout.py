@@ -24,8 +24,9 @@ The figures come from the runs' own logs (metrics.jsonl, written by rank 0), ove
 compile). A shape met late still compiles in a timed step (the async side more: a carried sample prefilled again
 picks a new prompt-length bucket, a batch of carried samples a new training length): its seconds count, and the
 rollout's count is reported. 16 steps with 6 warm-up by default: with 8 and 3 the five timed steps were mostly such
-compiles (0.95x and 1.00x on two runs where 16/6 gives 1.39x; benchmarks/results/HISTORY.md). Per side: the step's seconds (`time/step`), and the idle seconds of each group. Synchronous: the training group
-idles while the rollout runs (`time/rollout`, the longest sample's wait included) and the rollout group while the
+compiles (0.95x and 1.00x on two runs where 16/6 gives 1.39x; benchmarks/results/HISTORY.md). Per side: the
+step's seconds (`time/step`), and the idle seconds of each group. Synchronous: the training group idles while the
+rollout runs (`time/rollout`, the longest sample's wait included) and the rollout group while the
 rest of the step runs (`time/step - time/rollout`). Asynchronous: the rollout rank's seconds waiting in meetings
 (`async/wait_seconds`), the training rank's waiting for samples and for the weights' meeting
 (`async/train_wait_seconds + sync/seconds`). The mean staleness is `staleness/mean` (updates). With the

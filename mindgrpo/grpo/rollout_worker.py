@@ -16,8 +16,9 @@ warm-started weights (its `sync_now`, still version 0): this rank waits in that 
 lora_rank) a weights meeting moves the adapters only, and the first one, the warm start's and a resume's are each
 preceded by a meeting of the base weights (the training rank's `base_sync`): both ranks know which comes next from
 where they are in the run. A validation (rl_config.val_interval, and at step 0 with val_before_train) is one more
-samples meeting: this rank generates the held-out prompts with its weights, the training rank scores them. With k = 0 it validates after receiving update s, with
-k = 1 before (with update s - 1, while update s trains), as a colocated run's engine, k updates behind.
+samples meeting: this rank generates the held-out prompts with its weights, the training rank scores them. With
+k = 0 it validates after receiving update s, with k = 1 before (with update s - 1, while update s trains), as a
+colocated run's engine, k updates behind.
 
 With generate_config.partial_rollout this rank keeps the groups in flight (`partial.PartialRollouts`) and a step's
 "gen" is its partial rollout with the weights it has, the same calls as one process; it hands over the step's
