@@ -189,6 +189,28 @@ def adapter_bytes(model_yaml: str, rank: int) -> int:
 
 
 @pytest.mark.slow  # the same msrun job
+def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs):
+    """The rollout rank runs the conversations; rank 0 gets the same trajectories, trains the same tokens (the model
+    masks: the gradient's norm moves with them), rewards the same tool answers and logs the same tool/ and turns/
+    metrics as the colocated run."""
+    sep, col = runs / "sep0t", runs / "col0t"
+    ms, mc = metrics(sep), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    assert samples(sep) == samples(col)
+    keys = ("tool/calls_mean", "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean",
+            "turns/masked_fraction", "reward_mean")
+    for a, b in zip(ms, mc):
+        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
+                                                                                                   rel=1e-5)
+    # conversations happened: tool turns in the trajectories (context, not trained), answered with errors (the calls
+    # close a call they never opened), and their answers reached the rewards (test_tool_outcome)
+    assert all(m["turns/masked_fraction"] > 0.3 and m["tool/errors"] > 0 for m in ms)
+    assert any("<tool_response>" in text for step in samples(sep) for text, _ in step)
+    assert max(r for step in samples(sep) for _, r in step) > 1.0  # a tool answer's length and error counted
+
+
+@pytest.mark.slow  # the same msrun job
 @pytest.mark.parametrize("lag", [0])  # sep1l, col1l (off_policy_steps 1: the same meetings) pass too; 46 s of CI
 def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, lag):
     """sep0l: LoRA rank 4 with a warm start (the base trains, then moves whole to the rollout rank), stopped after
