@@ -190,7 +190,10 @@ def close_on_sigterm(close, in_collectives: bool = False) -> None:
             close()
         finally:
             signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+            # to this thread, which may block it (a rank's main thread back from a wait), not to a thread that may
+            # have ended since the signal came: left pending, the process would go on and exit 0
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+            signal.pthread_kill(threading.get_ident(), signum)
 
     signal.signal(signal.SIGTERM, on_term)
 
