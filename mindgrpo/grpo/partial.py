@@ -34,7 +34,8 @@ from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel.checkpoint_folders import CheckpointError
-from mindgrpo.parallel.separate import check_prompts, width_of
+from mindgrpo.parallel.data_parallel import row_width
+from mindgrpo.parallel.separate import check_prompts
 
 PARTIAL = "partial"
 CONTINUED = 1_000_000  # a continuation's random-stream key: past any batch index
@@ -298,7 +299,7 @@ class DrawnPrompts:
         groups, from the samples meeting, and its figures. The training rank draws as many prompts as the rollout
         rank drew, so the data order (what a checkpoint records) stays the same on both."""
         params = sampling(self.G, seeds[0])
-        comps, numbers, figures = engine.groups(want * self.G, self.G, width_of(params))
+        comps, numbers, figures = engine.groups(want * self.G, self.G, row_width(params))
         self.draw(prompts, int(figures["drawn"]))
         batch = self.take(numbers)
         check_prompts(figures, batch.ids)

@@ -39,7 +39,8 @@ from typing import List, Optional, Tuple
 from mindgrpo.grpo.partial import PartialRollouts
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.grpo.trainer import rollout_seed, sampling_params, validation_request
-from mindgrpo.parallel.separate import Meeting, prompt_check, width_of
+from mindgrpo.parallel.data_parallel import row_width
+from mindgrpo.parallel.separate import Meeting, prompt_check
 from mindgrpo.parallel.weight_sync import named_parameters
 from mindgrpo.utils import heartbeat
 
@@ -99,7 +100,7 @@ class RolloutWorker:
         return PromptBatch(ids, batch.columns), comps, (ids, columns, metrics)
 
     def width(self, params) -> int:
-        return width_of(params, 0 if self.conversations is None else self.conversations.extra_positions)
+        return row_width(params, None if self.conversations is None else self.conversations.turns)
 
     def validation(self):
         """The held-out prompts' samples with this rank's weights, as the trainer's `validate` draws them."""

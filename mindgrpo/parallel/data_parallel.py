@@ -116,6 +116,12 @@ class DataParallelGrads:
 ROW_HEAD, ROW_FIELDS = 4, 5
 
 
+def row_width(params: SamplingParams, turns=None) -> int:
+    """Token slots of a sample's row (`completion_rows`): its max_tokens, and with conversations (`engine.Turns`) the
+    positions of its appended turns (the model mask marks them)."""
+    return params.max_tokens + (0 if turns is None else turns.max_turns * turns.max_turn_tokens)
+
+
 def completion_rows(comps: Sequence[Completion], rows: int, width: int, first: int = 0) -> np.ndarray:
     """(rows, ROW_HEAD + ROW_FIELDS * width) float32, comps in rows first, first + 1, ...; the other rows 0 (a sum
     over ranks that each fill their own rows gives every row)."""
@@ -179,7 +185,7 @@ class DataParallelEngine:
                  return_logits: bool = False, turns=None) -> List[Completion]:
         """turns: conversations (`engine.Turns`), run by this replica for its share of the prompts."""
         n = params.n
-        width = params.max_tokens + (0 if turns is None else turns.max_turns * turns.max_turn_tokens)
+        width = row_width(params, turns)
         mine = share(len(prompts), self.group.size, self.group.index)
         t0 = time.perf_counter()
         local: List[Completion] = []

@@ -34,7 +34,7 @@ from mindspore import Parameter, Tensor
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel.comm import Comm
-from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, rows_completions
+from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, row_width, rows_completions
 from mindgrpo.parallel.weight_sync import named_parameters
 
 # the rollout rank's figures of a step, sent after its samples (one float32 row); "prompt_check" is the sum of the
@@ -57,12 +57,6 @@ def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]]) -
     if figures["prompt_check"] != prompt_check(prompts):
         raise RuntimeError("generate_config.placement separate: the rollout rank generated other prompts than "
                            "the training rank trains on (their data order differs)")
-
-
-def width_of(params: SamplingParams, turn_positions: int = 0) -> int:
-    """Token slots of a sample's row: its max_tokens, and with conversations the positions of its appended turns
-    (`Conversations.extra_positions`: the model mask marks them)."""
-    return params.max_tokens + turn_positions
 
 
 class Meeting:
@@ -106,7 +100,7 @@ class Meeting:
             head[:] = values
         head = self.comm.host_sum(head, self.group)
         count = int(head[4])
-        if count:  # the groups in flight's draw numbers (the same padded size as the head up to 256 of them)
+        if count:  # the groups in flight's draw numbers, as many as the head says
             data = np.asarray(numbers, np.float32) if position is not None else np.zeros(count, np.float32)
             numbers = [int(v) for v in self.comm.host_sum(data, self.group)]
         return tuple(int(v) for v in head[:4]), numbers
@@ -176,8 +170,7 @@ class RemoteRollout:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, turns=None) -> List[Completion]:
         """turns: the run's conversations (`engine.Turns`; the rollout rank runs them): only their size is read
         here, the model masks come with the samples and the rest in a value meeting (`Conversations.remote`)."""
-        extra = 0 if turns is None else turns.max_turns * turns.max_turn_tokens
-        comps, _, figures = self.groups(len(prompts) * params.n, params.n, width_of(params, extra))
+        comps, _, figures = self.groups(len(prompts) * params.n, params.n, row_width(params, turns))
         if turns is None:  # conversations: the prompts they generated come after, in the value meeting
             check_prompts(figures, prompts)
         return comps
