@@ -65,6 +65,112 @@ def parse_args(argv=None):
     return ap.parse_intermixed_args(argv)  # overrides may come before and after flags
 
 
+# our users' mindrlhf flags that name the same thing as a config key: --flag -> key
+FLAG_KEYS = {"sft_path_train": "actor_config.load_checkpoint", "ref_path": "ref_config.load_checkpoint",
+             "mind_dataset_dir": "rl_config.dataset_path", "val_dataset": "rl_config.val_dataset_path"}
+# (flag, its attribute, the flag that says whether it is loaded)
+WEIGHT_FLAGS = (("--sft_path_train", "sft_path_train", "load_sft_checkpoint_train"),
+                ("--sft_path_infer", "sft_path_infer", "load_sft_checkpoint_infer"),
+                ("--ref_path", "ref_path", "load_ref_checkpoint"))
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def _overrides(args) -> list:
+    """The dotted overrides, with the flags that are short for one key (--output_dir, --swap, ...) among them."""
+    from mindgrpo.grpo.run import SetupError
+
+    overrides = list(args.overrides)
+    for flag, key in (("output_dir", "rl_config.output_dir"), ("swap", "rl_config.swap"),
+                      ("reward_plugin", "reward_config.reward_plugin"),
+                      ("save_ckpt_dir", "actor_config.checkpoint_dir")):
+        value = getattr(args, flag)
+        if value is not None and value != "":
+            overrides.append(f"{key}={value}")
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise SetupError(f"override {bad[0]!r} is not key.sub=value")
+    return overrides
+
+
+def load_run_config(args):
+    """The config, read once, with the flags folded in: each flag of FLAG_KEYS sets its key (both given and
+    naming different files: an error naming both); a path that a key names must exist."""
+    from mindgrpo.config import ConfigError, GRPOConfig, config_data, data_value, from_dict
+    from mindgrpo.grpo.run import SetupError
+
+    try:
+        data = config_data(args.config, _overrides(args))
+    except ConfigError as e:
+        raise SetupError(str(e)) from None
+    flagged = {}  # key -> the flag that set it
+    for flag, key in FLAG_KEYS.items():
+        given = getattr(args, flag, None)
+        if given is None:
+            continue
+        current = data_value(data, key)
+        if current is not None and not _same_path(given, str(current)):
+            raise SetupError(f"--{flag} {given} and config key '{key}' {current} name different files; give one")
+        section, name = key.split(".")
+        data[section] = {**(data.get(section) or {}), name: given}
+        flagged[key] = flag
+    try:
+        cfg = from_dict(GRPOConfig, data)
+    except ConfigError as e:
+        raise SetupError(f"{e} (set by --{flagged[e.key]})" if e.key in flagged else str(e)) from None
+    for key in FLAG_KEYS.values():
+        section, name = key.split(".")
+        path = getattr(getattr(cfg, section), name)
+        if key not in flagged and path is not None and not os.path.exists(path):
+            raise SetupError(f"config key '{key}': {path} does not exist")
+    return cfg
+
+
+def check_weight_paths(args) -> None:
+    """A weights flag that names a missing file or folder stops the run before anything is built."""
+    from mindgrpo.grpo.run import SetupError
+
+    for flag, name, load in WEIGHT_FLAGS:
+        path = getattr(args, name)
+        if path and getattr(args, load) and not os.path.exists(path):
+            raise SetupError(f"{flag} {path}: no such file or folder")
+
+
+def check_compile_cache(args) -> None:
+    """MindSpore 2.10's compile cache finds a graph by the order in which the process compiles it, not
+    by what it computes (tests/test_environment.py pins it): a run that compiles in another order
+    than the run that filled the cache (a resumed run, another config, another version of this code)
+    would run other graphs, silently when their inputs match. The flag stays for command lines that
+    pass it off."""
+    from mindgrpo.grpo.run import SetupError
+
+    if args.enable_compile_cache:
+        raise SetupError("--enable_compile_cache is refused: MindSpore 2.10's compile cache finds a graph by "
+                         "its order of compilation, not by what it computes, so a resumed run or another "
+                         "config could silently run other graphs")
+
+
+def run_options(cfg, args):
+    """The run's options (mindgrpo.grpo.run.RunOptions): the flags that are no config key; the builder's paths
+    take the weights and data from the config, where the flags were folded in."""
+    from mindgrpo.grpo.builder import Paths
+    from mindgrpo.grpo.run import RunOptions
+
+    paths = Paths(output_dir=cfg.rl_config.output_dir, sft_path_train=cfg.actor_config.load_checkpoint,
+                  sft_path_infer=args.sft_path_infer, ref_path=cfg.ref_config.load_checkpoint,
+                  vocab_path=args.vocab_path, merges_file_path=args.merges_file_path,
+                  tokenizer_config=args.tokenizer_config, dataset=cfg.rl_config.dataset_path,
+                  val_dataset=cfg.rl_config.val_dataset_path,
+                  load_sft_checkpoint_train=args.load_sft_checkpoint_train,
+                  load_sft_checkpoint_infer=args.load_sft_checkpoint_infer,
+                  load_ref_checkpoint=args.load_ref_checkpoint)
+    return RunOptions(paths=paths, config_path=args.config, use_parallel=args.use_parallel, resume=args.resume,
+                      resume_from=args.resume_from or None, allow_config_change=args.allow_config_change,
+                      save_data_file=args.save_data_file, only_save_strategy=args.only_save_strategy)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from mindgrpo.grpo.recycle import Restart, exec_fresh, restart_argv
@@ -72,7 +178,10 @@ def main(argv=None) -> int:
     from mindgrpo.rewards import RewardError
 
     try:
-        return run(args)
+        check_weight_paths(args)
+        check_compile_cache(args)
+        cfg = load_run_config(args)
+        return run(cfg, run_options(cfg, args))
     except (SetupError, RewardError) as e:  # RewardError: a reward function broke its contract
         print(f"grpo_one_stage: error: {e}", file=sys.stderr)
         return 2

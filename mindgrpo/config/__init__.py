@@ -4,6 +4,8 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import (
     ConfigError,
     check,
+    config_data,
+    data_value,
     from_dict,
     load_config,
     load_yaml,
@@ -29,5 +31,6 @@ from mindgrpo.config.sections import (
 __all__ = [
     "ActorConfig", "ConfigError", "CosineRewardConfig", "GRPOConfig", "GenerateConfig", "JudgeConfig", "ParallelConfig",
     "RLConfig", "RefConfig", "RewardConfig", "RewardModelConfig", "SFTConfig", "SoftOverlongConfig", "SyntheticConfig",
-    "check", "from_dict", "load_config", "load_yaml", "parse_overrides", "to_dict", "to_yaml",
+    "check", "config_data", "data_value", "from_dict", "load_config", "load_yaml", "parse_overrides", "to_dict",
+    "to_yaml",
 ]

@@ -312,7 +312,24 @@ def to_dict(cfg) -> Any:
     return cfg
 
 
+def config_data(yaml_path=None, overrides: Optional[Iterable[str]] = ()) -> dict:
+    """The YAML file's mapping (if any) with the `key.sub=value` overrides merged in, its leaves not yet converted:
+    what `load_config` builds the config from (`from_dict`)."""
+    data = load_yaml(yaml_path) if yaml_path is not None else {}
+    return _merge(data, parse_overrides(overrides or ()))
+
+
+def data_value(data: Mapping, key: str) -> Any:
+    """The value `data` (`config_data`'s) holds at the dotted `key`, unconverted: None when it is absent or null
+    (in the YAML or on the command line)."""
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return None if node is None or (isinstance(node, _CliValue) and node in _NONE_WORDS) else node
+
+
 def load_config(cls, yaml_path=None, overrides: Optional[Iterable[str]] = ()):
     """Defaults of `cls`, then the YAML file (if any), then `key.sub=value` overrides."""
-    data = load_yaml(yaml_path) if yaml_path is not None else {}
-    return from_dict(cls, _merge(data, parse_overrides(overrides or ())))
+    return from_dict(cls, config_data(yaml_path, overrides))

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -18,73 +19,23 @@ class SetupError(Exception):
     """A bad flag, config key, path or file found before training starts: one line, no traceback."""
 
 
-# our users' mindrlhf flags that name the same thing as a config key: --flag -> key
-FLAG_KEYS = {"sft_path_train": "actor_config.load_checkpoint", "ref_path": "ref_config.load_checkpoint",
-             "mind_dataset_dir": "rl_config.dataset_path", "val_dataset": "rl_config.val_dataset_path"}
+@dataclass(frozen=True)
+class RunOptions:
+    """What a run is asked besides its config: the command line's flags that are no config key
+    (scripts/grpo_one_stage.py parses them and folds the others into the config)."""
 
+    paths: "Paths"  # mindgrpo.grpo.builder.Paths: the weights, tokenizer and data locations
+    config_path: Optional[str] = None  # the YAML the config came from (logged)
+    use_parallel: bool = False  # under msrun, with collectives
+    resume: bool = False  # from the newest complete checkpoint, or `resume_from`
+    resume_from: Optional[str] = None
+    allow_config_change: bool = False  # accept changed keys that break exactness or the data order on resume
+    save_data_file: Optional[str] = None  # each step's experience written to this MindRecord
+    only_save_strategy: bool = False  # write the strategy files and return
 
-def _key_value(cfg, key: str):
-    section, name = key.split(".")
-    return getattr(getattr(cfg, section), name)
-
-
-def _same_path(a: str, b: str) -> bool:
-    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
-
-
-def load_run_config(args):
-    """The config with the flags folded in: each flag of FLAG_KEYS sets its key (both given and
-    different: an error naming both); a path that a key names must exist."""
-    from mindgrpo.config import ConfigError, GRPOConfig, load_config
-
-    cfg = load_config(GRPOConfig, args.config, _overrides(args))
-    flagged = {}
-    for flag, key in FLAG_KEYS.items():
-        given, current = getattr(args, flag, None), _key_value(cfg, key)
-        if given is None:
-            continue
-        if current is not None and not _same_path(given, current):
-            raise SetupError(f"--{flag} {given} and config key '{key}' {current} name different files; give one")
-        flagged[key] = flag
-    if flagged:
-        try:
-            cfg = load_config(GRPOConfig, args.config,
-                              _overrides(args) + [f"{key}={getattr(args, flag)}" for key, flag in flagged.items()])
-        except ConfigError as e:
-            raise SetupError(f"{e} (set by --{flagged[e.key]})" if e.key in flagged else str(e)) from None
-    for key in FLAG_KEYS.values():
-        path = _key_value(cfg, key)
-        if key not in flagged and path is not None and not os.path.exists(path):
-            raise SetupError(f"config key '{key}': {path} does not exist")
-    return cfg
-
-
-def run_paths(cfg, args):
-    """The builder's paths: weights and data from the config (the flags are folded in), the rest from flags."""
-    from mindgrpo.grpo.builder import Paths
-
-    return Paths(output_dir=cfg.rl_config.output_dir, sft_path_train=cfg.actor_config.load_checkpoint,
-                 sft_path_infer=args.sft_path_infer, ref_path=cfg.ref_config.load_checkpoint,
-                 vocab_path=args.vocab_path, merges_file_path=args.merges_file_path,
-                 tokenizer_config=args.tokenizer_config, dataset=cfg.rl_config.dataset_path,
-                 val_dataset=cfg.rl_config.val_dataset_path, load_sft_checkpoint_train=args.load_sft_checkpoint_train,
-                 load_sft_checkpoint_infer=args.load_sft_checkpoint_infer, load_ref_checkpoint=args.load_ref_checkpoint)
-
-
-def _overrides(args) -> list:
-    overrides = list(args.overrides)
-    if args.output_dir:
-        overrides.append(f"rl_config.output_dir={args.output_dir}")
-    if args.swap is not None:
-        overrides.append(f"rl_config.swap={args.swap}")
-    if args.reward_plugin:
-        overrides.append(f"reward_config.reward_plugin={args.reward_plugin}")
-    if args.save_ckpt_dir:
-        overrides.append(f"actor_config.checkpoint_dir={args.save_ckpt_dir}")
-    bad = [o for o in overrides if "=" not in o]
-    if bad:
-        raise SetupError(f"override {bad[0]!r} is not key.sub=value")
-    return overrides
+    @property
+    def resumed(self) -> bool:
+        return self.resume or self.resume_from is not None
 
 
 def start_from_checkpoint(trainer, resume_from: Optional[str], resume: bool, allow_config_change: bool = False) -> None:
@@ -116,32 +67,6 @@ def start_from_checkpoint(trainer, resume_from: Optional[str], resume: bool, all
         if error:
             raise SetupError(f"{path}: {error}")
     checkpoints.set_aside_after(trainer.step, "this run resumed" if resume else "this run starts")
-
-
-# (flag, its attribute, the flag that says whether it is loaded)
-WEIGHT_FLAGS = (("--sft_path_train", "sft_path_train", "load_sft_checkpoint_train"),
-                ("--sft_path_infer", "sft_path_infer", "load_sft_checkpoint_infer"),
-                ("--ref_path", "ref_path", "load_ref_checkpoint"))
-
-
-def check_weight_paths(args) -> None:
-    """A weights flag that names a missing file or folder stops the run before anything is built."""
-    for flag, name, load in WEIGHT_FLAGS:
-        path = getattr(args, name)
-        if path and getattr(args, load) and not os.path.exists(path):
-            raise SetupError(f"{flag} {path}: no such file or folder")
-
-
-def check_compile_cache(args) -> None:
-    """MindSpore 2.10's compile cache finds a graph by the order in which the process compiles it, not
-    by what it computes (tests/test_environment.py pins it): a run that compiles in another order
-    than the run that filled the cache (a resumed run, another config, another version of this code)
-    would run other graphs, silently when their inputs match. The flag stays for command lines that
-    pass it off."""
-    if args.enable_compile_cache:
-        raise SetupError("--enable_compile_cache is refused: MindSpore 2.10's compile cache finds a graph by "
-                         "its order of compilation, not by what it computes, so a resumed run or another "
-                         "config could silently run other graphs")
 
 
 # seconds between the lines of a step in flight (utils/progress.Ticker): 60 unless set (tests set it shorter)
@@ -198,9 +123,10 @@ def close_on_sigterm(close, in_collectives: bool = False) -> None:
     signal.signal(signal.SIGTERM, on_term)
 
 
-def run(args) -> int:
-    check_weight_paths(args)
-    check_compile_cache(args)
+def run(cfg, options: RunOptions) -> int:
+    """Train by `cfg` (a GRPOConfig): build the parts, warm-start, fit, summarise; 0 when done, 1 when training
+    stopped (TrainingStopped). Raises SetupError for what is found wrong before training starts, and
+    recycle.Restart when the process should continue fresh (rl_config.restart_on_memory_growth)."""
     interval_s = progress_interval_s()
     import mindspore as ms
 
@@ -220,10 +146,6 @@ def run(args) -> int:
     # the whole run, so it leaves the collector's lists (~0.1 s less per graph; DEVELOPERS.md)
     gc.collect()
     gc.freeze()
-    try:
-        cfg = load_run_config(args)
-    except (ConfigError, OSError) as e:
-        raise SetupError(str(e)) from None
     rl = cfg.rl_config
     out = rl.output_dir
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -231,11 +153,11 @@ def run(args) -> int:
     from mindgrpo.parallel.placement import placement_for
 
     try:
-        placement = placement_for(cfg, args.use_parallel)  # under msrun: communication initialised, rank guarded
+        placement = placement_for(cfg, options.use_parallel)  # under msrun: communication initialised, rank guarded
     except ValueError as e:  # a layout that does not fit the world, a placement that needs msrun
         raise SetupError(str(e)) from None
     rank = placement.rank
-    if args.only_save_strategy:
+    if options.only_save_strategy:
         from mindgrpo.parallel.placement import save_strategies
 
         for path in save_strategies(cfg, out):
@@ -244,38 +166,37 @@ def run(args) -> int:
 
     os.makedirs(out, exist_ok=True)
     setup_logging(out, rank)
-    logger.info("config %s, output %s", args.config, out)
+    logger.info("config %s, output %s", options.config_path, out)
     np.random.seed(rl.seed)
     ms.set_seed(rl.seed)
     if placement.rollout_rank:  # generate_config.placement separate: this rank only generates (docs/async.md)
         try:
-            worker = builder.build_rollout(cfg, run_paths(cfg, args), placement)
+            worker = builder.build_rollout(cfg, options.paths, placement)
         except (ConfigError, OSError, KeyError, ValueError) as e:
             raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
         if worker.conversations is not None:  # its tool workers: run starts them and closes them at its end
             close_on_sigterm(worker.close, in_collectives=True)
-        resumed = bool(args.resume or args.resume_from)
+        resumed = options.resumed
         worker.run(resumed=resumed, warm_start=cfg.sft_config.steps > 0 and not resumed)  # as rank 0's
         logger.info("rollout rank done")
         return 0
     try:
-        parts = builder.build(cfg, run_paths(cfg, args), placement)
+        parts = builder.build(cfg, options.paths, placement)
     except (ConfigError, OSError, KeyError, ValueError) as e:
         raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
 
     metrics_log = MetricsLogger(out, rank=rank, console=False)  # the progress line is the console view
     progress = Progress(rl.max_steps)
     trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out)
-    trainer.save_data_file = args.save_data_file
+    trainer.save_data_file = options.save_data_file
     parts.rewards.start()  # the reward workers start while the first rollout compiles
     conversations = parts.conversations
     if conversations is not None:
         conversations.start()  # the tool workers too
-        if not args.use_parallel:
+        if not options.use_parallel:
             close_on_sigterm(conversations.close)
-    resumed = bool(args.resume or args.resume_from)
-    start_from_checkpoint(trainer, args.resume_from if args.resume_from else None, resumed,
-                          args.allow_config_change)
+    resumed = options.resumed
+    start_from_checkpoint(trainer, options.resume_from, resumed, options.allow_config_change)
     if resumed:
         metrics_log.truncate_after(trainer.step + 1)  # keep what the checkpointed steps logged
         if placement.remote_rollout:  # the rollout rank goes on from the step and prompt position restored

@@ -1,5 +1,5 @@
-"""The recipe's config (mindgrpo/grpo/run.py): flags folded into their config keys, conflicts and
-missing paths refused at start-up, and actor_config.load_checkpoint reaching the models; the
+"""The recipe's config (scripts/grpo_one_stage.py reads it once and folds the flags into their config keys):
+conflicts and missing paths refused at start-up, and actor_config.load_checkpoint reaching the models; the
 builder's start-up checks come before any model is built."""
 
 import argparse
@@ -11,11 +11,12 @@ import pytest
 import mindspore as ms
 
 from mindgrpo.grpo import builder
-from mindgrpo.grpo.run import SetupError, load_run_config, run_paths
+from mindgrpo.grpo.run import SetupError
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.placement import OneDevice
 from mindgrpo.rewards import RewardError, register_reward
+from scripts.grpo_one_stage import load_run_config, run_options
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MICRO = os.path.join(REPO, "tests", "grpo", "micro_qwen2.yaml")
@@ -59,6 +60,9 @@ def test_flags_set_their_keys(start, tmp_path):
     same = os.path.join(os.path.dirname(start), ".", "model.ckpt")
     cfg = load_run_config(args(f"actor_config.load_checkpoint={same}", sft_path_train=start))
     assert cfg.actor_config.load_checkpoint == start
+    # a key set to null on the command line names no file: the flag sets it
+    cfg = load_run_config(args("actor_config.load_checkpoint=null", sft_path_train=start))
+    assert cfg.actor_config.load_checkpoint == start
 
 
 @pytest.mark.parametrize("overrides, flags, message", [
@@ -95,7 +99,7 @@ def test_load_checkpoints_are_where_the_policy_the_inference_copy_and_the_refere
                                "rl_config.num_generations=4", "actor_config.micro_batch_size=4",
                                *([f"actor_config.load_checkpoint={start}"] if policy_from_start else []),
                                *([f"ref_config.load_checkpoint={ref}"] if ref else []), output_dir=str(tmp_path)))
-    parts = builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))))
+    parts = builder.build(cfg, run_options(cfg, args(output_dir=str(tmp_path))).paths)
     random_init = {n: p.asnumpy() for n, p in
                    Qwen2ForCausalLM(Qwen2Config.load(MICRO), seed=cfg.rl_config.seed).parameters_and_names()}
     policy = {k: v.asnumpy() for k, v in ms.load_checkpoint(start).items()} if policy_from_start else random_init
@@ -125,7 +129,7 @@ def test_the_reward_columns_are_checked_before_any_model_is_built(tmp_path):
                                "reward_config.verifier_function=[accuracy, test_run_config_by_difficulty]",
                                "reward_config.verifier_weight=[1, 1]", output_dir=str(tmp_path)))
     with pytest.raises(RewardError) as info:
-        builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))), NoModels())
+        builder.build(cfg, run_options(cfg, args(output_dir=str(tmp_path))).paths, NoModels())
     assert str(info.value) == ("reward 'test_run_config_by_difficulty' needs the column(s) ['difficulty'], which the "
                                "training prompts do not have (columns: answer, completion_length, prompt, solution)")
 
@@ -141,7 +145,8 @@ def test_save_best_without_validation_prompts_is_refused_before_any_model_is_bui
                                "generate_config.max_tokens=8",
                                "rl_config.save_best=val/accuracy", output_dir=str(tmp_path), mind_dataset_dir=data))
     with pytest.raises(ConfigError) as info:
-        builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path), mind_dataset_dir=data)), NoModels())
+        builder.build(cfg, run_options(cfg, args(output_dir=str(tmp_path), mind_dataset_dir=data)).paths,
+                      NoModels())
     assert str(info.value) == (f"config key 'rl_config.save_best': needs validation prompts, and rl_config.dataset_path "
                                f"{data} comes without any: give rl_config.val_dataset_path (--val_dataset)")
 
@@ -159,7 +164,7 @@ def test_generation_beyond_the_model_is_refused_before_any_model_is_built(tmp_pa
 
     cfg = load_run_config(args(f"actor_config.model={MICRO}", *overrides, output_dir=str(tmp_path)))
     with pytest.raises(ConfigError) as info:
-        builder.build(cfg, run_paths(cfg, args(output_dir=str(tmp_path))), NoModels())
+        builder.build(cfg, run_options(cfg, args(output_dir=str(tmp_path))).paths, NoModels())
     assert info.value.key == key and needle in info.value.message, str(info.value)
 
 

@@ -23,10 +23,8 @@ def test_missing_weights_path_names_the_flag(cli, tmp_path, capsys, flag):
 
 
 def test_a_path_that_is_not_loaded_is_not_checked(cli, tmp_path):
-    from mindgrpo.grpo.run import check_weight_paths
-
     args = cli.parse_args(["--sft_path_train", str(tmp_path / "nope"), "--load_sft_checkpoint_train", "False"])
-    check_weight_paths(args)  # raises nothing: the weights are not read
+    cli.check_weight_paths(args)  # raises nothing: the weights are not read
 
 
 def test_the_compile_cache_is_refused_before_anything_is_made(cli, tmp_path, capsys):
