@@ -89,6 +89,7 @@ def build_side(name: str, side: str, prompts, responses, advantages):
     from mindgrpo.grpo.actor import PolicyUpdater, Scorer
     from mindgrpo.grpo.experience import pack
     from mindgrpo.grpo.ms_objective import GRPOLoss
+    from mindgrpo.grpo.packing import Batching
     from mindgrpo.models.config import Qwen2Config
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
@@ -99,9 +100,8 @@ def build_side(name: str, side: str, prompts, responses, advantages):
     policy, reference = Qwen2ForCausalLM(cfg, seed=0), Qwen2ForCausalLM(cfg, seed=0)
     chunk = CHUNK if cfg.vocab_size > 32768 else 0
     scorer = Scorer(reference, MICRO, chunk=chunk, **batching)
-    updater = PolicyUpdater(policy, GRPOLoss(beta=BETA, kl_kind="k3", agg_mode="token-mean"), micro_batch_size=MICRO,
-                            detach_old=True, use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
-                            grad_clip=1.0, chunk=chunk, **batching)
+    updater = PolicyUpdater(policy, GRPOLoss(beta=BETA, kl_kind="k3", agg_mode="token-mean"),
+                            Batching(MICRO, **batching), detach_old=True, use_ref=True, chunk=chunk)
     return scorer, updater, pack(prompts, responses, advantages)
 
 

@@ -84,15 +84,17 @@ def build(model: dict, micro_batch: int, group: int, new_tokens: int, prompt_len
     from mindgrpo.grpo.actor import PolicyUpdater
     from mindgrpo.grpo.experience import pack
     from mindgrpo.grpo.ms_objective import GRPOLoss
+    from mindgrpo.grpo.optim import AdamWSettings
+    from mindgrpo.grpo.packing import Batching
     from mindgrpo.models.config import Qwen2Config
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     lm = Qwen2ForCausalLM(Qwen2Config(**model, rope_theta=1000000.0, rms_norm_eps=1e-6), seed=seed,
                           max_positions=4096)
     actor = ActorConfig()
-    updater = PolicyUpdater(lm, GRPOLoss(beta=BETA, kl_kind="k3", agg_mode="token-mean"), micro_batch_size=micro_batch,
-                            detach_old=True, use_ref=True, beta1=actor.adam_beta1, beta2=actor.adam_beta2,
-                            eps=actor.adam_eps, weight_decay=actor.weight_decay, grad_clip=1.0)
+    updater = PolicyUpdater(lm, GRPOLoss(beta=BETA, kl_kind="k3", agg_mode="token-mean"), Batching(micro_batch),
+                            detach_old=True, use_ref=True,
+                            optimizer=AdamWSettings.of_actor(actor))
     rng = np.random.default_rng(seed)
     vocab = model["vocab_size"]
     prompts = [rng.integers(0, vocab, n).tolist() for n in prompt_lens for _ in range(group)]

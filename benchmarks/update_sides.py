@@ -59,13 +59,15 @@ def make_engine(inference, prompts):
     return RolloutEngine(inference, max_num_seqs=len(prompts) * G, max_model_len=max(PROMPT_LENGTHS) + RESPONSE)
 
 
-def make_updater(policy, **options):
+def make_updater(policy, chunk: int = 0, recompute: bool = False):
     """The workload's PolicyUpdater (GRPO loss with a k3 KL to given reference log-probs, AdamW)."""
     from mindgrpo.grpo.actor import PolicyUpdater
     from mindgrpo.grpo.ms_objective import GRPOLoss
+    from mindgrpo.grpo.packing import Batching
+    from mindgrpo.memory.policy import MemoryPolicy
 
-    return PolicyUpdater(policy, GRPOLoss(beta=BETA, kl_kind="k3"), micro_batch_size=MICRO_BATCH, detach_old=True,
-                         use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0, **options)
+    return PolicyUpdater(policy, GRPOLoss(beta=BETA, kl_kind="k3"), Batching(MICRO_BATCH), detach_old=True,
+                         use_ref=True, chunk=chunk, memory=MemoryPolicy(recompute=recompute))
 
 
 def measured(fn):

@@ -20,10 +20,11 @@ from mindspore import Tensor
 from mindgrpo.grpo.experience import Experience
 from mindgrpo.grpo.layerwise import LayerwiseAdamW, LayerwiseGradStep, LayerwiseLogProbs
 from mindgrpo.grpo.ms_objective import GRPOLoss
-from mindgrpo.grpo.optim import AdamW, GradBuffer, adam_scalars
+from mindgrpo.grpo.optim import AdamW, AdamWSettings, GradBuffer, adam_scalars
 from mindgrpo.grpo.packing import Batching, MicroBatch, gather_samples, plan
 from mindgrpo.grpo.train_graph import (MAXIMA, GRPOGradStep, PolicyLoss, StageGradStep, fold_metrics, metric_keys,
                                       metric_means)
+from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import PackedTokenLogProbs, StageHidden, TokenLogProbs
@@ -97,52 +98,53 @@ class Scorer:
 
 
 class PolicyUpdater:
-    def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, *, micro_batch_size: int, detach_old: bool,
-                 use_ref: bool, beta1: float, beta2: float, eps: float, weight_decay: float,
-                 grad_clip: float, with_entropy: bool = True, grad_reducer=None, temperature: float = 1.0,
-                 optimizer_shard: bool = False, chunk: int = 0, pipeline: Optional[Pipeline] = None,
-                 old_is_training: bool = True, max_tokens: int = 0, packing: bool = False, attention: str = "mask",
-                 recompute: bool = False, layerwise: bool = False, head_rows: int = 0, released: bool = False):
-        """old_is_training: the old log-probs given with the experience come from the training graph
+    def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, batching: Batching, *, detach_old: bool, use_ref: bool,
+                 optimizer: AdamWSettings = AdamWSettings(), memory: MemoryPolicy = MemoryPolicy(),
+                 with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0, old_is_training: bool = True,
+                 grad_reducer=None, pipeline: Optional[Pipeline] = None):
+        """batching: how an Experience is cut into micro-batches (as `Scorer`'s); optimizer: AdamW's settings.
+        old_is_training: the old log-probs given with the experience come from the training graph
         (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout).
-        max_tokens, packing, attention: as `Scorer`'s.
-        recompute: activation recompute per decoder layer in the training graph
-        (`Qwen2ForCausalLM.recompute_layers`): the same gradients; less memory where the runtime
-        frees intermediates in time (not MindSpore 2.10's CPU runtime: `benchmarks/recompute.py`).
-        layerwise: the training step as a host loop over one compiled decoder-layer graph
-        (`mindgrpo.grpo.layerwise`): the same gradients, one layer's graph buffers instead of every
-        layer's; one device, right-padded rows. Without ZeRO-1 the gradient norm and AdamW's step run
-        group by group too (`layerwise.LayerwiseAdamW`: bit for bit, no copy of every gradient kept).
-        head_rows: with layerwise, the rows of a micro-batch the vocabulary head and loss take a graph call
-        (`layerwise.LayerwiseGradStep`); 0 all.
-        released: the gradient accumulators start shrunk (`GradBuffer.release`; rl_config.release_graphs): the
-        first update makes them."""
+        memory: the run's memory policy (`mindgrpo.memory.policy`), of which the updater reads
+        - recompute: activation recompute per decoder layer in the training graph
+          (`Qwen2ForCausalLM.recompute_layers`): the same gradients; less memory where the runtime
+          frees intermediates in time (not MindSpore 2.10's CPU runtime: `benchmarks/recompute.py`);
+        - layerwise_update: the training step as a host loop over one compiled decoder-layer graph
+          (`mindgrpo.grpo.layerwise`): the same gradients, one layer's graph buffers instead of every
+          layer's; one device, right-padded rows. Without ZeRO-1 the gradient norm and AdamW's step run
+          group by group too (`layerwise.LayerwiseAdamW`: bit for bit, no copy of every gradient kept);
+          head_rows: the rows of a micro-batch the vocabulary head and loss take a graph call
+          (`layerwise.LayerwiseGradStep`); 0 all;
+        - release_graphs: the gradient accumulators start shrunk (`GradBuffer.release`): the first update
+          makes them."""
         self.lm = lm
-        if recompute:
+        if memory.recompute:
             lm.recompute_layers()
         self.loss = loss
-        self.batching = Batching(micro_batch_size, max_tokens, packing, attention)
+        self.batching = batching
         self.pipe = pipe = pipeline or Pipeline()
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
-        self.buffer = GradBuffer(self.params, released=released)
+        self.buffer = GradBuffer(self.params, released=memory.release_graphs)
         self._loss_args = (detach_old, use_ref, with_entropy, temperature, chunk, old_is_training)
+        layerwise = memory.layerwise_update
         if layerwise and (self.batching.layout != "rows" or not (pipe.first and pipe.last)):
             raise ValueError("the layerwise update takes right-padded rows on one pipeline stage (no packing)")
-        self.layerwise, self.head_rows = layerwise, head_rows
+        self.layerwise, self.head_rows = layerwise, memory.head_rows
         self._build()
         # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1);
         # under tensor parallelism the model's layer factory knows how to sum the pieces' norms, and
         # the pipeline sums them over the stages
-        shard = grad_reducer.group if optimizer_shard and grad_reducer is not None else None
+        shard = grad_reducer.group if optimizer.shard and grad_reducer is not None else None
         layout = ParallelLayout(dp=1 if shard is None else shard.size, tp=lm.layer_factory.tp)
         full = expected_shapes(lm.config)  # LoRA's adapters are not in it: whole on one device, their own shapes
         sq_norm = pipe.sq_norm(lm.layer_factory.grad_sq_norm([n for n, _ in named]), len(named))
-        self.adamw = AdamW(self.params, self.buffer, beta1, beta2, eps, weight_decay, sq_norm=sq_norm, shard=shard,
+        self.adamw = AdamW(self.params, self.buffer, optimizer.beta1, optimizer.beta2, optimizer.eps,
+                           optimizer.weight_decay, sq_norm=sq_norm, shard=shard,
                            sharded=[layout.opt_shard_parts(n, full.get(n, tuple(p.shape))) > 1 for n, p in named])
         if layerwise and shard is None and sq_norm is None:  # the norm and the step group by group too
             self.adamw = LayerwiseAdamW(self.adamw, self.params)
-        self.beta1, self.beta2, self.grad_clip = beta1, beta2, grad_clip
+        self.beta1, self.beta2, self.grad_clip = optimizer.beta1, optimizer.beta2, optimizer.grad_clip
         # data parallelism (mindgrpo.parallel.data_parallel.DataParallelGrads), when set:
         # rows(n) picks this replica's rows, __call__(buffer) sums the gradients, sum(values)
         # sums host numbers over the replicas

@@ -8,6 +8,7 @@ corrections as tensors, so the schedule is plain Python (`lr_at`) and nothing re
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -159,6 +160,25 @@ class ZeroGrads(nn.Cell):
             a, b = self.bounds[k]
             out = out + self.span[k](self.bufs[a:b])
         return out
+
+
+@dataclass(frozen=True)
+class AdamWSettings:
+    """AdamW's hyperparameters as the updater takes them (actor_config's adam_beta1, adam_beta2, adam_eps,
+    weight_decay, grad_clip and parallel_config.optimizer_shard: `of_actor`)."""
+
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # the gradient's global norm is clipped to it; 0: no clipping
+    shard: bool = False  # ZeRO-1: the replicas of the gradient reducer's data-parallel group split the moments
+
+    @classmethod
+    def of_actor(cls, actor) -> "AdamWSettings":
+        """An ActorConfig's settings."""
+        return cls(actor.adam_beta1, actor.adam_beta2, actor.adam_eps, actor.weight_decay, actor.grad_clip or 0.0,
+                   actor.parallel_config.optimizer_shard)
 
 
 class AdamW(nn.Cell):

@@ -19,7 +19,8 @@ from mindgrpo.data.synthetic import flawed_solution
 from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.experience import pack, round_up
 from mindgrpo.grpo.ms_objective import GRPOLoss
-from mindgrpo.grpo.optim import lr_at
+from mindgrpo.grpo.optim import AdamWSettings, lr_at
+from mindgrpo.grpo.packing import Batching
 from mindgrpo.grpo.prompts import PromptSource
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,9 @@ def sft_warm_start(policy, prompts: PromptSource, tokenizer, *, steps: int, lr: 
     grad_reducer, pipeline: the policy's data-parallel and pipeline parts (distributed runs)."""
     if steps <= 0:
         return {}
-    updater = PolicyUpdater(policy, GRPOLoss(beta=0.0, agg_mode="token-mean"), micro_batch_size=micro_batch_size,
-                            detach_old=True, use_ref=False, beta1=0.9, beta2=0.98, eps=1e-8, weight_decay=0.0,
-                            grad_clip=1.0, with_entropy=False, grad_reducer=grad_reducer, pipeline=pipeline)
+    updater = PolicyUpdater(policy, GRPOLoss(beta=0.0, agg_mode="token-mean"), Batching(micro_batch_size),
+                            detach_old=True, use_ref=False, optimizer=AdamWSettings(beta2=0.98), with_entropy=False,
+                            grad_reducer=grad_reducer, pipeline=pipeline)
     source = PromptSource({"prompt_ids": [np.array(i) for i in prompts.ids],
                            "prompt_length": [len(i) for i in prompts.ids], **prompts.columns}, seed=seed)
     teacher_rng = np.random.default_rng([seed, 1])

@@ -25,7 +25,8 @@ from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
 from mindgrpo.grpo.off_policy import LaggedSync, sample_versions, staleness
 from mindgrpo.grpo.partial import IN_FLIGHT, METRICS as PARTIAL_METRICS, DrawnPrompts, PartialRollouts
-from mindgrpo.grpo.optim import lr_at
+from mindgrpo.grpo.optim import AdamWSettings, lr_at
+from mindgrpo.grpo.packing import Batching
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
 from mindgrpo.grpo.recycle import MemoryWatch, Restart
 from mindgrpo.grpo.rollouts import Rollouts, rollout_metrics, save_experience
@@ -114,14 +115,10 @@ class GRPOTrainer:
         # old log-probs: the rollout engine's (old_logprobs_from_rollout), else a scoring pass when the
         # policy changes between the rollout and an update, else the update's own with the gradient stopped
         self.updater = PolicyUpdater(
-            policy, self._loss(), micro_batch_size=actor.micro_batch_size,
-            detach_old=not (self.needs_old or rl.old_logprobs_from_rollout),
-            use_ref=rl.beta > 0, beta1=actor.adam_beta1, beta2=actor.adam_beta2, eps=actor.adam_eps,
-            weight_decay=actor.weight_decay, grad_clip=actor.grad_clip or 0.0, grad_reducer=grad_reducer,
-            temperature=temperature, optimizer_shard=actor.parallel_config.optimizer_shard, chunk=chunk,
-            pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, recompute=actor.recompute,
-            layerwise=mp.layerwise_update, head_rows=actor.head_rows_per_graph,
-            released=mp.release_graphs, **batching)  # released: the gradient accumulators exist in the update only
+            policy, self._loss(), Batching(actor.micro_batch_size, **batching),
+            detach_old=not (self.needs_old or rl.old_logprobs_from_rollout), use_ref=rl.beta > 0,
+            optimizer=AdamWSettings.of_actor(actor), memory=mp, grad_reducer=grad_reducer, temperature=temperature,
+            chunk=chunk, pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout)
         # LoRA (docs/lora.md): the reference is the policy with its adapters off (`adapters_off`), no copy; the
         # checkpoints hold the adapters and refer to the base (`lora`: the builder's, which knows the placement);
         # base_sync moves the base into an inference copy when it changed (the sync moves the adapters only)

@@ -61,12 +61,23 @@ class MemoryPolicy:
     margin: float = 0.10  # the planned peak must stay below (1 - margin) x available
     where: str = ""  # what `available` is ("host MemAvailable", "device HBM", ...)
     note: str = ""  # why the choice is what it is, when it is not simply "fits"
+    # the update's own memory settings, as the config sets them (no setting chooses them): activation recompute per
+    # decoder layer (actor_config.recompute) and, with layerwise_update, the rows of a micro-batch the vocabulary
+    # head takes a graph call (actor_config.head_rows_per_graph; 0: all)
+    recompute: bool = False
+    head_rows: int = 0
 
     @classmethod
-    def from_switches(cls, switches: Dict[str, bool | None], setting: str = "speed") -> "MemoryPolicy":
-        """The policy of explicit switches (a part built without the builder): each unset one off."""
+    def from_switches(cls, switches: Dict[str, bool | None], setting: str = "speed", **update) -> "MemoryPolicy":
+        """The policy of explicit switches (a part built without the builder): each unset one off; `update`:
+        recompute, head_rows."""
         return cls(setting=setting, **{k: bool(switches.get(k)) for k in SAVERS},
-                   set_by=tuple((k, "user" if switches.get(k) is not None else setting) for k in SAVERS))
+                   set_by=tuple((k, "user" if switches.get(k) is not None else setting) for k in SAVERS), **update)
+
+    @staticmethod
+    def update_settings(cfg) -> Dict[str, object]:
+        """recompute and head_rows as `cfg` (a GRPOConfig) sets them."""
+        return dict(recompute=cfg.actor_config.recompute, head_rows=cfg.actor_config.head_rows_per_graph)
 
     @classmethod
     def of_config(cls, cfg) -> "MemoryPolicy":
@@ -76,7 +87,7 @@ class MemoryPolicy:
         for name, (key, _) in SAVERS.items():
             section, field_name = key.split(".")
             values[name] = getattr(getattr(cfg, section), field_name)
-        return cls.from_switches(values, setting="unset")
+        return cls.from_switches(values, setting="unset", **cls.update_settings(cfg))
 
     @property
     def on(self) -> Tuple[str, ...]:

@@ -10,6 +10,8 @@ from mindgrpo.config.loader import from_dict
 from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.ms_objective import GRPOLoss
+from mindgrpo.grpo.optim import AdamWSettings
+from mindgrpo.grpo.packing import Batching
 from mindgrpo.grpo.prompts import PromptSource
 from mindgrpo.grpo.trainer import GRPOTrainer, TrainingStopped
 from mindgrpo.inference.engine import Completion
@@ -33,8 +35,8 @@ def experience(seed=0):
 
 def updater(lm, needs_old=False):
     return PolicyUpdater(lm, GRPOLoss(beta=0.0, kl_kind="k3", clip_low=0.2, clip_high=0.2, dual_clip=None,
-                                      agg_mode="token-mean"), micro_batch_size=4, detach_old=not needs_old,
-                         use_ref=False, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, grad_clip=1.0)
+                                      agg_mode="token-mean"), Batching(4), detach_old=not needs_old,
+                         use_ref=False, optimizer=AdamWSettings(beta2=0.99, weight_decay=0.01))
 
 
 def snapshot(lm, up):

@@ -15,6 +15,9 @@ import pytest
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.ms_objective import GRPOLoss
+from mindgrpo.grpo.optim import AdamWSettings
+from mindgrpo.grpo.packing import Batching
+from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
@@ -43,11 +46,11 @@ def run_and_forget(make, call) -> weakref.ref:
     return model
 
 
-def updater(loss=None, **kw):
-    """A maker of PolicyUpdaters with these settings (GRPOLoss(beta=0) unless given)."""
+def updater(loss=None, layerwise=False, **batching):
+    """A maker of PolicyUpdaters with these settings (GRPOLoss(beta=0) unless given); batching: Batching's."""
     loss = GRPOLoss(beta=0.0) if loss is None else loss
-    return lambda lm: PolicyUpdater(lm, loss, micro_batch_size=4, detach_old=True, use_ref=False, beta1=0.9,
-                                    beta2=0.99, eps=1e-8, weight_decay=0.0, grad_clip=1.0, **kw)
+    return lambda lm: PolicyUpdater(lm, loss, Batching(4, **batching), detach_old=True, use_ref=False,
+                                    optimizer=AdamWSettings(beta2=0.99), memory=MemoryPolicy(layerwise_update=layerwise))
 
 
 @pytest.mark.parametrize("kind", ["rows", "packed", "layerwise", "rollout_correction"])

@@ -14,6 +14,8 @@ from mindgrpo.config import ConfigError, GRPOConfig, load_config
 from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.layerwise import LayerwiseGradStep
 from mindgrpo.grpo.ms_objective import GRPOLoss
+from mindgrpo.grpo.packing import Batching
+from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
@@ -31,9 +33,8 @@ QWEN3 = Qwen2Config(model_type="qwen3", vocab_size=512, hidden_size=32, intermed
 
 def updater(cfg, layerwise, loss=None, head_rows=0):
     lm = Qwen2ForCausalLM(cfg, seed=7)
-    return lm, PolicyUpdater(lm, loss or GRPOLoss(beta=0.04, kl_kind="k3"), micro_batch_size=4, detach_old=True,
-                             use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
-                             layerwise=layerwise, head_rows=head_rows)
+    return lm, PolicyUpdater(lm, loss or GRPOLoss(beta=0.04, kl_kind="k3"), Batching(4), detach_old=True,
+                             use_ref=True, memory=MemoryPolicy(layerwise_update=layerwise, head_rows=head_rows))
 
 
 def one_micro_batch(up, exp, rollout_logp=None):
@@ -231,11 +232,10 @@ def test_layerwise_with_lora_gives_the_adapters_gradients_and_log_probs_of_the_w
 
     exp = experience()
     loss = GRPOLoss(beta=0.04, kl_kind="k3")
-    kw = dict(micro_batch_size=4, detach_old=True, use_ref=True, beta1=0.9, beta2=0.999, eps=1e-8,
-              weight_decay=0.0, grad_clip=1.0)
-    whole = PolicyUpdater(with_adapters(QWEN2), loss, layerwise=False, **kw)
+    whole = PolicyUpdater(with_adapters(QWEN2), loss, Batching(4), detach_old=True, use_ref=True)
     lm = with_adapters(QWEN2)
-    layerwise = PolicyUpdater(lm, loss, layerwise=True, **kw)
+    layerwise = PolicyUpdater(lm, loss, Batching(4), detach_old=True, use_ref=True,
+                              memory=MemoryPolicy(layerwise_update=True))
     assert isinstance(layerwise.step_graph, LayerwiseGradStep) and layerwise.step_graph.lora
     a, b = one_micro_batch(whole, exp), one_micro_batch(layerwise, exp)
     assert b[0] == pytest.approx(a[0], rel=1e-6, abs=1e-7)

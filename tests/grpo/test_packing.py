@@ -19,6 +19,7 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.algos import AGG_MODES
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.ms_objective import GRPOLoss
+from mindgrpo.grpo.optim import AdamWSettings
 from mindgrpo.grpo.packing import Batching, bucket_length, bucket_tokens, plan, pow2, shape_bound
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
@@ -233,8 +234,8 @@ def test_scorer_log_probs_match_the_padded_path(padded_logp):
 
 def updated(exp, mode, **kw):
     lm = Qwen2ForCausalLM(CFG, seed=1)
-    up = PolicyUpdater(lm, GRPOLoss(beta=0.1, kl_kind="k3", agg_mode=mode), micro_batch_size=2, detach_old=False,
-                       use_ref=True, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, grad_clip=1.0, **kw)
+    up = PolicyUpdater(lm, GRPOLoss(beta=0.1, kl_kind="k3", agg_mode=mode), Batching(2, **kw), detach_old=False,
+                       use_ref=True, optimizer=AdamWSettings(beta2=0.99, weight_decay=0.01))
     metrics = up.update(exp, lr=1e-2)
     return metrics, {n: p.asnumpy() for n, p in lm.parameters_and_names()}
 

@@ -14,7 +14,9 @@ from mindspore import Tensor
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
 from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.ms_objective import GRPOLoss
+from mindgrpo.grpo.packing import Batching
 from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss
+from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
@@ -31,8 +33,8 @@ def one_micro_batch(recompute: bool, save_graphs_to=None):
     """Loss, metrics and the accumulated gradients (name -> array) of one training-graph call on a
     fresh micro model (the same weights either way), built as PolicyUpdater builds it."""
     lm = Qwen2ForCausalLM(MICRO, seed=7)
-    updater = PolicyUpdater(lm, GRPOLoss(beta=0.04, kl_kind="k3"), micro_batch_size=4, detach_old=True, use_ref=True,
-                            beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0, recompute=recompute)
+    updater = PolicyUpdater(lm, GRPOLoss(beta=0.04, kl_kind="k3"), Batching(4), detach_old=True, use_ref=True,
+                            memory=MemoryPolicy(recompute=recompute))
     exp = experience()
     if save_graphs_to is not None:
         ms.set_context(save_graphs=1, save_graphs_path=save_graphs_to)

@@ -24,6 +24,8 @@ from mindgrpo.grpo.corrections import ROLLOUT_CORRECTIONS, mismatch_metrics
 from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.objective import grpo_loss
+from mindgrpo.grpo.optim import AdamWSettings
+from mindgrpo.grpo.packing import Batching
 from mindgrpo.grpo.train_graph import CORRECTION_KEYS, METRIC_KEYS, MISMATCH_KEYS
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
@@ -252,8 +254,8 @@ def test_updater_reports_mismatch_and_applies_the_correction(graph_mode):
     train = Scorer(lm, micro_batch_size=2)(exp)  # (B, R), 0 on padding
     exp.sampling_logp = ((train + rng.normal(0.0, 0.3, train.shape)) * exp.mask).astype(np.float32)
     loss = GRPOLoss(agg_mode="token-mean", rollout_correction="tis_token", rollout_correction_threshold=1.3)
-    updater = PolicyUpdater(lm, loss, micro_batch_size=2, detach_old=True, use_ref=False, beta1=0.9, beta2=0.99,
-                            eps=1e-8, weight_decay=0.0, grad_clip=1.0)
+    updater = PolicyUpdater(lm, loss, Batching(2), detach_old=True, use_ref=False,
+                            optimizer=AdamWSettings(beta2=0.99))
     out = updater.update(exp, lr=0.0)
     assert set(METRIC_KEYS + MISMATCH_KEYS + CORRECTION_KEYS) <= set(out)
     np_loss, np_m = grpo_loss(train, train, None, exp.advantages, exp.mask, rollout_logp=exp.sampling_logp,

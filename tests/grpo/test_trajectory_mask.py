@@ -14,6 +14,7 @@ from mindgrpo.grpo.actor import PolicyUpdater
 from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.objective import grpo_loss
+from mindgrpo.grpo.packing import Batching
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
@@ -79,8 +80,7 @@ MICRO = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hid
 @pytest.mark.usefixtures("graph_mode")  # tests/grpo/conftest.py
 def test_in_the_training_graph_tool_turns_are_context_only():
     lm = Qwen2ForCausalLM(MICRO, seed=3)
-    updater = PolicyUpdater(lm, GRPOLoss(beta=0.0), micro_batch_size=4, detach_old=True, use_ref=False,
-                            beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0)
+    updater = PolicyUpdater(lm, GRPOLoss(beta=0.0), Batching(4), detach_old=True, use_ref=False)
 
     def step(exp, labels=None):
         """Loss, metrics and this call's gradients (the buffers accumulate: the difference)."""

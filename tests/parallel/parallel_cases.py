@@ -68,10 +68,14 @@ UPDATE_KEYS = ("loss", "pg_loss", "grad_norm", "entropy", "mismatch/abs_diff_mea
                "rollout_correction/clipfrac")
 
 
-def updater_kwargs():
+def updater_kwargs(micro_batch_size=2, **batching):
+    """PolicyUpdater's keywords of the cases; batching: Batching's max_tokens, packing."""
+    from mindgrpo.grpo.optim import AdamWSettings
+    from mindgrpo.grpo.packing import Batching
+
     # grad_clip small enough to clip: the clipping coefficient needs the whole gradient's norm
-    return dict(micro_batch_size=2, detach_old=True, use_ref=False, beta1=0.9, beta2=0.99, eps=1e-8,
-                weight_decay=0.01, grad_clip=0.05)
+    return dict(batching=Batching(micro_batch_size, **batching), detach_old=True, use_ref=False,
+                optimizer=AdamWSettings(beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, grad_clip=0.05))
 
 
 def prompts():

@@ -87,7 +87,7 @@ for key, layout, reducer, micro, batching in (
         ("pp4", PP4, None, 3, {}), ("tp_pp_packed", TP_PP, None, 2, PACKED)):
     lm = stage_model(layout)
     updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=reducer,
-                            pipeline=Pipeline(comm, layout), **dict(updater_kwargs(), micro_batch_size=micro), **batching)
+                            pipeline=Pipeline(comm, layout), **updater_kwargs(micro, **batching))
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
     policies[key] = lm

@@ -96,8 +96,7 @@ for key, lm, reducer, chunk, batching in (
         ("tp_chunked", tp_chunked, None, 24, {}),  # (2, 32) micro-batches: chunks of 24, 24 and 16 rows
         ("tp_packed", tp_packed, None, 0, dict(max_tokens=96, packing=True)),
         ("dp_budget", dp_budget, DataParallelGrads(dp_comm, dp_comm.train_dp), 0, dict(max_tokens=64))):
-    updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=reducer, chunk=chunk,
-                            **updater_kwargs(), **batching)
+    updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=reducer, chunk=chunk, **updater_kwargs(**batching))
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
     clock.mark(f"(b) update {key}")
