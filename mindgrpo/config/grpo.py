@@ -268,7 +268,8 @@ class GRPOConfig:
 
     def _check_separate(self) -> None:
         """What generate_config.placement separate runs for now (docs/async.md: its limits): one training rank and a
-        rollout group of R whole replicas (generate_config.parallel_config.data_parallel R; msrun --worker_num 1 + R)."""
+        rollout group of R whole replicas (generate_config.parallel_config.data_parallel R; msrun --worker_num 1
+        + R)."""
         rl, gen = self.rl_config, self.generate_config
         train = self.actor_config.parallel_config.world_size
         check(train == 1, "actor_config.parallel_config", "with generate_config.placement separate: one training rank "

@@ -160,8 +160,8 @@ class Meeting:
 
     def weights(self, params: Dict[str, Parameter], give: bool) -> Dict[str, float]:
         """params by their path in the model (the same paths and shapes on every rank; taken in path order): the
-        training rank's values (give True) into every rollout rank's (the others give zeros), bucket by bucket. Returns sync/seconds (the
-        meeting, waiting for the other rank included), sync/bytes and sync/max_bucket_bytes."""
+        training rank's values (give True) into every rollout rank's (the others give zeros), bucket by bucket. Returns
+        sync/seconds (the meeting, waiting for the other ranks included), sync/bytes and sync/max_bucket_bytes."""
         t0 = time.perf_counter()
         ordered = [params[name] for name in sorted(params)]
         buckets, bucket, size = [], [], 0
