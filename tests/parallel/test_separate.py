@@ -228,12 +228,15 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs):
 
 
 @pytest.mark.slow  # the same msrun job
-@pytest.mark.parametrize("lag", [0])  # sep1l, col1l (off_policy_steps 1: the same meetings) pass too; 46 s of CI
-def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, lag):
+# sep1l, col1l (off_policy_steps 1: the same meetings) pass too, 46 s of CI; and sep0dl (sep0l with a rollout group of
+# two, the meetings of sep0d), against col0l
+@pytest.mark.parametrize("run", ["0"])
+def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, run):
     """sep0l: LoRA rank 4 with a warm start (the base trains, then moves whole to the rollout rank), stopped after
     step 2 and resumed (the base and adapters move again), the reference the policy with its adapters off (beta > 0);
     col0l: the same in one process, the engine on the policy itself. sep1l, col1l: LoRA with off_policy_steps 1."""
-    sep, col = runs / f"sep{lag}l", runs / f"col{lag}l"
+    lag = int(run[0])
+    sep, col = runs / f"sep{run}l", runs / f"col{lag}l"
     ms, mc = metrics(sep), metrics(col)
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
     got, want = samples(sep), samples(col)

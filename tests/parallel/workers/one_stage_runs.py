@@ -15,7 +15,7 @@ tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its 
 validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its
 peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout group of two): sep0d (sep0, stopped
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
-peers col0 and col1.
+peers col0 and col1; sep0dl (sep0l; its peer col0l).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -97,6 +97,9 @@ RUNS = {
     "sep0d": [(MSRUN, SEPARATE + WARM + VAL + ROLLOUT2 + ["rl_config.max_steps=2"]),
               (MSRUN + ["--resume"], SEPARATE + WARM + VAL + ROLLOUT2)],
     "sep1d": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED + ROLLOUT2)],
+    # sep0l with a rollout group of two (peer col0l; not in the test's job: the same meetings as sep0d's)
+    "sep0dl": [(MSRUN, SEPARATE + WARM + LORA + ROLLOUT2 + ["rl_config.max_steps=2"]),
+               (MSRUN + ["--resume"], SEPARATE + WARM + LORA + ROLLOUT2)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
