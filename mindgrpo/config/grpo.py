@@ -267,12 +267,28 @@ class GRPOConfig:
                   f"set generate_config.parallel_config to 1 device (it has {gen.parallel_config.world_size})")
 
     def _check_separate(self) -> None:
-        """What generate_config.placement separate runs for now (docs/async.md: its limits)."""
+        """What generate_config.placement separate runs for now (docs/async.md: its limits): one training rank and a
+        rollout group of R whole replicas (generate_config.parallel_config.data_parallel R; msrun --worker_num 1
+        + R)."""
         rl, gen = self.rl_config, self.generate_config
-        for key, world in (("actor_config.parallel_config", self.actor_config.parallel_config.world_size),
-                           ("generate_config.parallel_config", gen.parallel_config.world_size)):
-            check(world == 1, key, f"with generate_config.placement separate: one rank for now (msrun "
-                  f"--worker_num=2: rank 0 trains, rank 1 generates), got {world}")
+        train = self.actor_config.parallel_config.world_size
+        check(train == 1, "actor_config.parallel_config", "with generate_config.placement separate: one training rank "
+              f"for now (msrun --worker_num=1 + generate_config.parallel_config.data_parallel), got {train}")
+        rollout = gen.parallel_config
+        check(rollout.model_parallel == 1 and rollout.pipeline_stage == 1, "generate_config.parallel_config",
+              "with generate_config.placement separate: the rollout ranks are whole replicas of the model (set "
+              "data_parallel to their number), got model_parallel "
+              f"{rollout.model_parallel}, pipeline_stage {rollout.pipeline_stage}")
+        replicas = rollout.data_parallel
+        check(rl.batch_size >= replicas, "rl_config.batch_size",
+              f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "
+              f"generate_config.parallel_config.data_parallel), got {rl.batch_size}")
+        if replicas > 1:  # what one rollout rank runs only (docs/async.md, its limits)
+            for key, off, why in (
+                    ("generate_config.partial_rollout", not gen.partial_rollout, "the groups in flight are kept"),
+                    ("generate_config.tools", not gen.tools, "the conversations run")):
+                check(off, key, f"with generate_config.placement separate {why} on one rollout rank for now, not "
+                      f"{replicas}: set generate_config.parallel_config.data_parallel to 1 or leave it off")
         check(rl.off_policy_steps <= 1, "rl_config.off_policy_steps",
               f"with generate_config.placement separate: 0 or 1 (the rollout rank runs at most one step ahead; "
               f"rl_config.max_staleness bounds how stale a sample may train), got {rl.off_policy_steps}")

@@ -1,11 +1,12 @@
-"""The rollout rank of generate_config.placement separate (docs/async.md; the meetings: parallel/separate.py).
+"""A rollout rank of generate_config.placement separate (docs/async.md; the meetings: parallel/separate.py).
 
-It draws the training rank's prompts in the same order (the same PromptSource, the same seeds), generates each
-step's samples with its inference copy and meets the training rank once for the samples and once for the new
-weights, in the trainer's order: the first weights (version 0), then per step s its samples and the weights of
-update s. With off_policy_steps 0 it generates step s + 1 after receiving update s (the ranks take turns, as a
-colocated run); with 1 it generates step s + 1 right after handing over step s, with the weights it has (those of
-update s - 1), while update s trains:
+It draws the training rank's prompts in the same order (the same PromptSource, the same seeds), generates its share
+of each step's samples with its inference copy (with R rollout ranks, generate_config.parallel_config.data_parallel,
+rank 1 + i the i-th contiguous share of the groups: `Meeting.share`; validation's prompts too) and meets the
+training rank (and the other rollout ranks) once for the samples and once for the new weights, in the trainer's
+order: the first weights (version 0), then per step s its samples and the weights of update s. With off_policy_steps
+0 it generates step s + 1 after receiving update s (the ranks take turns, as a colocated run); with 1 it generates
+step s + 1 right after handing over step s, with the weights it has (those of update s - 1), while update s trains:
 
     training rank   W0 | S1  train 1  W1 | S2  train 2  W2 | S3 ...
     rollout (k=0)   W0  gen 1  S1 | W1  gen 2  S2 | W2  gen 3 ...
@@ -34,10 +35,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from mindgrpo.grpo.partial import PartialRollouts
-from mindgrpo.grpo.prompts import PromptBatch, PromptSource
+from mindgrpo.grpo.prompts import PromptSource
 from mindgrpo.grpo.trainer import rollout_seed, sampling_params, validation_request
 from mindgrpo.parallel.data_parallel import row_width
 from mindgrpo.parallel.separate import Meeting, prompt_check
@@ -45,6 +46,19 @@ from mindgrpo.parallel.weight_sync import named_parameters
 from mindgrpo.utils import heartbeat
 
 logger = logging.getLogger(__name__)
+
+
+class Samples(NamedTuple):
+    """What this rank hands over in a samples meeting: its completions (from row `first` of the call's `rows`, each
+    `width` token slots), its figures, the groups' numbers (partial rollouts; None: their prompts' indices) and the
+    conversations' (prompts, columns, metrics) or None."""
+    comps: list
+    figures: dict
+    rows: int
+    first: int
+    width: int
+    groups: Optional[list]
+    talk: Optional[tuple]
 
 
 class RolloutWorker:
@@ -73,65 +87,70 @@ class RolloutWorker:
         self.engine.version = version
         self.waited += time.perf_counter() - t0
 
-    def generate(self, step: int):
-        """The samples of step `step` (counted from 1) and the figures that go with them."""
+    def generate(self, step: int) -> Samples:
+        """This rank's samples of step `step` (counted from 1) and the figures that go with them."""
         rl, gen = self.cfg.rl_config, self.cfg.generate_config
         params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1), self.stop_ids)
         t0 = time.perf_counter()
-        groups, extra, talk = None, {}, None
         with heartbeat.phase("rollout"):
             if self.partial is None:
-                batch, comps, talk = self.run_call(self.prompts.next(rl.batch_size), params)
-            else:  # the trainer's collect_partial, with this rank's weights
-                batch, comps, extra = self.partial.step(
-                    self.engine, self.prompts, rl.batch_size,
-                    lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
-                    (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)))
-                groups = self.partial.taken
-        return comps, self.figures(batch, t0, extra), len(batch.ids) * params.n, self.width(params), groups, talk
+                return self.run_call(self.prompts.next(rl.batch_size), params, t0)
+            # the trainer's collect_partial, with this rank's weights (one rollout rank: the config refuses more)
+            batch, comps, extra = self.partial.step(
+                self.engine, self.prompts, rl.batch_size, lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
+                (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)))
+        return Samples(comps, self.figures(batch.ids, t0, self.engine.last_stats, extra), len(batch.ids) * params.n, 0,
+                       self.width(params), self.partial.taken, None)
 
-    def run_call(self, batch, params):
-        """(the batch as generated, its completions, the conversations' (prompts, columns, metrics) or None)."""
-        conv = self.conversations
-        if conv is None:
-            return batch, self.engine.generate(batch.ids, params), None
-        ids, comps, columns, metrics = conv.generate(self.engine, batch.ids, batch.columns["prompt"], params,
-                                                     self.tokenizer)
-        return PromptBatch(ids, batch.columns), comps, (ids, columns, metrics)
+    def run_call(self, batch, params, t0: float) -> Samples:
+        """This rank's share of the batch's groups generated (all of them with conversations: one rollout rank), each
+        prompt keyed by its index in the batch (its samples' random streams: a one-process run's samples)."""
+        conv, n = self.conversations, params.n
+        if conv is not None:
+            ids, comps, columns, metrics = conv.generate(self.engine, batch.ids, batch.columns["prompt"], params,
+                                                         self.tokenizer)
+            return Samples(comps, self.figures(ids, t0, self.engine.last_stats), len(ids) * n, 0, self.width(params),
+                           None, (ids, columns, metrics))
+        mine = self.meeting.share(len(batch.ids))
+        ids = [batch.ids[k] for k in mine]
+        comps = self.engine.generate(ids, params, prompt_index=mine) if len(mine) else []
+        stats = self.engine.last_stats if len(mine) else {"new_tokens": 0}  # a share of none: nothing generated
+        return Samples(comps, self.figures(ids, t0, stats), len(batch.ids) * n, int(mine[0]) * n if len(mine) else 0,
+                       self.width(params), None, None)
 
     def width(self, params) -> int:
         return row_width(params, None if self.conversations is None else self.conversations.turns)
 
-    def validation(self):
-        """The held-out prompts' samples with this rank's weights, as the trainer's `validate` draws them."""
+    def validation(self) -> Samples:
+        """This rank's share of the held-out prompts' samples with this rank's weights, as the trainer's `validate`
+        draws them."""
         rl, gen = self.cfg.rl_config, self.cfg.generate_config
         batch, params = validation_request(rl, gen, self.val_prompts, self.stop_ids)
         t0 = time.perf_counter()
         with heartbeat.phase("validate"):
-            batch, comps, talk = self.run_call(batch, params)
-        return comps, self.figures(batch, t0), len(batch.ids) * params.n, self.width(params), None, talk
+            return self.run_call(batch, params, t0)
 
-    def figures(self, batch, t0: float, extra: Optional[dict] = None) -> dict:
-        """The figures of a generation started at perf_counter `t0` (extra: the partial rollout's)."""
+    def figures(self, ids, t0: float, stats: dict, extra: Optional[dict] = None) -> dict:
+        """The figures of a generation of the prompts `ids` started at perf_counter `t0` (stats: the engine's last
+        call's; extra: the partial rollout's)."""
         extra = extra or {}
-        stats = dict(self.engine.last_stats, **extra)  # partial: the step's new tokens, not its last call's
+        stats = dict(stats, **extra)  # partial: the step's new tokens, not its last call's
         figures = {k: float(stats.get(k, 0.0)) for k in ("useful_fraction", "slots_in_use", "kv_bytes",
                                                          "prefill_seconds", "decode_seconds", "decode_steps",
                                                          "compiled_graphs", *extra)}
         figures.update(new_tokens=float(stats["new_tokens"]), generate_seconds=time.perf_counter() - t0,
-                       version=float(self.engine.version), prompt_check=prompt_check(batch.ids))
+                       version=float(self.engine.version), prompt_check=prompt_check(ids))
         return figures
 
-    def send(self, samples, validation: bool = False) -> None:
+    def send(self, samples: Samples, validation: bool = False) -> None:
         """A step's samples (or a validation's: its wait counts towards the next step's)."""
-        comps, figures, rows, width, groups, talk = samples
         t0 = time.perf_counter()
-        figures["wait_seconds"] = self.waited
+        figures = dict(samples.figures, wait_seconds=self.waited)
         n = self.cfg.rl_config.val_n if validation else self.cfg.rl_config.num_generations
         with heartbeat.phase("samples"):
-            self.meeting.samples(comps, rows, n, width, figures, groups)
-            if talk is not None:  # the conversations' columns and metrics (RemoteConversations.generate)
-                self.meeting.value(talk)
+            self.meeting.samples(samples.comps, samples.rows, n, samples.width, figures, samples.groups, samples.first)
+            if samples.talk is not None:  # the conversations' columns and metrics (RemoteConversations.generate)
+                self.meeting.value(samples.talk)
         self.waited = (self.waited if validation else 0.0) + time.perf_counter() - t0
 
     @property

@@ -17,9 +17,9 @@ from mindgrpo.utils.stats import sample_std
 # the engine's per-call figures logged as rollout/<key> (mindgrpo.inference.engine.RolloutEngine.last_stats)
 ROLLOUT_STATS = ("useful_fraction", "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps",
                  "compiled_graphs")
-# the rollout rank's seconds generating and waiting in meetings since its last samples, the training rank's
-# waiting for these samples (mindgrpo/parallel/separate.py)
-ASYNC_STATS = ("generate_seconds", "wait_seconds", "train_wait_seconds")
+# the rollout group's seconds generating and waiting in meetings since its last samples (its slowest rank's; the sum
+# over its ranks: wait_seconds_sum), the training rank's waiting for these samples (mindgrpo/parallel/separate.py)
+ASYNC_STATS = ("generate_seconds", "wait_seconds", "wait_seconds_sum", "train_wait_seconds")
 
 
 class Rollouts:
@@ -91,9 +91,11 @@ def rollout_metrics(r: Rollouts, stats: Dict[str, float]) -> Dict[str, float]:
     for key in ROLLOUT_STATS:  # the engine's account of this call (this replica's, under data parallelism)
         if key in stats:
             out[f"rollout/{key}"] = float(stats[key])
-    for key in ASYNC_STATS:  # generate_config.placement separate: each rank's generating and waiting (idle) seconds
+    for key in ASYNC_STATS:  # generate_config.placement separate: each side's generating and waiting (idle) seconds
         if key in stats:
             out[f"async/{key}"] = float(stats[key])
+    for key, value in stats.get("replicas", {}).items():  # several rollout ranks: each one's tokens/s and idle seconds
+        out[f"async/{key}"] = float(value)
     return out
 
 

@@ -367,7 +367,9 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
                ) -> MemoryPlan:
     actor, gen, rl = gcfg.actor_config, gcfg.generate_config, gcfg.rl_config
     train = ParallelLayout.from_config(actor.parallel_config)
-    infer = ParallelLayout.from_config(gen.parallel_config)
+    # generate_config.placement separate: each rollout rank holds a whole replica on a device of its own, and the
+    # weights meeting moves whole buckets (docs/async.md); so the plan is that of one rollout device whatever their number
+    infer = ParallelLayout.from_config(gen.parallel_config) if gen.placement == "colocated" else ParallelLayout()
     policy = piece_bytes(mcfg, train, rank=rank)
     optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard, rank)
     shared = gcfg.inference_shares_policy(infer == train)  # the plan of a run without --sft_path_infer of its own

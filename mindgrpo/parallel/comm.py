@@ -212,8 +212,8 @@ def init_parallel(cfg) -> Comm:
 
 def init_separate(cfg) -> Comm:
     """generate_config.placement separate: communication initialised, the world checked to be the training
-    layout's ranks (the first ones) and the rollout layout's (the next ones). No group but the world: the two
-    sides meet over it (mindgrpo/parallel/separate.py)."""
+    layout's ranks (the first ones) and the rollout layout's (the next ones: R whole replicas). No group but the
+    world: the two sides meet over it (mindgrpo/parallel/separate.py)."""
     from mindspore.communication import get_group_size, get_rank, init
 
     train, infer, ref = layouts_of(cfg)

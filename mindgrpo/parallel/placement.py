@@ -348,11 +348,11 @@ class ParallelPlacement:
 
 
 class SeparatePlacement(OneDevice):
-    """generate_config.placement separate (mindgrpo/parallel/separate.py): rank 0 trains, rank 1 generates (for
-    now one of each, their models whole). On the training rank the engine and the inference weight sync are the
-    meetings with the rollout rank (`RemoteRollout`, `SendWeights`); the reference (beta > 0) is beside the policy;
-    checkpoints and rewards are this rank's. The rollout rank builds its inference copy and engine
-    (`builder.build_rollout`) and runs `grpo/rollout_worker.RolloutWorker`."""
+    """generate_config.placement separate (mindgrpo/parallel/separate.py): rank 0 trains, ranks 1 .. R generate
+    (generate_config.parallel_config.data_parallel R; every model whole). On the training rank the engine and the
+    inference weight sync are the meetings with the rollout ranks (`RemoteRollout`, `SendWeights`); the reference
+    (beta > 0) is beside the policy; checkpoints and rewards are this rank's. Each rollout rank builds its inference
+    copy and engine (`builder.build_rollout`) and runs `grpo/rollout_worker.RolloutWorker` on its share."""
 
     remote_rollout = True
 
@@ -375,7 +375,7 @@ class SeparatePlacement(OneDevice):
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Optional[Qwen2ForCausalLM], role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
                     names: Optional[List[str]] = None) -> Sync:
-        """The inference copy is on the rollout rank: the weights meeting (names: only these parameters, LoRA's
+        """The inference copies are on the rollout ranks: the weights meeting (names: only these parameters, LoRA's
         adapters or base); the reference is beside the policy."""
         if role == "inference":
             return SendWeights(self.meeting, src, names)
@@ -396,8 +396,8 @@ def placement_for(cfg, use_parallel: bool) -> Placement:
     separate = cfg.generate_config.placement == "separate"
     if not use_parallel:
         if separate:
-            raise ValueError("generate_config.placement separate runs under msrun (--use_parallel True, "
-                             "msrun --worker_num=2: rank 0 trains, rank 1 generates); one process is colocated")
+            raise ValueError("generate_config.placement separate runs under msrun (--use_parallel True, msrun "
+                             "--worker_num=1 + R: rank 0 trains, R ranks generate); one process is colocated")
         return OneDevice()
     if separate:
         comm = init_separate(cfg)

@@ -1,25 +1,30 @@
-"""generate_config.placement separate (docs/async.md): under msrun the training rank and the rollout rank meet
-once a step, and otherwise work at the same time.
+"""generate_config.placement separate (docs/async.md): under msrun the training rank and the rollout group (R ranks,
+each a whole replica of the model: generate_config.parallel_config.data_parallel R) meet once a step, and otherwise
+work at the same time.
 
 MindSpore's CPU collectives have no Send / Receive, and every member of a group enters a collective at the same
 point; so a meeting is an AllReduce over the world (`Comm.host_sum`) to which one side gives its data and the
 other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subnormal, which mccl flushes):
 
-    samples   the rollout rank's completions of a step (as `data_parallel.completion_rows`, versions included,
-              and in a last column each sample's group number: with partial rollouts, its prompt's draw number)
-              and a row of its figures (FIGURES) -> the training rank
+    samples   the rollout ranks' completions of a step (as `data_parallel.completion_rows`, versions included,
+              and in a last column each sample's group number: with partial rollouts, its prompt's draw number),
+              each rank's in the rows of its share of the groups (`Meeting.share`: contiguous, in prompt order),
+              and a row of figures (FIGURES) per rollout rank -> the training rank
     weights   the policy's parameters after an update, in buckets of rl_config.weight_sync_bucket_mb ->
-              the rollout rank's inference copy; with LoRA the adapters only, and at the start, after the warm
+              every rollout rank's inference copy; with LoRA the adapters only, and at the start, after the warm
               start and after a resume first a meeting of the base weights (both ranks know when: docs/async.md)
     start     after a --resume, the restored step and prompt position, and with partial rollouts the prompts drawn
-              and the draw numbers of the groups in flight -> the rollout rank
+              and the draw numbers of the groups in flight -> every rollout rank
     value     after a samples meeting of conversations (generate_config.tools): what the rollout rank's
               conversations give besides the tokens (the prompts as generated, the reward columns, the tool/ and
-              turns/ metrics), pickled, its length first -> the training rank
+              turns/ metrics), pickled, its length first -> the training rank (one rollout rank only: the config
+              refuses tools with more)
 
 The training rank's side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
-the trainer's step is unchanged; the rollout rank runs `grpo/rollout_worker.RolloutWorker`. One training and one
-rollout rank for now (the config refuses more): their models are whole, in the same layout.
+the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. One training rank for now
+(the config refuses more); every model is whole, in the same layout. Rollout rank i (rank 1 + i) generates its share
+of the step's prompts, each keyed by its index in the whole batch (a sample's random stream depends on that index,
+its sample number and its token number only), so the samples are a one-process run's whichever rank drew them.
 """
 
 from __future__ import annotations
@@ -34,17 +39,22 @@ from mindspore import Parameter, Tensor
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel.comm import Comm
-from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, row_width, rows_completions
+from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, row_width, rows_completions, share
 from mindgrpo.parallel.weight_sync import named_parameters
 
-# the rollout rank's figures of a step, sent after its samples (one float32 row); "prompt_check" is the sum of the
-# step's prompt token ids (mod 2**23): the training rank compares it with its own prompts' (the same data order)
+# a rollout rank's figures of a step, sent after its samples (one float32 row each); "prompt_check" is the sum of its
+# share's prompt token ids (mod 2**23): the training rank compares it with its own prompts' (the same data order)
 # with partial rollouts (grpo/partial.py) also the prompts drawn, the groups and samples in flight after the step and
 # the carried samples that went on in it (0 without)
 FIGURES = ("new_tokens", "generate_seconds", "wait_seconds", "version", "prompt_check", "useful_fraction",
            "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps", "compiled_graphs",
            "drawn", "carried_groups", "carried_samples", "continued_samples")
-TRAIN_RANK, ROLLOUT_RANK = 0, 1
+# the rollout group's figure from its ranks' (`group_figures`): tokens, decoding rows, memory and prompts summed; the
+# seconds, steps, graphs and version the largest rank's (the group waits for its slowest); the ratio averaged;
+# prompt_check kept per rank (`prompt_checks`)
+SUMMED = ("new_tokens", "slots_in_use", "kv_bytes", "drawn", "carried_groups", "carried_samples", "continued_samples")
+AVERAGED = ("useful_fraction",)
+TRAIN_RANK = 0
 
 
 def prompt_check(prompts: Sequence[Sequence[int]]) -> float:
@@ -53,43 +63,73 @@ def prompt_check(prompts: Sequence[Sequence[int]]) -> float:
 
 
 def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]]) -> None:
-    """The rollout rank's figures name the prompts it generated (`prompt_check`): those this rank trains on."""
-    if figures["prompt_check"] != prompt_check(prompts):
-        raise RuntimeError("generate_config.placement separate: the rollout rank generated other prompts than "
-                           "the training rank trains on (their data order differs)")
+    """The rollout group's figures (`group_figures`) name the prompts each rank generated (`prompt_checks`, its share
+    of them): those this rank trains on."""
+    checks = figures["prompt_checks"]
+    for i, check in enumerate(checks):
+        if check != prompt_check([prompts[k] for k in share(len(prompts), len(checks), i)]):
+            raise RuntimeError(f"generate_config.placement separate: rollout rank {TRAIN_RANK + 1 + i} generated other "
+                               "prompts than the training rank trains on (their data order differs)")
+
+
+def group_figures(ranks: Sequence[Dict[str, float]]) -> Dict[str, object]:
+    """The rollout group's figures of a step from its ranks' (SUMMED, AVERAGED, the others the largest), with
+    `prompt_checks` (each rank's), `wait_seconds_sum` (the group's idle rank-seconds) and, with more than one rank,
+    `replicas`: each rank's tokens_per_s and wait_seconds, by `rollout<i>/` (async/rollout<i>/... in metrics.jsonl)."""
+    out: Dict[str, object] = {}
+    for key in FIGURES:
+        values = [r[key] for r in ranks]
+        out[key] = sum(values) if key in SUMMED else sum(values) / len(values) if key in AVERAGED else max(values)
+    out["prompt_checks"] = [r["prompt_check"] for r in ranks]
+    out["wait_seconds_sum"] = sum(r["wait_seconds"] for r in ranks)
+    if len(ranks) > 1:
+        out["replicas"] = {f"rollout{i}/{k}": v for i, r in enumerate(ranks)
+                           for k, v in (("tokens_per_s", r["new_tokens"] / max(r["generate_seconds"], 1e-9)),
+                                        ("wait_seconds", r["wait_seconds"]))}
+    return out
 
 
 class Meeting:
-    """The two ranks' collectives (every call is made by both ranks, in the same order: `RolloutWorker.run`
-    and the trainer's step keep it). bucket_bytes: the weights' buckets (rl_config.weight_sync_bucket_bytes)."""
+    """The world's collectives (every call is made by every rank, in the same order: `RolloutWorker.run` and the
+    trainer's step keep it). bucket_bytes: the weights' buckets (rl_config.weight_sync_bucket_bytes)."""
 
     def __init__(self, comm: Comm, bucket_bytes: int):
-        if comm.world != 2:
-            raise ValueError(f"generate_config.placement separate runs on 2 ranks for now, the world has {comm.world}")
+        if comm.world < 2 or comm.train.world_size != 1:
+            raise ValueError(f"generate_config.placement separate runs one training rank and at least one rollout "
+                             f"rank, got {comm.train.world_size} training ranks in a world of {comm.world}")
         self.comm, self.group = comm, comm.group(range(comm.world))
         self.bucket_bytes = bucket_bytes
+        self.replicas = comm.world - 1  # the rollout ranks: 1, ..., world - 1
+        self.index = comm.rank - 1  # this rank's place among them (-1: the training rank)
+
+    def share(self, groups: int, index: Optional[int] = None) -> np.ndarray:
+        """The groups (of a step's `groups`, in prompt order) that rollout rank `index` (default this one) generates:
+        a contiguous share, the first ranks one more when they do not divide evenly (`data_parallel.share`)."""
+        return share(groups, self.replicas, self.index if index is None else index)
 
     def samples(self, comps: Optional[List[Completion]], rows: int, n: int, width: int,
-                figures: Optional[Dict[str, float]] = None, groups: Optional[Sequence[int]] = None
-                ) -> Tuple[List[Completion], List[int], Dict[str, float]]:
-        """The rollout rank's `comps` (rows of them, n a prompt), their groups' numbers (rows // n; default 0, 1,
-        ...; float32 carries them exactly below 2**24) and its figures, on both ranks; the training rank passes
-        None."""
+                figures: Optional[Dict[str, float]] = None, groups: Optional[Sequence[int]] = None,
+                first: int = 0) -> Tuple[List[Completion], List[int], List[Dict[str, float]]]:
+        """Every rollout rank's `comps` (n a prompt; this rank's from row `first` of the step's `rows`), their groups'
+        numbers (default their prompts' indices in the step; float32 carries them exactly below 2**24) and each
+        rollout rank's figures, on every rank; the training rank passes None."""
         head = ROW_HEAD + ROW_FIELDS * width
-        data = np.zeros((rows + 1, head + 1), np.float32)
+        data = np.zeros((rows + self.replicas, head + 1), np.float32)
         if comps is not None:
-            data[:rows, :head] = completion_rows(comps, rows, width)
-            data[:rows, head] = np.repeat(np.arange(rows // n) if groups is None else np.asarray(groups), n)
-            data[rows, :len(FIGURES)] = [figures.get(k, 0.0) for k in FIGURES]
+            k = len(comps)
+            data[first:first + k, :head] = completion_rows(comps, k, width)
+            data[first:first + k, head] = np.repeat(np.arange(first // n, (first + k) // n) if groups is None
+                                                    else np.asarray(groups), n)
+            data[rows + self.index, :len(FIGURES)] = [figures.get(key, 0.0) for key in FIGURES]
         data = self.comm.host_sum(data, self.group)
         return (rows_completions(data[:rows, :head], n, width), data[:rows:n, head].astype(np.int64).tolist(),
-                dict(zip(FIGURES, map(float, data[rows, :len(FIGURES)]))))
+                [dict(zip(FIGURES, map(float, row[:len(FIGURES)]))) for row in data[rows:]])
 
     def start(self, position: Optional[Sequence[int]], in_flight: Optional[Sequence[int]] = None
               ) -> Tuple[Tuple[int, ...], List[int]]:
         """After a --resume: the training rank's (step, prompt epoch, prompt index, prompts drawn) and, with partial
-        rollouts, the draw numbers of its groups in flight, on both ranks (the rollout rank passes None), so that the
-        rollout rank goes on from the step, generates those groups again and draws from the position restored."""
+        rollouts, the draw numbers of its groups in flight, on every rank (the rollout ranks pass None), so that the
+        rollout ranks go on from the step, generates those groups again and draws from the position restored."""
         head = np.zeros(5, np.float32)
         numbers = [int(k) for k in in_flight or ()]
         if position is not None:
@@ -119,9 +159,9 @@ class Meeting:
         return pickle.loads(self.comm.host_sum(flat, self.group).astype(np.uint8).tobytes())
 
     def weights(self, params: Dict[str, Parameter], give: bool) -> Dict[str, float]:
-        """params by their path in the model (the same paths and shapes on both ranks; taken in path order): the
-        training rank's values (give True) into the rollout rank's, bucket by bucket. Returns sync/seconds (the
-        meeting, waiting for the other rank included), sync/bytes and sync/max_bucket_bytes."""
+        """params by their path in the model (the same paths and shapes on every rank; taken in path order): the
+        training rank's values (give True) into every rollout rank's (the others give zeros), bucket by bucket. Returns
+        sync/seconds (the meeting, waiting for the other ranks included), sync/bytes and sync/max_bucket_bytes."""
         t0 = time.perf_counter()
         ordered = [params[name] for name in sorted(params)]
         buckets, bucket, size = [], [], 0
@@ -151,8 +191,9 @@ class Meeting:
 
 
 class RemoteRollout:
-    """The training rank's engine: `generate` is the samples meeting (the rollout rank generated the same prompts
-    with the same seeds); `last_stats` the rollout rank's figures. The versions come stamped on the samples."""
+    """The training rank's engine: `generate` is the samples meeting (the rollout ranks generated the same prompts
+    with the same seeds, each its share); `last_stats` the rollout group's figures (`group_figures`). The versions
+    come stamped on the samples."""
 
     compiled_graphs = 0
 
@@ -175,12 +216,14 @@ class RemoteRollout:
             check_prompts(figures, prompts)
         return comps
 
-    def groups(self, rows: int, n: int, width: int) -> Tuple[List[Completion], List[int], Dict[str, float]]:
-        """The samples meeting: the rollout rank's `rows` samples (n a group), their groups' numbers and its
-        figures; last_stats set from them (with train_wait_seconds, this rank's wait in the meeting)."""
+    def groups(self, rows: int, n: int, width: int) -> Tuple[List[Completion], List[int], Dict[str, object]]:
+        """The samples meeting: the rollout group's `rows` samples (n a group), their groups' numbers and its
+        figures; last_stats set from them (with train_wait_seconds, this rank's wait in the meeting; tokens_per_s,
+        the group's tokens over its slowest rank's seconds)."""
         t0 = time.perf_counter()
-        comps, numbers, figures = self.meeting.samples(None, rows, n, width)
+        comps, numbers, ranks = self.meeting.samples(None, rows, n, width)
         waited = time.perf_counter() - t0
+        figures = group_figures(ranks)
         seconds = max(figures["generate_seconds"], 1e-9)
         self.last_stats = dict(figures, new_tokens=int(figures["new_tokens"]), seconds=seconds,
                                tokens_per_s=figures["new_tokens"] / seconds, train_wait_seconds=waited)

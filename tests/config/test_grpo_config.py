@@ -118,8 +118,8 @@ def test_yaml_that_sets_every_key():
                                                  "tool_num_workers", "tool_plugin", "chat_template", "environment",
                                                  "environment_plugin", "environment_settings")),
               "sft_config.teacher_tool_call_rate",
-              # the separate placement runs one training and one rollout rank for now (this file's parallelism refuses
-              # it): test_separate_placement_rules sets it
+              # the separate placement runs one training rank and whole rollout replicas for now (this file's
+              # parallelism refuses it): test_separate_placement_rules sets it
               "generate_config.placement", "generate_config.partial_rollout"} \
         | set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
@@ -546,7 +546,14 @@ SEPARATE = ["generate_config.placement=separate"]
 
 @pytest.mark.parametrize("extra, key", [
     (["actor_config.parallel_config.data_parallel=2"], "actor_config.parallel_config"),
-    (["generate_config.parallel_config.data_parallel=2"], "generate_config.parallel_config"),
+    (["generate_config.parallel_config.model_parallel=2"], "generate_config.parallel_config"),
+    (["generate_config.parallel_config.pipeline_stage=2"], "generate_config.parallel_config"),
+    # a rollout group of R ranks: at least a prompt each; one rank only keeps groups in flight or runs tools
+    (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
+    (["generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1",
+      "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
+    (["generate_config.parallel_config.data_parallel=2", "generate_config.tools=[calculator]"],
+     "generate_config.tools"),
     (["rl_config.off_policy_steps=2"], "rl_config.off_policy_steps"),
     (["rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
     (["generate_config.environment=guess_number"], "generate_config.environment"),
@@ -558,6 +565,12 @@ def test_separate_placement_rules(extra, key):
                                                         "sft_config.steps=3", "actor_config.lora_rank=8"])
     assert cfg.generate_config.placement == "separate" and cfg.rl_config.off_policy_steps == 1
     assert cfg.actor_config.lora_rank == 8
+    # a rollout group of three replicas (world 4), with LoRA and a reward model on the training rank, the batch not a
+    # multiple of three (uneven shares)
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.parallel_config.data_parallel=3",
+                                                        "rl_config.batch_size=4", "actor_config.lora_rank=8",
+                                                        "reward_config.reward_models=[{path: rm.ckpt}]"])
+    assert cfg.generate_config.parallel_config.data_parallel == 3
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=SEPARATE + extra)
     assert info.value.key == key

@@ -429,7 +429,7 @@ def test_the_training_rank_takes_the_rollout_ranks_groups_by_their_draw_numbers(
     class Meeting:  # what the samples meeting hands the training rank
         def groups(self, rows, n, width):
             assert (rows, n, width) == (2 * G, G, 5)
-            figures = dict(self.figures, prompt_check=prompt_check(self.batch.ids))
+            figures = dict(self.figures, prompt_checks=[prompt_check(self.batch.ids)])
             return self.comps, list(carry.taken), figures
 
     meeting, continued = Meeting(), 0
@@ -473,7 +473,7 @@ def test_a_resumed_rollout_rank_draws_the_training_ranks_prompts_in_flight_again
 
     class Meeting:  # what the samples meeting hands the training rank: the rollout rank's step
         def groups(self, rows, n, width):
-            return self.comps, list(self.numbers), dict(self.figures, prompt_check=prompt_check(self.batch.ids))
+            return self.comps, list(self.numbers), dict(self.figures, prompt_checks=[prompt_check(self.batch.ids)])
 
     def meet(rollout, prompts, k):  # the rollout rank's step k
         meeting = Meeting()

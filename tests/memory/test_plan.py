@@ -433,3 +433,14 @@ def test_a_lora_plan_with_pipeline_stages_counts_each_stages_adapters():
         assert p.groups["optimizer"] == 2 * p.groups["grads"]
         assert p.groups["policy"] - q.groups["policy"] == 4 * layers // 2 * (whole + 7)  # + the scalings
         assert p.groups["inference"] - q.groups["inference"] == 4 * layers * (whole + 7)
+
+
+def test_a_separate_placements_plan_is_one_rollout_devices_whatever_the_rollout_ranks():
+    """generate_config.placement separate: each rollout rank holds a whole replica and the weights meeting moves whole
+    buckets, so three rollout ranks plan as one (the plan once resharded between worlds of 1 and 3 ranks and failed)."""
+    over = ["actor_config.model=qwen2_5_0_5b", "generate_config.placement=separate", "rl_config.batch_size=4",
+            "rl_config.off_policy_steps=1"]
+    m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
+    one = plan(load_config(GRPOConfig, overrides=over), m)
+    three = plan(load_config(GRPOConfig, overrides=over + ["generate_config.parallel_config.data_parallel=3"]), m)
+    assert three.groups == one.groups and three.groups["transient"] > 0 and three.peak(True) == one.peak(True)

@@ -16,7 +16,9 @@ call tools (the micro model of tests/grpo/tool_caller.py, which ends turns with 
 conversations, the training rank trains the model's own tokens (the model masks) and rewards the tools' answers. sep0l (LoRA rank 4,
 beta > 0, a warm start, stopped after step 2 and resumed) and sep1l (LoRA, off_policy_steps 1) against their peers
 col0l, col1l: each update's meeting moves the adapters (sep1l and col1l are in workers/one_stage_runs.py, not in
-the job: the same meetings)."""
+the job: the same meetings). A job of three ranks (one training rank, a rollout group of two, each generating half of
+every step's groups and of the validation's prompts) runs sep0d (sep0, stopped after step 2 and resumed: the start
+meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and col1, step for step."""
 
 import json
 import os
@@ -63,6 +65,8 @@ def runs(tmp_path_factory):
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
               args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,sepkr,sep0l", *shared], timeout=1200)
+    # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2): world 3
+    run_msrun("one_stage_runs.py", 3, str(out / "replicas"), args=[str(out), "sep0d,sep1d", *shared], timeout=1200)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
@@ -88,9 +92,12 @@ def samples(folder, fields=("completion", "reward")):
 
 
 @pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
-@pytest.mark.parametrize("run", ["0", "1", "1p"])
+@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d"])
 def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
-    sep, col, lag = runs / f"sep{run}", runs / f"col{run}", run != "0"
+    """0d, 1d: a rollout group of two ranks; the same peers (col0, col1) as one rollout rank's."""
+    group = run.endswith("d")
+    run = run[:-1] if group else run
+    sep, col = runs / f"sep{run}{'d' if group else ''}", runs / f"col{run}"
     rows_s, rows_c = metrics(sep), metrics(col)  # with validation, a row at step 0 (before the first update)
     ms, mc = [m for m in rows_s if m["step"]], [m for m in rows_c if m["step"]]
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
@@ -107,7 +114,7 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
         assert [[m[k] for k in keys] for m in ms] == [[m[k] for k in keys] for m in mc]
         assert all(m["reward/rm/std"] > 0 and m["reward/rm/none"] == 0 for m in ms)
     if run == "0":  # the warm start moved the weights rank 1 samples with: sep1 samples step 1 without it (same seeds)
-        assert samples(runs / "sep1")[0] != got[0]
+        assert samples(runs / "sep1" if not group else runs / "sep1d")[0] != got[0]
     if run != "1p":  # validation: the rollout rank's answers (one update behind with k = 1) scored on rank 0
         def validations(rows):
             return [(m["step"], m["val/accuracy"], m.get("val/policy_version")) for m in rows if "val/accuracy" in m]
@@ -128,6 +135,16 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
     for m in ms:
         assert m["async/generate_seconds"] > 0 and m["async/wait_seconds"] >= 0 and m["async/train_wait_seconds"] > 0
         assert m["sync/bytes"] > 0 and m["rollout/tokens_per_s"] > 0
+        assert m["async/wait_seconds_sum"] >= m["async/wait_seconds"]
+    if group:  # each rollout rank's throughput and idle seconds; the group's: the slowest rank's seconds, all tokens
+        for m in ms:
+            rates = [m[f"async/rollout{i}/tokens_per_s"] for i in range(2)]
+            idle = [m[f"async/rollout{i}/wait_seconds"] for i in range(2)]
+            assert min(rates) > 0 and m["rollout/tokens_per_s"] <= sum(rates) + 1e-6
+            assert m["async/wait_seconds"] == max(idle) and m["async/wait_seconds_sum"] == pytest.approx(sum(idle))
+            assert "async/rollout2/tokens_per_s" not in m
+    else:
+        assert not any(k.startswith("async/rollout") for m in ms for k in m)  # one rollout rank: no per-rank figures
 
 
 @pytest.mark.slow  # the same msrun job
@@ -211,12 +228,15 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs):
 
 
 @pytest.mark.slow  # the same msrun job
-@pytest.mark.parametrize("lag", [0])  # sep1l, col1l (off_policy_steps 1: the same meetings) pass too; 46 s of CI
-def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, lag):
+# sep1l, col1l (off_policy_steps 1: the same meetings) pass too, 46 s of CI; and sep0dl (sep0l with a rollout group of
+# two, the meetings of sep0d), against col0l
+@pytest.mark.parametrize("run", ["0"])
+def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, run):
     """sep0l: LoRA rank 4 with a warm start (the base trains, then moves whole to the rollout rank), stopped after
     step 2 and resumed (the base and adapters move again), the reference the policy with its adapters off (beta > 0);
     col0l: the same in one process, the engine on the policy itself. sep1l, col1l: LoRA with off_policy_steps 1."""
-    sep, col = runs / f"sep{lag}l", runs / f"col{lag}l"
+    lag = int(run[0])
+    sep, col = runs / f"sep{run}l", runs / f"col{lag}l"
     ms, mc = metrics(sep), metrics(col)
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
     got, want = samples(sep), samples(col)

@@ -1,26 +1,31 @@
-"""The value meeting of generate_config.placement separate (parallel/separate.Meeting.value): what the rollout rank's
-conversations give besides the tokens (the prompts, the reward columns, the metrics) arrives whole on the training
-rank. Two threads stand in for the two ranks, summing through a host-side stand-in for the world's AllReduce (float32
-on the wire, as Comm.host_sum)."""
+"""The meetings of generate_config.placement separate (parallel/separate.Meeting) between threads that stand in for the
+ranks, summing through a host-side stand-in for the world's AllReduce (float32 on the wire, as Comm.host_sum): the
+value meeting (what the rollout rank's conversations give besides the tokens: the prompts, the reward columns, the
+metrics) arrives whole on the training rank; the samples meeting of a rollout group of several ranks brings the
+training rank every rank's share at its rows, in prompt order, and the group's figures."""
 
 import threading
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
-from mindgrpo.parallel.separate import Meeting
+from mindgrpo.inference.engine import Completion
+from mindgrpo.parallel.separate import FIGURES, Meeting, check_prompts, group_figures, prompt_check
 
 
 class ThreadWorld:
-    """Comm's world of two ranks for two threads: host_sum adds both threads' arrays in float32."""
+    """Comm's world of `size` ranks for as many threads: host_sum adds every thread's array in float32; `rank(r)` is
+    rank r's view (its Comm)."""
 
-    world = 2
-
-    def __init__(self):
-        self.barrier = threading.Barrier(2)
+    def __init__(self, size: int = 2):
+        self.world = size
+        self.barrier = threading.Barrier(size)
         self.parts = {}
 
-    def group(self, ranks):
-        return tuple(ranks)
+    def rank(self, r: int):
+        return SimpleNamespace(rank=r, world=self.world, train=SimpleNamespace(world_size=1), group=tuple,
+                               host_sum=self.host_sum)
 
     def host_sum(self, values, group):
         values = np.asarray(values)
@@ -31,19 +36,82 @@ class ThreadWorld:
         return total.reshape(values.shape).astype(values.dtype)
 
 
+def meet(world: ThreadWorld, call):
+    """call(rank, meeting) on every rank (rank 0 in this thread); each rank's result."""
+    got = {}
+    threads = [threading.Thread(target=lambda r=r: got.setdefault(r, call(r, Meeting(world.rank(r), 1 << 20))))
+               for r in range(1, world.world)]
+    for t in threads:
+        t.start()
+    got[0] = call(0, Meeting(world.rank(0), 1 << 20))
+    for t in threads:
+        t.join()
+    return got
+
+
 def test_the_value_meeting_brings_the_rollout_ranks_conversation_values_whole():
-    world = ThreadWorld()
-    meeting = Meeting(world, bucket_bytes=1 << 20)
     value = ([[1, 2, 3], [4, 5]],
              {"tool_calls": [[{"name": "calculator", "arguments": {"expression": "1+2"}, "status": "ok",
                                "response": "3"}], []],
               "messages": [[{"role": "assistant", "content": "é ü \x00 " + "x" * 5000}], []]},
              {"tool/calls_mean": 0.5, "tool/seconds": 0.1 + 0.2, "turns/masked_fraction": 1 / 3})
-    got = {}
-    rollout = threading.Thread(target=lambda: got.setdefault("rollout", meeting.value(value)))
-    rollout.start()
-    got["train"] = meeting.value(None)  # the training rank gives nothing
-    rollout.join()
+    got = meet(ThreadWorld(), lambda rank, meeting: meeting.value(value if rank else None))  # rank 0 gives nothing
+    got = {"train": got[0], "rollout": got[1]}
     assert got["train"] == value and got["rollout"] == value
     assert got["train"][2]["tool/seconds"] == 0.1 + 0.2  # floats bit for bit, tuples stay tuples
     assert isinstance(got["train"], tuple)
+
+
+def sample(prompt: int, k: int, length: int) -> Completion:
+    """Sample k of prompt `prompt`: distinct tokens, log-probs and versions, `length` tokens."""
+    tokens = [100 * prompt + 10 * k + t for t in range(length)]
+    steps = np.arange(1, length + 1, dtype=np.float32)
+    return Completion(prompt, tokens, "stop" if length % 2 else "length", np.float32(-0.1) * steps,
+                      np.float32(-0.2) * steps, versions=np.full(length, prompt % 3, np.int64))
+
+
+@pytest.mark.parametrize("replicas, groups", [(2, 3), (3, 3), (3, 4)])
+def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_rows(replicas, groups):
+    """Rollout rank 1 + i generates share i of the groups (contiguous, the first ranks one more when uneven) and hands
+    its rows over at their offset: the training rank gets every group's samples in prompt order, as one rollout rank
+    would give them, each rank's figures (the group's: tokens summed, seconds the slowest's) and its prompt check."""
+    n, width = 2, 6
+    prompts = [[7 + g, 3 * g + 1] for g in range(groups)]
+    whole = [sample(g, k, 2 + (g + k) % 4) for g in range(groups) for k in range(n)]
+
+    def call(rank, meeting):
+        if rank == 0:
+            return meeting.samples(None, groups * n, n, width)
+        mine = meeting.share(groups)
+        comps = [c for c in whole if c.prompt_index in set(mine)]
+        figures = dict.fromkeys(FIGURES, 0.0)
+        figures.update(new_tokens=float(sum(len(c.token_ids) for c in comps)), generate_seconds=float(rank),
+                       wait_seconds=0.5 * rank, version=4.0, prompt_check=prompt_check([prompts[g] for g in mine]),
+                       useful_fraction=0.25 * rank)
+        return meeting.samples(comps, groups * n, n, width, figures, first=int(mine[0]) * n if len(mine) else 0)
+
+    got = meet(ThreadWorld(1 + replicas), call)
+    shares = [list(Meeting(ThreadWorld(1 + replicas).rank(r), 1).share(groups)) for r in range(1, 1 + replicas)]
+    assert sorted(g for s in shares for g in s) == list(range(groups))  # every group once, whole
+    assert [len(s) for s in shares] == sorted((len(s) for s in shares), reverse=True)  # uneven: the first ranks more
+    for rank in range(1 + replicas):  # every rank gets the whole step (the rollout ranks ignore it)
+        comps, numbers, ranks = got[rank]
+        assert numbers == list(range(groups))
+        assert [(c.prompt_index, c.token_ids, c.finish_reason, c.turns, c.model_mask) for c in comps] == \
+            [(k // n, c.token_ids, c.finish_reason, 0, None) for k, c in enumerate(whole)]
+        for a, b in zip(comps, whole):
+            assert a.logprobs.tobytes() == b.logprobs.tobytes() and a.versions.tolist() == b.versions.tolist()
+            assert a.sampling_logprobs.tobytes() == b.sampling_logprobs.tobytes()
+        assert [r["generate_seconds"] for r in ranks] == [float(r) for r in range(1, 1 + replicas)]
+    figures = group_figures(got[0][2])
+    assert figures["new_tokens"] == sum(len(c.token_ids) for c in whole)
+    assert figures["generate_seconds"] == replicas and figures["wait_seconds"] == 0.5 * replicas
+    assert figures["wait_seconds_sum"] == 0.5 * replicas * (replicas + 1) / 2 and figures["version"] == 4.0
+    assert figures["useful_fraction"] == pytest.approx(0.25 * (replicas + 1) / 2)
+    assert sorted(figures["replicas"]) == sorted(f"rollout{i}/{k}" for i in range(replicas)
+                                                 for k in ("tokens_per_s", "wait_seconds"))
+    first = sum(len(whole[k].token_ids) for k in range(len(shares[0]) * n))
+    assert figures["replicas"]["rollout0/tokens_per_s"] == first  # its tokens in its 1 s
+    check_prompts(figures, prompts)  # each rank generated its share of these prompts
+    with pytest.raises(RuntimeError, match=f"rollout rank {replicas} generated other prompts"):
+        check_prompts(figures, prompts[:-1] + [[1]])  # the last prompt is the last rank's

@@ -13,7 +13,9 @@ sep0, sep1: their last step again, resumed from their step-2 checkpoints), sepk
 folder, --resume), sep0t (sep0's schedule with tool calls: TOOLS, on the micro model that calls tools of
 tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), sep0l (sep0 with LoRA rank 4, without
 validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its
-peer col1l).
+peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout group of two): sep0d (sep0, stopped
+after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
+peers col0 and col1; sep0dl (sep0l; its peer col0l).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -61,6 +63,7 @@ TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers
          "reward_config.verifier_function=[test_text_length,test_tool_outcome]", "reward_config.verifier_weight=[1.0,1.0]"]
 # a checkpoint every step, all kept: sepk's step 1 has groups in flight (its step 2 takes them all)
 EVERY_STEP = ["rl_config.save_interval=1", "rl_config.keep_last_k=3"]
+ROLLOUT2 = ["generate_config.parallel_config.data_parallel=2"]  # two rollout ranks, whole replicas of the model
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
     "swap_on": [(MSRUN + ["--swap", "True"], TP2)],
@@ -89,15 +92,23 @@ RUNS = {
     "col0l": [([], WARM + LORA)],
     "sep1l": [(MSRUN, SEPARATE + OFF1 + LORA)],
     "col1l": [([], OFF1 + LORA)],
+    # a rollout group of two ranks (world 3): sep0's schedule, stopped after step 2 and resumed (the start meeting
+    # reaches both rollout ranks) for step 3, and sep1's
+    "sep0d": [(MSRUN, SEPARATE + WARM + VAL + ROLLOUT2 + ["rl_config.max_steps=2"]),
+              (MSRUN + ["--resume"], SEPARATE + WARM + VAL + ROLLOUT2)],
+    "sep1d": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED + ROLLOUT2)],
+    # sep0l with a rollout group of two (peer col0l; not in the test's job: the same meetings as sep0d's)
+    "sep0dl": [(MSRUN, SEPARATE + WARM + LORA + ROLLOUT2 + ["rl_config.max_steps=2"]),
+               (MSRUN + ["--resume"], SEPARATE + WARM + LORA + ROLLOUT2)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
 
 out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
-# sep1, col1 (and sep1r) also score with a reward model on the training rank, the random one of the micro shape that
+# sep1, col1 (and sep1r, sep1d) also score with a reward model on the training rank, the random one of the micro shape that
 # tests/parallel/test_separate.py saves as OUT_DIR/rm/rm.ckpt (tests/grpo/fakes.save_reward_model), beside the rule
 REWARD_MODEL = [f"reward_config.reward_models=[{{path: {os.path.join(out, 'rm', 'rm.ckpt')}, name: rm, weight: 0.5}}]"]
-for name in ("sep1", "col1"):
+for name in ("sep1", "col1", "sep1d"):
     RUNS[name] = [(flags, more + REWARD_MODEL) for flags, more in RUNS[name]]
 # sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step
 for run, step in (("0", 2), ("1", 2)):
