@@ -40,6 +40,7 @@ more); `cache_bytes()` is what the memory ledger counts.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
@@ -56,6 +57,8 @@ from mindgrpo.inference.scheduler import SlotScheduler, halving_bucket, halving_
 from mindgrpo.inference.streams import uniforms
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils import heartbeat
+
+logger = logging.getLogger(__name__)
 
 LENGTH_STEP = 32  # capacities are multiples of this; decode length buckets stop halving near it
 # the graphs `RolloutEngine.release` keeps: their buffers are a few rows' (at the Qwen2.5-0.5B shape, 16 slots, the
@@ -170,6 +173,7 @@ class RolloutEngine:
         self.compiled_graphs = 0  # grows only when a new graph shape is built
         self.last_stats: dict = {}
         self.last_logits: Optional[List[np.ndarray]] = None
+        self.turns_cut_logged = False  # the first turn that did not fit is logged, every one counted (turns_cut)
         # the policy version of the weights the engine generates with (updates done; the trainer sets it at each
         # weight sync): every token a call generates is stamped with it (Completion.versions)
         self.version = 0
@@ -304,6 +308,10 @@ class RolloutEngine:
 
         self.last_logits = [np.stack(rows) for rows in call.logits] if return_logits else None
         self.last_stats = call.summary(elapsed, cache, self.compiled_graphs)
+        if call.first_cut is not None and not self.turns_cut_logged:
+            self.turns_cut_logged = True
+            logger.warning("a conversation's turn of %d tokens did not fit (%s): its sample ended, finish_reason "
+                           "\"length\"; this and every later one counted in turns/cut", *call.first_cut)
         return call.completions(self.version)
 
     def prefill_batch(self, n: int, slots: int, p_len: int) -> int:
@@ -452,7 +460,8 @@ class _Call:
         self.logits: List[List[np.ndarray]] = [[] for _ in range(n_req)] if return_logits else []
         self.stats = {"prefill_seconds": 0.0, "decode_seconds": 0.0, "decode_steps": 0, "rows_computed": 0,
                       "prefilled_prompts": 0, "copied_slots": 0, "append_seconds": 0.0, "append_calls": 0,
-                      "waiting_seconds": 0.0, "appended_tokens": 0}
+                      "waiting_seconds": 0.0, "appended_tokens": 0, "turns_cut": 0}
+        self.first_cut: Optional[Tuple[int, str]] = None  # the first turn that did not fit: its length, why
 
     def start(self, adm) -> None:
         """The slots that begin a sample: at its prompt's last token."""
@@ -502,12 +511,15 @@ class _Call:
     def accept_turn(self, r: int, ids: List[int], capacity: int):
         """Request r's next turn `ids`: (its slot, the first position, the ids to write there) for the append
         (its pending stop token and ids[:-1]; ids[-1] is its next decode input), or None when the turn does not
-        fit (over max_turn_tokens, or no room left in the slot): the sample then ends ("length")."""
+        fit (over max_turn_tokens, or no room left in the slot): the sample then ends ("length"), counted in
+        stats["turns_cut"]."""
         slot = int(np.flatnonzero(self.sched.request == r)[0])
         start = int(self.position[slot])
         left = int(self.limit[r // self.group] - self.count[slot])  # the model's own tokens still allowed
-        if not ids or len(ids) > self.turns.max_turn_tokens or start + len(ids) + left > capacity \
-                or self.tpos[r] + len(ids) + left > self.out_tok.shape[1]:
+        why = self._misfit(r, len(ids), capacity - start - left, left)
+        if why is not None:
+            self.stats["turns_cut"] += 1
+            self.first_cut = self.first_cut or (len(ids), why)
             self.n_out[r] = self.tpos[r]
             self.finished[r] = True
             self.position[slot] = self.token[slot] = 0
@@ -522,6 +534,20 @@ class _Call:
         self.token[slot], self.position[slot] = int(ids[-1]), start + len(ids)
         self.stats["appended_tokens"] += len(ids)
         return slot, start, written
+
+    def _misfit(self, r: int, n: int, slot_room: int, left: int) -> Optional[str]:
+        """Why request r's next turn of n ids does not fit, or None. slot_room: the positions its slot has left once
+        the model's own tokens still allowed (`left`) are set aside."""
+        if n == 0:
+            return "an empty turn"
+        if n > self.turns.max_turn_tokens:
+            return f"over max_turn_tokens {self.turns.max_turn_tokens}"
+        if n > slot_room:
+            return f"{slot_room} positions left in its slot"
+        row_room = self.out_tok.shape[1] - int(self.tpos[r]) - left
+        if n > row_room:
+            return f"{row_room} positions left in its row"
+        return None
 
     def complete_groups(self) -> int:
         """Prompts whose samples have all finished."""
@@ -549,4 +575,5 @@ class _Call:
                 "capacity": cache.capacity, "kv_bytes": cache.nbytes, "compiled_graphs": compiled,
                 "tokens_per_s": new_tokens / max(seconds, 1e-9), "turns": int(self.n_turns.sum()),
                 "appended_tokens": s["appended_tokens"], "append_seconds": s["append_seconds"],
-                "append_calls": s["append_calls"], "waiting_seconds": s["waiting_seconds"]}
+                "append_calls": s["append_calls"], "waiting_seconds": s["waiting_seconds"],
+                "turns_cut": s["turns_cut"]}

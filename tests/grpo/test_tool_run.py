@@ -55,7 +55,7 @@ def test_a_step_with_tools_logs_their_metrics_and_closes_the_workers(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     row = [json.loads(line) for line in open(out / "metrics.jsonl")][-1]
     for key in ("tool/calls_mean", "tool/errors", "tool/timeouts", "tool/seconds", "turns/mean",
-                "turns/masked_fraction", "tool/samples_with_calls"):
+                "turns/masked_fraction", "tool/samples_with_calls", "turns/cut"):
         assert key in row and row[key] >= 0, key
     assert "tools calculator, at most 1 tool turns" in r.stderr
     assert not glob.glob(str(tmp / "mindgrpo-tools-*"))  # the pool's folder, removed at close
