@@ -34,7 +34,7 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import ConfigError, check
 from mindgrpo.data.templates import ChatTemplateError
 from mindgrpo.envs import ENVIRONMENTS, check_environment_settings, load_environment_plugin
-from mindgrpo.inference.engine import Completion
+from mindgrpo.inference.engine import Completion, appended_positions
 from mindgrpo.inference.env_turns import EnvTurns
 from mindgrpo.inference.tool_turns import ToolTurns
 from mindgrpo.parallel.separate import check_prompts
@@ -71,7 +71,7 @@ class Conversations:
     @property
     def extra_positions(self) -> int:
         """KV-cache positions a sample may need beyond its prompt and max_tokens: its appended turns."""
-        return self.turns.max_turns * self.turns.max_turn_tokens
+        return appended_positions(self.turns)
 
     def generate(self, engine, prompt_ids: Sequence[Sequence[int]], questions: Sequence[str], params, tokenizer,
                  **engine_kwargs) -> tuple:
