@@ -4,13 +4,12 @@
     folder.path                                 # put the workers' scratch folders under it
     folder.close()                              # removed now (idempotent)
 
-close() removes the folder; a process that ends without running it (os._exit: the collective watchdog, the SIGTERM
-thread of a rank waiting in a collective; SIGKILL; the out-of-memory killer) would leave the folder behind. So a
-keeper, a fresh `python -I -S` that imports nothing of ours, reads a pipe whose write end only this process holds:
-the pipe closes at close() or when this process ends, whatever ends it, and the keeper then removes the folder
-(again and again for a few seconds while something still writes into it: the workers die with this process, a
-moment later) and exits. It ignores SIGINT and SIGTERM: a Ctrl-C or a SIGTERM to the whole process group must not
-stop it before it has done its work.
+close() removes the folder; a process that ends without running it (the collective watchdog's os._exit, SIGKILL,
+the out-of-memory killer) would leave the folder behind. So a keeper, a fresh `python -I -S` that imports nothing of
+ours, reads a pipe whose write end only this process holds: the pipe closes at close() or when this process ends,
+whatever ends it, and the keeper then removes the folder (again, for up to KEEP_TRYING_S, while something still
+writes into it: the workers die with this process, a moment later) and exits. It ignores SIGINT and SIGTERM: a
+Ctrl-C or a SIGTERM to the whole process group must not stop it before it has done its work.
 """
 
 from __future__ import annotations
