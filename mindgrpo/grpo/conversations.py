@@ -34,7 +34,7 @@ from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import ConfigError, check
 from mindgrpo.data.templates import ChatTemplateError
 from mindgrpo.envs import ENVIRONMENTS, check_environment_settings, load_environment_plugin
-from mindgrpo.inference.engine import Completion
+from mindgrpo.inference.engine import Completion, appended_positions
 from mindgrpo.inference.env_turns import EnvTurns
 from mindgrpo.inference.tool_turns import ToolTurns
 from mindgrpo.parallel.separate import check_prompts
@@ -71,7 +71,7 @@ class Conversations:
     @property
     def extra_positions(self) -> int:
         """KV-cache positions a sample may need beyond its prompt and max_tokens: its appended turns."""
-        return self.turns.max_turns * self.turns.max_turn_tokens
+        return appended_positions(self.turns)
 
     def generate(self, engine, prompt_ids: Sequence[Sequence[int]], questions: Sequence[str], params, tokenizer,
                  **engine_kwargs) -> tuple:
@@ -84,7 +84,7 @@ class Conversations:
         completions = engine.generate(prompt_ids, params, turns=self.turns, **engine_kwargs)
         self.finish(completions)  # an environment steps the last turns the engine ended
         return (prompt_ids, completions, conversation_columns(self.turns, completions, tokenizer),
-                conversation_metrics(self.turns, completions))
+                conversation_metrics(self.turns, completions, engine.last_stats))
 
 
 @dataclass
@@ -145,8 +145,9 @@ def load_tools(cfg: GRPOConfig) -> None:
 @CONVERSATIONS.register("tools")
 def tool_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optional[str]) -> Conversations:
     """generate_config.tools: each turn's tool calls run on a ToolPool of tool_num_workers processes; a tool turn
-    holds one answer of tool_response_max_tokens tokens (the template's text around it included), and a turn whose
-    answers need more ends its sample (finish_reason "length")."""
+    holds one answer of tool_response_max_tokens tokens (the template's text around it included); a turn over it has
+    its answers cut further until it fits (`ToolTurns.fitted_turn`), and one that cannot fit even so ends its sample
+    (finish_reason "length", counted in turns/cut)."""
     gen = cfg.generate_config
     load_tools(cfg)
     check(chat_template is not None, "generate_config.chat_template",
@@ -296,13 +297,15 @@ def conversation_columns(turns, completions: Sequence[Completion], tokenizer) ->
     return out
 
 
-def conversation_metrics(turns, completions: Sequence[Completion]) -> Dict[str, float]:
+def conversation_metrics(turns, completions: Sequence[Completion], engine_stats: dict) -> Dict[str, float]:
     """The kind's own (`turns.stats`: tool/calls_mean, tool/errors, tool/timeouts, tool/seconds for tools; env/* for
-    an environment), turns/mean (turns appended per sample), with tools tool/samples_with_calls (the fraction of
-    samples that called a tool)
-    and turns/masked_fraction (the trajectory tokens that are not the model's own: context, not trained)."""
+    an environment), turns/mean (turns appended per sample), turns/cut (turns that did not fit their slot, each
+    ending its sample: the engine's `turns_cut` of the call, `engine_stats`), with tools tool/samples_with_calls
+    (the fraction of samples that called a tool) and turns/masked_fraction (the trajectory tokens that are not the
+    model's own: context, not trained)."""
     out = {k: float(v) for k, v in turns.stats(len(completions)).items()}
     out["turns/mean"] = float(np.mean([c.turns for c in completions]))
+    out["turns/cut"] = float(engine_stats["turns_cut"])
     if "tool/calls_mean" in out:
         out["tool/samples_with_calls"] = float(np.mean([c.turns > 0 for c in completions]))
     total = sum(len(c.token_ids) for c in completions)

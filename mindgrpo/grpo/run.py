@@ -87,7 +87,7 @@ def progress_interval_s() -> float:
 def close_on_sigterm(close, in_collectives: bool = False) -> None:
     """On SIGTERM, `close()` first (the tool workers reaped, their folders removed), then the signal's default
     action: the process ends as it would have. The handler runs when the main thread is back in Python; a rank that
-    waits in collectives (`in_collectives`: the rollout rank of a separate placement) must still die at once, so
+    waits in collectives (`in_collectives`: every msrun rank, colocated or separate) must still die at once, so
     there a thread woken by the signal (`signal.set_wakeup_fd`; MindSpore's graph calls let other threads run)
     closes too and ends the process with status 128 + SIGTERM."""
     import signal
@@ -121,6 +121,16 @@ def close_on_sigterm(close, in_collectives: bool = False) -> None:
             signal.pthread_kill(threading.get_ident(), signum)
 
     signal.signal(signal.SIGTERM, on_term)
+
+
+def close_conversations_on_sigterm(conversations, use_parallel: bool) -> None:
+    """On SIGTERM, the conversations' tool workers closed (`close_on_sigterm`) on every rank that has them. Under
+    msrun (use_parallel) any rank may be waiting in a collective when the signal comes (msrun sends it to every rank
+    when one fails or when it is ended itself): a colocated rank in the data-parallel sums of the rollouts and the
+    gradients, the rollout rank of a separate placement in its meetings; so there the signal's own thread closes them
+    and ends the process at once. None: no conversations, nothing to close."""
+    if conversations is not None:
+        close_on_sigterm(conversations.close, in_collectives=use_parallel)
 
 
 def run(cfg, options: RunOptions) -> int:
@@ -174,8 +184,8 @@ def run(cfg, options: RunOptions) -> int:
             worker = builder.build_rollout(cfg, options.paths, placement)
         except (ConfigError, OSError, KeyError, ValueError) as e:
             raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
-        if worker.conversations is not None:  # its tool workers: run starts them and closes them at its end
-            close_on_sigterm(worker.close, in_collectives=True)
+        # its tool workers: worker.run starts them and closes them at its end
+        close_conversations_on_sigterm(worker.conversations, options.use_parallel)
         resumed = options.resumed
         worker.run(resumed=resumed, warm_start=cfg.sft_config.steps > 0 and not resumed)  # as rank 0's
         logger.info("rollout rank done")
@@ -193,8 +203,7 @@ def run(cfg, options: RunOptions) -> int:
     conversations = parts.conversations
     if conversations is not None:
         conversations.start()  # the tool workers too
-        if not options.use_parallel:
-            close_on_sigterm(conversations.close)
+    close_conversations_on_sigterm(conversations, options.use_parallel)
     resumed = options.resumed
     start_from_checkpoint(trainer, options.resume_from, resumed, options.allow_config_change)
     if resumed:

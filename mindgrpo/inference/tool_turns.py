@@ -9,7 +9,11 @@ A turn "ends with a tool call" when its text, without the stop token, ends with 
 mindgrpo/tools/calls.py). Its calls are checked (bad JSON, unknown tool, wrong arguments: an error answer, not
 run) and submitted; when all of a sample's calls have answered, each answer cut to tool_response_max_tokens
 tokens, the tool turn is rendered by the model's own chat template (the text it writes after an assistant turn
-for tool messages, up to the open assistant turn) and tokenized.
+for tool messages, up to the open assistant turn) and tokenized. A turn over max_turn_tokens ids has its answers cut
+further, the longest first, until it fits: the budget is measured around an empty answer, and the tokenizer may
+split the template's text differently next to an answer (an empty one lets "\n" + "\n" merge, for one); the model
+then reads a truncated answer, as for any long output. Only a turn whose template text alone is over the budget
+(many calls in one turn) stays over it: the engine ends that sample and counts it (`turns_cut`).
 """
 
 from __future__ import annotations
@@ -103,10 +107,28 @@ class ToolTurns:
         call.update(status=result.status, response=result.response(), seconds=result.seconds)
 
     def _turn_ids(self, request: int, results: List[ToolResult]) -> List[int]:
-        enc, dec = self.tokenizer.encode, self.tokenizer.decode
-        answers = [truncate_response(r.response(), enc, dec, self.response_tokens) for r in results]
+        answers, ids = self.fitted_turn([r.response() for r in results])
         self.answers[request].append(answers)
-        return self.tokenizer.encode(self.tool_turn_text(answers))
+        return ids
+
+    def fitted_turn(self, responses: Sequence[str]) -> Tuple[List[str], List[int]]:
+        """(the answers as the model reads them, the tool turn's ids): each response cut to tool_response_max_tokens
+        tokens, then, while the rendered turn is over max_turn_tokens ids, the longest answers cut by the excess
+        (shared among the answers of the longest length, down to the next length at most) and the turn rendered
+        again; over the budget only when even empty answers do not fit (module docstring)."""
+        enc, dec = self.tokenizer.encode, self.tokenizer.decode
+        sizes = [min(len(enc(r)), self.response_tokens) for r in responses]
+        while True:
+            answers = [truncate_response(r, enc, dec, n) for r, n in zip(responses, sizes)]
+            ids = enc(self.tool_turn_text(answers))
+            excess = len(ids) - self.max_turn_tokens
+            longest = max(sizes, default=0)
+            if excess <= 0 or longest == 0:
+                return answers, ids
+            at_longest = sum(n == longest for n in sizes)
+            next_longest = max((n for n in sizes if n < longest), default=0)
+            cap = max(next_longest, longest - max(1, -(-excess // at_longest)))  # below longest: the loop ends
+            sizes = [min(n, cap) for n in sizes]
 
     # ---------------------------------------------------------------- metrics
     def stats(self, samples: int) -> Dict[str, float]:

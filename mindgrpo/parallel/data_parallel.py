@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 from mindspore import nn, ops
 
-from mindgrpo.inference.engine import Completion, RolloutEngine
+from mindgrpo.inference.engine import Completion, RolloutEngine, appended_positions
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.utils.spans import spans
 from mindgrpo.parallel.comm import AllReduce, Comm, Group
@@ -119,7 +119,7 @@ ROW_HEAD, ROW_FIELDS = 4, 5
 def row_width(params: SamplingParams, turns=None) -> int:
     """Token slots of a sample's row (`completion_rows`): its max_tokens, and with conversations (`engine.Turns`) the
     positions of its appended turns (the model mask marks them)."""
-    return params.max_tokens + (0 if turns is None else turns.max_turns * turns.max_turn_tokens)
+    return params.max_tokens + appended_positions(turns)
 
 
 def completion_rows(comps: Sequence[Completion], rows: int, width: int, first: int = 0) -> np.ndarray:

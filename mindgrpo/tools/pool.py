@@ -10,8 +10,11 @@
 The workers are fresh interpreters (`python -m mindgrpo.tools.worker`), started at the first call. A call that
 outlives `timeout_s` comes back as ToolResult("timeout") and its worker is killed (SIGKILL) and replaced; a
 worker that dies during a call (a crash in C code, os._exit) gives ToolResult("error") and is replaced too.
-Each worker keeps its temporary files in a directory of its own, removed when the worker is replaced and at
-close(); the pool closes at interpreter exit (atexit), and a worker dies with its parent process on Linux.
+Each worker keeps its temporary files in a directory of its own (the python tool's sandboxes make theirs in it),
+removed when the worker is replaced and at close(); these directories are in one folder of the pool's
+(`mindgrpo-tools-*`, a utils/scratch.ScratchFolder), which goes at close() and also when the process ends without
+closing the pool (os._exit, a signal): its keeper removes it. The pool closes at interpreter exit (atexit), and a
+worker dies with its parent process on Linux.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 from mindgrpo.tools.calls import ToolCall, ToolResult
 from mindgrpo.tools.registry import check_settings, tool_origin
 from mindgrpo.utils.frames import recv_frame, send_frame
+from mindgrpo.utils.scratch import ScratchFolder
 from mindgrpo.utils.workers import START_TIMEOUT_S, WorkerProcess, start_at
 
 logger = logging.getLogger(__name__)
@@ -75,7 +79,8 @@ class ToolPool:
         self.setup = (spec, int(max_chars))
         self.num_workers, self.timeout_s = num_workers, float(timeout_s)
         self.workers: List[_Worker] = []
-        self.root: Optional[str] = None
+        self.scratch: Optional[ScratchFolder] = None
+        self.root: Optional[str] = None  # its path: the workers' folders are in it
         self.queue: deque = deque()  # (key, call) waiting for a worker
         self.done: List[Tuple[Hashable, ToolResult]] = []  # finished, not yet polled
         self.replaced = 0
@@ -83,7 +88,8 @@ class ToolPool:
     def start(self) -> None:
         if not self.workers:
             atexit.register(self.close)
-            self.root = tempfile.mkdtemp(prefix="mindgrpo-tools-")
+            self.scratch = ScratchFolder("mindgrpo-tools-")
+            self.root = self.scratch.path
             for _ in range(self.num_workers):
                 start_at(self.workers, len(self.workers), _Worker(self.root), self.setup)
 
@@ -91,9 +97,9 @@ class ToolPool:
         workers, self.workers = self.workers, []
         for w in workers:
             w.stop(grace_s=2.0 if not w.busy else 0.0)
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-            self.root = None
+        if self.scratch is not None:
+            self.scratch.close()
+            self.scratch = self.root = None
         atexit.unregister(self.close)
 
     def __enter__(self) -> "ToolPool":

@@ -64,7 +64,8 @@ class ScriptedToolEngine:
                 mask = np.array(mask)
                 logp = np.where(mask, -0.5, 0.0).astype(np.float32)
                 out.append(Completion(i, ids, "stop", logp, logp, mask, int((~mask).any())))
-        self.last_stats = {"new_tokens": sum(int(c.model_mask.sum()) for c in out), "tokens_per_s": 1.0}
+        self.last_stats = {"new_tokens": sum(int(c.model_mask.sum()) for c in out), "tokens_per_s": 1.0,
+                           "turns_cut": 0}  # it appends every tool turn
         return out
 
 
@@ -148,6 +149,7 @@ def test_the_step_logs_tool_and_turn_metrics(trained):
     assert metrics["tool/calls_mean"] == 0.75 and metrics["tool/errors"] == 4.0
     assert metrics["tool/timeouts"] == 0.0 and metrics["tool/seconds"] > 0
     assert metrics["turns/mean"] == 0.75 and metrics["tool/samples_with_calls"] == 0.75
+    assert metrics["turns/cut"] == 0.0  # the engine's count: every tool turn fitted
     masked = sum(int((~c.model_mask).sum()) for c in r.completions)
     assert masked > 0
     assert metrics["turns/masked_fraction"] == pytest.approx(masked / sum(len(c.token_ids) for c in r.completions))

@@ -55,7 +55,7 @@ def test_a_step_with_tools_logs_their_metrics_and_closes_the_workers(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     row = [json.loads(line) for line in open(out / "metrics.jsonl")][-1]
     for key in ("tool/calls_mean", "tool/errors", "tool/timeouts", "tool/seconds", "turns/mean",
-                "turns/masked_fraction", "tool/samples_with_calls"):
+                "turns/masked_fraction", "tool/samples_with_calls", "turns/cut"):
         assert key in row and row[key] >= 0, key
     assert "tools calculator, at most 1 tool turns" in r.stderr
     assert not glob.glob(str(tmp / "mindgrpo-tools-*"))  # the pool's folder, removed at close
@@ -141,3 +141,51 @@ def test_sigterm_closes_the_tool_workers_of_a_rank_waiting_in_a_collective(tmp_p
         assert code == 128 + signal.SIGTERM and marker.read_text() == "closed" and took < 30
     else:  # the main thread's handler, once the sleep is over: closed late, then ended by the signal
         assert code == -signal.SIGTERM and marker.read_text() == "closed" and took >= wait_s - 1
+
+
+# a rank with tool workers (grpo/run.close_conversations_on_sigterm, as run() arms it on every rank that has them)
+# whose main thread waits in a collective when SIGTERM comes; argv: use_parallel (1: under msrun), the wait's seconds
+RANK_WITH_TOOLS = """
+import os, signal, sys, threading
+from mindgrpo.grpo.conversations import Conversations
+from mindgrpo.grpo.run import close_conversations_on_sigterm
+from mindgrpo.tools import ToolCall, ToolPool
+
+pool = ToolPool({"calculator": {}}, num_workers=1, timeout_s=60.0)
+conversations = Conversations("tools", None, pool.start, pool.close)
+conversations.start()
+assert pool.run([ToolCall("calculator", {"expression": "20+22"})])[0].text == "42"
+close_conversations_on_sigterm(conversations, use_parallel=sys.argv[1] == "1")
+read, write = os.pipe()
+threading.Timer(float(sys.argv[2]), os.write, (write, b"x")).start()  # the collective's end
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+print(pool.root, flush=True)
+os.read(read, 1)
+"""
+
+
+@pytest.mark.parametrize("use_parallel", [True, False])
+def test_sigterm_closes_the_tool_workers_of_every_rank_that_has_them(tmp_path, use_parallel):
+    """A colocated msrun rank (every rank generates, each its own tool workers) closes them on SIGTERM and ends at
+    once, though it waits in a collective, as the rollout rank of a separate placement does (the same function);
+    one process closes them when its main thread is back in Python. Either way no folder and no worker is left."""
+    tmp = tmp_path / "tmp"
+    wait_s = 60 if use_parallel else 3
+    proc = subprocess.Popen([sys.executable, "-c", RANK_WITH_TOOLS, "1" if use_parallel else "0", str(wait_s)],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO, env={**environment(tmp), "PYTHONPATH": REPO})
+    try:
+        root = proc.stdout.readline().strip()
+        assert root.startswith(str(tmp / "mindgrpo-tools-")) and os.path.isdir(root)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=wait_s + 30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if use_parallel:
+        assert code == 128 + signal.SIGTERM and took < 30
+    else:
+        assert code == -signal.SIGTERM and took >= wait_s - 1
+    assert not os.path.exists(root)  # closed before the process ended (its folder's keeper is reaped by close)
+    assert not [p for p in glob.glob("/proc/[0-9]*/environ") if _has_tmpdir(p, str(tmp))]

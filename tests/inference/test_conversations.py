@@ -4,6 +4,8 @@ equals a fresh prefill of the whole conversation (greedy tokens identical, log-p
 refill and hand-over (2 slots for 10 samples); sampled trajectories do not depend on the slots or on how long
 the tools take; tool turns are masked out of the model's tokens."""
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -111,14 +113,21 @@ def test_sampled_trajectories_do_not_depend_on_the_slots_or_the_tools_latency(en
     assert sum(c.turns for c in runs[0]) >= 3
 
 
-def test_a_turn_that_does_not_fit_ends_the_sample(engines, stops):
-    turns = ScriptedTurns(max_turns=2, max_turn_tokens=8)  # the 20- and 9-id answers are over the limit
-    out = engines[2].generate(PROMPTS, SamplingParams(max_tokens=14, temperature=0.0, stop_token_ids=stops),
-                              turns=turns)
+def test_a_turn_that_does_not_fit_ends_the_sample_and_is_counted(engines, stops, caplog):
+    e = engines[2]
+    e.turns_cut_logged = False  # (the module's engines are shared)
+    params = SamplingParams(max_tokens=14, temperature=0.0, stop_token_ids=stops)
+    with caplog.at_level(logging.WARNING, logger="mindgrpo.inference.engine"):
+        calls = [e.generate(PROMPTS, params, turns=ScriptedTurns(max_turns=2, max_turn_tokens=8)) for _ in range(2)]
+        counted = e.last_stats["turns_cut"]
+    out = calls[-1]  # the 20- and 9-id answers are over the limit
     for c in out:
         runs = segments(c)
         assert all(start - end <= 8 for (_, end), (start, _) in zip(runs, runs[1:]))  # only the short answers
     cut = [c for c in out if c.finish_reason == "length" and c.token_ids[-1] in stops]  # a turn ended, no answer
     assert cut and all(len(ANSWERS[(c.prompt_index + c.turns) % 4]) > 8 for c in cut)
+    assert counted == len(cut)  # each call counts its own
+    warned = [r.getMessage() for r in caplog.records if "did not fit" in r.getMessage()]
+    assert len(warned) == 1 and "over max_turn_tokens 8" in warned[0] and "turns/cut" in warned[0]  # logged once
     with pytest.raises(ValueError, match="layerwise"):
-        RolloutEngine(engines[2].lm, layerwise=True).generate(PROMPTS, SamplingParams(max_tokens=2), turns=turns)
+        RolloutEngine(e.lm, layerwise=True).generate(PROMPTS, SamplingParams(max_tokens=2), turns=ScriptedTurns(2))

@@ -1,16 +1,27 @@
 """ToolTurns: a model turn that ends with tool calls gets the tool turn the model's chat template writes for
 their answers (the trajectory decodes to render_chat of the conversation), errors included, answers cut to
-tool_response_max_tokens; no model needed."""
+tool_response_max_tokens, and further when the tokenizer makes the turn longer than a run's budget for it; no model
+needed."""
 
+import json
 from pathlib import Path
 
 import pytest
 
+from mindgrpo.config import GRPOConfig
+from mindgrpo.config.loader import from_dict, load_config
+from mindgrpo.data.synthetic import TinyTokenizerSpec, ensure_tiny_tokenizer
 from mindgrpo.data.templates import chat_prompt_template, render_chat
+from mindgrpo.data.tokenizer import QwenTokenizer
+from mindgrpo.grpo.conversations import build_conversations, tool_chat_texts
 from mindgrpo.inference.tool_turns import ToolTurns
 from mindgrpo.tools import ToolPool, tool_schema
+from mindgrpo.tools.calls import truncate_response
 
-QWEN3 = str(Path(__file__).resolve().parents[1] / "data" / "qwen3_template" / "tokenizer_config.json")
+REPO = Path(__file__).resolve().parents[2]
+QWEN3 = str(REPO / "tests" / "data" / "qwen3_template" / "tokenizer_config.json")
+TINY_TOOLS = REPO / "model_configs" / "qwen_grpo" / "tiny_tools"
+QWEN2_5 = REPO.parent / "shared" / "tokenizers" / "qwen2_5"  # read-only ../shared, absent in some checkouts
 TOOLS = [tool_schema("calculator"), tool_schema("python")]
 QUESTION = "What is 123 + 456 + 789?"
 
@@ -84,3 +95,68 @@ def test_a_turn_that_ends_a_call_it_never_opened_gets_an_error_and_does_not_wait
     (request, ids), = ready
     assert request == 3 and "error: no tool call found" in tokenizer.decode(ids)
     assert [c["status"] for c in turns.calls[3]] == ["error"]
+
+
+@pytest.fixture(scope="module")
+def tiny_tools(tmp_path_factory):
+    """The tiny tool recipe's tokenizer (trained on its conversations, as the builder makes it) and chat template."""
+    cfg = load_config(GRPOConfig, str(TINY_TOOLS / "grpo_config.yaml"))
+    template = str(TINY_TOOLS / "tokenizer_config.json")
+    spec = TinyTokenizerSpec(task=cfg.synthetic_config.task, chat_texts=tool_chat_texts(cfg, template))
+    return ensure_tiny_tokenizer(str(tmp_path_factory.mktemp("tiny_tools") / "tokenizer"), spec), template
+
+
+@pytest.fixture(scope="module")
+def qwen2_5():
+    if not (QWEN2_5 / "vocab.json").is_file():
+        pytest.skip(f"the real Qwen2.5 tokenizer is not at {QWEN2_5} (read-only ../shared is absent)")
+    return QwenTokenizer.from_dir(str(QWEN2_5)), str(QWEN2_5 / "tokenizer_config.json")
+
+
+# (tokenizer, tool_response_max_tokens, what the tool prints): the run's turn budget is the template's text around an
+# empty answer + tool_response_max_tokens rounded up to 16, exactly 32 for both; an answer of that many tokens
+# renders to 33 (the empty answer let the template's "\n" + "\n" merge into one token)
+@pytest.mark.parametrize("tokenizer_of, answer_tokens, printed", [("tiny_tools", 16, "1" * 40),
+                                                                  ("qwen2_5", 15, "123456789012345")])
+def test_a_tool_turn_fits_its_budget_when_its_answer_splits_the_templates_tokens(request, tokenizer_of, answer_tokens,
+                                                                                printed):
+    tokenizer, template = request.getfixturevalue(tokenizer_of)
+    enc, dec = tokenizer.encode, tokenizer.decode
+    cfg = from_dict(GRPOConfig, {"generate_config": {"tools": ["python"], "max_turns": 1,
+                                                     "tool_response_max_tokens": answer_tokens}})
+    conv = build_conversations(cfg, tokenizer, template)  # the turn budget as a run sizes it
+    turns = conv.turns
+    cut = truncate_response(printed, enc, dec, answer_tokens)
+    assert len(enc(cut)) == answer_tokens and turns.max_turn_tokens == 32
+    assert len(enc(turns.tool_turn_text([cut]))) == 33  # the case: cut to its budget, the answer does not fit
+    code = "import sys\nsys.stdout.write(%r)" % printed
+    model_turn = '<tool_call>\n{"name": "python", "arguments": {"code": %s}}\n</tool_call>' % json.dumps(code)
+    conv.start()
+    try:
+        assert turns.end_turn(0, 0, enc(model_turn + dec([tokenizer.stop_token_ids[0]])))
+        (r, ids), = turns.poll(True)
+    finally:
+        conv.close()
+    (read,), = turns.answers[0]  # the answer as the model reads it (one turn, one call)
+    assert r == 0 and turns.calls[0][0]["response"] == printed
+    assert len(ids) <= 32 and ids == enc(turns.tool_turn_text([read]))
+    shown, note = read.split("\n[truncated", 1)
+    assert printed.startswith(shown) and len(enc(read)) < answer_tokens  # cut further, with the note
+    assert turns.columns(0)["turn_messages"] == [[{"role": "tool", "content": read}]]
+
+
+def test_answers_of_several_calls_are_cut_until_their_turn_fits(tokenizer, pool):
+    """Two long answers against a budget for one: both cut (the longest first, down to the other's length, then
+    together) until the turn fits; none cut to nothing while the other keeps its length."""
+    turns = ToolTurns(tokenizer, pool, ["python"], QWEN3, max_turns=1, tool_response_max_tokens=40)
+    around = len(tokenizer.encode(turns.tool_turn_text(["", ""])))
+    turns.max_turn_tokens = around + 40
+    answers, ids = turns.fitted_turn(["ab " * 200, "cd " * 30])
+    assert len(ids) <= turns.max_turn_tokens and ids == tokenizer.encode(turns.tool_turn_text(answers))
+    sizes = [len(tokenizer.encode(a)) for a in answers]
+    assert all("[truncated" in a for a in answers) and abs(sizes[0] - sizes[1]) <= 2 and min(sizes) >= 15
+    answers, ids = turns.fitted_turn(["1368", "2736"])  # short answers: as they are
+    assert answers == ["1368", "2736"]
+    turns.max_turn_tokens = around - 1  # not even empty answers fit: the turn as short as it gets (the engine ends
+    answers, ids = turns.fitted_turn(["ab " * 200, "cd " * 30])  # the sample and counts it, turns/cut)
+    assert answers == ["", ""] and len(ids) == around

@@ -215,7 +215,7 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs):
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
     assert samples(sep) == samples(col)
     keys = ("tool/calls_mean", "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean",
-            "turns/masked_fraction", "reward_mean")
+            "turns/masked_fraction", "turns/cut", "reward_mean")
     for a, b in zip(ms, mc):
         assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],

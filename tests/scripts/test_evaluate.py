@@ -340,7 +340,7 @@ def scripted_tool_engine(tokenizer, made):
     class Engine:
         def __init__(self, lm, pad_token_id, max_num_seqs, max_model_len):
             self.max_num_seqs, self.max_model_len, self.calls = max_num_seqs, max_model_len, []
-            self.last_stats = {"seconds": 1.0}
+            self.last_stats = {"seconds": 1.0, "turns_cut": 0}  # it appends every tool turn
             made.append(self)
 
         def generate(self, prompts, params, prompt_index=None, turns=None):

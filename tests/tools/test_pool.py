@@ -99,7 +99,7 @@ def test_hostile_calls_in_the_pool_each_an_error_and_the_rest_still_runs(pool):
     assert not os.path.exists(OUTSIDE)
     # after the replacements the pool still answers, and nothing of the dead workers remains
     assert pool.run([ToolCall("calculator", {"expression": "2*21"})])[0].text == "42"
-    assert set(children_of(os.getpid())) - before == {w.proc.pid for w in pool.workers}
+    assert set(children_of(os.getpid())) - before == {w.proc.pid for w in pool.workers} | {pool.scratch.keeper_pid}
     assert sorted(os.listdir(pool.root)) == sorted(os.path.basename(w.tmp) for w in pool.workers)
     assert all(os.listdir(w.tmp) == [] for w in pool.workers)  # no scratch directory left in any
 
@@ -124,6 +124,59 @@ def test_close_leaves_nothing(tmp_path):
     p.close()
     assert not os.path.exists(root) and all(not os.path.exists(f"/proc/{pid}/cmdline") or
                                             children_of(os.getpid()).count(pid) == 0 for pid in pids)
+
+
+# a rank whose collective watchdog fires while its tool worker runs a python call: os._exit, no atexit, no close()
+WATCHED_RANK = """
+import glob, os, sys
+from mindgrpo.parallel.watchdog import Watchdog
+from mindgrpo.tools import ToolCall, ToolPool
+from mindgrpo.utils import heartbeat
+
+pool = ToolPool({"python": {"wall_s": 60.0, "cpu_s": 60}}, num_workers=1, timeout_s=120.0)
+pool.submit("sleeps", ToolCall("python", {"code": "import time\\nopen('f', 'w').write('x')\\ntime.sleep(60)"}))
+while not glob.glob(os.path.join(pool.root, "worker-*", "mindgrpo-python-*", "f")):  # the sandbox runs the call
+    pool.poll(0.1)
+print(pool.root, flush=True)
+heartbeat.reset()
+Watchdog(0, timeout_s=0.5, compile_timeout_s=0.5, poll_s=0.1).start()
+pool.poll(None)  # stuck here, as a rank in a collective is
+"""
+
+
+def test_a_process_ended_by_the_watchdog_leaves_no_tool_folder(tmp_path):
+    """The pool's folder, its workers' and their sandboxes' go also when the process ends by os._exit (the
+    watchdog's exit): no close() runs there, and the folder's keeper removes it."""
+    import subprocess
+    import sys
+
+    from mindgrpo.parallel.watchdog import EXIT_CODE
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.run([sys.executable, "-c", WATCHED_RANK], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2], env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode == EXIT_CODE and "no progress in phase" in proc.stderr, proc.stderr[-2000:]
+    root = proc.stdout.strip()
+    assert root.startswith(str(tmp / "mindgrpo-tools-"))
+    deadline = time.monotonic() + 30
+    while (os.listdir(tmp) or _processes_with_tmpdir(str(tmp))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert os.listdir(tmp) == [] and _processes_with_tmpdir(str(tmp)) == []  # the keeper too is gone
+
+
+def _processes_with_tmpdir(tmp):
+    """Live processes whose TMPDIR is under `tmp` (the workers, their sandboxes, the folder's keeper)."""
+    out = []
+    for path in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            env = Path(path).read_bytes().split(b"\0")
+            state = Path(path).with_name("stat").read_text().split(") ")[1][0]
+        except OSError:
+            continue
+        if state != "Z" and any(e.startswith(b"TMPDIR=" + tmp.encode()) for e in env):
+            out.append(int(path.split("/")[2]))
+    return out
 
 
 def test_a_close_that_interrupts_the_start_reaps_every_worker_started(monkeypatch):
