@@ -101,6 +101,39 @@ def _has_tmpdir(environ_path, tmp):
     return any(e.startswith(b"TMPDIR=" + tmp.encode()) for e in env)
 
 
+def in_pipe_read(pid: int, timeout: float = 30.0) -> None:
+    """Returns once the main thread of process `pid` sleeps in a read of a pipe (its kernel wait channel): the line a
+    process prints just before its wait can arrive while its main thread still runs Python, which would then run a
+    SIGTERM handler at once (seen once in four runs). Where the kernel does not tell (no /proc/PID/wchan), a pause."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/wchan") as f:
+                channel = f.read()
+        except OSError:
+            time.sleep(1.0)
+            return
+        if "pipe" in channel:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not reach its wait in {timeout} s")
+
+
+def terminated(proc: subprocess.Popen, timeout: float, ready) -> tuple:
+    """proc's first line of output checked by `ready`, and its main thread in its wait (a pipe's read), then SIGTERM:
+    (its exit code, the seconds it took to end); killed if it outlives `timeout` or a check fails."""
+    try:
+        assert ready(proc.stdout.readline().strip())
+        in_pipe_read(proc.pid)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=timeout)
+        return code, time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 # a rank of a separate placement whose main thread waits in a collective (a graph call) when SIGTERM comes: here the
 # main thread blocks the signal and sleeps, so only another thread of the process can take it
 WAITING_RANK = """
@@ -128,15 +161,7 @@ def test_sigterm_closes_the_tool_workers_of_a_rank_waiting_in_a_collective(tmp_p
     proc = subprocess.Popen([sys.executable, "-c", WAITING_RANK, str(marker), "1" if in_collectives else "0",
                              str(wait_s)], stdout=subprocess.PIPE, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": REPO})
-    try:
-        assert proc.stdout.readline().strip() == "waiting"
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=wait_s + 30)
-        took = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    code, took = terminated(proc, wait_s + 30, lambda line: line == "waiting")
     if in_collectives:
         assert code == 128 + signal.SIGTERM and marker.read_text() == "closed" and took < 30
     else:  # the main thread's handler, once the sleep is over: closed late, then ended by the signal
@@ -173,16 +198,10 @@ def test_sigterm_closes_the_tool_workers_of_every_rank_that_has_them(tmp_path, u
     wait_s = 60 if use_parallel else 3
     proc = subprocess.Popen([sys.executable, "-c", RANK_WITH_TOOLS, "1" if use_parallel else "0", str(wait_s)],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, env={**environment(tmp), "PYTHONPATH": REPO})
-    try:
-        root = proc.stdout.readline().strip()
-        assert root.startswith(str(tmp / "mindgrpo-tools-")) and os.path.isdir(root)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=wait_s + 30)
-        took = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    root = []
+    code, took = terminated(proc, wait_s + 30, lambda line: root.append(line) is None and
+                            line.startswith(str(tmp / "mindgrpo-tools-")) and os.path.isdir(line))
+    root = root[0]
     if use_parallel:
         assert code == 128 + signal.SIGTERM and took < 30
     else:
