@@ -56,10 +56,10 @@ def save(root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state:
     begin_folder(tmp)
     record = Recorder(tmp)
     try:
-        for name in largest_first(groups):
-            save_params(groups[name], os.path.join(tmp, f"{name}.ckpt"))
-            record.add(f"{name}.ckpt")
-            crash_point(step, f"{name}.ckpt")
+        for group in largest_first(groups):
+            save_params(groups[group], os.path.join(tmp, f"{group}.ckpt"))
+            record.add(f"{group}.ckpt")
+            crash_point(step, f"{group}.ckpt")
         for rel in extra(tmp) if extra is not None else ():
             record.add(rel)
         write_json(os.path.join(tmp, "state.json"), state, indent=2, sort_keys=True)
