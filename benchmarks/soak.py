@@ -80,13 +80,17 @@ def markdown(res: dict) -> str:
     lines = ["# Resident memory over a long run (benchmarks/soak.py)", "", *stamp_lines(res),
              f"rl_config.restart_on_memory_growth = {res['growth']}: past it the trainer saves a checkpoint and continues "
              "in a fresh process. GB = 10^9 bytes.", "",
-             "| shape | steps | resident at step ref / N (GB) | change | fresh processes | every step logged once |",
-             "|---|---|---|---|---|---|"]
+             "| shape | steps | resident at step ref / N (GB) | change | peak of the first / last ref steps (GB) | "
+             "fresh processes | every step logged once |",
+             "|---|---|---|---|---|---|---|"]
     for shape, r in res["shapes"].items():
-        ref = r["reference_step"]
-        lines.append(f"| {shape} | {r['steps']} | {r['rss_gb'][ref - 1]:.3f} (step {ref}) / {r['rss_gb'][-1]:.3f} | "
-                     f"{r['growth_at_end']:+.1%} | {r['restarts']} | {'yes' if r['every_step_once'] else 'NO'} |")
-    lines.append("")
+        ref, rss = r["reference_step"], r["rss_gb"]
+        lines.append(f"| {shape} | {r['steps']} | {rss[ref - 1]:.3f} (step {ref}) / {rss[-1]:.3f} | "
+                     f"{r['growth_at_end']:+.1%} | {max(rss[:ref]):.3f} / {max(rss[-ref:]):.3f} | {r['restarts']} | "
+                     f"{'yes' if r['every_step_once'] else 'NO'} |")
+    lines += ["", "With restarts the memory is a sawtooth (a fresh process starts lower than its second step, its "
+              "reference): the peaks of the first and the last steps compare like with like; two single steps may fall "
+              "on different points of a tooth.", ""]
     for shape, r in res["shapes"].items():
         lines += [f"{shape}, resident memory at each step (GB): " + ", ".join(f"{v:.3f}" for v in r["rss_gb"]), ""]
     return "\n".join(lines)
