@@ -78,9 +78,9 @@ def test_adapters_start_as_one_device_and_two_updates_under_tp2_match_it(lora_jo
     for name, full in dense.items():
         assert np.abs(full - init[name]).max() > 1e-4, name  # the second update moved A too (B was 0 at the first)
         np.testing.assert_allclose(trained[name], full, rtol=0, atol=2e-5, err_msg=name)
-    for m in metrics:  # only the adapters train: their gradients and moments alone
-        assert m["trainable/tp"] == sorted(dense) == m["trainable/dense"]
-        assert m["optimizer/tp"] == m["optimizer/dense"]
+    for m in metrics:  # only the adapters train: their gradients and moments alone (one device's: rank 0's)
+        assert m["trainable/tp"] == sorted(dense) == metrics[0]["trainable/dense"]
+        assert m["optimizer/tp"] == metrics[0]["optimizer/dense"]
         assert {n.split(".", 1)[1] for n in m["optimizer/tp"]} == set(dense)
 
 

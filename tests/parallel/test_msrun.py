@@ -103,13 +103,14 @@ def two_ranks(two_rank_job):
 
 def test_tp2_logits_logprobs_entropy_match_one_device(two_ranks):
     arrays, _, _ = two_ranks
+    one = arrays[0]  # the one-device references: rank 0 computes them (workers/two_ranks.py)
+    assert np.abs(one["a/logits_dense"]).max() > 0.1  # not a degenerate comparison
     for a in arrays:
-        np.testing.assert_allclose(a["a/logits_tp"], a["a/logits_dense"], rtol=0, atol=1e-5)
-        np.testing.assert_allclose(a["a/logp_tp"], a["a/logp_dense"], rtol=0, atol=1e-5)
-        np.testing.assert_allclose(a["a/ent_tp"], a["a/ent_dense"], rtol=0, atol=1e-5)
-        np.testing.assert_allclose(a["a/logp_tp_chunked"], a["a/logp_dense"], rtol=0, atol=1e-5)
-        np.testing.assert_allclose(a["a/ent_tp_chunked"], a["a/ent_dense"], rtol=0, atol=1e-5)
-        assert np.abs(a["a/logits_dense"]).max() > 0.1  # not a degenerate comparison
+        np.testing.assert_allclose(a["a/logits_tp"], one["a/logits_dense"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a["a/logp_tp"], one["a/logp_dense"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a["a/ent_tp"], one["a/ent_dense"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a["a/logp_tp_chunked"], one["a/logp_dense"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(a["a/ent_tp_chunked"], one["a/ent_dense"], rtol=0, atol=1e-5)
 
 
 def test_tp2_shards_from_transform_checkpoint_give_the_full_model_logits(two_ranks):
@@ -128,12 +129,13 @@ def test_grpo_update_matches_one_device(two_ranks, layout):
     assert one["grad_norm"] > 0.05  # the clip (0.05) is active: it needs the whole gradient's norm
     assert 0 < one["rollout_correction/clipfrac"] < 1  # the rollout correction truncates some weights
     lay = ParallelLayout(dp=2, tp=1) if layout.startswith("dp") else ParallelLayout(dp=1, tp=2)
+    dense = prefixed(arrays[0], "b/dense")  # rank 0's one-device update
     for rank, (a, m) in enumerate(zip(arrays, metrics)):
         got = m[f"update/{layout}"]
         # with dp, each replica's rows hold a different largest mismatch: the maxima are over replicas
         for key in UPDATE_KEYS:
             assert got[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (rank, key)
-        dense, mine = prefixed(a, "b/dense"), prefixed(a, f"b/{layout}")
+        mine = prefixed(a, f"b/{layout}")
         initial = Qwen2ForCausalLM(CFG, seed=SEED)
         moved = max(np.abs(p.asnumpy() - dense[n]).max() for n, p in initial.parameters_and_names())
         assert moved > 1e-4  # the update changed the weights
@@ -144,14 +146,15 @@ def test_grpo_update_matches_one_device(two_ranks, layout):
 
 def test_rollouts_tp2_sampled_and_greedy_after_resharding_match_one_device(two_ranks):
     arrays, metrics, _ = two_ranks
+    one, one_logp = metrics[0], arrays[0]["c/sampled_logp_dp1"]  # the one-device rollouts: rank 0's
+    assert len(one["rollout/greedy/dense"]) == 6 and all(len(t) == 8 for t in one["rollout/greedy/dense"])
+    assert len({tuple(t) for t in one["rollout/sampled_resharded/dp1"]}) == 6
     for a, m in zip(arrays, metrics):
-        assert m["rollout/sampled/tp"] == m["rollout/sampled/dense"]
-        assert m["rollout/greedy/resharded"] == m["rollout/greedy/dense"]
-        assert len(m["rollout/greedy/dense"]) == 6 and all(len(t) == 8 for t in m["rollout/greedy/dense"])
+        assert m["rollout/sampled/tp"] == one["rollout/sampled/dense"]
+        assert m["rollout/greedy/resharded"] == one["rollout/greedy/dense"]
         # inference dp2 (two prompts on rank 0, one on rank 1) samples what one process samples
-        assert m["rollout/sampled_resharded/dp2"] == m["rollout/sampled_resharded/dp1"]
-        assert len({tuple(t) for t in m["rollout/sampled_resharded/dp1"]}) == 6
-        np.testing.assert_allclose(a["c/sampled_logp_dp2"], a["c/sampled_logp_dp1"], rtol=0, atol=1e-5)
+        assert m["rollout/sampled_resharded/dp2"] == one["rollout/sampled_resharded/dp1"]
+        np.testing.assert_allclose(a["c/sampled_logp_dp2"], one_logp, rtol=0, atol=1e-5)
 
 
 def test_reshard_tp2_to_dp2_is_bit_identical_to_transform_checkpoints(two_ranks, tmp_path):
@@ -182,11 +185,12 @@ def test_reshard_in_one_bucket_gives_the_per_layer_buckets_bits_and_bytes(two_ra
 
 def test_a_reward_model_split_like_training_tp2_gives_the_one_device_scores(two_ranks):
     all_arrays, all_metrics, _ = two_ranks
+    whole = all_arrays[0]["e/rm_padded_dense"]  # the whole model's scores: rank 0's
+    assert np.ptp(whole) > 1e-3  # the scores tell the sequences apart
     for arrays, metrics in zip(all_arrays, all_metrics):
         assert metrics["e/rm_tp_embedding_rows"] == 48  # half of the vocabulary: the model really is split
         for rows in ("padded", "packed"):
-            np.testing.assert_allclose(arrays[f"e/rm_{rows}_tp"], arrays["e/rm_padded_dense"], rtol=0, atol=1e-5)
-        assert np.ptp(arrays["e/rm_padded_dense"]) > 1e-3  # the scores tell the sequences apart
+            np.testing.assert_allclose(arrays[f"e/rm_{rows}_tp"], whole, rtol=0, atol=1e-5)
 
 
 def test_qwen3_tp2_update_matches_one_device_and_reshards_bit_identical_to_transform_checkpoints(two_ranks, tmp_path):
@@ -199,11 +203,12 @@ def test_qwen3_tp2_update_matches_one_device_and_reshards_bit_identical_to_trans
     train = ParallelLayout(dp=1, tp=2)
     initial = Qwen2ForCausalLM(CFG_QWEN3, seed=SEED)
     assert "model.layers.0.attention.q_norm.weight" in dict(initial.parameters_and_names())
+    dense = prefixed(arrays[0], "d/dense")  # rank 0's one-device update
+    assert np.abs(dense["model.layers.0.attention.k_norm.weight"] - 1).max() > 1e-4  # the update moved it
     for rank, (a, m) in enumerate(zip(arrays, metrics)):
         for key in UPDATE_KEYS:
             assert m["update/qwen3_tp"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (rank, key)
-        dense, mine = prefixed(a, "d/dense"), prefixed(a, "d/tp")
-        assert np.abs(dense["model.layers.0.attention.k_norm.weight"] - 1).max() > 1e-4  # the update moved it
+        mine = prefixed(a, "d/tp")
         for name, full in dense.items():  # 3% of the step (lr 1e-3): AdamW's first step is g / |g|, so a
             # gradient near zero turns rounding into up to 1.1e-5 here (an lm_head entry); a QK-norm gradient
             # that missed the other rank's heads moves its weights by ~1e-3

@@ -7,6 +7,9 @@ update, resharding and rollouts against the one-device model computed in the sam
 bucket; (d) repeats the update and the resharding (in one bucket) on a Qwen3 (QK-norm, no q/k/v bias,
 head_dim != H / nh); (e) scores with a reward model split like training tp2 and whole.
 Writes OUT_DIR/rank_<k>.npz (arrays) and OUT_DIR/rank_<k>.json (metrics); the test compares.
+The one-device references (the keys named dense, dp1) are computed on rank 0 alone: they take no collective and
+are the same on every rank (same seeds, same inputs), so rank 1 compiled the same graphs again for nothing (about
+20 s of CPU a job); the test compares every rank's parallel results with rank 0's references.
 """
 
 import dataclasses
@@ -50,6 +53,7 @@ clock = Clock("two_ranks")
 out_dir, shards_dir = sys.argv[1], sys.argv[2]
 comm = init_comm(train=ParallelLayout(dp=1, tp=2), infer=ParallelLayout(dp=2, tp=1))
 rank = comm.rank
+REFERENCE = rank == 0  # this rank computes the one-device references
 clock.mark("init")
 arrays, metrics = {}, {}
 
@@ -65,9 +69,10 @@ tp = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128, layers=TensorParallelLa
 # (a) logits, token log-probs and entropy
 ids, mask, pos, labels = (Tensor(a) for a in token_batch())
 tp_logits = SequenceLogits(tp)
-arrays["a/logits_dense"] = SequenceLogits(dense)(ids, mask).asnumpy()
+if REFERENCE:
+    arrays["a/logits_dense"] = SequenceLogits(dense)(ids, mask).asnumpy()
 arrays["a/logits_tp"] = tp_logits(ids, mask).asnumpy()
-for key, lm in (("dense", dense), ("tp", tp)):
+for key, lm in (("dense", dense), ("tp", tp))[0 if REFERENCE else 1:]:
     logp, ent = TokenLogProbs(lm)(ids, pos, labels)
     arrays[f"a/logp_{key}"], arrays[f"a/ent_{key}"] = logp.asnumpy(), ent.asnumpy()
 logp, ent = TokenLogProbs(tp, chunk=5)(ids, pos, labels)  # the fused, chunked head over the vocab slice
@@ -77,6 +82,8 @@ clock.mark("(a) logits, log-probs, entropy")
 # sampled rollouts of the tensor-parallel model (greedy ones after the update, below)
 engines = {"dense": RolloutEngine(dense), "tp": RolloutEngine(tp)}
 for key, engine in engines.items():
+    if key == "dense" and not REFERENCE:
+        continue
     comps = engine.generate(prompts(), SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=3))
     metrics[f"rollout/sampled/{key}"] = [c.token_ids for c in comps]
 
@@ -96,6 +103,8 @@ for key, lm, reducer, chunk, batching in (
         ("tp_chunked", tp_chunked, None, 24, {}),  # (2, 32) micro-batches: chunks of 24, 24 and 16 rows
         ("tp_packed", tp_packed, None, 0, dict(max_tokens=96, packing=True)),
         ("dp_budget", dp_budget, DataParallelGrads(dp_comm, dp_comm.train_dp), 0, dict(max_tokens=64))):
+    if key == "dense" and not REFERENCE:
+        continue
     updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=reducer, chunk=chunk, **updater_kwargs(**batching))
     metrics[f"update/{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"b/{key}")
@@ -117,14 +126,15 @@ metrics["reshard_one_bucket"] = sync_one()
 metrics["reshard_buckets"] = [len(sync.buckets), len(sync_one.buckets)]
 weights(one_bucket, "c/infer_one_bucket")
 greedy = SamplingParams(max_tokens=8, temperature=0.0, n=2)
-metrics["rollout/greedy/dense"] = [c.token_ids for c in engines["dense"].generate(prompts(), greedy)]
+if REFERENCE:
+    metrics["rollout/greedy/dense"] = [c.token_ids for c in engines["dense"].generate(prompts(), greedy)]
 dp_engine = DataParallelEngine(RolloutEngine(inference, max_num_seqs=2), comm, comm.infer_dp)
 metrics["rollout/greedy/resharded"] = [c.token_ids for c in dp_engine.generate(prompts(), greedy)]
 # sampled on the resharded weights: inference dp2 (each replica its share of the prompts, 2 slots) against
 # one process with every prompt (the dense engine, given the same weights; its graphs are compiled already)
 load_state(dense, {n: p.asnumpy() for n, p in named_parameters(inference).items()})
 sampled = SamplingParams(max_tokens=8, temperature=1.0, n=2, seed=5)
-for key, engine in (("dp2", dp_engine), ("dp1", engines["dense"])):
+for key, engine in (("dp2", dp_engine), ("dp1", engines["dense"]))[:2 if REFERENCE else 1]:
     comps = engine.generate(prompts(), sampled)
     metrics[f"rollout/sampled_resharded/{key}"] = [c.token_ids for c in comps]
     arrays[f"c/sampled_logp_{key}"] = np.concatenate([c.logprobs for c in comps])
@@ -139,6 +149,8 @@ arrays["a/shard_logits"] = tp_logits(ids, mask).asnumpy()
 qwen3 = {"dense": Qwen2ForCausalLM(CFG_QWEN3, seed=SEED, max_positions=128),
          "tp": Qwen2ForCausalLM(CFG_QWEN3, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))}
 for key, lm in qwen3.items():
+    if key == "dense" and not REFERENCE:
+        continue
     updater = PolicyUpdater(lm, GRPOLoss(**LOSS), grad_reducer=None, chunk=0, **updater_kwargs())
     metrics[f"update/qwen3_{key}"] = updater.update(exp, lr=1e-3)
     weights(lm, f"d/{key}")
@@ -164,9 +176,10 @@ rm_tp = reward_model_piece(os.path.join(rm_dir, "rm.ckpt"), None, comm.train, co
 metrics["e/rm_tp_embedding_rows"] = int(rm_tp.named_parameters()["model.tok_embeddings.embedding_weight"].shape[0])
 rng = np.random.default_rng(4)
 sequences = [rng.integers(1, 96, n).tolist() for n in (5, 17, 9, 30, 2, 12)]
-for key, rm in (("dense", rm_dense), ("tp", rm_tp)):
-    arrays[f"e/rm_padded_{key}"] = RewardScorer(rm, 4)(sequences)
-    arrays[f"e/rm_packed_{key}"] = RewardScorer(rm, 4, 64)(sequences)
+if REFERENCE:  # the whole model's scores of padded rows: the reference of both of the split one's
+    arrays["e/rm_padded_dense"] = RewardScorer(rm_dense, 4)(sequences)
+arrays["e/rm_padded_tp"] = RewardScorer(rm_tp, 4)(sequences)
+arrays["e/rm_packed_tp"] = RewardScorer(rm_tp, 4, 64)(sequences)
 clock.mark("(e) reward model tp2")
 np.savez(os.path.join(out_dir, f"rank_{rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{rank}.json"), "w") as f:
