@@ -114,8 +114,10 @@ def load_run_config(args):
         if current is not None and not _same_path(given, str(current)):
             raise SetupError(f"--{flag} {given} and config key '{key}' {current} name different files; give one")
         section, name = key.split(".")
-        data[section] = {**(data.get(section) or {}), name: given}
-        flagged[key] = flag
+        node = data.get(section) or {}
+        if isinstance(node, dict):  # else from_dict names the section that is no mapping
+            data[section] = {**node, name: given}
+            flagged[key] = flag
     try:
         cfg = from_dict(GRPOConfig, data)
     except ConfigError as e:

@@ -82,6 +82,8 @@ def test_flags_set_their_keys(start, tmp_path):
      "(no reference model; with LoRA the reference is the policy with its adapters off) (set by --ref_path)"),
     (["synthetic_config.template=raw"], {"mind_dataset_dir": "/a/train.mindrecord"},
      "config key 'synthetic_config.template': applies to the built-in synthetic task only"),
+    # a flag's section that is no mapping: named as such, not a TypeError
+    (["actor_config=5"], {"sft_path_train": "/a/model.ckpt"}, "config key 'actor_config': expected a mapping"),
 ])
 def test_start_up_refusals_name_the_key_and_the_path(overrides, flags, message):
     with pytest.raises(SetupError) as info:
