@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 from typing import Callable, Dict, Union
 
 Number = Union[int, float]
@@ -89,7 +90,9 @@ def calculate(expression: str) -> str:
     if len(expression) > MAX_CHARS:
         raise CalculatorError(f"the expression is longer than {MAX_CHARS} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        with warnings.catch_warnings():  # Python's own SyntaxWarnings ("12if": invalid decimal literal) would go to
+            warnings.simplefilter("ignore")  # the run's stderr: the error below is what the model reads
+            tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as error:
         raise CalculatorError(f"cannot parse {expression!r}: {error.msg}") from None
     try:

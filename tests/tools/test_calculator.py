@@ -46,3 +46,15 @@ def test_values(expression, expected):
 def test_refusals(expression, message):
     with pytest.raises(CalculatorError, match=message):
         calculate(expression)
+
+
+def test_python_warnings_of_a_bad_expression_stay_out_of_the_log():
+    """"12if" makes Python's tokenizer warn (invalid decimal literal) before the parse fails: the model reads the
+    error; the run's stderr gets no warning line per call."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(CalculatorError, match="cannot parse"):
+            calculate("12if")
+    assert not seen, [str(w.message) for w in seen]
