@@ -72,6 +72,7 @@ def test_lr_schedule_hand_values():
         lr_at(0, 1.0, 10, schedule="nope")
 
 
+@pytest.mark.slow  # its graphs loop over 400 parameters: ~60 s of compiling, the quick loop's longest test
 def test_adamw_over_hundreds_of_parameters_matches_torch():
     """400 parameters: one loop over them in a graph passed MindSpore's call-depth limit (a 24-layer model's
     LoRA adapters did not compile); the step, the norm, accumulation and zeroing run in spans of them."""
