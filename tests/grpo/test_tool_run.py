@@ -121,14 +121,15 @@ def in_pipe_read(pid: int, timeout: float = 30.0) -> None:
 
 def terminated(proc: subprocess.Popen, timeout: float, ready) -> tuple:
     """proc's first line of output checked by `ready`, and its main thread in its wait (a pipe's read), then SIGTERM:
-    (its exit code, the seconds it took to end); killed if it outlives `timeout` or a check fails."""
+    (that line, its exit code, the seconds it took to end); killed if it outlives `timeout` or a check fails."""
     try:
-        assert ready(proc.stdout.readline().strip())
+        line = proc.stdout.readline().strip()
+        assert ready(line), line
         in_pipe_read(proc.pid)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=timeout)
-        return code, time.monotonic() - t0
+        return line, code, time.monotonic() - t0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -161,7 +162,7 @@ def test_sigterm_closes_the_tool_workers_of_a_rank_waiting_in_a_collective(tmp_p
     proc = subprocess.Popen([sys.executable, "-c", WAITING_RANK, str(marker), "1" if in_collectives else "0",
                              str(wait_s)], stdout=subprocess.PIPE, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": REPO})
-    code, took = terminated(proc, wait_s + 30, lambda line: line == "waiting")
+    _, code, took = terminated(proc, wait_s + 30, lambda line: line == "waiting")
     if in_collectives:
         assert code == 128 + signal.SIGTERM and marker.read_text() == "closed" and took < 30
     else:  # the main thread's handler, once the sleep is over: closed late, then ended by the signal
@@ -198,10 +199,8 @@ def test_sigterm_closes_the_tool_workers_of_every_rank_that_has_them(tmp_path, u
     wait_s = 60 if use_parallel else 3
     proc = subprocess.Popen([sys.executable, "-c", RANK_WITH_TOOLS, "1" if use_parallel else "0", str(wait_s)],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, env={**environment(tmp), "PYTHONPATH": REPO})
-    root = []
-    code, took = terminated(proc, wait_s + 30, lambda line: root.append(line) is None and
-                            line.startswith(str(tmp / "mindgrpo-tools-")) and os.path.isdir(line))
-    root = root[0]
+    root, code, took = terminated(proc, wait_s + 30,
+                                  lambda line: line.startswith(str(tmp / "mindgrpo-tools-")) and os.path.isdir(line))
     if use_parallel:
         assert code == 128 + signal.SIGTERM and took < 30
     else:
