@@ -79,17 +79,20 @@ class ToolPool:
         self.setup = (spec, int(max_chars))
         self.num_workers, self.timeout_s = num_workers, float(timeout_s)
         self.workers: List[_Worker] = []
-        self.scratch: Optional[ScratchFolder] = None
-        self.root: Optional[str] = None  # its path: the workers' folders are in it
+        self.scratch: Optional[ScratchFolder] = None  # the pool's folder, while started
         self.queue: deque = deque()  # (key, call) waiting for a worker
         self.done: List[Tuple[Hashable, ToolResult]] = []  # finished, not yet polled
         self.replaced = 0
+
+    @property
+    def root(self) -> Optional[str]:
+        """The pool's folder (the workers' folders are in it), None until started and after close()."""
+        return None if self.scratch is None else self.scratch.path
 
     def start(self) -> None:
         if not self.workers:
             atexit.register(self.close)
             self.scratch = ScratchFolder("mindgrpo-tools-")
-            self.root = self.scratch.path
             for _ in range(self.num_workers):
                 start_at(self.workers, len(self.workers), _Worker(self.root), self.setup)
 
@@ -99,7 +102,7 @@ class ToolPool:
             w.stop(grace_s=2.0 if not w.busy else 0.0)
         if self.scratch is not None:
             self.scratch.close()
-            self.scratch = self.root = None
+            self.scratch = None
         atexit.unregister(self.close)
 
     def __enter__(self) -> "ToolPool":
