@@ -61,6 +61,7 @@ def poisoned(seed, poison):
     return bad
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 def test_non_finite_steps_are_skipped_and_the_next_one_is_a_first_step():
     lm, twin = Qwen2ForCausalLM(CFG, seed=3), Qwen2ForCausalLM(CFG, seed=3)
     up, fresh = updater(lm, needs_old=True), updater(twin, needs_old=True)
@@ -141,6 +142,7 @@ def trainer(bad, max_steps, max_bad_steps):
     return t, log, saves
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 def test_bad_steps_are_counted_and_max_bad_steps_in_a_row_stop_the_run_before_saving():
     t, log, saves = trainer(bad={2, 3, 5, 6, 7}, max_steps=10, max_bad_steps=3)
     with pytest.raises(TrainingStopped, match=r"stopped at step 7: 3 steps in a row \(rl_config.max_bad_steps = 3\)"

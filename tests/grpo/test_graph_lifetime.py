@@ -53,6 +53,7 @@ def updater(loss=None, layerwise=False, **batching):
                                     optimizer=AdamWSettings(beta2=0.99), memory=MemoryPolicy(layerwise_update=layerwise))
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 @pytest.mark.parametrize("kind", ["rows", "packed", "layerwise", "rollout_correction"])
 def test_an_updated_model_is_freed_with_its_updater(kind):
     make = {"rows": updater(),

@@ -48,6 +48,7 @@ def one_micro_batch(up, exp, rollout_logp=None):
     return float(loss.asnumpy()), [float(m.asnumpy()) for m in metrics], grads
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 def test_head_rows_give_the_loss_metrics_and_gradients_of_the_whole_micro_batch():
     """actor_config.head_rows_per_graph: the head graph called on 1 or 3 of the micro-batch's 4 rows at a time (3:
     a group of 3 and one of 1, each its own compiled shape) gives the loss, the metrics (token means weighted by
@@ -193,6 +194,7 @@ def test_layerwise_optimizer_step_is_bit_for_bit_the_whole_one(clip):
     assert all(not np.array_equal(p.asnumpy(), start[p.name]) for p in sides[1][0])
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 def test_an_update_that_releases_drops_its_graphs_before_the_optimizer_step_and_moves_the_weights_alike():
     """PolicyUpdater.update(release=True) (the step's last update under rl_config.release_graphs): the training
     graphs go once the gradients are in and the norm's group graphs once the norm is, before AdamW's group graphs

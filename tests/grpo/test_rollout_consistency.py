@@ -68,6 +68,7 @@ def nll_minus_entropy(rollouts, samples, temperature, scored_at=None):
     return diff.mean(), diff.std() / np.sqrt(len(diff)), float((ent.asnumpy() * exp.mask).sum(-1).mean())
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 def test_samples_follow_the_scored_policy(rollouts):
     mean, se, entropy = nll_minus_entropy(rollouts, 512, temperature=1.0)
     assert entropy > 3.0  # a broad distribution, so a wrong sampler would show

@@ -113,6 +113,7 @@ def test_sampled_trajectories_do_not_depend_on_the_slots_or_the_tools_latency(en
     assert sum(c.turns for c in runs[0]) >= 3
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 def test_a_turn_that_does_not_fit_ends_the_sample_and_is_counted(engines, stops, caplog):
     e = engines[2]
     e.turns_cut_logged = False  # (the module's engines are shared)

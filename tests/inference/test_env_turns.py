@@ -97,6 +97,7 @@ def test_observations_continue_in_the_cache_and_rewards_sum(engine, tokenizer):
         assert turns.stats(len(out))["env/done_fraction"] > 0
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 def test_hostile_environments_are_counted_and_generate_finishes(engine, tokenizer):
     with EnvTurns(tokenizer, "hostile", QWEN3, plugins=[HOSTILE], max_turns=2, observation_max_tokens=16,
                   max_turn_tokens=24, timeout_s=2.0) as turns:

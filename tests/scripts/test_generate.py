@@ -103,6 +103,7 @@ def test_a_checkpoint_without_a_tokenizer_says_to_pass_tokenizer_dir(cli, model_
     assert lines[0].endswith("pass --tokenizer_dir DIR, the folder of the tokenizer the model was trained with")
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 def test_a_runs_checkpoint_finds_the_tokenizer_beside_the_checkpoints(cli, model_dir, tmp_path, capsys):
     """checkpoints/step_N/policy.ckpt alone: the tokenizer comes from checkpoints/tokenizer, the same greedy
     tokens as with --tokenizer_dir."""

@@ -76,6 +76,7 @@ def test_merge_lora_finds_the_base_in_the_adapter(hf_and_adapter):
     assert a == b
 
 
+@pytest.mark.slow  # ~10 s of CPU or more (pyproject.toml): CI runs it, the quick loop does not
 def test_generate_with_lora_is_the_peft_merged_model(hf_and_adapter, capsys):
     from scripts import generate
 
