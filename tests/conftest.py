@@ -8,29 +8,32 @@ from mindgrpo.utils.malloc import with_allocator
 # The test files that take longest, run first: with `-n 2 --dist loadfile` a file runs whole on one
 # worker, so a long file started late leaves the other worker idle at the end. Longest first keeps both
 # busy. Files not named here follow in collection order (tests/test_suite.py checks that these exist).
-# xdist hands a worker its next file as soon as fewer than three of its tests are pending: the worker
-# that takes test_learning.py (two tests) takes test_pipeline.py with it at the start, so the two msrun
-# jobs (2 and 4 ranks) run at the same time only if the learning test ends before the 2-rank job.
-# Seconds: the fresh-clone CI of e99273b (2026-11-26, -n 2, 2 cores), else of 2026-11-25.
+# Seconds: the files' tests among the 25 slowest of the fresh-clone CI of 6ebf90e (2026-11-29, 2 cores of an AMD
+# EPYC Zen 4, -n 2; set-up included); "-": none of its tests among them.
 HEAVY_FIRST = (
-    "tests/parallel/test_nodes.py",  # 780 at load 13-17: two launchers, three 4-rank jobs and one process
-    "tests/parallel/test_msrun.py",  # 760: the 2-rank job
-    "tests/grpo/test_learning.py",  # 1230 (450 alone) before the shared warm start; + the 2-rank async run
-    "tests/grpo/test_tool_learning.py",  # the tiny tool recipe: 505 (about 1,060 at load 6-12)
-    "tests/parallel/test_pipeline.py",  # 500: the 4-rank job
-    "tests/grpo/test_chaos.py",  # 205
-    "tests/parallel/test_separate.py",  # 309 (fresh-clone CI of 6ebf90e, Zen 4): a 2-rank and a 3-rank job, one process
-    "tests/grpo/test_off_policy.py",  # 190 at load 5: a 3-step run, a replay engine, transformers
-    "tests/parallel/test_lora_msrun.py",  # 191 at load 5 (87 before its pp2 case): the 2-rank LoRA job
-    "tests/grpo/test_trainer_run.py",  # over 170
-    "tests/grpo/test_tool_run.py",  # ~120 at load 12
-    "tests/grpo/test_env_run.py",  # 81 at load 1-2 (40 s of CPU): a build, a step with an environment, a validation
-    "tests/parallel/test_launch.py",  # 64 alone, mostly waiting (the stalled job's 20 s watchdog)
-    "tests/inference/test_engine.py",  # over 170
-    "tests/benchmarks/test_rollout_smoke.py",  # 174
-    "tests/models/test_qwen2_parity.py",  # ~130
-    "tests/models/test_qwen3_parity.py",  # ~60 (135 under load)
-    "tests/grpo/test_packing.py",  # over 90
+    "tests/grpo/test_learning.py",  # 420: the tiny recipe's run (warm start + 20 steps), LoRA, the 2-rank async run
+    "tests/parallel/test_msrun.py",  # 355: the 2-rank job
+    "tests/grpo/test_tool_learning.py",  # 338: the tiny tool recipe
+    "tests/parallel/test_separate.py",  # 309: a 2-rank and a 3-rank job, one process
+    "tests/grpo/test_chaos.py",  # 251: 9 processes
+    "tests/parallel/test_pipeline.py",  # 217: the 4-rank job
+    "tests/parallel/test_nodes.py",  # 211 at the tiny default's full batch: two launchers, three 4-rank jobs, one process
+    "tests/inference/test_layerwise_engine.py",  # 129
+    "tests/parallel/test_lora_msrun.py",  # 86: the 2-rank LoRA job
+    "tests/grpo/test_trainer_run.py",  # 84
+    "tests/benchmarks/test_async_rollout_smoke.py",  # 70
+    "tests/grpo/test_optim.py",  # 68
+    "tests/benchmarks/test_rollout_smoke.py",  # 64
+    "tests/grpo/test_recycle.py",  # 50
+    "tests/parallel/test_device_check.py",  # 46
+    "tests/parallel/test_launch.py",  # 43, mostly waiting (the stalled job's 20 s watchdog)
+    "tests/grpo/test_off_policy.py",  # -: a 3-step run, a replay engine, transformers
+    "tests/grpo/test_tool_run.py",  # -
+    "tests/grpo/test_env_run.py",  # -
+    "tests/inference/test_engine.py",  # -
+    "tests/models/test_qwen2_parity.py",  # -
+    "tests/models/test_qwen3_parity.py",  # -
+    "tests/grpo/test_packing.py",  # -
 )
 
 # Every process the tests start (pytest-xdist's workers, the scripts, msrun and its ranks) with jemalloc

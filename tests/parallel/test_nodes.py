@@ -1,7 +1,8 @@
 """Several nodes on one host: scripts/run_grpo.sh launched twice (--node_rank 0 and 1), the second launcher in a
 network namespace of its own (a veth pair), so that it sees the master address as remote and starts no scheduler
 (msrun starts one on every launcher whose --master_addr is local: a second one cannot bind). The tiny default's
-step 1 on 4 workers (training tp2 x dp2, inference dp4) against one process; a node lost mid-step; a scheduler
+step 1 (at an eighth of its batch: 8 prompts x 4 samples) on 4 workers (training tp2 x dp2, inference dp4)
+against one process; a node lost mid-step; a scheduler
 that cannot bind, reported in one line."""
 
 import contextlib
@@ -20,8 +21,15 @@ import pytest
 from msrun_util import REPO, free_port, msrun_path, python_path, wait_until_gone
 
 RUN_GRPO = os.path.join(REPO, "scripts", "run_grpo.sh")
-# the tiny default's first GRPO step, without the warm start
-STEP1 = ["rl_config.max_steps=1", "sft_config={steps: 0}", "rl_config.val_interval=0", "rl_config.completions_interval=0"]
+# the tiny default's first GRPO step, without the warm start, at an eighth of its batch (8 x 4 samples: 2 prompts a
+# rollout rank, micro-batches of 16: one a training replica, two in one process); the full 32 x 8 compiles decode
+# graphs of up to 256 slots and the update's at 64 rows for what these tests check: the ranks' meeting, a lost
+# node, a failing rank. The reward is dense (workers/text_length_reward.py: an untrained model's answers are all
+# wrong, and 32 wrong answers give a zero loss): the rewards and the loss of the step are those of the samples' texts
+STEP1 = ["rl_config.max_steps=1", "sft_config={steps: 0}", "rl_config.val_interval=0", "rl_config.completions_interval=0",
+         "rl_config.batch_size=8", "rl_config.num_generations=4", "actor_config.micro_batch_size=16",
+         "reward_config.reward_plugin=" + os.path.join(REPO, "tests", "parallel", "workers", "text_length_reward.py"),
+         "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]"]
 FOUR = ["actor_config.parallel_config.model_parallel=2", "actor_config.parallel_config.data_parallel=2",
         "generate_config.parallel_config.data_parallel=4"]
 
