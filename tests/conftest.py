@@ -19,7 +19,9 @@ HEAVY_FIRST = (
     "tests/grpo/test_tool_learning.py",  # the tiny tool recipe: 505 (about 1,060 at load 6-12)
     "tests/parallel/test_pipeline.py",  # 500: the 4-rank job
     "tests/grpo/test_chaos.py",  # 205
-    "tests/parallel/test_separate.py",  # 309 (fresh-clone CI of 6ebf90e, Zen 4): a 2-rank and a 3-rank job, one process
+    # 309 (fresh-clone CI of 6ebf90e, Zen 4): a 2-rank and a 3-rank job, one process; sep0g (two training ranks)
+    # since added about 55 s of wall to the 3-rank job (566 s in all here at load 5-6)
+    "tests/parallel/test_separate.py",
     "tests/grpo/test_off_policy.py",  # 190 at load 5: a 3-step run, a replay engine, transformers
     "tests/parallel/test_lora_msrun.py",  # 191 at load 5 (87 before its pp2 case): the 2-rank LoRA job
     "tests/grpo/test_trainer_run.py",  # over 170
