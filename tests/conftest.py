@@ -14,7 +14,7 @@ HEAVY_FIRST = (
     "tests/grpo/test_learning.py",  # 420: the tiny recipe's run (warm start + 20 steps), LoRA, the 2-rank async run
     "tests/parallel/test_msrun.py",  # 355: the 2-rank job
     "tests/grpo/test_tool_learning.py",  # 338: the tiny tool recipe
-    "tests/parallel/test_separate.py",  # 309: a 2-rank and a 3-rank job, one process
+    "tests/parallel/test_separate.py",  # 309: a 2-rank and a 3-rank job, one process (before sep0g and dp0t)
     "tests/grpo/test_chaos.py",  # 251: 9 processes
     "tests/parallel/test_pipeline.py",  # 217: the 4-rank job
     "tests/parallel/test_nodes.py",  # 211 at the tiny default's full batch: two launchers, three 4-rank jobs, one process

@@ -267,13 +267,31 @@ class GRPOConfig:
                   f"set generate_config.parallel_config to 1 device (it has {gen.parallel_config.world_size})")
 
     def _check_separate(self) -> None:
-        """What generate_config.placement separate runs for now (docs/async.md: its limits): one training rank and a
-        rollout group of R whole replicas (generate_config.parallel_config.data_parallel R; msrun --worker_num 1
-        + R)."""
-        rl, gen = self.rl_config, self.generate_config
-        train = self.actor_config.parallel_config.world_size
-        check(train == 1, "actor_config.parallel_config", "with generate_config.placement separate: one training rank "
-              f"for now (msrun --worker_num=1 + generate_config.parallel_config.data_parallel), got {train}")
+        """What generate_config.placement separate runs for now (docs/async.md: its limits): a training group of D
+        data-parallel ranks (actor_config.parallel_config.data_parallel D) and a rollout group of R whole replicas
+        (generate_config.parallel_config.data_parallel R; msrun --worker_num D + R)."""
+        rl, gen, actor = self.rl_config, self.generate_config, self.actor_config
+        training = actor.parallel_config
+        check(training.model_parallel == 1 and training.pipeline_stage == 1, "actor_config.parallel_config",
+              "with generate_config.placement separate: the training ranks are data-parallel replicas of the whole "
+              "model (set data_parallel to their number), got model_parallel "
+              f"{training.model_parallel}, pipeline_stage {training.pipeline_stage}")
+        trainers = training.data_parallel
+        if trainers > 1:  # what one training rank runs only (docs/async.md, its limits)
+            for key, off, why in (
+                    ("actor_config.parallel_config.optimizer_shard", not training.optimizer_shard,
+                     "the training ranks write one process's checkpoints (rank 0), each holding the whole moments"),
+                    ("actor_config.lora_rank", actor.lora_rank == 0, "LoRA's base and adapter meetings are one "
+                     "training rank's"),
+                    ("generate_config.partial_rollout", not gen.partial_rollout, "the prompts in flight are one "
+                     "training rank's bookkeeping"),
+                    ("generate_config.tools", not gen.tools, "the conversations' values are handed to one training "
+                     "rank"),
+                    ("reward_config.reward_models", not self.reward_config.reward_models, "each training rank would "
+                     "score with a copy of its own, not yet checked against a colocated run")):
+                check(off, key, f"with generate_config.placement separate and {trainers} training ranks "
+                      f"(actor_config.parallel_config.data_parallel): not yet, {why} for now; leave it off or train "
+                      "on one rank")
         rollout = gen.parallel_config
         check(rollout.model_parallel == 1 and rollout.pipeline_stage == 1, "generate_config.parallel_config",
               "with generate_config.placement separate: the rollout ranks are whole replicas of the model (set "

@@ -2,11 +2,12 @@
 
 It draws the training rank's prompts in the same order (the same PromptSource, the same seeds), generates its share
 of each step's samples with its inference copy (with R rollout ranks, generate_config.parallel_config.data_parallel,
-rank 1 + i the i-th contiguous share of the groups: `Meeting.share`; validation's prompts too) and meets the
-training rank (and the other rollout ranks) once for the samples and once for the new weights, in the trainer's
-order: the first weights (version 0), then per step s its samples and the weights of update s. With off_policy_steps
-0 it generates step s + 1 after receiving update s (the ranks take turns, as a colocated run); with 1 it generates
-step s + 1 right after handing over step s, with the weights it has (those of update s - 1), while update s trains:
+rank D + i the i-th contiguous share of the groups, D the training ranks: `Meeting.share`; validation's prompts too)
+and meets the training ranks (and the other rollout ranks) once for the samples and once for the new weights, in the
+trainer's order: the first weights (version 0), then per step s its samples and the weights of update s. With
+off_policy_steps 0 it generates step s + 1 after receiving update s (the ranks take turns, as a colocated run); with 1
+it generates step s + 1 right after handing over step s, with the weights it has (those of update s - 1), while
+update s trains:
 
     training rank   W0 | S1  train 1  W1 | S2  train 2  W2 | S3 ...
     rollout (k=0)   W0  gen 1  S1 | W1  gen 2  S2 | W2  gen 3 ...
@@ -82,8 +83,8 @@ class RolloutWorker:
         t0 = time.perf_counter()
         with heartbeat.phase(phase):
             if whole and self.base:
-                self.meeting.weights(self.base, give=False)
-            self.meeting.weights(self.params, give=False)
+                self.meeting.weights(self.base)
+            self.meeting.weights(self.params)
         self.engine.version = version
         self.waited += time.perf_counter() - t0
 

@@ -368,13 +368,16 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
     actor, gen, rl = gcfg.actor_config, gcfg.generate_config, gcfg.rl_config
     train = ParallelLayout.from_config(actor.parallel_config)
     # generate_config.placement separate: each rollout rank holds a whole replica on a device of its own, and the
-    # weights meeting moves whole buckets (docs/async.md); so the plan is that of one rollout device whatever their number
-    infer = ParallelLayout.from_config(gen.parallel_config) if gen.placement == "colocated" else ParallelLayout()
+    # weights meeting moves whole buckets (docs/async.md); so the plan is that of one rollout device whatever their
+    # number; every training rank (data-parallel replicas) holds the whole model and gives whole buckets too
+    separate = gen.placement == "separate"
+    infer = ParallelLayout() if separate else ParallelLayout.from_config(gen.parallel_config)
+    source = ParallelLayout() if separate else train  # the layout the sync reads
     policy = piece_bytes(mcfg, train, rank=rank)
     optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard, rank)
-    shared = gcfg.inference_shares_policy(infer == train)  # the plan of a run without --sft_path_infer of its own
+    shared = gcfg.inference_shares_policy(infer == source)  # the plan of a run without --sft_path_infer of its own
     inference = inference_copy_bytes(mcfg, infer) + (0 if shared else piece_bytes(mcfg, infer))
-    grads, sync_bucket = policy, 0 if shared else largest_sync_bucket(mcfg, train, infer, rank,
+    grads, sync_bucket = policy, 0 if shared else largest_sync_bucket(mcfg, source, infer, 0 if separate else rank,
                                                                       rl.weight_sync_bucket_bytes)
     lora = actor.lora_rank > 0  # adapters beside the weights, split as their projection in each layout
     if lora:

@@ -212,9 +212,11 @@ def init_parallel(cfg) -> Comm:
 
 def init_separate(cfg) -> Comm:
     """generate_config.placement separate: communication initialised, the world checked to be the training
-    layout's ranks (the first ones) and the rollout layout's (the next ones: R whole replicas). No group but the
-    world: the two sides meet over it (mindgrpo/parallel/separate.py)."""
-    from mindspore.communication import get_group_size, get_rank, init
+    layout's ranks (the first ones: D data-parallel replicas) and the rollout layout's (the next ones: R whole
+    replicas). The two sides meet over the world (mindgrpo/parallel/separate.py); with D > 1 the training ranks also
+    make a group of their own (`Comm.train_dp`), created by its members, over which their gradients and rewards are
+    summed as in a colocated data-parallel run."""
+    from mindspore.communication import create_group, get_group_size, get_rank, init
 
     train, infer, ref = layouts_of(cfg)
     wanted = train.world_size + infer.world_size
@@ -237,6 +239,11 @@ def init_separate(cfg) -> Comm:
         init()
     rank, world = get_rank(), get_group_size()
     check(world)
+    trainers = tuple(range(train.world_size))
+    if 1 < len(trainers) and rank in trainers and trainers not in _CREATED:  # the training group (its members only)
+        name = "g" + "_".join(str(r) for r in trainers)
+        create_group(name, list(trainers))
+        _CREATED[trainers] = name
     device = ms.get_context("device_target")
     logger.info("rank %d of %d on %s: %s (separate placement: train %s, rollout %s)", rank, world, device,
                 "training" if rank < train.world_size else "rollout", train, infer)

@@ -61,7 +61,7 @@ from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrad
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.pipeline import Pipeline, stage_spec
 from mindgrpo.parallel.reshard import Reshard
-from mindgrpo.parallel.separate import Meeting, RemoteRollout, SendWeights
+from mindgrpo.parallel.separate import Meeting, RemoteRollout, SendWeights, TrainingGroupCheckpoints
 from mindgrpo.parallel.sharded_checkpoints import ShardedCheckpoints
 from mindgrpo.parallel.shared_rewards import SharedRewards
 from mindgrpo.parallel.strategy import training_shapes, write_layout_strategies, write_strategy_file
@@ -75,7 +75,7 @@ logger = logging.getLogger(__name__)
 
 ROLES = ("policy", "inference", "reference")
 Engine = Union[RolloutEngine, DataParallelEngine, RemoteRollout]
-Checkpoints = Union[LocalCheckpoints, ShardedCheckpoints]
+Checkpoints = Union[LocalCheckpoints, ShardedCheckpoints, TrainingGroupCheckpoints]
 Rewards = Union[RewardSet, SharedRewards]
 
 
@@ -348,17 +348,45 @@ class ParallelPlacement:
 
 
 class SeparatePlacement(OneDevice):
-    """generate_config.placement separate (mindgrpo/parallel/separate.py): rank 0 trains, ranks 1 .. R generate
-    (generate_config.parallel_config.data_parallel R; every model whole). On the training rank the engine and the
-    inference weight sync are the meetings with the rollout ranks (`RemoteRollout`, `SendWeights`); the reference
-    (beta > 0) is beside the policy; checkpoints and rewards are this rank's. Each rollout rank builds its inference
-    copy and engine (`builder.build_rollout`) and runs `grpo/rollout_worker.RolloutWorker` on its share."""
+    """generate_config.placement separate (mindgrpo/parallel/separate.py): ranks 0 .. D - 1 train
+    (actor_config.parallel_config.data_parallel D), ranks D .. D + R - 1 generate (generate_config.parallel_config.
+    data_parallel R); every model whole. On a training rank the engine and the inference weight sync are the meetings
+    with the rollout ranks (`RemoteRollout`, `SendWeights`); the reference (beta > 0) is beside the policy. With D > 1
+    the training ranks split each mini-batch and sum their gradients over the training group as a colocated
+    data-parallel run does (`DataParallelGrads`), rank 0 scores the rewards for all of them (`SharedRewards`) and
+    writes the checkpoints (`TrainingGroupCheckpoints`); with one, rewards and checkpoints are its own. Each rollout
+    rank builds its inference copy and engine (`builder.build_rollout`) and runs `grpo/rollout_worker.RolloutWorker`
+    on its share."""
 
     remote_rollout = True
 
     def __init__(self, cfg, comm: Comm):
         self.comm = comm
         self.meeting = Meeting(comm, cfg.rl_config.weight_sync_bucket_bytes)
+        self.trainers = comm.train.world_size
+
+    @property
+    def writer(self) -> bool:
+        return self.comm.rank == 0
+
+    def rewards(self, rewards: RewardSet) -> Rewards:
+        """One training rank: its own; several: rank 0 scores, every training rank gets its scores."""
+        return rewards if self.trainers == 1 else SharedRewards(rewards, self.comm, group=self.comm.train_dp)
+
+    def grad_reducer(self) -> Optional[DataParallelGrads]:
+        """Several training ranks: each trains its share, the gradients summed over the training group."""
+        return DataParallelGrads(self.comm, self.comm.train_dp) if self.trainers > 1 else None
+
+    def checkpoints(self, root: str, keep_last: int, mcfg: Qwen2Config,
+                    adapters: Optional[Dict[str, Tuple[int, ...]]] = None) -> Checkpoints:
+        """One process's checkpoints, written by training rank 0 (every training rank holds the whole model)."""
+        local = LocalCheckpoints(root, keep_last)
+        return local if self.trainers == 1 else TrainingGroupCheckpoints(local, self.comm, self.comm.train_dp)
+
+    def barrier(self) -> None:
+        """The training ranks wait for each other."""
+        if self.trainers > 1:
+            self.comm.host_sum(np.zeros(1, np.float32), self.comm.train_dp)
 
     @property
     def rank(self) -> int:

@@ -1,6 +1,6 @@
-"""generate_config.placement separate (docs/async.md): under msrun the training rank and the rollout group (R ranks,
-each a whole replica of the model: generate_config.parallel_config.data_parallel R) meet once a step, and otherwise
-work at the same time.
+"""generate_config.placement separate (docs/async.md): under msrun the training group (D data-parallel ranks, the
+first ones: actor_config.parallel_config.data_parallel D) and the rollout group (R ranks, each a whole replica of the
+model: generate_config.parallel_config.data_parallel R) meet once a step, and otherwise work at the same time.
 
 MindSpore's CPU collectives have no Send / Receive, and every member of a group enters a collective at the same
 point; so a meeting is an AllReduce over the world (`Comm.host_sum`) to which one side gives its data and the
@@ -9,26 +9,31 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
     samples   the rollout ranks' completions of a step (as `data_parallel.completion_rows`, versions included,
               and in a last column each sample's group number: with partial rollouts, its prompt's draw number),
               each rank's in the rows of its share of the groups (`Meeting.share`: contiguous, in prompt order),
-              and a row of figures (FIGURES) per rollout rank -> the training rank
-    weights   the policy's parameters after an update, in buckets of rl_config.weight_sync_bucket_mb ->
-              every rollout rank's inference copy; with LoRA the adapters only, and at the start, after the warm
-              start and after a resume first a meeting of the base weights (both ranks know when: docs/async.md)
-    start     after a --resume, the restored step and prompt position, and with partial rollouts the prompts drawn
-              and the draw numbers of the groups in flight -> every rollout rank
+              and a row of figures (FIGURES) per rollout rank -> every training rank
+    weights   the policy's parameters after an update, in buckets of rl_config.weight_sync_bucket_mb, training rank
+              0's -> every rollout rank's inference copy (training ranks 1 .. D - 1 give zeros and keep their own
+              weights, compared with rank 0's: `sync/train_weights_max_diff`); with LoRA the adapters only, and at
+              the start, after the warm start and after a resume first a meeting of the base weights (both ranks
+              know when: docs/async.md)
+    start     after a --resume, training rank 0's restored step and prompt position, and with partial rollouts the
+              prompts drawn and the draw numbers of the groups in flight -> every rollout rank
     value     after a samples meeting of conversations (generate_config.tools): what the rollout rank's
               conversations give besides the tokens (the prompts as generated, the reward columns, the tool/ and
               turns/ metrics), pickled, its length first -> the training rank (one rollout rank only: the config
               refuses tools with more)
 
-The training rank's side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
-the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. One training rank for now
-(the config refuses more); every model is whole, in the same layout. Rollout rank i (rank 1 + i) generates its share
-of the step's prompts, each keyed by its index in the whole batch (a sample's random stream depends on that index,
-its sample number and its token number only), so the samples are a one-process run's whichever rank drew them.
+The training ranks' side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
+the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. Every model is whole, in
+the same layout; with D training ranks each trains its share of a mini-batch, the gradients summed over the training
+group (`data_parallel.DataParallelGrads`, as a colocated data-parallel run). Rollout rank i (rank D + i) generates its
+share of the step's prompts, each keyed by its index in the whole batch (a sample's random stream depends on that
+index, its sample number and its token number only), so the samples are a one-process run's whichever rank drew them.
+Training rank 0 writes the checkpoints (`TrainingGroupCheckpoints`), as one process writes them.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -38,7 +43,8 @@ from mindspore import Parameter, Tensor
 
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
-from mindgrpo.parallel.comm import Comm
+from mindgrpo.parallel.checkpoints import LocalCheckpoints
+from mindgrpo.parallel.comm import Comm, Group
 from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, row_width, rows_completions, share
 from mindgrpo.parallel.weight_sync import named_parameters
 
@@ -62,13 +68,13 @@ def prompt_check(prompts: Sequence[Sequence[int]]) -> float:
     return float(sum(int(np.sum(np.asarray(p, np.int64))) for p in prompts) % (1 << 23))
 
 
-def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]]) -> None:
+def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]], first: int = 1) -> None:
     """The rollout group's figures (`group_figures`) name the prompts each rank generated (`prompt_checks`, its share
-    of them): those this rank trains on."""
+    of them): those this rank trains on. first: the first rollout rank (the number of training ranks)."""
     checks = figures["prompt_checks"]
     for i, check in enumerate(checks):
         if check != prompt_check([prompts[k] for k in share(len(prompts), len(checks), i)]):
-            raise RuntimeError(f"generate_config.placement separate: rollout rank {TRAIN_RANK + 1 + i} generated other "
+            raise RuntimeError(f"generate_config.placement separate: rollout rank {first + i} generated other "
                                "prompts than the training rank trains on (their data order differs)")
 
 
@@ -94,13 +100,21 @@ class Meeting:
     trainer's step keep it). bucket_bytes: the weights' buckets (rl_config.weight_sync_bucket_bytes)."""
 
     def __init__(self, comm: Comm, bucket_bytes: int):
-        if comm.world < 2 or comm.train.world_size != 1:
-            raise ValueError(f"generate_config.placement separate runs one training rank and at least one rollout "
-                             f"rank, got {comm.train.world_size} training ranks in a world of {comm.world}")
+        self.trainers = comm.train.world_size  # the training ranks: 0, ..., D - 1
+        if self.trainers < 1 or comm.world <= self.trainers:
+            raise ValueError(f"generate_config.placement separate runs at least one training rank and at least one "
+                             f"rollout rank, got {self.trainers} training ranks in a world of {comm.world}")
         self.comm, self.group = comm, comm.group(range(comm.world))
         self.bucket_bytes = bucket_bytes
-        self.replicas = comm.world - 1  # the rollout ranks: 1, ..., world - 1
-        self.index = comm.rank - 1  # this rank's place among them (-1: the training rank)
+        self.replicas = comm.world - self.trainers  # the rollout ranks: D, ..., world - 1
+        self.index = comm.rank - self.trainers  # this rank's place among them (negative: a training rank)
+        # the training group, on its members (D > 1): the weights' check sums over it
+        self.train_group: Optional[Group] = comm.train_dp if 1 < self.trainers and comm.rank < self.trainers else None
+
+    @property
+    def gives(self) -> bool:
+        """This rank gives what the training side gives (training rank 0; the others give zeros)."""
+        return self.comm.rank == TRAIN_RANK
 
     def share(self, groups: int, index: Optional[int] = None) -> np.ndarray:
         """The groups (of a step's `groups`, in prompt order) that rollout rank `index` (default this one) generates:
@@ -128,8 +142,11 @@ class Meeting:
     def start(self, position: Optional[Sequence[int]], in_flight: Optional[Sequence[int]] = None
               ) -> Tuple[Tuple[int, ...], List[int]]:
         """After a --resume: the training rank's (step, prompt epoch, prompt index, prompts drawn) and, with partial
-        rollouts, the draw numbers of its groups in flight, on every rank (the rollout ranks pass None), so that the
-        rollout ranks go on from the step, generates those groups again and draws from the position restored."""
+        rollouts, the draw numbers of its groups in flight, on every rank (the rollout ranks pass None; training ranks
+        1 .. D - 1 give zeros), so that the rollout ranks go on from the step, generates those groups again and draws
+        from the position restored."""
+        if not self.gives:
+            position, in_flight = None, None
         head = np.zeros(5, np.float32)
         numbers = [int(k) for k in in_flight or ()]
         if position is not None:
@@ -158,10 +175,14 @@ class Meeting:
         flat[:len(data)] = data
         return pickle.loads(self.comm.host_sum(flat, self.group).astype(np.uint8).tobytes())
 
-    def weights(self, params: Dict[str, Parameter], give: bool) -> Dict[str, float]:
-        """params by their path in the model (the same paths and shapes on every rank; taken in path order): the
-        training rank's values (give True) into every rollout rank's (the others give zeros), bucket by bucket. Returns
-        sync/seconds (the meeting, waiting for the other ranks included), sync/bytes and sync/max_bucket_bytes."""
+    def weights(self, params: Dict[str, Parameter]) -> Dict[str, float]:
+        """params by their path in the model (the same paths and shapes on every rank; taken in path order): training
+        rank 0's values into every rollout rank's, bucket by bucket; the others give zeros, and training ranks 1 .. D
+        - 1 keep their own weights, which their data-parallel updates made equal to rank 0's. Returns sync/seconds (the
+        meeting, waiting for the other ranks included), sync/bytes and sync/max_bucket_bytes; with D > 1, on the
+        training ranks, sync/train_weights_max_diff: the largest difference of a training rank's weights from rank
+        0's (0.0: the same bits)."""
+        give, take = self.gives, self.index >= 0
         t0 = time.perf_counter()
         ordered = [params[name] for name in sorted(params)]
         buckets, bucket, size = [], [], 0
@@ -173,21 +194,29 @@ class Meeting:
             bucket.append(p)
             size += nbytes
         buckets.append(bucket)
-        total, largest = 0, 0
+        total, largest, differ = 0, 0, 0.0
         for bucket in buckets:
             sizes = [int(np.prod(p.shape)) for p in bucket]
             flat = np.concatenate([p.asnumpy().reshape(-1).astype(np.float32) for p in bucket]) if give \
                 else np.zeros(sum(sizes), np.float32)
             flat = self.comm.host_sum(flat, self.group)
-            if not give:
-                at = 0
-                for p, k in zip(bucket, sizes):
+            at = 0
+            for p, k in zip(bucket, sizes):
+                if take:
                     p.set_data(Tensor(flat[at:at + k].reshape(p.shape), p.dtype))
-                    at += k
+                elif not give:  # a training rank beside rank 0: its own weights against rank 0's
+                    own = p.asnumpy().reshape(-1).astype(np.float32)
+                    differ = max(differ, float(np.max(np.abs(own - flat[at:at + k]))) if k else 0.0)
+                at += k
             total += flat.nbytes
             largest = max(largest, flat.nbytes)
-        return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(total),
-                "sync/max_bucket_bytes": float(largest)}
+        out = {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(total),
+               "sync/max_bucket_bytes": float(largest)}
+        if self.train_group is not None:  # every training rank's difference, its largest on each
+            table = np.zeros(self.trainers, np.float32)
+            table[self.comm.rank] = differ
+            out["sync/train_weights_max_diff"] = float(self.comm.host_sum(table, self.train_group).max())
+        return out
 
 
 class RemoteRollout:
@@ -213,7 +242,7 @@ class RemoteRollout:
         here, the model masks come with the samples and the rest in a value meeting (`Conversations.remote`)."""
         comps, _, figures = self.groups(len(prompts) * params.n, params.n, row_width(params, turns))
         if turns is None:  # conversations: the prompts they generated come after, in the value meeting
-            check_prompts(figures, prompts)
+            check_prompts(figures, prompts, self.meeting.trainers)
         return comps
 
     def groups(self, rows: int, n: int, width: int) -> Tuple[List[Completion], List[int], Dict[str, object]]:
@@ -245,4 +274,46 @@ class SendWeights:
         """No graphs of its own (the meeting's AllReduce is the comm's)."""
 
     def __call__(self) -> Dict[str, float]:
-        return self.meeting.weights(self.params, give=True)
+        return self.meeting.weights(self.params)
+
+
+class TrainingGroupCheckpoints:
+    """The checkpoints of a training group of D > 1 data-parallel ranks, one process's files (every training rank
+    holds the whole model and the same AdamW moments: the config refuses optimizer_shard here): training rank 0 removes
+    killed saves' leftovers, writes them and sets later steps aside; on --resume every training rank reads the same
+    checkpoint. Barriers over the training group keep the others from looking while rank 0 changes the folder."""
+
+    def __init__(self, local: LocalCheckpoints, comm: Comm, group: Group):
+        self.local, self.comm, self.group = local, comm, group
+        self.writer = comm.rank == TRAIN_RANK
+
+    @property
+    def root(self) -> str:
+        return self.local.root
+
+    def barrier(self) -> None:
+        self.comm.host_sum(np.zeros(1, np.float32), self.group)
+
+    def clean(self) -> List[str]:
+        removed = self.local.clean() if self.writer else []
+        self.barrier()
+        return removed
+
+    def find(self, path: Optional[str] = None) -> Optional[str]:
+        """As LocalCheckpoints.find, on every training rank (after `clean`, before `set_aside_after`: the folder
+        does not change between)."""
+        return self.local.find(path)
+
+    def load(self, path: str, groups, model_config: dict) -> dict:
+        return self.local.load(path, groups, model_config)
+
+    def set_aside_after(self, step: int, why: str) -> List[str]:
+        self.barrier()  # every training rank has read its checkpoint
+        return self.local.set_aside_after(step, why) if self.writer else []
+
+    def save(self, step: int, groups, state: dict, model_config: dict, name: Optional[str] = None,
+             extra=None) -> str:
+        """Rank 0 writes; every rank returns the checkpoint's folder."""
+        if self.writer:
+            return self.local.save(step, groups, state, model_config, name, extra)
+        return os.path.join(self.root, name or f"step_{step:08d}")

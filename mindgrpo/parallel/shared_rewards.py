@@ -15,20 +15,21 @@ other ranks, waiting in the host sum (and the watchdog would, after rl_config.co
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from mindgrpo.parallel.comm import Comm
+from mindgrpo.parallel.comm import Comm, Group
 from mindgrpo.rewards.combine import Scores
 
 
 class SharedRewards:
-    """A reward set (mindgrpo.rewards.RewardSet) scored on `scorer` only and shared with every rank."""
+    """A reward set (mindgrpo.rewards.RewardSet) scored on `scorer` only and shared with every rank of `group` (default
+    the world; a separate placement's training group: mindgrpo/parallel/separate.py)."""
 
-    def __init__(self, rewards, comm: Comm, scorer: int = 0):
+    def __init__(self, rewards, comm: Comm, scorer: int = 0, group: Optional[Group] = None):
         self.rewards, self.comm, self.scorer = rewards, comm, scorer
-        self.world = comm.group(range(comm.world))
+        self.group = comm.group(range(comm.world)) if group is None else group
 
     @property
     def names(self):
@@ -55,7 +56,7 @@ class SharedRewards:
             scored = ~np.isnan(values)
             packed = np.concatenate([np.where(scored, values, 0.0).ravel(), scored.ravel(),
                                      [scores.errors[n] for n in names], [scores.timeouts[n] for n in names]])
-        packed = self.comm.host_sum(packed.astype(np.float32), self.world)
+        packed = self.comm.host_sum(packed.astype(np.float32), self.group)
         f = len(names)
         values = packed[:f * batch].reshape(f, batch)
         scored = packed[f * batch:2 * f * batch].reshape(f, batch) > 0

@@ -118,8 +118,8 @@ def test_yaml_that_sets_every_key():
                                                  "tool_num_workers", "tool_plugin", "chat_template", "environment",
                                                  "environment_plugin", "environment_settings")),
               "sft_config.teacher_tool_call_rate",
-              # the separate placement runs one training rank and whole rollout replicas for now (this file's
-              # parallelism refuses it): test_separate_placement_rules sets it
+              # the separate placement runs data-parallel training ranks and whole rollout replicas for now (this
+              # file's parallelism refuses it): test_separate_placement_rules sets it
               "generate_config.placement", "generate_config.partial_rollout"} \
         | set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
@@ -545,7 +545,9 @@ SEPARATE = ["generate_config.placement=separate"]
 
 
 @pytest.mark.parametrize("extra, key", [
-    (["actor_config.parallel_config.data_parallel=2"], "actor_config.parallel_config"),
+    # a training group of data-parallel replicas only (issue 46)
+    (["actor_config.parallel_config.model_parallel=2"], "actor_config.parallel_config"),
+    (["actor_config.parallel_config.pipeline_stage=2"], "actor_config.parallel_config"),
     (["generate_config.parallel_config.model_parallel=2"], "generate_config.parallel_config"),
     (["generate_config.parallel_config.pipeline_stage=2"], "generate_config.parallel_config"),
     # a rollout group of R ranks: at least a prompt each; one rank only keeps groups in flight or runs tools
@@ -576,6 +578,29 @@ def test_separate_placement_rules(extra, key):
     assert info.value.key == key
     with pytest.raises(ConfigError, match="colocated, separate|'colocated', 'separate'"):
         load_config(GRPOConfig, overrides=["generate_config.placement=apart"])
+
+
+TRAIN_DP2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro_batch_size=1"]
+
+
+@pytest.mark.parametrize("extra, key", [
+    (["actor_config.parallel_config.optimizer_shard=true"], "actor_config.parallel_config.optimizer_shard"),
+    (["actor_config.lora_rank=8"], "actor_config.lora_rank"),
+    (["rl_config.off_policy_steps=1", "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
+    (["generate_config.tools=[calculator]"], "generate_config.tools"),
+    (["reward_config.reward_models=[{path: rm.ckpt}]"], "reward_config.reward_models"),
+])
+def test_a_separate_training_group_of_several_ranks_refuses_what_one_training_rank_runs_only(extra, key):
+    # two training ranks beside two rollout ranks (world 4), with the warm start, validation and off_policy_steps 1
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + TRAIN_DP2 + [
+        "generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1", "rl_config.val_interval=5",
+        "sft_config.steps=3"])
+    assert cfg.actor_config.parallel_config.data_parallel == 2
+    # each alone with one training rank is allowed (test_separate_placement_rules, test_partial_rollout_rules)
+    load_config(GRPOConfig, overrides=SEPARATE + extra)
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=SEPARATE + TRAIN_DP2 + extra)
+    assert info.value.key == key and "2 training ranks" in info.value.message
 
 
 @pytest.mark.parametrize("lag", [0, 1])

@@ -444,3 +444,7 @@ def test_a_separate_placements_plan_is_one_rollout_devices_whatever_the_rollout_
     one = plan(load_config(GRPOConfig, overrides=over), m)
     three = plan(load_config(GRPOConfig, overrides=over + ["generate_config.parallel_config.data_parallel=3"]), m)
     assert three.groups == one.groups and three.groups["transient"] > 0 and three.peak(True) == one.peak(True)
+    # two data-parallel training ranks each hold the whole model and give whole buckets: they plan as one too (the
+    # plan once resharded between worlds of 2 and 1 ranks and failed)
+    two = plan(load_config(GRPOConfig, overrides=over + ["actor_config.parallel_config.data_parallel=2"]), m)
+    assert two.groups == one.groups and two.peak(True) == one.peak(True)

@@ -18,7 +18,9 @@ beta > 0, a warm start, stopped after step 2 and resumed) and sep1l (LoRA, off_p
 col0l, col1l: each update's meeting moves the adapters (sep1l and col1l are in workers/one_stage_runs.py, not in
 the job: the same meetings). A job of three ranks (one training rank, a rollout group of two, each generating half of
 every step's groups and of the validation's prompts) runs sep0d (sep0, stopped after step 2 and resumed: the start
-meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and col1, step for step."""
+meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and col1, step for step. The same job runs
+sep0g (sep0d's schedule with a training group of two data-parallel ranks and one rollout rank: both training ranks warm
+start, train their halves, resume from the checkpoint rank 0 wrote) against col0."""
 
 import json
 import os
@@ -65,8 +67,10 @@ def runs(tmp_path_factory):
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
               args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,sepkr,sep0l", *shared], timeout=1200)
-    # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2): world 3
-    run_msrun("one_stage_runs.py", 3, str(out / "replicas"), args=[str(out), "sep0d,sep1d", *shared], timeout=1200)
+    # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), and a training group of two
+    # (sep0g: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
+    run_msrun("one_stage_runs.py", 3, str(out / "replicas"), args=[str(out), "sep0d,sep1d,sep0g", *shared],
+              timeout=1500)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
@@ -92,12 +96,16 @@ def samples(folder, fields=("completion", "reward")):
 
 
 @pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
-@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d"])
+@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d", "0g"])
 def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
-    """0d, 1d: a rollout group of two ranks; the same peers (col0, col1) as one rollout rank's."""
-    group = run.endswith("d")
-    run = run[:-1] if group else run
-    sep, col = runs / f"sep{run}{'d' if group else ''}", runs / f"col{run}"
+    """0d, 1d: a rollout group of two ranks; 0g: a training group of two data-parallel ranks (each trains half of a
+    mini-batch, the gradients summed over the two) beside one rollout rank; the same peers (col0, col1) as one rollout
+    rank's. The losses within the tolerance of a colocated data-parallel update against one process
+    (tests/parallel/test_msrun.py: abs 1e-6, grad_norm rel 1e-5)."""
+    suffix = run[-1] if run[-1] in "dg" else ""
+    group, trainers = suffix == "d", suffix == "g"
+    run = run[:-1] if suffix else run
+    sep, col = runs / f"sep{run}{suffix}", runs / f"col{run}"
     rows_s, rows_c = metrics(sep), metrics(col)  # with validation, a row at step 0 (before the first update)
     ms, mc = [m for m in rows_s if m["step"]], [m for m in rows_c if m["step"]]
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
@@ -115,6 +123,9 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
         assert all(m["reward/rm/std"] > 0 and m["reward/rm/none"] == 0 for m in ms)
     if run == "0":  # the warm start moved the weights rank 1 samples with: sep1 samples step 1 without it (same seeds)
         assert samples(runs / "sep1" if not group else runs / "sep1d")[0] != got[0]
+    # two training ranks: after each update (the last included) rank 1's weights are rank 0's, bit for bit (each
+    # weights meeting compares them); one training rank: no such figure
+    assert [m.get("sync/train_weights_max_diff") for m in ms] == ([0.0] * STEPS if trainers else [None] * STEPS)
     if run != "1p":  # validation: the rollout rank's answers (one update behind with k = 1) scored on rank 0
         def validations(rows):
             return [(m["step"], m["val/accuracy"], m.get("val/policy_version")) for m in rows if "val/accuracy" in m]

@@ -15,24 +15,27 @@ from mindgrpo.parallel.separate import FIGURES, Meeting, check_prompts, group_fi
 
 
 class ThreadWorld:
-    """Comm's world of `size` ranks for as many threads: host_sum adds every thread's array in float32; `rank(r)` is
-    rank r's view (its Comm)."""
+    """Comm's world of `size` ranks for as many threads, the first `trainers` of them training: host_sum adds the
+    arrays of the threads of its group (a tuple of ranks: the world's, or the training group's, `train_dp`) in
+    float32; `rank(r)` is rank r's view (its Comm)."""
 
-    def __init__(self, size: int = 2):
-        self.world = size
-        self.barrier = threading.Barrier(size)
-        self.parts = {}
+    def __init__(self, size: int = 2, trainers: int = 1):
+        self.world, self.trainers = size, trainers
+        self.lock = threading.Lock()
+        self.barriers, self.parts = {}, {}
 
     def rank(self, r: int):
-        return SimpleNamespace(rank=r, world=self.world, train=SimpleNamespace(world_size=1), group=tuple,
-                               host_sum=self.host_sum)
+        return SimpleNamespace(rank=r, world=self.world, train=SimpleNamespace(world_size=self.trainers), group=tuple,
+                               train_dp=tuple(range(self.trainers)), host_sum=self.host_sum)
 
     def host_sum(self, values, group):
         values = np.asarray(values)
-        self.parts[threading.get_ident()] = values.astype(np.float32)
-        self.barrier.wait()
-        total = sum(self.parts.values())
-        self.barrier.wait()
+        with self.lock:
+            barrier = self.barriers.setdefault(group, threading.Barrier(len(group)))
+            self.parts.setdefault(group, {})[threading.get_ident()] = values.astype(np.float32)
+        barrier.wait()
+        total = sum(self.parts[group].values())
+        barrier.wait()
         return total.reshape(values.shape).astype(values.dtype)
 
 
@@ -115,3 +118,33 @@ def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_r
     check_prompts(figures, prompts)  # each rank generated its share of these prompts
     with pytest.raises(RuntimeError, match=f"rollout rank {replicas} generated other prompts"):
         check_prompts(figures, prompts[:-1] + [[1]])  # the last prompt is the last rank's
+
+
+@pytest.mark.parametrize("apart", [0.0, 0.25])
+def test_two_training_ranks_give_rank_0s_weights_and_rank_1_checks_its_own_against_them(apart):
+    """Training ranks 0 and 1 (actor_config.parallel_config.data_parallel 2) and one rollout rank: the weights meeting
+    sets the rollout rank's copy to rank 0's weights (rank 1 gives zeros: counted twice they would arrive doubled);
+    rank 1 keeps its own and both training ranks learn their largest difference (0.0 when the data-parallel updates
+    kept them equal); the start meeting takes rank 0's position only."""
+    from mindspore import Parameter, Tensor
+
+    rng = np.random.default_rng(0)
+    values = {"a.weight": rng.standard_normal((3, 4)).astype(np.float32),
+              "b.bias": rng.standard_normal(5).astype(np.float32)}
+    moved = {0: 0.0, 1: apart, 2: -1.0}  # rank 1 `apart` from rank 0 at one value; the rollout rank's copy stale
+
+    def call(rank, meeting):
+        params = {n: Parameter(Tensor(v.copy()), name=n) for n, v in values.items()}
+        params["b.bias"].set_data(Tensor(values["b.bias"] + np.float32(moved[rank]) * (np.arange(5) == 2)))
+        figures = meeting.weights(params)
+        start = meeting.start((3, 1, 7 + rank, 0) if rank < 2 else None)
+        return figures, {n: p.asnumpy() for n, p in params.items()}, start
+
+    got = meet(ThreadWorld(3, trainers=2), call)
+    for rank in (0, 2):  # rank 0 kept its weights, the rollout rank received them bit for bit
+        assert all(got[rank][1][n].tobytes() == values[n].tobytes() for n in values)
+    assert got[1][1]["b.bias"][2] == values["b.bias"][2] + np.float32(apart)  # rank 1 keeps its own
+    assert got[0][0]["sync/train_weights_max_diff"] == got[1][0]["sync/train_weights_max_diff"] == \
+        pytest.approx(apart)
+    assert "sync/train_weights_max_diff" not in got[2][0]  # the rollout rank is not in the training group
+    assert all(got[r][2] == ((3, 1, 7, 0), []) for r in range(3))  # rank 0's resume position, not rank 1's added

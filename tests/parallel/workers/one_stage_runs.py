@@ -15,7 +15,8 @@ tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its 
 validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its
 peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout group of two): sep0d (sep0, stopped
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
-peers col0 and col1; sep0dl (sep0l; its peer col0l).
+peers col0 and col1; sep0dl (sep0l; its peer col0l); sep0g (sep0d's schedule with two data-parallel training ranks
+and one rollout rank; its peer col0).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -64,6 +65,8 @@ TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers
 # a checkpoint every step, all kept: sepk's step 1 has groups in flight (its step 2 takes them all)
 EVERY_STEP = ["rl_config.save_interval=1", "rl_config.keep_last_k=3"]
 ROLLOUT2 = ["generate_config.parallel_config.data_parallel=2"]  # two rollout ranks, whole replicas of the model
+# two training ranks, data-parallel (each trains half of a mini-batch's 8 rows: a micro-batch of 4)
+TRAIN2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro_batch_size=4"]
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
     "swap_on": [(MSRUN + ["--swap", "True"], TP2)],
@@ -97,6 +100,10 @@ RUNS = {
     "sep0d": [(MSRUN, SEPARATE + WARM + VAL + ROLLOUT2 + ["rl_config.max_steps=2"]),
               (MSRUN + ["--resume"], SEPARATE + WARM + VAL + ROLLOUT2)],
     "sep1d": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED + ROLLOUT2)],
+    # a training group of two data-parallel ranks and one rollout rank (world 3): sep0d's schedule (warm start,
+    # validation, stopped after step 2 and resumed: both training ranks read the checkpoint rank 0 wrote)
+    "sep0g": [(MSRUN, SEPARATE + WARM + VAL + TRAIN2 + ["rl_config.max_steps=2"]),
+              (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN2)],
     # sep0l with a rollout group of two (peer col0l; not in the test's job: the same meetings as sep0d's)
     "sep0dl": [(MSRUN, SEPARATE + WARM + LORA + ROLLOUT2 + ["rl_config.max_steps=2"]),
                (MSRUN + ["--resume"], SEPARATE + WARM + LORA + ROLLOUT2)],
