@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mindgrpo.inference.engine import Completion
+from mindgrpo.parallel.comm import Group
 from mindgrpo.parallel.separate import FIGURES, Meeting, check_prompts, group_figures, prompt_check
 
 
@@ -24,8 +25,8 @@ class ThreadWorld:
         self.parts = {}
 
     def rank(self, r: int):
-        return SimpleNamespace(rank=r, world=self.world, train=SimpleNamespace(world_size=1), group=tuple,
-                               host_sum=self.host_sum)
+        return SimpleNamespace(rank=r, world=self.world, train=SimpleNamespace(world_size=1),
+                               group=lambda ranks: Group(tuple(ranks), r, "world", True), host_sum=self.host_sum)
 
     def host_sum(self, values, group):
         values = np.asarray(values)

@@ -11,7 +11,8 @@ one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1
 sep0, sep1: their last step again, resumed from their step-2 checkpoints), sepk
 (sep1p killed with SIGKILL on rank 0 right after its step-1 checkpoint: the job fails), sepkr (sepk resumed in its
 folder, --resume), sep0t (sep0's schedule with tool calls: TOOLS, on the micro model that calls tools of
-tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), sep0l (sep0 with LoRA rank 4, without
+tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), dp0t (col0t's run colocated
+on two data-parallel replicas, each running the conversations of its half of the prompts; peer col0t), sep0l (sep0 with LoRA rank 4, without
 validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its
 peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout group of two): sep0d (sep0, stopped
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
@@ -61,6 +62,9 @@ TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers
          "generate_config.chat_template=model_configs/qwen_grpo/tiny_tools/tokenizer_config.json",
          f"actor_config.load_checkpoint={os.path.join(sys.argv[1], 'tool_caller', 'policy.ckpt')}",
          "reward_config.verifier_function=[test_text_length,test_tool_outcome]", "reward_config.verifier_weight=[1.0,1.0]"]
+# two colocated data-parallel replicas training and generating (half the 8 rows each: micro-batches of 4)
+DP_TOOLS = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel_config.data_parallel=2",
+            "actor_config.micro_batch_size=4"]
 # a checkpoint every step, all kept: sepk's step 1 has groups in flight (its step 2 takes them all)
 EVERY_STEP = ["rl_config.save_interval=1", "rl_config.keep_last_k=3"]
 ROLLOUT2 = ["generate_config.parallel_config.data_parallel=2"]  # two rollout ranks, whole replicas of the model
@@ -85,6 +89,8 @@ RUNS = {
     "col1p": [([], PARTIAL)],
     "sep0t": [(MSRUN, ["generate_config.placement=separate"] + TOOLS)],
     "col0t": [([], TOOLS)],
+    # tool calls on two colocated inference replicas, each running its share's conversations (peer: col0t)
+    "dp0t": [(MSRUN, TOOLS + DP_TOOLS)],
     # LoRA under a separate placement: the base at the start, after the warm start and after the resume (sep0l stops
     # after step 2 and resumes for step 3), the adapters each update
     "sep0l": [(MSRUN, SEPARATE + WARM + LORA + ["rl_config.max_steps=2"]),
