@@ -12,7 +12,8 @@ A kind is an entry of CONVERSATIONS: a function (cfg, tokenizer, chat_template) 
 implements `inference.engine.Turns` and also `columns(request) -> dict` (per-sample columns for the rewards; a
 `turn_messages` entry, each appended turn's chat messages, goes into `messages` instead; a `messages` entry is the
 sample's messages whole), `stats(samples) -> dict` (metrics of the last generate call) and `reset()` (before each
-call). A kind may also write the prompts (`prompts(questions) -> ids`: an environment's resets) and must then see
+call). A kind may also write the prompts (`prompts(questions, index=None) -> ids`: an environment's resets; index:
+the questions' indices in the whole batch, the engine's prompt_index) and must then see
 the completions after each generate call (`finish(completions)`). Kinds: `tools` (generate_config.tools) and
 `environment` (generate_config.environment); `conversation_kind` chooses.
 `Conversations.generate` makes one call of either kind (the trainer's and scripts/evaluate.py's).
@@ -62,14 +63,15 @@ def _nothing(completions) -> None:
 class Conversations:
     """A run's conversations: the engine's `turns` (see the module docstring), `start` / `close` of what they
     run on (the tool workers), closed once at the end of the run, the reward `columns` they give, and for a kind
-    that writes its prompts `prompts(questions) -> ids`; `finish(completions)` after each generate call."""
+    that writes its prompts `prompts(questions, index=None) -> ids`; `finish(completions)` after each generate
+    call."""
 
     kind: str
     turns: object
     start: Callable[[], None]
     close: Callable[[], None]
     columns: Tuple[str, ...] = CONVERSATION_COLUMNS
-    prompts: Optional[Callable[..., List[List[int]]]] = None  # (questions, index=None): index, their prompt_index
+    prompts: Optional[Callable[..., List[List[int]]]] = None
     finish: Callable[[Sequence[Completion]], None] = _nothing
 
     @property

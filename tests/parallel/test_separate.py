@@ -13,14 +13,15 @@ sep1p's config until its training rank kills itself with SIGKILL right after the
 main job resumes it in its folder (sepkr, --resume): the groups in flight at the checkpoint are generated again, no
 prompt lost, none twice. sep0t and its peer col0t
 call tools (the micro model of tests/grpo/tool_caller.py, which ends turns with a tool call): the rollout rank runs the
-conversations, the training rank trains the model's own tokens (the model masks) and rewards the tools' answers; dp0t
-runs col0t's config colocated on two data-parallel replicas (training and generating), each running the
-conversations of its half of the prompts on its own tool workers. sep0l (LoRA rank 4,
+conversations, the training rank trains the model's own tokens (the model masks) and rewards the tools' answers. sep0l (LoRA rank 4,
 beta > 0, a warm start, stopped after step 2 and resumed) and sep1l (LoRA, off_policy_steps 1) against their peers
 col0l, col1l: each update's meeting moves the adapters (sep1l and col1l are in workers/one_stage_runs.py, not in
 the job: the same meetings). A job of three ranks (one training rank, a rollout group of two, each generating half of
 every step's groups and of the validation's prompts) runs sep0d (sep0, stopped after step 2 and resumed: the start
-meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and col1, step for step."""
+meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and col1, step for step.
+The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel replicas that
+train and generate, each running the conversations of its half of the prompts on its own tool workers: col0t's
+samples, losses and tool metrics."""
 
 import json
 import os

@@ -11,8 +11,7 @@ one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1
 sep0, sep1: their last step again, resumed from their step-2 checkpoints), sepk
 (sep1p killed with SIGKILL on rank 0 right after its step-1 checkpoint: the job fails), sepkr (sepk resumed in its
 folder, --resume), sep0t (sep0's schedule with tool calls: TOOLS, on the micro model that calls tools of
-tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), dp0t (col0t's run colocated
-on two data-parallel replicas, each running the conversations of its half of the prompts; peer col0t), sep0l (sep0 with LoRA rank 4, without
+tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), sep0l (sep0 with LoRA rank 4, without
 validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its
 peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout group of two): sep0d (sep0, stopped
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
@@ -20,6 +19,8 @@ peers col0 and col1; sep0dl (sep0l; its peer col0l).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
+dp0t: col0t's run colocated on two data-parallel replicas (training and generating), each running the conversations
+of its half of the prompts on its own tool workers; its peer col0t.
 """
 
 import gc
