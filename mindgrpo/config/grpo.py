@@ -262,9 +262,11 @@ class GRPOConfig:
             check(not gen.layerwise, "generate_config.layerwise",
                   f"cannot combine with {key}: conversations append their tool turns with the whole "
                   "graphs; set it false")
-            check(gen.parallel_config.world_size == 1, key,
-                  "runs conversations on one inference device for now (each device would run every tool call): "
-                  f"set generate_config.parallel_config to 1 device (it has {gen.parallel_config.world_size})")
+            for part in ("model_parallel", "pipeline_stage"):  # replicas run their share's (data_parallel)
+                value = getattr(gen.parallel_config, part)
+                check(value == 1, f"generate_config.parallel_config.{part}",
+                      f"must be 1 with {key}: conversations run on whole inference replicas, each its share of the "
+                      f"prompts on its own tool workers (set data_parallel to the devices), got {value}")
 
     def _check_separate(self) -> None:
         """What generate_config.placement separate runs for now (docs/async.md: its limits): a training group of D

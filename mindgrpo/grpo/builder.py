@@ -338,7 +338,7 @@ def reward_model_configs(cfg: GRPOConfig) -> list:
 def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) -> Parts:
     """The trainer's parts, each model being this rank's piece of its layout (`placement`; default:
     one device)."""
-    from mindgrpo.grpo.conversations import build_conversations, remote_conversations
+    from mindgrpo.grpo.conversations import build_conversations, remote_conversations, replica_conversations
     from mindgrpo.grpo.reward_models import build_model_rewards
     from mindgrpo.memory.auto import choose_for_run
     from mindgrpo.memory.swap import SwapManager
@@ -372,6 +372,8 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     conversations = build_conversations(cfg, tokenizer, chat_template)
     if conversations is not None and placement.remote_rollout:  # the rollout rank runs them (docs/async.md)
         conversations = remote_conversations(conversations, placement.meeting)
+    elif conversations is not None and placement.inference_replicas > 1:  # each replica its share's (docs/tools.md)
+        conversations = replica_conversations(conversations)
     extra = [] if conversations is None else list(conversations.columns)
     # the columns every reward call gets (grpo/rollouts.Rollouts.columns): a reward needing another fails now
     rewards.check_columns([*train.columns, "completion_length", *extra], "the training prompts")

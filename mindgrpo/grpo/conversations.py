@@ -12,21 +12,26 @@ A kind is an entry of CONVERSATIONS: a function (cfg, tokenizer, chat_template) 
 implements `inference.engine.Turns` and also `columns(request) -> dict` (per-sample columns for the rewards; a
 `turn_messages` entry, each appended turn's chat messages, goes into `messages` instead; a `messages` entry is the
 sample's messages whole), `stats(samples) -> dict` (metrics of the last generate call) and `reset()` (before each
-call). A kind may also write the prompts (`prompts(questions) -> ids`: an environment's resets) and must then see
+call). A kind may also write the prompts (`prompts(questions, index=None) -> ids`: an environment's resets; index:
+the questions' indices in the whole batch, the engine's prompt_index) and must then see
 the completions after each generate call (`finish(completions)`). Kinds: `tools` (generate_config.tools) and
 `environment` (generate_config.environment); `conversation_kind` chooses.
 `Conversations.generate` makes one call of either kind (the trainer's and scripts/evaluate.py's).
 
 Under generate_config.placement separate the rollout rank runs them (its own workers, `RolloutWorker`) and hands
 over, after each samples meeting, what a call gives besides the tokens and model masks; the training rank's are
-`remote_conversations`: no workers, each call's columns and metrics those of the rollout rank.
+`remote_conversations`: no workers, each call's columns and metrics those of the rollout rank. Colocated with
+inference replicas (generate_config.parallel_config.data_parallel N > 1; the engine a
+`parallel/data_parallel.DataParallelEngine`) they are `replica_conversations`: each replica runs its share of the
+prompts' conversations on its own workers, and every rank gets the whole call's prompts, columns and metrics
+(`merge_replicas`: the replicas' values in prompt order, each metric combined by `COMBINED`).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, fields
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -58,14 +63,15 @@ def _nothing(completions) -> None:
 class Conversations:
     """A run's conversations: the engine's `turns` (see the module docstring), `start` / `close` of what they
     run on (the tool workers), closed once at the end of the run, the reward `columns` they give, and for a kind
-    that writes its prompts `prompts(questions) -> ids`; `finish(completions)` after each generate call."""
+    that writes its prompts `prompts(questions, index=None) -> ids`; `finish(completions)` after each generate
+    call."""
 
     kind: str
     turns: object
     start: Callable[[], None]
     close: Callable[[], None]
     columns: Tuple[str, ...] = CONVERSATION_COLUMNS
-    prompts: Optional[Callable[[Sequence[str]], List[List[int]]]] = None
+    prompts: Optional[Callable[..., List[List[int]]]] = None
     finish: Callable[[Sequence[Completion]], None] = _nothing
 
     @property
@@ -112,6 +118,78 @@ def remote_conversations(conv: Conversations, meeting) -> RemoteConversations:
 
 def _idle() -> None:
     """Nothing to start: the rollout rank runs the workers."""
+
+
+@dataclass
+class ReplicaConversations(Conversations):
+    """A colocated run's conversations on data-parallel inference replicas (module docstring): `engine` is the
+    `DataParallelEngine`; each replica runs the conversations of its own share of the prompts (the engine's share:
+    their indices in the whole batch key the samples' random streams and an environment's resets) on its own
+    workers, then the completions meet in the engine's rows and the rest in its value meeting."""
+
+    def generate(self, engine, prompt_ids: Sequence[Sequence[int]], questions: Sequence[str], params, tokenizer,
+                 **engine_kwargs) -> tuple:
+        mine = engine.share(len(prompt_ids))
+        self.turns.reset()
+        ids = [[int(t) for t in prompt_ids[i]] for i in mine]
+        if self.prompts is not None and len(mine):
+            ids = self.prompts([questions[i] for i in mine], mine)
+        local = engine.generate_share(ids, mine, params, turns=self.turns, **engine_kwargs)
+        value = None
+        if local:  # a replica without prompts (fewer prompts than replicas) gives nothing
+            self.finish(local)
+            value = ReplicaValue(ids, conversation_columns(self.turns, local, tokenizer),
+                                 conversation_metrics(self.turns, local, engine.replica_stats), len(local),
+                                 sum(len(c.token_ids) for c in local))
+        completions = engine.gather(local, len(prompt_ids), params, self.turns)
+        values = [v for v in engine.gather_values(value) if v is not None]
+        ids, columns, metrics = merge_replicas(values, len(prompt_ids))
+        return ids, completions, columns, metrics
+
+
+class ReplicaValue(NamedTuple):
+    """What a replica's conversations give besides the tokens (`ReplicaConversations`)."""
+
+    prompts: List[List[int]]  # its prompts as generated
+    columns: Dict[str, list]  # conversation_columns, a value per sample
+    metrics: Dict[str, float]  # conversation_metrics of its share
+    samples: int
+    tokens: int  # its samples' trajectory tokens
+
+
+def replica_conversations(conv: Conversations) -> ReplicaConversations:
+    """`conv` on a rank of data-parallel inference replicas: the same turns and workers (this rank's own)."""
+    return ReplicaConversations(**{f.name: getattr(conv, f.name) for f in fields(Conversations)})
+
+
+# how the replicas' metrics of their shares make the whole call's (`merge_replicas`), as one process computes them:
+# "samples" a per-sample mean or fraction, weighted by the replica's samples; "tokens" a share of the trajectory tokens,
+# weighted by the replica's; "sum" a count or seconds, summed
+COMBINED = {"tool/calls_mean": "samples", "tool/samples_with_calls": "samples", "turns/mean": "samples",
+            "env/reward_mean": "samples", "env/steps_mean": "samples", "env/done_fraction": "samples",
+            "turns/masked_fraction": "tokens",
+            "tool/errors": "sum", "tool/timeouts": "sum", "tool/seconds": "sum", "turns/cut": "sum",
+            "env/errors": "sum", "env/timeouts": "sum", "env/seconds": "sum"}
+
+
+def merge_replicas(values: Sequence[ReplicaValue], prompts: int
+                   ) -> Tuple[List[List[int]], Dict[str, list], Dict[str, float]]:
+    """The whole call's (prompts as generated, per-sample columns, metrics) from the replicas' values in replica order
+    (= prompt order; `prompts` of them in all)."""
+    ids = [p for v in values for p in v.prompts]
+    if len(ids) != prompts:
+        raise RuntimeError(f"conversations on inference replicas: {len(ids)} prompts came back of {prompts}")
+    columns = {key: [x for v in values for x in v.columns.get(key, [None] * v.samples)]
+               for key in dict.fromkeys(k for v in values for k in v.columns)}
+    weights = {"samples": lambda v: v.samples, "tokens": lambda v: v.tokens, "sum": lambda v: 1}
+    metrics: Dict[str, float] = {}
+    for key in dict.fromkeys(k for v in values for k in v.metrics):
+        if key not in COMBINED:
+            raise KeyError(f"conversation metric {key!r} has no rule in conversations.COMBINED (how replicas combine)")
+        weight = weights[COMBINED[key]]
+        total = sum(v.metrics[key] * weight(v) for v in values)
+        metrics[key] = float(total if COMBINED[key] == "sum" else total / max(sum(weight(v) for v in values), 1))
+    return ids, columns, metrics
 
 
 def conversation_kind(cfg: GRPOConfig) -> Optional[str]:
@@ -207,8 +285,8 @@ def environment_conversations(cfg: GRPOConfig, tokenizer, chat_template: Optiona
         raise ConfigError("generate_config.chat_template", str(error)) from None
     turns.max_turn_tokens = gen.turn_positions(around) // gen.max_turns
 
-    def prompts(questions: Sequence[str]) -> List[List[int]]:
-        ids = turns.prompts(questions)
+    def prompts(questions: Sequence[str], index: Optional[Sequence[int]] = None) -> List[List[int]]:
+        ids = turns.prompts(questions, index)
         long = [len(p) for p in ids if len(p) > gen.max_prompt_length]
         if long:  # the environment's first user turn: the engine's slots hold max_prompt_length prompt tokens
             raise ValueError(f"generate_config.max_prompt_length: environment {gen.environment!r} wrote a prompt of "
@@ -314,8 +392,9 @@ def conversation_metrics(turns, completions: Sequence[Completion], engine_stats:
     return out
 
 
-__all__ = ["CONVERSATIONS", "CONVERSATION_COLUMNS", "ENVIRONMENT_COLUMNS", "Conversations", "RemoteConversations",
-           "assistant_message", "remote_conversations",
+__all__ = ["COMBINED", "CONVERSATIONS", "CONVERSATION_COLUMNS", "ENVIRONMENT_COLUMNS", "Conversations",
+           "RemoteConversations", "ReplicaConversations", "ReplicaValue", "assistant_message", "merge_replicas",
+           "remote_conversations", "replica_conversations",
            "build_conversations", "conversation_columns", "conversation_kind", "conversation_metrics",
            "environment_conversations", "load_environment", "load_tools", "tool_chat_texts", "tool_conversations",
            "trajectory_runs"]

@@ -9,6 +9,7 @@ the trainer reach collectives through the cells and helpers here.
     AllReduce(group)(x)                # sum over the group, inside a graph
     AllGather(group)(x)                # pieces concatenated on dim 0, in rank order
     comm.host_sum(array, group)        # a small host array summed over a group (one tiny graph)
+    host_gather(comm, value, group)    # every member's picklable value on every member, in group order
 
 MindSpore's CPU backend (mccl) has AllReduce(SUM) on any group but AllGather and Broadcast only on
 the world group, and no ReduceScatter, AlltoAll or Send/Receive. So on CPU, `AllGather` over a
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import signal
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -131,6 +133,30 @@ class Comm:
     def barrier(self) -> None:
         """Every rank waits here for every other (a one-number sum over the world)."""
         self.host_sum(np.zeros(1, np.float32), self.group(range(self.world)))
+
+
+# a value's bytes go through host_sum as float32: its length (one float32 each) is exact below this
+MAX_VALUE_BYTES = 1 << 24
+
+
+def host_gather(comm: "Comm", value, group: Group) -> List[object]:
+    """Every member's `value` (any picklable object: it is this job's own data; None: the member gives nothing) on
+    every member, in group order (None where a member gave nothing). Two sums over the group (`Comm.host_sum`), each
+    member filling its own slots and the others zeros, so the bytes arrive exactly: the members' lengths, then their
+    pickled bytes end to end. The separate placement's value meeting and the conversations of data-parallel
+    inference replicas."""
+    data = np.frombuffer(pickle.dumps(value), np.uint8) if value is not None else np.zeros(0, np.uint8)
+    if len(data) >= MAX_VALUE_BYTES:
+        raise ValueError(f"a host value of {len(data)} bytes is over 2**24, which a sum of float32 does not carry "
+                         "exactly (with conversations: lower generate_config.tool_response_max_tokens or the batch)")
+    lengths = np.zeros(group.size, np.float32)
+    lengths[group.index] = len(data)
+    lengths = comm.host_sum(lengths, group).astype(np.int64)
+    ends = np.cumsum(lengths)
+    flat = np.zeros(int(ends[-1]), np.float32)
+    flat[ends[group.index] - len(data):ends[group.index]] = data
+    flat = comm.host_sum(flat, group).astype(np.uint8)
+    return [pickle.loads(flat[end - size:end].tobytes()) if size else None for end, size in zip(ends, lengths)]
 
 
 def _world_group_name() -> str:

@@ -13,7 +13,9 @@ completions, rewards and advantages; a few KB per row). So:
   * `DataParallelEngine` (the trainer's rollout engine): a replica generates its share of the
     prompts, each prompt keyed by its index in the whole batch (a sample's random stream is a
     function of that index, its sample number and its token number only, so it gets the tokens
-    of a one-process run), then the completions are summed into every rank's copy.
+    of a one-process run), then the completions are summed into every rank's copy. With
+    conversations each replica runs its share's on its own tool workers (`generate_share`), and
+    what they give besides the tokens meets in `gather_values` (grpo/conversations.py).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from mindspore import nn, ops
 from mindgrpo.inference.engine import Completion, RolloutEngine, appended_positions
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.utils.spans import spans
-from mindgrpo.parallel.comm import AllReduce, Comm, Group
+from mindgrpo.parallel.comm import AllReduce, Comm, Group, host_gather
 
 
 def share(n: int, parts: int, index: int) -> np.ndarray:
@@ -161,6 +163,7 @@ class DataParallelEngine:
     def __init__(self, engine: RolloutEngine, comm: Comm, group: Group):
         self.engine, self.comm, self.group = engine, comm, group
         self.last_stats: dict = {}
+        self._started = time.perf_counter()
 
     @property
     def compiled_graphs(self) -> int:
@@ -181,25 +184,51 @@ class DataParallelEngine:
     def version(self, value: int) -> None:
         self.engine.version = value
 
+    def share(self, count: int) -> np.ndarray:
+        """The indices of this replica's prompts among `count` (a contiguous share, in prompt order)."""
+        return share(count, self.group.size, self.group.index)
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  return_logits: bool = False, turns=None) -> List[Completion]:
         """turns: conversations (`engine.Turns`), run by this replica for its share of the prompts."""
+        mine = self.share(len(prompts))
+        local = self.generate_share([prompts[i] for i in mine], mine, params, return_logits, turns)
+        return self.gather(local, len(prompts), params, turns)
+
+    def generate_share(self, prompts: Sequence[Sequence[int]], index: Sequence[int], params: SamplingParams,
+                       return_logits: bool = False, turns=None) -> List[Completion]:
+        """This replica's completions of its share of the prompts (`prompts`, their indices in the whole batch
+        `index`, from `share`: the keys of their random streams), then `gather` them with the other replicas'.
+        Conversations in between see the replica's own requests (`replica_stats`: its engine's figures)."""
+        self._started = time.perf_counter()
+        if not len(index):
+            return []
+        local = self.engine.generate(prompts, params, prompt_index=index, return_logits=return_logits, turns=turns)
+        if return_logits:
+            self.last_logits = self.engine.last_logits
+        return local
+
+    @property
+    def replica_stats(self) -> dict:
+        """The figures of this replica's last `generate_share` (its own engine's)."""
+        return self.engine.last_stats
+
+    def gather(self, local: Sequence[Completion], count: int, params: SamplingParams, turns=None) -> List[Completion]:
+        """Every replica's completions of `generate_share` (count prompts in all), on every rank in prompt order:
+        each replica's rows at its share's, summed over the group."""
         n = params.n
         width = row_width(params, turns)
-        mine = share(len(prompts), self.group.size, self.group.index)
-        t0 = time.perf_counter()
-        local: List[Completion] = []
-        if len(mine):
-            local = self.engine.generate([prompts[i] for i in mine], params, prompt_index=mine,
-                                         return_logits=return_logits, turns=turns)
+        mine = self.share(count)
         first = int(mine[0]) * n if len(mine) else 0
-        rows = completion_rows(local, len(prompts) * n, width, first)  # only this replica's rows are nonzero
+        rows = completion_rows(local, count * n, width, first)  # only this replica's rows are nonzero
         rows = self.comm.host_sum(rows, self.group)  # the others add +0.0: the sum is exact
         out = rows_completions(rows, n, width)
-        elapsed = time.perf_counter() - t0
+        elapsed = time.perf_counter() - self._started
         new_tokens = int(rows[:, 0].sum())
         self.last_stats = dict(self.engine.last_stats, rows=len(out), new_tokens=new_tokens, seconds=elapsed,
                                tokens_per_s=new_tokens / max(elapsed, 1e-9))
-        if return_logits:
-            self.last_logits = self.engine.last_logits
         return out
+
+    def gather_values(self, value) -> list:
+        """Every replica's picklable `value` (None: nothing) on every rank, in replica order (`comm.host_gather`)."""
+        return host_gather(self.comm, value, self.group)

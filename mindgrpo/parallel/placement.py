@@ -121,6 +121,7 @@ class OneDevice:
     rollout_rank = False  # this rank runs the trainer (SeparatePlacement: one rank runs the rollout instead)
     remote_rollout = False  # the trainer's samples come from this process's engine
     writer = True  # the process that writes what is written once
+    inference_replicas = 1  # the data-parallel replicas of the inference layout this rank's engine is one of
 
     @property
     def device(self) -> str:
@@ -195,6 +196,7 @@ class ParallelPlacement:
         train, infer, ref = layouts_of(cfg)
         self.layouts: Dict[str, Optional[ParallelLayout]] = {"policy": train, "inference": infer, "reference": ref}
         self.optimizer_shard = cfg.actor_config.parallel_config.optimizer_shard
+        self.inference_replicas = infer.dp  # DataParallelEngine: each replica generates its share of the prompts
 
     @property
     def rank(self) -> int:

@@ -19,8 +19,8 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
               prompts drawn and the draw numbers of the groups in flight -> every rollout rank
     value     after a samples meeting of conversations (generate_config.tools): what the rollout rank's
               conversations give besides the tokens (the prompts as generated, the reward columns, the tool/ and
-              turns/ metrics), pickled, its length first -> the training rank (one rollout rank only: the config
-              refuses tools with more)
+              turns/ metrics), pickled, its length first (`comm.host_gather`) -> the training rank (one rollout
+              rank only: the config refuses tools with more)
 
 The training ranks' side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
 the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. Every model is whole, in
@@ -34,7 +34,6 @@ Training rank 0 writes the checkpoints (`TrainingGroupCheckpoints`), as one proc
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -44,7 +43,7 @@ from mindspore import Parameter, Tensor
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel.checkpoints import LocalCheckpoints
-from mindgrpo.parallel.comm import Comm, Group
+from mindgrpo.parallel.comm import Comm, Group, host_gather
 from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, row_width, rows_completions, share
 from mindgrpo.parallel.weight_sync import named_parameters
 
@@ -163,17 +162,9 @@ class Meeting:
         return tuple(int(v) for v in head[:4]), numbers
 
     def value(self, value=None):
-        """The rollout rank's `value` (any picklable object: it is this job's own data) on both ranks; the training
-        rank passes None. Two AllReduces: its length, then its bytes (one a float32, exact)."""
-        data = np.frombuffer(pickle.dumps(value), np.uint8) if value is not None else np.zeros(0, np.uint8)
-        if len(data) >= 1 << 24:
-            raise ValueError(f"generate_config.placement separate: a conversation value of {len(data)} bytes is over "
-                             "2**24, which the meeting does not carry exactly (lower generate_config.tool_response_max_"
-                             "tokens or the batch)")
-        size = int(self.comm.host_sum(np.array([len(data)], np.float32), self.group)[0])
-        flat = np.zeros(size, np.float32)
-        flat[:len(data)] = data
-        return pickle.loads(self.comm.host_sum(flat, self.group).astype(np.uint8).tobytes())
+        """The rollout rank's `value` (any picklable object) on both ranks; the training rank passes None. The world's
+        `comm.host_gather`, of which one rank gives."""
+        return next(v for v in host_gather(self.comm, value, self.group) if v is not None)
 
     def weights(self, params: Dict[str, Parameter]) -> Dict[str, float]:
         """params by their path in the model (the same paths and shapes on every rank; taken in path order): training

@@ -112,7 +112,7 @@ def test_yaml_that_sets_every_key():
               # LoRA runs on one device (this file's parallelism refuses it): tests/config/test_lora_config.py
               "actor_config.lora_rank", "actor_config.lora_alpha", "actor_config.lora_dropout",
               "actor_config.lora_target_modules",
-              # conversations run on one inference device (this file's generate parallel_config refuses them):
+              # conversations run on whole inference replicas (this file's generate model_parallel refuses them):
               # tests/config/test_tools_config.py sets them
               *(f"generate_config.{k}" for k in ("tools", "max_turns", "tool_response_max_tokens", "tool_timeout_s",
                                                  "tool_num_workers", "tool_plugin", "chat_template", "environment",

@@ -37,12 +37,15 @@ def test_tool_keys_from_yaml(tmp_path):
      "generate_config.environment", "cannot combine with generate_config.tools"),
     (["generate_config.environment=guess_number", "generate_config.layerwise=true"], "generate_config.layerwise",
      "cannot combine with generate_config.environment"),
-    (["generate_config.environment=guess_number", "generate_config.parallel_config.data_parallel=2"],
-     "generate_config.environment", "one inference device"),
+    # conversations run on whole inference replicas (data_parallel), each its share of the prompts
+    (["generate_config.environment=guess_number", "generate_config.parallel_config.model_parallel=2"],
+     "generate_config.parallel_config.model_parallel", "must be 1 with generate_config.environment"),
     (["generate_config.tools=[calculator]", "generate_config.layerwise=true"], "generate_config.layerwise",
      "cannot combine with generate_config.tools"),
-    (["generate_config.tools=[calculator]", "generate_config.parallel_config.data_parallel=2"],
-     "generate_config.tools", "one inference device"),
+    (["generate_config.tools=[calculator]", "generate_config.parallel_config.model_parallel=2"],
+     "generate_config.parallel_config.model_parallel", "must be 1 with generate_config.tools"),
+    (["generate_config.tools=[calculator]", "generate_config.parallel_config.pipeline_stage=2"],
+     "generate_config.parallel_config.pipeline_stage", "must be 1 with generate_config.tools"),
     (["generate_config.tools=[calculator]", "generate_config.max_turns=0"], "generate_config.max_turns", ">= 1"),
     (["generate_config.tools=[calculator,calculator]"], "generate_config.tools", "duplicates"),
     (["generate_config.tools=[calculator]", "generate_config.tool_timeout_s=0"], "generate_config.tool_timeout_s",
@@ -52,6 +55,14 @@ def test_tool_keys_refused(overrides, key, words):
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=overrides)
     assert info.value.key == key and words in info.value.message, str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["generate_config.tools=[calculator]", "generate_config.environment=guess_number"])
+def test_conversations_run_on_data_parallel_inference_replicas(kind):
+    """Colocated inference replicas (data_parallel 2) each run their share's conversations: not refused."""
+    cfg = load_config(GRPOConfig, overrides=[kind, "generate_config.parallel_config.data_parallel=2",
+                                             "actor_config.parallel_config.data_parallel=2"])
+    assert cfg.generate_config.conversations and cfg.generate_config.parallel_config.data_parallel == 2
 
 
 def test_environment_keys_from_yaml_and_the_shared_keys_act_with_an_environment(tmp_path):

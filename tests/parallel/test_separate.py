@@ -20,7 +20,10 @@ the job: the same meetings). A job of three ranks (one training rank, a rollout 
 every step's groups and of the validation's prompts) runs sep0d (sep0, stopped after step 2 and resumed: the start
 meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and col1, step for step. The same job runs
 sep0g (sep0d's schedule with a training group of two data-parallel ranks and one rollout rank: both training ranks warm
-start, train their halves, resume from the checkpoint rank 0 wrote) against col0."""
+start, train their halves, resume from the checkpoint rank 0 wrote) against col0.
+The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel replicas that
+train and generate, each running the conversations of its half of the prompts on its own tool workers: col0t's
+samples, losses and tool metrics."""
 
 import json
 import os
@@ -66,7 +69,7 @@ def runs(tmp_path_factory):
                    "checkpoints": sorted(os.listdir(out / "sepk" / "checkpoints")),
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
-              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,sepkr,sep0l", *shared], timeout=1200)
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l", *shared], timeout=1200)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), and a training group of two
     # (sep0g: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"), args=[str(out), "sep0d,sep1d,sep0g", *shared],
@@ -236,6 +239,27 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs):
     assert all(m["turns/masked_fraction"] > 0.3 and m["tool/errors"] > 0 for m in ms)
     assert any("<tool_response>" in text for step in samples(sep) for text, _ in step)
     assert max(r for step in samples(sep) for _, r in step) > 1.0  # a tool answer's length and error counted
+
+
+@pytest.mark.slow  # the same msrun job
+def test_tool_calls_on_colocated_inference_replicas_equal_the_one_process_run(runs):
+    """dp0t: two colocated replicas (generate_config.parallel_config.data_parallel 2, training data_parallel 2), each
+    generating its half of the prompts and running their conversations on its own tool workers: the same trajectories
+    and rewards as col0t in one process (the tool answers reached the rewards), the same tool/ and turns/ metrics
+    (counts summed, means over the whole batch), the losses within the data-parallel runs' tolerance."""
+    dp, col = runs / "dp0t", runs / "col0t"
+    md, mc = metrics(dp), metrics(col)
+    assert [m["step"] for m in md] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    assert samples(dp) == samples(col)
+    for a, b in zip(md, mc):
+        for key in ("tool/calls_mean", "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean",
+                    "turns/cut", "reward_mean"):
+            assert a[key] == b[key], (a["step"], key)
+        assert a["turns/masked_fraction"] == pytest.approx(b["turns/masked_fraction"], rel=1e-12), a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
+                                                                                                   rel=1e-5)
+    assert all(m["turns/masked_fraction"] > 0.3 and m["tool/errors"] > 0 for m in md)
+    assert max(r for step in samples(dp) for _, r in step) > 1.0  # a tool answer's length and error counted
 
 
 @pytest.mark.slow  # the same msrun job

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from mindgrpo.inference.engine import Completion
+from mindgrpo.parallel.comm import Group
 from mindgrpo.parallel.separate import FIGURES, Meeting, check_prompts, group_figures, prompt_check
 
 
 class ThreadWorld:
     """Comm's world of `size` ranks for as many threads, the first `trainers` of them training: host_sum adds the
-    arrays of the threads of its group (a tuple of ranks: the world's, or the training group's, `train_dp`) in
-    float32; `rank(r)` is rank r's view (its Comm)."""
+    arrays of the threads of its group (comm.Group: the world's, or the training group's, `train_dp`) in float32;
+    `rank(r)` is rank r's view (its Comm)."""
 
     def __init__(self, size: int = 2, trainers: int = 1):
         self.world, self.trainers = size, trainers
@@ -25,16 +26,17 @@ class ThreadWorld:
         self.barriers, self.parts = {}, {}
 
     def rank(self, r: int):
-        return SimpleNamespace(rank=r, world=self.world, train=SimpleNamespace(world_size=self.trainers), group=tuple,
-                               train_dp=tuple(range(self.trainers)), host_sum=self.host_sum)
+        return SimpleNamespace(rank=r, world=self.world, train=SimpleNamespace(world_size=self.trainers),
+                               group=lambda ranks: Group(tuple(ranks), r, "world", True),
+                               train_dp=Group(tuple(range(self.trainers)), r, "train"), host_sum=self.host_sum)
 
     def host_sum(self, values, group):
         values = np.asarray(values)
         with self.lock:
-            barrier = self.barriers.setdefault(group, threading.Barrier(len(group)))
-            self.parts.setdefault(group, {})[threading.get_ident()] = values.astype(np.float32)
+            barrier = self.barriers.setdefault(group.ranks, threading.Barrier(group.size))
+            self.parts.setdefault(group.ranks, {})[threading.get_ident()] = values.astype(np.float32)
         barrier.wait()
-        total = sum(self.parts[group].values())
+        total = sum(self.parts[group.ranks].values())
         barrier.wait()
         return total.reshape(values.shape).astype(values.dtype)
 

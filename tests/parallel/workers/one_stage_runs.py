@@ -20,6 +20,8 @@ and one rollout rank; its peer col0).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
+dp0t: col0t's run colocated on two data-parallel replicas (training and generating), each running the conversations
+of its half of the prompts on its own tool workers; its peer col0t.
 """
 
 import gc
@@ -62,6 +64,9 @@ TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers
          "generate_config.chat_template=model_configs/qwen_grpo/tiny_tools/tokenizer_config.json",
          f"actor_config.load_checkpoint={os.path.join(sys.argv[1], 'tool_caller', 'policy.ckpt')}",
          "reward_config.verifier_function=[test_text_length,test_tool_outcome]", "reward_config.verifier_weight=[1.0,1.0]"]
+# two colocated data-parallel replicas training and generating (half the 8 rows each: micro-batches of 4)
+DP_TOOLS = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel_config.data_parallel=2",
+            "actor_config.micro_batch_size=4"]
 # a checkpoint every step, all kept: sepk's step 1 has groups in flight (its step 2 takes them all)
 EVERY_STEP = ["rl_config.save_interval=1", "rl_config.keep_last_k=3"]
 ROLLOUT2 = ["generate_config.parallel_config.data_parallel=2"]  # two rollout ranks, whole replicas of the model
@@ -88,6 +93,8 @@ RUNS = {
     "col1p": [([], PARTIAL)],
     "sep0t": [(MSRUN, ["generate_config.placement=separate"] + TOOLS)],
     "col0t": [([], TOOLS)],
+    # tool calls on two colocated inference replicas, each running its share's conversations (peer: col0t)
+    "dp0t": [(MSRUN, TOOLS + DP_TOOLS)],
     # LoRA under a separate placement: the base at the start, after the warm start and after the resume (sep0l stops
     # after step 2 and resumes for step 3), the adapters each update
     "sep0l": [(MSRUN, SEPARATE + WARM + LORA + ["rl_config.max_steps=2"]),
