@@ -2,7 +2,9 @@
 the naive agent loop that re-prefills each turn's whole history (a fresh generate call per turn), one model,
 one engine, one invocation. Run through `python -m benchmarks.rollout --workloads multiturn`.
 
-The workload (64 prompts x G = 8 conversations by default, prompts of 20 to 60 random tokens, temperature 1):
+The workload (64 prompts x G = 8 conversations by default, prompts of 180 to 260 random tokens (--prompt_tokens:
+an agent's prompt is a system turn with its tools' definitions and the question; Qwen2.5's chat template writes a
+GSM8K question with one calculator tool as 212 tokens), temperature 1):
 a random model (transformers' initialisation) with V / 40 stop ids, so a model turn ends with a stop id with
 probability about 1/40 per token; each turn that ends so is a tool call, up to --max_turns per conversation,
 answered after --latency_ms by a tool on the tool pool (`bench_wait`: a sleep, in --tool_workers worker
@@ -79,14 +81,14 @@ class LatencyTurns:
 
 
 def workload(vocab: int, prompts: int, group: int, max_tokens: int, max_turns: int, response_tokens: int,
-             seed: int = 0):
+             prompt_tokens=(180, 260), seed: int = 0):
     """(prompts, their tool turns per prompt, SamplingParams); the same in every run."""
     from mindgrpo.inference.sampling import SamplingParams
 
     rng = np.random.default_rng(seed)
     stops = rng.choice(np.arange(1, vocab), vocab // 40, replace=False)
     allowed = np.setdiff1d(np.arange(1, vocab), stops)
-    ids = [rng.choice(allowed, int(n)).tolist() for n in rng.integers(20, 61, prompts)]
+    ids = [rng.choice(allowed, int(n)).tolist() for n in rng.integers(prompt_tokens[0], prompt_tokens[1] + 1, prompts)]
     answers = {p: [rng.choice(allowed, response_tokens).tolist() for _ in range(max_turns)] for p in range(prompts)}
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0, n=group, seed=seed + 1,
                             stop_token_ids=tuple(int(s) for s in stops))
@@ -154,7 +156,7 @@ def compare(weights: str, vocab: int, args) -> dict:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     prompts, answers, params = workload(vocab, args.prompts, args.group, args.max_tokens, args.max_turns,
-                                        args.response_tokens)
+                                        args.response_tokens, tuple(args.prompt_tokens))
     capacity = max(len(p) for p in prompts) + args.max_tokens + args.max_turns * args.response_tokens
     engine = RolloutEngine(load_model(weights), max_num_seqs=args.slots, max_model_len=capacity + 1)
     runs = {"cache": [], "reprefill": []}
@@ -188,7 +190,8 @@ def markdown(res: dict, args) -> str:
              "", "Command (from the repo root):", "", f"    {res['command']}", "",
              f"Date {res['date']}, {res['machine']}, load average {res['load_average']} at the start (a machine "
              "shared with other work: the two sides take turns, so a load change falls on both). "
-             f"{args.prompts} prompts x G={args.group} conversations, up to {args.max_turns} tool calls each, a tool "
+             f"{args.prompts} prompts of {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens x G={args.group} "
+             "conversations, up to {args.max_turns} tool calls each, a tool "
              f"of {args.latency_ms:g} ms latency on {args.tool_workers} tool workers, tool turns of "
              f"{args.response_tokens} tokens, at most {args.max_tokens} model tokens per conversation, temperature 1, "
              f"a random model whose V/40 stop ids end a turn with probability ~1/40 per token; {args.slots} slots; "

@@ -270,6 +270,8 @@ def main(argv=None) -> int:
     ap.add_argument("--latency_ms", type=float, default=50.0, help="multiturn: the tool's latency")
     ap.add_argument("--tool_workers", type=int, default=16, help="multiturn: tool worker processes")
     ap.add_argument("--response_tokens", type=int, default=32, help="multiturn: tokens of a tool turn")
+    ap.add_argument("--prompt_tokens", type=int, nargs=2, default=[180, 260], metavar=("MIN", "MAX"),
+                    help="multiturn: a prompt's tokens (a system turn with the tools' definitions and a question)")
     ap.add_argument("--output", default=None, help="default benchmarks/results/rollout.json "
                     "(multiturn: rollout_multiturn.json)")
     args = ap.parse_args(argv)
