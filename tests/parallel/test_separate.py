@@ -38,8 +38,6 @@ from grpo.tool_caller import tool_calling_micro
 from msrun_util import REPO, WORKERS, run_msrun
 
 STEPS = 3
-# "1": the fixture also runs sepk and sepkr (a job of its own that is killed, and a resume: about 1.5 min more on 2
-# loaded cores), off in CI for now
 # the micro model with one decoder layer (tests/grpo/fakes.one_layer_micro), batch 2 x 4 samples, a dense reward
 CONFIG = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config.micro_batch_size=8",
           "generate_config.max_tokens=8", "generate_config.max_prompt_length=32", "generate_config.max_num_seqs=8",
