@@ -191,7 +191,7 @@ def markdown(res: dict, args) -> str:
              f"Date {res['date']}, {res['machine']}, load average {res['load_average']} at the start (a machine "
              "shared with other work: the two sides take turns, so a load change falls on both). "
              f"{args.prompts} prompts of {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens x G={args.group} "
-             "conversations, up to {args.max_turns} tool calls each, a tool "
+             f"conversations, up to {args.max_turns} tool calls each, a tool "
              f"of {args.latency_ms:g} ms latency on {args.tool_workers} tool workers, tool turns of "
              f"{args.response_tokens} tokens, at most {args.max_tokens} model tokens per conversation, temperature 1, "
              f"a random model whose V/40 stop ids end a turn with probability ~1/40 per token; {args.slots} slots; "

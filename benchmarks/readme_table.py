@@ -71,8 +71,9 @@ ROWS: List[Row] = [
         lambda r: (r["configs"]["tiny-small-vocab"]["longtail"]["engine_tokens_per_s"],
                    r["configs"]["tiny-small-vocab"]["longtail"]["static_tokens_per_s"]),
         "useful tokens/s", 0, "a static batch", "rate"),
-    Row("multi-turn rollout of 64 prompts x 8 conversations with up to 4 tool calls each (a 50 ms tool), a 4-layer "
-        "hidden-256 model: continuation in the KV cache", "python -m benchmarks.rollout --workloads multiturn "
+    Row("multi-turn rollout of 64 prompts of 180-260 tokens (a system turn with the tools' definitions) x 8 "
+        "conversations with up to 4 tool calls each (a 50 ms tool), a 4-layer hidden-256 model: continuation in the "
+        "KV cache", "python -m benchmarks.rollout --workloads multiturn "
         "--configs tiny-small-vocab --max_tokens 128", "rollout_multiturn_small_vocab",
         lambda r: (r["configs"]["tiny-small-vocab"]["cache_tokens_per_s"],
                    r["configs"]["tiny-small-vocab"]["reprefill_tokens_per_s"]),
