@@ -135,24 +135,31 @@ def test_the_tiny_default_learns_one_step_off_policy_on_a_separate_rollout_rank(
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="not reliably +0.3 yet: held-out 0.26 -> 0.42 -> 0.58 (steps 0, 10, 20) and 0.26 -> 0.38 -> 0.50 on "
-                  "two sets of the warm start's samples (docs/reward_models.md); about 3-5 min")
 def test_the_tiny_default_learns_from_a_reward_model_alone(default_run, tmp_path):
     """The shipped recipe's GRPO stage with the reward model of `tiny_reward_model.py` as the only reward
-    (docs/reward_models.md): the accuracy rule stays in verifier_function with weight 0, so it is logged
+    (docs/reward_models.md, issue 48): the accuracy rule stays in verifier_function with weight 0, so it is logged
     (reward/accuracy/mean) but adds nothing; the policy learns from the reward model's score of prompt + completion
     alone. The reward model starts from the recipe's warm-started policy (the default run's step-0 checkpoint,
     converted to HF) and is trained by this test in torch on the training problems only: that policy's own samples of
     them (scripts/generate.py, temperature 1, labelled by the arithmetic's truth), mixed with a student's worked
-    solutions that slip either way. GRPO starts from the same warm start, with one change to the recipe:
-    rl_config.advantage_scale=batch (TRL's scale_rewards="batch"). A reward model's scores differ within every
-    group, so dividing by the group's std blows its noise between equally wrong answers up to full-size advantages;
-    with the group std, held-out accuracy rose 0.26 -> 0.42 -> 0.43 (steps 0, 10, 20) as the policy drifted to
-    "9 + 1 = 11", with the batch std 0.26 -> 0.42 -> 0.58 (and 0.26 -> 0.38 -> 0.50 on another draw of the warm
-    start's samples: not yet reliable, hence skipped). Held-out greedy accuracy, measured by the rule on the 100
-    validation problems neither model saw, must rise by 0.3 between step 0 and step 20. A random 4-layer reward model
-    on the same data gave 0.26 -> 0.30 -> 0.09 (group std); the earlier fixture (a random 4-layer model trained on the
-    student's solutions alone) gave 0.26 -> 0.25 -> 0.32."""
+    solutions that slip either way. GRPO starts from the same warm start, with two changes to the recipe:
+    - rl_config.advantage_scale=batch (TRL's scale_rewards="batch"): a reward model's scores differ within every
+      group, so dividing by the group's std blows its noise between equally wrong answers up to full-size advantages
+      (held-out 0.26 -> 0.42 -> 0.43 at steps 0, 10, 20 with the group std on an earlier warm start, the policy
+      drifting to "9 + 1 = 11");
+    - rl_config.beta=1.0, a KL penalty to the warm start: without it the policy games the reward model after about
+      ten steps. That model cannot check the ones digit of a carrying addition ("6 + 5 = 10" scored as high as
+      "6 + 5 = 11"); its agreement with the rule on the policy's own samples fell from 0.93 (steps 1-10) to 0.60-0.76
+      (steps 11-20) while its mean score rose, and held-out accuracy at steps 0, 5, 10, 15, 20 went
+      .36 .53 .80 .72 .68 / .36 .54 .76 .60 .56 / .36 .53 .62 .47 .37 on three draws (seeds of the reward model's
+      samples and training / of GRPO: 0/1, the test's, 1/2, 2/3). With beta 1.0 the KL stays near 0.01, the
+      agreement 0.94-0.99 through step 20, and the same draws (the same reward models) went
+      .36 .53 .82 .79 .75 / .36 .54 .82 .79 .80 / .36 .53 .81 .80 .75 (+0.39, +0.44, +0.39; 2026-11-29). beta 0.1 acted
+      too little (0.70 at step 20 on 0/1), beta 3.0 too much (0.44 on 2/3); a squared loss, more slips, off-by-one
+      carries in the student's data or 900 training steps left beta 0's trajectory where it was (docs/reward_models.md).
+    Held-out greedy accuracy, measured by the rule on the 100 validation problems neither model saw, must rise by 0.3
+    between step 0 and step 20 (0.36 -> 0.82 -> 0.75 in the run of 2026-11-29 at load 3-5: 165 s after the default
+    run, 84 s of conversion, samples and reward model, 80 s of GRPO; 358 s with the default run)."""
     from mindgrpo.data.synthetic import ArithmeticTask, arithmetic_rows
     from mindgrpo.data.tokenizer import QwenTokenizer
     from tiny_reward_model import policy_samples, train_tiny_reward_model
@@ -173,13 +180,13 @@ def test_the_tiny_default_learns_from_a_reward_model_alone(default_run, tmp_path
                                            held_out_policy=held_out_samples, init_from=str(hf_policy), steps=300)
     print("reward model's held-out accuracy:", held_out)
     # the fixture made a reward model that tells right from wrong on unseen problems: the policy's own answers, and
-    # the student's (off by one in a quarter of the chains: 0.78-0.83 when measured)
+    # the student's (off by one in a quarter of the chains: 0.76-0.80 on three draws, 2026-11-29)
     assert held_out["policy"] >= 0.85 and held_out["student"] >= 0.7, held_out
     out = tmp_path / "run"
     cmd = [sys.executable, os.path.join(REPO, "scripts", "grpo_one_stage.py"), "--output_dir", str(out),
            "--sft_path_train", policy, "sft_config={steps: 0}", "reward_config.verifier_weight=[0.0]",
            f"reward_config.reward_models=[{{path: {rm}, name: rm}}]", "rl_config.advantage_scale=batch",
-           "rl_config.val_interval=10", "rl_config.save_interval=0"]
+           "rl_config.beta=1.0", "rl_config.val_interval=10", "rl_config.save_interval=0"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=3600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
