@@ -154,9 +154,10 @@ def test_the_tiny_default_learns_from_a_reward_model_alone(default_run, tmp_path
       .36 .53 .80 .72 .68 / .36 .54 .76 .60 .56 / .36 .53 .62 .47 .37 on three draws (seeds of the reward model's
       samples and training / of GRPO: 0/1, the test's, 1/2, 2/3). With beta 1.0 the KL stays near 0.01, the
       agreement 0.94-0.99 through step 20, and the same draws (the same reward models) went
-      .36 .53 .82 .79 .75 / .36 .54 .82 .79 .80 / .36 .53 .81 .80 .75 (+0.39, +0.44, +0.39; 2026-11-29). beta 0.1 acted
-      too little (0.70 at step 20 on 0/1), beta 3.0 too much (0.44 on 2/3); a squared loss, more slips, off-by-one
-      carries in the student's data or 900 training steps left beta 0's trajectory where it was (docs/reward_models.md).
+      .36 .53 .82 .79 .75 / .36 .54 .82 .79 .80 / .36 .53 .81 .80 .75 (+0.39, +0.44, +0.39; 2026-11-29), and two
+      more draws, 3/4 and 4/5, +0.39 and +0.36. beta 0.1 acted too little (0.70 at step 20 on 0/1), beta 3.0 too
+      much (0.44 on 2/3); a squared loss, more slips, off-by-one carries in the student's data or 900 training steps
+      left beta 0's trajectory where it was (docs/reward_models.md).
     Held-out greedy accuracy, measured by the rule on the 100 validation problems neither model saw, must rise by 0.3
     between step 0 and step 20 (0.36 -> 0.82 -> 0.75 in the run of 2026-11-29 at load 3-5: 165 s after the default
     run, 84 s of conversion, samples and reward model, 80 s of GRPO; 358 s with the default run)."""
