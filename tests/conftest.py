@@ -11,7 +11,7 @@ from mindgrpo.utils.malloc import with_allocator
 # Seconds: the files' tests among the 25 slowest of the fresh-clone CI of 6ebf90e (2026-11-29, 2 cores of an AMD
 # EPYC Zen 4, -n 2; set-up included); "-": none of its tests among them.
 HEAVY_FIRST = (
-    "tests/grpo/test_learning.py",  # 420: the tiny recipe's run (warm start + 20 steps), LoRA, the 2-rank async run
+    "tests/grpo/test_learning.py",  # 420: the tiny recipe's run (warm start + 20 steps), LoRA, the 2-rank async run; + the reward model's (~165 s)
     "tests/parallel/test_msrun.py",  # 355: the 2-rank job
     "tests/grpo/test_tool_learning.py",  # 338: the tiny tool recipe
     "tests/parallel/test_separate.py",  # 309: a 2-rank and a 3-rank job, one process (before sep0g and dp0t)
