@@ -11,13 +11,15 @@ from mindgrpo.utils.malloc import with_allocator
 # Seconds: the files' tests among the 25 slowest of the fresh-clone CI of 6ebf90e (2026-11-29, 2 cores of an AMD
 # EPYC Zen 4, -n 2; set-up included); "-": none of its tests among them.
 HEAVY_FIRST = (
-    "tests/grpo/test_learning.py",  # 420: the tiny recipe's run (warm start + 20 steps), LoRA, the 2-rank async run; + the reward model's (~165 s)
+    # 420: the tiny recipe's run (warm start + 20 steps), LoRA, the 2-rank async run; + the reward model's (~165 s)
+    "tests/grpo/test_learning.py",
     "tests/parallel/test_msrun.py",  # 355: the 2-rank job
     "tests/grpo/test_tool_learning.py",  # 338: the tiny tool recipe
     "tests/parallel/test_separate.py",  # 309: a 2-rank and a 3-rank job, one process (before sep0g and dp0t)
     "tests/grpo/test_chaos.py",  # 251: 9 processes
     "tests/parallel/test_pipeline.py",  # 217: the 4-rank job
-    "tests/parallel/test_nodes.py",  # 211 at the tiny default's full batch: two launchers, three 4-rank jobs, one process
+    # 211 at the tiny default's full batch: two launchers, three 4-rank jobs, one process
+    "tests/parallel/test_nodes.py",
     "tests/inference/test_layerwise_engine.py",  # 129
     "tests/parallel/test_lora_msrun.py",  # 86: the 2-rank LoRA job
     "tests/grpo/test_trainer_run.py",  # 84
