@@ -27,7 +27,8 @@ RUN_GRPO = os.path.join(REPO, "scripts", "run_grpo.sh")
 # node, a failing rank. The reward is dense (workers/text_length_reward.py: an untrained model's answers are all
 # wrong, and 32 wrong answers give a zero loss): the rewards and the loss of the step are those of the samples' texts
 STEP1 = ["rl_config.max_steps=1", "sft_config={steps: 0}", "rl_config.val_interval=0",
-         "rl_config.completions_interval=0", "rl_config.batch_size=8", "rl_config.num_generations=4", "actor_config.micro_batch_size=16",
+         "rl_config.completions_interval=0", "rl_config.batch_size=8", "rl_config.num_generations=4",
+         "actor_config.micro_batch_size=16",
          "reward_config.reward_plugin=" + os.path.join(REPO, "tests", "parallel", "workers", "text_length_reward.py"),
          "reward_config.verifier_function=[test_text_length]", "reward_config.verifier_weight=[1.0]"]
 FOUR = ["actor_config.parallel_config.model_parallel=2", "actor_config.parallel_config.data_parallel=2",
