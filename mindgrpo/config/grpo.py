@@ -303,12 +303,10 @@ class GRPOConfig:
         check(rl.batch_size >= replicas, "rl_config.batch_size",
               f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "
               f"generate_config.parallel_config.data_parallel), got {rl.batch_size}")
-        if replicas > 1:  # what one rollout rank runs only (docs/async.md, its limits)
-            for key, off, why in (
-                    ("generate_config.partial_rollout", not gen.partial_rollout, "the groups in flight are kept"),
-                    ("generate_config.tools", not gen.tools, "the conversations run")):
-                check(off, key, f"with generate_config.placement separate {why} on one rollout rank for now, not "
-                      f"{replicas}: set generate_config.parallel_config.data_parallel to 1 or leave it off")
+        # what one rollout rank runs only (docs/async.md, its limits); tools run on each rollout rank, its share's
+        check(replicas == 1 or not gen.partial_rollout, "generate_config.partial_rollout",
+              "with generate_config.placement separate the groups in flight are kept on one rollout rank for now, not "
+              f"{replicas}: set generate_config.parallel_config.data_parallel to 1 or leave it off")
         check(rl.off_policy_steps <= 1, "rl_config.off_policy_steps",
               f"with generate_config.placement separate: 0 or 1 (the rollout rank runs at most one step ahead; "
               f"rl_config.max_staleness bounds how stale a sample may train), got {rl.off_policy_steps}")

@@ -18,9 +18,10 @@ the completions after each generate call (`finish(completions)`). Kinds: `tools`
 `environment` (generate_config.environment); `conversation_kind` chooses.
 `Conversations.generate` makes one call of either kind (the trainer's and scripts/evaluate.py's).
 
-Under generate_config.placement separate the rollout rank runs them (its own workers, `RolloutWorker`) and hands
-over, after each samples meeting, what a call gives besides the tokens and model masks; the training rank's are
-`remote_conversations`: no workers, each call's columns and metrics those of the rollout rank. Colocated with
+Under generate_config.placement separate the rollout ranks run them (each its share of the prompts on its own workers,
+`RolloutWorker`: `Conversations.generate_share`) and hand over, after each samples meeting, what a call gives besides
+the tokens and model masks (a `ReplicaValue` each); the training rank's are `remote_conversations`: no workers, each
+call's prompts, columns and metrics the rollout ranks' merged (`merge_replicas`). Colocated with
 inference replicas (generate_config.parallel_config.data_parallel N > 1; the engine a
 `parallel/data_parallel.DataParallelEngine`) they are `replica_conversations`: each replica runs its share of the
 prompts' conversations on its own workers, and every rank gets the whole call's prompts, columns and metrics
@@ -79,6 +80,25 @@ class Conversations:
         """KV-cache positions a sample may need beyond its prompt and max_tokens: its appended turns."""
         return appended_positions(self.turns)
 
+    def generate_share(self, generate: Callable[[List[List[int]]], List[Completion]], stats: Callable[[], dict],
+                       prompt_ids: Sequence[Sequence[int]], questions: Sequence[str], index: Sequence[int],
+                       tokenizer) -> Tuple[List[Completion], Optional["ReplicaValue"]]:
+        """The conversations of one share of a call's prompts (an inference replica's, a rollout rank's): those at
+        `index` of the whole batch (they key the samples' random streams and an environment's resets). generate(ids):
+        the engine's call of the share's prompts as written (an environment's resets of their `questions`), keyed by
+        `index`; stats(): its figures. Returns the completions and what they give besides, None for a share of none."""
+        self.turns.reset()
+        ids = [[int(t) for t in prompt_ids[i]] for i in index]
+        if self.prompts is not None and len(index):
+            ids = self.prompts([questions[i] for i in index], index)
+        local = generate(ids)
+        if not local:
+            return local, None
+        self.finish(local)  # an environment steps the last turns the engine ended
+        return local, ReplicaValue(ids, conversation_columns(self.turns, local, tokenizer),
+                                   conversation_metrics(self.turns, local, stats()), len(local),
+                                   sum(len(c.token_ids) for c in local))
+
     def generate(self, engine, prompt_ids: Sequence[Sequence[int]], questions: Sequence[str], params, tokenizer,
                  **engine_kwargs) -> tuple:
         """One generate call of the conversations (the trainer's and scripts/evaluate.py's): (the prompts as
@@ -95,17 +115,19 @@ class Conversations:
 
 @dataclass
 class RemoteConversations(Conversations):
-    """The training rank's conversations under generate_config.placement separate: the rollout rank runs them (module
-    docstring); `engine` is the samples meeting (`parallel/separate.RemoteRollout`) and `meeting` the ranks'
-    `Meeting`, whose value meeting brings (the prompts generated, the columns, the metrics) of each call."""
+    """The training rank's conversations under generate_config.placement separate: the rollout ranks run them, each
+    its share (module docstring); `engine` is the samples meeting (`parallel/separate.RemoteRollout`) and `meeting`
+    the ranks' `Meeting`, whose value meeting brings each rollout rank's `ReplicaValue` of each call, merged in
+    prompt order (`merge_replicas`)."""
 
     meeting: object = None
 
     def generate(self, engine, prompt_ids: Sequence[Sequence[int]], questions: Sequence[str], params, tokenizer,
                  **engine_kwargs) -> tuple:
         completions = engine.generate(prompt_ids, params, turns=self.turns, **engine_kwargs)
-        ids, columns, metrics = self.meeting.value(None)
-        check_prompts(engine.last_stats, ids)  # the prompts the rollout rank generated: an environment's its own
+        values = [v for v in self.meeting.values(None) if v is not None]  # a rank with no prompts gives none
+        ids, columns, metrics = merge_replicas(values, len(prompt_ids))
+        check_prompts(engine.last_stats, ids)  # the prompts the rollout ranks generated: an environment's its own
         return ids, completions, columns, metrics
 
 
@@ -130,17 +152,9 @@ class ReplicaConversations(Conversations):
     def generate(self, engine, prompt_ids: Sequence[Sequence[int]], questions: Sequence[str], params, tokenizer,
                  **engine_kwargs) -> tuple:
         mine = engine.share(len(prompt_ids))
-        self.turns.reset()
-        ids = [[int(t) for t in prompt_ids[i]] for i in mine]
-        if self.prompts is not None and len(mine):
-            ids = self.prompts([questions[i] for i in mine], mine)
-        local = engine.generate_share(ids, mine, params, turns=self.turns, **engine_kwargs)
-        value = None
-        if local:  # a replica without prompts (fewer prompts than replicas) gives nothing
-            self.finish(local)
-            value = ReplicaValue(ids, conversation_columns(self.turns, local, tokenizer),
-                                 conversation_metrics(self.turns, local, engine.replica_stats), len(local),
-                                 sum(len(c.token_ids) for c in local))
+        local, value = self.generate_share(  # a replica without prompts (fewer than replicas) gives no value
+            lambda ids: engine.generate_share(ids, mine, params, turns=self.turns, **engine_kwargs),
+            lambda: engine.replica_stats, prompt_ids, questions, mine, tokenizer)
         completions = engine.gather(local, len(prompt_ids), params, self.turns)
         values = [v for v in engine.gather_values(value) if v is not None]
         ids, columns, metrics = merge_replicas(values, len(prompt_ids))
@@ -175,7 +189,7 @@ COMBINED = {"tool/calls_mean": "samples", "tool/samples_with_calls": "samples", 
 def merge_replicas(values: Sequence[ReplicaValue], prompts: int
                    ) -> Tuple[List[List[int]], Dict[str, list], Dict[str, float]]:
     """The whole call's (prompts as generated, per-sample columns, metrics) from the replicas' values in replica order
-    (= prompt order; `prompts` of them in all)."""
+    (= prompt order; `prompts` of them in all). One value's metrics are its own (bit for bit: m * w / w may round)."""
     ids = [p for v in values for p in v.prompts]
     if len(ids) != prompts:
         raise RuntimeError(f"conversations on inference replicas: {len(ids)} prompts came back of {prompts}")
@@ -188,7 +202,8 @@ def merge_replicas(values: Sequence[ReplicaValue], prompts: int
             raise KeyError(f"conversation metric {key!r} has no rule in conversations.COMBINED (how replicas combine)")
         weight = weights[COMBINED[key]]
         total = sum(v.metrics[key] * weight(v) for v in values)
-        metrics[key] = float(total if COMBINED[key] == "sum" else total / max(sum(weight(v) for v in values), 1))
+        metrics[key] = float(total if COMBINED[key] == "sum" else values[0].metrics[key] if len(values) == 1
+                             else total / max(sum(weight(v) for v in values), 1))
     return ids, columns, metrics
 
 

@@ -26,10 +26,12 @@ With generate_config.partial_rollout this rank keeps the groups in flight (`part
 "gen" is its partial rollout with the weights it has, the same calls as one process; it hands over the step's
 complete groups with their draw numbers (the training rank keeps the prompts drawn: `partial.DrawnPrompts`).
 
-With conversations (generate_config.tools) this rank runs them on its own tool workers (started with `run`, closed at
-its end, on an error and on SIGTERM: `close`): a sample's rows carry its model mask and turns, and each samples
-meeting is followed by a value meeting with the call's prompts, reward columns (tool_calls, messages) and tool/,
-turns/ metrics (`grpo/conversations.RemoteConversations` on the training rank).
+With conversations (generate_config.tools) this rank runs those of its share of the prompts on its own tool workers
+(started with `run`, closed at its end, on an error and on SIGTERM: `close`), each prompt keyed by its index in the
+whole batch: a sample's rows carry its model mask and turns, and each samples meeting is followed by a value meeting
+where every rollout rank gives its share's prompts as generated, reward columns (tool_calls, messages) and tool/,
+turns/ metrics (a `conversations.ReplicaValue`; `grpo/conversations.RemoteConversations` on the training rank merges
+them).
 """
 
 from __future__ import annotations
@@ -51,15 +53,15 @@ logger = logging.getLogger(__name__)
 
 class Samples(NamedTuple):
     """What this rank hands over in a samples meeting: its completions (from row `first` of the call's `rows`, each
-    `width` token slots), its figures, the groups' numbers (partial rollouts; None: their prompts' indices) and the
-    conversations' (prompts, columns, metrics) or None."""
+    `width` token slots), its figures, the groups' numbers (partial rollouts; None: their prompts' indices) and its
+    conversations' `ReplicaValue` (None: no conversations, or a share of no prompts)."""
     comps: list
     figures: dict
     rows: int
     first: int
     width: int
     groups: Optional[list]
-    talk: Optional[tuple]
+    value: Optional[object]
 
 
 class RolloutWorker:
@@ -104,20 +106,25 @@ class RolloutWorker:
                        self.width(params), self.partial.taken, None)
 
     def run_call(self, batch, params, t0: float) -> Samples:
-        """This rank's share of the batch's groups generated (all of them with conversations: one rollout rank), each
-        prompt keyed by its index in the batch (its samples' random streams: a one-process run's samples)."""
+        """This rank's share of the batch's groups generated, each prompt keyed by its index in the batch (its samples'
+        random streams: a one-process run's samples); with conversations, theirs run on this rank's workers."""
         conv, n = self.conversations, params.n
-        if conv is not None:
-            ids, comps, columns, metrics = conv.generate(self.engine, batch.ids, batch.columns["prompt"], params,
-                                                         self.tokenizer)
-            return Samples(comps, self.figures(ids, t0, self.engine.last_stats), len(ids) * n, 0, self.width(params),
-                           None, (ids, columns, metrics))
         mine = self.meeting.share(len(batch.ids))
-        ids = [batch.ids[k] for k in mine]
-        comps = self.engine.generate(ids, params, prompt_index=mine) if len(mine) else []
-        stats = self.engine.last_stats if len(mine) else {"new_tokens": 0}  # a share of none: nothing generated
+
+        def generate(ids):  # a share of none: nothing generated
+            turns = {} if conv is None else {"turns": conv.turns}
+            return self.engine.generate(ids, params, prompt_index=mine, **turns) if len(mine) else []
+
+        if conv is None:
+            ids, value = [batch.ids[k] for k in mine], None
+            comps = generate(ids)
+        else:  # the prompts as generated: an environment's resets, keyed by their indices too
+            comps, value = conv.generate_share(generate, lambda: self.engine.last_stats, batch.ids,
+                                               batch.columns["prompt"], mine, self.tokenizer)
+            ids = [] if value is None else value.prompts
+        stats = self.engine.last_stats if len(mine) else {"new_tokens": 0}
         return Samples(comps, self.figures(ids, t0, stats), len(batch.ids) * n, int(mine[0]) * n if len(mine) else 0,
-                       self.width(params), None, None)
+                       self.width(params), None, value)
 
     def width(self, params) -> int:
         return row_width(params, None if self.conversations is None else self.conversations.turns)
@@ -150,8 +157,8 @@ class RolloutWorker:
         n = self.cfg.rl_config.val_n if validation else self.cfg.rl_config.num_generations
         with heartbeat.phase("samples"):
             self.meeting.samples(samples.comps, samples.rows, n, samples.width, figures, samples.groups, samples.first)
-            if samples.talk is not None:  # the conversations' columns and metrics (RemoteConversations.generate)
-                self.meeting.value(samples.talk)
+            if self.conversations is not None:  # every rollout rank's ReplicaValue (RemoteConversations.generate)
+                self.meeting.values(samples.value)
         self.waited = (self.waited if validation else 0.0) + time.perf_counter() - t0
 
     @property

@@ -17,10 +17,10 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
               know when: docs/async.md)
     start     after a --resume, training rank 0's restored step and prompt position, and with partial rollouts the
               prompts drawn and the draw numbers of the groups in flight -> every rollout rank
-    value     after a samples meeting of conversations (generate_config.tools): what the rollout rank's
-              conversations give besides the tokens (the prompts as generated, the reward columns, the tool/ and
-              turns/ metrics), pickled, its length first (`comm.host_gather`) -> the training rank (one rollout
-              rank only: the config refuses tools with more)
+    values    after a samples meeting of conversations (generate_config.tools): what each rollout rank's
+              conversations of its share give besides the tokens (the prompts as generated, the reward columns, the
+              tool/ and turns/ metrics: `conversations.ReplicaValue`), pickled, lengths first (`comm.host_gather`)
+              -> the training rank, in rollout rank order (= prompt order: `conversations.merge_replicas`)
 
 The training ranks' side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
 the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. Every model is whole, in
@@ -161,10 +161,12 @@ class Meeting:
             numbers = [int(v) for v in self.comm.host_sum(data, self.group)]
         return tuple(int(v) for v in head[:4]), numbers
 
-    def value(self, value=None):
-        """The rollout rank's `value` (any picklable object) on both ranks; the training rank passes None. The world's
-        `comm.host_gather`, of which one rank gives."""
-        return next(v for v in host_gather(self.comm, value, self.group) if v is not None)
+    def values(self, value=None) -> list:
+        """Every rollout rank's `value` (any picklable object; None: nothing) on every rank, in rollout rank order; the
+        training ranks pass None. The world's `comm.host_gather`, of which the rollout ranks give."""
+        if self.index < 0:
+            value = None
+        return host_gather(self.comm, value, self.group)[self.trainers:]
 
     def weights(self, params: Dict[str, Parameter]) -> Dict[str, float]:
         """params by their path in the model (the same paths and shapes on every rank; taken in path order): training
@@ -229,8 +231,9 @@ class RemoteRollout:
         """No graphs on this rank."""
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, turns=None) -> List[Completion]:
-        """turns: the run's conversations (`engine.Turns`; the rollout rank runs them): only their size is read
-        here, the model masks come with the samples and the rest in a value meeting (`Conversations.remote`)."""
+        """turns: the run's conversations (`engine.Turns`; the rollout ranks run them): only their size is read
+        here, the model masks come with the samples and the rest in a value meeting
+        (`conversations.RemoteConversations`)."""
         comps, _, figures = self.groups(len(prompts) * params.n, params.n, row_width(params, turns))
         if turns is None:  # conversations: the prompts they generated come after, in the value meeting
             check_prompts(figures, prompts, self.meeting.trainers)

@@ -550,12 +550,10 @@ SEPARATE = ["generate_config.placement=separate"]
     (["actor_config.parallel_config.pipeline_stage=2"], "actor_config.parallel_config"),
     (["generate_config.parallel_config.model_parallel=2"], "generate_config.parallel_config"),
     (["generate_config.parallel_config.pipeline_stage=2"], "generate_config.parallel_config"),
-    # a rollout group of R ranks: at least a prompt each; one rank only keeps groups in flight or runs tools
+    # a rollout group of R ranks: at least a prompt each; one rank only keeps groups in flight
     (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
     (["generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1",
       "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
-    (["generate_config.parallel_config.data_parallel=2", "generate_config.tools=[calculator]"],
-     "generate_config.tools"),
     (["rl_config.off_policy_steps=2"], "rl_config.off_policy_steps"),
     (["rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
     (["generate_config.environment=guess_number"], "generate_config.environment"),
@@ -608,6 +606,10 @@ def test_tools_run_with_the_separate_placement_but_not_with_partial_rollouts(lag
     tools = ["generate_config.tools=[calculator]", f"rl_config.off_policy_steps={lag}"]
     cfg = load_config(GRPOConfig, overrides=SEPARATE + tools)  # the rollout rank runs the conversations
     assert cfg.generate_config.tools == ("calculator",) or list(cfg.generate_config.tools) == ["calculator"]
+    # a rollout group of three, each its share's conversations on its own workers (one training rank)
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + tools + ["generate_config.parallel_config.data_parallel=3",
+                                                                "rl_config.batch_size=4"])
+    assert cfg.generate_config.parallel_config.data_parallel == 3 and list(cfg.generate_config.tools) == ["calculator"]
     if lag:
         with pytest.raises(ConfigError) as info:
             load_config(GRPOConfig, overrides=SEPARATE + tools + ["generate_config.partial_rollout=true"])

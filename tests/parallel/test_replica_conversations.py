@@ -4,7 +4,9 @@ DataParallelEngine over a scripted engine and conversations built as the builder
 Each replica runs the conversations of its share of the prompts only, and every rank gets what one process running
 the whole batch gets: the prompts as generated, the trajectories with their model masks and turns, the reward
 columns in prompt order and the metrics (counts summed, means over the whole batch). Tools, and an environment,
-whose resets write the prompts (keyed by their index in the whole batch) and whose finish steps the last turns."""
+whose resets write the prompts (keyed by their index in the whole batch) and whose finish steps the last turns. The
+rollout ranks of a separate placement (grpo/rollout_worker.RolloutWorker, three threads: one training rank, two
+rollout ranks) the same way, the training rank merging their values (RemoteConversations)."""
 
 import threading
 from pathlib import Path
@@ -162,6 +164,84 @@ def test_replicas_run_their_shares_conversations_and_every_rank_gets_the_one_pro
         assert metrics["env/steps_mean"] > 1 and metrics["env/reward_mean"] > 0
 
 
+def separate_call(kind, tokenizer, questions, rollout_ranks=2):
+    """The same call under generate_config.placement separate: rank 0 trains (RemoteConversations over the samples
+    meeting, RemoteRollout), ranks 1 .. R each a RolloutWorker running its share's conversations on its own workers
+    (run_call, then send: the samples meeting and the value meeting). Rank 0's result; each rollout rank's (the prompt
+    keys of its engine's calls, its tool calls or environment steps by request)."""
+    from types import SimpleNamespace
+
+    from mindgrpo.grpo.conversations import remote_conversations
+    from mindgrpo.grpo.rollout_worker import RolloutWorker
+    from mindgrpo.parallel.separate import Meeting, RemoteRollout
+
+    gen, template, script = KINDS[kind]
+    cfg = from_dict(GRPOConfig, {"generate_config": dict(gen, tool_num_workers=1), "rl_config": {"num_generations": G}})
+    prompts = [tokenizer.encode(f"What is {q}?") for q in questions]
+    params = SamplingParams(max_tokens=96, n=G, stop_token_ids=tuple(tokenizer.stop_token_ids), seed=3)
+    world, got = ThreadWorld(1 + rollout_ranks), {}
+
+    def rank(r):
+        meeting = Meeting(world.rank(r), 1 << 20)
+        conv = build_conversations(cfg, tokenizer, template)
+        if r == 0:  # no workers: the rollout ranks run them
+            try:
+                got[r] = remote_conversations(conv, meeting).generate(RemoteRollout(meeting), prompts, questions,
+                                                                      params, tokenizer)
+            finally:
+                conv.close()
+            return
+        engine = ScriptedEngine(tokenizer, script)
+        engine.version = 0
+        worker = RolloutWorker(cfg, engine, SimpleNamespace(parameters_and_names=lambda: []), None, meeting, (),
+                               conversations=conv, tokenizer=tokenizer)
+        conv.start()
+        try:
+            batch = SimpleNamespace(ids=prompts, columns={"prompt": list(questions)})
+            worker.send(worker.run_call(batch, params, 0.0))
+            got[r] = (engine.calls, dict(getattr(conv.turns, "calls", getattr(conv.turns, "steps", {}))))
+        finally:
+            worker.close()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(1 + rollout_ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(got) == 1 + rollout_ranks, "a rank failed (its thread's error is above)"
+    return got
+
+
+@pytest.mark.parametrize("kind", ["tools", "environment"])
+@pytest.mark.parametrize("count, rollout_ranks", [(3, 2), (1, 2), (3, 1)])
+def test_separate_rollout_ranks_run_their_shares_and_the_training_rank_gets_the_one_process_call(kind, count,
+                                                                                                 rollout_ranks,
+                                                                                                 tokenizer):
+    """Each rollout rank runs its share's conversations only (count 1: the second has no prompt, as a small
+    validation), hands its rows over at its share's and its ReplicaValue after; the training rank merges them into
+    the one-process call: the prompts as generated, the trajectories, columns and metrics (one rollout rank: bit for
+    bit, as before the merge)."""
+    questions = QUESTIONS[:count]
+    (ids, comps, columns, metrics), _, _ = one_call(kind, tokenizer, 1, questions)[0]
+    got = separate_call(kind, tokenizer, questions, rollout_ranks)
+    shares = [[0, 1, 2][:count]] if rollout_ranks == 1 else [[0, 1], [2]] if count == 3 else [[0], []]
+    assert [got[r][0] for r in range(1, 1 + rollout_ranks)] == [[share] if share else [] for share in shares]
+    assert [len(got[r][1]) for r in range(1, 1 + rollout_ranks)] == \
+        [len(share) * (3 if kind == "tools" else G) for share in shares]
+    ids_s, comps_s, columns_s, metrics_s = got[0]
+    assert ids_s == [list(map(int, p)) for p in ids]
+    assert [(c.prompt_index, c.token_ids, c.finish_reason, c.turns, list(c.model_mask)) for c in comps_s] == \
+        [(c.prompt_index, c.token_ids, c.finish_reason, c.turns, list(c.model_mask)) for c in comps]
+    assert columns_s == columns and sorted(metrics_s) == sorted(metrics)
+    for key, value in metrics.items():
+        if key.endswith("/seconds"):
+            assert metrics_s[key] > 0
+        elif len([s for s in shares if s]) == 1:
+            assert metrics_s[key] == value, key
+        else:
+            assert metrics_s[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+
+
 def test_replica_metrics_combine_by_their_rules():
     """Counts and seconds summed, per-sample means weighted by samples, the masked fraction by trajectory tokens; the
     columns end to end in replica order; a metric without a rule is refused."""
@@ -171,6 +251,8 @@ def test_replica_metrics_combine_by_their_rules():
                                                                "turns/masked_fraction": 0.25}, 8, 100)
     b = ReplicaValue([[3]], {"tool_calls": [["y"]] * 4}, {"tool/calls_mean": 1.0, "tool/errors": 1.0,
                                                           "turns/masked_fraction": 0.5}, 4, 300)
+    one = {"tool/calls_mean": 0.1, "turns/masked_fraction": 0.1}
+    assert merge_replicas([b._replace(metrics=one, samples=3)], 1)[2] == one  # one value: its own, not 0.1 * 3 / 3
     ids, columns, metrics = merge_replicas([a, b], 3)
     assert ids == [[1], [2], [3]] and columns["tool_calls"] == [["x"]] * 8 + [["y"]] * 4
     assert metrics == {"tool/calls_mean": (4 + 4) / 12, "tool/errors": 3.0, "turns/masked_fraction": (25 + 150) / 400}

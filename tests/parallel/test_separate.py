@@ -20,7 +20,8 @@ the job: the same meetings). A job of three ranks (one training rank, a rollout 
 every step's groups and of the validation's prompts) runs sep0d (sep0, stopped after step 2 and resumed: the start
 meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and col1, step for step. The same job runs
 sep0g (sep0d's schedule with a training group of two data-parallel ranks and one rollout rank: both training ranks warm
-start, train their halves, resume from the checkpoint rank 0 wrote) against col0.
+start, train their halves, resume from the checkpoint rank 0 wrote) against col0, and sep0dt (sep0t on the rollout
+group of two, each rank running its half of the prompts' conversations on its own tool workers) against col0t.
 The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel replicas that
 train and generate, each running the conversations of its half of the prompts on its own tool workers: col0t's
 samples, losses and tool metrics."""
@@ -70,7 +71,7 @@ def runs(tmp_path_factory):
               args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l", *shared], timeout=1200)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), and a training group of two
     # (sep0g: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
-    run_msrun("one_stage_runs.py", 3, str(out / "replicas"), args=[str(out), "sep0d,sep1d,sep0g", *shared],
+    run_msrun("one_stage_runs.py", 3, str(out / "replicas"), args=[str(out), "sep0d,sep1d,sep0g,sep0dt", *shared],
               timeout=1500)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
@@ -217,19 +218,24 @@ def adapter_bytes(model_yaml: str, rank: int) -> int:
     return c["num_hidden_layers"] * sum(rank * (i + o) for i, o in shapes) * 4
 
 
-@pytest.mark.slow  # the same msrun job
-def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs):
+@pytest.mark.slow  # the same msrun jobs
+@pytest.mark.parametrize("run", ["sep0t", "sep0dt"])
+def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, run):
     """The rollout rank runs the conversations; rank 0 gets the same trajectories, trains the same tokens (the model
     masks: the gradient's norm moves with them), rewards the same tool answers and logs the same tool/ and turns/
-    metrics as the colocated run."""
-    sep, col = runs / "sep0t", runs / "col0t"
+    metrics as the colocated run. sep0dt: two rollout ranks, each running its half of the prompts' conversations on
+    its own tool workers, rank 0 merging their values (counts summed, means over the whole batch: the masked fraction
+    of a merge within rounding)."""
+    sep, col = runs / run, runs / "col0t"
     ms, mc = metrics(sep), metrics(col)
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
     assert samples(sep) == samples(col)
-    keys = ("tool/calls_mean", "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean",
-            "turns/masked_fraction", "turns/cut", "reward_mean")
+    keys = ("tool/calls_mean", "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean", "turns/cut",
+            "reward_mean")
     for a, b in zip(ms, mc):
         assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert a["turns/masked_fraction"] == (b["turns/masked_fraction"] if run == "sep0t" else
+                                              pytest.approx(b["turns/masked_fraction"], rel=1e-12)), a["step"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
                                                                                                    rel=1e-5)
     # conversations happened: tool turns in the trajectories (context, not trained), answered with errors (the calls

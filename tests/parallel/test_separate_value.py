@@ -1,8 +1,8 @@
 """The meetings of generate_config.placement separate (parallel/separate.Meeting) between threads that stand in for the
 ranks, summing through a host-side stand-in for the world's AllReduce (float32 on the wire, as Comm.host_sum): the
-value meeting (what the rollout rank's conversations give besides the tokens: the prompts, the reward columns, the
-metrics) arrives whole on the training rank; the samples meeting of a rollout group of several ranks brings the
-training rank every rank's share at its rows, in prompt order, and the group's figures."""
+value meeting (what each rollout rank's conversations give besides the tokens: the prompts, the reward columns, the
+metrics) arrives whole on the training rank, in rollout rank order; the samples meeting of a rollout group of
+several ranks brings the training rank every rank's share at its rows, in prompt order, and the group's figures."""
 
 import threading
 from types import SimpleNamespace
@@ -54,17 +54,22 @@ def meet(world: ThreadWorld, call):
     return got
 
 
-def test_the_value_meeting_brings_the_rollout_ranks_conversation_values_whole():
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_the_value_meeting_brings_every_rollout_ranks_conversation_values_whole(replicas):
+    """Each rollout rank's value in rollout rank order (None where a rank had no prompts: the second of three); what a
+    training rank passes is not given."""
     value = ([[1, 2, 3], [4, 5]],
              {"tool_calls": [[{"name": "calculator", "arguments": {"expression": "1+2"}, "status": "ok",
                                "response": "3"}], []],
               "messages": [[{"role": "assistant", "content": "é ü \x00 " + "x" * 5000}], []]},
              {"tool/calls_mean": 0.5, "tool/seconds": 0.1 + 0.2, "turns/masked_fraction": 1 / 3})
-    got = meet(ThreadWorld(), lambda rank, meeting: meeting.value(value if rank else None))  # rank 0 gives nothing
-    got = {"train": got[0], "rollout": got[1]}
-    assert got["train"] == value and got["rollout"] == value
-    assert got["train"][2]["tool/seconds"] == 0.1 + 0.2  # floats bit for bit, tuples stay tuples
-    assert isinstance(got["train"], tuple)
+    given = {r: None if r == 2 else (r, *value) for r in range(1, 1 + replicas)}
+    given[0] = ("a training rank's", value)
+    got = meet(ThreadWorld(1 + replicas), lambda rank, meeting: meeting.values(given[rank]))
+    want = [given[r] for r in range(1, 1 + replicas)]
+    assert all(got[r] == want for r in range(1 + replicas))
+    assert got[0][0][3]["tool/seconds"] == 0.1 + 0.2  # floats bit for bit, tuples stay tuples
+    assert isinstance(got[0][0], tuple)
 
 
 def sample(prompt: int, k: int, length: int) -> Completion:

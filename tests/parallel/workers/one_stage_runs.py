@@ -16,7 +16,8 @@ validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l 
 peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout group of two): sep0d (sep0, stopped
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
 peers col0 and col1; sep0dl (sep0l; its peer col0l); sep0g (sep0d's schedule with two data-parallel training ranks
-and one rollout rank; its peer col0).
+and one rollout rank; its peer col0); sep0dt (sep0t on the rollout group of two, each rank its half's conversations;
+its peer col0t).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -114,6 +115,8 @@ RUNS = {
     # sep0l with a rollout group of two (peer col0l; not in the test's job: the same meetings as sep0d's)
     "sep0dl": [(MSRUN, SEPARATE + WARM + LORA + ROLLOUT2 + ["rl_config.max_steps=2"]),
                (MSRUN + ["--resume"], SEPARATE + WARM + LORA + ROLLOUT2)],
+    # sep0t on a rollout group of two: each rank runs its half of the prompts' conversations on its own tool workers
+    "sep0dt": [(MSRUN, ["generate_config.placement=separate"] + TOOLS + ROLLOUT2)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
