@@ -178,6 +178,14 @@ def first_changed_key(cfg, path: str) -> Optional[str]:
     return None
 
 
+def whole_replicas(layout, key: str, ranks: str) -> None:
+    """generate_config.placement separate: a group's ranks (training or rollout) are data-parallel replicas of the
+    whole model, without tensor or pipeline parallelism."""
+    check(layout.model_parallel == 1 and layout.pipeline_stage == 1, key,
+          f"with generate_config.placement separate: the {ranks} replicas of the model (set data_parallel to their "
+          f"number), got model_parallel {layout.model_parallel}, pipeline_stage {layout.pipeline_stage}")
+
+
 @dataclass(frozen=True)
 class GRPOConfig:
     rl_config: RLConfig = field(default_factory=RLConfig)
@@ -274,10 +282,7 @@ class GRPOConfig:
         (generate_config.parallel_config.data_parallel R; msrun --worker_num D + R)."""
         rl, gen, actor = self.rl_config, self.generate_config, self.actor_config
         training = actor.parallel_config
-        check(training.model_parallel == 1 and training.pipeline_stage == 1, "actor_config.parallel_config",
-              "with generate_config.placement separate: the training ranks are data-parallel replicas of the whole "
-              "model (set data_parallel to their number), got model_parallel "
-              f"{training.model_parallel}, pipeline_stage {training.pipeline_stage}")
+        whole_replicas(training, "actor_config.parallel_config", "training ranks are data-parallel")
         trainers = training.data_parallel
         if trainers > 1:  # what one training rank runs only (docs/async.md, its limits)
             for key, off, why in (
@@ -295,10 +300,7 @@ class GRPOConfig:
                       f"(actor_config.parallel_config.data_parallel): not yet, {why} for now; leave it off or train "
                       "on one rank")
         rollout = gen.parallel_config
-        check(rollout.model_parallel == 1 and rollout.pipeline_stage == 1, "generate_config.parallel_config",
-              "with generate_config.placement separate: the rollout ranks are whole replicas of the model (set "
-              "data_parallel to their number), got model_parallel "
-              f"{rollout.model_parallel}, pipeline_stage {rollout.pipeline_stage}")
+        whole_replicas(rollout, "generate_config.parallel_config", "rollout ranks are whole")
         replicas = rollout.data_parallel
         check(rl.batch_size >= replicas, "rl_config.batch_size",
               f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "
