@@ -40,7 +40,7 @@ import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,12 @@ class DamagedCheckpoint(CheckpointError):
 
 
 # ------------------------------------------------------------------------------ files
+
+
+def save_folders(root: str, step: int, name: Optional[str] = None) -> Tuple[str, str]:
+    """A save's folder (root/step_<step>, or root/<name>: BEST) and the temporary one it is written in first."""
+    return (os.path.join(root, name or f"step_{step:08d}"),
+            os.path.join(root, f".step_{step:08d}.tmp" + (f"-{name}" if name else "")))
 
 
 def step_dirs(root: str) -> List[str]:

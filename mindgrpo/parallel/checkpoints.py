@@ -17,7 +17,7 @@ import mindspore as ms
 from mindgrpo.parallel.checkpoint_folders import (MANIFEST, PUBLISHED, CheckpointError, Recorder, begin_folder,
                                                   check_model_config, crash_point, inspect, newest_complete, prune,
                                                   publish, read_manifest, read_state, remove_leftovers,
-                                                  set_aside_after, write_json, write_manifest)
+                                                  save_folders, set_aside_after, write_json, write_manifest)
 
 
 def save_params(params: Sequence[ms.Parameter], path: str) -> None:
@@ -51,8 +51,7 @@ def save(root: str, step: int, groups: Dict[str, Sequence[ms.Parameter]], state:
     """Into root/step_<step>, or root/<name> (BEST). extra(folder) writes more files into the folder before its
     manifest (LoRA's PEFT adapter) and returns their paths relative to it, which the manifest lists."""
     os.makedirs(root, exist_ok=True)
-    final = os.path.join(root, name or f"step_{step:08d}")
-    tmp = os.path.join(root, f".step_{step:08d}.tmp" + (f"-{name}" if name else ""))
+    final, tmp = save_folders(root, step, name)
     begin_folder(tmp)
     record = Recorder(tmp)
     try:

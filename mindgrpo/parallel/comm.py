@@ -130,9 +130,9 @@ class Comm:
         heartbeat.beat()
         return out.reshape(values.shape).astype(values.dtype)
 
-    def barrier(self) -> None:
-        """Every rank waits here for every other (a one-number sum over the world)."""
-        self.host_sum(np.zeros(1, np.float32), self.group(range(self.world)))
+    def barrier(self, group: Optional[Group] = None) -> None:
+        """Every rank of `group` (default: the world) waits here for every other (a one-number sum over it)."""
+        self.host_sum(np.zeros(1, np.float32), self.group(range(self.world)) if group is None else group)
 
 
 # a value's bytes go through host_sum as float32: its length (one float32 each) is exact below this

@@ -198,7 +198,7 @@ class DataParallelEngine:
     def generate_share(self, prompts: Sequence[Sequence[int]], index: Sequence[int], params: SamplingParams,
                        return_logits: bool = False, turns=None) -> List[Completion]:
         """This replica's completions of its share of the prompts (`prompts`, their indices in the whole batch
-        `index`, from `share`: the keys of their random streams), then `gather` them with the other replicas'.
+        `index`, from `share`: the keys of their random streams); `gather` then brings every replica's to every rank.
         Conversations in between see the replica's own requests (`replica_stats`: its engine's figures)."""
         self._started = time.perf_counter()
         if not len(index):

@@ -388,7 +388,7 @@ class SeparatePlacement(OneDevice):
     def barrier(self) -> None:
         """The training ranks wait for each other."""
         if self.trainers > 1:
-            self.comm.host_sum(np.zeros(1, np.float32), self.comm.train_dp)
+            self.comm.barrier(self.comm.train_dp)
 
     @property
     def rank(self) -> int:

@@ -33,7 +33,6 @@ Training rank 0 writes the checkpoints (`TrainingGroupCheckpoints`), as one proc
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -42,6 +41,7 @@ from mindspore import Parameter, Tensor
 
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.parallel.checkpoint_folders import save_folders
 from mindgrpo.parallel.checkpoints import LocalCheckpoints
 from mindgrpo.parallel.comm import Comm, Group, host_gather
 from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, row_width, rows_completions, share
@@ -285,12 +285,9 @@ class TrainingGroupCheckpoints:
     def root(self) -> str:
         return self.local.root
 
-    def barrier(self) -> None:
-        self.comm.host_sum(np.zeros(1, np.float32), self.group)
-
     def clean(self) -> List[str]:
         removed = self.local.clean() if self.writer else []
-        self.barrier()
+        self.comm.barrier(self.group)
         return removed
 
     def find(self, path: Optional[str] = None) -> Optional[str]:
@@ -302,7 +299,7 @@ class TrainingGroupCheckpoints:
         return self.local.load(path, groups, model_config)
 
     def set_aside_after(self, step: int, why: str) -> List[str]:
-        self.barrier()  # every training rank has read its checkpoint
+        self.comm.barrier(self.group)  # every training rank has read its checkpoint
         return self.local.set_aside_after(step, why) if self.writer else []
 
     def save(self, step: int, groups, state: dict, model_config: dict, name: Optional[str] = None,
@@ -310,4 +307,4 @@ class TrainingGroupCheckpoints:
         """Rank 0 writes; every rank returns the checkpoint's folder."""
         if self.writer:
             return self.local.save(step, groups, state, model_config, name, extra)
-        return os.path.join(self.root, name or f"step_{step:08d}")
+        return save_folders(self.root, step, name)[0]

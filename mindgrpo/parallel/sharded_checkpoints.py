@@ -64,8 +64,7 @@ def save_sharded(comm: Comm, root: str, step: int, groups: Dict[str, Sequence[ms
     root/step_<step>, or root/<name> (checkpoint_folders.BEST). extra(folder), called on every rank after its
     pieces (it may gather over the ranks), writes more files into the folder and returns their paths relative to
     it (LoRA's PEFT adapter, written whole by rank 0), which the manifest lists."""
-    final = os.path.join(root, name or f"step_{step:08d}")
-    tmp = os.path.join(root, f".step_{step:08d}.tmp" + (f"-{name}" if name else ""))
+    final, tmp = folders.save_folders(root, step, name)
     if comm.rank == 0:
         os.makedirs(root, exist_ok=True)
         folders.begin_folder(tmp)

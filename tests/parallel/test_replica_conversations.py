@@ -98,6 +98,18 @@ KINDS = {
 }
 
 
+def on_threads(ranks, rank, got):
+    """rank(r) for r in range(ranks), each on a thread of its own (a rank's result goes into `got`); `got` once every
+    rank has given one."""
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(got) == ranks, "a rank failed (its thread's error is above)"
+    return got
+
+
 def one_call(kind, tokenizer, replicas, questions):
     """The conversations' generate call of `questions` on `replicas` ranks (1: one process, Conversations.generate):
     each rank's (result, the prompt keys of its engine's calls, its tool calls or environment steps by request)."""
@@ -123,13 +135,7 @@ def one_call(kind, tokenizer, replicas, questions):
         finally:
             conv.close()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(replicas)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert len(got) == replicas, "a rank failed (its thread's error is above)"
-    return got
+    return on_threads(replicas, rank, got)
 
 
 @pytest.mark.parametrize("kind", ["tools", "environment"])
@@ -203,13 +209,7 @@ def separate_call(kind, tokenizer, questions, rollout_ranks=2):
         finally:
             worker.close()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(1 + rollout_ranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert len(got) == 1 + rollout_ranks, "a rank failed (its thread's error is above)"
-    return got
+    return on_threads(1 + rollout_ranks, rank, got)
 
 
 @pytest.mark.parametrize("kind", ["tools", "environment"])
