@@ -1,15 +1,16 @@
 """Resident memory over a long run: `scripts/grpo_one_stage.py` for N GRPO steps, the memory at each step's end.
 
-    python -m benchmarks.soak [--steps 200] [--shapes tiny 0_5b_2_layers] [--growth 0.03] [--output PATH]
+    python -m benchmarks.soak [--steps 200] [--shapes tiny tiny_release_graphs 0_5b_2_layers] [--growth 0.03] [--output PATH]
 
 Shapes (each one run of the real command line, in a child process; the memory from the run's own metrics.jsonl,
 `memory/host_resident_bytes`, which every process of the run appends to):
-- `tiny`: the tiny default with rl_config.release_graphs=true (which compiles the step's graphs again every step),
-  no warm start, no validation, no sample logging.
+- `tiny`: the tiny default as shipped (the memory setting `auto`), no warm start, no validation, no sample logging.
+- `tiny_release_graphs`: the same with rl_config.release_graphs=true, which compiles the step's graphs again every
+  step (MindSpore keeps a few MB of each: the process grows, and the trainer continues in fresh processes).
 - `0_5b_2_layers`: the 0.5B recipe (model_configs/qwen_grpo/qwen2_5_0_5b) at 2 decoder layers (random weights, the
   synthetic task and its tokenizer instead of GSM8K), 128 new tokens, the four memory savers on.
 
-Both with rl_config.restart_on_memory_growth = --growth (mindgrpo/grpo/recycle.py: past it the trainer saves a
+Each with rl_config.restart_on_memory_growth = --growth (mindgrpo/grpo/recycle.py: past it the trainer saves a
 checkpoint and continues in a fresh process, the same run). Reported per shape: the resident memory at steps 1..N,
 the fresh processes the run took, whether every step 1..N was logged exactly once (no step lost or run twice), and
 the goal: the resident memory at step N within 3% of step 20 (step N's against step min(20, N / 2) on shorter runs).
@@ -29,6 +30,7 @@ import tempfile
 from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, stamp_lines, write_results
 
 SCRIPT = os.path.join(REPO, "scripts", "grpo_one_stage.py")
+SHAPES = ("tiny", "tiny_release_graphs", "0_5b_2_layers")
 QUIET = ["sft_config={steps: 0}", "rl_config.val_interval=0", "rl_config.completions_interval=0",
          "rl_config.save_interval=0"]
 
@@ -46,9 +48,11 @@ def _two_layer_model(folder: str) -> str:
 
 def command(shape: str, steps: int, growth: float, folder: str) -> list:
     args = [sys.executable, SCRIPT, "--output_dir", os.path.join(folder, "run"), *QUIET,
-            f"rl_config.max_steps={steps}", f"rl_config.restart_on_memory_growth={growth}",
-            "rl_config.release_graphs=true"]
+            f"rl_config.max_steps={steps}", f"rl_config.restart_on_memory_growth={growth}"]
     if shape == "tiny":
+        return args
+    args.append("rl_config.release_graphs=true")
+    if shape == "tiny_release_graphs":
         return args
     recipe = os.path.join(REPO, "model_configs", "qwen_grpo", "qwen2_5_0_5b", "grpo_config.yaml")
     return args + ["--config", recipe, f"actor_config.model={_two_layer_model(folder)}",
@@ -99,7 +103,7 @@ def markdown(res: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--shapes", nargs="+", default=["tiny", "0_5b_2_layers"], choices=["tiny", "0_5b_2_layers"])
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
     ap.add_argument("--growth", type=float, default=0.03, help="rl_config.restart_on_memory_growth")
     ap.add_argument("--output", default=os.path.join(RESULTS, "soak.json"))
     args = ap.parse_args(argv)
