@@ -19,6 +19,8 @@ depends on how the run is laid out over devices, and runs the same build sequenc
     rewards(set)    the RewardSet                      SharedRewards: rank 0 scores, every rank gets its scores
     reward_model    a reward model whole                its tensor-parallel piece over the policy layout's
                                                        tp group (every layer: no pipeline stages)
+    model_rewards   the reward models as built         the same (SeparatePlacement with D > 1 training ranks:
+                                                       SharedModelRewards, rank 0 scores for the group)
     checkpoints     LocalCheckpoints                   ShardedCheckpoints (every rank its pieces)
     whole(params)   each parameter's values            each parameter of the policy's pieces made whole (its
                                                        tensor-parallel pieces summed over the training tp group,
@@ -63,7 +65,7 @@ from mindgrpo.parallel.pipeline import Pipeline, stage_spec
 from mindgrpo.parallel.reshard import Reshard
 from mindgrpo.parallel.separate import Meeting, RemoteRollout, SendWeights, TrainingGroupCheckpoints
 from mindgrpo.parallel.sharded_checkpoints import ShardedCheckpoints
-from mindgrpo.parallel.shared_rewards import SharedRewards
+from mindgrpo.parallel.shared_rewards import SharedModelRewards, SharedRewards
 from mindgrpo.parallel.strategy import training_shapes, write_layout_strategies, write_strategy_file
 from mindgrpo.parallel.tp_layers import TensorParallelLayers
 from mindgrpo.parallel.watchdog import guard_rank
@@ -159,6 +161,10 @@ class OneDevice:
 
     def rewards(self, rewards: RewardSet) -> Rewards:
         return rewards
+
+    def model_rewards(self, models):
+        """The run's reward models (`grpo/reward_models.ModelRewards`, or None) as the trainer scores with them."""
+        return models
 
     def grad_reducer(self) -> Optional[DataParallelGrads]:
         return None
@@ -280,6 +286,10 @@ class ParallelPlacement:
         """Rank 0 scores (only its reward pool starts), every rank gets the same scores."""
         return SharedRewards(rewards, self.comm)
 
+    def model_rewards(self, models):
+        """Every rank scores with its tensor-parallel piece of each reward model (a collective of the tp group)."""
+        return models
+
     def grad_reducer(self) -> Optional[DataParallelGrads]:
         return DataParallelGrads(self.comm, self.comm.train_dp)
 
@@ -355,10 +365,10 @@ class SeparatePlacement(OneDevice):
     data_parallel R); every model whole. On a training rank the engine and the inference weight sync are the meetings
     with the rollout ranks (`RemoteRollout`, `SendWeights`); the reference (beta > 0) is beside the policy. With D > 1
     the training ranks split each mini-batch and sum their gradients over the training group as a colocated
-    data-parallel run does (`DataParallelGrads`), rank 0 scores the rewards for all of them (`SharedRewards`) and
-    writes the checkpoints (`TrainingGroupCheckpoints`); with one, rewards and checkpoints are its own. Each rollout
-    rank builds its inference copy and engine (`builder.build_rollout`) and runs `grpo/rollout_worker.RolloutWorker`
-    on its share."""
+    data-parallel run does (`DataParallelGrads`), rank 0 scores the rewards for all of them (`SharedRewards`, and the
+    reward models: `SharedModelRewards`) and writes the checkpoints (`TrainingGroupCheckpoints`); with one, rewards
+    and checkpoints are its own. Each rollout rank builds its inference copy and engine (`builder.build_rollout`) and
+    runs `grpo/rollout_worker.RolloutWorker` on its share."""
 
     remote_rollout = True
 
@@ -374,6 +384,13 @@ class SeparatePlacement(OneDevice):
     def rewards(self, rewards: RewardSet) -> Rewards:
         """One training rank: its own; several: rank 0 scores, every training rank gets its scores."""
         return rewards if self.trainers == 1 else SharedRewards(rewards, self.comm, group=self.comm.train_dp)
+
+    def model_rewards(self, models):
+        """Several training ranks: rank 0 scores the whole batch with the reward models, every training rank gets its
+        scores and metrics (`SharedModelRewards`)."""
+        if models is None or self.trainers == 1:
+            return models
+        return SharedModelRewards(models, self.comm, self.comm.train_dp)
 
     def grad_reducer(self) -> Optional[DataParallelGrads]:
         """Several training ranks: each trains its share, the gradients summed over the training group."""
