@@ -289,9 +289,7 @@ class GRPOConfig:
                     ("actor_config.parallel_config.optimizer_shard", not training.optimizer_shard,
                      "the training ranks write one process's checkpoints (rank 0), each holding the whole moments"),
                     ("generate_config.partial_rollout", not gen.partial_rollout, "the prompts in flight are one "
-                     "training rank's bookkeeping"),
-                    ("generate_config.tools", not gen.tools, "the conversations' values are handed to one training "
-                     "rank")):
+                     "training rank's bookkeeping")):
                 check(off, key, f"with generate_config.placement separate and {trainers} training ranks "
                       f"(actor_config.parallel_config.data_parallel): not yet, {why} for now; leave it off or train "
                       "on one rank")

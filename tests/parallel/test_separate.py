@@ -22,7 +22,8 @@ meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and c
 sep0g (sep0d's schedule with a training group of two data-parallel ranks and one rollout rank: both training ranks warm
 start, train their halves, resume from the checkpoint rank 0 wrote) against col0, sep0gl (sep0l on that training
 group: LoRA's adapters summed, synced and resumed) against col0l, sep1g (sep1 on it: training rank 0 scores with the
-reward model for both) against col1, and sep0dt (sep0t on the rollout group of two, each rank running its half of the prompts'
+reward model for both) against col1, sep0gt (sep0t on it: both training ranks receive the conversations' values)
+against col0t, and sep0dt (sep0t on the rollout group of two, each rank running its half of the prompts'
 conversations on its own tool workers) against col0t.
 The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel replicas that
 train and generate, each running the conversations of its half of the prompts on its own tool workers: col0t's
@@ -74,7 +75,7 @@ def runs(tmp_path_factory):
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), and a training group of two
     # (sep0g: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
-              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g", *shared], timeout=1500)
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt", *shared], timeout=1500)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
@@ -221,13 +222,14 @@ def adapter_bytes(model_yaml: str, rank: int) -> int:
 
 
 @pytest.mark.slow  # the same msrun jobs
-@pytest.mark.parametrize("run", ["sep0t", "sep0dt"])
+@pytest.mark.parametrize("run", ["sep0t", "sep0dt", "sep0gt"])
 def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, run):
     """The rollout rank runs the conversations; rank 0 gets the same trajectories, trains the same tokens (the model
     masks: the gradient's norm moves with them), rewards the same tool answers and logs the same tool/ and turns/
     metrics as the colocated run. sep0dt: two rollout ranks, each running its half of the prompts' conversations on
     its own tool workers, rank 0 merging their values (counts summed, means over the whole batch: the masked fraction
-    of a merge within rounding)."""
+    of a merge within rounding). sep0gt: two training ranks beside one rollout rank, each receiving the conversations'
+    values and training its half of the samples."""
     sep, col = runs / run, runs / "col0t"
     ms, mc = metrics(sep), metrics(col)
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
@@ -236,7 +238,7 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, ru
             "reward_mean")
     for a, b in zip(ms, mc):
         assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
-        assert a["turns/masked_fraction"] == (b["turns/masked_fraction"] if run == "sep0t" else
+        assert a["turns/masked_fraction"] == (b["turns/masked_fraction"] if run != "sep0dt" else
                                               pytest.approx(b["turns/masked_fraction"], rel=1e-12)), a["step"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
                                                                                                    rel=1e-5)
@@ -244,6 +246,8 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, ru
     # close a call they never opened), and their answers reached the rewards (test_tool_outcome)
     assert all(m["turns/masked_fraction"] > 0.3 and m["tool/errors"] > 0 for m in ms)
     assert any("<tool_response>" in text for step in samples(sep) for text, _ in step)
+    if run == "sep0gt":  # training rank 1 trained its half to rank 0's weights after every update
+        assert [m["sync/train_weights_max_diff"] for m in ms] == [0.0] * STEPS
     assert max(r for step in samples(sep) for _, r in step) > 1.0  # a tool answer's length and error counted
 
 

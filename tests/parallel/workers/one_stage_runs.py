@@ -17,8 +17,8 @@ peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout 
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
 peers col0 and col1; sep0dl (sep0l; its peer col0l); sep0g (sep0d's schedule with two data-parallel training ranks
 and one rollout rank; its peer col0); sep0dt (sep0t on the rollout group of two, each rank its half's conversations;
-its peer col0t); sep0gl (sep0l on two training ranks; its peer col0l) and sep1g (sep1, its reward model scored on
-training rank 0 for both; its peer col1).
+its peer col0t); sep0gl (sep0l on two training ranks; its peer col0l), sep1g (sep1, its reward model scored on
+training rank 0 for both; its peer col1) and sep0gt (sep0t on two training ranks; its peer col0t).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -124,6 +124,8 @@ RUNS = {
                (MSRUN + ["--resume"], SEPARATE + WARM + LORA + ROLLOUT2)],
     # sep0t on a rollout group of two: each rank runs its half of the prompts' conversations on its own tool workers
     "sep0dt": [(MSRUN, ["generate_config.placement=separate"] + TOOLS + ROLLOUT2)],
+    # sep0t on a training group of two (peer col0t): the value meeting brings both training ranks the conversations'
+    "sep0gt": [(MSRUN, ["generate_config.placement=separate"] + TOOLS + TRAIN2)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
