@@ -427,7 +427,9 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         memory.register("reference", reference.get_parameters())
     engine = placement.engine(rollout)
     memory.register("kv_cache", sizer=engine.cache_bytes)
-    reward_models = placement.model_rewards(build_model_rewards(cfg, tokenizer, memory, placement))
+    reward_models = placement.model_rewards(lambda: build_model_rewards(cfg, tokenizer, memory, placement),
+                                            cfg.reward_config.model_names(),
+                                            [e.weight for e in cfg.reward_config.reward_models])
     base_sync = None
     if shared:
         sync = placement.shared_sync()

@@ -101,8 +101,8 @@ def length_models():
 
 def test_the_training_groups_rank_zero_scores_with_the_reward_models_for_every_training_rank():
     """A separate placement's training group of two (ranks 0, 1) beside a rollout rank (2, not in the group): rank 0
-    scores the whole batch twice (the running normaliser sees every sample once, as in one process), rank 1 never, and
-    both get what one process's reward models give, NaN (no score) and metrics included."""
+    alone holds the models and scores the whole batch twice (the running normaliser sees every sample once, as in one
+    process), and both get what one process's reward models give, NaN (no score) and metrics included."""
     prompts = [[1, 2], [3], [4, 5, 6]]
     steps = [[[7, 8, 9], [], [1]], [[2, 3], [4, 5, 6, 7], [8]]]
     alone, _ = length_models()  # one process: the same models scoring the same steps
@@ -111,8 +111,8 @@ def test_the_training_groups_rank_zero_scores_with_the_reward_models_for_every_t
     world, got = ThreadWorld(size=3, trainers=2), {}
 
     def rank(r):
-        models, scorer = length_models()
-        shared = SharedModelRewards(models, world.rank(r), world.rank(r).train_dp)
+        models, scorer = length_models() if r == 0 else (None, LengthScorer())
+        shared = SharedModelRewards(models, world.rank(r), world.rank(r).train_dp, ("len",), (0.5,))
         assert shared.names == ["len"] and shared.weights == [0.5]
         got[r] = ([shared(prompts, completions) for completions in steps], scorer.calls, shared.state())
 
@@ -128,3 +128,6 @@ def test_the_training_groups_rank_zero_scores_with_the_reward_models_for_every_t
             np.testing.assert_array_equal(scores["len"], want_scores["len"])
             assert metrics == want_metrics
     assert got[0][2] == alone.state()  # rank 0's running statistics (its checkpoint's) are one process's
+    assert got[1][2] == {} and alone.state()  # rank 1 keeps none (it writes no checkpoint)
+    with pytest.raises(ValueError, match="reward_config's"):  # the scorer's models are the config's
+        SharedModelRewards(length_models()[0], world.rank(0), world.rank(0).train_dp, ("rm",), (0.5,))
