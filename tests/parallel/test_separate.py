@@ -73,7 +73,7 @@ def runs(tmp_path_factory):
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
               args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l", *shared], timeout=1200)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), and a training group of two
-    # (sep0g: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
+    # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
               args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt", *shared], timeout=1500)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
