@@ -288,14 +288,8 @@ class GRPOConfig:
             for key, off, why in (
                     ("actor_config.parallel_config.optimizer_shard", not training.optimizer_shard,
                      "the training ranks write one process's checkpoints (rank 0), each holding the whole moments"),
-                    ("actor_config.lora_rank", actor.lora_rank == 0, "LoRA's base and adapter meetings are one "
-                     "training rank's"),
                     ("generate_config.partial_rollout", not gen.partial_rollout, "the prompts in flight are one "
-                     "training rank's bookkeeping"),
-                    ("generate_config.tools", not gen.tools, "the conversations' values are handed to one training "
-                     "rank"),
-                    ("reward_config.reward_models", not self.reward_config.reward_models, "each training rank would "
-                     "score with a copy of its own, not yet checked against a colocated run")):
+                     "training rank's bookkeeping")):
                 check(off, key, f"with generate_config.placement separate and {trainers} training ranks "
                       f"(actor_config.parallel_config.data_parallel): not yet, {why} for now; leave it off or train "
                       "on one rank")

@@ -94,7 +94,8 @@ class Parts:
     grad_reducer: Optional[DataParallelGrads] = None  # data-parallel gradient sum (under msrun)
     pipeline: Optional[Pipeline] = None  # the policy's pipeline stage
     ref_pipeline: Optional[Pipeline] = None  # the reference model's
-    reward_models: Optional[ModelRewards] = None  # reward_config.reward_models (grpo/reward_models.py)
+    # reward_config.reward_models (grpo/reward_models.py; a separate placement's training group: SharedModelRewards)
+    reward_models: Optional[ModelRewards] = None
     memory_policy: Optional[MemoryPolicy] = None  # rl_config.memory resolved (`mindgrpo/memory/auto.py`)
     base_path: Optional[str] = None  # where the policy's weights came from (LoRA's checkpoints refer to its base)
     conversations: Optional[Conversations] = None  # generate_config.tools (grpo/conversations.py)
@@ -426,7 +427,9 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         memory.register("reference", reference.get_parameters())
     engine = placement.engine(rollout)
     memory.register("kv_cache", sizer=engine.cache_bytes)
-    reward_models = build_model_rewards(cfg, tokenizer, memory, placement)
+    reward_models = placement.model_rewards(lambda: build_model_rewards(cfg, tokenizer, memory, placement),
+                                            cfg.reward_config.model_names(),
+                                            [e.weight for e in cfg.reward_config.reward_models])
     base_sync = None
     if shared:
         sync = placement.shared_sync()

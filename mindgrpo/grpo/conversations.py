@@ -20,7 +20,7 @@ the completions after each generate call (`finish(completions)`). Kinds: `tools`
 
 Under generate_config.placement separate the rollout ranks run them (each its share of the prompts on its own workers,
 `RolloutWorker`: `Conversations.generate_share`) and hand over, after each samples meeting, what a call gives besides
-the tokens and model masks (a `ReplicaValue` each); the training rank's are `remote_conversations`: no workers, each
+the tokens and model masks (a `ReplicaValue` each); the training ranks' are `remote_conversations`: no workers, each
 call's prompts, columns and metrics the rollout ranks' merged (`merge_replicas`). Colocated with
 inference replicas (generate_config.parallel_config.data_parallel N > 1; the engine a
 `parallel/data_parallel.DataParallelEngine`) they are `replica_conversations`: each replica runs its share of the
@@ -115,7 +115,7 @@ class Conversations:
 
 @dataclass
 class RemoteConversations(Conversations):
-    """The training rank's conversations under generate_config.placement separate: the rollout ranks run them, each
+    """A training rank's conversations under generate_config.placement separate: the rollout ranks run them, each
     its share (module docstring); `engine` is the samples meeting (`parallel/separate.RemoteRollout`) and `meeting`
     the ranks' `Meeting`, whose value meeting brings each rollout rank's `ReplicaValue` of each call, merged in
     prompt order (`merge_replicas`)."""

@@ -19,6 +19,8 @@ depends on how the run is laid out over devices, and runs the same build sequenc
     rewards(set)    the RewardSet                      SharedRewards: rank 0 scores, every rank gets its scores
     reward_model    a reward model whole                its tensor-parallel piece over the policy layout's
                                                        tp group (every layer: no pipeline stages)
+    model_rewards   the reward models, built           the same (SeparatePlacement with D > 1 training ranks:
+                                                       SharedModelRewards, rank 0 alone holds and scores them)
     checkpoints     LocalCheckpoints                   ShardedCheckpoints (every rank its pieces)
     whole(params)   each parameter's values            each parameter of the policy's pieces made whole (its
                                                        tensor-parallel pieces summed over the training tp group,
@@ -40,7 +42,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import mindspore as ms
@@ -61,9 +63,9 @@ from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrad
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.pipeline import Pipeline, stage_spec
 from mindgrpo.parallel.reshard import Reshard
-from mindgrpo.parallel.separate import Meeting, RemoteRollout, SendWeights, TrainingGroupCheckpoints
+from mindgrpo.parallel.separate import TRAIN_RANK, Meeting, RemoteRollout, SendWeights, TrainingGroupCheckpoints
 from mindgrpo.parallel.sharded_checkpoints import ShardedCheckpoints
-from mindgrpo.parallel.shared_rewards import SharedRewards
+from mindgrpo.parallel.shared_rewards import SharedModelRewards, SharedRewards
 from mindgrpo.parallel.strategy import training_shapes, write_layout_strategies, write_strategy_file
 from mindgrpo.parallel.tp_layers import TensorParallelLayers
 from mindgrpo.parallel.watchdog import guard_rank
@@ -159,6 +161,11 @@ class OneDevice:
 
     def rewards(self, rewards: RewardSet) -> Rewards:
         return rewards
+
+    def model_rewards(self, build: Callable[[], object], names: Sequence[str], weights: Sequence[float]):
+        """The run's reward models as the trainer scores with them: `build()` (`grpo/reward_models.
+        build_model_rewards`: None without any); names and weights: reward_config's."""
+        return build()
 
     def grad_reducer(self) -> Optional[DataParallelGrads]:
         return None
@@ -280,6 +287,10 @@ class ParallelPlacement:
         """Rank 0 scores (only its reward pool starts), every rank gets the same scores."""
         return SharedRewards(rewards, self.comm)
 
+    def model_rewards(self, build: Callable[[], object], names: Sequence[str], weights: Sequence[float]):
+        """Every rank scores with its tensor-parallel piece of each reward model (a collective of the tp group)."""
+        return build()
+
     def grad_reducer(self) -> Optional[DataParallelGrads]:
         return DataParallelGrads(self.comm, self.comm.train_dp)
 
@@ -355,10 +366,10 @@ class SeparatePlacement(OneDevice):
     data_parallel R); every model whole. On a training rank the engine and the inference weight sync are the meetings
     with the rollout ranks (`RemoteRollout`, `SendWeights`); the reference (beta > 0) is beside the policy. With D > 1
     the training ranks split each mini-batch and sum their gradients over the training group as a colocated
-    data-parallel run does (`DataParallelGrads`), rank 0 scores the rewards for all of them (`SharedRewards`) and
-    writes the checkpoints (`TrainingGroupCheckpoints`); with one, rewards and checkpoints are its own. Each rollout
-    rank builds its inference copy and engine (`builder.build_rollout`) and runs `grpo/rollout_worker.RolloutWorker`
-    on its share."""
+    data-parallel run does (`DataParallelGrads`), rank 0 scores the rewards for all of them (`SharedRewards`, and the
+    reward models: `SharedModelRewards`) and writes the checkpoints (`TrainingGroupCheckpoints`); with one, rewards
+    and checkpoints are its own. Each rollout rank builds its inference copy and engine (`builder.build_rollout`) and
+    runs `grpo/rollout_worker.RolloutWorker` on its share."""
 
     remote_rollout = True
 
@@ -374,6 +385,14 @@ class SeparatePlacement(OneDevice):
     def rewards(self, rewards: RewardSet) -> Rewards:
         """One training rank: its own; several: rank 0 scores, every training rank gets its scores."""
         return rewards if self.trainers == 1 else SharedRewards(rewards, self.comm, group=self.comm.train_dp)
+
+    def model_rewards(self, build: Callable[[], object], names: Sequence[str], weights: Sequence[float]):
+        """Several training ranks: rank 0 alone loads the reward models and scores the whole batch, every training
+        rank gets its scores and metrics (`SharedModelRewards`)."""
+        if self.trainers == 1 or not names:
+            return build()
+        models = build() if self.comm.rank == TRAIN_RANK else None
+        return SharedModelRewards(models, self.comm, self.comm.train_dp, names, weights, scorer=TRAIN_RANK)
 
     def grad_reducer(self) -> Optional[DataParallelGrads]:
         """Several training ranks: each trains its share, the gradients summed over the training group."""

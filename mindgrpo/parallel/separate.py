@@ -20,7 +20,7 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
     values    after a samples meeting of conversations (generate_config.tools): what each rollout rank's
               conversations of its share give besides the tokens (the prompts as generated, the reward columns, the
               tool/ and turns/ metrics: `conversations.ReplicaValue`), pickled, lengths first (`comm.host_gather`)
-              -> the training rank, in rollout rank order (= prompt order: `conversations.merge_replicas`)
+              -> every training rank, in rollout rank order (= prompt order: `conversations.merge_replicas`)
 
 The training ranks' side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
 the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. Every model is whole, in

@@ -9,6 +9,9 @@ other ranks add zeros (x + 0.0 == x).
     rewards = SharedRewards(build_rewards(cfg), comm)
     total, per_function, metrics = rewards(completions, **columns)   # the same on every rank
 
+The reward models of a separate placement's training group (D > 1 ranks) likewise: rank 0 alone loads them and
+scores the whole batch (`SharedModelRewards`), its scores and metrics pickled to the others.
+
 A reward function that breaks its contract raises RewardError on rank 0, which exits; msrun then ends the
 other ranks, waiting in the host sum (and the watchdog would, after rl_config.collective_timeout_s).
 """
@@ -19,7 +22,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from mindgrpo.parallel.comm import Comm, Group
+from mindgrpo.parallel.comm import Comm, Group, host_gather
 from mindgrpo.rewards.combine import Scores
 
 
@@ -65,3 +68,44 @@ class SharedRewards:
                         {n: int(errors[i]) for i, n in enumerate(names)},
                         {n: int(timeouts[i]) for i, n in enumerate(names)})
         return self.rewards.combine(shared)
+
+
+class SharedModelRewards:
+    """A run's reward models (`grpo/reward_models.ModelRewards`), held and scored on `scorer` only, its scores and
+    metrics shared with every rank of `group` (a separate placement's training group of D > 1 ranks): one scoring of
+    the whole batch as in one process, so the running normalisers' statistics (and the checkpoint `scorer` writes)
+    are one process's, and every training rank trains on the same scores. `models` is None on the other ranks, which
+    know the models' names and weights (reward_config) only. The scores travel pickled (`comm.host_gather`), NaN (no
+    score) included."""
+
+    def __init__(self, models, comm: Comm, group: Group, names: Sequence[str], weights: Sequence[float],
+                 scorer: int = 0):
+        self.comm, self.group, self.scorer = comm, group, scorer
+        self.models = models if comm.rank == scorer else None
+        if comm.rank == scorer and (models is None or list(models.names) != list(names)):
+            held = None if models is None else models.names
+            raise ValueError(f"reward models: rank {scorer} scores, its models {held} are not the reward_config's "
+                             f"{list(names)}")
+        self.names, self.weights = list(names), list(weights)
+        self.last_answers: dict = {}  # generative judges' answers: none here (the separate placement refuses judges)
+
+    def parameters(self) -> list:
+        return self.models.parameters() if self.models is not None else []
+
+    def state(self) -> dict:
+        """The running normalisers' statistics: the scorer's (the only one that writes a checkpoint)."""
+        return self.models.state() if self.models is not None else {}
+
+    def load_state(self, state) -> list:
+        return self.models.load_state(state) if self.models is not None else []
+
+    def cache_bytes(self) -> int:
+        return self.models.cache_bytes() if self.models is not None else 0
+
+    def __call__(self, prompt_ids, completion_ids, columns=None):
+        """({name: scores (B,)}, metrics): `scorer`'s, on every rank of the group."""
+        mine = self.models(prompt_ids, completion_ids, columns) if self.models is not None else None
+        given = [v for v in host_gather(self.comm, mine, self.group) if v is not None]
+        if len(given) != 1:
+            raise RuntimeError(f"reward models: {len(given)} ranks of the group scored, not one (rank {self.scorer})")
+        return given[0]

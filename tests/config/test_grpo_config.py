@@ -583,17 +583,19 @@ TRAIN_DP2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro
 
 @pytest.mark.parametrize("extra, key", [
     (["actor_config.parallel_config.optimizer_shard=true"], "actor_config.parallel_config.optimizer_shard"),
-    (["actor_config.lora_rank=8"], "actor_config.lora_rank"),
     (["rl_config.off_policy_steps=1", "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
-    (["generate_config.tools=[calculator]"], "generate_config.tools"),
-    (["reward_config.reward_models=[{path: rm.ckpt}]"], "reward_config.reward_models"),
 ])
 def test_a_separate_training_group_of_several_ranks_refuses_what_one_training_rank_runs_only(extra, key):
-    # two training ranks beside two rollout ranks (world 4), with the warm start, validation and off_policy_steps 1
+    # two training ranks beside two rollout ranks (world 4), with the warm start, validation and off_policy_steps 1,
+    # LoRA (the adapters' gradients summed over the group, rank 0's adapters to the rollout ranks) and a reward model
+    # (rank 0 scores for the group: parallel/shared_rewards.SharedModelRewards) and tool calls (the value meeting
+    # brings every training rank the conversations' values)
     cfg = load_config(GRPOConfig, overrides=SEPARATE + TRAIN_DP2 + [
         "generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1", "rl_config.val_interval=5",
-        "sft_config.steps=3"])
-    assert cfg.actor_config.parallel_config.data_parallel == 2
+        "sft_config.steps=3", "actor_config.lora_rank=8", "reward_config.reward_models=[{path: rm.ckpt}]",
+        "generate_config.tools=[calculator]"])
+    assert cfg.actor_config.parallel_config.data_parallel == 2 and cfg.actor_config.lora_rank == 8
+    assert len(cfg.reward_config.reward_models) == 1 and list(cfg.generate_config.tools) == ["calculator"]
     # each alone with one training rank is allowed (test_separate_placement_rules, test_partial_rollout_rules)
     load_config(GRPOConfig, overrides=SEPARATE + extra)
     with pytest.raises(ConfigError) as info:

@@ -20,8 +20,11 @@ the job: the same meetings). A job of three ranks (one training rank, a rollout 
 every step's groups and of the validation's prompts) runs sep0d (sep0, stopped after step 2 and resumed: the start
 meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and col1, step for step. The same job runs
 sep0g (sep0d's schedule with a training group of two data-parallel ranks and one rollout rank: both training ranks warm
-start, train their halves, resume from the checkpoint rank 0 wrote) against col0, and sep0dt (sep0t on the rollout
-group of two, each rank running its half of the prompts' conversations on its own tool workers) against col0t.
+start, train their halves, resume from the checkpoint rank 0 wrote) against col0, sep0gl (sep0l on that training
+group: LoRA's adapters summed, synced and resumed) against col0l, sep1g (sep1 on it: training rank 0 scores with the
+reward model for both) against col1, sep0gt (sep0t on it: both training ranks receive the conversations' values)
+against col0t, and sep0dt (sep0t on the rollout group of two, each rank running its half of the prompts'
+conversations on its own tool workers) against col0t.
 The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel replicas that
 train and generate, each running the conversations of its half of the prompts on its own tool workers: col0t's
 samples, losses and tool metrics."""
@@ -70,9 +73,9 @@ def runs(tmp_path_factory):
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
               args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l", *shared], timeout=1200)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), and a training group of two
-    # (sep0g: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
-    run_msrun("one_stage_runs.py", 3, str(out / "replicas"), args=[str(out), "sep0d,sep1d,sep0g,sep0dt", *shared],
-              timeout=1500)
+    # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
+    run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt", *shared], timeout=1500)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
@@ -98,12 +101,12 @@ def samples(folder, fields=("completion", "reward")):
 
 
 @pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
-@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d", "0g"])
+@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d", "0g", "1g"])
 def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
-    """0d, 1d: a rollout group of two ranks; 0g: a training group of two data-parallel ranks (each trains half of a
-    mini-batch, the gradients summed over the two) beside one rollout rank; the same peers (col0, col1) as one rollout
-    rank's. The losses within the tolerance of a colocated data-parallel update against one process
-    (tests/parallel/test_msrun.py: abs 1e-6, grad_norm rel 1e-5)."""
+    """0d, 1d: a rollout group of two ranks; 0g, 1g: a training group of two data-parallel ranks (each trains half of
+    a mini-batch, the gradients summed over the two) beside one rollout rank, 1g's reward model scored on training
+    rank 0 for both; the same peers (col0, col1) as one rollout rank's. The losses within the tolerance of a colocated
+    data-parallel update against one process (tests/parallel/test_msrun.py: abs 1e-6, grad_norm rel 1e-5)."""
     suffix = run[-1] if run[-1] in "dg" else ""
     group, trainers = suffix == "d", suffix == "g"
     run = run[:-1] if suffix else run
@@ -219,13 +222,14 @@ def adapter_bytes(model_yaml: str, rank: int) -> int:
 
 
 @pytest.mark.slow  # the same msrun jobs
-@pytest.mark.parametrize("run", ["sep0t", "sep0dt"])
+@pytest.mark.parametrize("run", ["sep0t", "sep0dt", "sep0gt"])
 def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, run):
     """The rollout rank runs the conversations; rank 0 gets the same trajectories, trains the same tokens (the model
     masks: the gradient's norm moves with them), rewards the same tool answers and logs the same tool/ and turns/
     metrics as the colocated run. sep0dt: two rollout ranks, each running its half of the prompts' conversations on
     its own tool workers, rank 0 merging their values (counts summed, means over the whole batch: the masked fraction
-    of a merge within rounding)."""
+    of a merge within rounding). sep0gt: two training ranks beside one rollout rank, each receiving the conversations'
+    values and training its half of the samples."""
     sep, col = runs / run, runs / "col0t"
     ms, mc = metrics(sep), metrics(col)
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
@@ -234,7 +238,7 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, ru
             "reward_mean")
     for a, b in zip(ms, mc):
         assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
-        assert a["turns/masked_fraction"] == (b["turns/masked_fraction"] if run == "sep0t" else
+        assert a["turns/masked_fraction"] == (b["turns/masked_fraction"] if run != "sep0dt" else
                                               pytest.approx(b["turns/masked_fraction"], rel=1e-12)), a["step"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
                                                                                                    rel=1e-5)
@@ -242,6 +246,8 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, ru
     # close a call they never opened), and their answers reached the rewards (test_tool_outcome)
     assert all(m["turns/masked_fraction"] > 0.3 and m["tool/errors"] > 0 for m in ms)
     assert any("<tool_response>" in text for step in samples(sep) for text, _ in step)
+    if run == "sep0gt":  # training rank 1 trained its half to rank 0's weights after every update
+        assert [m["sync/train_weights_max_diff"] for m in ms] == [0.0] * STEPS
     assert max(r for step in samples(sep) for _, r in step) > 1.0  # a tool answer's length and error counted
 
 
@@ -269,11 +275,14 @@ def test_tool_calls_on_colocated_inference_replicas_equal_the_one_process_run(ru
 @pytest.mark.slow  # the same msrun job
 # sep1l, col1l (off_policy_steps 1: the same meetings) pass too, 46 s of CI; and sep0dl (sep0l with a rollout group of
 # two, the meetings of sep0d), against col0l
-@pytest.mark.parametrize("run", ["0"])
+@pytest.mark.parametrize("run", ["0", "0g"])
 def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, run):
     """sep0l: LoRA rank 4 with a warm start (the base trains, then moves whole to the rollout rank), stopped after
     step 2 and resumed (the base and adapters move again), the reference the policy with its adapters off (beta > 0);
-    col0l: the same in one process, the engine on the policy itself. sep1l, col1l: LoRA with off_policy_steps 1."""
+    col0l: the same in one process, the engine on the policy itself. sep1l, col1l: LoRA with off_policy_steps 1.
+    sep0gl: sep0l on a training group of two (the adapters' gradients summed over the two, rank 0's adapters to the
+    rollout rank, both training ranks resuming from the adapters rank 0 saved: their weights equal after every
+    update)."""
     lag = int(run[0])
     sep, col = runs / f"sep{run}l", runs / f"col{lag}l"
     ms, mc = metrics(sep), metrics(col)
@@ -291,3 +300,6 @@ def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_
     lora = adapter_bytes(str(runs / "micro_one_layer.yaml"), 4)
     assert [m["sync/bytes"] for m in ms] == [float(lora)] * STEPS
     assert lora * 10 < metrics(runs / "sep0")[-1]["sync/bytes"]
+    if run.endswith("g"):  # training rank 1's adapters are rank 0's after every update, the resumed one's included
+        assert [m["sync/train_weights_max_diff"] for m in ms] == [0.0] * STEPS
+        assert os.listdir(sep / "checkpoints" / "step_00000002" / "adapter")  # PEFT's files, as one process's

@@ -54,20 +54,21 @@ def meet(world: ThreadWorld, call):
     return got
 
 
-@pytest.mark.parametrize("replicas", [1, 3])
-def test_the_value_meeting_brings_every_rollout_ranks_conversation_values_whole(replicas):
-    """Each rollout rank's value in rollout rank order (None where a rank had no prompts: the second of three); what a
-    training rank passes is not given."""
+@pytest.mark.parametrize("trainers, replicas", [(1, 1), (1, 3), (2, 1)])
+def test_the_value_meeting_brings_every_rollout_ranks_conversation_values_whole(trainers, replicas):
+    """Each rollout rank's value in rollout rank order (None where a rank had no prompts: the second of three), on
+    every rank (each training rank of a training group too); what a training rank passes is not given."""
     value = ([[1, 2, 3], [4, 5]],
              {"tool_calls": [[{"name": "calculator", "arguments": {"expression": "1+2"}, "status": "ok",
                                "response": "3"}], []],
               "messages": [[{"role": "assistant", "content": "é ü \x00 " + "x" * 5000}], []]},
              {"tool/calls_mean": 0.5, "tool/seconds": 0.1 + 0.2, "turns/masked_fraction": 1 / 3})
-    given = {r: None if r == 2 else (r, *value) for r in range(1, 1 + replicas)}
-    given[0] = ("a training rank's", value)
-    got = meet(ThreadWorld(1 + replicas), lambda rank, meeting: meeting.values(given[rank]))
-    want = [given[r] for r in range(1, 1 + replicas)]
-    assert all(got[r] == want for r in range(1 + replicas))
+    world = trainers + replicas
+    given = {r: None if r == trainers + 1 else (r, *value) for r in range(trainers, world)}
+    given.update({r: ("a training rank's", value) for r in range(trainers)})
+    got = meet(ThreadWorld(world, trainers), lambda rank, meeting: meeting.values(given[rank]))
+    want = [given[r] for r in range(trainers, world)]
+    assert sorted(got) == list(range(world)) and all(got[r] == want for r in range(world))
     assert got[0][0][3]["tool/seconds"] == 0.1 + 0.2  # floats bit for bit, tuples stay tuples
     assert isinstance(got[0][0], tuple)
 

@@ -1,12 +1,16 @@
-"""SharedRewards: rank 0 scores, every rank gets rank 0's scores (two ranks as threads, the host sum by hand)."""
+"""SharedRewards: rank 0 scores, every rank gets rank 0's scores (two ranks as threads, the host sum by hand);
+SharedModelRewards: a separate placement's training rank 0 scores with the reward models for the training group."""
 
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from mindgrpo.parallel.shared_rewards import SharedRewards
+from mindgrpo.grpo.reward_models import ModelReward, ModelRewards
+from mindgrpo.parallel.shared_rewards import SharedModelRewards, SharedRewards
 from mindgrpo.rewards import RewardSet, compute_rewards, register_reward
+from test_separate_value import ThreadWorld  # this folder, on the path as msrun_util is
 
 CALLS = []  # (thread name, number of completions) of every call of the reward below
 
@@ -75,3 +79,55 @@ def test_rank_zero_scores_and_both_ranks_get_the_same_result():
             np.testing.assert_array_equal(per_function[name], expected[1][name])
         assert metrics == pytest.approx(expected[2], nan_ok=True)
         assert metrics["reward/test_shared_flaky/errors"] == 2  # the raise and the NaN
+
+
+class LengthScorer:
+    """A reward model's scorer (models/reward_model.RewardScorer's call) that scores a sequence by its length, recording
+    which thread scored."""
+
+    def __init__(self):
+        self.rm, self.calls = SimpleNamespace(get_parameters=lambda: []), []
+
+    def __call__(self, seqs):
+        self.calls.append((threading.current_thread().name, len(seqs)))
+        return np.asarray([0.5 * len(s) for s in seqs], np.float32)
+
+
+def length_models():
+    """A normalising reward model scoring completions by their length (an empty one: no score)."""
+    scorer = LengthScorer()
+    return ModelRewards([ModelReward("len", 0.5, "completion", scorer, normalize=True)]), scorer
+
+
+def test_the_training_groups_rank_zero_scores_with_the_reward_models_for_every_training_rank():
+    """A separate placement's training group of two (ranks 0, 1) beside a rollout rank (2, not in the group): rank 0
+    alone holds the models and scores the whole batch twice (the running normaliser sees every sample once, as in one
+    process), and both get what one process's reward models give, NaN (no score) and metrics included."""
+    prompts = [[1, 2], [3], [4, 5, 6]]
+    steps = [[[7, 8, 9], [], [1]], [[2, 3], [4, 5, 6, 7], [8]]]
+    alone, _ = length_models()  # one process: the same models scoring the same steps
+    expected = [alone(prompts, completions) for completions in steps]
+    assert np.isnan(expected[0][0]["len"][1]) and expected[1][1]["reward/len/running_std"] > 0
+    world, got = ThreadWorld(size=3, trainers=2), {}
+
+    def rank(r):
+        models, scorer = length_models() if r == 0 else (None, LengthScorer())
+        shared = SharedModelRewards(models, world.rank(r), world.rank(r).train_dp, ("len",), (0.5,))
+        assert shared.names == ["len"] and shared.weights == [0.5]
+        got[r] = ([shared(prompts, completions) for completions in steps], scorer.calls, shared.state())
+
+    threads = [threading.Thread(target=rank, args=(r,), name=f"rank{r}") for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(got) == [0, 1]
+    assert got[0][1] == [("rank0", 2), ("rank0", 3)] and got[1][1] == []  # rank 1 never scores
+    for r in (0, 1):
+        for (scores, metrics), (want_scores, want_metrics) in zip(got[r][0], expected):
+            np.testing.assert_array_equal(scores["len"], want_scores["len"])
+            assert metrics == want_metrics
+    assert got[0][2] == alone.state()  # rank 0's running statistics (its checkpoint's) are one process's
+    assert got[1][2] == {} and alone.state()  # rank 1 keeps none (it writes no checkpoint)
+    with pytest.raises(ValueError, match="reward_config's"):  # the scorer's models are the config's
+        SharedModelRewards(length_models()[0], world.rank(0), world.rank(0).train_dp, ("rm",), (0.5,))

@@ -17,7 +17,8 @@ peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout 
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
 peers col0 and col1; sep0dl (sep0l; its peer col0l); sep0g (sep0d's schedule with two data-parallel training ranks
 and one rollout rank; its peer col0); sep0dt (sep0t on the rollout group of two, each rank its half's conversations;
-its peer col0t).
+its peer col0t); sep0gl (sep0l on two training ranks; its peer col0l), sep1g (sep1, its reward model scored on
+training rank 0 for both; its peer col1) and sep0gt (sep0t on two training ranks; its peer col0t).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -112,11 +113,19 @@ RUNS = {
     # validation, stopped after step 2 and resumed: both training ranks read the checkpoint rank 0 wrote)
     "sep0g": [(MSRUN, SEPARATE + WARM + VAL + TRAIN2 + ["rl_config.max_steps=2"]),
               (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN2)],
+    # sep0l on a training group of two (peer col0l): the adapters' gradients summed over the two, rank 0's adapters
+    # to the rollout rank, its checkpoint (the adapters, adapter/ in PEFT's layout) read back by both training ranks
+    "sep0gl": [(MSRUN, SEPARATE + WARM + LORA + TRAIN2 + ["rl_config.max_steps=2"]),
+               (MSRUN + ["--resume"], SEPARATE + WARM + LORA + TRAIN2)],
+    # sep1 (a reward model) on a training group of two (peer col1): rank 0 scores, both train on its scores
+    "sep1g": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED + TRAIN2)],
     # sep0l with a rollout group of two (peer col0l; not in the test's job: the same meetings as sep0d's)
     "sep0dl": [(MSRUN, SEPARATE + WARM + LORA + ROLLOUT2 + ["rl_config.max_steps=2"]),
                (MSRUN + ["--resume"], SEPARATE + WARM + LORA + ROLLOUT2)],
     # sep0t on a rollout group of two: each rank runs its half of the prompts' conversations on its own tool workers
     "sep0dt": [(MSRUN, ["generate_config.placement=separate"] + TOOLS + ROLLOUT2)],
+    # sep0t on a training group of two (peer col0t): the value meeting brings both training ranks the conversations'
+    "sep0gt": [(MSRUN, ["generate_config.placement=separate"] + TOOLS + TRAIN2)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
@@ -125,7 +134,7 @@ out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
 # sep1, col1 (and sep1r, sep1d) also score with a reward model on the training rank, the random one of the micro shape that
 # tests/parallel/test_separate.py saves as OUT_DIR/rm/rm.ckpt (tests/grpo/fakes.save_reward_model), beside the rule
 REWARD_MODEL = [f"reward_config.reward_models=[{{path: {os.path.join(out, 'rm', 'rm.ckpt')}, name: rm, weight: 0.5}}]"]
-for name in ("sep1", "col1", "sep1d"):
+for name in ("sep1", "col1", "sep1d", "sep1g"):
     RUNS[name] = [(flags, more + REWARD_MODEL) for flags, more in RUNS[name]]
 # sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step
 for run, step in (("0", 2), ("1", 2)):
