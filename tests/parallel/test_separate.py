@@ -163,6 +163,8 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
 
 
 @pytest.mark.slow  # the same msrun job
+# sep2p, col2p (partial rollouts with off_policy_steps 2, workers/one_stage_runs.py) give the same samples, losses,
+# staleness and partial/ figures too, 2 x 75 s of CI: not in the job (sep2's queue, sep1p's groups in flight)
 def test_two_steps_off_policy_under_a_separate_placement_equals_the_one_process_run_step_for_step(runs):
     """sep2: off_policy_steps 2 over five steps (the rollout rank up to two steps ahead: steps 1-3 sample with the
     first weights, step 4 with update 1's, step 5 with update 2's; the validation after update 3 with update 1's),

@@ -61,6 +61,7 @@ WARM = \
 # rank 4 on all seven projections (docs/lora.md); beta > 0: the reference is the policy with its adapters off
 LORA = ["actor_config.lora_rank=4", "rl_config.beta=0.04"]
 PARTIAL = OFF1 + ["generate_config.partial_rollout=true", f"generate_config.stop_token_ids={list(range(100, 152))}"]
+PARTIAL2 = ["rl_config.off_policy_steps=2"] + PARTIAL[1:]
 # tool calls (docs/tools.md) on tests/grpo/tool_caller.py's micro model, its rewards reading the tools' answers
 TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers=1", "generate_config.max_turns=1",
          "generate_config.tool_response_max_tokens=48", "generate_config.max_prompt_length=64",
@@ -95,6 +96,9 @@ RUNS = {
     "sepk": [(MSRUN, SEPARATE + PARTIAL + EVERY_STEP)],
     "sepkr": [(MSRUN + ["--resume"], SEPARATE + PARTIAL + EVERY_STEP)],
     "col1p": [([], PARTIAL)],
+    # partial rollouts two steps off-policy (not in the test's job: sep2's queue with sep1p's groups in flight)
+    "sep2p": [(MSRUN, SEPARATE + PARTIAL2)],
+    "col2p": [([], PARTIAL2)],
     # two steps off-policy over five steps (steps 1-3 sample with version 0, 4 with 1, 5 with 2), validating at steps
     # 0 and 3 (with version 1), and their one-process peer; sep2r, col2r: each resumed from its step-2 checkpoint
     "sep2": [(MSRUN, SEPARATE + OFF2 + VAL + SAMPLED)],
