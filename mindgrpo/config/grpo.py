@@ -303,9 +303,6 @@ class GRPOConfig:
         check(replicas == 1 or not gen.partial_rollout, "generate_config.partial_rollout",
               "with generate_config.placement separate the groups in flight are kept on one rollout rank for now, not "
               f"{replicas}: set generate_config.parallel_config.data_parallel to 1 or leave it off")
-        check(rl.off_policy_steps <= 1, "rl_config.off_policy_steps",
-              f"with generate_config.placement separate: 0 or 1 (the rollout rank runs at most one step ahead; "
-              f"rl_config.max_staleness bounds how stale a sample may train), got {rl.off_policy_steps}")
         for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
                          ("generate_config.environment", gen.environment is None),
                          ("reward_config.judges", not self.reward_config.judges)):

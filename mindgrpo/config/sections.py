@@ -436,10 +436,10 @@ class GenerateConfig:
     # where the rollout runs under msrun (docs/async.md): "colocated", every rank trains and generates in turn;
     # "separate", the ranks split into a training group (actor_config.parallel_config, the first ranks) and a
     # rollout group (this parallel_config, the next ones) that meet once a step (the samples to the trainers, the
-    # new weights to the rollout) and otherwise work at the same time: with rl_config.off_policy_steps 1 the
-    # rollout of the next step runs while this step trains. For now the training group is
-    # actor_config.parallel_config.data_parallel replicas of the whole model (each trains its share of a mini-batch,
-    # the gradients summed over the group; tensor and pipeline parallelism 1) and the rollout group
+    # new weights to the rollout) and otherwise work at the same time: with rl_config.off_policy_steps k >= 1 the
+    # rollout of the next k steps runs while this step trains (the rollout ranks keep them queued). For now the
+    # training group is actor_config.parallel_config.data_parallel replicas of the whole model (each trains its share
+    # of a mini-batch, the gradients summed over the group; tensor and pipeline parallelism 1) and the rollout group
     # parallel_config.data_parallel whole replicas, each generating its share of a step's prompts
     placement: Literal["colocated", "separate"] = "colocated"
     # partial rollouts (docs/async.md; AReaL's, slime's): a step's rollout admits twice the groups it still needs and

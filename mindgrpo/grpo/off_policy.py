@@ -4,7 +4,7 @@ policy's, and how stale each sample is when it trains.
 A policy version is the number of updates done (steps, counting a step without an update). With k off-policy
 steps the weight sync after update s gives the engine version s - k, so the rollout of step s + 1 samples with
 the weights of update s - k while update s + 1 trains on it: in one process the schedule gains no time, but it is
-the semantics a separate placement (rollout on its own devices, one step ahead) reproduces, and it is testable
+the semantics a separate placement (rollout on its own devices, up to k steps ahead) reproduces, and it is testable
 against a replay. Every token records its version (`Completion.versions`); a sample's staleness at update s + 1 is
 s minus the oldest version among its tokens.
 """

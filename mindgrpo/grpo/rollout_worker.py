@@ -5,13 +5,17 @@ of each step's samples with its inference copy (with R rollout ranks, generate_c
 rank D + i the i-th contiguous share of the groups, D the training ranks: `Meeting.share`; validation's prompts too)
 and meets the training ranks (and the other rollout ranks) once for the samples and once for the new weights, in the
 trainer's order: the first weights (version 0), then per step s its samples and the weights of update s. With
-off_policy_steps 0 it generates step s + 1 after receiving update s (the ranks take turns, as a colocated run); with 1
-it generates step s + 1 right after handing over step s, with the weights it has (those of update s - 1), while
-update s trains:
+off_policy_steps 0 it generates step s + 1 after receiving update s (the ranks take turns, as a colocated run); with
+k >= 1 it generates the steps up to s + k right after handing over step s, with the weights it has (those of update
+s - 1), while update s trains, keeping what it generated ahead in a queue (`StepQueue`):
 
     training rank   W0 | S1  train 1  W1 | S2  train 2  W2 | S3 ...
     rollout (k=0)   W0  gen 1  S1 | W1  gen 2  S2 | W2  gen 3 ...
     rollout (k=1)   W0  gen 1  S1  gen 2 | W1  S2  gen 3 | W2  S3 ...
+    rollout (k=2)   W0  gen 1  S1  gen 2  gen 3 | W1  S2  gen 4 | W2  S3  gen 5 ...
+
+Step s then samples with version s - 1 - k (at least the first weights), a one-process run's LaggedSync, and the
+rank holds one version of the weights at a time: the queue holds samples.
 
 With sft_config.steps the training rank warm-starts after the first weights meeting and then meets again with the
 warm-started weights (its `sync_now`, still version 0): this rank waits in that meeting. With LoRA (actor_config.
@@ -19,8 +23,9 @@ lora_rank) a weights meeting moves the adapters only, and the first one, the war
 preceded by a meeting of the base weights (the training rank's `base_sync`): both ranks know which comes next from
 where they are in the run. A validation (rl_config.val_interval, and at step 0 with val_before_train) is one more
 samples meeting: this rank generates the held-out prompts with its weights, the training rank scores them. With
-k = 0 it validates after receiving update s, with k = 1 before (with update s - 1, while update s trains), as a
-colocated run's engine, k updates behind.
+k = 0 it validates after receiving update s; with k >= 1 the validation after update s answers with update s - k
+(generated while this rank holds those weights, queued until its meeting), as a colocated run's engine, k updates
+behind.
 
 With generate_config.partial_rollout this rank keeps the groups in flight (`partial.PartialRollouts`) and a step's
 "gen" is its partial rollout with the weights it has, the same calls as one process; it hands over the step's
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from mindgrpo.grpo.partial import PartialRollouts
 from mindgrpo.grpo.prompts import PromptSource
@@ -203,30 +208,58 @@ class RolloutWorker:
             self.close()
 
     def meet(self, resumed: bool, warm_start: bool) -> None:
+        """The meetings of the run with off_policy_steps k: samples are generated in step order into a queue and
+        handed over oldest first; before the weights meeting of update u the queue holds every step up to u + k
+        (they need versions below u: step s samples with version s - 1 - k, at least the first), and so does the
+        validation of every step up to u - 1 + k (the validation after update v answers with version v - k)."""
         rl = self.cfg.rl_config
-        lag = rl.off_policy_steps
+        lag, last = rl.off_policy_steps, rl.max_steps
         self.receive(0, whole=True)  # the builder's first sync on the training rank
         if warm_start:
             self.receive(0, "warm_start", whole=True)  # the warm-started weights (the training rank's sync_now)
         start = self.resume() if resumed else 0
-        if start >= rl.max_steps:
+        if start >= last:
             return
         if start == 0 and self.validates(0):  # the training rank validates before training only at step 0
             self.send(self.validation(), validation=True)
-        samples = self.generate(start + 1)
-        for step in range(start + 1, rl.max_steps + 1):
-            self.send(samples)
-            checked = None
-            if lag == 1 and step < rl.max_steps:  # while update `step` trains
-                samples = self.generate(step + 1)
-            if lag == 1 and self.validates(step):  # with update step - 1, as a colocated engine one update behind
-                checked = self.validation()
+        queue = StepQueue(self, start, last)
+        queue.generate(start + 1)
+        for step in range(start + 1, last + 1):
+            self.send(queue.pop(step))
+            queue.generate(step + lag)  # while update `step` trains, with the weights of update step - 1
+            queue.validate(step - 1 + lag)
             self.receive(step)
-            if lag == 0 and self.validates(step):
-                checked = self.validation()
+            queue.validate(step)  # k = 0: with update `step`, now in
+            checked = queue.checks.pop(step, None)
             if checked is not None:
                 self.send(checked, validation=True)
-            if lag == 0 and step < rl.max_steps:
-                samples = self.generate(step + 1)
-            logger.info("rollout rank: step %d handed over; weights of update %d in; waited %.2f s", step, step,
-                        self.waited)
+            queue.generate(step + 1)  # k = 0: with update `step`; k >= 1: generated already
+            logger.info("rollout rank: step %d handed over; weights of update %d in; %d steps ahead; waited %.2f s",
+                        step, step, len(queue.samples), self.waited)
+
+
+class StepQueue:
+    """A rollout rank's samples and validations generated ahead of their meetings (rl_config.off_policy_steps k:
+    up to k steps' samples wait at once, each generated with the weights the rank had then)."""
+
+    def __init__(self, worker: RolloutWorker, start: int, last: int):
+        self.worker, self.last = worker, last
+        self.samples: Dict[int, Samples] = {}  # step -> its samples, not handed over yet
+        self.checks: Dict[int, Samples] = {}  # step -> the validation after its update, not handed over yet
+        self.generated = self.validated = start  # the last step generated, the last validated (step 0: before)
+
+    def generate(self, upto: int) -> None:
+        """Every step up to `upto` (at most the last) generated, in order, with the weights this rank has."""
+        while self.generated < min(upto, self.last):
+            self.generated += 1
+            self.samples[self.generated] = self.worker.generate(self.generated)
+
+    def validate(self, upto: int) -> None:
+        """The validation of every step up to `upto` that validates, with the weights this rank has."""
+        while self.validated < min(upto, self.last):
+            self.validated += 1
+            if self.worker.validates(self.validated):
+                self.checks[self.validated] = self.worker.validation()
+
+    def pop(self, step: int) -> Samples:
+        return self.samples.pop(step)

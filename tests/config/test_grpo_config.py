@@ -554,7 +554,6 @@ SEPARATE = ["generate_config.placement=separate"]
     (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
     (["generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1",
       "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
-    (["rl_config.off_policy_steps=2"], "rl_config.off_policy_steps"),
     (["rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
     (["generate_config.environment=guess_number"], "generate_config.environment"),
 ])
@@ -576,6 +575,21 @@ def test_separate_placement_rules(extra, key):
     assert info.value.key == key
     with pytest.raises(ConfigError, match="colocated, separate|'colocated', 'separate'"):
         load_config(GRPOConfig, overrides=["generate_config.placement=apart"])
+
+
+@pytest.mark.parametrize("extra", [[], ["generate_config.parallel_config.data_parallel=2"],
+                                   ["generate_config.partial_rollout=true"], ["generate_config.tools=[calculator]"]])
+@pytest.mark.parametrize("lag", [2, 3])
+def test_the_separate_placement_runs_k_steps_off_policy(lag, extra):
+    # the rollout ranks run up to k steps ahead (a queue of k steps' samples: rollout_worker.StepQueue); the bound
+    # is max_staleness's, as in one process
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + [f"rl_config.off_policy_steps={lag}", *extra])
+    assert cfg.rl_config.off_policy_steps == lag and cfg.generate_config.placement == "separate"
+    assert cfg.staleness_bound() == lag + int(cfg.generate_config.partial_rollout)
+    with pytest.raises(ConfigError) as info:
+        load_config(GRPOConfig, overrides=SEPARATE + [f"rl_config.off_policy_steps={lag}",
+                                                      f"rl_config.max_staleness={lag - 1}", *extra])
+    assert info.value.key == "rl_config.max_staleness"
 
 
 TRAIN_DP2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro_batch_size=1"]

@@ -7,7 +7,9 @@ training rank). Step for step the separate runs give their peers' samples
 partial runs carry the same groups and samples; the separate runs log both ranks' figures. sep0 and col0 warm-start
 first (the rollout rank receives the warm-started weights); sep0 and sep1 validate on the rollout rank at steps 0 and
 3 (greedy; sep1 sampling) with their peers' figures (workers/separate_rewards.py: a score that differs by answer).
-The same job then runs the last step of sep0 and sep1 again, resumed from their step-2 checkpoints (sep0r, sep1r):
+sep2 runs two steps off-policy for five steps (the rollout rank up to two steps ahead) against col2 in one process,
+and sep2r, col2r each resume from their step-2 checkpoint. The same job then runs the last step of sep0 and sep1
+again, resumed from their step-2 checkpoints (sep0r, sep1r):
 it trains the straight run's prompts (off_policy_steps 0: its samples and loss too). Before it a job of its own runs
 sep1p's config until its training rank kills itself with SIGKILL right after the step-1 checkpoint (sepk), and the
 main job resumes it in its folder (sepkr, --resume): the groups in flight at the checkpoint are generated again, no
@@ -71,16 +73,16 @@ def runs(tmp_path_factory):
                    "checkpoints": sorted(os.listdir(out / "sepk" / "checkpoints")),
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
-              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l", *shared], timeout=1200)
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r", *shared], timeout=2400)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), and a training group of two
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
-              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt", *shared], timeout=1500)
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt", *shared], timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l", *shared],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+                        "col0,col1,col1p,col0t,col0l,col2,col2r", *shared],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 
@@ -94,10 +96,10 @@ def prompts(steps):
     return sorted(row[0] for step in steps for row in step[::4])
 
 
-def samples(folder, fields=("completion", "reward")):
+def samples(folder, fields=("completion", "reward"), steps=STEPS):
     """Per step, every sample's (text, reward) (or other fields of completions.jsonl) in order."""
     rows = [json.loads(line) for line in open(os.path.join(folder, "completions.jsonl"))]
-    return [[tuple(r[k] for k in fields) for r in rows if r["step"] == s] for s in range(1, STEPS + 1)]
+    return [[tuple(r[k] for k in fields) for r in rows if r["step"] == s] for s in range(1, steps + 1)]
 
 
 @pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
@@ -161,6 +163,45 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
             assert "async/rollout2/tokens_per_s" not in m
     else:
         assert not any(k.startswith("async/rollout") for m in ms for k in m)  # one rollout rank: no per-rank figures
+
+
+@pytest.mark.slow  # the same msrun job
+# sep2p, col2p (partial rollouts with off_policy_steps 2, workers/one_stage_runs.py) give the same samples, losses,
+# staleness and partial/ figures too, 2 x 75 s of CI: not in the job (sep2's queue, sep1p's groups in flight)
+def test_two_steps_off_policy_under_a_separate_placement_equals_the_one_process_run_step_for_step(runs):
+    """sep2: off_policy_steps 2 over five steps (the rollout rank up to two steps ahead: steps 1-3 sample with the
+    first weights, step 4 with update 1's, step 5 with update 2's; the validation after update 3 with update 1's),
+    against col2, the same in one process (the trainer's LaggedSync); sep2r, col2r: each resumed from its step-2
+    checkpoint, the lag starting again from the restored weights (steps 3-5 sample with update 2's)."""
+    steps = 5
+    for sep, col, first in (("sep2", "col2", 1), ("sep2r", "col2r", 3)):
+        rows_s, rows_c = metrics(runs / sep), metrics(runs / col)
+        ms, mc = [m for m in rows_s if m["step"]], [m for m in rows_c if m["step"]]
+        assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(first, steps + 1))
+        got, want = samples(runs / sep, ("prompt", "completion", "reward"), steps), \
+            samples(runs / col, ("prompt", "completion", "reward"), steps)
+        assert [len(step) for step in want] == [0] * (first - 1) + [8] * (steps + 1 - first) and got == want
+        for a, b in zip(ms, mc):
+            assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), (sep, a["step"])
+            assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+        # the staleness: steps 1-3 sample with the first weights (0, 1, 2 updates old), then two updates behind;
+        # resumed, the lag restarts from the restored update 2
+        keys = ("staleness/mean", "staleness/max", "staleness/dropped")
+        assert [[m[k] for k in keys] for m in ms] == [[m[k] for k in keys] for m in mc] == \
+            [[float(min(s - first, 2)), float(min(s - first, 2)), 0.0] for s in range(first, steps + 1)]
+        if sep == "sep2":  # validation at step 0 and after update 3 (with update 1's weights: two behind)
+            def validations(rows):
+                return [(m["step"], m["val/accuracy"], m.get("val/policy_version")) for m in rows
+                        if "val/accuracy" in m]
+
+            assert validations(rows_s) == validations(rows_c)
+            assert [(v[0], v[2]) for v in validations(rows_s)] == [(0, 0.0), (3, 1.0)]
+    # the resumed run trains the straight run's prompts (none lost, none twice), sampled with fresher weights
+    straight, resumed = samples(runs / "sep2", ("prompt", "completion"), steps), \
+        samples(runs / "sep2r", ("prompt", "completion"), steps)
+    assert all(p for p in prompts(straight)) and prompts(resumed[2:]) == prompts(straight[2:])
+    assert [r[0] for step in resumed[2:] for r in step] == [r[0] for step in straight[2:] for r in step]
+    assert [r[1] for r in resumed[2]] != [r[1] for r in straight[2]]
 
 
 @pytest.mark.slow  # the same msrun job

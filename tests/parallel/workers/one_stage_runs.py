@@ -8,7 +8,8 @@ Under msrun (--use_parallel True): swap_on, swap_off (training tp2, swap on and 
 pipeline stages), opt_whole, opt_shard (dp2 for two steps, the AdamW moments whole and split: ZeRO-1), sep0,
 sep1 (generate_config.placement separate, off_policy_steps 0 with a warm start and 1 with a reward model, both validating; their
 one-process peers: col0, col1), sep1p (sep1 with partial rollouts; its peer col1p), sep0r, sep1r (after
-sep0, sep1: their last step again, resumed from their step-2 checkpoints), sepk
+sep0, sep1: their last step again, resumed from their step-2 checkpoints), sep2 (off_policy_steps 2 for five
+steps, validating; its peer col2), sep2r and col2r (sep2, col2 again from their step-2 checkpoints for steps 3-5), sepk
 (sep1p killed with SIGKILL on rank 0 right after its step-1 checkpoint: the job fails), sepkr (sepk resumed in its
 folder, --resume), sep0t (sep0's schedule with tool calls: TOOLS, on the micro model that calls tools of
 tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), sep0l (sep0 with LoRA rank 4, without
@@ -49,6 +50,8 @@ PACKED = ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=
 MSRUN = ["--use_parallel", "True"]
 # save_interval 2: the checkpoint of step 2 that sep0r and sep1r resume from
 SEPARATE, OFF1 = ["generate_config.placement=separate", "rl_config.save_interval=2"], ["rl_config.off_policy_steps=1"]
+# five steps (the lag of 2 shows from step 4), the checkpoint of step 2 kept for sep2r and col2r
+OFF2 = ["rl_config.off_policy_steps=2", "rl_config.max_steps=5", "rl_config.keep_last_k=3"]
 # validation at step 0 and after the last step (the test's 3) on 4 held-out prompts, greedy (VAL) or sampled (SAMPLED:
 # a micro model's greedy answers may not move in 2 updates, its samples do); and a 2-step warm start
 VAL, SAMPLED = ["rl_config.val_interval=3", "rl_config.val_size=4"], ["rl_config.val_temperature=1.0"]
@@ -59,6 +62,7 @@ WARM = \
 # rank 4 on all seven projections (docs/lora.md); beta > 0: the reference is the policy with its adapters off
 LORA = ["actor_config.lora_rank=4", "rl_config.beta=0.04"]
 PARTIAL = OFF1 + ["generate_config.partial_rollout=true", f"generate_config.stop_token_ids={list(range(100, 152))}"]
+PARTIAL2 = ["rl_config.off_policy_steps=2"] + PARTIAL[1:]
 # tool calls (docs/tools.md) on tests/grpo/tool_caller.py's micro model, its rewards reading the tools' answers
 TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers=1", "generate_config.max_turns=1",
          "generate_config.tool_response_max_tokens=48", "generate_config.max_prompt_length=64",
@@ -93,6 +97,13 @@ RUNS = {
     "sepk": [(MSRUN, SEPARATE + PARTIAL + EVERY_STEP)],
     "sepkr": [(MSRUN + ["--resume"], SEPARATE + PARTIAL + EVERY_STEP)],
     "col1p": [([], PARTIAL)],
+    # partial rollouts two steps off-policy (not in the test's job: sep2's queue with sep1p's groups in flight)
+    "sep2p": [(MSRUN, SEPARATE + PARTIAL2)],
+    "col2p": [([], PARTIAL2)],
+    # two steps off-policy over five steps (steps 1-3 sample with version 0, 4 with 1, 5 with 2), validating at steps
+    # 0 and 3 (with version 1), and their one-process peer; sep2r, col2r: each resumed from its step-2 checkpoint
+    "sep2": [(MSRUN, SEPARATE + OFF2 + VAL + SAMPLED)],
+    "col2": [([], ["rl_config.save_interval=2"] + OFF2 + VAL + SAMPLED)],
     "sep0t": [(MSRUN, ["generate_config.placement=separate"] + TOOLS)],
     "col0t": [([], TOOLS)],
     # tool calls on two colocated inference replicas, each running its share's conversations (peer: col0t)
@@ -137,9 +148,12 @@ REWARD_MODEL = [f"reward_config.reward_models=[{{path: {os.path.join(out, 'rm', 
 for name in ("sep1", "col1", "sep1d", "sep1g"):
     RUNS[name] = [(flags, more + REWARD_MODEL) for flags, more in RUNS[name]]
 # sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step
-for run, step in (("0", 2), ("1", 2)):
+for run, step in (("0", 2), ("1", 2), ("2", 2)):
     RUNS[f"sep{run}r"] = [(MSRUN + ["--resume_from", os.path.join(out, f"sep{run}", "checkpoints", f"step_{step:08d}")],
                            RUNS[f"sep{run}"][0][1])]
+# col2r: col2 again from its step-2 checkpoint, sep2r's one-process peer (the lag restarts the same way)
+RUNS["col2r"] = [(["--resume_from", os.path.join(out, "col2", "checkpoints", "step_00000002")],
+                  RUNS["col2"][0][1])]
 KILLED = {"sepk": f"1:{PUBLISHED}"}  # CRASH_ENV of a run: its rank 0 kills itself there
 FOLDERS = {"sepkr": "sepk"}  # a run that goes on in another's output folder
 unknown = [n for n in names if n not in RUNS]
