@@ -11,9 +11,10 @@ that both sides load. The work: --count sequences, each a prompt of 32 to 128 to
 to --max_len tokens (uniform), random ids.
 Sides (each timed call scores every sequence, in input order; one untimed call first compiles every shape):
   padded        RewardScorer, max_tokens 0: sequences sorted by length, --micro rows a micro-batch, each
-                right-padded to its longest rounded up to 32 (`reward_config.reward_models[].micro_batch_size`)
-  packed        RewardScorer, max_tokens --max_tokens: packed rows of the longest sequence's length rounded up to 32,
-                as many a micro-batch as the budget holds (`max_tokens_per_micro_batch`)
+                right-padded to its longest's row length (`row_length`: rounded up to 32, then to two values per
+                octave; `reward_config.reward_models[].micro_batch_size`)
+  packed        RewardScorer, max_tokens --max_tokens: packed rows of the longest sequence's row length, as many a
+                micro-batch as the budget holds (`max_tokens_per_micro_batch`)
   transformers  Qwen2ForSequenceClassification (sdpa attention, torch.inference_mode), the same sorted micro-batches
                 of --micro rows, each right-padded to its longest (no rounding), the score at the last real token
 Our two sides run in one process (one model), transformers in another; the processes take turns call by call

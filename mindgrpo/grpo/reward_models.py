@@ -95,6 +95,13 @@ class ModelRewards:
                     m.norm.load_state(state[m.name])
         return missing
 
+    def release(self) -> None:
+        """With rl_config.release_graphs, after the phase: the reward models' scoring graphs dropped with their
+        buffers (`RewardScorer.release`); the judges' engines keep theirs."""
+        for m in self.models:
+            if isinstance(m, ModelReward):
+                m.scorer.release()
+
     def cache_bytes(self) -> int:
         """The judges' KV caches allocated so far."""
         return sum(m.engine.cache_bytes() for m in self.models if isinstance(m, Judge))

@@ -202,6 +202,7 @@ class GRPOTrainer:
             with self.progress.phase("reward_model"), self.memory.phase("reward_model"):
                 scores, model_metrics = self.reward_models(r.prompt_ids, [c.token_ids for c in r.completions],
                                                            r.columns)
+            self.release(self.reward_models)
             total, per_fn, metrics = add_model_scores(total, per_fn, metrics, scores, self.reward_models.weights)
             metrics.update(model_metrics)
             for name, answers in self.reward_models.last_answers.items():  # logged with the completions
@@ -287,7 +288,7 @@ class GRPOTrainer:
 
     def release(self, part) -> None:
         """With rl_config.release_graphs: a phase's compiled graphs (and the buffers the runtime keeps for
-        them) dropped when the phase ends; `part` is the engine, a scorer or the updater."""
+        them) dropped when the phase ends; `part` is the engine, a scorer, the updater or the reward models."""
         if self.memory_policy.release_graphs and part is not None:
             part.release()
 

@@ -9,7 +9,9 @@ is the head's output at its last real token.
     PackedRewardScores   packed rows (several sequences a row, each attending only to itself):
                          ids, positions, segments (rows, L), last (n,) -> (n,)
     pack_rows            sequences -> the packed rows' arrays (numpy; first fit, longest first)
-    RewardScorer         token sequences -> scores in input order, micro-batch by micro-batch (padded or packed)
+    row_length           a micro-batch's row length: two values per octave (`scoring_graph_bound` counts them)
+    RewardScorer         token sequences -> scores in input order, micro-batch by micro-batch (padded or packed),
+                         layerwise on one device: a few graphs per row length, one decoder layer's buffers each
 
 Positions count only real tokens (0 at each sequence's first token), as under right padding and packing.
 (HF's forward numbers positions 0 .. S-1 whatever the mask unless given `position_ids`; RoPE depends only
@@ -154,29 +156,120 @@ def pack_rows(seqs: Sequence[Sequence[int]], width: int, pad_id: int = 0, n_rows
     return {"ids": ids, "positions": pos, "segments": seg, "last": last}, order
 
 
-def _round_up(n: int, step: int) -> int:
-    return -(-n // step) * step
-
-
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+def row_length(n: int, step: int = 32) -> int:
+    """The row length a scorer pads n tokens to: n rounded up to `step`, then to two values per octave (step
+    times 1, 2, 3, 4, 6, 8, 12, 16, ...), so a run's row lengths take few values (at most a third of a row is
+    padding beyond the step's rounding)."""
+    units = -(-int(n) // step)
+    top = _pow2(units)
+    return (3 * top // 4 if top >= 4 and units <= 3 * top // 4 else top) * step
+
+
+class _Inputs(nn.Cell):
+    """ids, positions, segments (rows, L) -> the first layer's input x (rows, L, H), RoPE's cos / sin and the
+    block-diagonal causal bias (rows, 1, L, L) of `segment_bias`."""
+
+    def __init__(self, rm: RewardModel):
+        super().__init__(auto_prefix=False)  # keep the model's parameter names
+        self.rm = rm
+
+    def construct(self, ids, positions, segments):
+        lm = self.rm.lm
+        cos, sin = lm.rope(positions)
+        return lm.model.tok_embeddings(ids).astype(lm.dtype), cos, sin, segment_bias(segments)
+
+
+class _Layer(nn.Cell):
+    """x (rows, L, H), cos, sin, bias, w (a decoder layer's weights, `DecoderLayer.weights()` order) -> the
+    layer's output: one compiled graph runs every layer (the weights are its inputs, read in place)."""
+
+    def __init__(self, layer: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+
+    def construct(self, x, cos, sin, bias, w):
+        return self.layer.apply(x, cos, sin, bias, w)
+
+
+class _Head(nn.Cell):
+    """x (rows, L, H) after the last layer -> the score at every position (rows, L) fp32."""
+
+    def __init__(self, rm: RewardModel):
+        super().__init__(auto_prefix=False)
+        self.rm = rm
+
+    def construct(self, x):
+        b, s, h = x.shape
+        return self.rm.head(x.reshape(b * s, h)).reshape(b, s)
+
+
+class _Whole(nn.Cell):
+    """ids, positions, segments (rows, L) -> the score at every position (rows, L) fp32, the whole model in one
+    graph (tensor parallelism: its layers hold pieces of the weights and sum over the ranks)."""
+
+    def __init__(self, rm: RewardModel):
+        super().__init__(auto_prefix=False)
+        self.rm = rm
+
+    def construct(self, ids, positions, segments):
+        b, s = ids.shape
+        h = self.rm.lm.hidden_states(ids, positions, segment_bias(segments))
+        return self.rm.head(h.reshape(b * s, -1)).reshape(b, s)
+
+
+GRAPHS_PER_LENGTH = {True: 3, False: 1}  # layerwise: inputs, layer, head; else the whole model
+
+
+def scoring_graph_bound(max_len: int, step: int = 32, layerwise: bool = True) -> int:
+    """The most graphs a RewardScorer compiles in a run whose sequences have at most max_len tokens, padded or
+    packed: every micro-batch's rows are one `row_length`, and each row length compiles its graphs once
+    (three layerwise, one whole-model graph otherwise), whatever the calls' lengths."""
+    lengths = {row_length(n, step) for n in range(1, max_len + 1)}
+    return len(lengths) * GRAPHS_PER_LENGTH[layerwise]
 
 
 class RewardScorer:
     """Scores of token sequences by a reward model, micro-batch by micro-batch, in input order:
 
-        max_tokens = 0   sequences sorted by length, micro_batch_size at a time, each micro-batch right-padded
-                         to its longest sequence rounded up to `step` (and to micro_batch_size rows)
-        max_tokens = T   packed rows (`pack_rows`) of the longest sequence's length rounded up to `step`,
-                         T // that length rows a micro-batch (at least one), the sequences of a micro-batch
-                         counted up to a power of two
-    so the shapes a run compiles stay few (one per row length)."""
+        max_tokens = 0   sequences sorted by length, micro_batch_size at a time, one a row, each micro-batch's
+                         rows of its longest sequence's `row_length`, micro_batch_size rows
+        max_tokens = T   packed rows (`pack_rows`) of the longest sequence's `row_length`, T // that length rows a
+                         micro-batch (at least one)
+
+    Both are fed as packed rows (ids, positions, segments: a padded row is a packed row of one sequence) and the
+    graphs return the score at every position, read at each sequence's last token on the host; so a micro-batch's
+    shape is its row length alone and a run compiles at most `scoring_graph_bound` graphs. MindSpore's CPU runtime
+    keeps every compiled graph's buffers while the graph lives: layerwise (the default on one device) a row
+    length's graphs are the inputs, one decoder layer run for every layer (its weights the graph's inputs) and the
+    head, holding one layer's buffers instead of every layer's; under tensor parallelism one whole-model graph.
+    `release()` drops the graphs (and their buffers); the next call compiles what it needs again."""
 
     def __init__(self, rm: RewardModel, micro_batch_size: int = 8, max_tokens: int = 0, pad_id: int = 0,
-                 step: int = 32):
+                 step: int = 32, layerwise: Optional[bool] = None):
         self.rm, self.micro_batch_size, self.max_tokens, self.pad_id, self.step = \
             rm, micro_batch_size, max_tokens, pad_id, step
-        self.padded, self.packed = RewardScores(rm), PackedRewardScores(rm)
+        lm = rm.lm
+        self.layerwise = lm.tp == 1 if layerwise is None else layerwise
+        if self.layerwise and lm.tp != 1:
+            raise ValueError("layerwise scoring runs the reward model on one device (no tensor parallelism)")
+        layers = [lm.model.layers[i] for i in lm.layer_ids]
+        self.layer_inputs = [ms.mutable(tuple(layer.weights())) for layer in layers] if self.layerwise else []
+        self._graphs: dict = {}  # row length -> its graphs
+        self.compiled_graphs = 0  # grows with each row length's graphs built (again after a release)
+
+    @property
+    def kept_graphs(self) -> int:
+        """The compiled graphs alive (with their buffers)."""
+        return sum(len(g) for g in self._graphs.values())
+
+    def release(self) -> None:
+        """Drop every compiled graph and the buffers the runtime keeps for them (freed only with the cells that
+        compiled them: DEVELOPERS.md); the next call compiles again."""
+        self._graphs.clear()
 
     def __call__(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         """seqs: n token sequences -> scores (n,) float32."""
@@ -184,21 +277,42 @@ class RewardScorer:
             return np.zeros(0, np.float32)
         return self._packed(seqs) if self.max_tokens else self._padded(seqs)
 
+    def _run(self, ids: np.ndarray, positions: np.ndarray, segments: np.ndarray) -> np.ndarray:
+        """Rows (rows, L) -> the score at every position (rows, L)."""
+        width = ids.shape[1]
+        if width not in self._graphs:
+            rm = self.rm
+            self._graphs[width] = (_Inputs(rm), _Layer(rm.lm.model.layers[rm.lm.layer_ids[0]]), _Head(rm)) \
+                if self.layerwise else (_Whole(rm),)
+            self.compiled_graphs += len(self._graphs[width])
+        graphs = self._graphs[width]
+        feed = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(segments))
+        if not self.layerwise:
+            return graphs[0](*feed).asnumpy()
+        inputs, layer, head = graphs
+        x, cos, sin, bias = inputs(*feed)
+        for w in self.layer_inputs:
+            x = layer(x, cos, sin, bias, w)
+        return head(x).asnumpy()
+
     def _padded(self, seqs) -> np.ndarray:
         out = np.zeros(len(seqs), np.float32)
         order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
         for k in range(0, len(order), self.micro_batch_size):
             part = order[k:k + self.micro_batch_size]
-            s = _round_up(max(len(seqs[i]) for i in part), self.step)
+            s = row_length(max(len(seqs[i]) for i in part), self.step)
             ids = np.full((self.micro_batch_size, s), self.pad_id, np.int32)
-            mask = np.zeros((self.micro_batch_size, s), np.int32)
+            pos = np.zeros((self.micro_batch_size, s), np.int32)
+            seg = np.zeros((self.micro_batch_size, s), np.int32)
             for row, i in enumerate(part):
-                ids[row, :len(seqs[i])], mask[row, :len(seqs[i])] = seqs[i], 1
-            out[part] = self.padded(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()[:len(part)]
+                n = len(seqs[i])
+                ids[row, :n], pos[row, :n], seg[row, :n] = seqs[i], np.arange(n), 1
+            scores = self._run(ids, pos, seg)
+            out[part] = scores[np.arange(len(part)), [len(seqs[i]) - 1 for i in part]]
         return out
 
     def _packed(self, seqs) -> np.ndarray:
-        width = _round_up(max(len(q) for q in seqs), self.step)
+        width = row_length(max(len(q) for q in seqs), self.step)
         rows_per = max(1, self.max_tokens // width)
         arrays, order = pack_rows(seqs, width, self.pad_id)
         row_of = arrays["last"] // width  # (n,) the row of each packed sequence
@@ -207,16 +321,14 @@ class RewardScorer:
         where[order] = np.arange(len(seqs))
         for first in range(0, len(arrays["ids"]), rows_per):
             mine = np.nonzero((row_of >= first) & (row_of < first + rows_per))[0]  # packed entries
-            feed = {}
+            feed = []
             for key in ("ids", "positions", "segments"):
-                block = np.zeros((rows_per, width), np.int32)
+                block = np.full((rows_per, width), self.pad_id if key == "ids" else 0, np.int32)
                 got = arrays[key][first:first + rows_per]
                 block[:len(got)] = got
-                feed[key] = block
-            last = np.zeros(_pow2(len(mine)), np.int32)
-            last[:len(mine)] = arrays["last"][mine] - first * width
-            scores = self.packed(*(ms.Tensor(feed[k]) for k in ("ids", "positions", "segments")), ms.Tensor(last))
-            out[where[mine]] = scores.asnumpy()[:len(mine)]
+                feed.append(block)
+            scores = self._run(*feed).reshape(-1)
+            out[where[mine]] = scores[arrays["last"][mine] - first * width]
         return out
 
 

@@ -81,6 +81,10 @@ def test_the_reward_model_has_its_own_phase_under_the_swap(run):
     assert memory.phase_peaks["reward_model"] == by_hand_bytes(rm_cfg)  # nothing else resident then
     p = plan(run["cfg"], Qwen2Config.load(run["model"]), reward_models=[rm_cfg])
     assert p.groups["reward_model"] == by_hand_bytes(rm_cfg) and p.phases["reward_model"] == ["reward_model"]
+    # the scorer's graphs (and their buffers) go when the phase ends with release_graphs, else they stay
+    scorer = run["parts"].reward_models.models[0].scorer
+    assert scorer.compiled_graphs > 0
+    assert scorer.kept_graphs == (0 if run["trainer"].memory_policy.release_graphs else scorer.compiled_graphs)
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ from hf_models import hf_reward_scores, make_hf_reward_model
 
 from mindgrpo.models.convert import WeightError
 from mindgrpo.models.checkpoint import load_model
-from mindgrpo.models.reward_model import PackedRewardScores, RewardScores, load_reward_model, pack_rows
+from mindgrpo.models.reward_model import (PackedRewardScores, RewardScorer, RewardScores, load_reward_model, pack_rows,
+                                          row_length, scoring_graph_bound)
 from scripts import convert_weight
 
 VOCAB = 512
@@ -88,16 +89,48 @@ def test_pack_rows_refuses_what_does_not_fit():
         pack_rows([[1, 2, 3, 4, 5]], width=4)
 
 
+@pytest.mark.parametrize("layerwise", [True, False])
 @pytest.mark.parametrize("max_tokens", [0, 64])
-def test_scorer_keeps_input_order_padded_and_packed(pair, max_tokens):
-    """RewardScorer's micro-batches (2 padded rows, or packed rows of 32 within 64 tokens) give transformers'
-    scores in input order."""
+def test_scorer_keeps_input_order_padded_and_packed(pair, max_tokens, layerwise):
+    """RewardScorer's micro-batches (2 padded rows, or packed rows of 32 within 64 tokens), a layer graph run for
+    every layer or the whole model in one graph, give transformers' scores in input order."""
     hf, rm, seqs, _ = pair
-    from mindgrpo.models.reward_model import RewardScorer
-
-    ours = RewardScorer(rm, micro_batch_size=2, max_tokens=max_tokens)(seqs)
+    ours = RewardScorer(rm, micro_batch_size=2, max_tokens=max_tokens, layerwise=layerwise)(seqs)
     ref = hf_reward_scores(hf, *padded(seqs, left=False))
     assert np.abs(ours - ref).max() <= 1e-4
+
+
+def test_row_lengths_are_two_a_octave():
+    assert [row_length(n, 16) for n in (1, 16, 17, 33, 49, 65, 97, 100, 129, 193, 200)] == \
+        [16, 16, 32, 48, 64, 96, 128, 128, 192, 256, 256]
+    assert scoring_graph_bound(100, 16) == 3 * 6 and scoring_graph_bound(100, 16, layerwise=False) == 6
+
+
+@pytest.mark.parametrize("max_tokens", [0, 192])
+def test_scorer_compiles_at_most_its_bound_whatever_the_lengths(pair, max_tokens):
+    """Calls whose longest sequence takes 14 values from 5 to 96 tokens (and shorter sequences beside it): the
+    scorer compiles at most `scoring_graph_bound`'s graphs (the row lengths 16 .. 96), padded and packed, each
+    call's scores transformers'; after `release` a call compiles its row length's graphs again, the same scores."""
+    hf, rm, _, _ = pair
+    if hf.config.model_type != "qwen2":
+        pytest.skip("one model is enough for the count (both pass the parity test above)")
+    rng = np.random.default_rng(11)
+    scorer = RewardScorer(rm, micro_batch_size=2, max_tokens=max_tokens, step=16)
+    calls = []
+    for longest in range(5, 97, 7):
+        seqs = [rng.integers(1, VOCAB, n).tolist() for n in (longest, *rng.integers(1, longest + 1, 2))]
+        ours = scorer(seqs)
+        ref = hf_reward_scores(hf, *padded(seqs, left=False))
+        assert np.abs(ours - ref).max() <= 1e-4, longest
+        calls.append((seqs, ours))
+    bound = scoring_graph_bound(96, step=16)
+    assert 3 * 4 <= scorer.compiled_graphs <= bound == 3 * 5, scorer.compiled_graphs  # 14 lengths, <= 5 shapes
+    seen = scorer.compiled_graphs
+    scorer(calls[0][0])  # a length seen: nothing new
+    assert scorer.compiled_graphs == seen
+    scorer.release()
+    again = scorer(calls[-1][0])
+    assert scorer.compiled_graphs > seen and np.array_equal(again, calls[-1][1])
 
 
 def test_a_qwen2_for_reward_model_head_matches_torch_and_converts_both_ways(tmp_path):
