@@ -102,6 +102,11 @@ class SharedModelRewards:
     def cache_bytes(self) -> int:
         return self.models.cache_bytes() if self.models is not None else 0
 
+    def release(self) -> None:
+        """With rl_config.release_graphs: the scorer's scoring graphs dropped (`ModelRewards.release`)."""
+        if self.models is not None:
+            self.models.release()
+
     def __call__(self, prompt_ids, completion_ids, columns=None):
         """({name: scores (B,)}, metrics): `scorer`'s, on every rank of the group."""
         mine = self.models(prompt_ids, completion_ids, columns) if self.models is not None else None

@@ -86,7 +86,10 @@ class LengthScorer:
     which thread scored."""
 
     def __init__(self):
-        self.rm, self.calls = SimpleNamespace(get_parameters=lambda: []), []
+        self.rm, self.calls, self.released = SimpleNamespace(get_parameters=lambda: []), [], 0
+
+    def release(self):
+        self.released += 1
 
     def __call__(self, seqs):
         self.calls.append((threading.current_thread().name, len(seqs)))
@@ -114,7 +117,9 @@ def test_the_training_groups_rank_zero_scores_with_the_reward_models_for_every_t
         models, scorer = length_models() if r == 0 else (None, LengthScorer())
         shared = SharedModelRewards(models, world.rank(r), world.rank(r).train_dp, ("len",), (0.5,))
         assert shared.names == ["len"] and shared.weights == [0.5]
-        got[r] = ([shared(prompts, completions) for completions in steps], scorer.calls, shared.state())
+        scored = [shared(prompts, completions) for completions in steps]
+        shared.release()  # rl_config.release_graphs after the phase: the scorer's graphs, where it holds them
+        got[r] = (scored, scorer.calls, shared.state(), scorer.released)
 
     threads = [threading.Thread(target=rank, args=(r,), name=f"rank{r}") for r in (0, 1)]
     for t in threads:
@@ -123,6 +128,7 @@ def test_the_training_groups_rank_zero_scores_with_the_reward_models_for_every_t
         t.join(30)
     assert sorted(got) == [0, 1]
     assert got[0][1] == [("rank0", 2), ("rank0", 3)] and got[1][1] == []  # rank 1 never scores
+    assert got[0][3] == 1 and got[1][3] == 0  # rank 0 drops its scoring graphs; rank 1 holds none
     for r in (0, 1):
         for (scores, metrics), (want_scores, want_metrics) in zip(got[r][0], expected):
             np.testing.assert_array_equal(scores["len"], want_scores["len"])
