@@ -299,7 +299,8 @@ class GRPOConfig:
         check(rl.batch_size >= replicas, "rl_config.batch_size",
               f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "
               f"generate_config.parallel_config.data_parallel), got {rl.batch_size}")
-        # what one rollout rank runs only (docs/async.md, its limits); tools run on each rollout rank, its share's
+        # what one rollout rank runs only (docs/async.md, its limits); tools and an environment run on each rollout
+        # rank, its share's conversations
         check(replicas == 1 or not gen.partial_rollout, "generate_config.partial_rollout",
               "with generate_config.placement separate the groups in flight are kept on one rollout rank for now, not "
               f"{replicas}: set generate_config.parallel_config.data_parallel to 1 or leave it off")
@@ -307,7 +308,6 @@ class GRPOConfig:
               f"with generate_config.placement separate: 0 or 1 (the rollout rank runs at most one step ahead; "
               f"rl_config.max_staleness bounds how stale a sample may train), got {rl.off_policy_steps}")
         for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
-                         ("generate_config.environment", gen.environment is None),
                          ("reward_config.judges", not self.reward_config.judges)):
             check(off, key, "is not built with generate_config.placement separate yet (docs/async.md, its limits): "
                   "leave it off")

@@ -556,7 +556,7 @@ SEPARATE = ["generate_config.placement=separate"]
       "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
     (["rl_config.off_policy_steps=2"], "rl_config.off_policy_steps"),
     (["rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
-    (["generate_config.environment=guess_number"], "generate_config.environment"),
+    (["reward_config.judges=[{path: models/judge}]"], "reward_config.judges"),
 ])
 def test_separate_placement_rules(extra, key):
     # validation, the warm start and LoRA run with it (the rollout rank validates, the training rank warm-starts;
@@ -571,6 +571,11 @@ def test_separate_placement_rules(extra, key):
                                                         "rl_config.batch_size=4", "actor_config.lora_rank=8",
                                                         "reward_config.reward_models=[{path: rm.ckpt}]"])
     assert cfg.generate_config.parallel_config.data_parallel == 3
+    # an environment: the rollout ranks run its conversations as tools' (its resets are the prompts), on any group
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.environment=guess_number",
+                                                        "generate_config.parallel_config.data_parallel=2",
+                                                        "actor_config.parallel_config.data_parallel=2"])
+    assert cfg.generate_config.environment == "guess_number"
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=SEPARATE + extra)
     assert info.value.key == key
