@@ -26,12 +26,13 @@ With generate_config.partial_rollout this rank keeps the groups in flight (`part
 "gen" is its partial rollout with the weights it has, the same calls as one process; it hands over the step's
 complete groups with their draw numbers (the training rank keeps the prompts drawn: `partial.DrawnPrompts`).
 
-With conversations (generate_config.tools) this rank runs those of its share of the prompts on its own tool workers
-(started with `run`, closed at its end, on an error and on SIGTERM: `close`), each prompt keyed by its index in the
-whole batch: a sample's rows carry its model mask and turns, and each samples meeting is followed by a value meeting
-where every rollout rank gives its share's prompts as generated, reward columns (tool_calls, messages) and tool/,
-turns/ metrics (a `conversations.ReplicaValue`; `grpo/conversations.RemoteConversations` on the training rank merges
-them).
+With conversations (generate_config.tools or environment) this rank runs those of its share of the prompts on its
+own tool workers (started with `run`, closed at its end, on an error and on SIGTERM: `close`), each prompt keyed by
+its index in the whole batch: a sample's rows carry its model mask and turns, and each samples meeting is followed by
+a value meeting where every rollout rank gives its share's prompts as generated (an environment's resets), reward
+columns (tool_calls, messages; env_reward, env_done) and tool/ or env/, and turns/ metrics (a
+`conversations.ReplicaValue`; `grpo/conversations.RemoteConversations` on the training rank merges them). Its prompt
+check names the prompts it drew, with conversations too: the training ranks check their draw against it.
 """
 
 from __future__ import annotations
@@ -115,15 +116,14 @@ class RolloutWorker:
             turns = {} if conv is None else {"turns": conv.turns}
             return self.engine.generate(ids, params, prompt_index=mine, **turns) if len(mine) else []
 
+        drawn = [batch.ids[k] for k in mine]  # the prompt check names them (the training ranks drew the same)
         if conv is None:
-            ids, value = [batch.ids[k] for k in mine], None
-            comps = generate(ids)
+            comps, value = generate(drawn), None
         else:  # the prompts as generated: an environment's resets, keyed by their indices too
             comps, value = conv.generate_share(generate, lambda: self.engine.last_stats, batch.ids,
                                                batch.columns["prompt"], mine, self.tokenizer)
-            ids = [] if value is None else value.prompts
         stats = self.engine.last_stats if len(mine) else {"new_tokens": 0}
-        return Samples(comps, self.figures(ids, t0, stats), len(batch.ids) * n, int(mine[0]) * n if len(mine) else 0,
+        return Samples(comps, self.figures(drawn, t0, stats), len(batch.ids) * n, int(mine[0]) * n if len(mine) else 0,
                        self.width(params), None, value)
 
     def width(self, params) -> int:

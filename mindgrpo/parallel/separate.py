@@ -233,10 +233,10 @@ class RemoteRollout:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, turns=None) -> List[Completion]:
         """turns: the run's conversations (`engine.Turns`; the rollout ranks run them): only their size is read
         here, the model masks come with the samples and the rest in a value meeting
-        (`conversations.RemoteConversations`)."""
+        (`conversations.RemoteConversations`). `prompts`: this rank's draw, which each rollout rank's prompt check
+        names (its share of the draw, before an environment's resets write the prompts generated)."""
         comps, _, figures = self.groups(len(prompts) * params.n, params.n, row_width(params, turns))
-        if turns is None:  # conversations: the prompts they generated come after, in the value meeting
-            check_prompts(figures, prompts, self.meeting.trainers)
+        check_prompts(figures, prompts, self.meeting.trainers)
         return comps
 
     def groups(self, rows: int, n: int, width: int) -> Tuple[List[Completion], List[int], Dict[str, object]]:
