@@ -307,10 +307,13 @@ class GRPOConfig:
         check(rl.off_policy_steps <= 1, "rl_config.off_policy_steps",
               f"with generate_config.placement separate: 0 or 1 (the rollout rank runs at most one step ahead; "
               f"rl_config.max_staleness bounds how stale a sample may train), got {rl.off_policy_steps}")
-        for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
-                         ("reward_config.judges", not self.reward_config.judges)):
-            check(off, key, "is not built with generate_config.placement separate yet (docs/async.md, its limits): "
-                  "leave it off")
+        # dynamic sampling's further rollouts of step s + 1 come after update s's weights reached the rollout ranks:
+        # one update fresher than the step's first rollout, where a colocated engine keeps them all k behind
+        check(not rl.dynamic_sampling or rl.off_policy_steps == 0, "rl_config.dynamic_sampling",
+              "with generate_config.placement separate: only with rl_config.off_policy_steps 0 for now (with 1 a "
+              "step's further rollouts would sample with newer weights than its first); set it 0 or leave this off")
+        check(not self.reward_config.judges, "reward_config.judges", "is not built with generate_config.placement "
+              "separate yet (docs/async.md, its limits): leave it off")
 
     def staleness_bound(self) -> int:
         """rl_config.max_staleness, or its default (sections.RLConfig): the most updates a training sample may be

@@ -33,6 +33,10 @@ a value meeting where every rollout rank gives its share's prompts as generated 
 columns (tool_calls, messages; env_reward, env_done) and tool/ or env/, and turns/ metrics (a
 `conversations.ReplicaValue`; `grpo/conversations.RemoteConversations` on the training rank merges them). Its prompt
 check names the prompts it drew, with conversations too: the training ranks check their draw against it.
+
+With rl_config.dynamic_sampling (off_policy_steps 0) a step's hand-over is followed by the training ranks' count of
+prompts to draw again (`Meeting.more_prompts`) and, while it is not 0, a further rollout of that many prompts with
+the round's seed, handed over as the first (`hand_over`).
 """
 
 from __future__ import annotations
@@ -150,6 +154,28 @@ class RolloutWorker:
                        version=float(self.engine.version), prompt_check=prompt_check(ids))
         return figures
 
+    def hand_over(self, samples: Samples, step: int) -> None:
+        """Step `step`'s samples; with rl_config.dynamic_sampling, then each further rollout of the step the training
+        ranks ask for after rewarding the last (`Meeting.more_prompts`: how many prompts to draw again, 0 when the
+        step is complete), each with the seed of its round, as the trainer's `collect` draws them."""
+        self.send(samples)
+        rl, gen = self.cfg.rl_config, self.cfg.generate_config
+        rounds = 1
+        while rl.dynamic_sampling:
+            t0 = time.perf_counter()
+            with heartbeat.phase("samples"):
+                count = self.meeting.more_prompts()
+            self.waited += time.perf_counter() - t0
+            if not count:
+                return
+            params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1, rounds),
+                                     self.stop_ids)
+            t0 = time.perf_counter()
+            with heartbeat.phase("rollout"):
+                samples = self.run_call(self.prompts.next(count), params, t0)
+            self.send(samples)
+            rounds += 1
+
     def send(self, samples: Samples, validation: bool = False) -> None:
         """A step's samples (or a validation's: its wait counts towards the next step's)."""
         t0 = time.perf_counter()
@@ -215,7 +241,7 @@ class RolloutWorker:
             self.send(self.validation(), validation=True)
         samples = self.generate(start + 1)
         for step in range(start + 1, rl.max_steps + 1):
-            self.send(samples)
+            self.hand_over(samples, step)
             checked = None
             if lag == 1 and step < rl.max_steps:  # while update `step` trains
                 samples = self.generate(step + 1)

@@ -555,7 +555,8 @@ SEPARATE = ["generate_config.placement=separate"]
     (["generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1",
       "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
     (["rl_config.off_policy_steps=2"], "rl_config.off_policy_steps"),
-    (["rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
+    # dynamic sampling: a step's further rollouts with the weights of its first only when the ranks take turns
+    (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=1"], "rl_config.dynamic_sampling"),
     (["reward_config.judges=[{path: models/judge}]"], "reward_config.judges"),
 ])
 def test_separate_placement_rules(extra, key):
@@ -576,6 +577,10 @@ def test_separate_placement_rules(extra, key):
                                                         "generate_config.parallel_config.data_parallel=2",
                                                         "actor_config.parallel_config.data_parallel=2"])
     assert cfg.generate_config.environment == "guess_number"
+    # dynamic sampling with off_policy_steps 0: the rollout ranks generate each further rollout the training ranks ask
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["rl_config.dynamic_sampling=true",
+                                                        "generate_config.parallel_config.data_parallel=2"])
+    assert cfg.rl_config.dynamic_sampling and cfg.rl_config.off_policy_steps == 0
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=SEPARATE + extra)
     assert info.value.key == key

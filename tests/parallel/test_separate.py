@@ -24,8 +24,9 @@ start, train their halves, resume from the checkpoint rank 0 wrote) against col0
 group: LoRA's adapters summed, synced and resumed) against col0l, sep1g (sep1 on it: training rank 0 scores with the
 reward model for both) against col1, sep0gt (sep0t on it: both training ranks receive the conversations' values)
 against col0t, and sep0dt (sep0t on the rollout group of two, each rank running its half of the prompts'
-conversations on its own tool workers) against col0t. sep0e and its peer col0e play an environment (guess_number):
-the rollout rank writes the prompts (its resets) and plays the games, rank 0 rewards them.
+conversations on its own tool workers) against col0t. sep0e and its peer col0e play an environment (guess_number)
+with dynamic sampling: the rollout rank writes the prompts (its resets) and plays the games, rank 0 rewards them and
+asks for the further rollouts.
 The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel replicas that
 train and generate, each running the conversations of its half of the prompts on its own tool workers: col0t's
 samples, losses and tool metrics."""
@@ -253,18 +254,20 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, ru
 
 
 @pytest.mark.slow  # the same msrun job
-def test_an_environment_with_the_separate_placement_equals_the_colocated_run(runs):
-    """sep0e: an environment (guess_number, workers/one_stage_runs.py: ENVIRONMENT) under separate. The rollout rank
-    writes the prompts (the environment's resets), plays the games and hands over their columns and env/ metrics;
-    rank 0 checks the prompts, rewards the games (env_reward) and trains the model's own tokens: col0e's samples,
-    rewards, losses and metrics step for step."""
+def test_an_environment_and_dynamic_sampling_with_the_separate_placement_equal_the_colocated_run(runs):
+    """sep0e: an environment (guess_number, workers/one_stage_runs.py: ENVIRONMENT) under separate, with dynamic
+    sampling. The rollout rank writes the prompts (the environment's resets), plays the games and hands over their
+    columns and env/ metrics; rank 0 checks its draw, rewards the games (env_reward), asks the rollout rank for a
+    further rollout of the prompts whose games all scored the same (Meeting.more_prompts) and trains the model's own
+    tokens: col0e's samples, rewards, rollouts a step, losses and metrics step for step."""
     sep, col = runs / "sep0e", runs / "col0e"
     ms, mc = metrics(sep), metrics(col)
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
     got = samples(sep, ("prompt", "completion", "reward"))
     assert got == samples(col, ("prompt", "completion", "reward")) and all(len(step) == 8 for step in got)
     keys = ("env/reward_mean", "env/steps_mean", "env/done_fraction", "env/errors", "env/timeouts", "turns/mean",
-            "turns/cut", "turns/masked_fraction", "reward_mean")
+            "turns/cut", "turns/masked_fraction", "reward_mean", "dynamic_sampling/rounds",
+            "dynamic_sampling/kept_groups", "dynamic_sampling/no_update")
     for a, b in zip(ms, mc):
         assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
@@ -275,6 +278,7 @@ def test_an_environment_with_the_separate_placement_equals_the_colocated_run(run
     assert any("Answer with one whole number." in text or "Higher." in text or "Lower." in text
                for step in got for _, text, _ in step)
     assert all(m["reward_mean"] == 2 * m["env/reward_mean"] for m in ms)
+    assert max(m["dynamic_sampling/rounds"] for m in ms) > 1  # a step drew prompts again
     assert all(len({r for _, _, r in step}) > 1 for step in got)
     assert got[1] != got[0] and got[2] != got[1]  # each update's weights reached the rollout rank
 
