@@ -299,15 +299,18 @@ class GRPOConfig:
         check(rl.batch_size >= replicas, "rl_config.batch_size",
               f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "
               f"generate_config.parallel_config.data_parallel), got {rl.batch_size}")
-        # what one rollout rank runs only (docs/async.md, its limits); tools run on each rollout rank, its share's
+        # what one rollout rank runs only (docs/async.md, its limits); tools and an environment run on each rollout
+        # rank, its share's conversations
         check(replicas == 1 or not gen.partial_rollout, "generate_config.partial_rollout",
               "with generate_config.placement separate the groups in flight are kept on one rollout rank for now, not "
               f"{replicas}: set generate_config.parallel_config.data_parallel to 1 or leave it off")
-        for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
-                         ("generate_config.environment", gen.environment is None),
-                         ("reward_config.judges", not self.reward_config.judges)):
-            check(off, key, "is not built with generate_config.placement separate yet (docs/async.md, its limits): "
-                  "leave it off")
+        # dynamic sampling's further rollouts of step s + k come after update s's weights reached the rollout ranks:
+        # fresher than the step's first rollout, where a colocated engine keeps them all k behind
+        check(not rl.dynamic_sampling or rl.off_policy_steps == 0, "rl_config.dynamic_sampling",
+              "with generate_config.placement separate: only with rl_config.off_policy_steps 0 for now (with k >= 1 a "
+              "step's further rollouts would sample with newer weights than its first); set it 0 or leave this off")
+        check(not self.reward_config.judges, "reward_config.judges", "is not built with generate_config.placement "
+              "separate yet (docs/async.md, its limits): leave it off")
 
     def staleness_bound(self) -> int:
         """rl_config.max_staleness, or its default (sections.RLConfig): the most updates a training sample may be

@@ -43,7 +43,6 @@ from mindgrpo.envs import ENVIRONMENTS, check_environment_settings, load_environ
 from mindgrpo.inference.engine import Completion, appended_positions
 from mindgrpo.inference.env_turns import EnvTurns
 from mindgrpo.inference.tool_turns import ToolTurns
-from mindgrpo.parallel.separate import check_prompts
 from mindgrpo.tools import TOOLS, ToolPool, load_tool_plugin, parse_tool_calls
 from mindgrpo.utils.registry import Registry
 
@@ -126,8 +125,9 @@ class RemoteConversations(Conversations):
                  **engine_kwargs) -> tuple:
         completions = engine.generate(prompt_ids, params, turns=self.turns, **engine_kwargs)
         values = [v for v in self.meeting.values(None) if v is not None]  # a rank with no prompts gives none
+        # the rollout ranks drew `prompt_ids` (the engine's prompt check); `ids`: those they generated (an
+        # environment's resets)
         ids, columns, metrics = merge_replicas(values, len(prompt_ids))
-        check_prompts(engine.last_stats, ids)  # the prompts the rollout ranks generated: an environment's its own
         return ids, completions, columns, metrics
 
 

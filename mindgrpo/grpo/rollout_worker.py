@@ -31,12 +31,17 @@ With generate_config.partial_rollout this rank keeps the groups in flight (`part
 "gen" is its partial rollout with the weights it has, the same calls as one process; it hands over the step's
 complete groups with their draw numbers (the training rank keeps the prompts drawn: `partial.DrawnPrompts`).
 
-With conversations (generate_config.tools) this rank runs those of its share of the prompts on its own tool workers
-(started with `run`, closed at its end, on an error and on SIGTERM: `close`), each prompt keyed by its index in the
-whole batch: a sample's rows carry its model mask and turns, and each samples meeting is followed by a value meeting
-where every rollout rank gives its share's prompts as generated, reward columns (tool_calls, messages) and tool/,
-turns/ metrics (a `conversations.ReplicaValue`; `grpo/conversations.RemoteConversations` on the training rank merges
-them).
+With conversations (generate_config.tools or environment) this rank runs those of its share of the prompts on its
+own tool workers (started with `run`, closed at its end, on an error and on SIGTERM: `close`), each prompt keyed by
+its index in the whole batch: a sample's rows carry its model mask and turns, and each samples meeting is followed by
+a value meeting where every rollout rank gives its share's prompts as generated (an environment's resets), reward
+columns (tool_calls, messages; env_reward, env_done) and tool/ or env/, and turns/ metrics (a
+`conversations.ReplicaValue`; `grpo/conversations.RemoteConversations` on the training rank merges them). Its prompt
+check names the prompts it drew, with conversations too: the training ranks check their draw against it.
+
+With rl_config.dynamic_sampling (off_policy_steps 0) a step's hand-over is followed by the training ranks' count of
+prompts to draw again (`Meeting.more_prompts`) and, while it is not 0, a further rollout of that many prompts with
+the round's seed, handed over as the first (`hand_over`).
 """
 
 from __future__ import annotations
@@ -120,15 +125,14 @@ class RolloutWorker:
             turns = {} if conv is None else {"turns": conv.turns}
             return self.engine.generate(ids, params, prompt_index=mine, **turns) if len(mine) else []
 
+        drawn = [batch.ids[k] for k in mine]  # the prompt check names them (the training ranks drew the same)
         if conv is None:
-            ids, value = [batch.ids[k] for k in mine], None
-            comps = generate(ids)
+            comps, value = generate(drawn), None
         else:  # the prompts as generated: an environment's resets, keyed by their indices too
             comps, value = conv.generate_share(generate, lambda: self.engine.last_stats, batch.ids,
                                                batch.columns["prompt"], mine, self.tokenizer)
-            ids = [] if value is None else value.prompts
         stats = self.engine.last_stats if len(mine) else {"new_tokens": 0}
-        return Samples(comps, self.figures(ids, t0, stats), len(batch.ids) * n, int(mine[0]) * n if len(mine) else 0,
+        return Samples(comps, self.figures(drawn, t0, stats), len(batch.ids) * n, int(mine[0]) * n if len(mine) else 0,
                        self.width(params), None, value)
 
     def width(self, params) -> int:
@@ -154,6 +158,28 @@ class RolloutWorker:
         figures.update(new_tokens=float(stats["new_tokens"]), generate_seconds=time.perf_counter() - t0,
                        version=float(self.engine.version), prompt_check=prompt_check(ids))
         return figures
+
+    def hand_over(self, samples: Samples, step: int) -> None:
+        """Step `step`'s samples; with rl_config.dynamic_sampling, then each further rollout of the step the training
+        ranks ask for after rewarding the last (`Meeting.more_prompts`: how many prompts to draw again, 0 when the
+        step is complete), each with the seed of its round, as the trainer's `collect` draws them."""
+        self.send(samples)
+        rl, gen = self.cfg.rl_config, self.cfg.generate_config
+        rounds = 1
+        while rl.dynamic_sampling:
+            t0 = time.perf_counter()
+            with heartbeat.phase("samples"):
+                count = self.meeting.more_prompts()
+            self.waited += time.perf_counter() - t0
+            if not count:
+                return
+            params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1, rounds),
+                                     self.stop_ids)
+            t0 = time.perf_counter()
+            with heartbeat.phase("rollout"):
+                samples = self.run_call(self.prompts.next(count), params, t0)
+            self.send(samples)
+            rounds += 1
 
     def send(self, samples: Samples, validation: bool = False) -> None:
         """A step's samples (or a validation's: its wait counts towards the next step's)."""
@@ -225,7 +251,7 @@ class RolloutWorker:
         queue = StepQueue(self, start, last)
         queue.generate(start + 1)
         for step in range(start + 1, last + 1):
-            self.send(queue.pop(step))
+            self.hand_over(queue.pop(step), step)
             queue.generate(step + lag)  # while update `step` trains, with the weights of update step - 1
             queue.validate(step - 1 + lag)
             self.receive(step)

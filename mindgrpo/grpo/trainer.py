@@ -235,7 +235,11 @@ class GRPOTrainer:
             dropped.append(r.groups(~informative))
             have = sum(len(k.batch.ids) for k in kept)
             rounds += 1
-            if have >= want or rounds > rl.max_resample_times:
+            done = have >= want or rounds > rl.max_resample_times
+            tell = getattr(self.engine, "more_prompts", None)  # separate placement: the rollout ranks draw them too
+            if tell is not None:
+                tell(0 if done else want - have)
+            if done:
                 break
         r = Rollouts.concat([k for k in kept + dropped if len(k)])
         r = r.groups(np.arange(len(r.batch.ids)) < want)
@@ -390,7 +394,8 @@ class GRPOTrainer:
         metrics.update(stale_metrics)
         if not self.check_spread(r, metrics):
             metrics["train/skipped_updates"] = 0.0  # not a bad step: nothing to update on
-            if self.lagged is not None:  # the version still counts the step: the engine's lag moves on
+            # the version still counts the step: the engine's lag moves on (separate: the rollout ranks wait for it)
+            if self.lagged is not None or self.cfg.generate_config.placement == "separate":
                 with p.phase("sync"):
                     metrics.update(self.sync_weights())
             self.maybe_log_completions(self.running_step, r)

@@ -161,6 +161,15 @@ class Meeting:
             numbers = [int(v) for v in self.comm.host_sum(data, self.group)]
         return tuple(int(v) for v in head[:4]), numbers
 
+    def more_prompts(self, count: Optional[int] = None) -> int:
+        """After each rollout of a step with rl_config.dynamic_sampling: how many prompts the training ranks draw
+        again (0: the step's rollouts are complete), training rank 0's `count` on every rank (the rollout ranks pass
+        None; training ranks 1 .. D - 1 decide the same from the same rewards and give zeros)."""
+        value = np.zeros(1, np.float32)
+        if self.gives:
+            value[0] = count
+        return int(self.comm.host_sum(value, self.group)[0])
+
     def values(self, value=None) -> list:
         """Every rollout rank's `value` (any picklable object; None: nothing) on every rank, in rollout rank order; the
         training ranks pass None. The world's `comm.host_gather`, of which the rollout ranks give."""
@@ -233,11 +242,16 @@ class RemoteRollout:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, turns=None) -> List[Completion]:
         """turns: the run's conversations (`engine.Turns`; the rollout ranks run them): only their size is read
         here, the model masks come with the samples and the rest in a value meeting
-        (`conversations.RemoteConversations`)."""
+        (`conversations.RemoteConversations`). `prompts`: this rank's draw, which each rollout rank's prompt check
+        names (its share of the draw, before an environment's resets write the prompts generated)."""
         comps, _, figures = self.groups(len(prompts) * params.n, params.n, row_width(params, turns))
-        if turns is None:  # conversations: the prompts they generated come after, in the value meeting
-            check_prompts(figures, prompts, self.meeting.trainers)
+        check_prompts(figures, prompts, self.meeting.trainers)
         return comps
+
+    def more_prompts(self, count: int) -> None:
+        """rl_config.dynamic_sampling: tells the rollout ranks how many prompts this step draws again (0: none, the
+        step's rollouts are complete; `Meeting.more_prompts`)."""
+        self.meeting.more_prompts(count)
 
     def groups(self, rows: int, n: int, width: int) -> Tuple[List[Completion], List[int], Dict[str, object]]:
         """The samples meeting: the rollout group's `rows` samples (n a group), their groups' numbers and its

@@ -554,8 +554,10 @@ SEPARATE = ["generate_config.placement=separate"]
     (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
     (["generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1",
       "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
-    (["rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
-    (["generate_config.environment=guess_number"], "generate_config.environment"),
+    # dynamic sampling: a step's further rollouts with the weights of its first only when the ranks take turns
+    (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=1"], "rl_config.dynamic_sampling"),
+    (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=2"], "rl_config.dynamic_sampling"),
+    (["reward_config.judges=[{path: models/judge}]"], "reward_config.judges"),
 ])
 def test_separate_placement_rules(extra, key):
     # validation, the warm start and LoRA run with it (the rollout rank validates, the training rank warm-starts;
@@ -570,6 +572,15 @@ def test_separate_placement_rules(extra, key):
                                                         "rl_config.batch_size=4", "actor_config.lora_rank=8",
                                                         "reward_config.reward_models=[{path: rm.ckpt}]"])
     assert cfg.generate_config.parallel_config.data_parallel == 3
+    # an environment: the rollout ranks run its conversations as tools' (its resets are the prompts), on any group
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.environment=guess_number",
+                                                        "generate_config.parallel_config.data_parallel=2",
+                                                        "actor_config.parallel_config.data_parallel=2"])
+    assert cfg.generate_config.environment == "guess_number"
+    # dynamic sampling with off_policy_steps 0: the rollout ranks generate each further rollout the training ranks ask
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["rl_config.dynamic_sampling=true",
+                                                        "generate_config.parallel_config.data_parallel=2"])
+    assert cfg.rl_config.dynamic_sampling and cfg.rl_config.off_policy_steps == 0
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=SEPARATE + extra)
     assert info.value.key == key

@@ -26,7 +26,9 @@ start, train their halves, resume from the checkpoint rank 0 wrote) against col0
 group: LoRA's adapters summed, synced and resumed) against col0l, sep1g (sep1 on it: training rank 0 scores with the
 reward model for both) against col1, sep0gt (sep0t on it: both training ranks receive the conversations' values)
 against col0t, and sep0dt (sep0t on the rollout group of two, each rank running its half of the prompts'
-conversations on its own tool workers) against col0t.
+conversations on its own tool workers) against col0t. sep0e and its peer col0e play an environment (guess_number)
+with dynamic sampling: the rollout rank writes the prompts (its resets) and plays the games, rank 0 rewards them and
+asks for the further rollouts.
 The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel replicas that
 train and generate, each running the conversations of its half of the prompts on its own tool workers: col0t's
 samples, losses and tool metrics."""
@@ -73,7 +75,7 @@ def runs(tmp_path_factory):
                    "checkpoints": sorted(os.listdir(out / "sepk" / "checkpoints")),
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
-              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r", *shared], timeout=2400)
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e", *shared], timeout=2400)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), and a training group of two
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
@@ -81,7 +83,7 @@ def runs(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l,col2,col2r", *shared],
+                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -290,6 +292,36 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, ru
     if run == "sep0gt":  # training rank 1 trained its half to rank 0's weights after every update
         assert [m["sync/train_weights_max_diff"] for m in ms] == [0.0] * STEPS
     assert max(r for step in samples(sep) for _, r in step) > 1.0  # a tool answer's length and error counted
+
+
+@pytest.mark.slow  # the same msrun job
+def test_an_environment_and_dynamic_sampling_with_the_separate_placement_equal_the_colocated_run(runs):
+    """sep0e: an environment (guess_number, workers/one_stage_runs.py: ENVIRONMENT) under separate, with dynamic
+    sampling. The rollout rank writes the prompts (the environment's resets), plays the games and hands over their
+    columns and env/ metrics; rank 0 checks its draw, rewards the games (env_reward), asks the rollout rank for a
+    further rollout of the prompts whose games all scored the same (Meeting.more_prompts) and trains the model's own
+    tokens: col0e's samples, rewards, rollouts a step, losses and metrics step for step."""
+    sep, col = runs / "sep0e", runs / "col0e"
+    ms, mc = metrics(sep), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    got = samples(sep, ("prompt", "completion", "reward"))
+    assert got == samples(col, ("prompt", "completion", "reward")) and all(len(step) == 8 for step in got)
+    keys = ("env/reward_mean", "env/steps_mean", "env/done_fraction", "env/errors", "env/timeouts", "turns/mean",
+            "turns/cut", "turns/masked_fraction", "reward_mean", "dynamic_sampling/rounds",
+            "dynamic_sampling/kept_groups", "dynamic_sampling/no_update")
+    for a, b in zip(ms, mc):
+        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
+                                                                                                   rel=1e-5)
+    # the games were played: the environment's answers in the trajectories (context, not trained), its rewards
+    # (2 x the game's: -1 a turn without a number) in the total, differing within a step
+    assert all(m["turns/mean"] > 0 and m["turns/masked_fraction"] > 0.3 and m["env/steps_mean"] >= 1 for m in ms)
+    assert any("Answer with one whole number." in text or "Higher." in text or "Lower." in text
+               for step in got for _, text, _ in step)
+    assert all(m["reward_mean"] == 2 * m["env/reward_mean"] for m in ms)
+    assert max(m["dynamic_sampling/rounds"] for m in ms) > 1  # a step drew prompts again
+    assert all(len({r for _, _, r in step}) > 1 for step in got)
+    assert got[1] != got[0] and got[2] != got[1]  # each update's weights reached the rollout rank
 
 
 @pytest.mark.slow  # the same msrun job

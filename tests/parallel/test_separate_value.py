@@ -156,3 +156,40 @@ def test_two_training_ranks_give_rank_0s_weights_and_rank_1_checks_its_own_again
         pytest.approx(apart)
     assert "sync/train_weights_max_diff" not in got[2][0]  # the rollout rank is not in the training group
     assert all(got[r][2] == ((3, 1, 7, 0), []) for r in range(3))  # rank 0's resume position, not rank 1's added
+
+
+@pytest.mark.parametrize("trainers, replicas", [(1, 1), (2, 2)])
+def test_dynamic_samplings_count_of_prompts_to_draw_again_is_training_rank_0s_on_every_rank(trainers, replicas):
+    """Meeting.more_prompts after each rollout of a step (rl_config.dynamic_sampling): training rank 0's count reaches
+    every rank, a training rank beside it giving zeros (it decides the same from the same rewards), the rollout ranks
+    nothing: 5 more prompts, then 0 (the step's rollouts are complete)."""
+    world = trainers + replicas
+    for count in (5, 0):
+        got = meet(ThreadWorld(world, trainers),
+                   lambda rank, meeting: meeting.more_prompts(count if rank < trainers else None))
+        assert got == {r: count for r in range(world)}
+
+
+@pytest.mark.parametrize("turns", [None, SimpleNamespace(max_turns=2, max_turn_tokens=5)])
+def test_the_training_rank_checks_its_draw_against_the_rollout_ranks_with_conversations_too(turns):
+    """RemoteRollout.generate: each rollout rank's prompt check names the prompts it drew (with conversations too: an
+    environment writes others from them); the training rank compares its own draw with it, with or without
+    conversations (`turns`), and refuses a data order that differs, naming the rollout rank."""
+    from mindgrpo.inference.sampling import SamplingParams
+    from mindgrpo.parallel.separate import RemoteRollout
+
+    drawn = [[5, 6], [7, 8, 9], [4]]
+    params = SamplingParams(max_tokens=3, n=2)
+
+    class OneRolloutRank:  # the samples meeting as the training rank sees it: rank 1's figures
+        trainers = 1
+
+        def samples(self, comps, rows, n, width):
+            assert (rows, n, width) == (6, 2, 3 + (0 if turns is None else 10))
+            figures = dict(dict.fromkeys(FIGURES, 0.0), generate_seconds=1.0, prompt_check=prompt_check(drawn))
+            return [], list(range(3)), [figures]
+
+    engine = RemoteRollout(OneRolloutRank())
+    assert engine.generate(drawn, params, turns=turns) == []
+    with pytest.raises(RuntimeError, match="rollout rank 1 generated other prompts than the training rank trains on"):
+        engine.generate(drawn[:2] + [[3]], params, turns=turns)  # the last prompt drawn differs

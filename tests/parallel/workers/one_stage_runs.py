@@ -25,6 +25,8 @@ back by every rank. One process, their peers: single (swap off), single_packed (
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
 dp0t: col0t's run colocated on two data-parallel replicas (training and generating), each running the conversations
 of its half of the prompts on its own tool workers; its peer col0t.
+sep0e: an environment (guess_number: ENVIRONMENT) under separate, the rollout rank playing the games, with dynamic
+sampling (DYNAMIC); its peer col0e.
 """
 
 import gc
@@ -75,6 +77,16 @@ DP_TOOLS = ["actor_config.parallel_config.data_parallel=2", "generate_config.par
             "actor_config.micro_batch_size=4"]
 # a checkpoint every step, all kept: sepk's step 1 has groups in flight (its step 2 takes them all)
 EVERY_STEP = ["rl_config.save_interval=1", "rl_config.keep_last_k=3"]
+# an environment (docs/tools.md: the example guess_number, 1 to 3) writing the prompts and answering each model turn,
+# rewarded by the game; a fifth of the micro model's ids stop a turn, so that the game answers within 8 tokens
+ENVIRONMENT = ["generate_config.environment=guess_number", "generate_config.tool_num_workers=1",
+               "generate_config.environment_settings={low: 1, high: 3, invalid_reward: -1.0}",
+               "generate_config.chat_template=model_configs/qwen_grpo/tiny_tools/tokenizer_config.json",
+               "generate_config.max_turns=1", "generate_config.tool_response_max_tokens=32",
+               "generate_config.max_prompt_length=160", f"generate_config.stop_token_ids={list(range(3, 100))}",
+               "reward_config.verifier_function=[environment]", "reward_config.verifier_weight=[2.0]"]
+# dynamic sampling (DAPO): a group whose games all scored the same is drawn again, up to two more rollouts a step
+DYNAMIC = ["rl_config.dynamic_sampling=true", "rl_config.max_resample_times=2"]
 ROLLOUT2 = ["generate_config.parallel_config.data_parallel=2"]  # two rollout ranks, whole replicas of the model
 # two training ranks, data-parallel (each trains half of a mini-batch's 8 rows: a micro-batch of 4)
 TRAIN2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro_batch_size=4"]
@@ -106,6 +118,10 @@ RUNS = {
     "col2": [([], ["rl_config.save_interval=2"] + OFF2 + VAL + SAMPLED)],
     "sep0t": [(MSRUN, ["generate_config.placement=separate"] + TOOLS)],
     "col0t": [([], TOOLS)],
+    # an environment under separate: the rollout rank runs its conversations (its resets are the prompts; peer col0e),
+    # with dynamic sampling: the training rank asks the rollout rank for each further rollout of a step
+    "sep0e": [(MSRUN, ["generate_config.placement=separate"] + ENVIRONMENT + DYNAMIC)],
+    "col0e": [([], ENVIRONMENT + DYNAMIC)],
     # tool calls on two colocated inference replicas, each running its share's conversations (peer: col0t)
     "dp0t": [(MSRUN, TOOLS + DP_TOOLS)],
     # LoRA under a separate placement: the base at the start, after the warm start and after the resume (sep0l stops
