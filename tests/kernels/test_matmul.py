@@ -151,3 +151,38 @@ def test_build_writes_the_library_whole_or_not_at_all(built, monkeypatch, tmp_pa
     assert os.listdir(tmp_path / "good") == [os.path.basename(path)]
     mtime = os.stat(path).st_mtime_ns
     assert kbuild.build() == path and os.stat(path).st_mtime_ns == mtime  # built once
+
+
+def test_rows_matmul_takes_ours_from_min_rows_and_mindspores_below(built, monkeypatch):
+    """RowsMatMul on either side of its threshold: bit for bit the product of the kernel it chose (ours and
+    MindSpore's round the sums of K = 896 differently, so the two are told apart), both within the fp32 bound; fp16
+    inputs, switched off and Ascend-less fallbacks give MindSpore's MatMul itself."""
+    class One(nn.Cell):
+        def __init__(self, op):
+            super().__init__()
+            self.op = op
+
+        def construct(self, a, b):
+            return self.op(a, b)
+
+    monkeypatch.setenv(kmatmul.ENV, "1")
+    chooser = kmatmul.rows_matmul(transpose_b=True, min_rows=64)
+    assert isinstance(chooser, kmatmul.RowsMatMul)
+    rng = np.random.default_rng(5)
+    b = rng.standard_normal((96, 896), np.float32)
+    told_apart = 0
+    for m, taken in ((63, "theirs"), (64, "ours"), (200, "ours")):
+        a = rng.standard_normal((m, 896), np.float32)
+        got = One(chooser)(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        ours = One(kmatmul.matmul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        theirs = One(ops.MatMul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        np.testing.assert_array_equal(got, ours if taken == "ours" else theirs, err_msg=str(m))
+        told_apart += not np.array_equal(ours, theirs)
+    assert told_apart == 3  # each case tells the two kernels apart
+    half = np.float16
+    a = rng.standard_normal((200, 896)).astype(half)
+    got = One(chooser)(ms.Tensor(a), ms.Tensor(b.astype(half))).asnumpy()  # fp16 at many rows: MindSpore's
+    np.testing.assert_array_equal(got, One(ops.MatMul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b.astype(half))).asnumpy())
+    assert type(kmatmul.rows_matmul(transpose_b=True, dtype=ms.float16)) is ops.MatMul
+    monkeypatch.setenv(kmatmul.ENV, "0")
+    assert type(kmatmul.rows_matmul(transpose_b=True)) is ops.MatMul
