@@ -2,13 +2,14 @@
 everywhere (MINDGRPO_CPU_KERNELS=0): one GRPO training-graph call's loss, metrics and every gradient, in two
 processes (the switch is read when the model's layers are built).
 
-The micro model (tests/grpo/micro_qwen2.yaml, one layer) on a batch of 4 x 144 = 576 token rows, 544 scored: every
-projection's product and the vocabulary head take ours (at least MIN_ROWS rows); the fused head in chunks of 512
-and 32 rows takes ours for the first and MindSpore's for the second; a LoRA model (random B, so A gets a
-gradient too) runs the adapters' products. The two sides differ only in the order of the matmuls' fp32 sums
+A one-layer model of width 256 (4 heads of 64, as many KV heads, MLP 512, vocabulary 512: every layer at least
+MIN_WIDTH wide) on a batch of 4 x 144 = 576 token rows, 544 scored: every projection's product and the vocabulary
+head take ours (at least MIN_ROWS rows); the fused head in chunks of 512 and 32 rows takes ours for the first and
+MindSpore's for the second; a LoRA model (random B, so A gets a gradient too) runs the base's products on ours
+and its rank-8 adapters' (narrow) on MindSpore's. The two sides differ only in the order of the matmuls' fp32 sums
 (each product within K u sum|a b| of the exact one: tests/kernels/test_matmul.py), so they agree to fp32 rounding
 carried through one layer and the loss: each tensor within 1e-5 of its largest magnitude (measured: at most
-6e-7; element by element the relative difference reaches 1e-2 where a gradient's terms cancel to near zero, which
+1.3e-6; element by element the relative difference reaches 1e-2 where a gradient's terms cancel to near zero, which
 is rounding, not a wrong product). A wrong transpose, block or gradient in ours would be off by the size of the
 values themselves."""
 
@@ -52,9 +53,9 @@ def run(out_path: str, ir_folder: str) -> None:
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    micro = Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                        tie_word_embeddings=True)
+    micro = Qwen2Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                        tie_word_embeddings=True, param_init_std=0.05)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(1, 512, n).tolist() for n in (9, 5, 7, 12)]
     responses = [rng.integers(1, 512, n).tolist() for n in (120, 131, 100, 125)]
@@ -91,7 +92,7 @@ def nodes(folder, name: str) -> int:
     return count
 
 
-@pytest.mark.slow  # two processes, each compiling three training graphs (~1-2 min under load)
+@pytest.mark.slow  # two processes side by side, each compiling three training graphs (~1.5 min at load 10)
 def test_the_model_with_our_matmul_matches_mindspores_within_fp32_rounding(tmp_path):
     from mindgrpo.kernels import build as kbuild
 

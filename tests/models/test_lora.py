@@ -98,6 +98,19 @@ def test_logits_match_peft(pair):
     assert np.abs(ours - ref)[keep].max() <= 1e-4
 
 
+def test_logits_match_peft_at_many_rows(pair):
+    """4 x 150 = 600 token rows: the projections and their adapters take our CPU matmul (from 512 rows, on by
+    default), against PEFT on the same weights."""
+    from mindgrpo.kernels.matmul import MIN_ROWS
+
+    peft_model, _, lm, _ = pair
+    ids, mask = padded_batch(np.random.default_rng(4), 512, [150, 97, 131, 64], 150)
+    assert ids.size >= MIN_ROWS
+    ours = SequenceLogits(lm)(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    ref = hf_logits(peft_model, ids, mask)
+    assert np.abs(ours - ref)[mask.astype(bool)].max() <= 1e-4
+
+
 def _torch_grpo_grads(peft_model, ids, mask, score_pos, labels, valid, adv, old, ref):
     """The GRPO loss (PPO clip 0.2, k3 KL to ref with BETA, token mean) of the PEFT model in torch; its
     lora_A / lora_B gradients by our names."""

@@ -40,6 +40,19 @@ def test_logits_match_transformers_on_padded_batch(pair):
     assert np.abs(ours - ref)[valid].max() <= 1e-4
 
 
+def test_logits_match_transformers_at_many_rows(pair):
+    """4 x 150 = 600 token rows: with the CPU kernels on (the default) every projection and the head take our
+    matmul (mindgrpo/kernels: from 512 rows), against transformers' PyTorch on the same weights."""
+    from mindgrpo.kernels.matmul import MIN_ROWS
+
+    hf, lm = pair
+    ids, mask = padded_batch(np.random.default_rng(4), 512, [150, 97, 131, 64], 150)
+    assert ids.size >= MIN_ROWS
+    ours = SequenceLogits(lm)(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    ref = hf_logits(hf, ids, mask)
+    assert np.abs(ours - ref)[mask.astype(bool)].max() <= 1e-4
+
+
 def test_left_padded_logits_match_transformers(pair):
     hf, lm = pair
     ids, mask = padded_batch(np.random.default_rng(2), 512, [11, 5, 8], 11)
