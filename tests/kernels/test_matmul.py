@@ -33,6 +33,13 @@ def built():
     assert kmatmul.library() is not None
 
 
+@pytest.fixture(autouse=True)
+def kernels_on(monkeypatch):
+    """These tests are of the kernels themselves: switched on whatever MINDGRPO_CPU_KERNELS the suite runs with
+    (the suite also runs with 0, which the model's tests take as MindSpore's MatMul)."""
+    monkeypatch.setenv(kmatmul.ENV, "1")
+
+
 class Grads(nn.Cell):
     """(a, b, dc) -> (c, da, db) of c = op(a) @ op(b) with the given primitive."""
 
