@@ -2,7 +2,7 @@
 MindSpore `ops.Custom`) or of PyTorch on given shapes: the peak a benchmark's measured rate is set against, taken
 in the same process, right after the measurement, under the same machine load.
 
-    python -m benchmarks.matmul_peak [--repeats 5] [--sides mindspore ours torch] [--threads N]
+    python -m benchmarks.matmul_peak [--repeats 5] [--sides mindspore ours torch] [--threads N] [--rows]
 
 prints the three sides per shape class of the Qwen2.5-0.5B model (the projections at 16 and 512 rows, the MLP,
 the vocabulary head at 16 rows, a 2048 square), timed in turns so that a change of the machine's load hits every
@@ -10,7 +10,11 @@ side alike: GFLOP/s of wall time, then per second of the process's CPU time (on 
 the scheduler as much as the kernel; the second counts a spinning thread's wait as work). --threads sets
 MindSpore's runtime_num_threads (ours follows it) and PyTorch's threads; default: each side's own. A shape class is (M, K, N, form): c (M, N) = op(a) @ op(b) with a (M, K)
 and b (N, K) for form "NT" (a Linear layer, x W^T), b (K, N) for "NN" (its input's gradient, dy W), a (K, M) and
-b (K, N) for "TN" (its weight's gradient, dy^T x)."""
+b (K, N) for "TN" (its weight's gradient, dy^T x).
+
+--rows: the row sweep (`ROW_SWEEP`) instead, MindSpore against ours: each layer shape of the 0.5B and the tiny
+models and the fused head's chunk (a 1/8 vocabulary slice) at 16 to 512 rows, in the three forms a Linear
+meets (forward NT, input gradient NN, weight gradient TN): the table behind `mindgrpo.kernels.matmul.MIN_ROWS`."""
 
 from __future__ import annotations
 
@@ -36,6 +40,28 @@ SHAPE_CLASSES = {
     "square 2048 NN": (2048, 2048, 2048, "NN"),
 }
 SIDES = ("mindspore", "ours", "torch")
+TINY_H, TINY_I, TINY_V = 128, 512, 512  # model_configs/tiny_qwen2.yaml (the shipped tiny recipe)
+SWEEP_ROWS = (16, 32, 64, 128, 256, 512)
+SWEEP_LAYERS = {  # name -> (in, out) of y (rows, out) = x (rows, in) W^T
+    "proj": (H, H), "mlp": (H, I), "mlp down": (I, H), "head/8": (H, V // 8),
+    "tiny proj": (TINY_H, TINY_H), "tiny mlp": (TINY_H, TINY_I), "tiny mlp down": (TINY_I, TINY_H),
+    "tiny head": (TINY_H, TINY_V),
+}
+
+
+def _sweep() -> Dict[str, tuple]:
+    """label -> (M, K, N, form) of a Linear (in -> out) at r rows: forward NT (r, in, out), input gradient NN
+    (r, out, in), weight gradient TN (out, r, in)."""
+    out = {}
+    for name, (k, n) in SWEEP_LAYERS.items():
+        for r in SWEEP_ROWS:
+            out[f"{name} {r} NT"] = (r, k, n, "NT")
+            out[f"{name} {r} NN"] = (r, n, k, "NN")
+            out[f"{name} {r} TN"] = (n, r, k, "TN")
+    return out
+
+
+ROW_SWEEP = _sweep()
 
 
 def product(framework: str, a: np.ndarray, b: np.ndarray, form: str = "NN") -> Callable[[], object]:
@@ -114,9 +140,13 @@ def side_by_side(sides=SIDES, classes=SHAPE_CLASSES, repeats: int = 5) -> Dict[s
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    p.add_argument("--sides", nargs="+", choices=SIDES, default=None,
+                   help="default: all three; with --rows MindSpore and ours")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--rows", action="store_true", help="the row sweep (MindSpore and ours unless --sides says)")
     args = p.parse_args(argv)
+    classes = ROW_SWEEP if args.rows else SHAPE_CLASSES
+    args.sides = args.sides or (["mindspore", "ours"] if args.rows else list(SIDES))
     import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -126,7 +156,7 @@ def main(argv=None) -> None:
             import torch
 
             torch.set_num_threads(args.threads)
-    rates = side_by_side(args.sides, repeats=args.repeats)
+    rates = side_by_side(args.sides, classes, repeats=args.repeats)
     both = {"ours", "mindspore"} <= set(args.sides)
     for kind, unit in (("wall", "GFLOP/s of wall time"), ("cpu", "GFLOP per CPU second")):
         print(f"{unit}, fp32, median of {args.repeats}, threads {args.threads or 'default'}")
@@ -134,7 +164,7 @@ def main(argv=None) -> None:
               + ("   ours/mindspore" if both else ""))
         for label, by_kind in rates.items():
             r = by_kind[kind]
-            m, k, n, form = SHAPE_CLASSES[label]
+            m, k, n, form = classes[label]
             row = f"{label + f' ({m}, {k}, {n})':44s}" + "".join(f"{r[s]:11.1f}" for s in args.sides)
             print(row + (f"   {r['ours'] / r['mindspore']:.2f}x" if both else ""))
 

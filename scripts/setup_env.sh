@@ -36,8 +36,9 @@ sys.exit(allocator() is None)' 2>/dev/null; then
   fi
   rm -rf "$tmp"
 fi
-# our CPU matmul kernel (mindgrpo/kernels: OpenBLAS's sgemm as MindSpore Custom ops; benchmarks.matmul_peak's
-# "ours" side) when scipy-openblas32 is installed (dev): a second's g++ compile into .venv/lib/mindgrpo
+# our CPU matmul kernel (mindgrpo/kernels: OpenBLAS's sgemm as MindSpore Custom ops, the model's projections and
+# head at many rows; docs/cpu_kernels.md): a second's g++ compile into .venv/lib/mindgrpo; without it (no
+# scipy-openblas32, no g++) the model uses MindSpore's MatMul and logs one line saying so
 if .venv/bin/python -c 'import scipy_openblas32' 2>/dev/null; then
   .venv/bin/python -m mindgrpo.kernels.build >/dev/null \
     || echo "setup_env.sh: the CPU kernel library did not build (is g++ installed?): MindSpore's MatMul is used" >&2

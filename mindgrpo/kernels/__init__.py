@@ -2,6 +2,8 @@
 (`ops.Custom` "aot" kernels), switched by MINDGRPO_CPU_KERNELS; MindSpore's own ops elsewhere.
 
 `build.py` compiles `sgemm.cc` against the scipy-openblas32 wheel (scripts/setup_env.sh runs it);
-`matmul.py` loads the library and gives a drop-in for `ops.MatMul` with its backward. The model does not use it
-yet: on 2 AMD EPYC AVX2 cores it ran 0.8-1.7x MindSpore's MatMul (on a par one thread each), not a clear margin
-(DEVELOPERS.md, "A matmul of our own"; `python -m benchmarks.matmul_peak`)."""
+`matmul.py` loads the library and gives a drop-in for `ops.MatMul` with its backward, and `rows_matmul`, which
+the model's projections (with their LoRA adapters), its vocabulary head and the fused head use: ours for products
+of at least `MIN_ROWS` token rows (prefill-sized: training, scoring, the reference), MindSpore's for fewer
+(decode). DEVELOPERS.md, "A matmul of our own", has the table behind the threshold
+(`python -m benchmarks.matmul_peak --rows`)."""

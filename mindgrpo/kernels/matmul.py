@@ -5,8 +5,13 @@ MINDGRPO_CPU_KERNELS: unset or 1 -> ours on device_target CPU for fp32; 0 -> Min
 Ascend (and GPU) always keep MindSpore's MatMul, and so does every compute dtype but fp32. When the library is
 absent or does not load, MindSpore's MatMul is used, with one log line saying why.
 
+`rows_matmul(...)` is what the model uses (its projections, their LoRA adapters and the vocabulary head): ours
+for a product of at least MIN_ROWS token rows whose other two sizes are at least MIN_WIDTH, MindSpore's
+otherwise (decode's few rows; narrow layers such as the tiny model's or a LoRA rank's), chosen when the graph is
+compiled: the shapes of our graphs are static, so the `if` on shapes in `RowsMatMul.construct` is a constant.
+
 MindSpore 2.10's CPU MatMul runs oneDNN's `gemm:jit:f32` on AVX2 machines (DEVELOPERS.md);
-`python -m benchmarks.matmul_peak` sets the two side by side with PyTorch's."""
+`python -m benchmarks.matmul_peak` sets the two side by side with PyTorch's, `--rows` by row count."""
 
 from __future__ import annotations
 
@@ -17,13 +22,19 @@ from functools import lru_cache
 from typing import Optional
 
 import mindspore as ms
-from mindspore import ops
+from mindspore import nn, ops
 
 from mindgrpo.kernels.build import library_path
 
 logger = logging.getLogger(__name__)
 
 ENV = "MINDGRPO_CPU_KERNELS"
+# Where the model takes ours: at least MIN_ROWS token rows, and the product's two other sizes (the layer's in and
+# out features) at least MIN_WIDTH. `python -m benchmarks.matmul_peak --rows` (DEVELOPERS.md, "A matmul of our
+# own", has the table): below 512 rows neither side won clearly, and narrow products (the tiny model's width 128,
+# microseconds each) measured noise either way, so they keep MindSpore's and the tiny recipe's numerics.
+MIN_ROWS = 512
+MIN_WIDTH = 256
 
 
 def switched_on() -> bool:
@@ -98,3 +109,34 @@ def matmul(transpose_a: bool = False, transpose_b: bool = False, dtype=ms.float3
     if path is None:
         return ops.MatMul(transpose_a=transpose_a, transpose_b=transpose_b)
     return _differentiable(path, name)
+
+
+class RowsMatMul(nn.Cell):
+    """c = op(a) @ op(b) on 2-D tensors with ours when a's leading dimension (the token rows: x (N, in) forward,
+    dy (N, out) in both gradients) is at least `min_rows`, a's other one and b's free one (the layer's in and out
+    features) at least `min_width`, and both are fp32; else MindSpore's MatMul. Shapes and dtypes are constants
+    when the graph is compiled (static shapes), so each compiled product holds one of the two."""
+
+    def __init__(self, ours, transpose_a: bool, transpose_b: bool, min_rows: int, min_width: int):
+        super().__init__()
+        self.ours = ours
+        self.theirs = ops.MatMul(transpose_a=transpose_a, transpose_b=transpose_b)
+        self.free_b = 0 if transpose_b else 1  # b's dimension that is not summed over
+        self.min_rows, self.min_width = min_rows, min_width
+
+    def construct(self, a, b):
+        if a.shape[0] >= self.min_rows and a.shape[1] >= self.min_width and b.shape[self.free_b] >= self.min_width \
+                and a.dtype == ms.float32 and b.dtype == ms.float32:
+            return self.ours(a, b)
+        return self.theirs(a, b)
+
+
+def rows_matmul(transpose_a: bool = False, transpose_b: bool = False, dtype=ms.float32, min_rows: int = MIN_ROWS,
+                min_width: int = MIN_WIDTH):
+    """What the model's projections and head call: `RowsMatMul` over ours when `matmul(...)` gives ours, else
+    MindSpore's MatMul itself (switched off, Ascend/GPU, a compute dtype but fp32, no library: the graph is as
+    it was before these kernels)."""
+    ours = matmul(transpose_a, transpose_b, dtype)
+    if not isinstance(ours, ops.Custom):
+        return ours
+    return RowsMatMul(ours, transpose_a, transpose_b, min_rows, min_width)

@@ -34,6 +34,8 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
+from mindgrpo.kernels.matmul import rows_matmul
+
 
 class HeadLogProbs(nn.Cell):
     def __init__(self, chunk: int, with_entropy: bool, vocab_start: int = 0, max_over=None, sum_over=None):
@@ -43,9 +45,10 @@ class HeadLogProbs(nn.Cell):
         self.chunk, self.with_entropy, self.start = chunk, with_entropy, vocab_start
         self.max_over = max_over if max_over is not None else nn.Identity()  # (N, 1) -> group max
         self.sum_over = sum_over if sum_over is not None else nn.Identity()  # (N, 3) -> group sum
-        self.project = ops.MatMul(transpose_b=True)  # h (C, H) x w (V, H) -> (C, V), no `.T` copy
-        self.back_h = ops.MatMul()  # dlogit (C, V) x w (V, H) -> (C, H)
-        self.back_w = ops.MatMul(transpose_a=True)  # dlogit (C, V)^T x h (C, H) -> (V, H)
+        # ours on CPU for fp32 chunks of many rows (mindgrpo/kernels), else MindSpore's MatMul
+        self.project = rows_matmul(transpose_b=True)  # h (C, H) x w (V, H) -> (C, V), no `.T` copy
+        self.back_h = rows_matmul()  # dlogit (C, V) x w (V, H) -> (C, H)
+        self.back_w = rows_matmul(transpose_a=True)  # dlogit (C, V)^T x h (C, H) -> (V, H)
 
     def _local(self, labels, rows):
         """labels (C,) -> their index in this rank's slice (0 where not ours), and which are ours."""

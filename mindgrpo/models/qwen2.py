@@ -25,6 +25,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindgrpo.kernels.matmul import rows_matmul
 from mindgrpo.models.config import COMPUTE_DTYPES, Qwen2Config
 from mindgrpo.models.fused_head import HeadLogProbs
 from mindgrpo.models.reductions import row_sum
@@ -52,7 +53,7 @@ class Linear(nn.Cell):
         self.has_bias = bias is not None
         if self.has_bias:
             self.bias = Parameter(Tensor(np.ascontiguousarray(bias, np.float32)), name="bias")
-        self.matmul = ops.MatMul(transpose_b=True)
+        self.matmul = rows_matmul(transpose_b=True, dtype=compute_dtype)  # ours on CPU fp32 at many rows
         self.dtype = compute_dtype
         self.cast_needed = compute_dtype != ms.float32
         self.has_lora = False
@@ -562,7 +563,8 @@ class Qwen2ForCausalLM(nn.Cell):
         cos, sin = rope_table(cfg, max_positions or cfg.max_position_embeddings)
         self.rope_cos, self.rope_sin = Tensor(cos), Tensor(sin)  # constants, not parameters
         self.dtype = _DTYPES[cfg.compute_dtype]
-        self.head_matmul = ops.MatMul(transpose_b=True)  # never `.T` in a graph: that copies V*H
+        # never `.T` in a graph: that copies V*H; ours on CPU fp32 at many rows (mindgrpo/kernels)
+        self.head_matmul = rows_matmul(transpose_b=True, dtype=self.dtype)
 
     def recompute_layers(self):
         """Activation recompute, per decoder layer: a graph that differentiates this model (the

@@ -33,6 +33,13 @@ def built():
     assert kmatmul.library() is not None
 
 
+@pytest.fixture(autouse=True)
+def kernels_on(monkeypatch):
+    """These tests are of the kernels themselves: switched on whatever MINDGRPO_CPU_KERNELS the suite runs with
+    (the suite also runs with 0, which the model's tests take as MindSpore's MatMul)."""
+    monkeypatch.setenv(kmatmul.ENV, "1")
+
+
 class Grads(nn.Cell):
     """(a, b, dc) -> (c, da, db) of c = op(a) @ op(b) with the given primitive."""
 
@@ -151,3 +158,52 @@ def test_build_writes_the_library_whole_or_not_at_all(built, monkeypatch, tmp_pa
     assert os.listdir(tmp_path / "good") == [os.path.basename(path)]
     mtime = os.stat(path).st_mtime_ns
     assert kbuild.build() == path and os.stat(path).st_mtime_ns == mtime  # built once
+
+
+def test_rows_matmul_takes_ours_from_min_rows_and_min_width_and_mindspores_below(built, monkeypatch):
+    """RowsMatMul on either side of its thresholds (rows, then each of the two free sizes): bit for bit the product
+    of the kernel it chose (ours and MindSpore's round the sums of K = 896 differently, so the two are told apart);
+    fp16 inputs at many rows and a switched-off or fp16 factory give MindSpore's MatMul."""
+    class One(nn.Cell):
+        def __init__(self, op):
+            super().__init__()
+            self.op = op
+
+        def construct(self, a, b):
+            return self.op(a, b)
+
+    monkeypatch.setenv(kmatmul.ENV, "1")
+    chooser = kmatmul.rows_matmul(transpose_b=True, min_rows=64, min_width=700)
+    assert isinstance(chooser, kmatmul.RowsMatMul)
+    rng = np.random.default_rng(5)
+    told_apart = 0
+    # (rows, in, out): below the rows, at the rows, above, then in or out one short of the width
+    for m, k, n, taken in ((63, 896, 700, "theirs"), (64, 896, 700, "ours"), (200, 896, 700, "ours"),
+                           (200, 896, 699, "theirs"), (200, 699, 896, "theirs")):
+        a = rng.standard_normal((m, k), np.float32)
+        b = rng.standard_normal((n, k), np.float32)
+        got = One(chooser)(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        ours = One(kmatmul.matmul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        theirs = One(ops.MatMul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        np.testing.assert_array_equal(got, ours if taken == "ours" else theirs, err_msg=str((m, k, n)))
+        told_apart += not np.array_equal(ours, theirs)
+    assert told_apart == 5  # each case tells the two kernels apart
+    # the free size of b in the other forms: NN b (K, N), TN a (K, M) with b (K, N)
+    for ta, a_shape, b_shape, taken in ((False, (64, 896), (896, 699), "theirs"), (False, (64, 896), (896, 700), "ours"),
+                                        (True, (600, 700), (600, 699), "theirs"), (True, (600, 700), (600, 896), "ours")):
+        op = kmatmul.rows_matmul(transpose_a=ta, min_rows=64, min_width=700)
+        a = rng.standard_normal(a_shape, np.float32)
+        b = rng.standard_normal(b_shape, np.float32)
+        got = One(op)(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        ours = One(kmatmul.matmul(transpose_a=ta))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        theirs = One(ops.MatMul(transpose_a=ta))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        np.testing.assert_array_equal(got, ours if taken == "ours" else theirs, err_msg=str((ta, a_shape, b_shape)))
+        told_apart += not np.array_equal(ours, theirs)
+    assert told_apart == 9
+    half = np.float16
+    a, b = rng.standard_normal((200, 896)).astype(half), rng.standard_normal((700, 896)).astype(np.float32)
+    got = One(chooser)(ms.Tensor(a), ms.Tensor(b.astype(half))).asnumpy()  # fp16 at many rows: MindSpore's
+    np.testing.assert_array_equal(got, One(ops.MatMul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b.astype(half))).asnumpy())
+    assert type(kmatmul.rows_matmul(transpose_b=True, dtype=ms.float16)) is ops.MatMul
+    monkeypatch.setenv(kmatmul.ENV, "0")
+    assert type(kmatmul.rows_matmul(transpose_b=True)) is ops.MatMul

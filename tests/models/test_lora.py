@@ -31,11 +31,15 @@ BETA = 0.04
 def pair(request, tmp_path_factory):
     """(PEFT model with B non-zero, its HF base directory, our model with PEFT's adapter loaded from PEFT's
     files, the adapter folder)."""
+    return make_pair(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def make_pair(d, model_type, **shape):
+    """`pair`'s four in folder d, the HF model made with `shape` (make_hf_model's keywords) beside its defaults."""
     import torch
     from peft import LoraConfig, get_peft_model
 
-    d = tmp_path_factory.mktemp(request.param)
-    hf = make_hf_model(str(d / "hf"), model_type=request.param, seed=3)
+    hf = make_hf_model(str(d / "hf"), model_type=model_type, seed=3, **shape)
     peft_model = get_peft_model(copy.deepcopy(hf), LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
                                                                target_modules=list(ALL_LINEAR)))
     torch.manual_seed(5)
@@ -96,6 +100,20 @@ def test_logits_match_peft(pair):
     keep = mask.astype(bool)
     assert np.abs(ref - base)[keep].max() > 0.05  # the adapter changes the model
     assert np.abs(ours - ref)[keep].max() <= 1e-4
+
+
+def test_logits_match_peft_at_many_rows(tmp_path):
+    """4 x 150 = 600 token rows on a model 256 wide (MHA): the base projections take our CPU matmul (from 512 rows
+    and 256 features, on by default), the rank-4 adapters MindSpore's, against PEFT on the same weights."""
+    from mindgrpo.kernels.matmul import MIN_ROWS, MIN_WIDTH
+
+    peft_model, _, lm, _ = make_pair(tmp_path, "qwen2", hidden=MIN_WIDTH, heads=4, kv_heads=4, inter=2 * MIN_WIDTH,
+                                     std=0.05)
+    ids, mask = padded_batch(np.random.default_rng(4), 512, [150, 97, 131, 64], 150)
+    assert ids.size >= MIN_ROWS
+    ours = SequenceLogits(lm)(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    ref = hf_logits(peft_model, ids, mask)
+    assert np.abs(ours - ref)[mask.astype(bool)].max() <= 1e-4
 
 
 def _torch_grpo_grads(peft_model, ids, mask, score_pos, labels, valid, adv, old, ref):

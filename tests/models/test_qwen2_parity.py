@@ -40,6 +40,24 @@ def test_logits_match_transformers_on_padded_batch(pair):
     assert np.abs(ours - ref)[valid].max() <= 1e-4
 
 
+def test_logits_match_transformers_at_many_rows(tmp_path):
+    """4 x 150 = 600 token rows on a model 256 wide (MHA, so k and v too): with the CPU kernels on (the default)
+    every projection and the head take our matmul (mindgrpo/kernels: from 512 rows, 256 features), against
+    transformers' PyTorch on the same weights."""
+    from mindgrpo.kernels.matmul import MIN_ROWS, MIN_WIDTH
+
+    hf = make_hf_model(str(tmp_path / "hf"), hidden=MIN_WIDTH, heads=4, kv_heads=4, inter=2 * MIN_WIDTH, std=0.05,
+                       seed=11)
+    ckpt = str(tmp_path / "ms" / "model.ckpt")
+    assert convert_weight.main(["--torch_ckpt_dir", str(tmp_path / "hf"), "--mindspore_ckpt_path", ckpt]) == 0
+    lm = load_model(ckpt)
+    ids, mask = padded_batch(np.random.default_rng(4), 512, [150, 97, 131, 64], 150)
+    assert ids.size >= MIN_ROWS
+    ours = SequenceLogits(lm)(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    ref = hf_logits(hf, ids, mask)
+    assert np.abs(ours - ref)[mask.astype(bool)].max() <= 1e-4
+
+
 def test_left_padded_logits_match_transformers(pair):
     hf, lm = pair
     ids, mask = padded_batch(np.random.default_rng(2), 512, [11, 5, 8], 11)
