@@ -45,7 +45,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.grpo.optim import AccumulateGrads, AdamW, GradBuffer
 from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss, fold_metrics, metric_keys, metric_means
-from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.models.qwen2 import LayerGraph, Qwen2ForCausalLM
 from mindgrpo.models.reductions import squared_sum
 from mindgrpo.models.scoring import TokenLogProbs, causal_bias, positions
 
@@ -97,20 +97,8 @@ class _EmbedGrad(nn.Cell):
         return ops.depend(ops.zeros((1,), ms.float32), self.accumulate(grads))
 
 
-class _Layer(nn.Cell):
-    """x (B, S, H), cos, sin, bias, w (a layer's weights, `DecoderLayer.weights()` order) -> (B, S, H).
-    `layer` lends its code only (any layer of the model): the weights are the inputs."""
-
-    def __init__(self, layer: nn.Cell):
-        super().__init__(auto_prefix=False)
-        self.layer = layer
-
-    def construct(self, x, cos, sin, bias, w):
-        return self.layer.apply(x, cos, sin, bias, w)
-
-
 class _AdaptedLayer(nn.Cell):
-    """`_Layer` with the layer's LoRA adapters as inputs too: x, cos, sin, bias, w, lora (the adapters,
+    """`LayerGraph` with the layer's LoRA adapters as inputs too: x, cos, sin, bias, w, lora (the adapters,
     `DecoderLayer.lora_weights()` order) -> (B, S, H). frozen: no gradient flows into w (the base weights of a
     LoRA update: their gradients are neither wanted nor computed)."""
 
@@ -153,7 +141,7 @@ class _LayerGrad(nn.Cell):
 
     def __init__(self, layer: nn.Cell):
         super().__init__(auto_prefix=False)
-        self.layer = _Layer(layer)
+        self.layer = LayerGraph(layer)
         self.grad = ops.GradOperation(get_all=True, sens_param=True)
         self.n = len(layer.weights())
 
@@ -201,7 +189,7 @@ class LayerwiseGradStep:
         self.layer_accumulators = [ms.mutable(tuple(_Accumulators(buffer, params, t if self.lora else w).bufs))
                                    for w, t in zip(weights, tuned)]
         self.embed = _Embed(lm)
-        self.layer = _AdaptedLayer(layers[0]) if self.lora else _Layer(layers[0])
+        self.layer = _AdaptedLayer(layers[0]) if self.lora else LayerGraph(layers[0])
         self.layer_grad = _AdaptedLayerGrad(layers[0]) if self.lora else _LayerGrad(layers[0])
         self.head = GRPOGradStep(policy_loss, head, _Accumulators(buffer, params, head), wrt_inputs=True)
         self.embed_grad = _EmbedGrad(lm, _Accumulators(buffer, params, [embedding])) \
@@ -263,7 +251,7 @@ class LayerwiseLogProbs:
         self.layer_inputs = [(ms.mutable(tuple(layer.weights())),) + ((ms.mutable(tuple(layer.lora_weights())),)
                                                                       if self.lora else ()) for layer in layers]
         self.embed = _Embed(lm)
-        self.layer = _AdaptedLayer(layers[0]) if self.lora else _Layer(layers[0])
+        self.layer = _AdaptedLayer(layers[0]) if self.lora else LayerGraph(layers[0])
         self.head = TokenLogProbs(lm, with_entropy, temperature, chunk, from_hidden=True)
 
     def __call__(self, ids, score_pos, labels):

@@ -490,6 +490,20 @@ class DecoderLayer(nn.Cell):
         return x + self.feed_forward.apply(self.ffn_norm.apply(x, w[1]), w[6], w[7], w[8], ad[4:])
 
 
+class LayerGraph(nn.Cell):
+    """x (B, S, H), cos, sin, bias, w (a decoder layer's weights, `DecoderLayer.weights()` order) -> (B, S, H).
+    `layer` lends its code only (any layer of the model: `DecoderLayer.apply`); the weights are the graph's inputs,
+    read in place, so one compiled graph runs every layer (layerwise training and reference: grpo/layerwise.py;
+    layerwise reward-model scoring: models/reward_model.py)."""
+
+    def __init__(self, layer: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+
+    def construct(self, x, cos, sin, bias, w):
+        return self.layer.apply(x, cos, sin, bias, w)
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """The part of the model one pipeline stage holds: decoder layers [first_layer, end_layer),

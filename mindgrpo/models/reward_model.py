@@ -33,7 +33,7 @@ from mindspore import nn, ops
 from mindgrpo.models.checkpoint import find_config, read_model_state
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import REWARD_HEADS, head_of
-from mindgrpo.models.qwen2 import _DTYPES, NEG_INF, DenseLayers, Linear, Qwen2ForCausalLM, StageSpec
+from mindgrpo.models.qwen2 import _DTYPES, NEG_INF, DenseLayers, LayerGraph, Linear, Qwen2ForCausalLM, StageSpec
 from mindgrpo.models.scoring import causal_bias, segment_bias
 
 
@@ -183,18 +183,6 @@ class _Inputs(nn.Cell):
         return lm.model.tok_embeddings(ids).astype(lm.dtype), cos, sin, segment_bias(segments)
 
 
-class _Layer(nn.Cell):
-    """x (rows, L, H), cos, sin, bias, w (a decoder layer's weights, `DecoderLayer.weights()` order) -> the
-    layer's output: one compiled graph runs every layer (the weights are its inputs, read in place)."""
-
-    def __init__(self, layer: nn.Cell):
-        super().__init__(auto_prefix=False)
-        self.layer = layer
-
-    def construct(self, x, cos, sin, bias, w):
-        return self.layer.apply(x, cos, sin, bias, w)
-
-
 class _Head(nn.Cell):
     """x (rows, L, H) after the last layer -> the score at every position (rows, L) fp32."""
 
@@ -282,7 +270,7 @@ class RewardScorer:
         width = ids.shape[1]
         if width not in self._graphs:
             rm = self.rm
-            self._graphs[width] = (_Inputs(rm), _Layer(rm.lm.model.layers[rm.lm.layer_ids[0]]), _Head(rm)) \
+            self._graphs[width] = (_Inputs(rm), LayerGraph(rm.lm.model.layers[rm.lm.layer_ids[0]]), _Head(rm)) \
                 if self.layerwise else (_Whole(rm),)
             self.compiled_graphs += len(self._graphs[width])
         graphs = self._graphs[width]

@@ -69,6 +69,18 @@ def reference(a, b, dc, ta, tb):
     return exact, bounds
 
 
+
+class OneOp(nn.Cell):
+    """A graph of one product: op(a, b)."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def construct(self, a, b):
+        return self.op(a, b)
+
+
 @pytest.mark.parametrize("label", [k for k in SHAPE_CLASSES if not k.startswith("square")])
 def test_forward_and_gradients_match_mindspore_within_fp32_rounding(built, label):
     m, k, n, form = SHAPE_CLASSES[label]
@@ -95,19 +107,11 @@ def test_forward_and_gradients_match_mindspore_within_fp32_rounding(built, label
 def test_small_and_odd_shapes_are_exact(built):
     """Shapes the kernel's thread split meets at its edges: one row, a 17-row split, widths not a multiple of 16,
     each against fp64 within the fp32 bound."""
-    class One(nn.Cell):
-        def __init__(self, op):
-            super().__init__()
-            self.op = op
-
-        def construct(self, a, b):
-            return self.op(a, b)
-
     rng = np.random.default_rng(1)
     for m, k, n in ((1, 7, 3), (17, 300, 1001), (2049, 64, 33)):
         a = rng.standard_normal((m, k), np.float32)
         b = rng.standard_normal((n, k), np.float32)
-        c = One(kmatmul.matmul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        c = OneOp(kmatmul.matmul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
         exact = a.astype(np.float64) @ b.T.astype(np.float64)
         bound = k * U / (1 - k * U) * (np.abs(a.astype(np.float64)) @ np.abs(b.T.astype(np.float64)))
         assert np.all(np.abs(c - exact) <= bound), (m, k, n)
@@ -164,14 +168,6 @@ def test_rows_matmul_takes_ours_from_min_rows_and_min_width_and_mindspores_below
     """RowsMatMul on either side of its thresholds (rows, then each of the two free sizes): bit for bit the product
     of the kernel it chose (ours and MindSpore's round the sums of K = 896 differently, so the two are told apart);
     fp16 inputs at many rows and a switched-off or fp16 factory give MindSpore's MatMul."""
-    class One(nn.Cell):
-        def __init__(self, op):
-            super().__init__()
-            self.op = op
-
-        def construct(self, a, b):
-            return self.op(a, b)
-
     monkeypatch.setenv(kmatmul.ENV, "1")
     chooser = kmatmul.rows_matmul(transpose_b=True, min_rows=64, min_width=700)
     assert isinstance(chooser, kmatmul.RowsMatMul)
@@ -182,28 +178,31 @@ def test_rows_matmul_takes_ours_from_min_rows_and_min_width_and_mindspores_below
                            (200, 896, 699, "theirs"), (200, 699, 896, "theirs")):
         a = rng.standard_normal((m, k), np.float32)
         b = rng.standard_normal((n, k), np.float32)
-        got = One(chooser)(ms.Tensor(a), ms.Tensor(b)).asnumpy()
-        ours = One(kmatmul.matmul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
-        theirs = One(ops.MatMul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        got = OneOp(chooser)(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        ours = OneOp(kmatmul.matmul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        theirs = OneOp(ops.MatMul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
         np.testing.assert_array_equal(got, ours if taken == "ours" else theirs, err_msg=str((m, k, n)))
         told_apart += not np.array_equal(ours, theirs)
     assert told_apart == 5  # each case tells the two kernels apart
     # the free size of b in the other forms: NN b (K, N), TN a (K, M) with b (K, N)
-    for ta, a_shape, b_shape, taken in ((False, (64, 896), (896, 699), "theirs"), (False, (64, 896), (896, 700), "ours"),
-                                        (True, (600, 700), (600, 699), "theirs"), (True, (600, 700), (600, 896), "ours")):
+    for ta, a_shape, b_shape, taken in ((False, (64, 896), (896, 699), "theirs"),
+                                        (False, (64, 896), (896, 700), "ours"),
+                                        (True, (600, 700), (600, 699), "theirs"),
+                                        (True, (600, 700), (600, 896), "ours")):
         op = kmatmul.rows_matmul(transpose_a=ta, min_rows=64, min_width=700)
         a = rng.standard_normal(a_shape, np.float32)
         b = rng.standard_normal(b_shape, np.float32)
-        got = One(op)(ms.Tensor(a), ms.Tensor(b)).asnumpy()
-        ours = One(kmatmul.matmul(transpose_a=ta))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
-        theirs = One(ops.MatMul(transpose_a=ta))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        got = OneOp(op)(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        ours = OneOp(kmatmul.matmul(transpose_a=ta))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
+        theirs = OneOp(ops.MatMul(transpose_a=ta))(ms.Tensor(a), ms.Tensor(b)).asnumpy()
         np.testing.assert_array_equal(got, ours if taken == "ours" else theirs, err_msg=str((ta, a_shape, b_shape)))
         told_apart += not np.array_equal(ours, theirs)
     assert told_apart == 9
     half = np.float16
     a, b = rng.standard_normal((200, 896)).astype(half), rng.standard_normal((700, 896)).astype(np.float32)
-    got = One(chooser)(ms.Tensor(a), ms.Tensor(b.astype(half))).asnumpy()  # fp16 at many rows: MindSpore's
-    np.testing.assert_array_equal(got, One(ops.MatMul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b.astype(half))).asnumpy())
+    got = OneOp(chooser)(ms.Tensor(a), ms.Tensor(b.astype(half))).asnumpy()  # fp16 at many rows: MindSpore's
+    theirs = OneOp(ops.MatMul(transpose_b=True))(ms.Tensor(a), ms.Tensor(b.astype(half))).asnumpy()
+    np.testing.assert_array_equal(got, theirs)
     assert type(kmatmul.rows_matmul(transpose_b=True, dtype=ms.float16)) is ops.MatMul
     monkeypatch.setenv(kmatmul.ENV, "0")
     assert type(kmatmul.rows_matmul(transpose_b=True)) is ops.MatMul
