@@ -106,6 +106,7 @@ def test_row_lengths_are_two_a_octave():
     assert scoring_graph_bound(100, 16) == 3 * 6 and scoring_graph_bound(100, 16, layerwise=False) == 6
 
 
+@pytest.mark.slow  # 11-17 s: a graph set compiled for each of the many row lengths
 @pytest.mark.parametrize("max_tokens", [0, 192])
 def test_scorer_compiles_at_most_its_bound_whatever_the_lengths(pair, max_tokens):
     """Calls whose longest sequence takes 14 values from 5 to 96 tokens (and shorter sequences beside it): the
