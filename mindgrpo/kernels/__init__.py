@@ -5,5 +5,5 @@
 `matmul.py` loads the library and gives a drop-in for `ops.MatMul` with its backward, and `rows_matmul`, which
 the model's projections (with their LoRA adapters), its vocabulary head and the fused head use: ours for products
 of at least `MIN_ROWS` token rows (prefill-sized: training, scoring, the reference), MindSpore's for fewer
-(decode). DEVELOPERS.md, "A matmul of our own", has the table behind the threshold
+(decode). docs/cpu_kernels.md, "The threshold", has the tables behind it
 (`python -m benchmarks.matmul_peak --rows`)."""

@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 
 ENV = "MINDGRPO_CPU_KERNELS"
 # Where the model takes ours: at least MIN_ROWS token rows, and the product's two other sizes (the layer's in and
-# out features) at least MIN_WIDTH. `python -m benchmarks.matmul_peak --rows` (DEVELOPERS.md, "A matmul of our
-# own", has the table): below 512 rows neither side won clearly, and narrow products (the tiny model's width 128,
+# out features) at least MIN_WIDTH. `python -m benchmarks.matmul_peak --rows` (docs/cpu_kernels.md, "The
+# threshold", has the tables): below 512 rows neither side won clearly, and narrow products (the tiny model's width 128,
 # microseconds each) measured noise either way, so they keep MindSpore's and the tiny recipe's numerics.
 MIN_ROWS = 512
 MIN_WIDTH = 256
