@@ -309,8 +309,6 @@ class GRPOConfig:
         check(not rl.dynamic_sampling or rl.off_policy_steps == 0, "rl_config.dynamic_sampling",
               "with generate_config.placement separate: only with rl_config.off_policy_steps 0 for now (with k >= 1 a "
               "step's further rollouts would sample with newer weights than its first); set it 0 or leave this off")
-        check(not self.reward_config.judges, "reward_config.judges", "is not built with generate_config.placement "
-              "separate yet (docs/async.md, its limits): leave it off")
 
     def staleness_bound(self) -> int:
         """rl_config.max_staleness, or its default (sections.RLConfig): the most updates a training sample may be

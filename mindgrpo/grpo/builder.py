@@ -427,9 +427,10 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
         memory.register("reference", reference.get_parameters())
     engine = placement.engine(rollout)
     memory.register("kv_cache", sizer=engine.cache_bytes)
+    rc = cfg.reward_config  # the reward models, then the judges (grpo/reward_models.build_model_rewards's order)
     reward_models = placement.model_rewards(lambda: build_model_rewards(cfg, tokenizer, memory, placement),
-                                            cfg.reward_config.model_names(),
-                                            [e.weight for e in cfg.reward_config.reward_models])
+                                            rc.model_names() + rc.judge_names(),
+                                            [e.weight for e in (*rc.reward_models, *rc.judges)])
     base_sync = None
     if shared:
         sync = placement.shared_sync()

@@ -164,7 +164,8 @@ class OneDevice:
 
     def model_rewards(self, build: Callable[[], object], names: Sequence[str], weights: Sequence[float]):
         """The run's reward models as the trainer scores with them: `build()` (`grpo/reward_models.
-        build_model_rewards`: None without any); names and weights: reward_config's."""
+        build_model_rewards`: None without any); names and weights: reward_config's
+        (the reward models', then the judges')."""
         return build()
 
     def grad_reducer(self) -> Optional[DataParallelGrads]:
@@ -387,8 +388,8 @@ class SeparatePlacement(OneDevice):
         return rewards if self.trainers == 1 else SharedRewards(rewards, self.comm, group=self.comm.train_dp)
 
     def model_rewards(self, build: Callable[[], object], names: Sequence[str], weights: Sequence[float]):
-        """Several training ranks: rank 0 alone loads the reward models and scores the whole batch, every training
-        rank gets its scores and metrics (`SharedModelRewards`)."""
+        """Several training ranks: rank 0 alone loads the reward models and judges and scores the whole batch, every
+        training rank gets its scores, metrics and judges' answers (`SharedModelRewards`)."""
         if self.trainers == 1 or not names:
             return build()
         models = build() if self.comm.rank == TRAIN_RANK else None

@@ -9,8 +9,9 @@ other ranks add zeros (x + 0.0 == x).
     rewards = SharedRewards(build_rewards(cfg), comm)
     total, per_function, metrics = rewards(completions, **columns)   # the same on every rank
 
-The reward models of a separate placement's training group (D > 1 ranks) likewise: rank 0 alone loads them and
-scores the whole batch (`SharedModelRewards`), its scores and metrics pickled to the others.
+The reward models and generative judges of a separate placement's training group (D > 1 ranks) likewise: rank 0
+alone loads them and scores the whole batch (`SharedModelRewards`), its scores, metrics and judges' answers pickled to
+the others.
 
 A reward function that breaks its contract raises RewardError on rank 0, which exits; msrun then ends the
 other ranks, waiting in the host sum (and the watchdog would, after rl_config.collective_timeout_s).
@@ -87,7 +88,7 @@ class SharedModelRewards:
             raise ValueError(f"reward models: rank {scorer} scores, its models {held} are not the reward_config's "
                              f"{list(names)}")
         self.names, self.weights = list(names), list(weights)
-        self.last_answers: dict = {}  # generative judges' answers: none here (the separate placement refuses judges)
+        self.last_answers: dict = {}  # {judge name: its answers}: the scorer's, after each call
 
     def parameters(self) -> list:
         return self.models.parameters() if self.models is not None else []
@@ -108,9 +109,14 @@ class SharedModelRewards:
             self.models.release()
 
     def __call__(self, prompt_ids, completion_ids, columns=None):
-        """({name: scores (B,)}, metrics): `scorer`'s, on every rank of the group."""
-        mine = self.models(prompt_ids, completion_ids, columns) if self.models is not None else None
+        """({name: scores (B,)}, metrics): `scorer`'s, on every rank of the group; its judges' answers in
+        `last_answers`."""
+        mine = None
+        if self.models is not None:
+            scores, metrics = self.models(prompt_ids, completion_ids, columns)
+            mine = (scores, metrics, self.models.last_answers)
         given = [v for v in host_gather(self.comm, mine, self.group) if v is not None]
         if len(given) != 1:
             raise RuntimeError(f"reward models: {len(given)} ranks of the group scored, not one (rank {self.scorer})")
-        return given[0]
+        scores, metrics, self.last_answers = given[0]
+        return scores, metrics

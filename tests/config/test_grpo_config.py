@@ -557,7 +557,6 @@ SEPARATE = ["generate_config.placement=separate"]
     # dynamic sampling: a step's further rollouts with the weights of its first only when the ranks take turns
     (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=1"], "rl_config.dynamic_sampling"),
     (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=2"], "rl_config.dynamic_sampling"),
-    (["reward_config.judges=[{path: models/judge}]"], "reward_config.judges"),
 ])
 def test_separate_placement_rules(extra, key):
     # validation, the warm start and LoRA run with it (the rollout rank validates, the training rank warm-starts;
@@ -566,12 +565,13 @@ def test_separate_placement_rules(extra, key):
                                                         "sft_config.steps=3", "actor_config.lora_rank=8"])
     assert cfg.generate_config.placement == "separate" and cfg.rl_config.off_policy_steps == 1
     assert cfg.actor_config.lora_rank == 8
-    # a rollout group of three replicas (world 4), with LoRA and a reward model on the training rank, the batch not a
-    # multiple of three (uneven shares)
+    # a rollout group of three replicas (world 4), with LoRA, a reward model and a judge on the training rank, the
+    # batch not a multiple of three (uneven shares)
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.parallel_config.data_parallel=3",
                                                         "rl_config.batch_size=4", "actor_config.lora_rank=8",
-                                                        "reward_config.reward_models=[{path: rm.ckpt}]"])
-    assert cfg.generate_config.parallel_config.data_parallel == 3
+                                                        "reward_config.reward_models=[{path: rm.ckpt}]",
+                                                        "reward_config.judges=[{path: models/judge}]"])
+    assert cfg.generate_config.parallel_config.data_parallel == 3 and len(cfg.reward_config.judges) == 1
     # an environment: the rollout ranks run its conversations as tools' (its resets are the prompts), on any group
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.environment=guess_number",
                                                         "generate_config.parallel_config.data_parallel=2",

@@ -74,6 +74,23 @@ def keep_rollouts(trainer) -> dict:
     return kept
 
 
+def save_judge(folder, model_yaml, seed=11) -> str:
+    """A random causal LM of `model_yaml`'s shape as a MindSpore .ckpt with its config beside it (a generative judge's
+    model): its path."""
+    import shutil
+
+    from mindgrpo.models.checkpoint import model_state, save_ms_checkpoint
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+    os.makedirs(folder, exist_ok=True)
+    shutil.copyfile(model_yaml, os.path.join(folder, "config.yaml"))
+    lm = Qwen2ForCausalLM(Qwen2Config.load(model_yaml, param_init_std=0.5), seed=seed)
+    path = os.path.join(folder, "judge.ckpt")
+    save_ms_checkpoint({n: ("F32", a) for n, a in model_state(lm).items()}, path)
+    return path
+
+
 def save_reward_model(folder, model_yaml, seed=7) -> str:
     """A random reward model of `model_yaml`'s shape as a MindSpore .ckpt with its config beside it: its path."""
     import shutil

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import re
-import shutil
 
 import numpy as np
 import pytest
@@ -17,13 +16,11 @@ import mindspore as ms
 
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
 from mindgrpo.grpo import builder
-from mindgrpo.models.checkpoint import model_state, save_ms_checkpoint
 from mindgrpo.models.config import Qwen2Config
-from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.rewards.judge_parsers import JUDGE_PARSERS
 from mindgrpo.utils.progress import Progress
 
-from fakes import keep_rollouts, one_layer_micro, watch_ledger
+from fakes import keep_rollouts, one_layer_micro, save_judge, watch_ledger
 from test_reward_models import MICRO
 
 TEMPLATE = "Question: {{ prompt }} Answer: {{ completion }} Solution: {{ solution }} Score:"
@@ -49,16 +46,6 @@ class Rows:
 
     def log_completions(self, step, rows):
         self.rows.extend(rows)
-
-
-def save_judge(folder, model_yaml, seed=11) -> str:
-    """A random causal LM of the micro shape as a MindSpore .ckpt with its config beside it."""
-    os.makedirs(folder, exist_ok=True)
-    shutil.copyfile(model_yaml, os.path.join(folder, "config.yaml"))
-    lm = Qwen2ForCausalLM(Qwen2Config.load(model_yaml, param_init_std=0.5), seed=seed)
-    path = os.path.join(folder, "judge.ckpt")
-    save_ms_checkpoint({n: ("F32", a) for n, a in model_state(lm).items()}, path)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ import sys
 import pytest
 import yaml
 
-from grpo.fakes import one_layer_micro, save_reward_model  # tests/ is on the path (pyproject.toml)
+from grpo.fakes import one_layer_micro, save_judge, save_reward_model  # tests/ is on the path (pyproject.toml)
 from grpo.tool_caller import tool_calling_micro
 from msrun_util import REPO, WORKERS, run_msrun
 
@@ -60,7 +60,8 @@ CONFIG = ["rl_config.batch_size=2", "rl_config.num_generations=4", "actor_config
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("separate")
     model = one_layer_micro(out)
-    save_reward_model(str(out / "rm"), model)  # sep1 and col1 score with it (workers/one_stage_runs.py)
+    save_reward_model(str(out / "rm"), model)  # sep1 and col1 score with it and ask the judge (workers/one_stage_runs.py)
+    save_judge(str(out / "judge"), model)
     shared = [*CONFIG, f"actor_config.model={model}"]
     # sep0t and col0t load it (workers/one_stage_runs.py: TOOLS, whose tools and chat template make the tokenizer)
     tool_calling_micro(str(out / "tool_caller"), shared + [
@@ -126,10 +127,15 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
         assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
     if run == "1":
         assert [m["staleness/mean"] for m in ms] == [m["staleness/mean"] for m in mc] == [0.0, 1.0, 1.0]
-        # the reward model scored on the training rank as in one process, and its scores differ between samples
-        keys = ("reward/rm/mean", "reward/rm/std", "reward/total/mean")
-        assert [[m[k] for k in keys] for m in ms] == [[m[k] for k in keys] for m in mc]
+        # the reward model and the judge scored on the training rank (1g: rank 0, for both) as in one process, and
+        # the reward model's scores differ between samples
+        keys = ("reward/rm/mean", "reward/rm/std", "reward/critic/mean", "reward/critic/none", "reward/total/mean")
+        assert [[repr(m[k]) for k in keys] for m in ms] == [[repr(m[k]) for k in keys] for m in mc]  # NaN: no score
         assert all(m["reward/rm/std"] > 0 and m["reward/rm/none"] == 0 for m in ms)
+        # the judge's answers, logged with the completions (by training rank 0), are one process's
+        answers = samples(sep, ("judge/critic",))
+        assert answers == samples(col, ("judge/critic",)) and all(len(step) == 8 for step in answers)
+        assert len({a for step in answers for a in step}) > 1
     if run == "0":  # the warm start moved the weights rank 1 samples with: sep1 samples step 1 without it (same seeds)
         assert samples(runs / "sep1" if not group else runs / "sep1d")[0] != got[0]
     # two training ranks: after each update (the last included) rank 1's weights are rank 0's, bit for bit (each

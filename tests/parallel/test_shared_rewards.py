@@ -96,10 +96,19 @@ class LengthScorer:
         return np.asarray([0.5 * len(s) for s in seqs], np.float32)
 
 
+class AnsweringModels(ModelRewards):
+    """ModelRewards whose call also leaves a judge's answers (grpo/judges.Judge.last_answers), one per completion."""
+
+    def __call__(self, prompt_ids, completion_ids, columns=None):
+        out = super().__call__(prompt_ids, completion_ids, columns)
+        self.last_answers = {"critic": [f"{len(c)} of 10" for c in completion_ids]}
+        return out
+
+
 def length_models():
-    """A normalising reward model scoring completions by their length (an empty one: no score)."""
+    """A normalising reward model scoring completions by their length (an empty one: no score), and a judge's answers."""
     scorer = LengthScorer()
-    return ModelRewards([ModelReward("len", 0.5, "completion", scorer, normalize=True)]), scorer
+    return AnsweringModels([ModelReward("len", 0.5, "completion", scorer, normalize=True)]), scorer
 
 
 def test_the_training_groups_rank_zero_scores_with_the_reward_models_for_every_training_rank():
@@ -117,7 +126,7 @@ def test_the_training_groups_rank_zero_scores_with_the_reward_models_for_every_t
         models, scorer = length_models() if r == 0 else (None, LengthScorer())
         shared = SharedModelRewards(models, world.rank(r), world.rank(r).train_dp, ("len",), (0.5,))
         assert shared.names == ["len"] and shared.weights == [0.5]
-        scored = [shared(prompts, completions) for completions in steps]
+        scored = [(*shared(prompts, completions), shared.last_answers) for completions in steps]
         shared.release()  # rl_config.release_graphs after the phase: the scorer's graphs, where it holds them
         got[r] = (scored, scorer.calls, shared.state(), scorer.released)
 
@@ -130,9 +139,11 @@ def test_the_training_groups_rank_zero_scores_with_the_reward_models_for_every_t
     assert got[0][1] == [("rank0", 2), ("rank0", 3)] and got[1][1] == []  # rank 1 never scores
     assert got[0][3] == 1 and got[1][3] == 0  # rank 0 drops its scoring graphs; rank 1 holds none
     for r in (0, 1):
-        for (scores, metrics), (want_scores, want_metrics) in zip(got[r][0], expected):
+        for (scores, metrics, answers), (want_scores, want_metrics), completions in zip(got[r][0], expected, steps):
             np.testing.assert_array_equal(scores["len"], want_scores["len"])
             assert metrics == want_metrics
+            # the judges' answers (logged with the completions) are rank 0's, on every rank
+            assert answers == {"critic": [f"{len(c)} of 10" for c in completions]}
     assert got[0][2] == alone.state()  # rank 0's running statistics (its checkpoint's) are one process's
     assert got[1][2] == {} and alone.state()  # rank 1 keeps none (it writes no checkpoint)
     with pytest.raises(ValueError, match="reward_config's"):  # the scorer's models are the config's

@@ -158,9 +158,12 @@ RUNS = {
 }
 
 out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
-# sep1, col1 (and sep1r, sep1d) also score with a reward model on the training rank, the random one of the micro shape that
-# tests/parallel/test_separate.py saves as OUT_DIR/rm/rm.ckpt (tests/grpo/fakes.save_reward_model), beside the rule
-REWARD_MODEL = [f"reward_config.reward_models=[{{path: {os.path.join(out, 'rm', 'rm.ckpt')}, name: rm, weight: 0.5}}]"]
+# sep1, col1 (and sep1r, sep1d, sep1g) also score with a reward model and a generative judge on the training rank (sep1g:
+# on training rank 0 for both), the random ones of the micro shape that tests/parallel/test_separate.py saves as
+# OUT_DIR/rm/rm.ckpt and OUT_DIR/judge/judge.ckpt (tests/grpo/fakes.save_reward_model, save_judge), beside the rule
+REWARD_MODEL = [f"reward_config.reward_models=[{{path: {os.path.join(out, 'rm', 'rm.ckpt')}, name: rm, weight: 0.5}}]",
+                f"reward_config.judges=[{{path: {os.path.join(out, 'judge', 'judge.ckpt')}, name: critic, weight: 0.25, "
+                "max_tokens: 4, max_num_seqs: 8, max_model_len: 256, score_range: [0, 50]}]"]
 for name in ("sep1", "col1", "sep1d", "sep1g"):
     RUNS[name] = [(flags, more + REWARD_MODEL) for flags, more in RUNS[name]]
 # sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step
