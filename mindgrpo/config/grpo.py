@@ -262,6 +262,16 @@ class GRPOConfig:
                       "its complete groups (min_groups) only without conversations, and a parked conversation would "
                       "have to be carried with its tool calls")
 
+        for i, entry in enumerate(self.reward_config.reward_models):  # parallel/replica_scores.py
+            key, tp = f"reward_config.reward_models[{i}].model_parallel", entry.model_parallel
+            if self.generate_config.placement == "separate":  # the training rank (rank 0 of several) scores alone
+                check(tp in (None, 1), key, "must be 1 (or null) with generate_config.placement separate: training "
+                      f"rank 0 holds the reward model whole and scores for the training group, got {tp}")
+            else:
+                world = actor.parallel_config.world_size
+                check(tp is None or world % tp == 0, key,
+                      f"must divide the world of {world} ranks (actor_config.parallel_config), got {tp}")
+
         gen = self.generate_config
         check(not (gen.tools and gen.environment is not None), "generate_config.environment",
               "cannot combine with generate_config.tools: a run's conversations are one kind (tools or an environment)")

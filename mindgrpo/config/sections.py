@@ -552,9 +552,15 @@ class RewardModelConfig:
     # the score, standardised by the running mean and std of every score this model gave so far (the current
     # batch's included) before it is weighted: (x - mean) / max(std, 1e-6)
     normalize: bool = False
+    # under msrun, the reward model's own layout: split over this many ranks (tensor parallelism, vLLM's
+    # tensor_parallel_size), the world's other ranks data-parallel replicas of it, each scoring its share of the
+    # rollouts (parallel/replica_scores.py); None: the policy's (actor_config.parallel_config.model_parallel)
+    model_parallel: Optional[int] = None
 
     def __post_init__(self):
         check(bool(self.path), "path", "names no reward model (an HF folder or a MindSpore .ckpt)")
+        check(self.model_parallel is None or self.model_parallel >= 1, "model_parallel",
+              f"must be >= 1 (or null: the policy's), got {self.model_parallel}")
         check(self.template in REWARD_MODEL_TEMPLATES, "template",
               f"unknown reward model template {self.template!r}; valid names: {', '.join(REWARD_MODEL_TEMPLATES)}")
         _check_positive(self, "micro_batch_size")

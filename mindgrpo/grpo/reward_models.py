@@ -128,7 +128,8 @@ def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None, placement=None)
     """The reward models of `reward_config.reward_models` and the judges of `reward_config.judges` (None when there
     are none), registered with the swap ledger as the group "reward_model". Each model's vocabulary must hold the
     tokenizer's. Under msrun (`placement`) a reward model is split like the policy's tensor parallelism
-    (`parallel.placement.ParallelPlacement.reward_model`); a judge runs whole on every rank."""
+    (`parallel.placement.ParallelPlacement.reward_model`), or over its entry's model_parallel ranks, each replica
+    scoring its share of the rollouts (`reward_scorer`); a judge runs whole on every rank."""
     placement = placement or OneDevice()
     entries, judges = cfg.reward_config.reward_models, cfg.reward_config.judges
     if not entries and not judges:
@@ -138,13 +139,15 @@ def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None, placement=None)
     for i, (entry, name) in enumerate(zip(entries, cfg.reward_config.model_names())):
         key = f"reward_config.reward_models[{i}]"
         try:
-            rm: RewardModel = placement.reward_model(entry.path, entry.config, cfg.actor_config.dtype)
+            rm: RewardModel = placement.reward_model(entry.path, entry.config, cfg.actor_config.dtype,
+                                                     entry.model_parallel)
         except (OSError, ValueError) as e:
             raise ValueError(f"{key}.path: {e}") from None
         if rm.config.vocab_size < vocab_size:
             raise ValueError(f"{key}.path: the reward model's vocab_size {rm.config.vocab_size} is smaller than "
                              f"the tokenizer's {vocab_size} (a reward model scores the policy's tokens)")
-        scorer = RewardScorer(rm, entry.micro_batch_size, entry.max_tokens_per_micro_batch, pad_token_id)
+        scorer = placement.reward_scorer(RewardScorer(rm, entry.micro_batch_size, entry.max_tokens_per_micro_batch,
+                                                      pad_token_id), entry.model_parallel)
         models.append(ModelReward(name, entry.weight, entry.template, scorer, entry.normalize))
         logger.info("reward model %r: %s, weight %g, template %s", name, entry.path, entry.weight, entry.template)
     for i, (entry, name) in enumerate(zip(judges, cfg.reward_config.judge_names())):

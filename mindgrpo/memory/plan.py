@@ -329,11 +329,11 @@ class MemoryPlan:
         return int(CPU_RUNTIME_BYTES) + held - (self.groups["grads"] if release else 0)
 
 
-def reward_model_bytes(configs: Sequence[Qwen2Config], tp: int = 1) -> int:
-    """The reward models' fp32 weights (decoder and scalar head), each rank's tensor-parallel piece of each (split
-    like the policy: `parallel.placement.ParallelPlacement.reward_model`)."""
-    layout = ParallelLayout(dp=1, tp=tp)
-    return sum(4 * int(np.prod(layout.shard_shape(name, shape))) for c in configs
+def reward_model_bytes(configs: Sequence[Qwen2Config], tps: Sequence[int]) -> int:
+    """The reward models' fp32 weights (decoder and scalar head), each rank's tensor-parallel piece of each, split
+    over tps[i] ranks (its entry's model_parallel, or the policy's: `parallel.placement.ParallelPlacement.
+    reward_model`)."""
+    return sum(4 * int(np.prod(ParallelLayout(dp=1, tp=tp).shard_shape(name, shape))) for c, tp in zip(configs, tps)
                for name, shape in expected_shapes(c, "score").items())
 
 
@@ -400,7 +400,10 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
         raise ValueError(f"{len(reward_models)} model configs for {n_rm} reward_config.reward_models and "
                          f"{n_judges} reward_config.judges")
     if reward_models:
-        groups["reward_model"] = reward_model_bytes(reward_models[:n_rm], train.tp) + judge_bytes(
+        # separate placement: training rank 0 holds each whole (parallel/shared_rewards.SharedModelRewards)
+        default_tp = 1 if gcfg.generate_config.placement == "separate" else train.tp
+        tps = [e.model_parallel or default_tp for e in gcfg.reward_config.reward_models]
+        groups["reward_model"] = reward_model_bytes(reward_models[:n_rm], tps) + judge_bytes(
             reward_models[n_rm:], gcfg.reward_config.judges, gcfg.actor_config.dtype)
     table = {**(SHARED_PHASES if shared else PHASES), **({"reference": ("policy",)} if lora else {})}
     phases = {p: [g for g in table[p] if g in groups] for p in ACTIVE_PHASES}

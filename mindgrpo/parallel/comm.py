@@ -32,7 +32,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindgrpo.parallel.layout import LayoutError, ParallelLayout
+from mindgrpo.parallel.layout import LayoutError, ParallelLayout, reward_model_layout
 from mindgrpo.parallel.reshard_plan import exchange_groups
 from mindgrpo.utils import heartbeat
 from mindgrpo.utils.process import die_with_parent
@@ -178,6 +178,13 @@ def layouts_of(cfg) -> Tuple[ParallelLayout, ParallelLayout, Optional[ParallelLa
     return train, infer, ref
 
 
+def reward_model_layouts(cfg, world: int) -> List[ParallelLayout]:
+    """The layouts of reward_config.reward_models whose `model_parallel` is set (`parallel/replica_scores.py`): their
+    groups are created at start-up with the others'. The others take the policy's tensor-parallel groups."""
+    return [reward_model_layout(world, e.model_parallel) for e in cfg.reward_config.reward_models
+            if e.model_parallel is not None]
+
+
 def check_layouts(cfg, world: int) -> None:
     """LayoutError naming the config section whose data_parallel*model_parallel*pipeline_stage
     is not the world size."""
@@ -231,7 +238,7 @@ def init_parallel(cfg) -> Comm:
     if rl.collective_timeout_s > 0 and not communication_started():  # read at init(): once per process
         os.environ[CPU_TIMEOUT_ENV] = str(collective_wait_s(os.environ.get(CPU_TIMEOUT_ENV), rl.collective_timeout_s,
                                                             rl.compile_timeout_s))
-    comm = init_comm(train, infer, ref)
+    comm = init_comm(train, infer, ref, more=reward_model_layouts(cfg, train.world_size))
     check_layouts(cfg, comm.world)
     return comm
 
@@ -298,13 +305,14 @@ def tie_to_msrun() -> None:
 
 
 def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[ParallelLayout] = None,
-              reshards: Sequence[Tuple[ParallelLayout, ParallelLayout]] = ()) -> Comm:
+              reshards: Sequence[Tuple[ParallelLayout, ParallelLayout]] = (),
+              more: Sequence[ParallelLayout] = ()) -> Comm:
     """Initialise communication (once per process), check the layouts against the world, and
     create every group they use (tensor-, data- and pipeline-parallel, neighbouring stages, the
     resharding exchanges), in one global order (HCCL needs every member of a group to
     create it, and shared groups created in the same order everywhere). reshards: more
     (source, destination) layout pairs, whose layouts' groups and resharding groups are created
-    too (tests, benchmarks)."""
+    too (tests, benchmarks); more: layouts whose groups are created too (reward models' own)."""
     from mindspore.communication import create_group, get_group_size, get_rank, init
 
     if not communication_started():
@@ -315,6 +323,7 @@ def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[Parall
     if ref is not None:
         layouts.append(("ref_config.parallel_config", ref))
     layouts += [("reshards", layout) for pair in reshards for layout in pair]
+    layouts += [("reward_config.reward_models[].model_parallel", layout) for layout in more]
     wanted = set()
     for where, layout in layouts:
         layout.check_world(world, where)

@@ -240,3 +240,12 @@ def _strip_optimizer_prefix(name: str) -> str:
         if name.startswith(prefix):
             return name[len(prefix):]
     return name
+
+
+def reward_model_layout(world: int, model_parallel: int) -> ParallelLayout:
+    """A reward model split over `model_parallel` ranks (reward_config.reward_models[i].model_parallel), the world's
+    other ranks its data-parallel replicas (`parallel/replica_scores.py`)."""
+    if model_parallel < 1 or world % model_parallel:
+        raise LayoutError(f"reward_config.reward_models: model_parallel {model_parallel} does not divide the world of "
+                          f"{world} ranks")
+    return ParallelLayout(dp=world // model_parallel, tp=model_parallel)

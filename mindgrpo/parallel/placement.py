@@ -17,8 +17,10 @@ depends on how the run is laid out over devices, and runs the same build sequenc
     grad_reducer    None                               DataParallelGrads over the training dp group
     pipeline(role)  None (one stage)                   the role's Pipeline (its stage's hand-offs)
     rewards(set)    the RewardSet                      SharedRewards: rank 0 scores, every rank gets its scores
-    reward_model    a reward model whole                its tensor-parallel piece over the policy layout's
-                                                       tp group (every layer: no pipeline stages)
+    reward_model    a reward model whole                its tensor-parallel piece in its own layout (model_parallel
+                                                       of the entry, or the policy's tp; every layer: no stages)
+    reward_scorer   the scorer itself                  ReplicaScores: each replica of that layout scores its
+                                                       share, every rank gets every score
     model_rewards   the reward models, built           the same (SeparatePlacement with D > 1 training ranks:
                                                        SharedModelRewards, rank 0 alone holds and scores them)
     checkpoints     LocalCheckpoints                   ShardedCheckpoints (every rank its pieces)
@@ -60,8 +62,9 @@ from mindgrpo.models.reward_model import RewardModel, load_reward_model
 from mindgrpo.parallel.checkpoints import LocalCheckpoints, load_params
 from mindgrpo.parallel.comm import CPU_CHUNK, Comm, init_parallel, init_separate, layouts_of
 from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
-from mindgrpo.parallel.layout import ParallelLayout
+from mindgrpo.parallel.layout import ParallelLayout, reward_model_layout
 from mindgrpo.parallel.pipeline import Pipeline, stage_spec
+from mindgrpo.parallel.replica_scores import ReplicaScores, replica_of
 from mindgrpo.parallel.reshard import Reshard
 from mindgrpo.parallel.separate import TRAIN_RANK, Meeting, RemoteRollout, SendWeights, TrainingGroupCheckpoints
 from mindgrpo.parallel.sharded_checkpoints import ShardedCheckpoints
@@ -143,8 +146,13 @@ class OneDevice:
     def engine(self, rollout: RolloutEngine) -> Engine:
         return rollout
 
-    def reward_model(self, path: str, config: Optional[str], compute_dtype: str) -> RewardModel:
+    def reward_model(self, path: str, config: Optional[str], compute_dtype: str,
+                     model_parallel: Optional[int] = None) -> RewardModel:
         return load_reward_model(path, config, compute_dtype=compute_dtype)
+
+    def reward_scorer(self, scorer, model_parallel: Optional[int] = None):
+        """The scorer the trainer calls: one device scores every rollout itself."""
+        return scorer
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
@@ -255,13 +263,27 @@ class ParallelPlacement:
     def engine(self, rollout: RolloutEngine) -> Engine:
         return DataParallelEngine(rollout, self.comm, self.comm.infer_dp)
 
-    def reward_model(self, path: str, config: Optional[str], compute_dtype: str) -> RewardModel:
-        """This rank's piece of a reward model, split like the policy's tensor parallelism (the policy is on the host
-        while it scores); every data-parallel replica scores every rollout."""
-        layout = self.layouts["policy"]
+    def reward_model_layout(self, model_parallel: Optional[int]) -> ParallelLayout:
+        """A reward model's layout: split over model_parallel ranks (reward_config.reward_models[i].model_parallel),
+        or like the policy's tensor parallelism (None); its tensor-parallel groups are its replicas."""
+        if model_parallel is None:
+            return self.layouts["policy"]
+        return reward_model_layout(self.comm.world, model_parallel)
+
+    def reward_model(self, path: str, config: Optional[str], compute_dtype: str,
+                     model_parallel: Optional[int] = None) -> RewardModel:
+        """This rank's piece of a reward model in its layout (`reward_model_layout`; the policy is on the host while
+        it scores)."""
+        layout = self.reward_model_layout(model_parallel)
         rm = reward_model_piece(path, config, layout, self.comm.tp_group(layout), compute_dtype)
         heartbeat.beat()
         return rm
+
+    def reward_scorer(self, scorer, model_parallel: Optional[int] = None):
+        """Each replica of the reward model's layout scores its share of the rollouts, every rank gets every score
+        (`parallel/replica_scores.ReplicaScores`); with one replica, the scorer itself."""
+        replica = replica_of(self.reward_model_layout(model_parallel), self.comm.rank)
+        return scorer if replica.count == 1 else ReplicaScores(scorer, self.comm, replica)
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,

@@ -62,7 +62,7 @@ FULL = GRPOConfig(
         soft_overlong=SoftOverlongConfig(buffer_len=256, max_len=900),
         reward_models=(RewardModelConfig(path="models/rm", name="helpful", weight=0.5, template="completion",
                                          config="models/rm/config.yaml", micro_batch_size=4,
-                                         max_tokens_per_micro_batch=4096, normalize=True),),
+                                         max_tokens_per_micro_batch=4096, normalize=True, model_parallel=4),),
         judges=(JudgeConfig(path="models/judge", name="critic", weight=0.25, config="models/judge/config.yaml",
                             template="Is this answer right? {{ completion }} Answer yes or no.",
                             chat_template="models/judge/tokenizer_config.json", parser="yes_no", score_range=(0.0, 1.0),
@@ -554,6 +554,8 @@ SEPARATE = ["generate_config.placement=separate"]
     (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
     (["generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1",
       "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
+    # the training rank scores with each reward model whole
+    (["reward_config.reward_models=[{path: rm.ckpt, model_parallel: 2}]"], "reward_config.reward_models[0].model_parallel"),
     # dynamic sampling: a step's further rollouts with the weights of its first only when the ranks take turns
     (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=1"], "rl_config.dynamic_sampling"),
     (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=2"], "rl_config.dynamic_sampling"),

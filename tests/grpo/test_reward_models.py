@@ -172,6 +172,9 @@ def test_model_reward_normalises_and_leaves_empty_inputs_unscored():
     ("{path: a, template: chat}", "unknown reward model template"),
     ("{path: a, name: test_text_length}", "names must differ"),
     ("[{path: a}, {path: b, name: rm0}]", "names must differ"),
+    ("{path: a, model_parallel: 0}", "reward_models\\[0\\].model_parallel'?: must be >= 1"),
+    # one process (MICRO): a world of one rank
+    ("{path: a, model_parallel: 2}", "reward_models\\[0\\].model_parallel'?: must divide the world of 1 ranks"),
 ])
 def test_config_refuses_bad_entries(entry, message):
     value = entry if entry.startswith("[") else f"[{entry}]"

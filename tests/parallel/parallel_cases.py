@@ -91,3 +91,9 @@ def full_logits(cfg, seed):
 
     ids, mask, _, _ = token_batch()
     return SequenceLogits(Qwen2ForCausalLM(cfg, seed=seed, max_positions=128))(Tensor(ids), Tensor(mask)).asnumpy()
+
+
+def rm_sequences():
+    """Nine token sequences of mixed lengths (ids < 96) for a reward model of CFG4's shape to score."""
+    rng = np.random.default_rng(5)
+    return [rng.integers(1, 96, n).tolist() for n in (5, 17, 9, 30, 2, 12, 21, 7, 26)]

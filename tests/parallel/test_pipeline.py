@@ -18,11 +18,12 @@ from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+from mindgrpo.models.reward_model import RewardModel, RewardScorer
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import write_strategy_file
 from msrun_util import load_results, mindspore_slices, run_msrun, save_sharded
 from parallel_cases import CFG4, CFG_PP, CFG_PP_QWEN3, LOSS, SEED, UPDATE_KEYS, experience_arrays, full_logits, prompts, \
-    sampling_logprobs, updater_kwargs
+    rm_sequences, sampling_logprobs, updater_kwargs
 
 pytestmark = [pytest.mark.msrun, pytest.mark.slow]
 
@@ -198,3 +199,27 @@ def test_tp4_logits_match_one_device(four_ranks):
     expected = full_logits(CFG4, SEED)
     for a in arrays:
         np.testing.assert_allclose(a["logits_tp4"], expected, rtol=0, atol=1e-5)
+
+
+def test_a_reward_model_in_layouts_of_its_own_scores_each_replicas_share(four_ranks):
+    """reward_config.reward_models[i].model_parallel (parallel/replica_scores.py): four whole replicas (dp4) and two
+    tp2 replicas (dp2 x tp2) each score their share of nine sequences (dealt by tokens, disjoint, together all), and
+    every rank gets every score: the same bits on every rank, one device's scores within fp32 rounding (the micro-batches
+    hold other rows and padded lengths than one device's)."""
+    arrays, metrics = four_ranks
+    sequences = rm_sequences()
+    expected = RewardScorer(RewardModel(CFG4, seed=SEED), 4)(sequences)
+    assert np.ptp(expected) > 1e-3  # the scores differ between sequences
+    for key, replicas in (("rm_dp4", 4), ("rm_dp2tp2", 2)):
+        for a in arrays:
+            assert a[key].tobytes() == arrays[0][key].tobytes(), key
+        np.testing.assert_allclose(arrays[0][key], expected, rtol=0, atol=1e-5)
+        shares = {}  # replica index -> the shares its ranks scored (a tp2 replica's two ranks: the same one)
+        for m in metrics:
+            index, count = m[f"{key}/replica"]
+            assert count == replicas
+            shares.setdefault(index, []).append(tuple(m[f"{key}/share"]))
+        assert sorted(shares) == list(range(replicas))
+        assert all(len(v) == 4 // replicas and len(set(v)) == 1 for v in shares.values())
+        rows = sorted(r for v in shares.values() for r in v[0])
+        assert rows == list(range(len(sequences))) and all(v[0] for v in shares.values())  # disjoint, all, none idle

@@ -54,6 +54,29 @@ ids, mask, _, _ = token_batch()
 arrays["logits_tp4"] = SequenceLogits(dst)(Tensor(ids), Tensor(mask)).asnumpy()
 clock.mark("tp4 logits")
 
+# a reward model in layouts of its own (parallel/replica_scores.py): four whole replicas (dp4) and two tp2 replicas
+# (dp2 x tp2), each scoring its share of the sequences, every rank getting every score
+from mindgrpo.models.checkpoint import save_ms_checkpoint  # noqa: E402
+from mindgrpo.models.reward_model import RewardModel, RewardScorer  # noqa: E402
+from mindgrpo.parallel.placement import reward_model_piece  # noqa: E402
+from mindgrpo.parallel.replica_scores import ReplicaScores, replica_of  # noqa: E402
+
+from parallel_cases import rm_sequences  # noqa: E402
+
+rm_dir = os.path.join(out_dir, f"rm_rank_{comm.rank}")  # each rank its own copy of the same weights: no shared write
+os.makedirs(rm_dir, exist_ok=True)
+with open(os.path.join(rm_dir, "config.json"), "w") as f:
+    json.dump(CFG4.to_hf_dict(), f)
+save_ms_checkpoint({n: ("F32", p.asnumpy()) for n, p in RewardModel(CFG4, seed=SEED).named_parameters().items()},
+                   os.path.join(rm_dir, "rm.ckpt"))
+for key, layout in (("rm_dp4", infer), ("rm_dp2tp2", train)):
+    piece = reward_model_piece(os.path.join(rm_dir, "rm.ckpt"), None, layout, comm.tp_group(layout), "float32")
+    scorer = ReplicaScores(RewardScorer(piece, 4), comm, replica_of(layout, comm.rank))
+    arrays[key] = scorer(rm_sequences())
+    metrics[f"{key}/share"] = scorer.share(rm_sequences()).tolist()
+    metrics[f"{key}/replica"] = [scorer.replica.index, scorer.replica.count]
+clock.mark("reward model replicas")
+
 np.savez(os.path.join(out_dir, f"rank_{comm.rank}.npz"), **arrays)
 with open(os.path.join(out_dir, f"rank_{comm.rank}.json"), "w") as f:
     json.dump(metrics, f)
