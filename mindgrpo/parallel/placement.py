@@ -283,6 +283,8 @@ class ParallelPlacement:
         """Each replica of the reward model's layout scores its share of the rollouts, every rank gets every score
         (`parallel/replica_scores.ReplicaScores`); with one replica, the scorer itself."""
         replica = replica_of(self.reward_model_layout(model_parallel), self.comm.rank)
+        logger.info("rank %d: reward model split over %d ranks, replica %d of %d scoring its share of the rollouts",
+                    self.rank, len(replica.tp_ranks), replica.index, replica.count)
         return scorer if replica.count == 1 else ReplicaScores(scorer, self.comm, replica)
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
