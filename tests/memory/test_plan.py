@@ -331,6 +331,10 @@ def test_plan_memory_counts_a_reward_model_in_its_own_phase(tmp_path):
     out = subprocess.run([sys.executable, script, "--config", config, entry], capture_output=True, text=True,
                          check=True).stdout
     assert f"| reward_model | {by_hand / 2 ** 30:.2f} |" in out and "| reward_model | reward_model |" in out
+    # model_parallel 1: the reward model whole on every rank (its own layout, not the policy's split)
+    cfg, m = load("qwen2_5_7b", f"reward_config.reward_models=[{{path: {tmp_path / 'rm'}, name: rm, model_parallel: 1}}]")
+    whole = 4 * (rm.vocab_size * h + rm.num_hidden_layers * (split * tp + 2 * h) + h + h)
+    assert plan(cfg, m, reward_models=[rm]).groups["reward_model"] == whole
 
 
 def test_conversations_add_their_turns_to_the_slots_and_the_rows(capsys):
