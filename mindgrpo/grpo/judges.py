@@ -8,7 +8,10 @@ Each rollout is shown to the judge as `entry.template` (sandboxed Jinja, `data/t
 rendered over `prompt` (the policy's prompt as text), `completion` (its completion as text) and the rollout's data
 columns (e.g. `solution`), optionally wrapped as the user's turn of a chat template (`entry.chat_template`, a
 tokenizer_config.json), and tokenized with the run's tokenizer. The judge answers through its own `RolloutEngine`
-(greedy at temperature 0, else sampled with the entry's seed and the call's count), up to `max_tokens` tokens; its
+(greedy at temperature 0, else sampled with the entry's seed and the call's count; under msrun every rank holds the
+judge whole and answers its share of the questions, every rank getting every answer: `placement.judge_engine`, a
+`parallel/data_parallel.DataParallelEngine`, whose random streams are keyed by a question's index in the whole
+batch, so the answers are one process's), up to `max_tokens` tokens; its
 answer's text is parsed by `entry.parser` (`rewards/judge_parsers.py`). No score (None, NaN here) when the answer
 holds none, the score lies outside `score_range`, or the question does not fit the judge's context; counted in
 reward/<name>/none, reward/<name>/too_long. With `normalize` the scores are standardised by their running mean and
@@ -40,9 +43,11 @@ logger = logging.getLogger(__name__)
 class Judge:
     """One generative judge of the run (module docstring): name, weight, norm, and a call per batch."""
 
-    def __init__(self, entry: JudgeConfig, name: str, tokenizer, engine: RolloutEngine, key: str):
+    def __init__(self, entry: JudgeConfig, name: str, tokenizer, engine: RolloutEngine, key: str, generator=None):
+        """generator: what answers the questions (None: `engine`; under msrun its data-parallel replicas)."""
         self.name, self.weight, self.entry, self.key = name, entry.weight, entry, key
         self.tokenizer, self.engine = tokenizer, engine
+        self.generator = engine if generator is None else generator
         self.parse = JUDGE_PARSERS.get(entry.parser)
         self.template = compile_chat_template(entry.template)
         self.norm = RunningNorm() if entry.normalize else None
@@ -93,7 +98,7 @@ class Judge:
             params = SamplingParams(max_tokens=self.entry.max_tokens, temperature=self.entry.temperature,
                                     stop_token_ids=tuple(self.tokenizer.stop_token_ids),
                                     seed=self.entry.seed * 1_000_003 + self.calls)
-            for c in self.engine.generate([ids[i] for i in fits], params):
+            for c in self.generator.generate([ids[i] for i in fits], params):
                 answers[fits[c.prompt_index]] = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         raw = np.full(len(ids), np.nan, np.float32)
         for i in fits:
@@ -104,9 +109,10 @@ class Judge:
         return (raw if self.norm is None else self.norm(raw)), raw
 
 
-def build_judge(entry: JudgeConfig, name: str, key: str, tokenizer, compute_dtype: str = "float32") -> Judge:
+def build_judge(entry: JudgeConfig, name: str, key: str, tokenizer, compute_dtype: str = "float32",
+                placement=None) -> Judge:
     """The judge of one `reward_config.judges` entry (`key` names it in errors); its vocabulary must hold the
-    tokenizer's."""
+    tokenizer's. placement (`parallel/placement.py`): who answers which questions (None: this process, all)."""
     try:
         lm = load_model(entry.path, entry.config, compute_dtype=compute_dtype)
     except (OSError, ValueError) as e:
@@ -124,7 +130,7 @@ def build_judge(entry: JudgeConfig, name: str, key: str, tokenizer, compute_dtyp
     logger.info("judge %r: %s, weight %g, parser %s, answers of at most %d tokens (%s)", name, entry.path,
                 entry.weight, entry.parser, entry.max_tokens,
                 "greedy" if entry.temperature == 0 else f"temperature {entry.temperature:g}")
-    return Judge(entry, name, tokenizer, engine, key)
+    return Judge(entry, name, tokenizer, engine, key, None if placement is None else placement.judge_engine(engine))
 
 
 __all__ = ["Judge", "build_judge"]

@@ -129,7 +129,8 @@ def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None, placement=None)
     are none), registered with the swap ledger as the group "reward_model". Each model's vocabulary must hold the
     tokenizer's. Under msrun (`placement`) a reward model is split like the policy's tensor parallelism
     (`parallel.placement.ParallelPlacement.reward_model`), or over its entry's model_parallel ranks, each replica
-    scoring its share of the rollouts (`reward_scorer`); a judge runs whole on every rank."""
+    scoring its share of the rollouts (`reward_scorer`); a judge runs whole on every rank, each answering its share
+    of the questions (`judge_engine`)."""
     placement = placement or OneDevice()
     entries, judges = cfg.reward_config.reward_models, cfg.reward_config.judges
     if not entries and not judges:
@@ -151,7 +152,8 @@ def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None, placement=None)
         models.append(ModelReward(name, entry.weight, entry.template, scorer, entry.normalize))
         logger.info("reward model %r: %s, weight %g, template %s", name, entry.path, entry.weight, entry.template)
     for i, (entry, name) in enumerate(zip(judges, cfg.reward_config.judge_names())):
-        models.append(build_judge(entry, name, f"reward_config.judges[{i}]", tokenizer, cfg.actor_config.dtype))
+        models.append(build_judge(entry, name, f"reward_config.judges[{i}]", tokenizer, cfg.actor_config.dtype,
+                                  placement))
     out = ModelRewards(models)
     if memory is not None:
         params = out.parameters()

@@ -21,6 +21,8 @@ depends on how the run is laid out over devices, and runs the same build sequenc
                                                        of the entry, or the policy's tp; every layer: no stages)
     reward_scorer   the scorer itself                  ReplicaScores: each replica of that layout scores its
                                                        share, every rank gets every score
+    judge_engine    the judge's engine                 a DataParallelEngine over the world: each rank answers its
+                                                       share of the questions with its whole judge
     model_rewards   the reward models, built           the same (SeparatePlacement with D > 1 training ranks:
                                                        SharedModelRewards, rank 0 alone holds and scores them)
     checkpoints     LocalCheckpoints                   ShardedCheckpoints (every rank its pieces)
@@ -154,6 +156,10 @@ class OneDevice:
         """The scorer the trainer calls: one device scores every rollout itself."""
         return scorer
 
+    def judge_engine(self, engine: RolloutEngine):
+        """What answers a generative judge's questions: one device, its engine."""
+        return engine
+
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,
                     names: Optional[List[str]] = None) -> Sync:
@@ -286,6 +292,11 @@ class ParallelPlacement:
         logger.info("rank %d: reward model split over %d ranks, replica %d of %d scoring its share of the rollouts",
                     self.rank, len(replica.tp_ranks), replica.index, replica.count)
         return scorer if replica.count == 1 else ReplicaScores(scorer, self.comm, replica)
+
+    def judge_engine(self, engine: RolloutEngine):
+        """Every rank holds a generative judge whole and answers its share of the questions; every rank gets every
+        answer (a DataParallelEngine over the world: the answers are one process's)."""
+        return DataParallelEngine(engine, self.comm, self.comm.group(range(self.comm.world)))
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Qwen2ForCausalLM, role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,

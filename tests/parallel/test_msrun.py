@@ -33,6 +33,7 @@ from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.strategy import write_strategy_file
+from grpo.fakes import save_judge  # tests/ is on the path (pyproject.toml)
 from msrun_util import REPO, load_results, mindspore_slices, run_msrun, save_sharded
 from parallel_cases import CFG, CFG_QWEN3, SEED, SHARD_SEED, UPDATE_KEYS, full_logits
 
@@ -79,6 +80,7 @@ def two_rank_job(tmp_path_factory):
     subprocess.run([sys.executable, os.path.join(REPO, "scripts", "transform_checkpoint.py"),
                     f"--src_checkpoint={work / 'full.ckpt'}", f"--dst_checkpoint={work / 'shards'}",
                     f"--dst_strategy={strategy}"], check=True, capture_output=True, timeout=600)
+    save_judge(str(work / "runs" / "judge"), MICRO)  # the generative judge of the one-stage runs but opt_*
     # both single-process peers in one process (one start-up); tests/parallel on the path: worker_clock
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
@@ -251,8 +253,11 @@ def merged_policy(step, tmp_path):
 def test_one_stage_under_msrun_writes_the_single_process_step1_metrics(one_stage, tmp_path, run):
     single, parallel = step1(one_stage / "single"), step1(one_stage / run)
     assert single["reward_std"] > 0 and single["grad_norm"] > 0.01  # the step trained on something
-    for key in ("reward_mean", "reward_std", "response_length/mean", "rollout/new_tokens"):
+    # the judge's scores too: each rank answered half of its questions (placement.judge_engine), one process all
+    for key in ("reward_mean", "reward_std", "response_length/mean", "rollout/new_tokens", "reward/critic/none",
+                "reward/critic/too_long"):
         assert parallel[key] == single[key], key
+    assert repr(parallel["reward/critic/mean"]) == repr(single["reward/critic/mean"])  # NaN: no answer scored
     for key in ("grad_norm", "entropy"):
         assert parallel[key] == pytest.approx(single[key], rel=1e-5), key
     for key in ("loss", "pg_loss"):  # ~0: the group-normalised advantages sum to zero per group

@@ -166,6 +166,12 @@ REWARD_MODEL = [f"reward_config.reward_models=[{{path: {os.path.join(out, 'rm', 
                 "max_tokens: 4, max_num_seqs: 8, max_model_len: 256, score_range: [0, 50]}]"]
 for name in ("sep1", "col1", "sep1d", "sep1g"):
     RUNS[name] = [(flags, more + REWARD_MODEL) for flags, more in RUNS[name]]
+# single, single_packed, swap_on, swap_off, pp2 (tests/parallel/test_msrun.py) ask a generative judge too, the random one
+# of the untied micro shape saved as OUT_DIR/judge/judge.ckpt: under msrun each rank answers half of the questions
+JUDGE = [f"reward_config.judges=[{{path: {os.path.join(out, 'judge', 'judge.ckpt')}, name: critic, weight: 0.25, "
+         "max_tokens: 4, max_num_seqs: 8, max_model_len: 256, score_range: [0, 50]}]"]
+for name in ("single", "single_packed", "swap_on", "swap_off", "pp2"):
+    RUNS[name] = [(flags, more + JUDGE) for flags, more in RUNS[name]]
 # sep0r, sep1r: sep0 and sep1 again from their step-2 checkpoints (--resume_from) for their last step
 for run, step in (("0", 2), ("1", 2), ("2", 2)):
     RUNS[f"sep{run}r"] = [(MSRUN + ["--resume_from", os.path.join(out, f"sep{run}", "checkpoints", f"step_{step:08d}")],
