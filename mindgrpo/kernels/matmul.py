@@ -125,10 +125,16 @@ class RowsMatMul(nn.Cell):
         self.min_rows, self.min_width = min_rows, min_width
 
     def construct(self, a, b):
-        if a.shape[0] >= self.min_rows and a.shape[1] >= self.min_width and b.shape[self.free_b] >= self.min_width \
-                and a.dtype == ms.float32 and b.dtype == ms.float32:
+        if self.takes(a, b):
             return self.ours(a, b)
         return self.theirs(a, b)
+
+    def takes(self, a, b) -> bool:
+        """Whether ours computes op(a) @ op(b): the rule above on their shapes and dtypes (constants when a graph is
+        compiled). Graph code may call it to choose between ours and a product of its own (the rollout engine's
+        head)."""
+        return a.shape[0] >= self.min_rows and a.shape[1] >= self.min_width and b.shape[self.free_b] >= self.min_width \
+            and a.dtype == ms.float32 and b.dtype == ms.float32
 
 
 def rows_matmul(transpose_a: bool = False, transpose_b: bool = False, dtype=ms.float32, min_rows: int = MIN_ROWS,
