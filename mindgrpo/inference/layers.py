@@ -18,6 +18,8 @@ One matmul for q, k and v and one for gate and up, (in, out) layout (MindSpore's
 x @ W 2-5x faster than x @ W^T at 16 rows), the norm weights and 1/sqrt(d) folded in. They cost
 one more copy of the layer weights (not of the embedding) in the compute dtype, counted with the
 inference model's memory. The model's parameters, their names and the weight sync are untouched.
+The products on those copies and the head go through `kernels.matmul.rows_matmul`: our CPU matmul where a
+graph has many rows (a prefill's prompt positions), MindSpore's MatMul at a decode step's few rows.
 
 `InferenceModel` holds the model and those copies and gives the graphs in
 `mindgrpo/inference/graphs.py` their pieces, rows flattened to (N, H): embed, rope, the fused

@@ -5,7 +5,8 @@ MINDGRPO_CPU_KERNELS: unset or 1 -> ours on device_target CPU for fp32; 0 -> Min
 Ascend (and GPU) always keep MindSpore's MatMul, and so does every compute dtype but fp32. When the library is
 absent or does not load, MindSpore's MatMul is used, with one log line saying why.
 
-`rows_matmul(...)` is what the model uses (its projections, their LoRA adapters and the vocabulary head): ours
+`rows_matmul(...)` is what the model uses (its projections, their LoRA adapters and the vocabulary head; the rollout
+engine's products on its fused weights and its head, `mindgrpo/inference/layers.py`): ours
 for a product of at least MIN_ROWS token rows whose other two sizes are at least MIN_WIDTH, MindSpore's
 otherwise (decode's few rows; narrow layers such as the tiny model's or a LoRA rank's), chosen when the graph is
 compiled: the shapes of our graphs are static, so the `if` on shapes in `RowsMatMul.construct` is a constant.
