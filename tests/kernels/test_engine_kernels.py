@@ -2,10 +2,11 @@
 everywhere (MINDGRPO_CPU_KERNELS=0), in two processes (the switch is read when the engine's model pieces are built).
 
 A two-layer model of width 256 (4 heads of 64, 2 KV heads, MLP 512, vocabulary 512: every fused product at least
-MIN_WIDTH wide but RoPE's d = 64) in two cases:
+MIN_WIDTH wide but RoPE's d = 64) in three cases:
 - prefill: 4 prompts of 150-230 tokens in the 256-position bucket, 4 x 256 = 1,024 prefill rows (at least MIN_ROWS:
   ours for every fused product, qkv / o / gate-up / down, the last layer's qkv only), then greedy decode steps at 4
-  rows (MindSpore's) that read the prefilled KV cache;
+  rows (MindSpore's) that read the prefilled KV cache; the same with `layerwise` (a prefill layer graph called for
+  each layer, the layer's weights its inputs: 4 products of ours in the one, 1 in the last layer's);
 - a decode step of 512 rows (4 prompts x 128 greedy samples, 512 slots): ours for every layer product and the head.
 The two sides differ only in the order of the matmuls' fp32 sums (each product within K u sum|a b| of the exact one,
 K <= 512: tests/kernels/test_matmul.py), carried through two layers, the KV cache and the head: the logits agree within
@@ -79,6 +80,8 @@ def run(out_path: str, ir_folder: str) -> None:
                       SamplingParams(max_tokens=6, temperature=1.0, n=2, seed=3)),
              "prefill": (RolloutEngine(lm, max_num_seqs=4), prompts(2, (200, 180, 150, 230)),
                          SamplingParams(max_tokens=6, temperature=0.0)),
+             "layerwise": (RolloutEngine(lm, max_num_seqs=4, layerwise=True), prompts(2, (200, 180, 150, 230)),
+                           SamplingParams(max_tokens=6, temperature=0.0)),
              "decode512": (RolloutEngine(lm, max_num_seqs=512), prompts(3, (20, 18, 15, 23)),
                            SamplingParams(max_tokens=2, temperature=0.0, n=128))}
     results = {}
@@ -103,7 +106,7 @@ def top_two_gap(logits):
     return top[..., -1] - top[..., -2]
 
 
-@pytest.mark.slow  # two processes side by side, each compiling about 14 engine graphs (~1.5 min)
+@pytest.mark.slow  # two processes side by side, each compiling about 17 engine graphs (~1.5 min)
 def test_the_engine_with_our_matmul_matches_mindspores_within_fp32_rounding(tmp_path):
     from mindgrpo.kernels import build as kbuild
 
@@ -122,13 +125,14 @@ def test_the_engine_with_our_matmul_matches_mindspores_within_fp32_rounding(tmp_
         assert proc.returncode == 0, f"MINDGRPO_CPU_KERNELS={switch}: {out[-3000:]}"
     ours, theirs = np.load(tmp_path / "1.npz"), np.load(tmp_path / "0.npz")
 
-    # the switch reaches the compiled graphs: the prefill of 1,024 rows takes ours for layer 0's four fused products
-    # and the last layer's qkv (its attention and MLP are not run); the 4-row decode steps none; the 512-row decode
-    # step every layer's four and the head; with the switch off none; no Switch node for the choice
+    # the switch reaches the compiled graphs: the prefill of 1,024 rows (whole or layerwise) takes ours for layer 0's
+    # four fused products and the last layer's qkv (its attention and MLP are not run); the 4-row decode steps none;
+    # the 512-row decode step every layer's four and the head; with the switch off none; no Switch node for the choice
     ir1, ir0 = tmp_path / "ir1", tmp_path / "ir0"
-    assert nodes(ir1 / "prefill", "Custom") == 5 and nodes(ir1 / "decode512", "Custom") == 9
-    assert nodes(ir0 / "prefill", "Custom") == nodes(ir0 / "decode512", "Custom") == 0
-    for case in ("prefill", "decode512"):
+    assert nodes(ir1 / "prefill", "Custom") == nodes(ir1 / "layerwise", "Custom") == 5
+    assert nodes(ir1 / "decode512", "Custom") == 9
+    for case in ("prefill", "layerwise", "decode512"):
+        assert nodes(ir0 / case, "Custom") == 0
         assert nodes(ir1 / case, "Switch") == nodes(ir0 / case, "Switch") == 0
         assert nodes(ir1 / case, "MatMul") > 0  # RoPE's rotation (d = 64) and the decode steps: MindSpore's
         key = f"{case}: "
