@@ -21,6 +21,7 @@ HEAVY_FIRST = (
     # 211 at the tiny default's full batch: two launchers, three 4-rank jobs, one process
     "tests/parallel/test_nodes.py",
     "tests/inference/test_layerwise_engine.py",  # 129
+    "tests/kernels/test_engine_kernels.py",  # -: two processes of ~17 engine graphs each (198 s at load 6, 2026-11-30)
     "tests/parallel/test_lora_msrun.py",  # 86: the 2-rank LoRA job
     "tests/grpo/test_trainer_run.py",  # 84
     "tests/benchmarks/test_async_rollout_smoke.py",  # 70

@@ -18,6 +18,8 @@ One matmul for q, k and v and one for gate and up, (in, out) layout (MindSpore's
 x @ W 2-5x faster than x @ W^T at 16 rows), the norm weights and 1/sqrt(d) folded in. They cost
 one more copy of the layer weights (not of the embedding) in the compute dtype, counted with the
 inference model's memory. The model's parameters, their names and the weight sync are untouched.
+The products on those copies and the head go through `kernels.matmul.rows_matmul`: our CPU matmul where a
+graph has many rows (a prefill's prompt positions), MindSpore's MatMul at a decode step's few rows.
 
 `InferenceModel` holds the model and those copies and gives the graphs in
 `mindgrpo/inference/graphs.py` their pieces, rows flattened to (N, H): embed, rope, the fused
@@ -33,6 +35,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from mindgrpo.kernels.matmul import RowsMatMul, rows_matmul
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils.shrink import shrink, zeros_again
 
@@ -209,8 +212,13 @@ class InferenceModel(nn.Cell):
         self.qk_norm, self.has_bias, self.scale = att.qk_norm, att.wq.has_bias, att.scale
         self.n_layers = lm.config.num_hidden_layers
         self.dtype = lm.dtype
-        self.matmul = ops.MatMul()
+        # x (N, in) @ W (in, out) of the fused copies: ours (mindgrpo/kernels) on CPU fp32 at many rows (a prefill's
+        # prompt positions), MindSpore's MatMul at a decode step's few rows; chosen when a graph is compiled
+        self.matmul = rows_matmul(dtype=self.dtype)
+        self.rotate_matmul = ops.MatMul()  # RoPE's +-1 permutation (d wide): exact whichever kernel, MindSpore's
         self.head_matmul = ops.MatMul(transpose_b=True)  # never `.T` on the head in a graph: it copies V*H
+        rows_head = rows_matmul(transpose_b=True, dtype=self.dtype)  # h W^T where ours takes it (many rows)
+        self.rows_head = rows_head if isinstance(rows_head, RowsMatMul) else None
         self.rotate = Tensor(rotate_half_matrix(self.d), self.dtype)
         # the layer graphs' inputs (`layerwise`): each layer's `layer_weights`, the Parameters themselves
         self.layer_inputs = [ms.mutable(self.layer_weights(i)) for i in range(self.n_layers)]
@@ -270,7 +278,7 @@ class InferenceModel(nn.Cell):
             nf = len(self.weights.fields)
             qk = self.head_norms(layer.attention, qk.reshape(n, nh + nkv, d), w[nf], w[nf + 1])
         qk = qk.reshape(n * (nh + nkv), d)
-        qk = (qk * cos + self.matmul(qk, self.rotate) * sin).reshape(n, nh + nkv, d)  # RoPE, q and k at once
+        qk = (qk * cos + self.rotate_matmul(qk, self.rotate) * sin).reshape(n, nh + nkv, d)  # RoPE, q and k at once
         q, k = ops.split(qk, (nh, nkv), 1)
         return q, k, v.reshape(n, nkv, d)
 
@@ -297,10 +305,15 @@ class InferenceModel(nn.Cell):
     def logits(self, x):
         """x (N, H) the last residual -> logits (N, V) fp32 after the final norm, gathered over the
         vocabulary ranks. Computed as (W h^T)^T: at decode's few rows MindSpore's CPU MatMul runs it
-        about 1.5x faster than h W^T at V=4096 and as fast at V=152k."""
+        about 1.5x faster than h W^T at V=4096 and as fast at V=152k. Where ours takes the product (CPU fp32,
+        at least its MIN_ROWS rows: a decode step of that many slots), ours computes h W^T."""
         lm = self.lm
         h = lm.head_enter(lm.model.norm_out(x))
         if self.dtype != ms.float32:
             h = h.astype(self.dtype)
-        local = self.head_matmul(lm.head_weight(), h).transpose(1, 0).astype(ms.float32)  # (N, V/tp)
-        return lm.gather_vocab(local)
+        w = lm.head_weight()
+        if self.rows_head is not None and self.rows_head.takes(h, w):
+            local = self.rows_head.ours(h, w)  # (N, V/tp)
+        else:
+            local = self.head_matmul(w, h).transpose(1, 0)
+        return lm.gather_vocab(local.astype(ms.float32))

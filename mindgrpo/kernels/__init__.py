@@ -3,7 +3,7 @@
 
 `build.py` compiles `sgemm.cc` against the scipy-openblas32 wheel (scripts/setup_env.sh runs it);
 `matmul.py` loads the library and gives a drop-in for `ops.MatMul` with its backward, and `rows_matmul`, which
-the model's projections (with their LoRA adapters), its vocabulary head and the fused head use: ours for products
-of at least `MIN_ROWS` token rows (prefill-sized: training, scoring, the reference), MindSpore's for fewer
-(decode). docs/cpu_kernels.md, "The threshold", has the tables behind it
+the model's projections (with their LoRA adapters), its vocabulary head, the fused head and the rollout engine's
+fused products and head use: ours for products of at least `MIN_ROWS` token rows (prefill-sized: training,
+scoring, the reference, the rollout's prefill), MindSpore's for fewer (decode). docs/cpu_kernels.md, "The threshold", has the tables behind it
 (`python -m benchmarks.matmul_peak --rows`)."""

@@ -5,7 +5,8 @@ MINDGRPO_CPU_KERNELS: unset or 1 -> ours on device_target CPU for fp32; 0 -> Min
 Ascend (and GPU) always keep MindSpore's MatMul, and so does every compute dtype but fp32. When the library is
 absent or does not load, MindSpore's MatMul is used, with one log line saying why.
 
-`rows_matmul(...)` is what the model uses (its projections, their LoRA adapters and the vocabulary head): ours
+`rows_matmul(...)` is what the model uses (its projections, their LoRA adapters and the vocabulary head; the rollout
+engine's products on its fused weights and its head, `mindgrpo/inference/layers.py`): ours
 for a product of at least MIN_ROWS token rows whose other two sizes are at least MIN_WIDTH, MindSpore's
 otherwise (decode's few rows; narrow layers such as the tiny model's or a LoRA rank's), chosen when the graph is
 compiled: the shapes of our graphs are static, so the `if` on shapes in `RowsMatMul.construct` is a constant.
@@ -125,10 +126,16 @@ class RowsMatMul(nn.Cell):
         self.min_rows, self.min_width = min_rows, min_width
 
     def construct(self, a, b):
-        if a.shape[0] >= self.min_rows and a.shape[1] >= self.min_width and b.shape[self.free_b] >= self.min_width \
-                and a.dtype == ms.float32 and b.dtype == ms.float32:
+        if self.takes(a, b):
             return self.ours(a, b)
         return self.theirs(a, b)
+
+    def takes(self, a, b) -> bool:
+        """Whether ours computes op(a) @ op(b): the rule above on their shapes and dtypes (constants when a graph is
+        compiled). Graph code may call it to choose between ours and a product of its own (the rollout engine's
+        head)."""
+        return a.shape[0] >= self.min_rows and a.shape[1] >= self.min_width and b.shape[self.free_b] >= self.min_width \
+            and a.dtype == ms.float32 and b.dtype == ms.float32
 
 
 def rows_matmul(transpose_a: bool = False, transpose_b: bool = False, dtype=ms.float32, min_rows: int = MIN_ROWS,
