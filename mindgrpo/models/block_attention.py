@@ -12,7 +12,9 @@ CPU runtime reuses one block's buffers for the next, so a graph keeps about one 
     BlockAttention                     q (B, nh, S, d), k / v (B, nkv, S, d), segments (B, S) -> (B, S, nh * d)
 
 Masked keys weigh exp(NEG_INF - max) = 0 exactly, so the result is the whole-row attention's up to the order of the
-softmax's and the product's sums (fp32 rounding). Shapes use the vocabulary of `mindgrpo/__init__.py`.
+softmax's and the product's sums (fp32 rounding). MindSpore 2.10 has no fused attention on the CPU
+(`ops.flash_attention_score` and `ops.prompt_flash_attention` refuse it: "Unsupported op ... on CPU"), hence this.
+Shapes use the vocabulary of `mindgrpo/__init__.py`.
 """
 
 from __future__ import annotations
