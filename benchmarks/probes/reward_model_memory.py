@@ -4,8 +4,9 @@ from call to call, at Qwen2.5-0.5B's shape cut to --layers layers, random weight
     python -m benchmarks.probes.reward_model_memory [--layers 2] [--rows 4] [--max_tokens 0]
         [--lengths 1024,992,960,...] [--repeat 1]
 
-Each call scores --rows sequences of the call's length (random ids); after each call the resident set (VmRSS) and
-the scorer's compiled graphs are printed. --max_tokens > 0: packed rows within that budget.
+Each call scores --rows sequences of the call's length (random ids); after each call the resident set (VmRSS), the
+call's wall and CPU seconds (the process's, all threads: on a shared machine steadier than the wall time) and the
+scorer's compiled graphs are printed. --max_tokens > 0: packed rows within that budget.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def main(argv=None) -> None:
     lengths = [int(x) for x in args.lengths.split(",")] * args.repeat
     for n in lengths:
         seqs = [rng.integers(10, 151936, n).tolist() for _ in range(args.rows)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         scores = scorer(seqs)
         graphs = getattr(scorer, "compiled_graphs", "?")
-        print(f"length {n}: {rss_gb():.2f} GB, {time.perf_counter() - t0:.1f} s, graphs {graphs}, "
+        print(f"length {n}: {rss_gb():.2f} GB, {time.perf_counter() - t0:.1f} s (CPU {time.process_time() - c0:.1f} s), "
+              f"graphs {graphs}, "
               f"scores {np.round(scores[:2], 4)}", flush=True)
 
 

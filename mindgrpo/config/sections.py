@@ -549,6 +549,9 @@ class RewardModelConfig:
     # longest one's length (rounded up to 32), T // that length rows a micro-batch (the reference pass's packing)
     micro_batch_size: int = 8
     max_tokens_per_micro_batch: int = 0
+    # the row lengths (two a octave: docs/reward_models.md) whose compiled scoring graphs stay alive, the most
+    # recently used; another row length drops the graphs (and buffers) of the one used longest ago
+    kept_row_lengths: int = 4
     # the score, standardised by the running mean and std of every score this model gave so far (the current
     # batch's included) before it is weighted: (x - mean) / max(std, 1e-6)
     normalize: bool = False
@@ -563,7 +566,7 @@ class RewardModelConfig:
               f"must be >= 1 (or null: the policy's), got {self.model_parallel}")
         check(self.template in REWARD_MODEL_TEMPLATES, "template",
               f"unknown reward model template {self.template!r}; valid names: {', '.join(REWARD_MODEL_TEMPLATES)}")
-        _check_positive(self, "micro_batch_size")
+        _check_positive(self, "micro_batch_size", "kept_row_lengths")
         _check_non_negative(self, "max_tokens_per_micro_batch")
 
 

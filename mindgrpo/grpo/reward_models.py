@@ -148,7 +148,8 @@ def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None, placement=None)
             raise ValueError(f"{key}.path: the reward model's vocab_size {rm.config.vocab_size} is smaller than "
                              f"the tokenizer's {vocab_size} (a reward model scores the policy's tokens)")
         scorer = placement.reward_scorer(RewardScorer(rm, entry.micro_batch_size, entry.max_tokens_per_micro_batch,
-                                                      pad_token_id), entry.model_parallel)
+                                                      pad_token_id, kept_row_lengths=entry.kept_row_lengths),
+                                         entry.model_parallel)
         models.append(ModelReward(name, entry.weight, entry.template, scorer, entry.normalize))
         logger.info("reward model %r: %s, weight %g, template %s", name, entry.path, entry.weight, entry.template)
     for i, (entry, name) in enumerate(zip(judges, cfg.reward_config.judge_names())):

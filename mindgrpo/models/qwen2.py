@@ -26,11 +26,12 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.kernels.matmul import rows_matmul
+from mindgrpo.models.block_attention import NEG_INF, BlockAttention
 from mindgrpo.models.config import COMPUTE_DTYPES, Qwen2Config
 from mindgrpo.models.fused_head import HeadLogProbs
 from mindgrpo.models.reductions import row_sum
 
-NEG_INF = -1e9  # additive mask value; scores are fp32, so this never overflows
+# NEG_INF (-1e9, from models/block_attention): the additive mask value; scores are fp32, so it never overflows
 
 _DTYPES = {name: getattr(ms, name) for name in COMPUTE_DTYPES}  # "float32" -> ms.float32, ...
 
@@ -321,6 +322,7 @@ class Attention(nn.Cell):
             self.q_norm = HeadNorm(d, cfg.rms_norm_eps, layers.enter())
             self.k_norm = HeadNorm(d, cfg.rms_norm_eps, layers.enter())
         self.scale = 1.0 / math.sqrt(d)
+        self.blocks = BlockAttention(self.nh, self.nkv, self.scale)  # forward-only scoring (reward models)
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
         self.dtype = dt
@@ -358,10 +360,17 @@ class Attention(nn.Cell):
             return self.wo(self._attend(q, k, v, bias, self.scale))
         return self.wo(self._attend_flash(q, k, v, flash[0], flash[1]))
 
-    def apply(self, x, cos, sin, bias, wq, wk, wv, wo, qkv_bias, qk_norms, adapters=(None,) * 4):
+    def construct_blocks(self, x, cos, sin, segments):
+        """`construct` of packed rows, forward only, the queries in blocks (`models/block_attention.py`): x (B, S, H),
+        segments (B, S) -> (B, S, H); any layer factory (the reward scorer's whole-model graph)."""
+        q, k, v = self._qkv(x, cos, sin)
+        return self.wo(self.blocks(q, k, v, segments))
+
+    def apply(self, x, cos, sin, bias, wq, wk, wv, wo, qkv_bias, qk_norms, adapters=(None,) * 4, segments=None):
         """`construct` on one device with the given weights instead of this layer's: wq, wk, wv, wo;
         qkv_bias: (bq, bk, bv), or (None, None, None) without attention_bias; qk_norms: (q_norm,
-        k_norm) weights with qk_norm, else None; adapters: (A, B, s) or None for wq, wk, wv, wo."""
+        k_norm) weights with qk_norm, else None; adapters: (A, B, s) or None for wq, wk, wv, wo.
+        segments (B, S): packed rows attended in blocks of queries, forward only (`construct_blocks`; bias unread)."""
         b, s, _ = x.shape
         q = self.wq.apply(x, wq, qkv_bias[0], adapters[0]).reshape(b, s, self.nh, self.d)  # (B, S, nh, d)
         k = self.wk.apply(x, wk, qkv_bias[1], adapters[1]).reshape(b, s, self.nkv, self.d)  # (B, S, nkv, d)
@@ -370,7 +379,8 @@ class Attention(nn.Cell):
         q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)  # (B, nh, S, d), (B, nkv, S, d)
         v = self.wv.apply(x, wv, qkv_bias[2], adapters[2]).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.wo.apply(self._attend(q, k, v, bias, self.scale), wo, None, adapters[3])
+        out = self._attend(q, k, v, bias, self.scale) if segments is None else self.blocks(q, k, v, segments)
+        return self.wo.apply(out, wo, None, adapters[3])
 
     def _attend_flash(self, q, k, v, seq_ends, causal_mask):
         """Packed rows through Ascend's fused kernel in its TND layout: q (B, nh, S, d), k/v
@@ -420,6 +430,12 @@ class DecoderLayer(nn.Cell):
 
     def construct(self, x, cos, sin, bias, flash=None):
         x = x + self.attention(self.attention_norm(x), cos, sin, bias, flash)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+    def construct_blocks(self, x, cos, sin, segments):
+        """`construct` of packed rows, forward only, attention in blocks of queries (`Attention.construct_blocks`):
+        segments (B, S) instead of a (B, 1, S, S) bias."""
+        x = x + self.attention.construct_blocks(self.attention_norm(x), cos, sin, segments)
         return x + self.feed_forward(self.ffn_norm(x))
 
     def weights(self) -> tuple:
@@ -475,10 +491,11 @@ class DecoderLayer(nn.Cell):
             merged += (w[2 + k] if one is None else merge_adapter(w[2 + k], one[0], one[1], one[2]),)
         return (w[0], w[1]) + merged + tuple(w[9:])
 
-    def apply(self, x, cos, sin, bias, w, lora=()):
+    def apply(self, x, cos, sin, bias, w, lora=(), segments=None):
         """`construct` on one device with the weights w (a tuple in the order of `weights()`, of any
         layer of this architecture) and its adapters lora (`lora_weights()` order) instead of this layer's:
-        the same ops, so that one compiled graph runs every layer (`mindgrpo/grpo/layerwise.py`)."""
+        the same ops, so that one compiled graph runs every layer (`mindgrpo/grpo/layerwise.py`). segments (B, S):
+        `construct_blocks`'s attention instead of the bias's (forward only: the reward scorer)."""
         att = self.attention
         qkv_bias = (w[9], w[10], w[11]) if att.wq.has_bias else (None, None, None)
         # positive indices only: a negative one into a mutable tuple reads garbage on MindSpore 2.10's CPU
@@ -486,7 +503,7 @@ class DecoderLayer(nn.Cell):
         qk_norms = (w[norms_at], w[norms_at + 1]) if att.qk_norm else None
         ad = self._adapters(lora)
         x = x + att.apply(self.attention_norm.apply(x, w[0]), cos, sin, bias, w[2], w[3], w[4], w[5], qkv_bias,
-                          qk_norms, ad[:4])
+                          qk_norms, ad[:4], segments)
         return x + self.feed_forward.apply(self.ffn_norm.apply(x, w[1]), w[6], w[7], w[8], ad[4:])
 
 
@@ -494,7 +511,7 @@ class LayerGraph(nn.Cell):
     """x (B, S, H), cos, sin, bias, w (a decoder layer's weights, `DecoderLayer.weights()` order) -> (B, S, H).
     `layer` lends its code only (any layer of the model: `DecoderLayer.apply`); the weights are the graph's inputs,
     read in place, so one compiled graph runs every layer (layerwise training and reference: grpo/layerwise.py;
-    layerwise reward-model scoring: models/reward_model.py)."""
+    the reward scorer's `_Layer` is the same with its attention in blocks: models/reward_model.py)."""
 
     def __init__(self, layer: nn.Cell):
         super().__init__(auto_prefix=False)

@@ -5,25 +5,27 @@ is the head's output at its last real token.
 
     RewardModel          the parameters: the decoder (`model.*`, the causal LM's names, no lm_head)
                          and `score.weight`; built from a config, loaded by `load_reward_model`
-    RewardScores         padded rows, left or right: input_ids (B, S), attention_mask (B, S) -> (B,)
-    PackedRewardScores   packed rows (several sequences a row, each attending only to itself):
-                         ids, positions, segments (rows, L), last (n,) -> (n,)
     pack_rows            sequences -> the packed rows' arrays (numpy; first fit, longest first)
     row_length           a micro-batch's row length: two values per octave (`scoring_graph_bound` counts them)
     RewardScorer         token sequences -> scores in input order, micro-batch by micro-batch (padded or packed),
-                         layerwise on one device: a few graphs per row length, one decoder layer's buffers each
+                         layerwise on one device: a few graphs per row length, one decoder layer's buffers each,
+                         the attention in blocks of queries (`models/block_attention.py`), the graphs of at most
+                         `kept_row_lengths` row lengths alive; `rows` scores given packed rows at every position
 
-Positions count only real tokens (0 at each sequence's first token), as under right padding and packing.
+There is one forward: the parity tests with transformers run `RewardScorer` as users do.
+
+Positions count only real tokens (0 at each sequence's first token): a padded row is a packed row of one sequence.
 (HF's forward numbers positions 0 .. S-1 whatever the mask unless given `position_ids`; RoPE depends only
 on the distance between positions, so a left-padded row's shifted positions change its score by rounding
-only, and the parity test passes either way: it checks the pooling and the mask, not this choice.)
-The last real token is the rightmost position whose mask is 1 (HF takes the rightmost token that is
-not `pad_token_id`: the same where no real token is the pad id).
+only: the parity test compares left- and right-padded transformers with the same scores.)
+A sequence's score is read at its last token (HF takes the rightmost token that is not `pad_token_id`: the
+same where no real token is the pad id).
 Shapes use the vocabulary of `mindgrpo/__init__.py`; n is the number of scored sequences.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -33,8 +35,7 @@ from mindspore import nn, ops
 from mindgrpo.models.checkpoint import find_config, read_model_state
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.convert import REWARD_HEADS, head_of
-from mindgrpo.models.qwen2 import _DTYPES, NEG_INF, DenseLayers, LayerGraph, Linear, Qwen2ForCausalLM, StageSpec
-from mindgrpo.models.scoring import causal_bias, segment_bias
+from mindgrpo.models.qwen2 import _DTYPES, DenseLayers, Linear, Qwen2ForCausalLM, StageSpec
 
 
 class RewardModel(nn.Cell):
@@ -75,41 +76,6 @@ class RewardModel(nn.Cell):
     def head(self, h):
         """Hidden states (N, H) before the final norm -> scores (N,) fp32."""
         return self.score(self.lm.model.norm_out(h)).astype(ms.float32).reshape(-1)
-
-
-class RewardScores(nn.Cell):
-    """input_ids (B, S), attention_mask (B, S) (left or right padding) -> scores (B,) fp32: the head
-    on the last real token of each row, run on those B rows only."""
-
-    def __init__(self, rm: RewardModel):
-        super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.rm = rm
-
-    def construct(self, input_ids, attention_mask):
-        b, s = input_ids.shape
-        mask = attention_mask.astype(ms.int32)
-        positions = ops.maximum(ops.cumsum(mask, 1) - 1, 0).astype(ms.int32)  # (B, S)
-        keys = ops.where(mask > 0, 0.0, NEG_INF).astype(ms.float32).reshape(b, 1, 1, s)
-        h = self.rm.lm.hidden_states(input_ids, positions, causal_bias(s) + keys)  # (B, S, H)
-        at = ops.arange(s).astype(ms.float32).reshape(1, s) * mask.astype(ms.float32)
-        last = at.max(axis=1).astype(ms.int32)  # (B,) the rightmost real token
-        flat = ops.arange(b).astype(ms.int32) * s + last
-        return self.rm.head(ops.gather(h.reshape(b * s, -1), flat, 0))  # (B,)
-
-
-class PackedRewardScores(nn.Cell):
-    """Packed rows (`pack_rows`): ids (rows, L), positions (rows, L), segments (rows, L) (1, 2, ... the
-    row's sequences, 0 its padding), last (n,) flat index into rows * L of each sequence's last token
-    -> scores (n,) fp32."""
-
-    def __init__(self, rm: RewardModel):
-        super().__init__(auto_prefix=False)
-        self.rm = rm
-
-    def construct(self, ids, positions, segments, last):
-        b, s = ids.shape
-        h = self.rm.lm.hidden_states(ids, positions, segment_bias(segments))  # (rows, L, H)
-        return self.rm.head(ops.gather(h.reshape(b * s, -1), last, 0))  # (n,)
 
 
 def pack_rows(seqs: Sequence[Sequence[int]], width: int, pad_id: int = 0, n_rows: Optional[int] = None,
@@ -170,17 +136,29 @@ def row_length(n: int, step: int = 32) -> int:
 
 
 class _Inputs(nn.Cell):
-    """ids, positions, segments (rows, L) -> the first layer's input x (rows, L, H), RoPE's cos / sin and the
-    block-diagonal causal bias (rows, 1, L, L) of `segment_bias`."""
+    """ids, positions (rows, L) -> the first layer's input x (rows, L, H) and RoPE's cos / sin."""
 
     def __init__(self, rm: RewardModel):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.rm = rm
 
-    def construct(self, ids, positions, segments):
+    def construct(self, ids, positions):
         lm = self.rm.lm
         cos, sin = lm.rope(positions)
-        return lm.model.tok_embeddings(ids).astype(lm.dtype), cos, sin, segment_bias(segments)
+        return lm.model.tok_embeddings(ids).astype(lm.dtype), cos, sin
+
+
+class _Layer(nn.Cell):
+    """x (rows, L, H), cos, sin, segments (rows, L), w (a decoder layer's weights, `DecoderLayer.weights()` order)
+    -> (rows, L, H): any decoder layer of the model (`DecoderLayer.apply`), its attention in blocks of queries with
+    their masks built from the segments, so one compiled graph runs every layer."""
+
+    def __init__(self, layer: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+
+    def construct(self, x, cos, sin, segments, w):
+        return self.layer.apply(x, cos, sin, None, w, (), segments)
 
 
 class _Head(nn.Cell):
@@ -197,7 +175,8 @@ class _Head(nn.Cell):
 
 class _Whole(nn.Cell):
     """ids, positions, segments (rows, L) -> the score at every position (rows, L) fp32, the whole model in one
-    graph (tensor parallelism: its layers hold pieces of the weights and sum over the ranks)."""
+    graph (tensor parallelism: its layers hold pieces of the weights and sum over the ranks), the attention in
+    blocks of queries (`DecoderLayer.construct_blocks`)."""
 
     def __init__(self, rm: RewardModel):
         super().__init__(auto_prefix=False)
@@ -205,17 +184,23 @@ class _Whole(nn.Cell):
 
     def construct(self, ids, positions, segments):
         b, s = ids.shape
-        h = self.rm.lm.hidden_states(ids, positions, segment_bias(segments))
-        return self.rm.head(h.reshape(b * s, -1)).reshape(b, s)
+        lm = self.rm.lm
+        cos, sin = lm.rope(positions)
+        x = lm.model.tok_embeddings(ids).astype(lm.dtype)
+        for i in lm.layer_ids:
+            x = lm.model.layers[i].construct_blocks(x, cos, sin, segments)
+        return self.rm.head(x.reshape(b * s, -1)).reshape(b, s)
 
 
 GRAPHS_PER_LENGTH = {True: 3, False: 1}  # layerwise: inputs, layer, head; else the whole model
+KEPT_ROW_LENGTHS = 4  # a scorer's default: the row lengths whose graphs stay alive (the most recently used)
 
 
 def scoring_graph_bound(max_len: int, step: int = 32, layerwise: bool = True) -> int:
     """The most graphs a RewardScorer compiles in a run whose sequences have at most max_len tokens, padded or
-    packed: every micro-batch's rows are one `row_length`, and each row length compiles its graphs once
-    (three layerwise, one whole-model graph otherwise), whatever the calls' lengths."""
+    packed, and keeps every row length's (`kept_row_lengths` at least the row lengths counted here): every
+    micro-batch's rows are one `row_length`, and each row length compiles its graphs once (three layerwise, one
+    whole-model graph otherwise), whatever the calls' lengths."""
     lengths = {row_length(n, step) for n in range(1, max_len + 1)}
     return len(lengths) * GRAPHS_PER_LENGTH[layerwise]
 
@@ -234,19 +219,25 @@ class RewardScorer:
     keeps every compiled graph's buffers while the graph lives: layerwise (the default on one device) a row
     length's graphs are the inputs, one decoder layer run for every layer (its weights the graph's inputs) and the
     head, holding one layer's buffers instead of every layer's; under tensor parallelism one whole-model graph.
-    `release()` drops the graphs (and their buffers); the next call compiles what it needs again."""
+    Either way the attention takes its queries in blocks (`models/block_attention.py`): no (rows, heads, L, L)
+    buffer. The graphs of at most `kept_row_lengths` row lengths stay alive: meeting another drops those of the row
+    length used longest ago (as `release()` drops them all, with their buffers); the next call that needs them
+    compiles them again."""
 
     def __init__(self, rm: RewardModel, micro_batch_size: int = 8, max_tokens: int = 0, pad_id: int = 0,
-                 step: int = 32, layerwise: Optional[bool] = None):
+                 step: int = 32, layerwise: Optional[bool] = None, kept_row_lengths: int = KEPT_ROW_LENGTHS):
+        if kept_row_lengths < 1:
+            raise ValueError(f"kept_row_lengths must be >= 1, got {kept_row_lengths}")
         self.rm, self.micro_batch_size, self.max_tokens, self.pad_id, self.step = \
             rm, micro_batch_size, max_tokens, pad_id, step
+        self.kept_row_lengths = kept_row_lengths
         lm = rm.lm
         self.layerwise = lm.tp == 1 if layerwise is None else layerwise
         if self.layerwise and lm.tp != 1:
             raise ValueError("layerwise scoring runs the reward model on one device (no tensor parallelism)")
         layers = [lm.model.layers[i] for i in lm.layer_ids]
         self.layer_inputs = [ms.mutable(tuple(layer.weights())) for layer in layers] if self.layerwise else []
-        self._graphs: dict = {}  # row length -> its graphs
+        self._graphs: OrderedDict = OrderedDict()  # row length -> its graphs, the most recently used last
         self.compiled_graphs = 0  # grows with each row length's graphs built (again after a release)
 
     @property
@@ -265,22 +256,36 @@ class RewardScorer:
             return np.zeros(0, np.float32)
         return self._packed(seqs) if self.max_tokens else self._padded(seqs)
 
-    def _run(self, ids: np.ndarray, positions: np.ndarray, segments: np.ndarray) -> np.ndarray:
-        """Rows (rows, L) -> the score at every position (rows, L)."""
-        width = ids.shape[1]
-        if width not in self._graphs:
-            rm = self.rm
-            self._graphs[width] = (_Inputs(rm), LayerGraph(rm.lm.model.layers[rm.lm.layer_ids[0]]), _Head(rm)) \
-                if self.layerwise else (_Whole(rm),)
-            self.compiled_graphs += len(self._graphs[width])
-        graphs = self._graphs[width]
+    @property
+    def row_lengths(self) -> Tuple[int, ...]:
+        """The row lengths whose graphs are alive, the most recently used last."""
+        return tuple(self._graphs)
+
+    def _graphs_for(self, width: int) -> tuple:
+        """The row length's graphs, built when missing; the least recently used row length's dropped past the cap."""
+        if width in self._graphs:
+            self._graphs.move_to_end(width)
+            return self._graphs[width]
+        while len(self._graphs) >= self.kept_row_lengths:
+            self._graphs.popitem(last=False)  # its cells go, and with them their compiled graphs' buffers
+        rm = self.rm
+        graphs = (_Inputs(rm), _Layer(rm.lm.model.layers[rm.lm.layer_ids[0]]), _Head(rm)) \
+            if self.layerwise else (_Whole(rm),)
+        self._graphs[width] = graphs
+        self.compiled_graphs += len(graphs)
+        return graphs
+
+    def rows(self, ids: np.ndarray, positions: np.ndarray, segments: np.ndarray) -> np.ndarray:
+        """Packed rows (`pack_rows`' ids, positions, segments, (rows, L) int32) -> the score at every position
+        (rows, L) fp32: the graphs every call runs (a sequence's score is the one at its last token)."""
+        graphs = self._graphs_for(ids.shape[1])
         feed = (ms.Tensor(ids), ms.Tensor(positions), ms.Tensor(segments))
         if not self.layerwise:
             return graphs[0](*feed).asnumpy()
         inputs, layer, head = graphs
-        x, cos, sin, bias = inputs(*feed)
+        x, cos, sin = inputs(feed[0], feed[1])
         for w in self.layer_inputs:
-            x = layer(x, cos, sin, bias, w)
+            x = layer(x, cos, sin, feed[2], w)
         return head(x).asnumpy()
 
     def _padded(self, seqs) -> np.ndarray:
@@ -295,7 +300,7 @@ class RewardScorer:
             for row, i in enumerate(part):
                 n = len(seqs[i])
                 ids[row, :n], pos[row, :n], seg[row, :n] = seqs[i], np.arange(n), 1
-            scores = self._run(ids, pos, seg)
+            scores = self.rows(ids, pos, seg)
             out[part] = scores[np.arange(len(part)), [len(seqs[i]) - 1 for i in part]]
         return out
 
@@ -315,7 +320,7 @@ class RewardScorer:
                 got = arrays[key][first:first + rows_per]
                 block[:len(got)] = got
                 feed.append(block)
-            scores = self._run(*feed).reshape(-1)
+            scores = self.rows(*feed).reshape(-1)
             out[where[mine]] = scores[arrays["last"][mine] - first * width]
         return out
 

@@ -170,6 +170,7 @@ def test_model_reward_normalises_and_leaves_empty_inputs_unscored():
 @pytest.mark.parametrize("entry, message", [
     ("{name: x}", "reward_models\\[0\\].path"),
     ("{path: a, template: chat}", "unknown reward model template"),
+    ("{path: a, kept_row_lengths: 0}", "reward_models\\[0\\].kept_row_lengths': must be >= 1, got 0"),
     ("{path: a, name: test_text_length}", "names must differ"),
     ("[{path: a}, {path: b, name: rm0}]", "names must differ"),
     ("{path: a, model_parallel: 0}", "reward_models\\[0\\].model_parallel'?: must be >= 1"),

@@ -1,6 +1,8 @@
 """The reward model (`mindgrpo/models/reward_model.py`) against transformers' Qwen2ForSequenceClassification
 and Qwen3ForSequenceClassification (num_labels 1) on random weights moved through scripts/convert_weight.py:
-scores of prompt + completion pairs of mixed lengths, padded left and right and packed; the way back to HF."""
+scores of prompt + completion pairs of mixed lengths through `RewardScorer` (the path users run), against
+transformers' padded left and right, and of packed rows; the row lengths whose graphs it keeps; the way back to HF.
+The attention in blocks of queries (`models/block_attention.py`) against numpy's whole-row attention."""
 
 import numpy as np
 import pytest
@@ -9,10 +11,12 @@ import mindspore as ms
 
 from hf_models import hf_reward_scores, make_hf_reward_model
 
+from mindgrpo.config.sections import RewardModelConfig
+from mindgrpo.models.block_attention import BlockAttention, query_block
 from mindgrpo.models.convert import WeightError
 from mindgrpo.models.checkpoint import load_model
-from mindgrpo.models.reward_model import (PackedRewardScores, RewardScorer, RewardScores, load_reward_model, pack_rows,
-                                          row_length, scoring_graph_bound)
+from mindgrpo.models.reward_model import (KEPT_ROW_LENGTHS, RewardScorer, load_reward_model, pack_rows, row_length,
+                                          scoring_graph_bound)
 from scripts import convert_weight
 
 VOCAB = 512
@@ -44,25 +48,61 @@ def pair(request, tmp_path_factory):
 
 
 def test_scores_match_transformers_left_and_right_padding(pair):
+    """One padded micro-batch of the five sequences through RewardScorer (rows of 32 tokens) against transformers
+    given them padded right and padded left, positions counting real tokens."""
     hf, rm, seqs, _ = pair
-    scorer = RewardScores(rm)
+    ours = RewardScorer(rm, micro_batch_size=len(seqs))(seqs)
+    assert ours.shape == (len(seqs),)
     for left in (False, True):
-        ids, mask = padded(seqs, left)
-        ours = scorer(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
-        ref = hf_reward_scores(hf, ids, mask)
-        assert ours.shape == (len(seqs),)
+        ref = hf_reward_scores(hf, *padded(seqs, left))
         assert np.abs(ours - ref).max() <= 1e-4, (left, ours, ref)
     assert np.ptp(ref) > 0.1  # the scores differ between sequences (0.19 apart): a constant would not pass
 
 
-def test_packed_scores_match_transformers(pair):
+@pytest.mark.parametrize("layerwise", [True, False])
+def test_packed_scores_match_transformers(pair, layerwise):
+    """Packed rows of 18 tokens (two sequences in a row, an empty row beside them) through the scorer's graphs
+    (`RewardScorer.rows`: layerwise, or the whole model in one graph), read at each sequence's last token."""
     hf, rm, seqs, _ = pair
     arrays, order = pack_rows(seqs, width=18, n_rows=5, n_last=8)
     assert arrays["ids"].shape == (5, 18) and arrays["last"].shape == (8,)
     assert (arrays["segments"].max(1) > 1).any()  # some row holds two sequences
-    out = PackedRewardScores(rm)(*(ms.Tensor(arrays[k]) for k in ("ids", "positions", "segments", "last")))
+    at_every = RewardScorer(rm, layerwise=layerwise).rows(arrays["ids"], arrays["positions"], arrays["segments"])
+    assert at_every.shape == (5, 18)
     ref = hf_reward_scores(hf, *padded(seqs, left=False))
-    assert np.abs(out.asnumpy()[order] - ref).max() <= 1e-4
+    assert np.abs(at_every.reshape(-1)[arrays["last"]][order] - ref).max() <= 1e-4
+
+
+def whole_row_attention(q, k, v, segments, scale):
+    """numpy: q (B, nh, S, d), k / v (B, nkv, S, d), segments (B, S) -> (B, S, nh * d): each query attends to the
+    keys at or before it in its own segment (padding, segment 0, to the padding), in float64."""
+    b, nh, s, d = q.shape
+    g = nh // k.shape[1]
+    k, v = np.repeat(k, g, axis=1).astype(np.float64), np.repeat(v, g, axis=1).astype(np.float64)
+    scores = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k) * scale
+    keep = (segments[:, :, None] == segments[:, None, :]) & np.tril(np.ones((s, s), bool))[None]
+    scores = np.where(keep[:, None], scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bqhd", p, v).reshape(b, s, nh * d)
+
+
+@pytest.mark.parametrize("budget, block", [(1, 32), (10 ** 9, 80)])
+def test_block_attention_is_whole_row_attention(budget, block):
+    """Rows of 80 tokens (two packed sequences and padding; one sequence and padding) in blocks of 32, 32 and 16
+    queries (or one block of 80), 4 query heads on 2 kv heads, against float64 numpy on the same inputs."""
+    rng = np.random.default_rng(2)
+    b, nh, nkv, s, d = 2, 4, 2, 80, 8
+    q, k, v = (rng.normal(size=(b, n, s, d)).astype(np.float32) for n in (nh, nkv, nkv))
+    segments = np.zeros((b, s), np.int32)
+    segments[0, :30], segments[0, 30:71] = 1, 2
+    segments[1, :57] = 1
+    assert query_block(b, nh, s, budget) == block
+    ours = BlockAttention(nh, nkv, d ** -0.5, budget)(*(ms.Tensor(x) for x in (q, k, v, segments))).asnumpy()
+    ref = whole_row_attention(q, k, v, segments, d ** -0.5)
+    assert ours.shape == (b, s, nh * d)
+    assert np.abs(ours - ref).max() <= 1e-5
+    assert np.abs(ref[0, 30] - ref[0, 29]).max() > 0.1  # a sequence's first token does not see the one before
 
 
 def test_reverse_conversion_gives_transformers_the_same_model(pair, tmp_path):
@@ -106,17 +146,19 @@ def test_row_lengths_are_two_a_octave():
     assert scoring_graph_bound(100, 16) == 3 * 6 and scoring_graph_bound(100, 16, layerwise=False) == 6
 
 
-@pytest.mark.slow  # 11-17 s: a graph set compiled for each of the many row lengths
+@pytest.mark.slow  # 11-22 s: a graph set compiled for each of the many row lengths
+@pytest.mark.parametrize("pair", ["qwen2"], indirect=True)  # one model is enough for the count (both pass above)
 @pytest.mark.parametrize("max_tokens", [0, 192])
-def test_scorer_compiles_at_most_its_bound_whatever_the_lengths(pair, max_tokens):
+def test_scorer_compiles_at_most_its_bound_whatever_the_lengths(pair, max_tokens, monkeypatch):
     """Calls whose longest sequence takes 14 values from 5 to 96 tokens (and shorter sequences beside it): the
     scorer compiles at most `scoring_graph_bound`'s graphs (the row lengths 16 .. 96), padded and packed, each
-    call's scores transformers'; after `release` a call compiles its row length's graphs again, the same scores."""
+    call's scores transformers', the attention in blocks of 32 queries (rows of 48 to 96 tokens: 2 or 3 blocks, the
+    last one partial at 48 and 80); after `release` a call compiles its row length's graphs again, the same scores."""
     hf, rm, _, _ = pair
-    if hf.config.model_type != "qwen2":
-        pytest.skip("one model is enough for the count (both pass the parity test above)")
+    for i in rm.lm.layer_ids:
+        monkeypatch.setattr(rm.lm.model.layers[i].attention.blocks, "budget", 1)  # 32 queries a block
     rng = np.random.default_rng(11)
-    scorer = RewardScorer(rm, micro_batch_size=2, max_tokens=max_tokens, step=16)
+    scorer = RewardScorer(rm, micro_batch_size=2, max_tokens=max_tokens, step=16, kept_row_lengths=5)
     calls = []
     for longest in range(5, 97, 7):
         seqs = [rng.integers(1, VOCAB, n).tolist() for n in (longest, *rng.integers(1, longest + 1, 2))]
@@ -132,6 +174,30 @@ def test_scorer_compiles_at_most_its_bound_whatever_the_lengths(pair, max_tokens
     scorer.release()
     again = scorer(calls[-1][0])
     assert scorer.compiled_graphs > seen and np.array_equal(again, calls[-1][1])
+
+
+@pytest.mark.slow  # 10-20 s: four graph sets compiled
+@pytest.mark.parametrize("pair", ["qwen2"], indirect=True)  # one model is enough for the count
+def test_scorer_keeps_the_graphs_of_its_most_recent_row_lengths(pair):
+    """A scorer keeping 2 row lengths fed 3 (rows of 16, 32 and 48 tokens): after each call the graphs of the
+    two row lengths used last are alive (3 graphs each), the oldest dropped; a kept one compiles nothing when used
+    again, a dropped one compiles its graphs again and gives the same scores."""
+    hf, rm, _, _ = pair
+    assert RewardModelConfig(path="rm").kept_row_lengths == KEPT_ROW_LENGTHS  # the config's default is the scorer's
+    rng = np.random.default_rng(12)
+    scorer = RewardScorer(rm, micro_batch_size=2, step=16, kept_row_lengths=2)
+    calls = {}
+    for longest, kept in ((10, (16,)), (30, (16, 32)), (40, (32, 48)), (25, (48, 32))):
+        seqs = [rng.integers(1, VOCAB, n).tolist() for n in (longest, longest - 3)]
+        calls[longest] = (seqs, scorer(seqs))
+        assert scorer.row_lengths == kept and scorer.kept_graphs == 3 * len(kept), (longest, scorer.row_lengths)
+    assert scorer.compiled_graphs == 3 * 3  # 32 was kept when used again
+    seqs, first = calls[10]
+    assert np.array_equal(scorer(seqs), first)  # 16 was dropped: compiled again, 48 (used longest ago) dropped
+    assert scorer.compiled_graphs == 3 * 4 and scorer.row_lengths == (32, 16)
+    assert np.abs(first - hf_reward_scores(hf, *padded(seqs, left=False))).max() <= 1e-4
+    with pytest.raises(ValueError, match="kept_row_lengths must be >= 1, got 0"):
+        RewardScorer(rm, kept_row_lengths=0)
 
 
 def test_a_qwen2_for_reward_model_head_matches_torch_and_converts_both_ways(tmp_path):
@@ -173,7 +239,7 @@ def test_a_qwen2_for_reward_model_head_matches_torch_and_converts_both_ways(tmp_
         h = decoder(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=m,
                     position_ids=(m.cumsum(1) - 1).clamp(min=0)).last_hidden_state  # (B, S, H), after the norm
         ref = head(h[torch.arange(len(seqs)), m.sum(1) - 1])[:, 0].numpy()
-    ours = RewardScores(rm)(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    ours = RewardScorer(rm, micro_batch_size=len(seqs))(seqs)
     assert np.abs(ours - ref).max() <= 1e-4, (ours, ref)
     assert np.ptp(ref) > 0.02  # 0.05 apart, 500x the tolerance: a wrong head or token would not pass
     back = tmp_path / "back"
