@@ -178,14 +178,6 @@ def first_changed_key(cfg, path: str) -> Optional[str]:
     return None
 
 
-def no_pipeline_stages(layout, key: str, group: str) -> None:
-    """generate_config.placement separate: a group's replicas (training or rollout) hold every layer, without pipeline
-    stages (data and tensor parallelism only)."""
-    check(layout.pipeline_stage == 1, f"{key}.pipeline_stage",
-          f"must be 1 with generate_config.placement separate: the {group} group's replicas hold every layer for now "
-          f"(set data_parallel and model_parallel), got {layout.pipeline_stage}")
-
-
 @dataclass(frozen=True)
 class GRPOConfig:
     rl_config: RLConfig = field(default_factory=RLConfig)
@@ -283,12 +275,12 @@ class GRPOConfig:
         --worker_num D + R * T)."""
         rl, gen, actor = self.rl_config, self.generate_config, self.actor_config
         training = actor.parallel_config
-        no_pipeline_stages(training, "actor_config.parallel_config", "training")
-        check(training.model_parallel == 1 or actor.lora_rank == 0, "actor_config.lora_rank",
-              "cannot combine with generate_config.placement separate and actor_config.parallel_config.model_parallel "
-              f"{training.model_parallel} yet (LoRA's checkpoints and meetings take whole training replicas): set "
-              "model_parallel 1 or train without LoRA")
-        trainers = training.data_parallel * training.model_parallel
+        check(training.model_parallel == 1 and training.pipeline_stage == 1 or actor.lora_rank == 0,
+              "actor_config.lora_rank", "cannot combine with generate_config.placement separate and training replicas "
+              f"split into pieces (actor_config.parallel_config model_parallel {training.model_parallel}, "
+              f"pipeline_stage {training.pipeline_stage}) yet: LoRA's checkpoints and meetings take whole training "
+              "replicas; set both 1 or train without LoRA")
+        trainers = training.world_size
         if trainers > 1:  # what one training rank runs only (docs/async.md, its limits)
             for key, off, why in (
                     ("actor_config.parallel_config.optimizer_shard", not training.optimizer_shard,
@@ -296,10 +288,12 @@ class GRPOConfig:
                     ("generate_config.partial_rollout", not gen.partial_rollout, "the prompts in flight are one "
                      "training rank's bookkeeping")):
                 check(off, key, f"with generate_config.placement separate and {trainers} training ranks "
-                      f"(actor_config.parallel_config data_parallel x model_parallel): not yet, {why} for now; leave "
-                      "it off or train on one rank")
+                      "(actor_config.parallel_config data_parallel x model_parallel x pipeline_stage): not yet, "
+                      f"{why} for now; leave it off or train on one rank")
         rollout = gen.parallel_config
-        no_pipeline_stages(rollout, "generate_config.parallel_config", "rollout")
+        check(rollout.pipeline_stage == 1, "generate_config.parallel_config.pipeline_stage",
+              "must be 1 with generate_config.placement separate: generation runs without pipeline stages (set "
+              f"data_parallel and model_parallel), got {rollout.pipeline_stage}")
         check(rollout.model_parallel == 1 or actor.lora_rank == 0, "actor_config.lora_rank",
               "cannot combine with generate_config.placement separate and generate_config.parallel_config."
               f"model_parallel {rollout.model_parallel} yet (adapters into tensor-parallel rollout replicas are not "

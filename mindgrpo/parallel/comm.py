@@ -277,10 +277,13 @@ def init_separate(cfg) -> Comm:
         init()
     rank, world = get_rank(), get_group_size()
     check(world)
-    # the training group, its layout's tensor- and data-parallel groups, and each rollout replica's tensor-parallel
-    # pieces (T consecutive ranks), each created by its members only, in one order
+    # the training group, its layout's tensor-, data- and pipeline-parallel groups and hand-offs, and each rollout
+    # replica's tensor-parallel pieces (T consecutive ranks), each created by its members only, in one order
     groups = {tuple(range(train.world_size))}
-    groups.update(tuple(r) for t in range(train.world_size) for r in (train.tp_group(t), train.dp_group(t)))
+    for t in range(train.world_size):
+        chain = train.pp_group(t)
+        groups.update({tuple(train.tp_group(t)), tuple(train.dp_group(t)), tuple(chain)})
+        groups.update((a, b) for a, b in zip(chain, chain[1:]))  # pipeline hand-offs
     groups.update(tuple(range(first, first + infer.tp)) for first in range(train.world_size, world, infer.tp))
     for ranks in sorted(groups):
         if 1 < len(ranks) and rank in ranks and ranks not in _CREATED:

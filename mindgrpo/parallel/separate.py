@@ -47,11 +47,12 @@ from mindspore import Parameter, Tensor
 
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.models.convert import expected_shapes
 from mindgrpo.parallel.checkpoint_folders import save_folders
 from mindgrpo.parallel.checkpoints import LocalCheckpoints
 from mindgrpo.parallel.comm import Comm, Group, host_gather
-from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, row_width, rows_completions, share
+from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.weight_sync import named_parameters
 
 # a rollout rank's figures of a step, sent after its samples (one float32 row each); "prompt_check" is the sum of its
@@ -237,9 +238,11 @@ class Meeting:
             value = None
         return host_gather(self.comm, value, self.group)[self.trainers:]
 
-    def weights(self, params: Dict[str, Parameter]) -> Dict[str, float]:
-        """params by their path in the model (the same paths on every rank, taken in path order; tensor-parallel
-        pieces of the whole parameters the meeting moves): the first training replica's values into every rollout
+    def weights(self, params: Dict[str, Parameter], shapes: Optional[Dict[str, Tuple[int, ...]]] = None
+                ) -> Dict[str, float]:
+        """params by their path in the model (taken in path order; tensor-parallel pieces of the whole parameters the
+        meeting moves; shapes: every parameter that meets by its whole shape, when a rank holds some only, a training
+        pipeline stage's; default: params' own): the first training replica's values into every rollout
         rank's, bucket by bucket (each of its ranks gives its pieces in their places: `in_place`; each rollout rank
         keeps its piece: `own_piece`); the others give zeros, and the training ranks of the other replicas keep their
         own weights, which their data-parallel updates made equal to the first's. Returns sync/seconds (the meeting,
@@ -248,9 +251,10 @@ class Meeting:
         weights from the first replica's (0.0: the same bits)."""
         give, take = self.index < 0 and self.train_coords[0] == 0, self.index >= 0  # the first training replica gives
         t0 = time.perf_counter()
-        shapes = {name: self.whole_shape(name, params[name].shape) for name in params}  # pieces: their whole's
+        if shapes is None:  # every parameter that meets is here (pieces: their whole's)
+            shapes = {name: self.whole_shape(name, params[name].shape) for name in params}
         buckets, bucket, size = [], [], 0
-        for name in sorted(params):
+        for name in sorted(shapes):
             nbytes = int(np.prod(shapes[name])) * 4
             if bucket and size + nbytes > self.bucket_bytes:
                 buckets.append(bucket)
@@ -262,12 +266,15 @@ class Meeting:
         for bucket in buckets:
             sizes = [int(np.prod(shapes[name])) for name in bucket]
             flat = np.concatenate([self.in_place(name, params[name].asnumpy().astype(np.float32), shapes[name])
-                                   .reshape(-1) for name in bucket]) if give else np.zeros(sum(sizes), np.float32)
+                                   .reshape(-1) if name in params else np.zeros(k, np.float32)
+                                   for name, k in zip(bucket, sizes)]) if give else np.zeros(sum(sizes), np.float32)
             flat = self.comm.host_sum(flat, self.group)
             at = 0
             for name, k in zip(bucket, sizes):
-                p = params[name]
-                if take:  # with tensor parallelism its piece of the whole parameter
+                p = params.get(name)
+                if p is None:  # another pipeline stage's parameter
+                    pass
+                elif take:  # with tensor parallelism its piece of the whole parameter
                     p.set_data(Tensor(self.own_piece(name, flat[at:at + k].reshape(shapes[name])), p.dtype))
                 elif not give:  # a training rank of another replica: its own weights against the first replica's
                     own = p.asnumpy().astype(np.float32)
@@ -341,12 +348,15 @@ class SendWeights:
         self.meeting = meeting
         params = named_parameters(policy)
         self.params = params if names is None else {n: params[n] for n in names}
+        # pipeline stages (names None: LoRA takes whole replicas): every stage's parameters meet, each its own
+        self.shapes = {n: tuple(v) for n, v in expected_shapes(policy.config).items()} \
+            if names is None and meeting.comm.train.pp > 1 else None
 
     def release(self) -> None:
         """No graphs of its own (the meeting's AllReduce is the comm's)."""
 
     def __call__(self) -> Dict[str, float]:
-        return self.meeting.weights(self.params)
+        return self.meeting.weights(self.params, self.shapes)
 
 
 class TrainingGroupCheckpoints:

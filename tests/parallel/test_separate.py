@@ -29,7 +29,8 @@ against col0t, and sep0dt (sep0t on the rollout group of two, each rank running 
 conversations on its own tool workers) against col0t, and sep0tp, sep1tp (sep0, sep1 with one training rank beside a
 rollout replica of two tensor-parallel pieces: each rollout rank keeps its piece of the whole weights the meeting
 brings, the first of the pair hands the samples over) against col0, col1; sep0tpg (sep0g's schedule on a training
-replica of two tensor-parallel pieces beside one rollout rank, resumed from its sharded checkpoint) against col0.
+replica of two tensor-parallel pieces beside one rollout rank, resumed from its sharded checkpoint) against col0, and
+sep0ppg (the same on two pipeline stages, the untied micro model) against col0u.
 sep0e and its peer col0e play an
 environment (guess_number) with dynamic sampling: the rollout rank writes the prompts (its resets) and plays the
 games, rank 0 rewards them and asks for the further rollouts. The main job also runs dp0t, col0t's config colocated
@@ -41,6 +42,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 
@@ -83,12 +85,12 @@ def runs(tmp_path_factory):
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
     # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp): world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
-              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg", *shared],
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg", *shared],
               timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e", *shared],
+                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col0u", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -177,15 +179,26 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
         assert not any(k.startswith("async/rollout") for m in ms for k in m)  # one rollout rank: no per-rank figures
 
 
+def whole_model_bytes(model_yaml) -> int:
+    """fp32 bytes of every parameter of the model at `model_yaml`."""
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.convert import expected_shapes
+
+    return 4 * sum(int(np.prod(shape)) for shape in expected_shapes(Qwen2Config.load(str(model_yaml))).values())
+
+
 @pytest.mark.slow  # the same msrun job
-def test_a_tensor_parallel_training_group_equals_the_colocated_run_and_resumes_from_its_shards(runs):
-    """sep0tpg: one training replica of two tensor-parallel pieces (ranks 0 and 1) beside one rollout rank, sep0's
-    schedule (a warm start, validation), stopped after step 2 and resumed for step 3: each weights meeting sums the two
-    pieces in their places into the whole weights the rollout rank samples with, and both training ranks read back
-    the sharded checkpoint they wrote (a colocated tp run's: rank_0/, rank_1/ and the strategy file). col0's samples,
-    rewards and validation; the losses within a colocated tp update's tolerance against one process (the pieces'
-    partial products summed over the pair: tests/parallel/test_msrun.py, abs 1e-6, grad_norm rel 1e-5)."""
-    sep, col = runs / "sep0tpg", runs / "col0"
+@pytest.mark.parametrize("run, peer, model", [("sep0tpg", "col0", "micro_one_layer.yaml"),
+                                              ("sep0ppg", "col0u", os.path.join(WORKERS, "micro_untied.yaml"))])
+def test_a_training_replica_in_pieces_equals_the_colocated_run_and_resumes_from_its_shards(runs, run, peer, model):
+    """One training replica of two ranks beside one rollout rank, sep0's schedule (a warm start, validation), stopped
+    after step 2 and resumed for step 3. sep0tpg: two tensor-parallel pieces; sep0ppg: two pipeline stages (the untied
+    micro model of three layers: two and one). Each weights meeting sums the pieces (stages) in their places into the
+    whole weights the rollout rank samples with, and both training ranks read back the sharded checkpoint they wrote
+    (a colocated run's: rank_0/, rank_1/ and the strategy file). The peer's samples, rewards and validation in one
+    process; the losses within a colocated tp update's tolerance against one process (the pieces' partial products
+    summed over the pair: tests/parallel/test_msrun.py, abs 1e-6, grad_norm rel 1e-5)."""
+    sep, col = runs / run, runs / peer
     rows_s, rows_c = metrics(sep), metrics(col)
     ms, mc = [m for m in rows_s if m["step"]], [m for m in rows_c if m["step"]]
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
@@ -195,7 +208,7 @@ def test_a_tensor_parallel_training_group_equals_the_colocated_run_and_resumes_f
     for a, b in zip(ms, mc):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
         assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
-        assert a["sync/bytes"] == metrics(runs / "sep0")[-1]["sync/bytes"]  # the whole model's, made of the pieces
+        assert a["sync/bytes"] == whole_model_bytes(runs / model)  # the whole model's, made of the pieces
         assert "sync/train_weights_max_diff" not in a  # one replica: nothing to compare
 
     def validations(rows):

@@ -27,7 +27,8 @@ dp0t: col0t's run colocated on two data-parallel replicas (training and generati
 of its half of the prompts on its own tool workers; its peer col0t.
 sep0tp, sep1tp (three ranks: sep0, sep1 with one training rank beside a rollout replica of two tensor-parallel pieces;
 peers col0, col1); sep0tpg (three ranks: sep0g's schedule on a training replica of two tensor-parallel pieces beside
-one rollout rank, its sharded checkpoint read back; peer col0).
+one rollout rank, its sharded checkpoint read back; peer col0); sep0ppg (sep0tpg on a training replica of two
+pipeline stages, the untied micro model of tests/parallel/workers/micro_untied.yaml; peer col0u).
 sep0e: an environment (guess_number: ENVIRONMENT) under separate, the rollout rank playing the games, with dynamic
 sampling (DYNAMIC); its peer col0e.
 """
@@ -95,6 +96,10 @@ ROLLOUT2 = ["generate_config.parallel_config.data_parallel=2"]  # two rollout ra
 ROLLOUT_TP2 = ["generate_config.parallel_config.model_parallel=2"]
 # a training replica of two tensor-parallel pieces (ranks 0 and 1 of a world of 3)
 TRAIN_TP2 = ["actor_config.parallel_config.model_parallel=2"]
+# a training replica of two pipeline stages (ranks 0 and 1 of a world of 3) on the micro model of three layers with
+# untied embeddings (the first stage holds the embedding, the last the lm_head)
+TRAIN_PP2 = ["actor_config.parallel_config.pipeline_stage=2"]
+UNTIED = [f"actor_config.model={os.path.join(os.path.dirname(os.path.abspath(__file__)), 'micro_untied.yaml')}"]
 # two training ranks, data-parallel (each trains half of a mini-batch's 8 rows: a micro-batch of 4)
 TRAIN2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro_batch_size=4"]
 RUNS = {
@@ -168,6 +173,11 @@ RUNS = {
     # after step 2 and resumed for step 3 (both training ranks read back the sharded checkpoint they wrote); peer col0
     "sep0tpg": [(MSRUN, SEPARATE + WARM + VAL + TRAIN_TP2 + ["rl_config.max_steps=2"]),
                 (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN_TP2)],
+    # sep0tpg's schedule on a training replica of two pipeline stages (its sharded checkpoint read back by both
+    # stages), on the untied micro model; its one-process peer col0u
+    "sep0ppg": [(MSRUN, SEPARATE + WARM + VAL + TRAIN_PP2 + UNTIED + ["rl_config.max_steps=2"]),
+                (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN_PP2 + UNTIED)],
+    "col0u": [([], WARM + VAL + UNTIED)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
