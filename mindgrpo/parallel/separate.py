@@ -75,13 +75,14 @@ def prompt_check(prompts: Sequence[Sequence[int]]) -> float:
     return float(sum(int(np.sum(np.asarray(p, np.int64))) for p in prompts) % (1 << 23))
 
 
-def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]], first: int = 1) -> None:
-    """The rollout group's figures (`group_figures`) name the prompts each rank generated (`prompt_checks`, its share
-    of them): those this rank trains on. first: the first rollout rank (the number of training ranks)."""
+def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]], first: int = 1, tp: int = 1) -> None:
+    """The rollout group's figures (`group_figures`) name the prompts each replica generated (`prompt_checks`, its
+    share of them): those this rank trains on. first: the first rollout rank (the number of training ranks); tp: a
+    replica's ranks (the error names its first)."""
     checks = figures["prompt_checks"]
     for i, check in enumerate(checks):
         if check != prompt_check([prompts[k] for k in share(len(prompts), len(checks), i)]):
-            raise RuntimeError(f"generate_config.placement separate: rollout rank {first + i} generated other "
+            raise RuntimeError(f"generate_config.placement separate: rollout rank {first + i * tp} generated other "
                                "prompts than the training rank trains on (their data order differs)")
 
 
@@ -265,9 +266,10 @@ class Meeting:
         total, largest, differ = 0, 0, 0.0
         for bucket in buckets:
             sizes = [int(np.prod(shapes[name])) for name in bucket]
+            # every other rank gives -0.0 (x + -0.0 is x, -0.0 and +0.0 included: the sum is bit for bit)
             flat = np.concatenate([self.in_place(name, params[name].asnumpy().astype(np.float32), shapes[name])
-                                   .reshape(-1) if name in params else np.zeros(k, np.float32)
-                                   for name, k in zip(bucket, sizes)]) if give else np.zeros(sum(sizes), np.float32)
+                                   .reshape(-1) if name in params else np.full(k, -0.0, np.float32)
+                                   for name, k in zip(bucket, sizes)]) if give else np.full(sum(sizes), -0.0, np.float32)
             flat = self.comm.host_sum(flat, self.group)
             at = 0
             for name, k in zip(bucket, sizes):
@@ -316,7 +318,7 @@ class RemoteRollout:
         (`conversations.RemoteConversations`). `prompts`: this rank's draw, which each rollout rank's prompt check
         names (its share of the draw, before an environment's resets write the prompts generated)."""
         comps, _, figures = self.groups(len(prompts) * params.n, params.n, row_width(params, turns))
-        check_prompts(figures, prompts, self.meeting.trainers)
+        check_prompts(figures, prompts, self.meeting.trainers, self.meeting.tp)
         return comps
 
     def more_prompts(self, count: int) -> None:

@@ -4,14 +4,17 @@ value meeting (what each rollout rank's conversations give besides the tokens: t
 metrics) arrives whole on the training rank, in rollout rank order; the samples meeting of a rollout group of
 several ranks brings the training rank every rank's share at its rows, in prompt order, and the group's figures."""
 
+import functools
 import threading
 from types import SimpleNamespace
+from typing import Optional
 
 import numpy as np
 import pytest
 
 from mindgrpo.inference.engine import Completion
 from mindgrpo.parallel.comm import Group
+from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.separate import FIGURES, Meeting, check_prompts, group_figures, prompt_check
 
 
@@ -20,13 +23,17 @@ class ThreadWorld:
     arrays of the threads of its group (comm.Group: the world's, or the training group's, `train_dp`) in float32;
     `rank(r)` is rank r's view (its Comm)."""
 
-    def __init__(self, size: int = 2, trainers: int = 1):
-        self.world, self.trainers = size, trainers
+    def __init__(self, size: int = 2, trainers: int = 1, train: Optional[ParallelLayout] = None, rollout_tp: int = 1):
+        """train: the training layout (default: `trainers` data-parallel replicas); rollout_tp: the rollout replicas'
+        tensor-parallel pieces."""
+        self.train = train or ParallelLayout(dp=trainers)
+        self.world, self.trainers = size, self.train.world_size
+        self.infer = ParallelLayout(dp=max(1, (size - self.trainers) // rollout_tp), tp=rollout_tp)
         self.lock = threading.Lock()
         self.barriers, self.parts = {}, {}
 
     def rank(self, r: int):
-        return SimpleNamespace(rank=r, world=self.world, train=SimpleNamespace(world_size=self.trainers),
+        return SimpleNamespace(rank=r, world=self.world, train=self.train, infer=self.infer,
                                group=lambda ranks: Group(tuple(ranks), r, "world", True),
                                train_dp=Group(tuple(range(self.trainers)), r, "train"), host_sum=self.host_sum)
 
@@ -36,7 +43,7 @@ class ThreadWorld:
             barrier = self.barriers.setdefault(group.ranks, threading.Barrier(group.size))
             self.parts.setdefault(group.ranks, {})[threading.get_ident()] = values.astype(np.float32)
         barrier.wait()
-        total = sum(self.parts[group.ranks].values())
+        total = functools.reduce(np.add, self.parts[group.ranks].values())  # not sum(): 0 + -0.0 is +0.0
         barrier.wait()
         return total.reshape(values.shape).astype(values.dtype)
 
@@ -158,6 +165,62 @@ def test_two_training_ranks_give_rank_0s_weights_and_rank_1_checks_its_own_again
     assert all(got[r][2] == ((3, 1, 7, 0), []) for r in range(3))  # rank 0's resume position, not rank 1's added
 
 
+@pytest.mark.parametrize("train, rollout_tp", [(ParallelLayout(tp=2), 2), (ParallelLayout(dp=2, tp=2), 1),
+                                               (ParallelLayout(pp=2), 2), (ParallelLayout(tp=2, pp=2), 1)])
+def test_the_weights_meeting_makes_the_whole_weights_of_the_pieces_and_gives_each_rollout_rank_its_own(train,
+                                                                                                      rollout_tp):
+    """A training group of replicas in pieces (tensor-parallel pieces, pipeline stages) and a rollout group of replicas
+    of `rollout_tp` pieces: each rank of the first training replica gives its pieces in their places, and every
+    rollout rank ends with its piece of the whole weights, bit for bit (-0.0 and a subnormal-free spread of values
+    included); the training ranks keep theirs, a second replica's ranks compare theirs with the first's (0.0)."""
+    from mindspore import Parameter, Tensor
+
+    rng = np.random.default_rng(1)
+    # one decoder layer per stage: column-, row-parallel and replicated weights, the embedding and lm_head
+    shapes = {"model.tok_embeddings.embedding_weight": (8, 4), "lm_head.weight": (8, 4), "model.norm_out.weight": (4,)}
+    for layer in range(train.pp):
+        shapes.update({f"model.layers.{layer}.attention.wq.weight": (4, 4),
+                       f"model.layers.{layer}.attention.wq.bias": (4,),
+                       f"model.layers.{layer}.attention.wo.weight": (4, 4),
+                       f"model.layers.{layer}.attention_norm.weight": (4,)})
+    whole = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in shapes.items()}
+    whole["model.norm_out.weight"][1] = -0.0
+    whole["lm_head.weight"][0, 0] = -0.0
+    trainers = train.world_size
+    rollout = ParallelLayout(tp=rollout_tp)
+
+    def held(rank: int) -> dict:
+        """The training rank's pieces of its stage (layers.s on stage s; the embedding first, the head and norm
+        last)."""
+        stage, (_, piece) = train.stage(rank), train.coords(rank)
+        names = [n for n in shapes if train.param_stage(n, train.pp) == stage]
+        return {n: np.ascontiguousarray(train.shard(n, whole[n], piece)) for n in names}
+
+    def call(rank, meeting):
+        if rank < trainers:
+            mine = held(rank)
+            params = {n: Parameter(Tensor(v.copy()), name=n) for n, v in mine.items()}
+            figures = meeting.weights(params, shapes if train.pp > 1 else None)  # stages: the whole model's names
+        else:
+            piece = (rank - trainers) % rollout_tp
+            params = {n: Parameter(Tensor(np.zeros(rollout.shard(n, whole[n], piece).shape, np.float32)), name=n)
+                      for n in shapes}
+            figures = meeting.weights(params)
+        return figures, {n: p.asnumpy() for n, p in params.items()}
+
+    world = ThreadWorld(trainers + 2, train=train, rollout_tp=rollout_tp)
+    got = meet(world, call)
+    for r in range(trainers):  # the training ranks keep their pieces
+        assert all(got[r][1][n].tobytes() == v.tobytes() for n, v in held(r).items())
+        if train.dp > 1:
+            assert got[r][0]["sync/train_weights_max_diff"] == 0.0
+    for r in range(trainers, trainers + 2):  # each rollout rank its piece of the whole weights, bit for bit
+        piece = (r - trainers) % rollout_tp
+        assert all(got[r][1][n].tobytes() == np.ascontiguousarray(rollout.shard(n, whole[n], piece)).tobytes()
+                   for n in shapes), r
+        assert got[r][0]["sync/bytes"] == 4 * sum(int(np.prod(v)) for v in shapes.values())
+
+
 @pytest.mark.parametrize("trainers, replicas", [(1, 1), (2, 2)])
 def test_dynamic_samplings_count_of_prompts_to_draw_again_is_training_rank_0s_on_every_rank(trainers, replicas):
     """Meeting.more_prompts after each rollout of a step (rl_config.dynamic_sampling): training rank 0's count reaches
@@ -182,7 +245,7 @@ def test_the_training_rank_checks_its_draw_against_the_rollout_ranks_with_conver
     params = SamplingParams(max_tokens=3, n=2)
 
     class OneRolloutRank:  # the samples meeting as the training rank sees it: rank 1's figures
-        trainers = 1
+        trainers, tp = 1, 1  # one training rank, a rollout replica of one rank
 
         def samples(self, comps, rows, n, width):
             assert (rows, n, width) == (6, 2, 3 + (0 if turns is None else 10))
