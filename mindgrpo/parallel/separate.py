@@ -267,9 +267,11 @@ class Meeting:
         for bucket in buckets:
             sizes = [int(np.prod(shapes[name])) for name in bucket]
             # every other rank gives -0.0 (x + -0.0 is x, -0.0 and +0.0 included: the sum is bit for bit)
-            flat = np.concatenate([self.in_place(name, params[name].asnumpy().astype(np.float32), shapes[name])
-                                   .reshape(-1) if name in params else np.full(k, -0.0, np.float32)
-                                   for name, k in zip(bucket, sizes)]) if give else np.full(sum(sizes), -0.0, np.float32)
+            flat = np.full(sum(sizes), -0.0, np.float32)
+            if give:
+                flat = np.concatenate([self.in_place(name, params[name].asnumpy().astype(np.float32), shapes[name])
+                                       .reshape(-1) if name in params else np.full(k, -0.0, np.float32)
+                                       for name, k in zip(bucket, sizes)])
             flat = self.comm.host_sum(flat, self.group)
             at = 0
             for name, k in zip(bucket, sizes):
