@@ -270,9 +270,9 @@ class GRPOConfig:
 
     def _check_separate(self) -> None:
         """What generate_config.placement separate runs for now (docs/async.md: its limits): a training group of D
-        data-parallel ranks (actor_config.parallel_config.data_parallel D) and a rollout group of R replicas of T
-        tensor-parallel pieces each (generate_config.parallel_config data_parallel R, model_parallel T; msrun
-        --worker_num D + R * T)."""
+        data-parallel replicas of P pipeline stages of T tensor-parallel pieces (actor_config.parallel_config) and a
+        rollout group of R replicas of T' pieces (generate_config.parallel_config data_parallel R, model_parallel T',
+        no stages; msrun --worker_num D T P + R T')."""
         rl, gen, actor = self.rl_config, self.generate_config, self.actor_config
         training = actor.parallel_config
         check(training.model_parallel == 1 and training.pipeline_stage == 1 or actor.lora_rank == 0,

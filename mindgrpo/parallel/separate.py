@@ -1,5 +1,5 @@
 """generate_config.placement separate (docs/async.md): under msrun the training group (the first ranks: D data-parallel
-replicas of T tensor-parallel pieces, actor_config.parallel_config data_parallel D and model_parallel T) and the
+replicas of P pipeline stages of T tensor-parallel pieces: actor_config.parallel_config) and the
 rollout group (R replicas of T' pieces, each replica T' consecutive ranks: generate_config.parallel_config) meet once
 a step, and otherwise work at the same time.
 
@@ -14,8 +14,9 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
               every training rank
     weights   the policy's whole parameters after an update, in buckets of rl_config.weight_sync_bucket_mb, the first
               training replica's (each of its ranks its pieces in their places, -0.0 elsewhere: the sum is whole, bit
-              for bit) -> every rollout rank's inference copy (each keeps its piece; the other training replicas
-              give zeros and keep their own weights, compared with the first's: `sync/train_weights_max_diff`);
+              for bit) -> every rollout rank's inference copy (each keeps its piece; the other ranks give -0.0,
+              the other training replicas keep their own weights, compared with the first's:
+              `sync/train_weights_max_diff`);
               with LoRA (whole replicas only) the adapters only, and at
               the start, after the warm start and after a resume first a meeting of the base weights (both ranks
               know when: docs/async.md)
@@ -30,11 +31,11 @@ The training ranks' side stands in for the trainer's engine and weight sync (`Re
 the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. A replica's model is its
 pieces (tensor-parallel layers over the replica's ranks, as a colocated tensor-parallel run's); with D training
 replicas each trains its share of a mini-batch, the gradients summed over the replicas of a piece
-(`data_parallel.DataParallelGrads`, as a colocated data-parallel run). Rollout rank i (rank D + i) generates its
-share of the step's prompts, each keyed by its index in the whole batch (a sample's random stream depends on that
+(`data_parallel.DataParallelGrads`, as a colocated data-parallel run). Rollout replica i generates its share of the
+step's prompts, each keyed by its index in the whole batch (a sample's random stream depends on that
 index, its sample number and its token number only), so the samples are a one-process run's whichever rank drew them.
 Training rank 0 writes the checkpoints of whole replicas (`TrainingGroupCheckpoints`), as one process writes them;
-tensor-parallel training replicas write a colocated run's sharded checkpoints (`placement.SeparatePlacement`).
+training replicas in pieces write a colocated run's sharded checkpoints (`placement.SeparatePlacement`).
 """
 
 from __future__ import annotations
