@@ -88,11 +88,13 @@ def sample(prompt: int, k: int, length: int) -> Completion:
                       np.float32(-0.2) * steps, versions=np.full(length, prompt % 3, np.int64))
 
 
-@pytest.mark.parametrize("replicas, groups", [(2, 3), (3, 3), (3, 4)])
-def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_rows(replicas, groups):
-    """Rollout rank 1 + i generates share i of the groups (contiguous, the first ranks one more when uneven) and hands
-    its rows over at their offset: the training rank gets every group's samples in prompt order, as one rollout rank
-    would give them, each rank's figures (the group's: tokens summed, seconds the slowest's) and its prompt check."""
+@pytest.mark.parametrize("replicas, groups, tp", [(2, 3, 1), (3, 3, 1), (3, 4, 1), (2, 3, 2)])
+def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_rows(replicas, groups, tp):
+    """Rollout replica i (ranks 1 + i tp .. 1 + (i + 1) tp - 1) generates share i of the groups (contiguous, the first
+    replicas one more when uneven) and hands its rows over at their offset: the training rank gets every group's
+    samples in prompt order, as one rollout rank would give them, each replica's figures (the group's: tokens summed,
+    seconds the slowest's) and its prompt check. With tp = 2 both pieces of a replica hold its samples and figures,
+    and only the first gives them (counted twice they would arrive doubled)."""
     n, width = 2, 6
     prompts = [[7 + g, 3 * g + 1] for g in range(groups)]
     whole = [sample(g, k, 2 + (g + k) % 4) for g in range(groups) for k in range(n)]
@@ -103,16 +105,20 @@ def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_r
         mine = meeting.share(groups)
         comps = [c for c in whole if c.prompt_index in set(mine)]
         figures = dict.fromkeys(FIGURES, 0.0)
-        figures.update(new_tokens=float(sum(len(c.token_ids) for c in comps)), generate_seconds=float(rank),
-                       wait_seconds=0.5 * rank, version=4.0, prompt_check=prompt_check([prompts[g] for g in mine]),
-                       useful_fraction=0.25 * rank)
+        i = meeting.index + 1  # the replica's number from 1
+        figures.update(new_tokens=float(sum(len(c.token_ids) for c in comps)), generate_seconds=float(i),
+                       wait_seconds=0.5 * i, version=4.0, prompt_check=prompt_check([prompts[g] for g in mine]),
+                       useful_fraction=0.25 * i)
         return meeting.samples(comps, groups * n, n, width, figures, first=int(mine[0]) * n if len(mine) else 0)
 
-    got = meet(ThreadWorld(1 + replicas), call)
-    shares = [list(Meeting(ThreadWorld(1 + replicas).rank(r), 1).share(groups)) for r in range(1, 1 + replicas)]
+    world = 1 + replicas * tp
+    got = meet(ThreadWorld(world, rollout_tp=tp), call)
+    shares = [list(Meeting(ThreadWorld(world, rollout_tp=tp).rank(r), 1).share(groups)) for r in range(1, world, tp)]
+    assert all(list(Meeting(ThreadWorld(world, rollout_tp=tp).rank(r), 1).share(groups)) == shares[(r - 1) // tp]
+               for r in range(1, world))  # a replica's pieces generate the same share
     assert sorted(g for s in shares for g in s) == list(range(groups))  # every group once, whole
     assert [len(s) for s in shares] == sorted((len(s) for s in shares), reverse=True)  # uneven: the first ranks more
-    for rank in range(1 + replicas):  # every rank gets the whole step (the rollout ranks ignore it)
+    for rank in range(world):  # every rank gets the whole step (the rollout ranks ignore it)
         comps, numbers, ranks = got[rank]
         assert numbers == list(range(groups))
         assert [(c.prompt_index, c.token_ids, c.finish_reason, c.turns, c.model_mask) for c in comps] == \
@@ -130,9 +136,9 @@ def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_r
                                                  for k in ("tokens_per_s", "wait_seconds"))
     first = sum(len(whole[k].token_ids) for k in range(len(shares[0]) * n))
     assert figures["replicas"]["rollout0/tokens_per_s"] == first  # its tokens in its 1 s
-    check_prompts(figures, prompts)  # each rank generated its share of these prompts
-    with pytest.raises(RuntimeError, match=f"rollout rank {replicas} generated other prompts"):
-        check_prompts(figures, prompts[:-1] + [[1]])  # the last prompt is the last rank's
+    check_prompts(figures, prompts, 1, tp)  # each replica generated its share of these prompts
+    with pytest.raises(RuntimeError, match=f"rollout rank {1 + (replicas - 1) * tp} generated other prompts"):
+        check_prompts(figures, prompts[:-1] + [[1]], 1, tp)  # the last prompt is the last replica's (its first rank)
 
 
 @pytest.mark.parametrize("apart", [0.0, 0.25])
