@@ -178,14 +178,6 @@ def first_changed_key(cfg, path: str) -> Optional[str]:
     return None
 
 
-def whole_replicas(layout, key: str, ranks: str) -> None:
-    """generate_config.placement separate: a group's ranks (training or rollout) are data-parallel replicas of the
-    whole model, without tensor or pipeline parallelism."""
-    check(layout.model_parallel == 1 and layout.pipeline_stage == 1, key,
-          f"with generate_config.placement separate: the {ranks} replicas of the model (set data_parallel to their "
-          f"number), got model_parallel {layout.model_parallel}, pipeline_stage {layout.pipeline_stage}")
-
-
 @dataclass(frozen=True)
 class GRPOConfig:
     rl_config: RLConfig = field(default_factory=RLConfig)
@@ -288,23 +280,34 @@ class GRPOConfig:
 
     def _check_separate(self) -> None:
         """What generate_config.placement separate runs for now (docs/async.md: its limits): a training group of D
-        data-parallel ranks (actor_config.parallel_config.data_parallel D) and a rollout group of R whole replicas
-        (generate_config.parallel_config.data_parallel R; msrun --worker_num D + R)."""
+        data-parallel replicas of P pipeline stages of T tensor-parallel pieces (actor_config.parallel_config) and a
+        rollout group of R replicas of T' pieces (generate_config.parallel_config data_parallel R, model_parallel T',
+        no stages; msrun --worker_num D T P + R T')."""
         rl, gen, actor = self.rl_config, self.generate_config, self.actor_config
         training = actor.parallel_config
-        whole_replicas(training, "actor_config.parallel_config", "training ranks are data-parallel")
-        trainers = training.data_parallel
+        check(training.model_parallel == 1 and training.pipeline_stage == 1 or actor.lora_rank == 0,
+              "actor_config.lora_rank", "cannot combine with generate_config.placement separate and training replicas "
+              f"split into pieces (actor_config.parallel_config model_parallel {training.model_parallel}, "
+              f"pipeline_stage {training.pipeline_stage}) yet: LoRA's checkpoints and meetings take whole training "
+              "replicas; set both 1 or train without LoRA")
+        trainers = training.world_size
         if trainers > 1:  # what one training rank runs only (docs/async.md, its limits)
             for key, off, why in (
                     ("actor_config.parallel_config.optimizer_shard", not training.optimizer_shard,
-                     "the training ranks write one process's checkpoints (rank 0), each holding the whole moments"),
+                     "the training ranks' checkpoints hold each replica's whole moments"),
                     ("generate_config.partial_rollout", not gen.partial_rollout, "the prompts in flight are one "
                      "training rank's bookkeeping")):
                 check(off, key, f"with generate_config.placement separate and {trainers} training ranks "
-                      f"(actor_config.parallel_config.data_parallel): not yet, {why} for now; leave it off or train "
-                      "on one rank")
+                      "(actor_config.parallel_config data_parallel x model_parallel x pipeline_stage): not yet, "
+                      f"{why} for now; leave it off or train on one rank")
         rollout = gen.parallel_config
-        whole_replicas(rollout, "generate_config.parallel_config", "rollout ranks are whole")
+        check(rollout.pipeline_stage == 1, "generate_config.parallel_config.pipeline_stage",
+              "must be 1 with generate_config.placement separate: generation runs without pipeline stages (set "
+              f"data_parallel and model_parallel), got {rollout.pipeline_stage}")
+        check(rollout.model_parallel == 1 or actor.lora_rank == 0, "actor_config.lora_rank",
+              "cannot combine with generate_config.placement separate and generate_config.parallel_config."
+              f"model_parallel {rollout.model_parallel} yet (adapters into tensor-parallel rollout replicas are not "
+              "built): set model_parallel 1 or train without LoRA")
         replicas = rollout.data_parallel
         check(rl.batch_size >= replicas, "rl_config.batch_size",
               f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "

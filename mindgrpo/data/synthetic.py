@@ -273,6 +273,8 @@ def ensure_tiny_tokenizer(path: str, spec: TinyTokenizerSpec = TinyTokenizerSpec
         tokenizer.save(tmp)
         with open(os.path.join(tmp, _STAMP), "w", encoding="utf-8") as f:
             f.write(stamp)
+        if _is_cached(path, stamp):  # another process (an msrun rank) wrote the same meanwhile: others may read it
+            return QwenTokenizer.from_dir(path)
         if os.path.isdir(path):
             shutil.rmtree(path)  # stale cache
         os.rename(tmp, path)

@@ -485,6 +485,7 @@ def build_rollout(cfg: GRPOConfig, paths: Paths, placement):
     rl, gen = cfg.rl_config, cfg.generate_config
     config_file, model_source = model_config_file(cfg, paths)
     mcfg = Qwen2Config.load(config_file, compute_dtype=cfg.actor_config.dtype)
+    placement.check(mcfg)
     memory_policy = MemoryPolicy.of_config(cfg)
     tokenizer = build_tokenizer(cfg, paths)
     chat_template = chat_template_file(cfg, paths) if gen.conversations else None

@@ -367,9 +367,9 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
                ) -> MemoryPlan:
     actor, gen, rl = gcfg.actor_config, gcfg.generate_config, gcfg.rl_config
     train = ParallelLayout.from_config(actor.parallel_config)
-    # generate_config.placement separate: each rollout rank holds a whole replica on a device of its own, and the
-    # weights meeting moves whole buckets (docs/async.md); so the plan is that of one rollout device whatever their
-    # number; every training rank (data-parallel replicas) holds the whole model and gives whole buckets too
+    # generate_config.placement separate: the weights meeting moves whole buckets (docs/async.md); the inference copy
+    # and its cache are planned as one whole rollout replica whatever their number (a replica in tensor-parallel pieces
+    # holds a piece each: the plan is an upper bound there); a training rank holds its piece of the training layout
     separate = gen.placement == "separate"
     infer = ParallelLayout() if separate else ParallelLayout.from_config(gen.parallel_config)
     source = ParallelLayout() if separate else train  # the layout the sync reads

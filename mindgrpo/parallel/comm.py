@@ -83,12 +83,22 @@ class Comm:
             raise ValueError(f"rank {self.rank} is not in group {list(ranks)}")
         if len(ranks) == 1:
             return Group(ranks, self.rank, None)
+        if ranks in _CREATED:  # a group of some ranks (also the world of a `within` Comm: not MindSpore's world group)
+            return Group(ranks, self.rank, _CREATED[ranks])
         if len(ranks) == self.world:
             return Group(ranks, self.rank, _world_group_name(), True)
         if ranks not in _CREATED:
             raise RuntimeError(f"group {list(ranks)} was not created at start-up (init_parallel creates "
                                "the groups of every layout: see init_comm)")
         return Group(ranks, self.rank, _CREATED[ranks])
+
+    def within(self, ranks: int) -> "Comm":
+        """This Comm seen as a world of the first `ranks` ranks (a separate placement's training group, created at
+        start-up): what is written over "the world" (barriers, sharded checkpoints) runs over them only."""
+        ranks = int(ranks)
+        if ranks > 1 and tuple(range(ranks)) not in _CREATED:
+            raise RuntimeError(f"group {list(range(ranks))} was not created at start-up")
+        return Comm(self.rank, ranks, self.device, self.train, self.infer, self.ref, self._host_graphs)
 
     def tp_group(self, layout: ParallelLayout) -> Group:
         return self.group(layout.tp_group(self.rank))
@@ -245,10 +255,12 @@ def init_parallel(cfg) -> Comm:
 
 def init_separate(cfg) -> Comm:
     """generate_config.placement separate: communication initialised, the world checked to be the training
-    layout's ranks (the first ones: D data-parallel replicas) and the rollout layout's (the next ones: R whole
-    replicas). The two sides meet over the world (mindgrpo/parallel/separate.py); with D > 1 the training ranks also
-    make a group of their own (`Comm.train_dp`), created by its members, over which their gradients and rewards are
-    summed as in a colocated data-parallel run."""
+    layout's ranks (the first ones: D data-parallel replicas) and the rollout layout's (the next ones: R replicas of
+    T tensor-parallel pieces, generate_config.parallel_config model_parallel T). The two sides meet over the world
+    (mindgrpo/parallel/separate.py); with D > 1 the training ranks also make a group of their own (`Comm.train_dp`),
+    created by its members, over which their gradients and rewards are summed as in a colocated data-parallel run,
+    and with T > 1 each rollout replica's ranks make theirs (`separate.Meeting.tp_group`), over which its model's
+    tensor-parallel layers sum."""
     from mindspore.communication import create_group, get_group_size, get_rank, init
 
     train, infer, ref = layouts_of(cfg)
@@ -272,11 +284,19 @@ def init_separate(cfg) -> Comm:
         init()
     rank, world = get_rank(), get_group_size()
     check(world)
-    trainers = tuple(range(train.world_size))
-    if 1 < len(trainers) and rank in trainers and trainers not in _CREATED:  # the training group (its members only)
-        name = "g" + "_".join(str(r) for r in trainers)
-        create_group(name, list(trainers))
-        _CREATED[trainers] = name
+    # the training group, its layout's tensor-, data- and pipeline-parallel groups and hand-offs, and each rollout
+    # replica's tensor-parallel pieces (T consecutive ranks), each created by its members only, in one order
+    groups = {tuple(range(train.world_size))}
+    for t in range(train.world_size):
+        chain = train.pp_group(t)
+        groups.update({tuple(train.tp_group(t)), tuple(train.dp_group(t)), tuple(chain)})
+        groups.update((a, b) for a, b in zip(chain, chain[1:]))  # pipeline hand-offs
+    groups.update(tuple(range(first, first + infer.tp)) for first in range(train.world_size, world, infer.tp))
+    for ranks in sorted(groups):
+        if 1 < len(ranks) and rank in ranks and ranks not in _CREATED:
+            name = "g" + "_".join(str(r) for r in ranks)
+            create_group(name, list(ranks))
+            _CREATED[ranks] = name
     device = ms.get_context("device_target")
     logger.info("rank %d of %d on %s: %s (separate placement: train %s, rollout %s)", rank, world, device,
                 "training" if rank < train.world_size else "rollout", train, infer)

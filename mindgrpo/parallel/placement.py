@@ -397,22 +397,27 @@ class ParallelPlacement:
 
 
 class SeparatePlacement(OneDevice):
-    """generate_config.placement separate (mindgrpo/parallel/separate.py): ranks 0 .. D - 1 train
-    (actor_config.parallel_config.data_parallel D), ranks D .. D + R - 1 generate (generate_config.parallel_config.
-    data_parallel R); every model whole. On a training rank the engine and the inference weight sync are the meetings
-    with the rollout ranks (`RemoteRollout`, `SendWeights`); the reference (beta > 0) is beside the policy. With D > 1
-    the training ranks split each mini-batch and sum their gradients over the training group as a colocated
-    data-parallel run does (`DataParallelGrads`), rank 0 scores the rewards for all of them (`SharedRewards`, and the
-    reward models: `SharedModelRewards`) and writes the checkpoints (`TrainingGroupCheckpoints`); with one, rewards
-    and checkpoints are its own. Each rollout rank builds its inference copy and engine (`builder.build_rollout`) and
-    runs `grpo/rollout_worker.RolloutWorker` on its share."""
+    """generate_config.placement separate (mindgrpo/parallel/separate.py): ranks 0 .. D T P - 1 train
+    (actor_config.parallel_config: D data-parallel replicas of P pipeline stages of T tensor-parallel pieces), the
+    next R T' ranks generate (generate_config.parallel_config: R replicas of T' pieces); a model is whole, or with T
+    (T', P) > 1 this rank's piece (`model`; the stages' hand-offs: `pipeline`). On a training rank the engine and
+    the inference weight sync are the meetings with the rollout ranks (`RemoteRollout`, `SendWeights`); the
+    reference (beta > 0) is beside the policy, laid out alike. With more than one training rank, rank 0 scores the
+    rewards for all of them (`SharedRewards`, and the reward models: `SharedModelRewards`); D > 1 replicas split
+    each mini-batch and sum their gradients as a colocated data-parallel run does (`DataParallelGrads`); whole
+    replicas' checkpoints are rank 0's one-process files (`TrainingGroupCheckpoints`), replicas in pieces a
+    colocated run's shards (`ShardedCheckpoints` over the training group); with one training rank, rewards and
+    checkpoints are its own. Each rollout rank builds its inference copy (its piece) and engine
+    (`builder.build_rollout`) and runs `grpo/rollout_worker.RolloutWorker` on its replica's share."""
 
     remote_rollout = True
 
     def __init__(self, cfg, comm: Comm):
         self.comm = comm
         self.meeting = Meeting(comm, cfg.rl_config.weight_sync_bucket_bytes)
-        self.trainers = comm.train.world_size
+        self.trainers = comm.train.world_size  # D replicas of T tensor-parallel pieces
+        # the training group, on its members (more than one training rank): rewards, barriers, checkpoints
+        self.training = comm.group(range(self.trainers)) if 1 < self.trainers and comm.rank < self.trainers else None
 
     @property
     def writer(self) -> bool:
@@ -420,30 +425,46 @@ class SeparatePlacement(OneDevice):
 
     def rewards(self, rewards: RewardSet) -> Rewards:
         """One training rank: its own; several: rank 0 scores, every training rank gets its scores."""
-        return rewards if self.trainers == 1 else SharedRewards(rewards, self.comm, group=self.comm.train_dp)
+        return rewards if self.trainers == 1 else SharedRewards(rewards, self.comm, group=self.training)
 
     def model_rewards(self, build: Callable[[], object], names: Sequence[str], weights: Sequence[float]):
-        """Several training ranks: rank 0 alone loads the reward models and judges and scores the whole batch, every
-        training rank gets its scores, metrics and judges' answers (`SharedModelRewards`)."""
+        """Several training ranks: rank 0 alone loads the reward models and judges (whole) and scores the whole batch,
+        every training rank gets its scores, metrics and judges' answers (`SharedModelRewards`)."""
         if self.trainers == 1 or not names:
             return build()
         models = build() if self.comm.rank == TRAIN_RANK else None
-        return SharedModelRewards(models, self.comm, self.comm.train_dp, names, weights, scorer=TRAIN_RANK)
+        return SharedModelRewards(models, self.comm, self.training, names, weights, scorer=TRAIN_RANK)
 
     def grad_reducer(self) -> Optional[DataParallelGrads]:
-        """Several training ranks: each trains its share, the gradients summed over the training group."""
-        return DataParallelGrads(self.comm, self.comm.train_dp) if self.trainers > 1 else None
+        """Several training replicas: each trains its share, the gradients summed over the replicas of its piece."""
+        return DataParallelGrads(self.comm, self.comm.train_dp) if self.comm.train.dp > 1 else None
 
     def checkpoints(self, root: str, keep_last: int, mcfg: Qwen2Config,
                     adapters: Optional[Dict[str, Tuple[int, ...]]] = None) -> Checkpoints:
-        """One process's checkpoints, written by training rank 0 (every training rank holds the whole model)."""
+        """Whole replicas: one process's checkpoints, written by training rank 0 (every training rank holds the
+        whole model). Replicas in pieces (actor_config.parallel_config model_parallel or pipeline_stage > 1): a
+        colocated run's sharded checkpoints over the training group (every training rank its pieces, rank 0 the
+        training layout's strategy file: `ShardedCheckpoints`), which every training rank reads back on
+        --resume."""
+        train = self.comm.train
+        if train.tp > 1 or train.pp > 1:
+            shapes = training_shapes(mcfg, adapters)
+            return ShardedCheckpoints(self.comm.within(self.trainers), root, keep_last,
+                                      lambda path: write_strategy_file(path, train, shapes))
         local = LocalCheckpoints(root, keep_last)
-        return local if self.trainers == 1 else TrainingGroupCheckpoints(local, self.comm, self.comm.train_dp)
+        return local if self.trainers == 1 else TrainingGroupCheckpoints(local, self.comm, self.training)
 
     def barrier(self) -> None:
         """The training ranks wait for each other."""
         if self.trainers > 1:
-            self.comm.barrier(self.comm.train_dp)
+            self.comm.barrier(self.training)
+
+    def pipeline(self, role: str, dtype) -> Optional[Pipeline]:
+        """Training pipeline stages (actor_config.parallel_config.pipeline_stage > 1): the policy's and the
+        reference's hand-offs over the training layout's chains, as a colocated run's."""
+        if role == "inference" or self.rollout_rank or self.comm.train.pp == 1:
+            return None
+        return Pipeline(self.comm, self.comm.train, dtype)
 
     @property
     def rank(self) -> int:
@@ -452,6 +473,40 @@ class SeparatePlacement(OneDevice):
     @property
     def rollout_rank(self) -> bool:
         return self.comm.rank >= self.comm.train.world_size
+
+    def check(self, mcfg: Qwen2Config) -> None:
+        """The training and rollout replicas' tensor parallelism divides the model (heads, vocabulary); the error names
+        the config section."""
+        for where, layout in (("actor_config", self.comm.train), ("generate_config", self.comm.infer)):
+            try:
+                ParallelLayout(dp=1, tp=layout.tp, pp=layout.pp).check_divisible(mcfg)
+            except ValueError as e:
+                raise ValueError(f"{where}.parallel_config: {e}") from None
+
+    def model(self, role: str, mcfg: Qwen2Config, path: Optional[str], load: bool, seed: int,
+              max_positions: int) -> Qwen2ForCausalLM:
+        """With tensor parallelism (model_parallel T > 1) or pipeline stages this rank's piece: a rollout rank's
+        inference copy its replica's piece (generate_config.parallel_config), a training rank's policy and reference
+        its stage's piece of the training layout (actor_config.parallel_config; the reference beside the policy, laid
+        out alike): every rank draws the whole model from `seed`, then the weights at `path` sliced. Otherwise the
+        whole model."""
+        train = self.comm.train
+        stage = None
+        if role == "inference" and self.rollout_rank and self.comm.infer.tp > 1:
+            group = self.meeting.tp_group()
+        elif role != "inference" and not self.rollout_rank and (train.tp > 1 or train.pp > 1):
+            group = self.comm.train_tp
+            stage = stage_spec(train, train.stage(self.rank), mcfg.num_hidden_layers)
+        else:
+            return super().model(role, mcfg, path, load, seed, max_positions)
+        lm = Qwen2ForCausalLM(mcfg, seed=seed, max_positions=max_positions, layers=TensorParallelLayers(group),
+                              stage=stage)
+        if path and load:  # every rank reads the whole weights, keeps its stage's pieces
+            state, pieces, mine = read_model_state(path, mcfg), ParallelLayout(dp=1, tp=group.size), \
+                dict(lm.parameters_and_names())
+            load_state(lm, {n: pieces.shard(n, a, group.index) for n, a in state.items() if n in mine})
+        heartbeat.beat()
+        return lm
 
     def engine(self, rollout: Optional[RolloutEngine]) -> Engine:
         """The training rank: the samples meeting; the rollout rank: its own engine."""

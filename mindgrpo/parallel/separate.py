@@ -1,6 +1,7 @@
-"""generate_config.placement separate (docs/async.md): under msrun the training group (D data-parallel ranks, the
-first ones: actor_config.parallel_config.data_parallel D) and the rollout group (R ranks, each a whole replica of the
-model: generate_config.parallel_config.data_parallel R) meet once a step, and otherwise work at the same time.
+"""generate_config.placement separate (docs/async.md): under msrun the training group (the first ranks: D data-parallel
+replicas of P pipeline stages of T tensor-parallel pieces: actor_config.parallel_config) and the
+rollout group (R replicas of T' pieces, each replica T' consecutive ranks: generate_config.parallel_config) meet once
+a step, and otherwise work at the same time.
 
 MindSpore's CPU collectives have no Send / Receive, and every member of a group enters a collective at the same
 point; so a meeting is an AllReduce over the world (`Comm.host_sum`) to which one side gives its data and the
@@ -8,11 +9,15 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
 
     samples   the rollout ranks' completions of a step (as `data_parallel.completion_rows`, versions included,
               and in a last column each sample's group number: with partial rollouts, its prompt's draw number),
-              each rank's in the rows of its share of the groups (`Meeting.share`: contiguous, in prompt order),
-              and a row of figures (FIGURES) per rollout rank -> every training rank
-    weights   the policy's parameters after an update, in buckets of rl_config.weight_sync_bucket_mb, training rank
-              0's -> every rollout rank's inference copy (training ranks 1 .. D - 1 give zeros and keep their own
-              weights, compared with rank 0's: `sync/train_weights_max_diff`); with LoRA the adapters only, and at
+              each replica's in the rows of its share of the groups (`Meeting.share`: contiguous, in prompt order),
+              and a row of figures (FIGURES) per rollout replica (its first rank gives them, the others zeros) ->
+              every training rank
+    weights   the policy's whole parameters after an update, in buckets of rl_config.weight_sync_bucket_mb, the first
+              training replica's (each of its ranks its pieces in their places, -0.0 elsewhere: the sum is whole, bit
+              for bit) -> every rollout rank's inference copy (each keeps its piece; the other ranks give -0.0,
+              the other training replicas keep their own weights, compared with the first's:
+              `sync/train_weights_max_diff`);
+              with LoRA (whole replicas only) the adapters only, and at
               the start, after the warm start and after a resume first a meeting of the base weights (both ranks
               know when: docs/async.md)
     start     after a --resume, training rank 0's restored step and prompt position, and with partial rollouts the
@@ -23,12 +28,14 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
               -> every training rank, in rollout rank order (= prompt order: `conversations.merge_replicas`)
 
 The training ranks' side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
-the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. Every model is whole, in
-the same layout; with D training ranks each trains its share of a mini-batch, the gradients summed over the training
-group (`data_parallel.DataParallelGrads`, as a colocated data-parallel run). Rollout rank i (rank D + i) generates its
-share of the step's prompts, each keyed by its index in the whole batch (a sample's random stream depends on that
+the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. A replica's model is its
+pieces (tensor-parallel layers over the replica's ranks, as a colocated tensor-parallel run's); with D training
+replicas each trains its share of a mini-batch, the gradients summed over the replicas of a piece
+(`data_parallel.DataParallelGrads`, as a colocated data-parallel run). Rollout replica i generates its share of the
+step's prompts, each keyed by its index in the whole batch (a sample's random stream depends on that
 index, its sample number and its token number only), so the samples are a one-process run's whichever rank drew them.
-Training rank 0 writes the checkpoints (`TrainingGroupCheckpoints`), as one process writes them.
+Training rank 0 writes the checkpoints of whole replicas (`TrainingGroupCheckpoints`), as one process writes them;
+training replicas in pieces write a colocated run's sharded checkpoints (`placement.SeparatePlacement`).
 """
 
 from __future__ import annotations
@@ -41,10 +48,12 @@ from mindspore import Parameter, Tensor
 
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
+from mindgrpo.models.convert import expected_shapes
 from mindgrpo.parallel.checkpoint_folders import save_folders
 from mindgrpo.parallel.checkpoints import LocalCheckpoints
 from mindgrpo.parallel.comm import Comm, Group, host_gather
 from mindgrpo.parallel.data_parallel import ROW_FIELDS, ROW_HEAD, completion_rows, row_width, rows_completions, share
+from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.weight_sync import named_parameters
 
 # a rollout rank's figures of a step, sent after its samples (one float32 row each); "prompt_check" is the sum of its
@@ -67,13 +76,14 @@ def prompt_check(prompts: Sequence[Sequence[int]]) -> float:
     return float(sum(int(np.sum(np.asarray(p, np.int64))) for p in prompts) % (1 << 23))
 
 
-def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]], first: int = 1) -> None:
-    """The rollout group's figures (`group_figures`) name the prompts each rank generated (`prompt_checks`, its share
-    of them): those this rank trains on. first: the first rollout rank (the number of training ranks)."""
+def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]], first: int = 1, tp: int = 1) -> None:
+    """The rollout group's figures (`group_figures`) name the prompts each replica generated (`prompt_checks`, its
+    share of them): those this rank trains on. first: the first rollout rank (the number of training ranks); tp: a
+    replica's ranks (the error names its first)."""
     checks = figures["prompt_checks"]
     for i, check in enumerate(checks):
         if check != prompt_check([prompts[k] for k in share(len(prompts), len(checks), i)]):
-            raise RuntimeError(f"generate_config.placement separate: rollout rank {first + i} generated other "
+            raise RuntimeError(f"generate_config.placement separate: rollout rank {first + i * tp} generated other "
                                "prompts than the training rank trains on (their data order differs)")
 
 
@@ -105,15 +115,68 @@ class Meeting:
                              f"rollout rank, got {self.trainers} training ranks in a world of {comm.world}")
         self.comm, self.group = comm, comm.group(range(comm.world))
         self.bucket_bytes = bucket_bytes
-        self.replicas = comm.world - self.trainers  # the rollout ranks: D, ..., world - 1
-        self.index = comm.rank - self.trainers  # this rank's place among them (negative: a training rank)
-        # the training group, on its members (D > 1): the weights' check sums over it
-        self.train_group: Optional[Group] = comm.train_dp if 1 < self.trainers and comm.rank < self.trainers else None
+        # the rollout ranks D, ..., world - 1: R replicas of T consecutive ranks each (tensor-parallel pieces)
+        self.tp = comm.infer.tp
+        self.replicas = (comm.world - self.trainers) // self.tp
+        rollout = comm.rank - self.trainers  # this rank's place among the rollout ranks (negative: a training rank)
+        self.index = rollout // self.tp if rollout >= 0 else rollout  # its replica
+        self.piece = rollout % self.tp if rollout >= 0 else -1  # its tensor-parallel piece in the replica
+        self.pieces = ParallelLayout(dp=1, tp=self.tp)  # how a replica's ranks split each parameter
+        # a training rank's replica and piece in the training layout (D replicas of T_train pieces), and how its
+        # replica's ranks split each parameter
+        self.train_coords = comm.train.coords(comm.rank) if comm.rank < self.trainers else (-1, -1)
+        self.train_pieces = ParallelLayout(dp=1, tp=comm.train.tp)
+        # the training group, on its members (D > 1 replicas): the weights' check sums over it
+        self.train_group: Optional[Group] = comm.group(range(self.trainers)) \
+            if 1 < comm.train.dp and comm.rank < self.trainers else None
 
     @property
     def gives(self) -> bool:
         """This rank gives what the training side gives (training rank 0; the others give zeros)."""
         return self.comm.rank == TRAIN_RANK
+
+    @property
+    def hands_over(self) -> bool:
+        """This rank gives its replica's samples, figures and conversations' values: a rollout rank, the first of its
+        replica's tensor-parallel pieces (the others hold the same completions and give zeros)."""
+        return self.index >= 0 and self.piece == 0
+
+    def tp_group(self) -> Group:
+        """A rollout rank's replica: its T tensor-parallel pieces (created at start-up: `comm.init_separate`)."""
+        first = self.trainers + self.index * self.tp
+        return self.comm.group(range(first, first + self.tp))
+
+    def _layout_piece(self) -> Tuple[ParallelLayout, int]:
+        """How this rank's replica splits each parameter (rollout or training layout's tensor parallelism) and its
+        piece."""
+        return (self.pieces, self.piece) if self.index >= 0 else (self.train_pieces, self.train_coords[1])
+
+    def whole_shape(self, name: str, shape: Sequence[int]) -> Tuple[int, ...]:
+        """The whole parameter's shape of this rank's tensor-parallel piece `name` (parallel/layout.py's split
+        rules): the weights meeting moves whole parameters."""
+        layout, _ = self._layout_piece()
+        dim = layout.param_split(name) if layout.tp > 1 else None
+        shape = tuple(int(v) for v in shape)
+        return shape if dim is None else shape[:dim] + (shape[dim] * layout.tp,) + shape[dim + 1:]
+
+    def own_piece(self, name: str, whole: np.ndarray) -> np.ndarray:
+        """This rank's tensor-parallel piece of the whole parameter `name` (itself without tensor parallelism)."""
+        layout, piece = self._layout_piece()
+        return whole if layout.tp == 1 else np.ascontiguousarray(layout.shard(name, whole, piece))
+
+    def in_place(self, name: str, value: np.ndarray, shape: Tuple[int, ...]) -> np.ndarray:
+        """What a training rank of the first replica gives for parameter `name` (its piece `value`, fp32) in the
+        weights meeting: the piece in its place of the whole `shape`, -0.0 elsewhere; a parameter the pieces do not
+        split, the first piece's ranks give whole and the others -0.0 (x + -0.0 is x: the sum is whole, bit for bit,
+        as `ParallelPlacement.whole` makes it)."""
+        layout, piece = self.train_pieces, self.train_coords[1]
+        dim = layout.param_split(name) if layout.tp > 1 else None
+        if dim is None:
+            return value if piece == 0 else np.full(shape, -0.0, np.float32)
+        out = np.full(shape, -0.0, np.float32)
+        n = value.shape[dim]
+        out[(slice(None),) * dim + (slice(piece * n, (piece + 1) * n),)] = value
+        return out
 
     def share(self, groups: int, index: Optional[int] = None) -> np.ndarray:
         """The groups (of a step's `groups`, in prompt order) that rollout rank `index` (default this one) generates:
@@ -128,7 +191,7 @@ class Meeting:
         rollout rank's figures, on every rank; the training rank passes None."""
         head = ROW_HEAD + ROW_FIELDS * width
         data = np.zeros((rows + self.replicas, head + 1), np.float32)
-        if comps is not None:
+        if comps is not None and self.hands_over:
             k = len(comps)
             data[first:first + k, :head] = completion_rows(comps, k, width)
             data[first:first + k, head] = np.repeat(np.arange(first // n, (first + k) // n) if groups is None
@@ -173,42 +236,55 @@ class Meeting:
     def values(self, value=None) -> list:
         """Every rollout rank's `value` (any picklable object; None: nothing) on every rank, in rollout rank order; the
         training ranks pass None. The world's `comm.host_gather`, of which the rollout ranks give."""
-        if self.index < 0:
+        if not self.hands_over:
             value = None
         return host_gather(self.comm, value, self.group)[self.trainers:]
 
-    def weights(self, params: Dict[str, Parameter]) -> Dict[str, float]:
-        """params by their path in the model (the same paths and shapes on every rank; taken in path order): training
-        rank 0's values into every rollout rank's, bucket by bucket; the others give zeros, and training ranks 1 .. D
-        - 1 keep their own weights, which their data-parallel updates made equal to rank 0's. Returns sync/seconds (the
-        meeting, waiting for the other ranks included), sync/bytes and sync/max_bucket_bytes; with D > 1, on the
-        training ranks, sync/train_weights_max_diff: the largest difference of a training rank's weights from rank
-        0's (0.0: the same bits)."""
-        give, take = self.gives, self.index >= 0
+    def weights(self, params: Dict[str, Parameter], shapes: Optional[Dict[str, Tuple[int, ...]]] = None
+                ) -> Dict[str, float]:
+        """params by their path in the model (taken in path order; tensor-parallel pieces of the whole parameters the
+        meeting moves; shapes: every parameter that meets by its whole shape, when a rank holds some only, a training
+        pipeline stage's; default: params' own): the first training replica's values into every rollout
+        rank's, bucket by bucket (each of its ranks gives its pieces in their places: `in_place`; each rollout rank
+        keeps its piece: `own_piece`); the others give zeros, and the training ranks of the other replicas keep their
+        own weights, which their data-parallel updates made equal to the first's. Returns sync/seconds (the meeting,
+        waiting for the other ranks included), sync/bytes and sync/max_bucket_bytes (the whole weights'); with D > 1
+        replicas, on the training ranks, sync/train_weights_max_diff: the largest difference of a training rank's
+        weights from the first replica's (0.0: the same bits)."""
+        give, take = self.index < 0 and self.train_coords[0] == 0, self.index >= 0  # the first training replica gives
         t0 = time.perf_counter()
-        ordered = [params[name] for name in sorted(params)]
+        if shapes is None:  # every parameter that meets is here (pieces: their whole's)
+            shapes = {name: self.whole_shape(name, params[name].shape) for name in params}
         buckets, bucket, size = [], [], 0
-        for p in ordered:
-            nbytes = int(np.prod(p.shape)) * 4
+        for name in sorted(shapes):
+            nbytes = int(np.prod(shapes[name])) * 4
             if bucket and size + nbytes > self.bucket_bytes:
                 buckets.append(bucket)
                 bucket, size = [], 0
-            bucket.append(p)
+            bucket.append(name)
             size += nbytes
         buckets.append(bucket)
         total, largest, differ = 0, 0, 0.0
         for bucket in buckets:
-            sizes = [int(np.prod(p.shape)) for p in bucket]
-            flat = np.concatenate([p.asnumpy().reshape(-1).astype(np.float32) for p in bucket]) if give \
-                else np.zeros(sum(sizes), np.float32)
+            sizes = [int(np.prod(shapes[name])) for name in bucket]
+            # every other rank gives -0.0 (x + -0.0 is x, -0.0 and +0.0 included: the sum is bit for bit)
+            flat = np.full(sum(sizes), -0.0, np.float32)
+            if give:
+                flat = np.concatenate([self.in_place(name, params[name].asnumpy().astype(np.float32), shapes[name])
+                                       .reshape(-1) if name in params else np.full(k, -0.0, np.float32)
+                                       for name, k in zip(bucket, sizes)])
             flat = self.comm.host_sum(flat, self.group)
             at = 0
-            for p, k in zip(bucket, sizes):
-                if take:
-                    p.set_data(Tensor(flat[at:at + k].reshape(p.shape), p.dtype))
-                elif not give:  # a training rank beside rank 0: its own weights against rank 0's
-                    own = p.asnumpy().reshape(-1).astype(np.float32)
-                    differ = max(differ, float(np.max(np.abs(own - flat[at:at + k]))) if k else 0.0)
+            for name, k in zip(bucket, sizes):
+                p = params.get(name)
+                if p is None:  # another pipeline stage's parameter
+                    pass
+                elif take:  # with tensor parallelism its piece of the whole parameter
+                    p.set_data(Tensor(self.own_piece(name, flat[at:at + k].reshape(shapes[name])), p.dtype))
+                elif not give:  # a training rank of another replica: its own weights against the first replica's
+                    own = p.asnumpy().astype(np.float32)
+                    theirs = self.own_piece(name, flat[at:at + k].reshape(shapes[name]))
+                    differ = max(differ, float(np.max(np.abs(own - theirs))) if k else 0.0)
                 at += k
             total += flat.nbytes
             largest = max(largest, flat.nbytes)
@@ -245,7 +321,7 @@ class RemoteRollout:
         (`conversations.RemoteConversations`). `prompts`: this rank's draw, which each rollout rank's prompt check
         names (its share of the draw, before an environment's resets write the prompts generated)."""
         comps, _, figures = self.groups(len(prompts) * params.n, params.n, row_width(params, turns))
-        check_prompts(figures, prompts, self.meeting.trainers)
+        check_prompts(figures, prompts, self.meeting.trainers, self.meeting.tp)
         return comps
 
     def more_prompts(self, count: int) -> None:
@@ -277,12 +353,15 @@ class SendWeights:
         self.meeting = meeting
         params = named_parameters(policy)
         self.params = params if names is None else {n: params[n] for n in names}
+        # pipeline stages (names None: LoRA takes whole replicas): every stage's parameters meet, each its own
+        self.shapes = {n: tuple(v) for n, v in expected_shapes(policy.config).items()} \
+            if names is None and meeting.comm.train.pp > 1 else None
 
     def release(self) -> None:
         """No graphs of its own (the meeting's AllReduce is the comm's)."""
 
     def __call__(self) -> Dict[str, float]:
-        return self.meeting.weights(self.params)
+        return self.meeting.weights(self.params, self.shapes)
 
 
 class TrainingGroupCheckpoints:

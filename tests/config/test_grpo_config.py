@@ -546,11 +546,19 @@ SEPARATE = ["generate_config.placement=separate"]
 
 
 @pytest.mark.parametrize("extra, key", [
-    # a training group of data-parallel replicas only (issue 46)
-    (["actor_config.parallel_config.model_parallel=2"], "actor_config.parallel_config"),
-    (["actor_config.parallel_config.pipeline_stage=2"], "actor_config.parallel_config"),
-    (["generate_config.parallel_config.model_parallel=2"], "generate_config.parallel_config"),
-    (["generate_config.parallel_config.pipeline_stage=2"], "generate_config.parallel_config"),
+    # generation runs without pipeline stages (issue 46)
+    (["generate_config.parallel_config.pipeline_stage=2"], "generate_config.parallel_config.pipeline_stage"),
+    # replicas split into pieces (training or rollout) take no LoRA adapters yet
+    (["generate_config.parallel_config.model_parallel=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
+    (["actor_config.parallel_config.model_parallel=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
+    (["actor_config.parallel_config.pipeline_stage=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
+    # the training group's tensor-parallel pieces are several training ranks: no prompts in flight, no ZeRO-1
+    (["actor_config.parallel_config.model_parallel=2", "rl_config.off_policy_steps=1",
+      "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
+    (["actor_config.parallel_config.model_parallel=2", "actor_config.parallel_config.optimizer_shard=true"],
+     "actor_config.parallel_config.optimizer_shard"),
+    (["actor_config.parallel_config.pipeline_stage=2", "rl_config.off_policy_steps=1",
+      "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
     # a rollout group of R ranks: at least a prompt each; one rank only keeps groups in flight
     (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
     (["generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1",
@@ -575,6 +583,20 @@ def test_separate_placement_rules(extra, key):
                                                         "reward_config.reward_models=[{path: rm.ckpt}]",
                                                         "reward_config.judges=[{path: models/judge}]"])
     assert cfg.generate_config.parallel_config.data_parallel == 3 and len(cfg.reward_config.judges) == 1
+    # rollout replicas of two tensor-parallel pieces each (world 1 + 2 x 2), with a reward model on the training rank
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.parallel_config.data_parallel=2",
+                                                        "generate_config.parallel_config.model_parallel=2",
+                                                        "reward_config.reward_models=[{path: rm.ckpt}]"])
+    assert cfg.generate_config.parallel_config.world_size == 4
+    # a training group of two replicas of two tensor-parallel pieces (world 4 + 1), with a reward model on rank 0
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["actor_config.parallel_config.data_parallel=2",
+                                                        "actor_config.parallel_config.model_parallel=2",
+                                                        "reward_config.reward_models=[{path: rm.ckpt}]"])
+    assert cfg.actor_config.parallel_config.world_size == 4
+    # a training replica of two pipeline stages of two tensor-parallel pieces each
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["actor_config.parallel_config.pipeline_stage=2",
+                                                        "actor_config.parallel_config.model_parallel=2"])
+    assert cfg.actor_config.parallel_config.world_size == 4
     # an environment: the rollout ranks run its conversations as tools' (its resets are the prompts), on any group
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.environment=guess_number",
                                                         "generate_config.parallel_config.data_parallel=2",

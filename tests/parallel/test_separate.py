@@ -26,18 +26,23 @@ start, train their halves, resume from the checkpoint rank 0 wrote) against col0
 group: LoRA's adapters summed, synced and resumed) against col0l, sep1g (sep1 on it: training rank 0 scores with the
 reward model for both) against col1, sep0gt (sep0t on it: both training ranks receive the conversations' values)
 against col0t, and sep0dt (sep0t on the rollout group of two, each rank running its half of the prompts'
-conversations on its own tool workers) against col0t. sep0e and its peer col0e play an environment (guess_number)
-with dynamic sampling: the rollout rank writes the prompts (its resets) and plays the games, rank 0 rewards them and
-asks for the further rollouts.
-The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel replicas that
-train and generate, each running the conversations of its half of the prompts on its own tool workers: col0t's
-samples, losses and tool metrics."""
+conversations on its own tool workers) against col0t, and sep0tp, sep1tp (sep0, sep1 with one training rank beside a
+rollout replica of two tensor-parallel pieces: each rollout rank keeps its piece of the whole weights the meeting
+brings, the first of the pair hands the samples over) against col0, col1; sep0tpg (sep0g's schedule on a training
+replica of two tensor-parallel pieces beside one rollout rank, resumed from its sharded checkpoint) against col0, and
+sep0ppg (the same on two pipeline stages, the untied micro model) against col0u.
+sep0e and its peer col0e play an
+environment (guess_number) with dynamic sampling: the rollout rank writes the prompts (its resets) and plays the
+games, rank 0 rewards them and asks for the further rollouts. The main job also runs dp0t, col0t's config colocated
+(no separate placement) on two data-parallel replicas that train and generate, each running the conversations of its
+half of the prompts on its own tool workers: col0t's samples, losses and tool metrics."""
 
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 
@@ -77,14 +82,16 @@ def runs(tmp_path_factory):
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
               args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e", *shared], timeout=2400)
-    # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), and a training group of two
-    # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank: world 3
+    # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), a training group of two
+    # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
+    # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp): world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
-              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt", *shared], timeout=2400)
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg", *shared],
+              timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e", *shared],
+                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col0u", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -106,15 +113,17 @@ def samples(folder, fields=("completion", "reward"), steps=STEPS):
 
 
 @pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
-@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d", "0g", "1g"])
+@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d", "0g", "1g", "0tp", "1tp"])
 def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
     """0d, 1d: a rollout group of two ranks; 0g, 1g: a training group of two data-parallel ranks (each trains half of
     a mini-batch, the gradients summed over the two) beside one rollout rank, 1g's reward model scored on training
-    rank 0 for both; the same peers (col0, col1) as one rollout rank's. The losses within the tolerance of a colocated
-    data-parallel update against one process (tests/parallel/test_msrun.py: abs 1e-6, grad_norm rel 1e-5)."""
-    suffix = run[-1] if run[-1] in "dg" else ""
-    group, trainers = suffix == "d", suffix == "g"
-    run = run[:-1] if suffix else run
+    rank 0 for both; 0tp, 1tp: one rollout replica of two tensor-parallel pieces (its layers' partial products summed
+    over the pair: the rollout log-probs, which tis_token weighs, within about 1e-7 of one process's); the same peers
+    (col0, col1) as one rollout rank's. The losses within the tolerance of a colocated data-parallel update against one
+    process (tests/parallel/test_msrun.py: abs 1e-6, grad_norm rel 1e-5)."""
+    suffix = "tp" if run.endswith("tp") else run[-1] if run[-1] in "dg" else ""
+    group, trainers, pieces = suffix == "d", suffix == "g", suffix == "tp"
+    run = run[:-len(suffix)] if suffix else run
     sep, col = runs / f"sep{run}{suffix}", runs / f"col{run}"
     rows_s, rows_c = metrics(sep), metrics(col)  # with validation, a row at step 0 (before the first update)
     ms, mc = [m for m in rows_s if m["step"]], [m for m in rows_c if m["step"]]
@@ -137,7 +146,10 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
         assert answers == samples(col, ("judge/critic",)) and all(len(step) == 8 for step in answers)
         assert len({a for step in answers for a in step}) > 1
     if run == "0":  # the warm start moved the weights rank 1 samples with: sep1 samples step 1 without it (same seeds)
-        assert samples(runs / "sep1" if not group else runs / "sep1d")[0] != got[0]
+        assert samples(runs / f"sep1{suffix if group or pieces else ''}")[0] != got[0]
+    if pieces:  # each rollout rank held its piece (half the KV heads: half the cache), the meeting moved whole weights
+        assert [m["rollout/kv_bytes"] for m in ms] == [m["rollout/kv_bytes"] / 2 for m in mc]
+        assert [m["sync/bytes"] for m in ms] == [m["sync/bytes"] for m in metrics(runs / f"sep{run}") if m["step"]]
     # two training ranks: after each update (the last included) rank 1's weights are rank 0's, bit for bit (each
     # weights meeting compares them); one training rank: no such figure
     assert [m.get("sync/train_weights_max_diff") for m in ms] == ([0.0] * STEPS if trainers else [None] * STEPS)
@@ -171,6 +183,48 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
             assert "async/rollout2/tokens_per_s" not in m
     else:
         assert not any(k.startswith("async/rollout") for m in ms for k in m)  # one rollout rank: no per-rank figures
+
+
+def whole_model_bytes(model_yaml) -> int:
+    """fp32 bytes of every parameter of the model at `model_yaml`."""
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.convert import expected_shapes
+
+    return 4 * sum(int(np.prod(shape)) for shape in expected_shapes(Qwen2Config.load(str(model_yaml))).values())
+
+
+@pytest.mark.slow  # the same msrun job
+@pytest.mark.parametrize("run, peer, model", [("sep0tpg", "col0", "micro_one_layer.yaml"),
+                                              ("sep0ppg", "col0u", os.path.join(WORKERS, "micro_untied.yaml"))])
+def test_a_training_replica_in_pieces_equals_the_colocated_run_and_resumes_from_its_shards(runs, run, peer, model):
+    """One training replica of two ranks beside one rollout rank, sep0's schedule (a warm start, validation), stopped
+    after step 2 and resumed for step 3. sep0tpg: two tensor-parallel pieces; sep0ppg: two pipeline stages (the untied
+    micro model of three layers: two and one). Each weights meeting sums the pieces (stages) in their places into the
+    whole weights the rollout rank samples with, and both training ranks read back the sharded checkpoint they wrote
+    (a colocated run's: rank_0/, rank_1/ and the strategy file). The peer's samples, rewards and validation in one
+    process; the losses within a colocated tp update's tolerance against one process (the pieces' partial products
+    summed over the pair: tests/parallel/test_msrun.py, abs 1e-6, grad_norm rel 1e-5)."""
+    sep, col = runs / run, runs / peer
+    rows_s, rows_c = metrics(sep), metrics(col)
+    ms, mc = [m for m in rows_s if m["step"]], [m for m in rows_c if m["step"]]
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    got, want = samples(sep), samples(col)
+    assert all(len(step) == 8 for step in want) and got == want
+    assert got[1] != got[0] and got[2] != got[1]  # each update's whole weights reached the rollout rank
+    for a, b in zip(ms, mc):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
+        assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+        assert a["sync/bytes"] == whole_model_bytes(runs / model)  # the whole model's, made of the pieces
+        assert "sync/train_weights_max_diff" not in a  # one replica: nothing to compare
+
+    def validations(rows):
+        return [(m["step"], m["val/accuracy"]) for m in rows if "val/accuracy" in m]
+
+    assert validations(rows_s) == validations(rows_c) and [v[0] for v in validations(rows_s)] == [0, STEPS]
+    step2 = sep / "checkpoints" / "step_00000002"  # the colocated tp run's sharded layout, one folder a rank
+    groups = [p for p in step2.iterdir() if p.is_dir()]  # the policy, its moments (each a folder of rank pieces)
+    assert groups and all(sorted(q.name for q in p.iterdir()) == ["rank_0", "rank_1"] for p in groups)
+    assert (step2 / "train_strategy.ckpt").is_file()
 
 
 @pytest.mark.slow  # the same msrun job

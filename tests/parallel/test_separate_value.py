@@ -4,14 +4,17 @@ value meeting (what each rollout rank's conversations give besides the tokens: t
 metrics) arrives whole on the training rank, in rollout rank order; the samples meeting of a rollout group of
 several ranks brings the training rank every rank's share at its rows, in prompt order, and the group's figures."""
 
+import functools
 import threading
 from types import SimpleNamespace
+from typing import Optional
 
 import numpy as np
 import pytest
 
 from mindgrpo.inference.engine import Completion
 from mindgrpo.parallel.comm import Group
+from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.separate import FIGURES, Meeting, check_prompts, group_figures, prompt_check
 
 
@@ -20,13 +23,17 @@ class ThreadWorld:
     arrays of the threads of its group (comm.Group: the world's, or the training group's, `train_dp`) in float32;
     `rank(r)` is rank r's view (its Comm)."""
 
-    def __init__(self, size: int = 2, trainers: int = 1):
-        self.world, self.trainers = size, trainers
+    def __init__(self, size: int = 2, trainers: int = 1, train: Optional[ParallelLayout] = None, rollout_tp: int = 1):
+        """train: the training layout (default: `trainers` data-parallel replicas); rollout_tp: the rollout replicas'
+        tensor-parallel pieces."""
+        self.train = train or ParallelLayout(dp=trainers)
+        self.world, self.trainers = size, self.train.world_size
+        self.infer = ParallelLayout(dp=max(1, (size - self.trainers) // rollout_tp), tp=rollout_tp)
         self.lock = threading.Lock()
         self.barriers, self.parts = {}, {}
 
     def rank(self, r: int):
-        return SimpleNamespace(rank=r, world=self.world, train=SimpleNamespace(world_size=self.trainers),
+        return SimpleNamespace(rank=r, world=self.world, train=self.train, infer=self.infer,
                                group=lambda ranks: Group(tuple(ranks), r, "world", True),
                                train_dp=Group(tuple(range(self.trainers)), r, "train"), host_sum=self.host_sum)
 
@@ -36,7 +43,7 @@ class ThreadWorld:
             barrier = self.barriers.setdefault(group.ranks, threading.Barrier(group.size))
             self.parts.setdefault(group.ranks, {})[threading.get_ident()] = values.astype(np.float32)
         barrier.wait()
-        total = sum(self.parts[group.ranks].values())
+        total = functools.reduce(np.add, self.parts[group.ranks].values())  # not sum(): 0 + -0.0 is +0.0
         barrier.wait()
         return total.reshape(values.shape).astype(values.dtype)
 
@@ -81,11 +88,13 @@ def sample(prompt: int, k: int, length: int) -> Completion:
                       np.float32(-0.2) * steps, versions=np.full(length, prompt % 3, np.int64))
 
 
-@pytest.mark.parametrize("replicas, groups", [(2, 3), (3, 3), (3, 4)])
-def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_rows(replicas, groups):
-    """Rollout rank 1 + i generates share i of the groups (contiguous, the first ranks one more when uneven) and hands
-    its rows over at their offset: the training rank gets every group's samples in prompt order, as one rollout rank
-    would give them, each rank's figures (the group's: tokens summed, seconds the slowest's) and its prompt check."""
+@pytest.mark.parametrize("replicas, groups, tp", [(2, 3, 1), (3, 3, 1), (3, 4, 1), (2, 3, 2)])
+def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_rows(replicas, groups, tp):
+    """Rollout replica i (ranks 1 + i tp .. 1 + (i + 1) tp - 1) generates share i of the groups (contiguous, the first
+    replicas one more when uneven) and hands its rows over at their offset: the training rank gets every group's
+    samples in prompt order, as one rollout rank would give them, each replica's figures (the group's: tokens summed,
+    seconds the slowest's) and its prompt check. With tp = 2 both pieces of a replica hold its samples and figures,
+    and only the first gives them (counted twice they would arrive doubled)."""
     n, width = 2, 6
     prompts = [[7 + g, 3 * g + 1] for g in range(groups)]
     whole = [sample(g, k, 2 + (g + k) % 4) for g in range(groups) for k in range(n)]
@@ -96,16 +105,20 @@ def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_r
         mine = meeting.share(groups)
         comps = [c for c in whole if c.prompt_index in set(mine)]
         figures = dict.fromkeys(FIGURES, 0.0)
-        figures.update(new_tokens=float(sum(len(c.token_ids) for c in comps)), generate_seconds=float(rank),
-                       wait_seconds=0.5 * rank, version=4.0, prompt_check=prompt_check([prompts[g] for g in mine]),
-                       useful_fraction=0.25 * rank)
+        i = meeting.index + 1  # the replica's number from 1
+        figures.update(new_tokens=float(sum(len(c.token_ids) for c in comps)), generate_seconds=float(i),
+                       wait_seconds=0.5 * i, version=4.0, prompt_check=prompt_check([prompts[g] for g in mine]),
+                       useful_fraction=0.25 * i)
         return meeting.samples(comps, groups * n, n, width, figures, first=int(mine[0]) * n if len(mine) else 0)
 
-    got = meet(ThreadWorld(1 + replicas), call)
-    shares = [list(Meeting(ThreadWorld(1 + replicas).rank(r), 1).share(groups)) for r in range(1, 1 + replicas)]
+    world = 1 + replicas * tp
+    got = meet(ThreadWorld(world, rollout_tp=tp), call)
+    shares = [list(Meeting(ThreadWorld(world, rollout_tp=tp).rank(r), 1).share(groups)) for r in range(1, world, tp)]
+    assert all(list(Meeting(ThreadWorld(world, rollout_tp=tp).rank(r), 1).share(groups)) == shares[(r - 1) // tp]
+               for r in range(1, world))  # a replica's pieces generate the same share
     assert sorted(g for s in shares for g in s) == list(range(groups))  # every group once, whole
     assert [len(s) for s in shares] == sorted((len(s) for s in shares), reverse=True)  # uneven: the first ranks more
-    for rank in range(1 + replicas):  # every rank gets the whole step (the rollout ranks ignore it)
+    for rank in range(world):  # every rank gets the whole step (the rollout ranks ignore it)
         comps, numbers, ranks = got[rank]
         assert numbers == list(range(groups))
         assert [(c.prompt_index, c.token_ids, c.finish_reason, c.turns, c.model_mask) for c in comps] == \
@@ -123,9 +136,9 @@ def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_r
                                                  for k in ("tokens_per_s", "wait_seconds"))
     first = sum(len(whole[k].token_ids) for k in range(len(shares[0]) * n))
     assert figures["replicas"]["rollout0/tokens_per_s"] == first  # its tokens in its 1 s
-    check_prompts(figures, prompts)  # each rank generated its share of these prompts
-    with pytest.raises(RuntimeError, match=f"rollout rank {replicas} generated other prompts"):
-        check_prompts(figures, prompts[:-1] + [[1]])  # the last prompt is the last rank's
+    check_prompts(figures, prompts, 1, tp)  # each replica generated its share of these prompts
+    with pytest.raises(RuntimeError, match=f"rollout rank {1 + (replicas - 1) * tp} generated other prompts"):
+        check_prompts(figures, prompts[:-1] + [[1]], 1, tp)  # the last prompt is the last replica's (its first rank)
 
 
 @pytest.mark.parametrize("apart", [0.0, 0.25])
@@ -158,6 +171,62 @@ def test_two_training_ranks_give_rank_0s_weights_and_rank_1_checks_its_own_again
     assert all(got[r][2] == ((3, 1, 7, 0), []) for r in range(3))  # rank 0's resume position, not rank 1's added
 
 
+@pytest.mark.parametrize("train, rollout_tp", [(ParallelLayout(tp=2), 2), (ParallelLayout(dp=2, tp=2), 1),
+                                               (ParallelLayout(pp=2), 2), (ParallelLayout(tp=2, pp=2), 1)])
+def test_the_weights_meeting_makes_the_whole_weights_of_the_pieces_and_gives_each_rollout_rank_its_own(train,
+                                                                                                      rollout_tp):
+    """A training group of replicas in pieces (tensor-parallel pieces, pipeline stages) and a rollout group of replicas
+    of `rollout_tp` pieces: each rank of the first training replica gives its pieces in their places, and every
+    rollout rank ends with its piece of the whole weights, bit for bit (-0.0 and a subnormal-free spread of values
+    included); the training ranks keep theirs, a second replica's ranks compare theirs with the first's (0.0)."""
+    from mindspore import Parameter, Tensor
+
+    rng = np.random.default_rng(1)
+    # one decoder layer per stage: column-, row-parallel and replicated weights, the embedding and lm_head
+    shapes = {"model.tok_embeddings.embedding_weight": (8, 4), "lm_head.weight": (8, 4), "model.norm_out.weight": (4,)}
+    for layer in range(train.pp):
+        shapes.update({f"model.layers.{layer}.attention.wq.weight": (4, 4),
+                       f"model.layers.{layer}.attention.wq.bias": (4,),
+                       f"model.layers.{layer}.attention.wo.weight": (4, 4),
+                       f"model.layers.{layer}.attention_norm.weight": (4,)})
+    whole = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in shapes.items()}
+    whole["model.norm_out.weight"][1] = -0.0
+    whole["lm_head.weight"][0, 0] = -0.0
+    trainers = train.world_size
+    rollout = ParallelLayout(tp=rollout_tp)
+
+    def held(rank: int) -> dict:
+        """The training rank's pieces of its stage (layers.s on stage s; the embedding first, the head and norm
+        last)."""
+        stage, (_, piece) = train.stage(rank), train.coords(rank)
+        names = [n for n in shapes if train.param_stage(n, train.pp) == stage]
+        return {n: np.ascontiguousarray(train.shard(n, whole[n], piece)) for n in names}
+
+    def call(rank, meeting):
+        if rank < trainers:
+            mine = held(rank)
+            params = {n: Parameter(Tensor(v.copy()), name=n) for n, v in mine.items()}
+            figures = meeting.weights(params, shapes if train.pp > 1 else None)  # stages: the whole model's names
+        else:
+            piece = (rank - trainers) % rollout_tp
+            params = {n: Parameter(Tensor(np.zeros(rollout.shard(n, whole[n], piece).shape, np.float32)), name=n)
+                      for n in shapes}
+            figures = meeting.weights(params)
+        return figures, {n: p.asnumpy() for n, p in params.items()}
+
+    world = ThreadWorld(trainers + 2, train=train, rollout_tp=rollout_tp)
+    got = meet(world, call)
+    for r in range(trainers):  # the training ranks keep their pieces
+        assert all(got[r][1][n].tobytes() == v.tobytes() for n, v in held(r).items())
+        if train.dp > 1:
+            assert got[r][0]["sync/train_weights_max_diff"] == 0.0
+    for r in range(trainers, trainers + 2):  # each rollout rank its piece of the whole weights, bit for bit
+        piece = (r - trainers) % rollout_tp
+        assert all(got[r][1][n].tobytes() == np.ascontiguousarray(rollout.shard(n, whole[n], piece)).tobytes()
+                   for n in shapes), r
+        assert got[r][0]["sync/bytes"] == 4 * sum(int(np.prod(v)) for v in shapes.values())
+
+
 @pytest.mark.parametrize("trainers, replicas", [(1, 1), (2, 2)])
 def test_dynamic_samplings_count_of_prompts_to_draw_again_is_training_rank_0s_on_every_rank(trainers, replicas):
     """Meeting.more_prompts after each rollout of a step (rl_config.dynamic_sampling): training rank 0's count reaches
@@ -182,7 +251,7 @@ def test_the_training_rank_checks_its_draw_against_the_rollout_ranks_with_conver
     params = SamplingParams(max_tokens=3, n=2)
 
     class OneRolloutRank:  # the samples meeting as the training rank sees it: rank 1's figures
-        trainers = 1
+        trainers, tp = 1, 1  # one training rank, a rollout replica of one rank
 
         def samples(self, comps, rows, n, width):
             assert (rows, n, width) == (6, 2, 3 + (0 if turns is None else 10))

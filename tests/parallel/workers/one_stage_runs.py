@@ -25,6 +25,10 @@ back by every rank. One process, their peers: single (swap off), single_packed (
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
 dp0t: col0t's run colocated on two data-parallel replicas (training and generating), each running the conversations
 of its half of the prompts on its own tool workers; its peer col0t.
+sep0tp, sep1tp (three ranks: sep0, sep1 with one training rank beside a rollout replica of two tensor-parallel pieces;
+peers col0, col1); sep0tpg (three ranks: sep0g's schedule on a training replica of two tensor-parallel pieces beside
+one rollout rank, its sharded checkpoint read back; peer col0); sep0ppg (sep0tpg on a training replica of two
+pipeline stages, the untied micro model of tests/parallel/workers/micro_untied.yaml; peer col0u).
 sep0e: an environment (guess_number: ENVIRONMENT) under separate, the rollout rank playing the games, with dynamic
 sampling (DYNAMIC); its peer col0e.
 """
@@ -88,6 +92,14 @@ ENVIRONMENT = ["generate_config.environment=guess_number", "generate_config.tool
 # dynamic sampling (DAPO): a group whose games all scored the same is drawn again, up to two more rollouts a step
 DYNAMIC = ["rl_config.dynamic_sampling=true", "rl_config.max_resample_times=2"]
 ROLLOUT2 = ["generate_config.parallel_config.data_parallel=2"]  # two rollout ranks, whole replicas of the model
+# one rollout replica of two tensor-parallel pieces (ranks 1 and 2 of a world of 3)
+ROLLOUT_TP2 = ["generate_config.parallel_config.model_parallel=2"]
+# a training replica of two tensor-parallel pieces (ranks 0 and 1 of a world of 3)
+TRAIN_TP2 = ["actor_config.parallel_config.model_parallel=2"]
+# a training replica of two pipeline stages (ranks 0 and 1 of a world of 3) on the micro model of three layers with
+# untied embeddings (the first stage holds the embedding, the last the lm_head)
+TRAIN_PP2 = ["actor_config.parallel_config.pipeline_stage=2"]
+UNTIED = [f"actor_config.model={os.path.join(os.path.dirname(os.path.abspath(__file__)), 'micro_untied.yaml')}"]
 # two training ranks, data-parallel (each trains half of a mini-batch's 8 rows: a micro-batch of 4)
 TRAIN2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro_batch_size=4"]
 RUNS = {
@@ -153,18 +165,31 @@ RUNS = {
     "sep0dt": [(MSRUN, ["generate_config.placement=separate"] + TOOLS + ROLLOUT2)],
     # sep0t on a training group of two (peer col0t): the value meeting brings both training ranks the conversations'
     "sep0gt": [(MSRUN, ["generate_config.placement=separate"] + TOOLS + TRAIN2)],
+    # a rollout replica of two tensor-parallel pieces beside one training rank (world 3): sep0's schedule (a warm
+    # start, validation) and sep1's (one step off-policy, sampled validation, a reward model); peers col0 and col1
+    "sep0tp": [(MSRUN, SEPARATE + WARM + VAL + ROLLOUT_TP2)],
+    "sep1tp": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED + ROLLOUT_TP2)],
+    # a training replica of two tensor-parallel pieces beside one rollout rank (world 3): sep0's schedule, stopped
+    # after step 2 and resumed for step 3 (both training ranks read back the sharded checkpoint they wrote); peer col0
+    "sep0tpg": [(MSRUN, SEPARATE + WARM + VAL + TRAIN_TP2 + ["rl_config.max_steps=2"]),
+                (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN_TP2)],
+    # sep0tpg's schedule on a training replica of two pipeline stages (its sharded checkpoint read back by both
+    # stages), on the untied micro model; its one-process peer col0u
+    "sep0ppg": [(MSRUN, SEPARATE + WARM + VAL + TRAIN_PP2 + UNTIED + ["rl_config.max_steps=2"]),
+                (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN_PP2 + UNTIED)],
+    "col0u": [([], WARM + VAL + UNTIED)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
 
 out, names, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
-# sep1, col1 (and sep1r, sep1d, sep1g) also score with a reward model and a generative judge on the training rank (sep1g:
-# on training rank 0 for both), the random ones of the micro shape that tests/parallel/test_separate.py saves as
+# sep1, col1 (and sep1r, sep1d, sep1g, sep1tp) also score with a reward model and a generative judge on the training
+# rank (sep1g: on training rank 0 for both), the random ones of the micro shape that tests/parallel/test_separate.py saves as
 # OUT_DIR/rm/rm.ckpt and OUT_DIR/judge/judge.ckpt (tests/grpo/fakes.save_reward_model, save_judge), beside the rule
 REWARD_MODEL = [f"reward_config.reward_models=[{{path: {os.path.join(out, 'rm', 'rm.ckpt')}, name: rm, weight: 0.5}}]",
                 f"reward_config.judges=[{{path: {os.path.join(out, 'judge', 'judge.ckpt')}, name: critic, weight: 0.25, "
                 "max_tokens: 4, max_num_seqs: 8, max_model_len: 256, score_range: [0, 50]}]"]
-for name in ("sep1", "col1", "sep1d", "sep1g"):
+for name in ("sep1", "col1", "sep1d", "sep1g", "sep1tp"):
     RUNS[name] = [(flags, more + REWARD_MODEL) for flags, more in RUNS[name]]
 # single, single_packed, swap_on, swap_off, pp2 (tests/parallel/test_msrun.py) ask a generative judge too, the random one
 # of the untied micro shape saved as OUT_DIR/judge/judge.ckpt: under msrun each rank answers half of the questions
