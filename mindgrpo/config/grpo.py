@@ -291,15 +291,11 @@ class GRPOConfig:
               f"pipeline_stage {training.pipeline_stage}) yet: LoRA's checkpoints and meetings take whole training "
               "replicas; set both 1 or train without LoRA")
         trainers = training.world_size
-        if trainers > 1:  # what one training rank runs only (docs/async.md, its limits)
-            for key, off, why in (
-                    ("actor_config.parallel_config.optimizer_shard", not training.optimizer_shard,
-                     "the training ranks' checkpoints hold each replica's whole moments"),
-                    ("generate_config.partial_rollout", not gen.partial_rollout, "the prompts in flight are one "
-                     "training rank's bookkeeping")):
-                check(off, key, f"with generate_config.placement separate and {trainers} training ranks "
-                      "(actor_config.parallel_config data_parallel x model_parallel x pipeline_stage): not yet, "
-                      f"{why} for now; leave it off or train on one rank")
+        # what one training rank runs only (docs/async.md, its limits)
+        check(trainers == 1 or not gen.partial_rollout, "generate_config.partial_rollout",
+              f"with generate_config.placement separate and {trainers} training ranks (actor_config.parallel_config "
+              "data_parallel x model_parallel x pipeline_stage): not yet, the prompts in flight are one training "
+              "rank's bookkeeping for now; leave it off or train on one rank")
         rollout = gen.parallel_config
         check(rollout.pipeline_stage == 1, "generate_config.parallel_config.pipeline_stage",
               "must be 1 with generate_config.placement separate: generation runs without pipeline stages (set "

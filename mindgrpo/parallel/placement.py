@@ -416,6 +416,7 @@ class SeparatePlacement(OneDevice):
         self.comm = comm
         self.meeting = Meeting(comm, cfg.rl_config.weight_sync_bucket_bytes)
         self.trainers = comm.train.world_size  # D replicas of T tensor-parallel pieces
+        self.optimizer_shard = cfg.actor_config.parallel_config.optimizer_shard  # ZeRO-1 over the D replicas
         # the training group, on its members (more than one training rank): rewards, barriers, checkpoints
         self.training = comm.group(range(self.trainers)) if 1 < self.trainers and comm.rank < self.trainers else None
 
@@ -442,15 +443,15 @@ class SeparatePlacement(OneDevice):
     def checkpoints(self, root: str, keep_last: int, mcfg: Qwen2Config,
                     adapters: Optional[Dict[str, Tuple[int, ...]]] = None) -> Checkpoints:
         """Whole replicas: one process's checkpoints, written by training rank 0 (every training rank holds the
-        whole model). Replicas in pieces (actor_config.parallel_config model_parallel or pipeline_stage > 1): a
-        colocated run's sharded checkpoints over the training group (every training rank its pieces, rank 0 the
-        training layout's strategy file: `ShardedCheckpoints`), which every training rank reads back on
-        --resume."""
-        train = self.comm.train
-        if train.tp > 1 or train.pp > 1:
+        whole model). Replicas in pieces (actor_config.parallel_config model_parallel or pipeline_stage > 1) or
+        moments split over the replicas (optimizer_shard, ZeRO-1): a colocated run's sharded checkpoints over the
+        training group (every training rank its pieces, rank 0 the training layout's strategy file:
+        `ShardedCheckpoints`), which every training rank reads back on --resume."""
+        train, shard = self.comm.train, self.optimizer_shard
+        if train.tp > 1 or train.pp > 1 or shard:
             shapes = training_shapes(mcfg, adapters)
             return ShardedCheckpoints(self.comm.within(self.trainers), root, keep_last,
-                                      lambda path: write_strategy_file(path, train, shapes))
+                                      lambda path: write_strategy_file(path, train, shapes, optimizer_shard=shard))
         local = LocalCheckpoints(root, keep_last)
         return local if self.trainers == 1 else TrainingGroupCheckpoints(local, self.comm, self.training)
 

@@ -552,11 +552,9 @@ SEPARATE = ["generate_config.placement=separate"]
     (["generate_config.parallel_config.model_parallel=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
     (["actor_config.parallel_config.model_parallel=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
     (["actor_config.parallel_config.pipeline_stage=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
-    # the training group's tensor-parallel pieces are several training ranks: no prompts in flight, no ZeRO-1
+    # the training group's tensor-parallel pieces are several training ranks: no prompts in flight
     (["actor_config.parallel_config.model_parallel=2", "rl_config.off_policy_steps=1",
       "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
-    (["actor_config.parallel_config.model_parallel=2", "actor_config.parallel_config.optimizer_shard=true"],
-     "actor_config.parallel_config.optimizer_shard"),
     (["actor_config.parallel_config.pipeline_stage=2", "rl_config.off_policy_steps=1",
       "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
     # a rollout group of R ranks: at least a prompt each; one rank only keeps groups in flight
@@ -597,6 +595,10 @@ def test_separate_placement_rules(extra, key):
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["actor_config.parallel_config.pipeline_stage=2",
                                                         "actor_config.parallel_config.model_parallel=2"])
     assert cfg.actor_config.parallel_config.world_size == 4
+    # two training replicas splitting AdamW's moments (ZeRO-1: sharded checkpoints over the training group)
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["actor_config.parallel_config.data_parallel=2",
+                                                        "actor_config.parallel_config.optimizer_shard=true"])
+    assert cfg.actor_config.parallel_config.optimizer_shard
     # an environment: the rollout ranks run its conversations as tools' (its resets are the prompts), on any group
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.environment=guess_number",
                                                         "generate_config.parallel_config.data_parallel=2",
@@ -632,7 +634,6 @@ TRAIN_DP2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro
 
 
 @pytest.mark.parametrize("extra, key", [
-    (["actor_config.parallel_config.optimizer_shard=true"], "actor_config.parallel_config.optimizer_shard"),
     (["rl_config.off_policy_steps=1", "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
 ])
 def test_a_separate_training_group_of_several_ranks_refuses_what_one_training_rank_runs_only(extra, key):

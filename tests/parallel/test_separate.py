@@ -86,7 +86,8 @@ def runs(tmp_path_factory):
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
     # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp): world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
-              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg", *shared],
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg,sep0gz",
+                    *shared],
               timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
@@ -113,18 +114,21 @@ def samples(folder, fields=("completion", "reward"), steps=STEPS):
 
 
 @pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
-@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d", "0g", "1g", "0tp", "1tp"])
+@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d", "0g", "1g", "0tp", "1tp", "0gz"])
 def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
     """0d, 1d: a rollout group of two ranks; 0g, 1g: a training group of two data-parallel ranks (each trains half of
     a mini-batch, the gradients summed over the two) beside one rollout rank, 1g's reward model scored on training
     rank 0 for both; 0tp, 1tp: one rollout replica of two tensor-parallel pieces (its layers' partial products summed
     over the pair: the rollout log-probs, which tis_token weighs, within about 1e-7 of one process's); the same peers
-    (col0, col1) as one rollout rank's. The losses within the tolerance of a colocated data-parallel update against one
-    process (tests/parallel/test_msrun.py: abs 1e-6, grad_norm rel 1e-5)."""
-    suffix = "tp" if run.endswith("tp") else run[-1] if run[-1] in "dg" else ""
-    group, trainers, pieces = suffix == "d", suffix == "g", suffix == "tp"
+    (col0, col1) as one rollout rank's; 0gz: 0g with AdamW's moments split over the two training ranks (ZeRO-1),
+    its checkpoints each rank's pieces, read back on the resume. The losses within the tolerance of a colocated
+    data-parallel update against one process (tests/parallel/test_msrun.py: abs 1e-6, grad_norm rel 1e-5)."""
+    suffix = run[1:] if run[1:] in ("tp", "gz") else run[-1] if run[-1] in "dg" else ""
+    group, trainers, pieces = suffix == "d", suffix in ("g", "gz"), suffix == "tp"
     run = run[:-len(suffix)] if suffix else run
     sep, col = runs / f"sep{run}{suffix}", runs / f"col{run}"
+    if suffix == "gz":  # each training rank wrote its pieces (its half of the moments), the rollout rank none
+        assert sorted(os.listdir(sep / "checkpoints" / "step_00000002" / "policy")) == ["rank_0", "rank_1"]
     rows_s, rows_c = metrics(sep), metrics(col)  # with validation, a row at step 0 (before the first update)
     ms, mc = [m for m in rows_s if m["step"]], [m for m in rows_c if m["step"]]
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))

@@ -102,6 +102,7 @@ TRAIN_PP2 = ["actor_config.parallel_config.pipeline_stage=2"]
 UNTIED = [f"actor_config.model={os.path.join(os.path.dirname(os.path.abspath(__file__)), 'micro_untied.yaml')}"]
 # two training ranks, data-parallel (each trains half of a mini-batch's 8 rows: a micro-batch of 4)
 TRAIN2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro_batch_size=4"]
+ZERO1 = ["actor_config.parallel_config.optimizer_shard=true"]
 RUNS = {
     # name: the invocations of grpo_one_stage.py, each (flags, overrides after the shared ones)
     "swap_on": [(MSRUN + ["--swap", "True"], TP2)],
@@ -152,6 +153,9 @@ RUNS = {
     # validation, stopped after step 2 and resumed: both training ranks read the checkpoint rank 0 wrote)
     "sep0g": [(MSRUN, SEPARATE + WARM + VAL + TRAIN2 + ["rl_config.max_steps=2"]),
               (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN2)],
+    # sep0g with AdamW's moments split over the two training ranks (ZeRO-1): sharded checkpoints, resumed from them
+    "sep0gz": [(MSRUN, SEPARATE + WARM + VAL + TRAIN2 + ZERO1 + ["rl_config.max_steps=2"]),
+               (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN2 + ZERO1)],
     # sep0l on a training group of two (peer col0l): the adapters' gradients summed over the two, rank 0's adapters
     # to the rollout rank, its checkpoint (the adapters, adapter/ in PEFT's layout) read back by both training ranks
     "sep0gl": [(MSRUN, SEPARATE + WARM + LORA + TRAIN2 + ["rl_config.max_steps=2"]),
