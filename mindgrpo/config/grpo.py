@@ -300,10 +300,6 @@ class GRPOConfig:
         check(rollout.pipeline_stage == 1, "generate_config.parallel_config.pipeline_stage",
               "must be 1 with generate_config.placement separate: generation runs without pipeline stages (set "
               f"data_parallel and model_parallel), got {rollout.pipeline_stage}")
-        check(rollout.model_parallel == 1 or actor.lora_rank == 0, "actor_config.lora_rank",
-              "cannot combine with generate_config.placement separate and generate_config.parallel_config."
-              f"model_parallel {rollout.model_parallel} yet (adapters into tensor-parallel rollout replicas are not "
-              "built): set model_parallel 1 or train without LoRA")
         replicas = rollout.data_parallel
         check(rl.batch_size >= replicas, "rl_config.batch_size",
               f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "

@@ -548,8 +548,7 @@ SEPARATE = ["generate_config.placement=separate"]
 @pytest.mark.parametrize("extra, key", [
     # generation runs without pipeline stages (issue 46)
     (["generate_config.parallel_config.pipeline_stage=2"], "generate_config.parallel_config.pipeline_stage"),
-    # replicas split into pieces (training or rollout) take no LoRA adapters yet
-    (["generate_config.parallel_config.model_parallel=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
+    # training replicas split into pieces take no LoRA adapters yet (rollout replicas in pieces do)
     (["actor_config.parallel_config.model_parallel=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
     (["actor_config.parallel_config.pipeline_stage=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
     # the training group's tensor-parallel pieces are several training ranks: no prompts in flight
@@ -595,6 +594,10 @@ def test_separate_placement_rules(extra, key):
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["actor_config.parallel_config.pipeline_stage=2",
                                                         "actor_config.parallel_config.model_parallel=2"])
     assert cfg.actor_config.parallel_config.world_size == 4
+    # LoRA beside rollout replicas of two tensor-parallel pieces (each keeps its slice of the adapters)
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.parallel_config.model_parallel=2",
+                                                        "actor_config.lora_rank=8"])
+    assert cfg.actor_config.lora_rank == 8
     # two training replicas splitting AdamW's moments (ZeRO-1: sharded checkpoints over the training group)
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["actor_config.parallel_config.data_parallel=2",
                                                         "actor_config.parallel_config.optimizer_shard=true"])

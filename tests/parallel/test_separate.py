@@ -86,7 +86,7 @@ def runs(tmp_path_factory):
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
     # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp): world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
-              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg,sep0gz",
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg,sep0gz,sep0tpl",
                     *shared],
               timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
@@ -412,14 +412,15 @@ def test_tool_calls_on_colocated_inference_replicas_equal_the_one_process_run(ru
 @pytest.mark.slow  # the same msrun job
 # sep1l, col1l (off_policy_steps 1: the same meetings) pass too, 46 s of CI; and sep0dl (sep0l with a rollout group of
 # two, the meetings of sep0d), against col0l
-@pytest.mark.parametrize("run", ["0", "0g"])
+@pytest.mark.parametrize("run", ["0", "0g", "0tp"])
 def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_adapters(runs, run):
     """sep0l: LoRA rank 4 with a warm start (the base trains, then moves whole to the rollout rank), stopped after
     step 2 and resumed (the base and adapters move again), the reference the policy with its adapters off (beta > 0);
     col0l: the same in one process, the engine on the policy itself. sep1l, col1l: LoRA with off_policy_steps 1.
     sep0gl: sep0l on a training group of two (the adapters' gradients summed over the two, rank 0's adapters to the
     rollout rank, both training ranks resuming from the adapters rank 0 saved: their weights equal after every
-    update)."""
+    update). sep0tpl: sep0l beside a rollout replica of two tensor-parallel pieces (each piece keeps its slice of the
+    base and of the adapters each meeting brings, and merges its pieces into its fused copies)."""
     lag = int(run[0])
     sep, col = runs / f"sep{run}l", runs / f"col{lag}l"
     ms, mc = metrics(sep), metrics(col)

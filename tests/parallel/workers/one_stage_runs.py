@@ -173,6 +173,10 @@ RUNS = {
     # start, validation) and sep1's (one step off-policy, sampled validation, a reward model); peers col0 and col1
     "sep0tp": [(MSRUN, SEPARATE + WARM + VAL + ROLLOUT_TP2)],
     "sep1tp": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED + ROLLOUT_TP2)],
+    # sep0l beside a rollout replica of two tensor-parallel pieces: each piece keeps its slice of the base and of
+    # the adapters each meeting brings, and merges its pieces (peer col0l)
+    "sep0tpl": [(MSRUN, SEPARATE + WARM + LORA + ROLLOUT_TP2 + ["rl_config.max_steps=2"]),
+                (MSRUN + ["--resume"], SEPARATE + WARM + LORA + ROLLOUT_TP2)],
     # a training replica of two tensor-parallel pieces beside one rollout rank (world 3): sep0's schedule, stopped
     # after step 2 and resumed for step 3 (both training ranks read back the sharded checkpoint they wrote); peer col0
     "sep0tpg": [(MSRUN, SEPARATE + WARM + VAL + TRAIN_TP2 + ["rl_config.max_steps=2"]),
