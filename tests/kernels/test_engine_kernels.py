@@ -20,16 +20,13 @@ The tiny recipe's shape (width 128: no product wide enough) keeps MindSpore's Ma
 prefill of 1,024 rows: its engine, the first in each process, gives the same tokens, log-probs and logits bit for bit
 on both sides, and its graphs hold no kernel of ours (`run` says why the first, on one thread)."""
 
-import glob
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+from both_switches import nodes, run_both  # this folder (on the path under pytest and in run_both's processes)
+
 SCALE_TOL = 1e-5  # of the logits' largest magnitude
 MARGIN = 100  # a greedy step's top-two gap, in tolerances
 
@@ -91,15 +88,6 @@ def run(out_path: str, ir_folder: str) -> None:
     np.savez(out_path, **results)
 
 
-def nodes(folder, name: str) -> int:
-    """`name(` nodes in the last form of the compiled graphs MindSpore saved into folder."""
-    count = 0
-    for final in glob.glob(os.path.join(folder, "hwopt_common_final_graph_*.ir")):
-        with open(final) as f:
-            count += f.read().count(name + "(")
-    return count
-
-
 def top_two_gap(logits):
     """(..., V) -> (...) the largest logit less the second."""
     top = np.sort(logits, axis=-1)
@@ -108,22 +96,7 @@ def top_two_gap(logits):
 
 @pytest.mark.slow  # two processes side by side, each compiling about 17 engine graphs (~1.5 min)
 def test_the_engine_with_our_matmul_matches_mindspores_within_fp32_rounding(tmp_path):
-    from mindgrpo.kernels import build as kbuild
-
-    if kbuild.library_path() is None:
-        pytest.skip("scipy-openblas32 is not installed")
-    kbuild.build()
-    procs = {}
-    for switch in ("1", "0"):
-        env = dict(os.environ, MINDGRPO_CPU_KERNELS=switch, PYTHONPATH=ROOT)
-        code = f"import sys; sys.path.insert(0, {HERE!r}); import test_engine_kernels as t; " \
-               f"t.run({str(tmp_path / switch) + '.npz'!r}, {str(tmp_path / ('ir' + switch))!r})"
-        procs[switch] = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for switch, proc in procs.items():
-        out, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"MINDGRPO_CPU_KERNELS={switch}: {out[-3000:]}"
-    ours, theirs = np.load(tmp_path / "1.npz"), np.load(tmp_path / "0.npz")
+    ours, theirs = run_both(tmp_path, "test_engine_kernels")
 
     # the switch reaches the compiled graphs: the prefill of 1,024 rows (whole or layerwise) takes ours for layer 0's
     # four fused products and the last layer's qkv (its attention and MLP are not run); the 4-row decode steps none;

@@ -13,16 +13,11 @@ carried through one layer and the loss: each tensor within 1e-5 of its largest m
 is rounding, not a wrong product). A wrong transpose, block or gradient in ours would be off by the size of the
 values themselves."""
 
-import glob
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+from both_switches import nodes, run_both  # this folder (on the path under pytest and in run_both's processes)
+
 SCALE_TOL = 1e-5  # of a tensor's largest magnitude
 
 
@@ -83,37 +78,13 @@ def run(out_path: str, ir_folder: str) -> None:
     np.savez(out_path, **results)
 
 
-def nodes(folder, name: str) -> int:
-    """`name(` nodes in the last form of the compiled graphs MindSpore saved into folder."""
-    count = 0
-    for final in glob.glob(os.path.join(folder, "hwopt_common_final_graph_*.ir")):
-        with open(final) as f:
-            count += f.read().count(name + "(")
-    return count
-
-
 @pytest.mark.slow  # two processes side by side, each compiling three training graphs (~1.5 min at load 10)
 def test_the_model_with_our_matmul_matches_mindspores_within_fp32_rounding(tmp_path):
-    from mindgrpo.kernels import build as kbuild
-
-    if kbuild.library_path() is None:
-        pytest.skip("scipy-openblas32 is not installed")
-    kbuild.build()
-    procs = {}
-    for switch in ("1", "0"):
-        env = dict(os.environ, MINDGRPO_CPU_KERNELS=switch, PYTHONPATH=ROOT)
-        code = f"import sys; sys.path.insert(0, {HERE!r}); import test_model_kernels as t; " \
-               f"t.run({str(tmp_path / switch) + '.npz'!r}, {str(tmp_path / ('ir' + switch))!r})"
-        procs[switch] = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for switch, proc in procs.items():
-        out, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, f"MINDGRPO_CPU_KERNELS={switch}: {out[-3000:]}"
+    ours, theirs = run_both(tmp_path, "test_model_kernels")
     # the switch reaches the compiled graph: ours with it on (7 projections and the head, forward and both
     # gradients), none with it off; the choice by rows is made at compile time (no Switch node for it)
     assert nodes(tmp_path / "ir1", "Custom") == 24 and nodes(tmp_path / "ir0", "Custom") == 0
     assert nodes(tmp_path / "ir1", "Switch") == nodes(tmp_path / "ir0", "Switch") == 0
-    ours, theirs = np.load(tmp_path / "1.npz"), np.load(tmp_path / "0.npz")
     assert sorted(ours.files) == sorted(theirs.files)
     assert sum(k.startswith("lora: grad") and "lora_a" in k for k in ours.files) > 0
     for key in ours.files:
