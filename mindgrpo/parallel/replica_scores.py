@@ -41,8 +41,8 @@ class Replica:
 
 
 def replica_of(layout: ParallelLayout, rank: int) -> Replica:
-    """The replica `rank` belongs to: the tensor-parallel groups of `layout`'s first stage (a reward model has no
-    pipeline stages: with a pipelined policy layout, each stage's tp groups are replicas too), numbered in order."""
+    """The replica `rank` belongs to: `layout`'s tensor-parallel groups, numbered in order (a reward model has no
+    pipeline stages: with a pipelined policy layout every stage's tp groups are replicas of their own)."""
     world = layout.world_size
     groups = sorted({tuple(layout.tp_group(r)) for r in range(world)})
     mine = tuple(layout.tp_group(rank))
