@@ -62,7 +62,8 @@ def add_adapters(lm: Qwen2ForCausalLM, spec: LoraSpec, seed: int = 0) -> None:
         if path in held:
             lin = held.pop(path)
             out_f = lin.full_shape()[0]
-            lin.add_adapter(path, *lin.adapter_piece(a, np.zeros((out_f, spec.rank), np.float32)), spec.scaling)
+            lin.add_adapter(path, *lin.adapter_piece(a, np.zeros((out_f, spec.rank), np.float32)), spec.scaling,
+                            spec.dropout)
     if held:  # the model's projections are the config's
         raise ValueError(f"no adapter shape for {sorted(held)[0]} in the model's config")
     for p in lm.get_parameters():
