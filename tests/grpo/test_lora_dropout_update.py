@@ -154,3 +154,39 @@ def test_dropout_zero_and_the_warm_start_have_no_key():
     with base_trains(lm):
         assert not updater(lm).dropout
     assert updater(lm).dropout
+
+
+@pytest.mark.slow  # builds and compiles a trainer: about a minute of CPU
+def test_a_run_with_dropout_resumed_after_step_1_gives_step_2_again(tmp_path):
+    """The micro LoRA run with lora_dropout 0.1: step 1, a checkpoint, step 2; then the checkpoint resumed and step 2
+    again: the same loss, KL, nll and gradient norm (the masks are keyed by the restored optimizer step, nothing
+    else to restore). Another seed's masks give another step 2."""
+    from mindgrpo.config import GRPOConfig, load_config
+    from mindgrpo.grpo import builder
+    from mindgrpo.utils.progress import Progress
+
+    from fakes import one_layer_micro
+    from test_one_copy import MICRO, NoLog
+
+    model = one_layer_micro(tmp_path)
+    cfg = load_config(GRPOConfig, None, MICRO + [
+        "actor_config.lora_rank=4", "actor_config.lora_alpha=8", "actor_config.lora_dropout=0.1",
+        "rl_config.beta=0.05", "rl_config.max_steps=2", f"actor_config.model={model}",
+        f"rl_config.output_dir={tmp_path}"])
+    parts = builder.build(cfg, builder.Paths(output_dir=str(tmp_path)))
+    trainer = builder.make_trainer(cfg, parts, NoLog(), Progress(2), str(tmp_path))
+    assert trainer.updater.dropout
+    trainer.train_step()
+    trainer.step = 1
+    saved = trainer.save()
+    keys = ("loss", "kl", "nll", "grad_norm")
+    went_on = trainer.train_step()
+    trainer.resume(saved)
+    assert trainer.step == 1 and trainer.updater.optimizer_steps == 1
+    resumed = trainer.train_step()
+    for k in keys:
+        assert resumed[k] == went_on[k], (k, resumed[k], went_on[k])
+    trainer.resume(saved)
+    trainer.updater.seed += 1  # other masks
+    other = trainer.train_step()
+    assert other["grad_norm"] != went_on["grad_norm"] and other["nll"] != went_on["nll"]
