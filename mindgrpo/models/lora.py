@@ -10,7 +10,7 @@ new adapter leaves the model as it was. Only the adapters train (`add_adapters` 
 The adapter itself lives in `models/qwen2.Linear` (its parameters `<layer>.lora_a`, `<layer>.lora_b`
 and the untrained `<layer>.lora_scaling`); this module adds them, switches them off (`adapters_off`:
 the reference as the base model) and moves their values in and out as numpy. PEFT's files:
-`mindgrpo/models/lora_files.py`.
+`mindgrpo/models/lora_files.py`; lora_dropout in the training graphs: `mindgrpo/models/lora_dropout.py`.
 """
 
 from __future__ import annotations

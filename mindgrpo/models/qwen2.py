@@ -452,7 +452,7 @@ class DecoderLayer(nn.Cell):
         self.feed_forward = MLP(cfg, rng, layers)
 
     def construct(self, x, cos, sin, bias, flash=None, drop=None):
-        """drop: the layer's LoRA dropout key (`models/lora_dropout.layer_key`; the policy's training graphs) or None."""
+        """drop: the layer's LoRA dropout key (`models/lora_dropout.layer_key`; the training graphs) or None."""
         x = x + self.attention(self.attention_norm(x), cos, sin, bias, flash, drop)
         return x + self.feed_forward(self.ffn_norm(x), drop)
 
