@@ -319,7 +319,7 @@ class ActorConfig:
     # reference is the policy with its adapters off, no copy). 0: full fine-tuning
     lora_rank: int = 0
     lora_alpha: float = 16.0  # the adapters' scaling is lora_alpha / lora_rank
-    lora_dropout: float = 0.0  # PEFT's lora_dropout: only 0 is supported (refused otherwise)
+    lora_dropout: float = 0.0  # PEFT's lora_dropout p in [0, 1): the policy's training forward only (docs/lora.md)
     # PEFT's module names of the decoder's projections (q, k, v, o, gate, up, down and all-linear accepted)
     lora_target_modules: tuple[str, ...] = ALL_LINEAR
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
@@ -357,8 +357,8 @@ class ActorConfig:
         except ValueError as e:
             check(False, "lora_target_modules", str(e).split(": ", 1)[1])
         check(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
-        check(self.lora_dropout == 0.0, "lora_dropout",
-              f"is not supported (only 0: the training graph has no dropout), got {self.lora_dropout}")
+        check(0.0 <= self.lora_dropout < 1.0, "lora_dropout",
+              f"must be in [0, 1) (PEFT's dropout probability of the adapters' input), got {self.lora_dropout}")
         par = self.parallel_config
         check(not par.optimizer_shard, "lora_rank",
               "cannot combine with parallel_config.optimizer_shard (ZeRO-1 of the adapters' moments is not built; "

@@ -26,6 +26,8 @@ from mindgrpo.grpo.train_graph import (MAXIMA, GRPOGradStep, PolicyLoss, StageGr
                                       metric_means)
 from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.lora import ADAPTER_SUFFIXES, lora_spec
+from mindgrpo.models.lora_dropout import update_key
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import PackedTokenLogProbs, StageHidden, TokenLogProbs
 from mindgrpo.parallel.layout import ParallelLayout
@@ -101,7 +103,7 @@ class PolicyUpdater:
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, batching: Batching, *, detach_old: bool, use_ref: bool,
                  optimizer: AdamWSettings = AdamWSettings(), memory: MemoryPolicy = MemoryPolicy(),
                  with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0, old_is_training: bool = True,
-                 grad_reducer=None, pipeline: Optional[Pipeline] = None):
+                 grad_reducer=None, pipeline: Optional[Pipeline] = None, seed: int = 0):
         """batching: how an Experience is cut into micro-batches (as `Scorer`'s); optimizer: AdamW's settings.
         old_is_training: the old log-probs given with the experience come from the training graph
         (False when they are the rollout engine's, rl_config.old_logprobs_from_rollout).
@@ -116,7 +118,9 @@ class PolicyUpdater:
           head_rows: the rows of a micro-batch the vocabulary head and loss take a graph call
           (`layerwise.LayerwiseGradStep`); 0 all;
         - release_graphs: the gradient accumulators start shrunk (`GradBuffer.release`): the first update
-          makes them."""
+          makes them.
+        seed: the run's seed, which keys LoRA dropout's masks (`models/lora_dropout.py`: with the optimizer step,
+        the micro-batch and the data-parallel replica) when the model's adapters train with lora_dropout > 0."""
         self.lm = lm
         if memory.recompute:
             lm.recompute_layers()
@@ -125,6 +129,9 @@ class PolicyUpdater:
         self.pipe = pipe = pipeline or Pipeline()
         named = [(n, p) for n, p in lm.parameters_and_names() if p.requires_grad]
         self.params = [p for _, p in named]
+        spec = lora_spec(lm)  # dropout where the adapters train (not in a LoRA run's warm start of its base)
+        self.dropout = spec is not None and spec.dropout > 0 and any(n.endswith(ADAPTER_SUFFIXES) for n, _ in named)
+        self.seed = seed
         self.buffer = GradBuffer(self.params, released=memory.release_graphs)
         self._loss_args = (detach_old, use_ref, with_entropy, temperature, chunk, old_is_training)
         layerwise = memory.layerwise_update
@@ -157,14 +164,15 @@ class PolicyUpdater:
         self.step_graph = self.stage = self.stage_grad = None
         if self.layerwise:  # a host loop over one compiled decoder-layer graph
             policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, from_hidden=True)
-            self.step_graph = LayerwiseGradStep(policy_loss, lm, self.params, self.buffer, self.head_rows)
+            self.step_graph = LayerwiseGradStep(policy_loss, lm, self.params, self.buffer, self.head_rows,
+                                                self.dropout)
         elif pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
             policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, packed=self.batching.layout != "rows",
-                                     attention=attention)
+                                     attention=attention, dropout=self.dropout)
             self.step_graph = GRPOGradStep(policy_loss, self.params, self.buffer, wrt_inputs=not pipe.first)
         else:  # a stage before the last: its forward, and its backward from the next stage's gradient
-            self.stage = StageHidden(lm, attention)
-            self.stage_grad = StageGradStep(StageHidden(lm, attention), self.params, self.buffer,
+            self.stage = StageHidden(lm, attention, self.dropout)
+            self.stage_grad = StageGradStep(StageHidden(lm, attention, self.dropout), self.params, self.buffer,
                                             wrt_inputs=not pipe.first)
 
     def release(self) -> None:
@@ -211,21 +219,26 @@ class PolicyUpdater:
         with_rollout = exp.sampling_logp is not None
         keys = metric_keys(self.loss, with_rollout)
         batches = plan(exp, self.batching)
+        replica = dp.group.index if dp is not None else 0
+
+        def drop(m):  # LoRA dropout: the micro-batch's key ends the forward's feed (StageHidden, PolicyLoss)
+            return (update_key(self.seed, self.optimizer_steps, m, replica),) if self.dropout else ()
 
         def last_step(m, x):  # x: token ids, or the previous stage's hidden states
             part = batches[m].exp  # the micro-batch's samples, every per-sample array in its (n, R) layout
             zeros = np.zeros(part.labels.shape, np.float32)
             old = part.old_logp if part.old_logp is not None else zeros
             ref = part.ref_logp if part.ref_logp is not None else zeros
-            out = self.step_graph(x, feed_input(batches[m].feed), Tensor(part.mask), Tensor(part.advantages),
+            out = self.step_graph(x, feed_input(batches[m].feed + drop(m)), Tensor(part.mask), Tensor(part.advantages),
                                   Tensor(old), Tensor(ref), g_tok, g_seq,
                                   Tensor(part.sampling_logp) if with_rollout else None)
             values = [float(out[0].asnumpy())] + [float(v.asnumpy()) for v in out[1]]
             return values, (out[2] if len(out) == 3 else None)
 
         results = self.pipe.train(len(batches), lambda m: Tensor(batches[m].ids), hidden_shape(self.lm, batches),
-                                  lambda m, x: self.stage(x, feed_input(batches[m].stage_feed)),
-                                  lambda m, x, dy: self.stage_grad(x, dy, feed_input(batches[m].stage_feed)), last_step)
+                                  lambda m, x: self.stage(x, feed_input(batches[m].stage_feed + drop(m))),
+                                  lambda m, x, dy: self.stage_grad(x, dy, feed_input(batches[m].stage_feed + drop(m))),
+                                  last_step)
         maxima = np.isin(keys, MAXIMA)
         totals = np.zeros(2 + len(keys))  # loss, tokens, metric sums (or maxima): on the last stage
         for mb, values in zip(batches, results):

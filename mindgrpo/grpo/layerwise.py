@@ -45,6 +45,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mindgrpo.grpo.optim import AccumulateGrads, AdamW, GradBuffer
 from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss, fold_metrics, metric_keys, metric_means
+from mindgrpo.models.lora_dropout import host_layer_key
 from mindgrpo.models.qwen2 import LayerGraph, Qwen2ForCausalLM
 from mindgrpo.models.reductions import squared_sum
 from mindgrpo.models.scoring import TokenLogProbs, causal_bias, positions
@@ -99,25 +100,27 @@ class _EmbedGrad(nn.Cell):
 
 class _AdaptedLayer(nn.Cell):
     """`LayerGraph` with the layer's LoRA adapters as inputs too: x, cos, sin, bias, w, lora (the adapters,
-    `DecoderLayer.lora_weights()` order) -> (B, S, H). frozen: no gradient flows into w (the base weights of a
-    LoRA update: their gradients are neither wanted nor computed)."""
+    `DecoderLayer.lora_weights()` order), drop (the layer's LoRA dropout key, `lora_dropout.layer_key`, or None)
+    -> (B, S, H). frozen: no gradient flows into w (the base weights of a LoRA update: their gradients are neither
+    wanted nor computed)."""
 
     def __init__(self, layer: nn.Cell, frozen: bool = False):
         super().__init__(auto_prefix=False)
         self.layer, self.frozen, self.nw = layer, frozen, len(layer.weights())
 
-    def construct(self, x, cos, sin, bias, w, lora):
+    def construct(self, x, cos, sin, bias, w, lora, drop):
         if self.frozen:
             held = ()
             for k in range(self.nw):
                 held = held + (ops.stop_gradient(w[k]),)
             w = held
-        return self.layer.apply(x, cos, sin, bias, w, lora)
+        return self.layer.apply(x, cos, sin, bias, w, lora, None, drop)
 
 
 class _AdaptedLayerGrad(nn.Cell):
-    """x, cos, sin, bias, w, lora, dy (B, S, H), acc (the accumulators of lora's A and B, in lora's order
-    without the scalings) -> dL/dx (B, S, H); the adapters' gradients added to acc, the base weights frozen."""
+    """x, cos, sin, bias, w, lora, drop, dy (B, S, H), acc (the accumulators of lora's A and B, in lora's order
+    without the scalings) -> dL/dx (B, S, H); the adapters' gradients added to acc, the base weights frozen.
+    drop: the layer's dropout key, as its forward had it (the same masks again)."""
 
     def __init__(self, layer: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -125,8 +128,8 @@ class _AdaptedLayerGrad(nn.Cell):
         self.grad = ops.GradOperation(get_all=True, sens_param=True)
         self.n = len(layer.lora_weights()) // 3
 
-    def construct(self, x, cos, sin, bias, w, lora, dy, acc):
-        grads = self.grad(self.layer)(x, cos, sin, bias, w, lora, dy)
+    def construct(self, x, cos, sin, bias, w, lora, drop, dy, acc):
+        grads = self.grad(self.layer)(x, cos, sin, bias, w, lora, drop, dy)
         done = ()
         for k in range(self.n):
             done = done + (ops.assign_add(acc[2 * k], grads[5][3 * k].astype(ms.float32)),
@@ -162,10 +165,13 @@ class LayerwiseGradStep:
     gradients as micro-batches of head_rows rows would give them (`train_graph.fold_metrics`), which, with
     the losses normalised by the global counts, are the whole micro-batch's to rounding. A loss with
     top_entropy_quantile < 1 takes its quantile over the tokens of one head call: its head takes the whole
-    micro-batch. 0: the whole micro-batch in one call."""
+    micro-batch. 0: the whole micro-batch in one call.
+
+    dropout (LoRA dropout, `models/lora_dropout.py`): feed ends with the micro-batch's key; each layer graph, forward
+    and backward, is given its layer's key (`host_layer_key`), so both make the whole graph's masks."""
 
     def __init__(self, policy_loss: PolicyLoss, lm: Qwen2ForCausalLM, params: Sequence[Parameter],
-                 buffer: GradBuffer, head_rows: int = 0):
+                 buffer: GradBuffer, head_rows: int = 0, dropout: bool = False):
         if not (lm.first_stage and lm.last_stage) or lm.tp != 1:
             raise ValueError("the layerwise update runs the whole model on one device (no pipeline stages or "
                              "tensor parallelism)")
@@ -175,6 +181,9 @@ class LayerwiseGradStep:
         adapters = [layer.lora_weights() for layer in layers]
         tuned = [[p for k, p in enumerate(a) if k % 3 != 2] for a in adapters]  # LoRA: A and B, not the scalings
         self.lora = any(adapters)
+        self.dropout, self.layer_ids = dropout, list(lm.layer_ids)
+        if dropout and not self.lora:
+            raise ValueError("LoRA dropout needs the model's adapters")
         if self.lora and trained != {id(p) for t in tuned for p in t}:
             raise ValueError("with LoRA adapters the layerwise update trains the adapters alone")
         if not self.lora and any(id(p) not in trained for w in weights for p in w):
@@ -199,15 +208,24 @@ class LayerwiseGradStep:
 
     def __call__(self, ids, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                  rollout_logp=None):
+        drops = [None] * len(self.layer_inputs)
+        if self.dropout:  # the key ends the feed; each layer graph takes its layer's
+            key = int(feed[len(feed) - 1].asnumpy())
+            feed = ms.mutable(tuple(feed[k] for k in range(len(feed) - 1)))
+            drops = [Tensor(host_layer_key(key, i)) for i in self.layer_ids]
         x, cos, sin, bias = self.embed(ids)
         inputs = []
-        for w in self.layer_inputs:
+        for w, drop in zip(self.layer_inputs, drops):
             inputs.append(x)
-            x = self.layer(x, cos, sin, bias, *w)
+            x = self.layer(x, cos, sin, bias, *w, drop) if self.lora else self.layer(x, cos, sin, bias, *w)
         loss, metrics, dx = self._head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                                        rollout_logp)
         for i in reversed(range(len(self.layer_inputs))):
-            dx = self.layer_grad(inputs[i], cos, sin, bias, *self.layer_inputs[i], dx, self.layer_accumulators[i])
+            if self.lora:
+                dx = self.layer_grad(inputs[i], cos, sin, bias, *self.layer_inputs[i], drops[i], dx,
+                                     self.layer_accumulators[i])
+            else:
+                dx = self.layer_grad(inputs[i], cos, sin, bias, *self.layer_inputs[i], dx, self.layer_accumulators[i])
         if self.embed_grad is not None:
             self.embed_grad(ids, dx)
         return loss, metrics
@@ -257,7 +275,7 @@ class LayerwiseLogProbs:
     def __call__(self, ids, score_pos, labels):
         x, cos, sin, bias = self.embed(ids)  # (B, S, H)
         for w in self.layer_inputs:
-            x = self.layer(x, cos, sin, bias, *w)
+            x = self.layer(x, cos, sin, bias, *w, None) if self.lora else self.layer(x, cos, sin, bias, *w)
         return self.head(x, score_pos, labels)
 
 

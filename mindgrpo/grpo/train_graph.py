@@ -19,7 +19,8 @@ from mindgrpo.grpo.ms_corrections import mismatch_metrics
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import AccumulateGrads, GradBuffer
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
-from mindgrpo.models.scoring import PackedTokenLogProbs, TokenLogProbs
+from mindgrpo.models.scoring import (DroppedPackedTokenLogProbs, DroppedTokenLogProbs, PackedTokenLogProbs,
+                                     TokenLogProbs)
 
 # per-micro-batch metrics of the training graph; all but pg_loss are token means (nll: -log p of the
 # scored tokens under the policy before the update, free with the forward pass)
@@ -81,18 +82,24 @@ class PolicyLoss(nn.Cell):
     rollout_logp: the rollout engine's log-probs of the sampled tokens (of the distribution it
     drew from); given, the mismatch metrics compare them with the training graph's log-probs
     before the update (the old log-probs, or with old_is_training False, when the old log-probs
-    are the rollout's own, this pass's), and the loss's rollout correction applies."""
+    are the rollout's own, this pass's), and the loss's rollout correction applies.
+    dropout: the model's LoRA dropout applies (docs/lora.md): feed ends with the micro-batch's dropout key
+    (`models/lora_dropout.update_key`), which the forward takes after the other feed."""
 
     def __init__(self, lm: Qwen2ForCausalLM, loss: GRPOLoss, detach_old: bool, use_ref: bool,
                  with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0, old_is_training: bool = True,
-                 packed: bool = False, attention: str = "mask", from_hidden: bool = False):
+                 packed: bool = False, attention: str = "mask", from_hidden: bool = False, dropout: bool = False):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         if loss.needs_entropy and not with_entropy:
             raise ValueError("top_entropy_quantile < 1 needs the entropy: build PolicyLoss with_entropy")
         if packed and from_hidden:
             raise ValueError("the layerwise update (from_hidden) takes right-padded rows, not packed ones")
-        self.scorer = PackedTokenLogProbs(lm, with_entropy, temperature, chunk, attention) if packed \
-            else TokenLogProbs(lm, with_entropy, temperature, chunk, from_hidden)
+        if dropout and from_hidden:
+            raise ValueError("the layerwise update's head (from_hidden) runs after the layers: its dropout is theirs")
+        packed_cls = DroppedPackedTokenLogProbs if dropout else PackedTokenLogProbs
+        rows_cls = DroppedTokenLogProbs if dropout else TokenLogProbs
+        self.scorer = packed_cls(lm, with_entropy, temperature, chunk, attention) if packed \
+            else rows_cls(lm, with_entropy, temperature, chunk, from_hidden)
         self.loss = loss
         self.detach_old, self.use_ref, self.old_is_training = detach_old, use_ref, old_is_training
 

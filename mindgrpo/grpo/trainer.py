@@ -118,7 +118,7 @@ class GRPOTrainer:
             policy, self._loss(), Batching(actor.micro_batch_size, **batching),
             detach_old=not (self.needs_old or rl.old_logprobs_from_rollout), use_ref=rl.beta > 0,
             optimizer=AdamWSettings.of_actor(actor), memory=mp, grad_reducer=grad_reducer, temperature=temperature,
-            chunk=chunk, pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout)
+            chunk=chunk, pipeline=pipeline, old_is_training=not rl.old_logprobs_from_rollout, seed=rl.seed)
         # LoRA (docs/lora.md): the reference is the policy with its adapters off (`adapters_off`), no copy; the
         # checkpoints hold the adapters and refer to the base (`lora`: the builder's, which knows the placement);
         # base_sync moves the base into an inference copy when it changed (the sync moves the adapters only)

@@ -10,7 +10,7 @@ new adapter leaves the model as it was. Only the adapters train (`add_adapters` 
 The adapter itself lives in `models/qwen2.Linear` (its parameters `<layer>.lora_a`, `<layer>.lora_b`
 and the untrained `<layer>.lora_scaling`); this module adds them, switches them off (`adapters_off`:
 the reference as the base model) and moves their values in and out as numpy. PEFT's files:
-`mindgrpo/models/lora_files.py`.
+`mindgrpo/models/lora_files.py`; lora_dropout in the training graphs: `mindgrpo/models/lora_dropout.py`.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def add_adapters(lm: Qwen2ForCausalLM, spec: LoraSpec, seed: int = 0) -> None:
         if path in held:
             lin = held.pop(path)
             out_f = lin.full_shape()[0]
-            lin.add_adapter(path, *lin.adapter_piece(a, np.zeros((out_f, spec.rank), np.float32)), spec.scaling)
+            lin.add_adapter(path, *lin.adapter_piece(a, np.zeros((out_f, spec.rank), np.float32)), spec.scaling,
+                            spec.dropout)
     if held:  # the model's projections are the config's
         raise ValueError(f"no adapter shape for {sorted(held)[0]} in the model's config")
     for p in lm.get_parameters():

@@ -42,8 +42,8 @@ def target_modules(names: Sequence[str], key: str = "lora_target_modules") -> Tu
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """rank r, alpha, dropout (0 only: refused by the config otherwise), targets (PEFT's names), rslora:
-    s = alpha / sqrt(r) (PEFT's use_rslora) instead of alpha / r."""
+    """rank r, alpha, dropout (PEFT's lora_dropout p in [0, 1): `models/lora_dropout.py`), targets (PEFT's names),
+    rslora: s = alpha / sqrt(r) (PEFT's use_rslora) instead of alpha / r."""
 
     rank: int
     alpha: float

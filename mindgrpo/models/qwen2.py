@@ -29,6 +29,7 @@ from mindgrpo.kernels.matmul import rows_matmul
 from mindgrpo.models.block_attention import NEG_INF, BlockAttention
 from mindgrpo.models.config import COMPUTE_DTYPES, Qwen2Config
 from mindgrpo.models.fused_head import HeadLogProbs
+from mindgrpo.models.lora_dropout import dropout_mask, keep_scale, layer_key, projection_key, threshold
 from mindgrpo.models.reductions import row_sum
 
 # NEG_INF (-1e9, from models/block_attention): the additive mask value; scores are fp32, so it never overflows
@@ -46,7 +47,9 @@ class Linear(nn.Cell):
 
     With a LoRA adapter (`add_adapter`, made by `mindgrpo/models/lora.py`): y + s (x A^T) B^T, A (r, in),
     B (out, r), s = alpha / r, as PEFT adds it (after the bias). s is a parameter of its own, not
-    trained: 0 switches the adapter off (the reference is the base model), exactly: y + 0."""
+    trained: 0 switches the adapter off (the reference is the base model), exactly: y + 0.
+    With lora_dropout p > 0 and a projection key (`drop`, given by the training graphs only) the adapter takes
+    x times the mask of `models/lora_dropout.py` (PEFT's inverted dropout on the adapter's input)."""
 
     def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray], compute_dtype):
         super().__init__()
@@ -58,16 +61,21 @@ class Linear(nn.Cell):
         self.dtype = compute_dtype
         self.cast_needed = compute_dtype != ms.float32
         self.has_lora = False
+        self.lora_dropout = 0.0
+        self.lora_offset = 0  # the first input feature this layer holds (a row-parallel piece's column offset)
 
-    def add_adapter(self, path: str, a: np.ndarray, b: np.ndarray, scaling: float) -> None:
+    def add_adapter(self, path: str, a: np.ndarray, b: np.ndarray, scaling: float, dropout: float = 0.0) -> None:
         """A LoRA adapter on this layer: A (r, in), B (out, r) trainable, the scaling s not; path: the
-        layer's name in the model (`model.layers.0.attention.wq`), its parameters' prefix."""
+        layer's name in the model (`model.layers.0.attention.wq`), its parameters' prefix; dropout: PEFT's
+        lora_dropout p, applied where the forward is given a projection key (the policy's training graphs)."""
         self.lora_a = Parameter(Tensor(np.ascontiguousarray(a, np.float32)), name=f"{path}.lora_a")
         self.lora_b = Parameter(Tensor(np.ascontiguousarray(b, np.float32)), name=f"{path}.lora_b")
         self.lora_scaling = Parameter(Tensor(np.float32(scaling)), name=f"{path}.lora_scaling", requires_grad=False)
         self.has_lora = True
+        self.lora_dropout = float(dropout)
+        self.drop_threshold, self.drop_scale = threshold(self.lora_dropout), keep_scale(self.lora_dropout)
 
-    def construct(self, x):  # (..., in) -> (..., out)
+    def construct(self, x, drop=None):  # (..., in) -> (..., out); drop: the projection key (training) or None
         lead = x.shape[:-1]
         x = x.reshape(-1, x.shape[-1])
         w = self.weight
@@ -75,8 +83,16 @@ class Linear(nn.Cell):
             x, w = x.astype(self.dtype), w.astype(self.dtype)
         y = self.finish(self.matmul(x, w))
         if self.has_lora:
-            y = y + self.adapter(x)
+            y = y + self.adapter(self.dropped(x, drop))
         return y.reshape(lead + (y.shape[-1],))
+
+    def dropped(self, x, drop):
+        """x (N, in) as the adapter takes it: times the dropout mask of projection key `drop` when there is one and
+        lora_dropout > 0, else x itself (no op compiled)."""
+        if drop is None or self.lora_dropout == 0.0:
+            return x
+        return x * dropout_mask(drop, x.shape[0], x.shape[1], self.lora_offset, self.drop_threshold, self.drop_scale,
+                                x.dtype)
 
     def adapter(self, x):
         """x (N, in) in the compute dtype -> s (x A^T) B^T (N, out)."""
@@ -117,9 +133,10 @@ class Linear(nn.Cell):
             y = y + (self.bias.astype(self.dtype) if self.cast_needed else self.bias)
         return y
 
-    def apply(self, x, w, b, lora=None):
+    def apply(self, x, w, b, lora=None, drop=None):
         """`construct` on one device with the given weight (out, in), bias (out,) or None and adapter (A, B, s)
-        or None instead of this layer's: one compiled graph serves every decoder layer (`DecoderLayer.apply`)."""
+        or None instead of this layer's: one compiled graph serves every decoder layer (`DecoderLayer.apply`).
+        drop: the projection key (`dropped`) or None."""
         lead = x.shape[:-1]
         x = x.reshape(-1, x.shape[-1])
         if self.cast_needed:
@@ -128,7 +145,7 @@ class Linear(nn.Cell):
         if b is not None:
             y = y + (b.astype(self.dtype) if self.cast_needed else b)
         if lora is not None:
-            y = y + self.adapter_of(x, lora[0], lora[1], lora[2])
+            y = y + self.adapter_of(self.dropped(x, drop), lora[0], lora[1], lora[2])
         return y.reshape(lead + (y.shape[-1],))
 
 
@@ -327,15 +344,15 @@ class Attention(nn.Cell):
         self.pv = ops.BatchMatMul()
         self.dtype = dt
 
-    def _qkv(self, x, cos, sin):
+    def _qkv(self, x, cos, sin, drop=None):
         b, s, _ = x.shape
         x = self.enter(x)
-        q = self.wq(x).reshape(b, s, self.nh, self.d)  # (B, S, nh, d)
-        k = self.wk(x).reshape(b, s, self.nkv, self.d)  # (B, S, nkv, d)
+        q = self.wq(x, projection_key(drop, 0)).reshape(b, s, self.nh, self.d)  # (B, S, nh, d)
+        k = self.wk(x, projection_key(drop, 1)).reshape(b, s, self.nkv, self.d)  # (B, S, nkv, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)  # (B, nh, S, d), (B, nkv, S, d)
-        v = self.wv(x).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)  # (B, nkv, S, d)
+        v = self.wv(x, projection_key(drop, 2)).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)  # (B, nkv, S, d)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _attend(self, q, k, v, bias, scale):
@@ -351,14 +368,15 @@ class Attention(nn.Cell):
         out = self.pv(probs, v).reshape(b, self.nh, s, d)  # (B, nh, S, d)
         return out.transpose(0, 2, 1, 3).reshape(b, s, self.nh * d)
 
-    def construct(self, x, cos, sin, bias, flash=None):
+    def construct(self, x, cos, sin, bias, flash=None, drop=None):
         """Full sequence (training and reference scoring): x (B, S, H) -> (B, S, H). flash: None
         (attention through the additive bias) or, for packed rows on Ascend, (seq_ends,
-        causal_mask) for `_attend_flash` (bias is then not read)."""
-        q, k, v = self._qkv(x, cos, sin)
+        causal_mask) for `_attend_flash` (bias is then not read). drop: the layer's LoRA dropout key
+        (`models/lora_dropout.layer_key`; the policy's training graphs) or None."""
+        q, k, v = self._qkv(x, cos, sin, drop)
         if flash is None:
-            return self.wo(self._attend(q, k, v, bias, self.scale))
-        return self.wo(self._attend_flash(q, k, v, flash[0], flash[1]))
+            return self.wo(self._attend(q, k, v, bias, self.scale), projection_key(drop, 3))
+        return self.wo(self._attend_flash(q, k, v, flash[0], flash[1]), projection_key(drop, 3))
 
     def construct_blocks(self, x, cos, sin, segments):
         """`construct` of packed rows, forward only, the queries in blocks (`models/block_attention.py`): x (B, S, H),
@@ -366,21 +384,24 @@ class Attention(nn.Cell):
         q, k, v = self._qkv(x, cos, sin)
         return self.wo(self.blocks(q, k, v, segments))
 
-    def apply(self, x, cos, sin, bias, wq, wk, wv, wo, qkv_bias, qk_norms, adapters=(None,) * 4, segments=None):
+    def apply(self, x, cos, sin, bias, wq, wk, wv, wo, qkv_bias, qk_norms, adapters=(None,) * 4, segments=None,
+              drop=None):
         """`construct` on one device with the given weights instead of this layer's: wq, wk, wv, wo;
         qkv_bias: (bq, bk, bv), or (None, None, None) without attention_bias; qk_norms: (q_norm,
         k_norm) weights with qk_norm, else None; adapters: (A, B, s) or None for wq, wk, wv, wo.
-        segments (B, S): packed rows attended in blocks of queries, forward only (`construct_blocks`; bias unread)."""
+        segments (B, S): packed rows attended in blocks of queries, forward only (`construct_blocks`; bias unread).
+        drop: the layer's LoRA dropout key or None (`construct`)."""
         b, s, _ = x.shape
-        q = self.wq.apply(x, wq, qkv_bias[0], adapters[0]).reshape(b, s, self.nh, self.d)  # (B, S, nh, d)
-        k = self.wk.apply(x, wk, qkv_bias[1], adapters[1]).reshape(b, s, self.nkv, self.d)  # (B, S, nkv, d)
+        q = self.wq.apply(x, wq, qkv_bias[0], adapters[0], projection_key(drop, 0)).reshape(b, s, self.nh, self.d)
+        k = self.wk.apply(x, wk, qkv_bias[1], adapters[1], projection_key(drop, 1)).reshape(b, s, self.nkv, self.d)
         if self.qk_norm:
             q, k = self.q_norm.apply(q, qk_norms[0]), self.k_norm.apply(k, qk_norms[1])
         q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)  # (B, nh, S, d), (B, nkv, S, d)
-        v = self.wv.apply(x, wv, qkv_bias[2], adapters[2]).reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)
+        v = self.wv.apply(x, wv, qkv_bias[2], adapters[2], projection_key(drop, 2))
+        v = v.reshape(b, s, self.nkv, self.d).transpose(0, 2, 1, 3)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self._attend(q, k, v, bias, self.scale) if segments is None else self.blocks(q, k, v, segments)
-        return self.wo.apply(out, wo, None, adapters[3])
+        return self.wo.apply(out, wo, None, adapters[3], projection_key(drop, 3))
 
     def _attend_flash(self, q, k, v, seq_ends, causal_mask):
         """Packed rows through Ascend's fused kernel in its TND layout: q (B, nh, S, d), k/v
@@ -410,14 +431,16 @@ class MLP(nn.Cell):
         self.w2 = layers.row(_normal((h, i), std, rng), None, dt)
         self.dtype = dt
 
-    def construct(self, x):
+    def construct(self, x, drop=None):  # drop: the layer's LoRA dropout key or None
         x = self.enter(x)
-        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w1(x, projection_key(drop, 4)), self.w3(x, projection_key(drop, 5))
+        return self.w2(ops.silu(gate) * up, projection_key(drop, 6))
 
-    def apply(self, x, w1, w3, w2, adapters=(None,) * 3):
+    def apply(self, x, w1, w3, w2, adapters=(None,) * 3, drop=None):
         """`construct` on one device with the given weights and adapters ((A, B, s) or None for w1, w3, w2)."""
-        gate, up = self.w1.apply(x, w1, None, adapters[0]), self.w3.apply(x, w3, None, adapters[1])
-        return self.w2.apply(ops.silu(gate) * up, w2, None, adapters[2])
+        gate = self.w1.apply(x, w1, None, adapters[0], projection_key(drop, 4))
+        up = self.w3.apply(x, w3, None, adapters[1], projection_key(drop, 5))
+        return self.w2.apply(ops.silu(gate) * up, w2, None, adapters[2], projection_key(drop, 6))
 
 
 class DecoderLayer(nn.Cell):
@@ -428,9 +451,10 @@ class DecoderLayer(nn.Cell):
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.feed_forward = MLP(cfg, rng, layers)
 
-    def construct(self, x, cos, sin, bias, flash=None):
-        x = x + self.attention(self.attention_norm(x), cos, sin, bias, flash)
-        return x + self.feed_forward(self.ffn_norm(x))
+    def construct(self, x, cos, sin, bias, flash=None, drop=None):
+        """drop: the layer's LoRA dropout key (`models/lora_dropout.layer_key`; the training graphs) or None."""
+        x = x + self.attention(self.attention_norm(x), cos, sin, bias, flash, drop)
+        return x + self.feed_forward(self.ffn_norm(x), drop)
 
     def construct_blocks(self, x, cos, sin, segments):
         """`construct` of packed rows, forward only, attention in blocks of queries (`Attention.construct_blocks`):
@@ -491,11 +515,12 @@ class DecoderLayer(nn.Cell):
             merged += (w[2 + k] if one is None else merge_adapter(w[2 + k], one[0], one[1], one[2]),)
         return (w[0], w[1]) + merged + tuple(w[9:])
 
-    def apply(self, x, cos, sin, bias, w, lora=(), segments=None):
+    def apply(self, x, cos, sin, bias, w, lora=(), segments=None, drop=None):
         """`construct` on one device with the weights w (a tuple in the order of `weights()`, of any
         layer of this architecture) and its adapters lora (`lora_weights()` order) instead of this layer's:
         the same ops, so that one compiled graph runs every layer (`mindgrpo/grpo/layerwise.py`). segments (B, S):
-        `construct_blocks`'s attention instead of the bias's (forward only: the reward scorer)."""
+        `construct_blocks`'s attention instead of the bias's (forward only: the reward scorer). drop: the layer's LoRA
+        dropout key (an int32 scalar input: `models/lora_dropout.layer_key` of this layer's index) or None."""
         att = self.attention
         qkv_bias = (w[9], w[10], w[11]) if att.wq.has_bias else (None, None, None)
         # positive indices only: a negative one into a mutable tuple reads garbage on MindSpore 2.10's CPU
@@ -503,8 +528,8 @@ class DecoderLayer(nn.Cell):
         qk_norms = (w[norms_at], w[norms_at + 1]) if att.qk_norm else None
         ad = self._adapters(lora)
         x = x + att.apply(self.attention_norm.apply(x, w[0]), cos, sin, bias, w[2], w[3], w[4], w[5], qkv_bias,
-                          qk_norms, ad[:4], segments)
-        return x + self.feed_forward.apply(self.ffn_norm.apply(x, w[1]), w[6], w[7], w[8], ad[4:])
+                          qk_norms, ad[:4], segments, drop)
+        return x + self.feed_forward.apply(self.ffn_norm.apply(x, w[1]), w[6], w[7], w[8], ad[4:], drop)
 
 
 class LayerGraph(nn.Cell):
@@ -616,15 +641,16 @@ class Qwen2ForCausalLM(nn.Cell):
         sin = ops.gather(self.rope_sin, position_ids, 0).expand_dims(1).astype(self.dtype)
         return cos, sin
 
-    def hidden_states(self, inputs, position_ids, bias, flash=None):
+    def hidden_states(self, inputs, position_ids, bias, flash=None, drop=None):
         """inputs: token ids (B, S) on the first stage, else the previous stage's hidden states
         (B, S, H); bias (B, 1, S, S) additive -> hidden (B, S, H) after this stage's layers, before
         the final norm (callers norm only the positions they project). flash: packed rows through
-        Ascend's fused attention instead of the bias (`Attention._attend_flash`)."""
+        Ascend's fused attention instead of the bias (`Attention._attend_flash`). drop: the micro-batch's LoRA
+        dropout key (int32 scalar, `models/lora_dropout.update_key`; the policy's training graphs) or None."""
         cos, sin = self.rope(position_ids)
         x = self.model.tok_embeddings(inputs).astype(self.dtype) if self.first_stage else inputs
         for i in self.layer_ids:
-            x = self.model.layers[i](x, cos, sin, bias, flash)
+            x = self.model.layers[i](x, cos, sin, bias, flash, None if drop is None else layer_key(drop, i))
         return x
 
     def local_logits(self, h):

@@ -48,29 +48,33 @@ class StageHidden(nn.Cell):
     previous stage's (B, S, H)) -> hidden states (B, S, H) for the next stage. Right-padded rows,
     positions 0 .. S-1, causal attention, as `TokenLogProbs`, with feed = (); or, given feed =
     (positions (B, S), runs), packed rows (`packed`). (feed is one tuple input, not `*feed`: see
-    `mindgrpo.grpo.train_graph`'s note on construct signatures.)"""
+    `mindgrpo.grpo.train_graph`'s note on construct signatures.)
+    dropout: the policy's training forward with LoRA dropout: feed ends with the micro-batch's dropout key (int32
+    scalar, `models/lora_dropout.update_key`), so (key,) or (positions, runs, key)."""
 
-    def __init__(self, lm: Qwen2ForCausalLM, attention: str = "mask"):
+    def __init__(self, lm: Qwen2ForCausalLM, attention: str = "mask", dropout: bool = False):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         if attention not in PACKED_ATTENTION:
             raise ValueError(f"unknown packed attention {attention!r}; valid: {', '.join(PACKED_ATTENTION)}")
         self.lm = lm
+        self.dropout = dropout
         self.flash = attention == "flash"
         if self.flash:  # the kernel's compressed causal mask (sparse_mode 3): 1 above the diagonal
             self.causal = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
 
     def construct(self, inputs, feed):
-        if feed:
-            return self.packed(inputs, feed[0], feed[1])
+        drop = feed[len(feed) - 1] if self.dropout else None
+        if len(feed) > (1 if self.dropout else 0):
+            return self.packed(inputs, feed[0], feed[1], drop)
         b, s = inputs.shape[0], inputs.shape[1]
-        return self.lm.hidden_states(inputs, positions(b, s), causal_bias(s))
+        return self.lm.hidden_states(inputs, positions(b, s), causal_bias(s), None, drop)
 
-    def packed(self, inputs, positions, runs):
+    def packed(self, inputs, positions, runs, drop=None):
         """Packed rows: positions (B, S); runs: segments (B, S) (mask) or the runs' cumulative
-        ends in B*S (K,) (flash) -> (B, S, H)."""
+        ends in B*S (K,) (flash) -> (B, S, H). drop: the LoRA dropout key or None."""
         if self.flash:
-            return self.lm.hidden_states(inputs, positions, None, (runs, self.causal))
-        return self.lm.hidden_states(inputs, positions, segment_bias(runs))
+            return self.lm.hidden_states(inputs, positions, None, (runs, self.causal), drop)
+        return self.lm.hidden_states(inputs, positions, segment_bias(runs), None, drop)
 
 
 class SequenceLogits(nn.Cell):
@@ -128,12 +132,16 @@ class TokenLogProbs(nn.Cell):
             self.head = lm.layer_factory.head_logprobs(lm.config.vocab_size, chunk, with_entropy)
 
     def construct(self, inputs, score_pos, labels):
+        return self.scored(inputs, score_pos, labels, None)
+
+    def scored(self, inputs, score_pos, labels, drop):
+        """`construct`, drop: the LoRA dropout key of the policy's training forward (`DroppedTokenLogProbs`) or None."""
         b, s = inputs.shape[0], inputs.shape[1]  # inputs: ids (B, S), or (B, S, H) from the previous stage
         r = score_pos.shape[1]
         if self.from_hidden:
             h = inputs
         else:
-            h = self.lm.hidden_states(inputs, positions(b, s), causal_bias(s))  # (B, S, H)
+            h = self.lm.hidden_states(inputs, positions(b, s), causal_bias(s), None, drop)  # (B, S, H)
         flat = (ops.arange(b).astype(ms.int32).reshape(b, 1) * s + score_pos).reshape(-1)
         h = ops.gather(h.reshape(b * s, -1), flat, 0)  # (B*R, H)
         logp, ent = self.project(h, labels.reshape(-1))
@@ -168,8 +176,12 @@ class PackedTokenLogProbs(nn.Cell):
         self.rows = StageHidden(lm, attention)
 
     def construct(self, inputs, positions, runs, tokens, labels, slots):
+        return self.scored(inputs, positions, runs, tokens, labels, slots, None)
+
+    def scored(self, inputs, positions, runs, tokens, labels, slots, drop):
+        """`construct`, drop: the LoRA dropout key (`DroppedPackedTokenLogProbs`) or None."""
         b, s = positions.shape
-        h = self.rows.packed(inputs, positions, runs)  # (B, S, H)
+        h = self.rows.packed(inputs, positions, runs, drop)  # (B, S, H)
         h = ops.gather(h.reshape(b * s, -1), tokens, 0)  # (N, H)
         logp, ent = self.scorer.project(h, labels)  # (N,) each
         zero = ops.zeros((1,), logp.dtype)
@@ -177,3 +189,18 @@ class PackedTokenLogProbs(nn.Cell):
         logp = ops.gather(ops.concat((logp, zero)), picked, 0).reshape(slots.shape)
         ent = ops.gather(ops.concat((ent, zero)), picked, 0).reshape(slots.shape)
         return logp, ent
+
+
+class DroppedTokenLogProbs(TokenLogProbs):
+    """`TokenLogProbs` of the policy's training forward with LoRA dropout: one more input, the micro-batch's
+    dropout key (int32 scalar, `models/lora_dropout.update_key`), which the update's feed ends with."""
+
+    def construct(self, inputs, score_pos, labels, drop):
+        return self.scored(inputs, score_pos, labels, drop)
+
+
+class DroppedPackedTokenLogProbs(PackedTokenLogProbs):
+    """`PackedTokenLogProbs` with LoRA dropout (`DroppedTokenLogProbs`): the dropout key last."""
+
+    def construct(self, inputs, positions, runs, tokens, labels, slots, drop):
+        return self.scored(inputs, positions, runs, tokens, labels, slots, drop)

@@ -72,13 +72,15 @@ class RowParallelLinear(Linear):
 
     LoRA (+ s g(x_k A_k^T) B^T): A_k (r, in/tp) this rank's columns of A, B (out, r) whole. The (N, r) partial
     products are summed over the group before B (`lora_mid`): so B's gradient is whole on every rank (summing
-    after B would leave it partial) and A_k's gradient is its piece's."""
+    after B would leave it partial) and A_k's gradient is its piece's. LoRA dropout masks x_k with the whole
+    input's mask at this piece's columns (`lora_offset`), so the pieces drop what one device drops."""
 
     def __init__(self, weight: np.ndarray, bias: Optional[np.ndarray], compute_dtype, group: Group):
         super().__init__(weight, None, compute_dtype)
         self.reduce = ReduceFromGroup(group)
         self.reduce_lora = ReduceFromGroup(group)
         self.tp, self.index = group.size, group.index
+        self.lora_offset = self.index * int(self.weight.shape[1])  # LoRA dropout: the whole input's mask here
         self.has_row_bias = bias is not None
         if self.has_row_bias:
             self.bias = Parameter(Tensor(np.ascontiguousarray(bias, np.float32)), name="bias")
