@@ -290,12 +290,8 @@ class GRPOConfig:
               f"split into pieces (actor_config.parallel_config model_parallel {training.model_parallel}, "
               f"pipeline_stage {training.pipeline_stage}) yet: LoRA's checkpoints and meetings take whole training "
               "replicas; set both 1 or train without LoRA")
-        trainers = training.world_size
-        # what one training rank runs only (docs/async.md, its limits)
-        check(trainers == 1 or not gen.partial_rollout, "generate_config.partial_rollout",
-              f"with generate_config.placement separate and {trainers} training ranks (actor_config.parallel_config "
-              "data_parallel x model_parallel x pipeline_stage): not yet, the prompts in flight are one training "
-              "rank's bookkeeping for now; leave it off or train on one rank")
+        # partial rollouts run with any training group: the samples meeting gives every training rank every group,
+        # so each keeps the same prompts in flight (grpo/partial.DrawnPrompts), rank 0 writes them into a checkpoint
         rollout = gen.parallel_config
         check(rollout.pipeline_stage == 1, "generate_config.parallel_config.pipeline_stage",
               "must be 1 with generate_config.placement separate: generation runs without pipeline stages (set "

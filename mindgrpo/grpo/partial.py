@@ -9,9 +9,11 @@ engine's cache belongs to one call), for the tokens it has left; each token keep
 trains once all its samples are finished, oldest groups first.
 
 Under generate_config.placement separate the rollout rank keeps the groups in flight and runs each step's partial
-rollout (`PartialRollouts.step`, the same calls as one process); the training rank keeps only the prompts the
+rollout (`PartialRollouts.step`, the same calls as one process); each training rank keeps only the prompts the
 rollout rank drew and has not handed over yet (`DrawnPrompts`), and takes the step's groups from the samples
-meeting by their draw numbers.
+meeting by their draw numbers. The meeting gives every training rank every group and each draws the same prompts,
+so with several training ranks (data-parallel replicas, tensor-parallel pieces, pipeline stages) they all keep the
+same prompts in flight: rank 0 writes them into a checkpoint and every training rank reads them back.
 
 A checkpoint holds the groups in flight (IN_FLIGHT, beside its state.json: each prompt, its dataset columns and
 its samples' tokens, log-probs and per-token versions), so that a resumed run trains them as the run it continues

@@ -24,7 +24,8 @@ meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and c
 sep0g (sep0d's schedule with a training group of two data-parallel ranks and one rollout rank: both training ranks warm
 start, train their halves, resume from the checkpoint rank 0 wrote) against col0, sep0gl (sep0l on that training
 group: LoRA's adapters summed, synced and resumed) against col0l, sep1g (sep1 on it: training rank 0 scores with the
-reward model for both) against col1, sep0gt (sep0t on it: both training ranks receive the conversations' values)
+reward model for both) against col1, sep1pg (sep1p on it, stopped after step 1 and resumed: both training ranks keep
+the prompts in flight, rank 0 writes them) against col1p and sepk, sep0gt (sep0t on it: both training ranks receive the conversations' values)
 against col0t, and sep0dt (sep0t on the rollout group of two, each rank running its half of the prompts'
 conversations on its own tool workers) against col0t, and sep0tp, sep1tp (sep0, sep1 with one training rank beside a
 rollout replica of two tensor-parallel pieces: each rollout rank keeps its piece of the whole weights the meeting
@@ -86,7 +87,8 @@ def runs(tmp_path_factory):
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
     # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp): world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
-              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg,sep0gz,sep0tpl",
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg,sep0gz,sep0tpl,"
+                    "sep1pg",
                     *shared],
               timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
@@ -316,6 +318,39 @@ def test_a_separate_run_killed_after_a_checkpoint_resumes_without_losing_or_repe
     # the groups in flight went first, every sample generated again whole with the restored weights (update 1)
     assert sorted(g["columns"]["prompt"] for g in in_flight) == prompts(chaos[1:2])
     assert m[1]["partial/continued_samples"] == 4 * len(in_flight) and m[1]["staleness/max"] == 0.0
+
+
+@pytest.mark.slow  # the same msrun jobs
+def test_partial_rollouts_on_a_training_group_of_two_resume_as_on_one_training_rank(runs):
+    """sep1pg: sep1p's config (partial rollouts, off_policy_steps 1) on two data-parallel training ranks beside one
+    rollout rank, stopped after step 1 and resumed (--resume) for steps 2-3. The samples meeting gives every training
+    rank every group, so each keeps the same prompts in flight (the same draws); rank 0 writes them once into the
+    step-1 checkpoint and both read them back. Step 1 is col1p's (one process); steps 2-3 are those of sepk + sepkr,
+    the same stop and resume on one training rank: the same samples, staleness and groups in flight, the losses
+    within a data-parallel update's tolerance; and over the run the prompts of the uninterrupted col1p, none lost,
+    none twice."""
+    run, peer, col = runs / "sep1pg", runs / "sepk", runs / "col1p"
+    ms, mk, mc = metrics(run), metrics(peer), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mk] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    # the checkpoint the resume read: the prompts in flight at step 1 (no samples), those of one training rank's run
+    folder = os.path.join("checkpoints", "step_00000001", "in_flight.json")
+    with open(run / folder) as f, open(peer / folder) as g:
+        in_flight, single = json.load(f), json.load(g)
+    assert in_flight["groups"] and all(g["samples"] == [] for g in in_flight["groups"]) and in_flight == single
+    fields = ("prompt", "completion", "reward")
+    got, want, straight = samples(run, fields), samples(peer, fields), samples(col, fields)
+    assert all(len(step) == 8 for step in got) and got == want
+    assert got[0] == straight[0] and all(p for p in prompts(straight)) and prompts(got) == prompts(straight)
+    keys = ("staleness/mean", "staleness/max", "staleness/dropped", "partial/carried_groups",
+            "partial/carried_samples", "partial/continued_samples", "reward_mean")
+    for a, b in zip(ms, mk):
+        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
+                                                                                                   rel=1e-5)
+    assert ms[0]["loss"] == pytest.approx(mc[0]["loss"], abs=1e-6)
+    # the resumed step generated the groups in flight again, whole; training rank 1's weights are rank 0's throughout
+    assert ms[1]["partial/continued_samples"] == 4 * len(in_flight["groups"])
+    assert [m["sync/train_weights_max_diff"] for m in ms] == [0.0] * STEPS
 
 
 def adapter_bytes(model_yaml: str, rank: int) -> int:
