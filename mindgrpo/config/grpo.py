@@ -244,8 +244,10 @@ class GRPOConfig:
             check(rl.off_policy_steps >= 1, "rl_config.off_policy_steps",
                   "must be >= 1 with generate_config.partial_rollout: a carried sample's first tokens are older "
                   "than the policy, and its tokens are stamped with their versions")
+            # under a separate placement the rollout replicas (generate_config.parallel_config) each keep theirs
+            one_device = gen.placement == "separate" or gen.parallel_config.world_size == 1
             for key, off in (("rl_config.dynamic_sampling", not rl.dynamic_sampling),
-                             ("generate_config.parallel_config", gen.parallel_config.world_size == 1)):
+                             ("generate_config.parallel_config", one_device)):
                 check(off, key, "cannot combine with generate_config.partial_rollout yet (one inference device, one "
                       "answer a prompt, one rollout a step)")
             for key, off in (("generate_config.tools", not gen.tools),
@@ -290,12 +292,8 @@ class GRPOConfig:
               f"split into pieces (actor_config.parallel_config model_parallel {training.model_parallel}, "
               f"pipeline_stage {training.pipeline_stage}) yet: LoRA's checkpoints and meetings take whole training "
               "replicas; set both 1 or train without LoRA")
-        trainers = training.world_size
-        # what one training rank runs only (docs/async.md, its limits)
-        check(trainers == 1 or not gen.partial_rollout, "generate_config.partial_rollout",
-              f"with generate_config.placement separate and {trainers} training ranks (actor_config.parallel_config "
-              "data_parallel x model_parallel x pipeline_stage): not yet, the prompts in flight are one training "
-              "rank's bookkeeping for now; leave it off or train on one rank")
+        # partial rollouts run with any training group: the samples meeting gives every training rank every group,
+        # so each keeps the same prompts in flight (grpo/partial.DrawnPrompts), rank 0 writes them into a checkpoint
         rollout = gen.parallel_config
         check(rollout.pipeline_stage == 1, "generate_config.parallel_config.pipeline_stage",
               "must be 1 with generate_config.placement separate: generation runs without pipeline stages (set "
@@ -304,11 +302,12 @@ class GRPOConfig:
         check(rl.batch_size >= replicas, "rl_config.batch_size",
               f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "
               f"generate_config.parallel_config.data_parallel), got {rl.batch_size}")
-        # what one rollout rank runs only (docs/async.md, its limits); tools and an environment run on each rollout
-        # rank, its share's conversations
-        check(replicas == 1 or not gen.partial_rollout, "generate_config.partial_rollout",
-              "with generate_config.placement separate the groups in flight are kept on one rollout rank for now, not "
-              f"{replicas}: set generate_config.parallel_config.data_parallel to 1 or leave it off")
+        # partial rollouts on R rollout replicas: each keeps its own groups in flight (grpo/partial.py); a replica in
+        # tensor-parallel pieces does not run them yet
+        check(rollout.model_parallel == 1 or not gen.partial_rollout, "generate_config.parallel_config.model_parallel",
+              "must be 1 with generate_config.partial_rollout and generate_config.placement separate: the rollout "
+              "replicas keep groups in flight whole, not in tensor-parallel pieces (set data_parallel to the rollout "
+              f"ranks), got {rollout.model_parallel}")
         # dynamic sampling's further rollouts of step s + k come after update s's weights reached the rollout ranks:
         # fresher than the step's first rollout, where a colocated engine keeps them all k behind
         check(not rl.dynamic_sampling or rl.off_policy_steps == 0, "rl_config.dynamic_sampling",

@@ -9,9 +9,11 @@ engine's cache belongs to one call), for the tokens it has left; each token keep
 trains once all its samples are finished, oldest groups first.
 
 Under generate_config.placement separate the rollout rank keeps the groups in flight and runs each step's partial
-rollout (`PartialRollouts.step`, the same calls as one process); the training rank keeps only the prompts the
+rollout (`PartialRollouts.step`, the same calls as one process); each training rank keeps only the prompts the
 rollout rank drew and has not handed over yet (`DrawnPrompts`), and takes the step's groups from the samples
-meeting by their draw numbers.
+meeting by their draw numbers. The meeting gives every training rank every group and each draws the same prompts,
+so with several training ranks (data-parallel replicas, tensor-parallel pieces, pipeline stages) they all keep the
+same prompts in flight: rank 0 writes them into a checkpoint and every training rank reads them back.
 
 A checkpoint holds the groups in flight (IN_FLIGHT, beside its state.json: each prompt, its dataset columns and
 its samples' tokens, log-probs and per-token versions), so that a resumed run trains them as the run it continues
@@ -26,7 +28,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -150,12 +152,15 @@ class PartialRollouts:
             g = self.groups[i]
             g.samples[j] = joined(g.samples[j], c)
 
-    def add(self, batch: PromptBatch, comps: List[Completion]) -> None:
-        """A rollout call's samples of fresh prompts (G a prompt, adjacent), finished or not."""
+    def add(self, batch: PromptBatch, comps: List[Completion], first: Optional[int] = None) -> None:
+        """A rollout call's samples of fresh prompts (G a prompt, adjacent), finished or not; first: the first one's
+        draw number (default the next: `drawn`, which then counts them)."""
         for p, ids in enumerate(batch.ids):
             self.groups.append(Group(list(ids), {k: v[p] for k, v in batch.columns.items()},
-                                     list(comps[p * self.G:(p + 1) * self.G]), self.drawn))
-            self.drawn += 1
+                                     list(comps[p * self.G:(p + 1) * self.G]),
+                                     self.drawn if first is None else first + p))
+            if first is None:
+                self.drawn += 1
 
     def complete(self) -> int:
         return sum(g.complete for g in self.groups)
@@ -197,7 +202,8 @@ class PartialRollouts:
         """After a --resume under a separate placement (the rollout rank): the training rank's groups in flight, by
         their draw numbers, put back in flight unstarted; `drawn` prompts were drawn in all, the last of them just
         before the position `prompts` is at. Their prompts are drawn again from that many positions back (the draws
-        are consecutive), and the next step generates their samples from scratch (as continuations of nothing)."""
+        are consecutive), and the next step generates their samples from scratch (as continuations of nothing).
+        With R rollout replicas each takes its share of the numbers (the caller's), all of them the same `drawn`."""
         self.groups, self.drawn = [], drawn
         if not numbers:
             return
@@ -220,29 +226,56 @@ class PartialRollouts:
                 "carried_samples": float(sum(c.finish_reason == PARTIAL for g in self.groups for c in g.samples))}
 
     def step(self, engine, prompts: PromptSource, want: int, sampling: Callable[[int, int], SamplingParams],
-             seeds: Tuple[int, int]) -> Tuple[PromptBatch, List[Completion], Dict[str, float]]:
+             seeds: Tuple[int, int], replicas: Optional["Replicas"] = None
+             ) -> Tuple[PromptBatch, List[Completion], Dict[str, float]]:
         """One step's partial rollout with the engine's weights: the carried unfinished samples go on (prefilled
         again; sampling(1, seeds[1])), then fresh prompts, twice the groups still needed (sampling(G, seeds[0])),
         until that many are complete. The engine runs every fresh sample to its end if it must: a step never
         trains fewer than `want` groups. Returns the `want` oldest complete groups (their prompts and samples) and
-        the step's figures: new_tokens, drawn (fresh prompts), METRICS."""
+        the step's figures: new_tokens, drawn (fresh prompts), METRICS.
+
+        replicas: this replica's place among R rollout replicas that each keep groups in flight and hand over
+        `want`, their share of the step's groups (separate placement); its `needs(n)` gives every replica's count
+        of groups still needed, in replica order. The step's fresh prompts are then drawn once for all, consecutive:
+        replica 0's twice its count, then replica 1's, ...; each replica draws them all (every rank's data stays in
+        step) and generates its own, keyed by their places in the step's draw (the carried samples by k R + i):
+        draw numbers stay global and unique. Without: one replica (i = 0, R = 1), the same calls."""
+        index, count = (0, 1) if replicas is None else (replicas.index, replicas.count)
         carried, left, where = self.continuations()
         tokens, drawn = 0, 0
-        if carried:  # keyed past any batch index: their own random streams
+        if carried:  # keyed past any batch index: their own random streams (each replica its own)
             comps = engine.generate(carried, sampling(1, seeds[1]), max_tokens=left,
-                                    prompt_index=[CONTINUED + k for k in range(len(left))])
+                                    prompt_index=[CONTINUED + k * count + index for k in range(len(left))])
             self.resume(where, comps)
             tokens += engine.last_stats["new_tokens"]
-        need = want - self.complete()
-        if need > 0:
-            batch = prompts.next(2 * need)
-            comps = engine.generate(batch.ids, sampling(self.G, seeds[0]), min_groups=need)
-            self.add(batch, comps)
-            drawn = len(batch.ids)
-            tokens += engine.last_stats["new_tokens"]
+        need = max(want - self.complete(), 0)
+        needs = [need] if replicas is None else replicas.needs(need)
+        total = 2 * sum(needs)
+        if total:
+            fresh = prompts.next(total)
+            first = 2 * sum(needs[:index])
+            if need:
+                mine = range(first, first + 2 * need)
+                batch = PromptBatch([fresh.ids[k] for k in mine], {c: [v[k] for k in mine]
+                                                                    for c, v in fresh.columns.items()})
+                comps = engine.generate(batch.ids, sampling(self.G, seeds[0]), min_groups=need,
+                                        prompt_index=list(mine))
+                self.add(batch, comps, self.drawn + first)
+                drawn = len(batch.ids)
+                tokens += engine.last_stats["new_tokens"]
+            self.drawn += total
         batch, comps = self.take(want)
         return batch, comps, dict(self.metrics(), new_tokens=float(tokens), drawn=float(drawn),
                                   continued_samples=float(len(carried)))
+
+
+class Replicas(NamedTuple):
+    """A rollout replica's place among R that each keep groups in flight (`PartialRollouts.step`): its index, R,
+    and needs(n): every replica's count of groups it still needs this step, in replica order, from its own n (a
+    meeting of the rollout ranks: `separate.Meeting.needs`)."""
+    index: int
+    count: int
+    needs: Callable[[int], List[int]]
 
 
 class DrawnPrompts:
@@ -295,12 +328,13 @@ class DrawnPrompts:
 
     def step(self, engine, prompts: PromptSource, want: int, sampling: Callable[[int, int], SamplingParams],
              seeds: Tuple[int, int]) -> Tuple[PromptBatch, List[Completion], Dict[str, float]]:
-        """`PartialRollouts.step` as the rollout rank ran it (with its weights and these seeds): its `want` complete
-        groups, from the samples meeting, and its figures. The training rank draws as many prompts as the rollout
-        rank drew, so the data order (what a checkpoint records) stays the same on both."""
+        """`PartialRollouts.step` as the rollout ranks ran it (with their weights and these seeds): their `want`
+        complete groups (each replica its share), from the samples meeting, and their figures. The training rank
+        draws as many prompts as the rollout replicas drew together, so the data order (what a checkpoint records)
+        stays the same on every rank."""
         params = sampling(self.G, seeds[0])
         comps, numbers, figures = engine.groups(want * self.G, self.G, row_width(params))
-        self.draw(prompts, int(figures["drawn"]))
-        batch = self.take(numbers)
+        self.draw(prompts, int(figures["drawn"]))  # every rollout replica's fresh prompts (summed)
+        batch = self.take(numbers)  # in the meeting's rows: each replica's share of the groups, in replica order
         check_prompts(figures, batch.ids)
         return batch, comps, figures

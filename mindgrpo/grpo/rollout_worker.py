@@ -29,7 +29,11 @@ behind.
 
 With generate_config.partial_rollout this rank keeps the groups in flight (`partial.PartialRollouts`) and a step's
 "gen" is its partial rollout with the weights it has, the same calls as one process; it hands over the step's
-complete groups with their draw numbers (the training rank keeps the prompts drawn: `partial.DrawnPrompts`).
+complete groups with their draw numbers (the training ranks keep the prompts drawn: `partial.DrawnPrompts`). With R
+rollout replicas each keeps its own groups in flight and hands over its share of the step's groups (`Meeting.share`),
+generating until it has them; the step's fresh prompts are drawn once for all replicas, in replica order, after a
+meeting of the rollout ranks that tells each how many groups the others still need (`Meeting.needs`); after a
+resume each redraws its share of the groups in flight.
 
 With conversations (generate_config.tools or environment) this rank runs those of its share of the prompts on its
 own tool workers (started with `run`, closed at its end, on an error and on SIGTERM: `close`), each prompt keyed by
@@ -50,7 +54,7 @@ import logging
 import time
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from mindgrpo.grpo.partial import PartialRollouts
+from mindgrpo.grpo.partial import PartialRollouts, Replicas
 from mindgrpo.grpo.prompts import PromptSource
 from mindgrpo.grpo.trainer import rollout_seed, sampling_params, validation_request
 from mindgrpo.parallel.data_parallel import row_width
@@ -108,12 +112,15 @@ class RolloutWorker:
         with heartbeat.phase("rollout"):
             if self.partial is None:
                 return self.run_call(self.prompts.next(rl.batch_size), params, t0)
-            # the trainer's collect_partial, with this rank's weights (one rollout rank: the config refuses more)
+            # the trainer's collect_partial, with this rank's weights, for this replica's share of the step's groups
+            # (several replicas: each its own groups in flight, the step's fresh prompts drawn for all of them)
+            mine, meeting = self.meeting.share(rl.batch_size), self.meeting
+            replicas = Replicas(meeting.index, meeting.replicas, meeting.needs) if meeting.replicas > 1 else None
             batch, comps, extra = self.partial.step(
-                self.engine, self.prompts, rl.batch_size, lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
-                (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)))
-        return Samples(comps, self.figures(batch.ids, t0, self.engine.last_stats, extra), len(batch.ids) * params.n, 0,
-                       self.width(params), self.partial.taken, None)
+                self.engine, self.prompts, len(mine), lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
+                (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)), replicas)
+        return Samples(comps, self.figures(batch.ids, t0, self.engine.last_stats, extra), rl.batch_size * params.n,
+                       int(mine[0]) * params.n, self.width(params), self.partial.taken, None)
 
     def run_call(self, batch, params, t0: float) -> Samples:
         """This rank's share of the batch's groups generated, each prompt keyed by its index in the batch (its samples'
@@ -205,8 +212,9 @@ class RolloutWorker:
         self.receive(0, whole=True)
         (step, epoch, index, drawn), in_flight = self.meeting.start(None)
         self.prompts.load_state({"epoch": epoch, "index": index})
-        if self.partial is not None:
-            self.partial.redraw(self.prompts, drawn, in_flight)
+        if self.partial is not None:  # several replicas: each its share of them, in draw order
+            numbers = sorted(in_flight)
+            self.partial.redraw(self.prompts, drawn, [numbers[k] for k in self.meeting.share(len(numbers))])
         self.engine.version = step
         return step
 

@@ -260,7 +260,7 @@ def init_separate(cfg) -> Comm:
     (mindgrpo/parallel/separate.py); with D > 1 the training ranks also make a group of their own (`Comm.train_dp`),
     created by its members, over which their gradients and rewards are summed as in a colocated data-parallel run,
     and with T > 1 each rollout replica's ranks make theirs (`separate.Meeting.tp_group`), over which its model's
-    tensor-parallel layers sum."""
+    tensor-parallel layers sum; with partial rollouts the rollout ranks make one (`separate.Meeting.needs`)."""
     from mindspore.communication import create_group, get_group_size, get_rank, init
 
     train, infer, ref = layouts_of(cfg)
@@ -292,6 +292,8 @@ def init_separate(cfg) -> Comm:
         groups.update({tuple(train.tp_group(t)), tuple(train.dp_group(t)), tuple(chain)})
         groups.update((a, b) for a, b in zip(chain, chain[1:]))  # pipeline hand-offs
     groups.update(tuple(range(first, first + infer.tp)) for first in range(train.world_size, world, infer.tp))
+    if cfg.generate_config.partial_rollout:  # the rollout ranks' group: their counts of groups needed (Meeting.needs)
+        groups.add(tuple(range(train.world_size, world)))
     for ranks in sorted(groups):
         if 1 < len(ranks) and rank in ranks and ranks not in _CREATED:
             name = "g" + "_".join(str(r) for r in ranks)

@@ -22,6 +22,9 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
               know when: docs/async.md)
     start     after a --resume, training rank 0's restored step and prompt position, and with partial rollouts the
               prompts drawn and the draw numbers of the groups in flight -> every rollout rank
+
+and, among the rollout ranks only, with partial rollouts on R > 1 replicas once a step (as each generates it): how
+many groups each replica still needs (`Meeting.needs`), so that they draw the step's fresh prompts in one order.
     values    after a samples meeting of conversations (generate_config.tools): what each rollout rank's
               conversations of its share give besides the tokens (the prompts as generated, the reward columns, the
               tool/ and turns/ metrics: `conversations.ReplicaValue`), pickled, lengths first (`comm.host_gather`)
@@ -223,6 +226,18 @@ class Meeting:
             data = np.asarray(numbers, np.float32) if position is not None else np.zeros(count, np.float32)
             numbers = [int(v) for v in self.comm.host_sum(data, self.group)]
         return tuple(int(v) for v in head[:4]), numbers
+
+    def needs(self, need: int) -> List[int]:
+        """Partial rollouts on R rollout replicas (grpo/partial.PartialRollouts.step): every replica's count of groups
+        it still needs this step, in replica order, on every rollout rank, from each replica's `need`. An AllReduce
+        over the rollout ranks only (a group its members create at start-up: `comm.init_separate`), to which each
+        replica's first rank gives its count at its place; the training ranks are not in it (the rollout ranks
+        generate ahead of them)."""
+        data = np.zeros(self.replicas, np.float32)
+        if self.piece == 0:
+            data[self.index] = need
+        rollout = self.comm.group(range(self.trainers, self.comm.world))
+        return [int(v) for v in self.comm.host_sum(data, rollout)]
 
     def more_prompts(self, count: Optional[int] = None) -> int:
         """After each rollout of a step with rl_config.dynamic_sampling: how many prompts the training ranks draw

@@ -551,15 +551,10 @@ SEPARATE = ["generate_config.placement=separate"]
     # training replicas split into pieces take no LoRA adapters yet (rollout replicas in pieces do)
     (["actor_config.parallel_config.model_parallel=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
     (["actor_config.parallel_config.pipeline_stage=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
-    # the training group's tensor-parallel pieces are several training ranks: no prompts in flight
-    (["actor_config.parallel_config.model_parallel=2", "rl_config.off_policy_steps=1",
-      "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
-    (["actor_config.parallel_config.pipeline_stage=2", "rl_config.off_policy_steps=1",
-      "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
-    # a rollout group of R ranks: at least a prompt each; one rank only keeps groups in flight
+    # a rollout group of R ranks: at least a prompt each; groups in flight on whole rollout replicas only
     (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
-    (["generate_config.parallel_config.data_parallel=2", "rl_config.off_policy_steps=1",
-      "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
+    (["generate_config.parallel_config.model_parallel=2", "rl_config.off_policy_steps=1",
+      "generate_config.partial_rollout=true"], "generate_config.parallel_config.model_parallel"),
     # the training rank scores with each reward model whole
     (["reward_config.reward_models=[{path: rm.ckpt, model_parallel: 2}]"], "reward_config.reward_models[0].model_parallel"),
     # dynamic sampling: a step's further rollouts with the weights of its first only when the ranks take turns
@@ -636,10 +631,10 @@ def test_the_separate_placement_runs_k_steps_off_policy(lag, extra):
 TRAIN_DP2 = ["actor_config.parallel_config.data_parallel=2", "actor_config.micro_batch_size=1"]
 
 
-@pytest.mark.parametrize("extra, key", [
-    (["rl_config.off_policy_steps=1", "generate_config.partial_rollout=true"], "generate_config.partial_rollout"),
-])
-def test_a_separate_training_group_of_several_ranks_refuses_what_one_training_rank_runs_only(extra, key):
+PARTIAL = ["rl_config.off_policy_steps=1", "generate_config.partial_rollout=true"]
+
+
+def test_a_separate_training_group_of_several_ranks_runs_what_one_training_rank_runs():  # partial rollouts too
     # two training ranks beside two rollout ranks (world 4), with the warm start, validation and off_policy_steps 1,
     # LoRA (the adapters' gradients summed over the group, rank 0's adapters to the rollout ranks) and a reward model
     # (rank 0 scores for the group: parallel/shared_rewards.SharedModelRewards) and tool calls (the value meeting
@@ -650,11 +645,20 @@ def test_a_separate_training_group_of_several_ranks_refuses_what_one_training_ra
         "generate_config.tools=[calculator]"])
     assert cfg.actor_config.parallel_config.data_parallel == 2 and cfg.actor_config.lora_rank == 8
     assert len(cfg.reward_config.reward_models) == 1 and list(cfg.generate_config.tools) == ["calculator"]
-    # each alone with one training rank is allowed (test_separate_placement_rules, test_partial_rollout_rules)
-    load_config(GRPOConfig, overrides=SEPARATE + extra)
+    # partial rollouts on a training group of data-parallel ranks, tensor-parallel pieces or pipeline stages beside
+    # one rollout rank: every training rank keeps the same prompts in flight (the samples meeting gives it every group)
+    for group in (TRAIN_DP2, ["actor_config.parallel_config.model_parallel=2"],
+                  ["actor_config.parallel_config.pipeline_stage=2"]):
+        cfg = load_config(GRPOConfig, overrides=SEPARATE + PARTIAL + group)
+        assert cfg.generate_config.partial_rollout and cfg.actor_config.parallel_config.world_size == 2
+    # beside rollout replicas too, each keeping its groups in flight; not beside a replica in tensor-parallel pieces
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + PARTIAL + TRAIN_DP2 +
+                      ["generate_config.parallel_config.data_parallel=2"])
+    assert cfg.generate_config.partial_rollout and cfg.generate_config.parallel_config.data_parallel == 2
     with pytest.raises(ConfigError) as info:
-        load_config(GRPOConfig, overrides=SEPARATE + TRAIN_DP2 + extra)
-    assert info.value.key == key and "2 training ranks" in info.value.message
+        load_config(GRPOConfig, overrides=SEPARATE + PARTIAL + TRAIN_DP2 +
+                    ["generate_config.parallel_config.model_parallel=2"])
+    assert info.value.key == "generate_config.parallel_config.model_parallel" and "pieces" in info.value.message
 
 
 @pytest.mark.parametrize("lag", [0, 1])

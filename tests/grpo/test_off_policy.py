@@ -220,12 +220,14 @@ class PartialEngine:
 
     def __init__(self):
         self.calls, self.version, self.last_stats = [], 0, {"new_tokens": 0}
+        self.keys = []  # each call's random-stream keys (prompt_index; None: 0, 1, ...)
 
     def generate(self, prompts, params, max_tokens=None, prompt_index=None, min_groups=None):
         from mindgrpo.inference.engine import Completion
 
         self.calls.append(([list(p) for p in prompts], params.n, None if max_tokens is None else list(max_tokens),
                            min_groups))
+        self.keys.append(list(range(len(prompts))) if prompt_index is None else [int(k) for k in prompt_index])
         out = []
         for i, p in enumerate(prompts):
             for j in range(params.n):
@@ -506,3 +508,101 @@ def test_a_resumed_rollout_rank_draws_the_training_ranks_prompts_in_flight_again
     assert rank1.state() == rollout_prompts.state() == resumed_prompts.state()
     with pytest.raises(CheckpointError, match="outside"):  # draw numbers the prompts drawn do not cover
         PartialRollouts(G, 5).redraw(PromptSource(data, seed=0), 2, [5])
+
+
+def test_rollout_replicas_keep_their_own_groups_in_flight_and_draw_each_prompt_once(tmp_path):
+    """generate_config.placement separate with two rollout replicas and partial rollouts: each replica keeps its own
+    groups in flight and hands over its share of the step's groups (batch 3: 2 and 1); the counts each still needs
+    are exchanged (here through a barrier between two threads, the rollout ranks' meeting), the step's fresh
+    prompts drawn once for both, replica 0's first. The training rank, given both hand-overs in replica order, draws
+    as many prompts and keeps those in flight. Over the steps and a resume (each replica redrawing its share of the
+    prompts in flight): every step trains 3 complete groups, no draw number twice, none skipped, and no random
+    stream shared by the two replicas' samples."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mindgrpo.grpo.partial import DrawnPrompts, PartialRollouts, Replicas
+    from mindgrpo.grpo.prompts import PromptSource
+    from mindgrpo.inference.sampling import SamplingParams
+    from mindgrpo.parallel.data_parallel import share
+    from mindgrpo.parallel.separate import prompt_check
+
+    G, R, B, STEPS_BEFORE = 3, 2, 3, 5
+    data = {"prompt_ids": [np.array([k]) for k in range(10, 50)], "prompt_length": [1] * 40,
+            "solution": [str(k) for k in range(10, 50)]}
+
+    def sampling(n, seed):
+        return SamplingParams(max_tokens=5, n=n, seed=seed)
+
+    class Exchange:  # Meeting.needs between the two replicas' threads
+        def __init__(self):
+            self.values, self.barrier = [0] * R, threading.Barrier(R)
+
+        def of(self, i):
+            def needs(n):
+                self.values[i] = n
+                self.barrier.wait()
+                out = list(self.values)
+                self.barrier.wait()
+                return out
+            return needs
+
+    class Meeting:  # the samples meeting: each replica's groups at its share's rows, their figures summed
+        def groups(self, rows, n, width):
+            assert (rows, n, width) == (B * G, G, 5)
+            comps = [c for out in self.outs for c in out[1]]
+            figures = {k: sum(out[2][k] for out in self.outs) for k in ("drawn", "continued_samples")}
+            return comps, [k for numbers in self.numbers for k in numbers], dict(
+                figures, prompt_checks=[prompt_check(out[0].ids) for out in self.outs])
+
+    def step(replicas, sources, engines, drawn, train_prompts, k):
+        exchange, meeting = Exchange(), Meeting()
+        with ThreadPoolExecutor(R) as pool:
+            futures = [pool.submit(replicas[i].step, engines[i], sources[i], len(share(B, R, i)), sampling, (k, 0),
+                                   Replicas(i, R, exchange.of(i))) for i in range(R)]
+            meeting.outs = [f.result() for f in futures]
+        meeting.numbers = [list(r.taken) for r in replicas]
+        assert [len(out[0].ids) for out in meeting.outs] == [2, 1]  # each replica its share, complete groups
+        batch, comps, figures = drawn.step(meeting, train_prompts, B, sampling, (k, 0))
+        assert len(batch.ids) == B and len(comps) == B * G and all(c.finish_reason != "partial" for c in comps)
+        assert all(s.state() == train_prompts.state() for s in sources)  # every rank drew as many prompts
+        flying = sorted(g.number for r in replicas for g in r.groups)
+        assert sorted(drawn.rows) == flying and all(r.drawn == drawn.drawn for r in replicas)
+        assert [drawn.rows[g.number][0] for r in replicas for g in r.groups] == \
+            [g.prompt for r in replicas for g in r.groups]
+        numbers = [k for numbers in meeting.numbers for k in numbers]
+        # the prompts trained are those of their draw numbers (shuffle off: draw k is row k, prompt [10 + k])
+        assert [p[0] for p in batch.ids] == [10 + k for k in numbers]
+        return numbers, figures
+
+    replicas = [PartialRollouts(G, 5) for _ in range(R)]
+    sources = [PromptSource(data, seed=0, shuffle=False) for _ in range(R)]
+    engines = [PartialEngine() for _ in range(R)]
+    train_prompts, drawn = PromptSource(data, seed=0, shuffle=False), DrawnPrompts(G)
+    trained, continued = [], 0
+    for k in range(STEPS_BEFORE):
+        numbers, figures = step(replicas, sources, engines, drawn, train_prompts, k)
+        trained += numbers
+        continued += figures["continued_samples"]
+        # the two replicas' calls of this step use different random streams (keyed by their places in the draw)
+        fresh = [key for e in engines for call, keys in zip(e.calls[-2:], e.keys[-2:]) if call[1] == G for key in keys]
+        assert len(fresh) == len(set(fresh))
+    assert continued > 0 and any(r.groups for r in replicas)  # samples were carried; some are in flight now
+    assert len(trained) == len(set(trained)) and sorted(trained + drawn.in_flight()) == list(range(drawn.drawn))
+    # a resume: the training rank's checkpoint, each replica redraws its share of the numbers in flight
+    drawn.write(str(tmp_path))
+    back, resumed_train = DrawnPrompts(G), PromptSource(data, seed=0, shuffle=False)
+    back.read(str(tmp_path))
+    resumed_train.load_state(train_prompts.state())
+    again, again_sources = [PartialRollouts(G, 5) for _ in range(R)], []
+    numbers = sorted(back.in_flight())
+    for i in range(R):
+        source = PromptSource(data, seed=0, shuffle=False)
+        source.load_state(train_prompts.state())
+        again[i].redraw(source, back.drawn, [numbers[k] for k in share(len(numbers), R, i)])
+        again_sources.append(source)
+    assert sorted(g.number for r in again for g in r.groups) == numbers
+    for k in range(STEPS_BEFORE, STEPS_BEFORE + 3):
+        got, _ = step(again, again_sources, engines, back, resumed_train, k)
+        trained += got
+    assert len(trained) == len(set(trained)) and sorted(trained + back.in_flight()) == list(range(back.drawn))

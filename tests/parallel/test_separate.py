@@ -24,9 +24,12 @@ meeting reaches both rollout ranks) and sep1d (sep1): their peers are col0 and c
 sep0g (sep0d's schedule with a training group of two data-parallel ranks and one rollout rank: both training ranks warm
 start, train their halves, resume from the checkpoint rank 0 wrote) against col0, sep0gl (sep0l on that training
 group: LoRA's adapters summed, synced and resumed) against col0l, sep1g (sep1 on it: training rank 0 scores with the
-reward model for both) against col1, sep0gt (sep0t on it: both training ranks receive the conversations' values)
-against col0t, and sep0dt (sep0t on the rollout group of two, each rank running its half of the prompts'
-conversations on its own tool workers) against col0t, and sep0tp, sep1tp (sep0, sep1 with one training rank beside a
+reward model for both) against col1, sep1pg (sep1p on it, stopped after step 1 and resumed: both training ranks keep
+the prompts in flight, rank 0 writes them) against col1p and sepk, sep0gt (sep0t on it: both training ranks receive
+the conversations' values) against col0t, and sep0dt (sep0t on the rollout group of two, each rank running its half of
+the prompts' conversations on its own tool workers) against col0t, sep1pd (sep1p on the rollout group of two, each
+replica keeping its own groups in flight, stopped after step 1 and resumed) against the data's order (col0s), and
+sep0tp, sep1tp (sep0, sep1 with one training rank beside a
 rollout replica of two tensor-parallel pieces: each rollout rank keeps its piece of the whole weights the meeting
 brings, the first of the pair hands the samples over) against col0, col1; sep0tpg (sep0g's schedule on a training
 replica of two tensor-parallel pieces beside one rollout rank, resumed from its sharded checkpoint) against col0, and
@@ -41,6 +44,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -86,13 +90,14 @@ def runs(tmp_path_factory):
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
     # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp): world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
-              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg,sep0gz,sep0tpl",
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg,sep0gz,sep0tpl,"
+                    "sep1pg,sep1pd",
                     *shared],
               timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col0u", *shared],
+                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col0u,col0s", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -316,6 +321,71 @@ def test_a_separate_run_killed_after_a_checkpoint_resumes_without_losing_or_repe
     # the groups in flight went first, every sample generated again whole with the restored weights (update 1)
     assert sorted(g["columns"]["prompt"] for g in in_flight) == prompts(chaos[1:2])
     assert m[1]["partial/continued_samples"] == 4 * len(in_flight) and m[1]["staleness/max"] == 0.0
+
+
+@pytest.mark.slow  # the same msrun jobs
+def test_partial_rollouts_on_a_training_group_of_two_resume_as_on_one_training_rank(runs):
+    """sep1pg: sep1p's config (partial rollouts, off_policy_steps 1) on two data-parallel training ranks beside one
+    rollout rank, stopped after step 1 and resumed (--resume) for steps 2-3. The samples meeting gives every training
+    rank every group, so each keeps the same prompts in flight (the same draws); rank 0 writes them once into the
+    step-1 checkpoint and both read them back. Step 1 is col1p's (one process); steps 2-3 are those of sepk + sepkr,
+    the same stop and resume on one training rank: the same samples, staleness and groups in flight, the losses
+    within a data-parallel update's tolerance; and over the run the prompts of the uninterrupted col1p, none lost,
+    none twice."""
+    run, peer, col = runs / "sep1pg", runs / "sepk", runs / "col1p"
+    ms, mk, mc = metrics(run), metrics(peer), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mk] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    # the checkpoint the resume read: the prompts in flight at step 1 (no samples), those of one training rank's run
+    folder = os.path.join("checkpoints", "step_00000001", "in_flight.json")
+    with open(run / folder) as f, open(peer / folder) as g:
+        in_flight, single = json.load(f), json.load(g)
+    assert in_flight["groups"] and all(g["samples"] == [] for g in in_flight["groups"]) and in_flight == single
+    fields = ("prompt", "completion", "reward")
+    got, want, straight = samples(run, fields), samples(peer, fields), samples(col, fields)
+    assert all(len(step) == 8 for step in got) and got == want
+    assert got[0] == straight[0] and all(p for p in prompts(straight)) and prompts(got) == prompts(straight)
+    keys = ("staleness/mean", "staleness/max", "staleness/dropped", "partial/carried_groups",
+            "partial/carried_samples", "partial/continued_samples", "reward_mean")
+    for a, b in zip(ms, mk):
+        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
+                                                                                                   rel=1e-5)
+    assert ms[0]["loss"] == pytest.approx(mc[0]["loss"], abs=1e-6)
+    # the resumed step generated the groups in flight again, whole; training rank 1's weights are rank 0's throughout
+    assert ms[1]["partial/continued_samples"] == 4 * len(in_flight["groups"])
+    assert [m["sync/train_weights_max_diff"] for m in ms] == [0.0] * STEPS
+
+
+@pytest.mark.slow  # the same msrun jobs
+def test_partial_rollouts_on_two_rollout_replicas_train_every_drawn_prompt_once(runs):
+    """sep1pd: sep1p's config on one training rank beside two rollout replicas, each keeping its own groups in flight
+    and handing over its share of each step's groups (one each), stopped after step 1 and resumed (--resume) for
+    steps 2-3 (each replica redraws its share of the prompts in flight). No one-process run draws the same groups
+    (each replica stops its call at its own complete groups), so the test checks what must hold, from the files:
+    every step trains batch_size complete groups; the prompts trained over the run and those still in flight at its
+    end are the first prompts of the data (col0s: one process's six steps of two, in the data's order), as many as
+    were drawn: none lost, none twice; every sample within the staleness bound (off_policy_steps + 1: a continuation
+    runs to its end, so a sample is carried once at most)."""
+    run = runs / "sep1pd"
+    ms = metrics(run)
+    assert [m["step"] for m in ms] == list(range(1, STEPS + 1))
+    trained = samples(run, ("prompt", "completion"))
+    assert all(len(step) == 8 and step[0][0] != step[4][0] and len({r[0] for r in step[:4]}) == 1
+               and len({r[0] for r in step[4:]}) == 1 for step in trained)  # 2 groups of 4 samples a step
+    data = [row[0] for step in samples(runs / "col0s", ("prompt",), steps=6) for row in step[::4]]
+    assert len(data) == 12 and all(data)
+    folder = run / "checkpoints"
+    with open(folder / "step_00000001" / "in_flight.json") as f, open(folder / "step_00000003" / "in_flight.json") as g:
+        first, last = json.load(f), json.load(g)
+    assert first["groups"] and first["drawn"] < last["drawn"] <= len(data)
+    kept = [g["columns"]["prompt"] for g in last["groups"]]
+    assert sorted(prompts(trained) + kept) == sorted(data[:last["drawn"]])
+    # the resumed step generated the groups in flight at step 1 again, whole (both replicas' shares of them)
+    assert ms[1]["partial/continued_samples"] == 4 * len(first["groups"])
+    assert not Counter(g["columns"]["prompt"] for g in first["groups"]) - Counter(prompts(trained[1:]) + kept)
+    for m in ms:
+        assert m["staleness/max"] <= 2 and m["staleness/dropped"] == 0, m["step"]
+        assert min(m[f"async/rollout{i}/tokens_per_s"] for i in range(2)) > 0  # both replicas generated
 
 
 def adapter_bytes(model_yaml: str, rank: int) -> int:

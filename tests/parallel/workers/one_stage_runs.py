@@ -18,8 +18,11 @@ peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout 
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
 peers col0 and col1; sep0dl (sep0l; its peer col0l); sep0g (sep0d's schedule with two data-parallel training ranks
 and one rollout rank; its peer col0); sep0dt (sep0t on the rollout group of two, each rank its half's conversations;
-its peer col0t); sep0gl (sep0l on two training ranks; its peer col0l), sep1g (sep1, its reward model scored on
-training rank 0 for both; its peer col1) and sep0gt (sep0t on two training ranks; its peer col0t).
+its peer col0t); sep0gl (sep0l on two training ranks; its peer col0l), sep1pg (sep1p on two training ranks, stopped
+after step 1 and resumed; its peers col1p and sepk), sep1pd (sep1p on the rollout group of two, stopped after step 1
+and resumed; checked against the data's order, col0s: one process, six steps of two prompts), sep1g (sep1, its
+reward model scored on training rank 0 for both; its peer col1) and sep0gt (sep0t on two training ranks; its peer
+col0t).
 opt_shard stops after one step and resumes (--resume) for the second: its sharded checkpoint is read
 back by every rank. One process, their peers: single (swap off), single_packed (packed rows). Runs in
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
@@ -160,6 +163,19 @@ RUNS = {
     # to the rollout rank, its checkpoint (the adapters, adapter/ in PEFT's layout) read back by both training ranks
     "sep0gl": [(MSRUN, SEPARATE + WARM + LORA + TRAIN2 + ["rl_config.max_steps=2"]),
                (MSRUN + ["--resume"], SEPARATE + WARM + LORA + TRAIN2)],
+    # sep1p on a training group of two beside one rollout rank, stopped after step 1 (its checkpoint holds prompts in
+    # flight, written once by rank 0) and resumed (--resume) for steps 2-3: both training ranks read them back; peers
+    # col1p (step 1) and sepk + sepkr (the same stop and resume on one training rank)
+    "sep1pg": [(MSRUN, SEPARATE + PARTIAL + EVERY_STEP + TRAIN2 + ["rl_config.max_steps=1"]),
+               (MSRUN + ["--resume"], SEPARATE + PARTIAL + EVERY_STEP + TRAIN2)],
+    # sep1p on a rollout group of two, each keeping its own groups in flight and handing over its share of a step's
+    # groups, stopped after step 1 and resumed for steps 2-3 (each rollout rank redraws its share of the prompts in
+    # flight); checked against the data's order (col0s) and its own files
+    "sep1pd": [(MSRUN, SEPARATE + PARTIAL + EVERY_STEP + ROLLOUT2 + ["rl_config.max_steps=1"]),
+               (MSRUN + ["--resume"], SEPARATE + PARTIAL + EVERY_STEP + ROLLOUT2)],
+    # one process, six steps of 2 prompts (completions.jsonl logs each step's 2 G samples): the data's first 12
+    # prompts in the order every run draws them
+    "col0s": [([], ["rl_config.max_steps=6"])],
     # sep1 (a reward model) on a training group of two (peer col1): rank 0 scores, both train on its scores
     "sep1g": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED + TRAIN2)],
     # sep0l with a rollout group of two (peer col0l; not in the test's job: the same meetings as sep0d's)
