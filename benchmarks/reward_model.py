@@ -12,12 +12,14 @@ to --max_len tokens (uniform), random ids.
 Sides (each timed call scores every sequence, in input order; one untimed call first compiles every shape):
   padded        RewardScorer, max_tokens 0: sequences sorted by length, --micro rows a micro-batch, each
                 right-padded to its longest's row length (`row_length`: rounded up to 32, then to two values per
-                octave; `reward_config.reward_models[].micro_batch_size`)
+                octave; `reward_config.reward_models[].micro_batch_size`), the graphs of every row length kept
+                (`kept_row_lengths` 64 instead of the default 4), so that the timed call compiles nothing
   packed        RewardScorer, max_tokens --max_tokens: packed rows of the longest sequence's row length, as many a
                 micro-batch as the budget holds (`max_tokens_per_micro_batch`)
   transformers  Qwen2ForSequenceClassification (sdpa attention, torch.inference_mode), the same sorted micro-batches
                 of --micro rows, each right-padded to its longest (no rounding), the score at the last real token
-Our two sides run in one process (one model), transformers in another; the processes take turns call by call
+Our sides take our CPU kernels as a run does (MINDGRPO_CPU_KERNELS, default on: the matmuls of 512 rows and more,
+and the attention: docs/cpu_kernels.md). Our two sides run in one process (one model), transformers in another; the processes take turns call by call
 for --repeats rounds, so the machine's load falls on both. Rates are real tokens per second (padding not counted)
 and the matching arithmetic rate: 2 x the decoder's parameters (embedding excluded) per token, attention's
 score and value products excluded. The matmul rates are `benchmarks.matmul_peak`'s, in each side's process after
@@ -90,7 +92,9 @@ def ours_worker(conn, folder: str, seqs, micro: int, max_tokens: int) -> None:
     from mindgrpo.models.reward_model import RewardScorer, load_reward_model
 
     rm = load_reward_model(folder)
-    scorers = {"padded": RewardScorer(rm, micro, 0), "packed": RewardScorer(rm, micro, max_tokens)}
+    # every row length's graphs kept (the default keeps 4): the timed calls compile nothing
+    scorers = {"padded": RewardScorer(rm, micro, 0, kept_row_lengths=64),
+               "packed": RewardScorer(rm, micro, max_tokens)}
     for scorer in scorers.values():
         scorer(seqs)  # compiles every shape
     serve(conn, "mindspore", lambda msg: scorers[msg](seqs))

@@ -1,9 +1,10 @@
-"""Compile `sgemm.cc` against the OpenBLAS of the scipy-openblas32 wheel into a shared library.
+"""Compile `sgemm.cc` (the matmuls) and `attention.cc` (packed rows' attention, forward) against the OpenBLAS of
+the scipy-openblas32 wheel into one shared library.
 
     python -m mindgrpo.kernels.build        # what scripts/setup_env.sh runs; prints the library's path
 
 The library lands in MINDGRPO_KERNEL_DIR or else `<venv>/lib/mindgrpo` under a name that carries a hash of the
-source and the OpenBLAS version, so an edited source or a new wheel never loads a stale build. Written to a
+sources and the OpenBLAS version, so an edited source or a new wheel never loads a stale build. Written to a
 temporary name, then renamed: a concurrent build or a killed one never leaves a half-written library."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import sys
 import tempfile
 from typing import Optional
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sgemm.cc")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = tuple(os.path.join(HERE, name) for name in ("sgemm.cc", "attention.cc"))
 
 
 def _openblas():
@@ -28,12 +30,16 @@ def _openblas():
 
 
 def library_path() -> Optional[str]:
-    """Where the library for this source and this OpenBLAS is (or would be) built; None without the wheel."""
+    """Where the library for these sources and this OpenBLAS is (or would be) built; None without the wheel."""
     blas = _openblas()
     if blas is None:
         return None
-    with open(SOURCE, "rb") as f:
-        tag = hashlib.sha256(f.read() + blas.__version__.encode()).hexdigest()[:12]
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        with open(source, "rb") as f:
+            digest.update(f.read())
+    digest.update(blas.__version__.encode())
+    tag = digest.hexdigest()[:12]
     root = os.environ.get("MINDGRPO_KERNEL_DIR") or os.path.join(sys.prefix, "lib", "mindgrpo")
     return os.path.join(root, f"sgemm-{tag}.so")
 
@@ -51,7 +57,7 @@ def build(compiler: str = "g++") -> str:
     lib_dir = blas.get_lib_dir()
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
     os.close(fd)
-    cmd = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{blas.get_include_dir()}", "-o", tmp, SOURCE,
+    cmd = [compiler, "-O2", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", f"-I{blas.get_include_dir()}", "-o", tmp, *SOURCES,
            f"-L{lib_dir}", f"-l{blas.get_library()}", f"-Wl,-rpath,{lib_dir}"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -81,6 +81,9 @@ int Run(Op op, int nparam, void **params, int *ndims, int64_t **shapes, const ch
 
 }  // namespace
 
+// The threads a product (or attention.cc's tasks) is split over.
+int MindgrpoThreads() { return g_threads; }
+
 extern "C" {
 
 // The number of threads a product is split over (called once by the loader, from Python through ctypes).

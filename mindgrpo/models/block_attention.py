@@ -14,6 +14,9 @@ CPU runtime reuses one block's buffers for the next, so a graph keeps about one 
 Masked keys weigh exp(NEG_INF - max) = 0 exactly, so the result is the whole-row attention's up to the order of the
 softmax's and the product's sums (fp32 rounding). MindSpore 2.10 has no fused attention on the CPU
 (`ops.flash_attention_score` and `ops.prompt_flash_attention` refuse it: "Unsupported op ... on CPU"), hence this.
+On the CPU in fp32 with our kernels switched on (`mindgrpo/kernels/attention.py`, MINDGRPO_CPU_KERNELS) one kernel
+computes the same attention instead of the blocks: it reads only the keys of each query's own sequence, and builds
+no mask (docs/cpu_kernels.md); equal to the blocks to fp32 rounding.
 Shapes use the vocabulary of `mindgrpo/__init__.py`.
 """
 
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import mindspore as ms
 from mindspore import nn, ops
+
+from mindgrpo.kernels.attention import segment_attention
 
 # A block's scores hold at most this many fp32 elements (32 MB): rows x heads x C x (keys <= S)
 BLOCK_ELEMENTS = 1 << 23
@@ -36,11 +41,13 @@ def query_block(rows: int, heads: int, length: int, budget: int = BLOCK_ELEMENTS
 
 class BlockAttention(nn.Cell):
     """Grouped-query attention of packed rows in blocks of queries (module docstring). nh / nkv: the query and kv
-    heads this rank holds (query heads h*g .. h*g+g-1 share kv head h, as `models/qwen2.Attention`); scale: 1/sqrt(d)."""
+    heads this rank holds (query heads h*g .. h*g+g-1 share kv head h, as `models/qwen2.Attention`); scale: 1/sqrt(d);
+    dtype: the compute dtype (fp32 on a CPU with our kernels switched on: the kernel, else the blocks)."""
 
-    def __init__(self, nh: int, nkv: int, scale: float, budget: int = BLOCK_ELEMENTS):
+    def __init__(self, nh: int, nkv: int, scale: float, budget: int = BLOCK_ELEMENTS, dtype=ms.float32):
         super().__init__()
         self.nh, self.nkv, self.g, self.scale, self.budget = nh, nkv, nh // nkv, scale, budget
+        self.kernel = segment_attention(dtype)  # None: the blocks below
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
 
@@ -48,8 +55,10 @@ class BlockAttention(nn.Cell):
         """q (B, nh, S, d), k / v (B, nkv, S, d), segments (B, S) int32 (1, 2, ... a row's sequences, 0 its
         padding) -> (B, S, nh * d)."""
         b, _, s, d = q.shape
-        c = query_block(b, self.nh, s, self.budget)
         q = q * self.scale
+        if self.kernel is not None:
+            return self.kernel(q, k, v, segments).transpose(0, 2, 1, 3).reshape(b, s, self.nh * d)
+        c = query_block(b, self.nh, s, self.budget)
         index = ops.arange(s).astype(ms.int32)  # (S,) key and query positions along the row
         outs = ()
         for a in range(0, s, c):

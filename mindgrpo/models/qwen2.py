@@ -339,7 +339,7 @@ class Attention(nn.Cell):
             self.q_norm = HeadNorm(d, cfg.rms_norm_eps, layers.enter())
             self.k_norm = HeadNorm(d, cfg.rms_norm_eps, layers.enter())
         self.scale = 1.0 / math.sqrt(d)
-        self.blocks = BlockAttention(self.nh, self.nkv, self.scale)  # forward-only scoring (reward models)
+        self.blocks = BlockAttention(self.nh, self.nkv, self.scale, dtype=dt)  # forward-only scoring (reward models)
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
         self.dtype = dt

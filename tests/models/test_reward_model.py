@@ -2,7 +2,7 @@
 and Qwen3ForSequenceClassification (num_labels 1) on random weights moved through scripts/convert_weight.py:
 scores of prompt + completion pairs of mixed lengths through `RewardScorer` (the path users run), against
 transformers' padded left and right, and of packed rows; the row lengths whose graphs it keeps; the way back to HF.
-The attention in blocks of queries (`models/block_attention.py`) against numpy's whole-row attention."""
+The attention in blocks of queries (`models/block_attention.py`, MindSpore's ops) against numpy's whole-row attention."""
 
 import numpy as np
 import pytest
@@ -10,6 +10,7 @@ import pytest
 import mindspore as ms
 
 from hf_models import hf_reward_scores, make_hf_reward_model
+from models.attention_reference import whole_row_attention
 
 from mindgrpo.config.sections import RewardModelConfig
 from mindgrpo.models.block_attention import BlockAttention, query_block
@@ -73,20 +74,6 @@ def test_packed_scores_match_transformers(pair, layerwise):
     assert np.abs(at_every.reshape(-1)[arrays["last"]][order] - ref).max() <= 1e-4
 
 
-def whole_row_attention(q, k, v, segments, scale):
-    """numpy: q (B, nh, S, d), k / v (B, nkv, S, d), segments (B, S) -> (B, S, nh * d): each query attends to the
-    keys at or before it in its own segment (padding, segment 0, to the padding), in float64."""
-    b, nh, s, d = q.shape
-    g = nh // k.shape[1]
-    k, v = np.repeat(k, g, axis=1).astype(np.float64), np.repeat(v, g, axis=1).astype(np.float64)
-    scores = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k) * scale
-    keep = (segments[:, :, None] == segments[:, None, :]) & np.tril(np.ones((s, s), bool))[None]
-    scores = np.where(keep[:, None], scores, -np.inf)
-    p = np.exp(scores - scores.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return np.einsum("bhqk,bhkd->bqhd", p, v).reshape(b, s, nh * d)
-
-
 @pytest.mark.parametrize("budget, block", [(1, 32), (10 ** 9, 80)])
 def test_block_attention_is_whole_row_attention(budget, block):
     """Rows of 80 tokens (two packed sequences and padding; one sequence and padding) in blocks of 32, 32 and 16
@@ -98,7 +85,9 @@ def test_block_attention_is_whole_row_attention(budget, block):
     segments[0, :30], segments[0, 30:71] = 1, 2
     segments[1, :57] = 1
     assert query_block(b, nh, s, budget) == block
-    ours = BlockAttention(nh, nkv, d ** -0.5, budget)(*(ms.Tensor(x) for x in (q, k, v, segments))).asnumpy()
+    blocks = BlockAttention(nh, nkv, d ** -0.5, budget)
+    blocks.kernel = None  # the blocks themselves (tests/kernels/test_attention_kernel.py: the CPU kernel)
+    ours = blocks(*(ms.Tensor(x) for x in (q, k, v, segments))).asnumpy()
     ref = whole_row_attention(q, k, v, segments, d ** -0.5)
     assert ours.shape == (b, s, nh * d)
     assert np.abs(ours - ref).max() <= 1e-5
