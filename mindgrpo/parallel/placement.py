@@ -121,6 +121,38 @@ def reward_model_piece(path: str, config: Optional[str], layout: ParallelLayout,
                              shard=lambda n, a: tp.shard(n, a, group.index), compute_dtype=compute_dtype)
 
 
+def model_piece(mcfg: Qwen2Config, seed: int, max_positions: int, layout: ParallelLayout, group, layout_rank: int,
+                path: Optional[str] = None, shard_rank: Optional[int] = None) -> Qwen2ForCausalLM:
+    """The piece of the model that rank `layout_rank` of `layout` holds (its number among the layout's ranks: a
+    separate placement's rollout ranks follow the training ranks): its pipeline stage's layers, its tensor-parallel
+    piece of each over `group` (its tp group in the world, created at start-up), every rank drawing the whole model
+    from `seed`; then, with `path`, its pieces of the weights there (`load_pieces`; shard_rank as there). The
+    placements' one way to build a model in pieces (the colocated layouts' and a separate placement's sides)."""
+    stage = stage_spec(layout, layout.stage(layout_rank), mcfg.num_hidden_layers)
+    lm = Qwen2ForCausalLM(mcfg, seed=seed, max_positions=max_positions, layers=TensorParallelLayers(group),
+                          stage=stage)
+    if path:
+        load_pieces(lm, path, layout, group.index, shard_rank)
+    heartbeat.beat()  # progress for the collective watchdog: building a big model takes a while
+    return lm
+
+
+def load_pieces(lm: Qwen2ForCausalLM, path: str, layout: ParallelLayout, piece: int,
+                shard_rank: Optional[int] = None, names: Optional[Sequence[str]] = None) -> None:
+    """The model's pieces of the parameters `names` (None: every one it holds) from the weights at `path`: with
+    `shard_rank`, its folder of per-rank shards when `path` is one (`shard_dir`: written for this layout), else
+    the full checkpoint or HF directory read and each tensor sliced to tensor-parallel piece `piece` of `layout`
+    (its split rules, parallel/layout.py), the parameters of the model's stage kept."""
+    mine = dict(lm.parameters_and_names())
+    wanted = set(mine) if names is None else set(names)
+    shards = shard_dir(path, shard_rank) if shard_rank is not None else None
+    if shards:
+        load_shard(lm, shards, [mine[n] for n in mine if n in wanted])
+        return
+    state = read_model_state(path, lm.config)  # every rank reads it and keeps its piece of its stage
+    load_state(lm, {n: layout.shard(n, a, piece) for n, a in state.items() if n in wanted and n in mine})
+
+
 class OneDevice:
     """Every model whole, in this process."""
 
@@ -241,30 +273,18 @@ class ParallelPlacement:
     def model(self, role: str, mcfg: Qwen2Config, path: Optional[str], load: bool, seed: int,
               max_positions: int) -> Qwen2ForCausalLM:
         """This rank's piece of the model in the role's layout: its pipeline stage's parameters,
-        its tensor-parallel piece of each (every rank draws the whole model from `seed`)."""
+        its tensor-parallel piece of each (every rank draws the whole model from `seed`; `model_piece`), the weights
+        at `path` when `load` (a folder of per-rank shards, this rank's, or the full weights sliced)."""
         layout = self.layouts[role]
-        group = self.comm.tp_group(layout)
-        stage = stage_spec(layout, layout.stage(self.rank), mcfg.num_hidden_layers)
-        lm = Qwen2ForCausalLM(mcfg, seed=seed, max_positions=max_positions, layers=TensorParallelLayers(group),
-                              stage=stage)
-        if path and load:
-            self.load_weights(role, lm, path)
-        heartbeat.beat()  # progress for the collective watchdog: building a big model takes a while
-        return lm
+        return model_piece(mcfg, seed, max_positions, layout, self.comm.tp_group(layout), self.rank,
+                           path if load else None, shard_rank=self.rank)
 
     def load_weights(self, role: str, lm: Qwen2ForCausalLM, path: str, names: Optional[Sequence[str]] = None) -> None:
         """This rank's pieces of the parameters `names` (None: every one of the model) from the weights at `path`:
         a folder of per-rank shards (this rank's), or a full checkpoint or HF directory that every rank reads and
-        slices."""
-        layout, group = self.layouts[role], self.comm.tp_group(self.layouts[role])
-        mine = dict(lm.parameters_and_names())
-        wanted = set(mine) if names is None else set(names)
-        shards = shard_dir(path, self.rank)
-        if shards:
-            load_shard(lm, shards, [mine[n] for n in mine if n in wanted])
-        else:  # a full checkpoint: every rank reads it and keeps its piece of its stage
-            state = read_model_state(path, lm.config)
-            load_state(lm, {n: layout.shard(n, a, group.index) for n, a in state.items() if n in wanted and n in mine})
+        slices (`load_pieces`)."""
+        layout = self.layouts[role]
+        load_pieces(lm, path, layout, self.comm.tp_group(layout).index, shard_rank=self.rank, names=names)
 
     def engine(self, rollout: RolloutEngine) -> Engine:
         return DataParallelEngine(rollout, self.comm, self.comm.infer_dp)
@@ -489,25 +509,17 @@ class SeparatePlacement(OneDevice):
         """With tensor parallelism (model_parallel T > 1) or pipeline stages this rank's piece: a rollout rank's
         inference copy its replica's piece (generate_config.parallel_config), a training rank's policy and reference
         its stage's piece of the training layout (actor_config.parallel_config; the reference beside the policy, laid
-        out alike): every rank draws the whole model from `seed`, then the weights at `path` sliced. Otherwise the
+        out alike): every rank draws the whole model from `seed`, then the weights at `path` sliced (`model_piece`, as
+        a colocated run's; the whole weights only: a folder of per-rank shards is a colocated layout's). Otherwise the
         whole model."""
-        train = self.comm.train
-        stage = None
-        if role == "inference" and self.rollout_rank and self.comm.infer.tp > 1:
-            group = self.meeting.tp_group()
-        elif role != "inference" and not self.rollout_rank and (train.tp > 1 or train.pp > 1):
-            group = self.comm.train_tp
-            stage = stage_spec(train, train.stage(self.rank), mcfg.num_hidden_layers)
-        else:
-            return super().model(role, mcfg, path, load, seed, max_positions)
-        lm = Qwen2ForCausalLM(mcfg, seed=seed, max_positions=max_positions, layers=TensorParallelLayers(group),
-                              stage=stage)
-        if path and load:  # every rank reads the whole weights, keeps its stage's pieces
-            state, pieces, mine = read_model_state(path, mcfg), ParallelLayout(dp=1, tp=group.size), \
-                dict(lm.parameters_and_names())
-            load_state(lm, {n: pieces.shard(n, a, group.index) for n, a in state.items() if n in mine})
-        heartbeat.beat()
-        return lm
+        train, infer = self.comm.train, self.comm.infer
+        path = path if load else None
+        if role == "inference" and self.rollout_rank and infer.tp > 1:
+            return model_piece(mcfg, seed, max_positions, infer, self.meeting.tp_group(), self.rank - train.world_size,
+                               path)
+        if role != "inference" and not self.rollout_rank and (train.tp > 1 or train.pp > 1):
+            return model_piece(mcfg, seed, max_positions, train, self.comm.train_tp, self.rank, path)
+        return super().model(role, mcfg, path, load, seed, max_positions)
 
     def engine(self, rollout: Optional[RolloutEngine]) -> Engine:
         """The training rank: the samples meeting; the rollout rank: its own engine."""
