@@ -331,7 +331,7 @@ class MemoryPlan:
 
 def reward_model_bytes(configs: Sequence[Qwen2Config], tps: Sequence[int]) -> int:
     """The reward models' fp32 weights (decoder and scalar head), each rank's tensor-parallel piece of each, split
-    over tps[i] ranks (its entry's model_parallel, or the policy's: `parallel.placement.ParallelPlacement.
+    over tps[i] ranks (its entry's model_parallel, or the policy's: `parallel.colocated.ParallelPlacement.
     reward_model`)."""
     return sum(4 * int(np.prod(ParallelLayout(dp=1, tp=tp).shard_shape(name, shape))) for c, tp in zip(configs, tps)
                for name, shape in expected_shapes(c, "score").items())
