@@ -28,6 +28,9 @@ LAYERS = (
     # environments (run on the tools' worker pool)
     ("config", "inference"),  # the run's frozen config (validated against grpo.algos), the rollout engine
     ("parallel", "eval"),  # placement: devices, collectives, layouts, resharding, checkpoint I/O; evaluation
+    ("parallel.one_device", "parallel.colocated"),  # the one-device and the colocated msrun placements
+    ("parallel.separate_placement",),  # the separate placement (a one-device placement on each of its ranks)
+    ("parallel.placement",),  # what a placement gives the build, and placement_for, which picks one
     ("memory.plan",),  # the memory planner
     ("memory.auto",),  # rl_config.memory: the memory savers chosen from the plan (a MemoryPolicy)
     ("grpo",),  # the trainer and its composition root

@@ -345,7 +345,7 @@ def build(cfg: GRPOConfig, paths: Paths, placement: Optional[Placement] = None) 
     from mindgrpo.memory.swap import SwapManager
     from mindgrpo.models.config import Qwen2Config
     from mindgrpo.parallel.checkpoints import checkpoint_root
-    from mindgrpo.parallel.placement import OneDevice
+    from mindgrpo.parallel.one_device import OneDevice
 
     placement = placement or OneDevice()
     rl = cfg.rl_config

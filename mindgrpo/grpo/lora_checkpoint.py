@@ -34,7 +34,8 @@ from mindgrpo.models.lora import adapter_parameters, adapter_shapes, lora_spec
 from mindgrpo.models.lora_files import write_adapter
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.checkpoint_folders import CheckpointError
-from mindgrpo.parallel.placement import OneDevice, Placement
+from mindgrpo.parallel.one_device import OneDevice
+from mindgrpo.parallel.placement import Placement
 
 ADAPTER_DIR = "adapter"  # PEFT's folder in a step folder
 GROUP = "lora"  # the adapters' group of a checkpoint (lora.ckpt; under msrun lora/rank_<k>/lora.ckpt)

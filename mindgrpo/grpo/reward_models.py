@@ -30,7 +30,7 @@ from mindgrpo.config.sections import REWARD_MODEL_TEMPLATES
 from mindgrpo.grpo.judges import Judge, build_judge
 from mindgrpo.memory.swap import nbytes
 from mindgrpo.models.reward_model import RewardModel, RewardScorer
-from mindgrpo.parallel.placement import OneDevice
+from mindgrpo.parallel.one_device import OneDevice
 from mindgrpo.rewards.running_norm import RunningNorm
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def build_model_rewards(cfg: GRPOConfig, tokenizer, memory=None, placement=None)
     """The reward models of `reward_config.reward_models` and the judges of `reward_config.judges` (None when there
     are none), registered with the swap ledger as the group "reward_model". Each model's vocabulary must hold the
     tokenizer's. Under msrun (`placement`) a reward model is split like the policy's tensor parallelism
-    (`parallel.placement.ParallelPlacement.reward_model`), or over its entry's model_parallel ranks, each replica
+    (`parallel.colocated.ParallelPlacement.reward_model`), or over its entry's model_parallel ranks, each replica
     scoring its share of the rollouts (`reward_scorer`); a judge runs whole on every rank, each answering its share
     of the questions (`judge_engine`)."""
     placement = placement or OneDevice()

@@ -236,9 +236,7 @@ class GRPOTrainer:
             have = sum(len(k.batch.ids) for k in kept)
             rounds += 1
             done = have >= want or rounds > rl.max_resample_times
-            tell = getattr(self.engine, "more_prompts", None)  # separate placement: the rollout ranks draw them too
-            if tell is not None:
-                tell(0 if done else want - have)
+            self.engine.more_prompts(0 if done else want - have)  # separate placement: the rollout ranks draw them too
             if done:
                 break
         r = Rollouts.concat([k for k in kept + dropped if len(k)])

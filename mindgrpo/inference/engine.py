@@ -245,6 +245,11 @@ class RolloutEngine:
         return self._graphs[key]
 
     # ---------------------------------------------------------------- generation
+    def more_prompts(self, count: int) -> None:
+        """rl_config.dynamic_sampling: the trainer draws `count` prompts again this step (0: its rollouts are
+        complete). This engine generates the prompts it is given: nothing to prepare (a separate placement's engine,
+        `parallel/separate.RemoteRollout`, tells its rollout ranks)."""
+
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  max_tokens: Optional[Sequence[int]] = None, prompt_index: Optional[Sequence[int]] = None,
                  return_logits: bool = False, turns: Optional[Turns] = None,

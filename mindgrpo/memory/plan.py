@@ -331,7 +331,7 @@ class MemoryPlan:
 
 def reward_model_bytes(configs: Sequence[Qwen2Config], tps: Sequence[int]) -> int:
     """The reward models' fp32 weights (decoder and scalar head), each rank's tensor-parallel piece of each, split
-    over tps[i] ranks (its entry's model_parallel, or the policy's: `parallel.placement.ParallelPlacement.
+    over tps[i] ranks (its entry's model_parallel, or the policy's: `parallel.colocated.ParallelPlacement.
     reward_model`)."""
     return sum(4 * int(np.prod(ParallelLayout(dp=1, tp=tp).shard_shape(name, shape))) for c, tp in zip(configs, tps)
                for name, shape in expected_shapes(c, "score").items())
@@ -368,15 +368,17 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
     actor, gen, rl = gcfg.actor_config, gcfg.generate_config, gcfg.rl_config
     train = ParallelLayout.from_config(actor.parallel_config)
     # generate_config.placement separate: the weights meeting moves whole buckets (docs/async.md); the inference copy
-    # and its cache are planned as one whole rollout replica whatever their number (a replica in tensor-parallel pieces
-    # holds a piece each: the plan is an upper bound there); a training rank holds its piece of the training layout
+    # and its cache are planned as one rollout rank's whatever the replicas' number: its piece of a replica in T'
+    # tensor-parallel pieces (generate_config.parallel_config.model_parallel), 1/T' of each split tensor and of the kv
+    # heads; a training rank holds its piece of the training layout
     separate = gen.placement == "separate"
     infer = ParallelLayout() if separate else ParallelLayout.from_config(gen.parallel_config)
     source = ParallelLayout() if separate else train  # the layout the sync reads
+    rollout = ParallelLayout(tp=gen.parallel_config.model_parallel) if separate else infer  # the inference piece
     policy = piece_bytes(mcfg, train, rank=rank)
     optimizer = optimizer_bytes(mcfg, train, actor.parallel_config.optimizer_shard, rank)
     shared = gcfg.inference_shares_policy(infer == source)  # the plan of a run without --sft_path_infer of its own
-    inference = inference_copy_bytes(mcfg, infer) + (0 if shared else piece_bytes(mcfg, infer))
+    inference = inference_copy_bytes(mcfg, rollout) + (0 if shared else piece_bytes(mcfg, rollout))
     grads, sync_bucket = policy, 0 if shared else largest_sync_bucket(mcfg, source, infer, 0 if separate else rank,
                                                                       rl.weight_sync_bucket_bytes)
     lora = actor.lora_rank > 0  # adapters beside the weights, split as their projection in each layout
@@ -385,7 +387,7 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
         mine = train.stage_layers(train.stage(rank), mcfg.num_hidden_layers)  # a pipeline stage: its layers' adapters
         adapters = sum(v for i, v in lora_bytes(mcfg, actor, train).items() if i in mine)
         policy, grads, optimizer = policy + adapters + scaling * len(mine), adapters, 2 * adapters
-        inference += 0 if shared else sum(lora_bytes(mcfg, actor, infer).values()) + scaling * mcfg.num_hidden_layers
+        inference += 0 if shared else sum(lora_bytes(mcfg, actor, rollout).values()) + scaling * mcfg.num_hidden_layers
         # only the adapters move, in buckets of layers joined up to weight_sync_bucket_mb
         sync_bucket = 0 if shared else largest_adapter_bucket(mcfg, actor, train, infer, rank,
                                                               rl.weight_sync_bucket_bytes)
@@ -393,7 +395,7 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
     if rl.beta > 0 and not lora:  # with LoRA the reference is the policy with its adapters off
         groups["reference"] = piece_bytes(mcfg, ParallelLayout.from_config(gcfg.ref_config.parallel_config),
                                           rank=rank)
-    groups["kv_cache"] = kv_cache_bytes(mcfg, gen, infer)
+    groups["kv_cache"] = kv_cache_bytes(mcfg, gen, rollout)
     groups["transient"] = sync_bucket
     n_rm, n_judges = len(gcfg.reward_config.reward_models), len(gcfg.reward_config.judges)
     if len(reward_models) != n_rm + n_judges:
@@ -416,7 +418,8 @@ def _plan_rank(gcfg: GRPOConfig, mcfg: Qwen2Config, rank: int, reward_models: Se
     one_device = train.world_size == 1 and infer.world_size == 1
     graphs = [p for p in phases if not (shared and p == "sync") and p != "reward_model"]  # shared: no sync graphs
     return MemoryPlan(groups, phases, activation_bytes(mcfg, gcfg, train, rank), rank, train.stage(rank), train.pp,
-                      cpu_graph_bytes(mcfg, gcfg, graphs) if one_device else {}, shared, inference_copy_bytes(mcfg, infer))
+                      cpu_graph_bytes(mcfg, gcfg, graphs) if one_device else {}, shared,
+                      inference_copy_bytes(mcfg, rollout))
 
 
 def report(p: MemoryPlan, device_bytes: Optional[int] = None) -> str:

@@ -26,7 +26,7 @@ import os
 import pickle
 import signal
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -234,6 +234,43 @@ def collective_wait_s(given: Optional[str], timeout_s: float, compile_timeout_s:
     return wanted
 
 
+GROUP_KINDS = ("tp", "dp", "pp")  # a layout's groups: tensor-parallel pieces, data-parallel replicas, stage chains
+
+
+def layout_groups(layout: ParallelLayout, first: int = 0, kinds: Sequence[str] = GROUP_KINDS) -> Set[Tuple[int, ...]]:
+    """The rank sets a layout's collectives use, over its ranks numbered from `first` (a separate placement's rollout
+    ranks come after the training ranks): each rank's tensor-parallel group ("tp"), data-parallel group ("dp"),
+    chain of pipeline stages and the hand-offs between neighbouring stages ("pp"). Groups of one rank included
+    (`create_groups` passes them over)."""
+    unknown = sorted(set(kinds) - set(GROUP_KINDS))
+    if unknown:
+        raise ValueError(f"layout_groups: unknown group kind {unknown[0]!r} (one of {', '.join(GROUP_KINDS)})")
+    out: Set[Tuple[int, ...]] = set()
+    for r in range(layout.world_size):
+        if "tp" in kinds:
+            out.add(tuple(first + t for t in layout.tp_group(r)))
+        if "dp" in kinds:
+            out.add(tuple(first + d for d in layout.dp_group(r)))
+        if "pp" in kinds:
+            chain = tuple(first + p for p in layout.pp_group(r))
+            out.add(chain)
+            out.update(zip(chain, chain[1:]))  # pipeline hand-offs
+    return out
+
+
+def create_groups(rank: int, groups: Iterable[Sequence[int]], world: int) -> None:
+    """Create the groups of `groups` that this rank is in, in sorted order (every member creates a group, and the
+    groups they share in the same order: every rank sorts the same set), and record their names (`_CREATED`). A group
+    of one rank, the whole world (MindSpore's world group) and one created before are passed over."""
+    from mindspore.communication import create_group
+
+    for ranks in sorted({tuple(int(r) for r in g) for g in groups}):
+        if 1 < len(ranks) < world and rank in ranks and ranks not in _CREATED:
+            name = "g" + "_".join(str(r) for r in ranks)
+            create_group(name, list(ranks))
+            _CREATED[ranks] = name
+
+
 def init_parallel(cfg) -> Comm:
     """Initialise communication for a GRPOConfig: its training, inference and (when beta > 0)
     reference layouts must each cover the world; see `init_comm`. With the collective watchdog on
@@ -261,7 +298,7 @@ def init_separate(cfg) -> Comm:
     created by its members, over which their gradients and rewards are summed as in a colocated data-parallel run,
     and with T > 1 each rollout replica's ranks make theirs (`separate.Meeting.tp_group`), over which its model's
     tensor-parallel layers sum; with partial rollouts the rollout ranks make one (`separate.Meeting.needs`)."""
-    from mindspore.communication import create_group, get_group_size, get_rank, init
+    from mindspore.communication import get_group_size, get_rank, init
 
     train, infer, ref = layouts_of(cfg)
     wanted = train.world_size + infer.world_size
@@ -285,20 +322,13 @@ def init_separate(cfg) -> Comm:
     rank, world = get_rank(), get_group_size()
     check(world)
     # the training group, its layout's tensor-, data- and pipeline-parallel groups and hand-offs, and each rollout
-    # replica's tensor-parallel pieces (T consecutive ranks), each created by its members only, in one order
-    groups = {tuple(range(train.world_size))}
-    for t in range(train.world_size):
-        chain = train.pp_group(t)
-        groups.update({tuple(train.tp_group(t)), tuple(train.dp_group(t)), tuple(chain)})
-        groups.update((a, b) for a, b in zip(chain, chain[1:]))  # pipeline hand-offs
-    groups.update(tuple(range(first, first + infer.tp)) for first in range(train.world_size, world, infer.tp))
-    if cfg.generate_config.partial_rollout:  # the rollout ranks' group: their counts of groups needed (Meeting.needs)
+    # replica's tensor-parallel pieces (T consecutive ranks after the training ranks), and with partial rollouts the
+    # rollout ranks' group (their counts of groups needed: Meeting.needs)
+    groups = {tuple(range(train.world_size))} | layout_groups(train)
+    groups |= layout_groups(infer, first=train.world_size, kinds=("tp",))
+    if cfg.generate_config.partial_rollout:
         groups.add(tuple(range(train.world_size, world)))
-    for ranks in sorted(groups):
-        if 1 < len(ranks) and rank in ranks and ranks not in _CREATED:
-            name = "g" + "_".join(str(r) for r in ranks)
-            create_group(name, list(ranks))
-            _CREATED[ranks] = name
+    create_groups(rank, groups, world)
     device = ms.get_context("device_target")
     logger.info("rank %d of %d on %s: %s (separate placement: train %s, rollout %s)", rank, world, device,
                 "training" if rank < train.world_size else "rollout", train, infer)
@@ -335,7 +365,7 @@ def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[Parall
     create it, and shared groups created in the same order everywhere). reshards: more
     (source, destination) layout pairs, whose layouts' groups and resharding groups are created
     too (tests, benchmarks); more: layouts whose groups are created too (reward models' own)."""
-    from mindspore.communication import create_group, get_group_size, get_rank, init
+    from mindspore.communication import get_group_size, get_rank, init
 
     if not communication_started():
         tie_to_msrun()
@@ -349,18 +379,11 @@ def init_comm(train: ParallelLayout, infer: ParallelLayout, ref: Optional[Parall
     wanted = set()
     for where, layout in layouts:
         layout.check_world(world, where)
-        for r in range(world):
-            chain = layout.pp_group(r)
-            wanted.update({tuple(layout.tp_group(r)), tuple(layout.dp_group(r)), tuple(chain)})
-            wanted.update((a, b) for a, b in zip(chain, chain[1:]))  # pipeline hand-offs
+        wanted |= layout_groups(layout)
     pairs = [(train, infer)] + ([(train, ref)] if ref is not None else []) + list(reshards)
     for src, dst in pairs:  # resharding the policy into the inference and reference layouts
         wanted.update(exchange_groups(src, dst))
-    for ranks in sorted(wanted):
-        if 1 < len(ranks) < world and rank in ranks and ranks not in _CREATED:
-            name = "g" + "_".join(str(r) for r in ranks)
-            create_group(name, list(ranks))
-            _CREATED[ranks] = name
+    create_groups(rank, wanted, world)
     device = ms.get_context("device_target")
     logger.info("rank %d of %d on %s: train %s, infer %s, ref %s", rank, world, device, train, infer, ref)
     return Comm(rank, world, device, train, infer, ref)

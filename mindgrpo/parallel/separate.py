@@ -38,7 +38,7 @@ replicas each trains its share of a mini-batch, the gradients summed over the re
 step's prompts, each keyed by its index in the whole batch (a sample's random stream depends on that
 index, its sample number and its token number only), so the samples are a one-process run's whichever rank drew them.
 Training rank 0 writes the checkpoints of whole replicas (`TrainingGroupCheckpoints`), as one process writes them;
-training replicas in pieces write a colocated run's sharded checkpoints (`placement.SeparatePlacement`).
+training replicas in pieces write a colocated run's sharded checkpoints (`separate_placement.SeparatePlacement`).
 """
 
 from __future__ import annotations

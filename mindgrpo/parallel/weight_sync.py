@@ -97,3 +97,19 @@ class WeightSync:
                 graph()
         return dict(zip(self.METRICS, (time.perf_counter() - t0, float(self.total_bytes),
                                        float(self.max_bucket_bytes))))
+
+
+class SharedWeights:
+    """The weight sync of an inference model that is the policy model itself (`mindgrpo.grpo.builder`: one
+    copy where the layouts match): there is nothing to move; each call reports the metrics of the sync it
+    stands in for, all 0 (its keys: WeightSync.METRICS or Reshard.metric_names(), so that a run whose
+    inference model is the policy keeps the columns of metrics.jsonl)."""
+
+    def __init__(self, keys):
+        self.keys = tuple(keys)
+
+    def release(self) -> None:
+        """No graphs to drop."""
+
+    def __call__(self) -> Dict[str, float]:
+        return {k: 0.0 for k in self.keys}

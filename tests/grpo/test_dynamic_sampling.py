@@ -24,6 +24,10 @@ class ScriptedEngine:
 
     def __init__(self, pattern):
         self.pattern, self.calls, self.last_stats = pattern, [], {"new_tokens": 0, "tokens_per_s": 0.0}
+        self.told = []  # the trainer's counts of prompts to draw again (a separate placement's rollout ranks hear them)
+
+    def more_prompts(self, count):
+        self.told.append(count)
 
     def generate(self, prompts, params):
         self.calls.append([p[0] for p in prompts])
@@ -82,6 +86,7 @@ def test_dynamic_sampling_keeps_informative_groups_and_refills():
     r, metrics = trainer.collect()
     # round 0 draws 10, 11, 12 (keeps 10, 12), round 1 draws one more prompt: 13 (all wrong), round 2: 14
     assert engine.calls == [[10, 11, 12], [13], [14]]
+    assert engine.told == [1, 1, 0]  # after each round: the prompts still wanted, then 0 once the batch is full
     assert r.batch.columns["solution"] == ["10", "12", "14"]
     assert len(r) == 3 * G and r.rewards.reshape(3, G).std(-1).min() > 0
     assert metrics["dynamic_sampling/rounds"] == 3
@@ -91,6 +96,7 @@ def test_dynamic_sampling_fills_with_dropped_groups_when_rounds_run_out():
     trainer, engine = make_trainer(lambda k: [False] * G, dynamic_sampling=True, max_resample_times=1)
     r, metrics = trainer.collect()
     assert len(engine.calls) == 2 and len(r) == 3 * G
+    assert engine.told == [3, 0]  # nothing kept: three again, then 0 when the rounds run out
     assert metrics["dynamic_sampling/kept_groups"] == 0
 
 

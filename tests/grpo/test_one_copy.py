@@ -154,7 +154,8 @@ def test_the_decision_layouts_key_and_weights_source(tmp_path):
     """Shared only with inference_weights auto, the inference layout equal to the training layout (one device:
     always; under msrun: ParallelPlacement compares the config's layouts, no communication needed) and the
     inference weights from the policy's source."""
-    from mindgrpo.parallel.placement import OneDevice, ParallelPlacement
+    from mindgrpo.parallel.colocated import ParallelPlacement
+    from mindgrpo.parallel.one_device import OneDevice
 
     def cfg(*over):
         return load_config(GRPOConfig, None, list(over))

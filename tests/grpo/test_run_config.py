@@ -14,7 +14,7 @@ from mindgrpo.grpo import builder
 from mindgrpo.grpo.run import SetupError
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
-from mindgrpo.parallel.placement import OneDevice
+from mindgrpo.parallel.one_device import OneDevice
 from mindgrpo.rewards import RewardError, register_reward
 from scripts.grpo_one_stage import load_run_config, run_options
 

@@ -452,3 +452,25 @@ def test_a_separate_placements_plan_is_one_rollout_devices_whatever_the_rollout_
     # plan once resharded between worlds of 2 and 1 ranks and failed)
     two = plan(load_config(GRPOConfig, overrides=over + ["actor_config.parallel_config.data_parallel=2"]), m)
     assert two.groups == one.groups and two.peak(True) == one.peak(True)
+
+
+def test_a_separate_placements_rollout_replica_in_tensor_parallel_pieces_plans_a_rank_its_piece():
+    """generate_config.parallel_config.model_parallel 2 under separate: a rollout rank holds half of each split tensor
+    (fp32 weights and the engine's fused layer copies) and one of the two kv heads; the training side is unchanged.
+    The difference by hand (0.5B: every layer tensor split but its two norms, the tied embedding split by rows)."""
+    over = ["actor_config.model=qwen2_5_0_5b", "generate_config.placement=separate", "rl_config.batch_size=4",
+            "rl_config.off_policy_steps=1"]
+    m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"), compute_dtype="float32")
+    whole = plan(load_config(GRPOConfig, overrides=over), m)
+    pieces = plan(load_config(GRPOConfig, overrides=over + ["generate_config.parallel_config.model_parallel=2"]), m)
+    h, layers, vocab = 896, 24, 151936
+    split = layer_params(m, 1) - 2 * h  # one layer's split tensors, whole
+    half_weights = 4 * (layers * split + vocab * h) // 2  # fp32, the other piece's
+    half_fused = 4 * layers * split // 2  # the fused copies, float32 compute
+    assert whole.groups["inference"] - pieces.groups["inference"] == half_weights + half_fused
+    assert whole.groups["kv_cache"] == 2 * pieces.groups["kv_cache"] > 0  # 2 kv heads, 1 on each rank
+    for name in ("policy", "grads", "optimizer", "transient"):
+        assert pieces.groups[name] == whole.groups[name], name
+    # the rollout's resident bytes drop by as much (the peak is the update's, the training side's, unchanged)
+    drop = half_weights + half_fused + pieces.groups["kv_cache"]
+    assert whole.phase_bytes("rollout", True) - pieces.phase_bytes("rollout", True) == drop

@@ -15,7 +15,8 @@ from mindgrpo.config import GRPOConfig, load_config
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs
-from mindgrpo.parallel.comm import Comm, Group, check_layouts, layouts_of, single_group
+from mindgrpo.parallel import comm as comm_module
+from mindgrpo.parallel.comm import Comm, Group, check_layouts, create_groups, layout_groups, layouts_of, single_group
 from mindgrpo.parallel.data_parallel import DataParallelGrads, share, share_by_tokens
 from mindgrpo.parallel.layout import LayoutError, ParallelLayout
 from mindgrpo.parallel.tp_layers import TensorParallelLayers
@@ -65,6 +66,38 @@ def test_groups_seen_from_a_rank():
     with pytest.raises(RuntimeError, match="was not created"):
         comm.train_tp  # noqa: B018 - groups exist only after init_comm
     assert Group((4, 5, 6, 7), 5, "g").index == 1 and single_group().size == 1
+
+
+def test_a_layouts_groups_are_its_pieces_replicas_and_chains():
+    """dp 2, tp 2, pp 2 over ranks 0..7 (rank = stage * 4 + replica * 2 + piece), written out by hand."""
+    pieces = {(0, 1), (2, 3), (4, 5), (6, 7)}
+    replicas = {(0, 2), (1, 3), (4, 6), (5, 7)}
+    chains = {(0, 4), (1, 5), (2, 6), (3, 7)}  # two stages: each chain is also its one hand-off
+    layout = ParallelLayout(dp=2, tp=2, pp=2)
+    assert layout_groups(layout) == pieces | replicas | chains
+    assert layout_groups(layout, kinds=("tp",)) == pieces
+    # three stages: the chain and its two hand-offs; one piece and one replica: groups of one rank
+    assert layout_groups(ParallelLayout(dp=1, tp=1, pp=3)) == {(0,), (1,), (2,), (0, 1, 2), (0, 1), (1, 2)}
+    # a separate placement's rollout replicas of 2 pieces after 3 training ranks
+    assert layout_groups(ParallelLayout(dp=2, tp=2), first=3, kinds=("tp",)) == {(3, 4), (5, 6)}
+    with pytest.raises(ValueError, match="unknown group kind 'ep'"):
+        layout_groups(layout, kinds=("tp", "ep"))
+
+
+def test_groups_are_created_by_their_members_in_one_order(monkeypatch):
+    import mindspore.communication
+
+    calls = []
+    monkeypatch.setattr(mindspore.communication, "create_group", lambda name, ranks: calls.append((name, ranks)))
+    monkeypatch.setattr(comm_module, "_CREATED", {(1, 2): "g1_2"})
+    groups = [(1, 3), [0, 1], (1,), (0, 1, 2, 3), (2, 3), (1, 2), (0, 1)]
+    create_groups(1, groups, world=4)  # not its own (2, 3), not one rank, not the world, not (1, 2) again
+    assert calls == [("g0_1", [0, 1]), ("g1_3", [1, 3])]
+    assert comm_module._CREATED == {(1, 2): "g1_2", (0, 1): "g0_1", (1, 3): "g1_3"}
+    calls.clear()
+    monkeypatch.setattr(comm_module, "_CREATED", {})  # rank 3's process, the groups given in another order
+    create_groups(3, reversed(groups), world=4)
+    assert calls == [("g1_3", [1, 3]), ("g2_3", [2, 3])]
 
 
 def test_data_parallel_shares_are_contiguous_and_cover_everything():

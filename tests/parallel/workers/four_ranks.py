@@ -58,7 +58,7 @@ clock.mark("tp4 logits")
 # (dp2 x tp2), each scoring its share of the sequences, every rank getting every score
 from mindgrpo.models.checkpoint import save_ms_checkpoint  # noqa: E402
 from mindgrpo.models.reward_model import RewardModel, RewardScorer  # noqa: E402
-from mindgrpo.parallel.placement import reward_model_piece  # noqa: E402
+from mindgrpo.parallel.model_pieces import reward_model_piece  # noqa: E402
 from mindgrpo.parallel.replica_scores import ReplicaScores, replica_of  # noqa: E402
 
 from parallel_cases import rm_sequences  # noqa: E402

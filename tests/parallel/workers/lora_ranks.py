@@ -49,7 +49,8 @@ from mindgrpo.models.scoring import TokenLogProbs  # noqa: E402
 from mindgrpo.parallel.comm import init_comm  # noqa: E402
 from mindgrpo.parallel.data_parallel import DataParallelEngine  # noqa: E402
 from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402
-from mindgrpo.parallel.placement import OneDevice, ParallelPlacement  # noqa: E402
+from mindgrpo.parallel.colocated import ParallelPlacement  # noqa: E402
+from mindgrpo.parallel.one_device import OneDevice  # noqa: E402
 from mindgrpo.parallel.reshard import named_parameters  # noqa: E402
 from mindgrpo.parallel.tp_layers import TensorParallelLayers  # noqa: E402
 

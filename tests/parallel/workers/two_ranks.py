@@ -34,7 +34,7 @@ from mindgrpo.models.checkpoint import load_state  # noqa: E402
 from mindgrpo.models.convert import expected_shapes  # noqa: E402
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
 from mindgrpo.models.scoring import SequenceLogits, TokenLogProbs  # noqa: E402
-from mindgrpo.parallel.placement import load_shard  # noqa: E402
+from mindgrpo.parallel.model_pieces import load_shard  # noqa: E402
 from mindgrpo.parallel.comm import init_comm  # noqa: E402
 from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads  # noqa: E402
 from mindgrpo.parallel.layout import ParallelLayout  # noqa: E402
@@ -159,11 +159,11 @@ Reshard(qwen3["tp"], inference3, comm.train, comm.infer, comm, expected_shapes(C
 weights(inference3, "d/infer")
 
 clock.mark("(a) shards, (d) qwen3 updates and resharding")
-# (e) a reward model split like training tp2 (parallel.placement.reward_model_piece, the trainer's path) against the
+# (e) a reward model split like training tp2 (parallel.model_pieces.reward_model_piece, the trainer's path) against the
 # whole one built from the same seed: the scores of padded and packed rows
 from mindgrpo.models.checkpoint import save_ms_checkpoint  # noqa: E402
 from mindgrpo.models.reward_model import RewardModel, RewardScorer  # noqa: E402
-from mindgrpo.parallel.placement import reward_model_piece  # noqa: E402
+from mindgrpo.parallel.model_pieces import reward_model_piece  # noqa: E402
 
 rm_dense = RewardModel(CFG, seed=SEED)
 rm_dir = os.path.join(out_dir, f"rm_rank_{rank}")  # each rank its own copy of the same weights: no shared write
