@@ -1,5 +1,5 @@
 """mindgrpo/kernels/attention.py: the packed rows' causal attention kernel (forward, CPU, fp32) against an fp64
-numpy attention with explicit masks (tests/models/attention_reference.py, an independent implementation) and
+numpy attention with explicit masks (tests/attention_reference.py, an independent implementation) and
 against `BlockAttention`'s MindSpore ops on the same inputs; the switch.
 
 The inputs are packed rows as `models/reward_model.pack_rows` makes them: sequences with ids 1, 2, ... side by
@@ -12,26 +12,11 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from models.attention_reference import whole_row_attention  # tests/ is on the path (pyproject.toml)
+from attention_reference import whole_row_attention  # tests/ is on the path (pyproject.toml)
 
-from mindgrpo.kernels import build as kbuild
 from mindgrpo.kernels import matmul as kmatmul
 from mindgrpo.kernels.attention import segment_attention
 from mindgrpo.models.block_attention import BlockAttention
-
-
-@pytest.fixture(scope="module")
-def built():
-    if kbuild.library_path() is None:
-        pytest.skip("scipy-openblas32 is not installed")
-    kbuild.build()
-    kmatmul.library.cache_clear()
-    assert kmatmul.library() is not None
-
-
-@pytest.fixture
-def kernels_on(built, monkeypatch):
-    monkeypatch.setenv(kmatmul.ENV, "1")
 
 
 def packed(lengths_by_row, width):
@@ -53,7 +38,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_kernel_equals_masked_attention_and_the_blocks(kernels_on, case):
+def test_the_kernel_equals_masked_attention_and_the_blocks(built, kernels_on, case):
     nh, nkv, d, lengths, width = CASES[case]
     rng = np.random.default_rng(len(case))
     seg = packed(lengths, width)

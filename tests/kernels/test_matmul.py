@@ -23,21 +23,7 @@ from mindgrpo.kernels import matmul as kmatmul
 U = 2.0 ** -24
 
 
-@pytest.fixture(scope="module")
-def built():
-    """The library built (a no-op when scripts/setup_env.sh has built it); skips without scipy-openblas32."""
-    if kbuild.library_path() is None:
-        pytest.skip("scipy-openblas32 is not installed")
-    kbuild.build()
-    kmatmul.library.cache_clear()
-    assert kmatmul.library() is not None
-
-
-@pytest.fixture(autouse=True)
-def kernels_on(monkeypatch):
-    """These tests are of the kernels themselves: switched on whatever MINDGRPO_CPU_KERNELS the suite runs with
-    (the suite also runs with 0, which the model's tests take as MindSpore's MatMul)."""
-    monkeypatch.setenv(kmatmul.ENV, "1")
+pytestmark = pytest.mark.usefixtures("kernels_on")  # tests/kernels/conftest.py
 
 
 class Grads(nn.Cell):

@@ -146,27 +146,35 @@ def _torch_grpo_grads(peft_model, ids, mask, score_pos, labels, valid, adv, old,
     return float(loss.detach()), out
 
 
+def grpo_batch(rng, ids, mask, prompt, lp, r: int = 12):
+    """A GRPO batch over padded rows ids / mask (B, S) whose first prompt[i] tokens are the prompt: the completion
+    tokens' score positions, labels and validity (B, r), then old and reference log-probs (the current ones from lp
+    (B, S, V), plus noise of 0.05 and 0.1) and advantages (B,)."""
+    b = len(ids)
+    score_pos, labels, valid = (np.zeros((b, r), np.int32), np.zeros((b, r), np.int32), np.zeros((b, r), np.float32))
+    for i, n in enumerate(mask.sum(1)):
+        k = n - prompt[i]
+        score_pos[i, :k] = np.arange(prompt[i] - 1, n - 1)
+        labels[i, :k] = ids[i, prompt[i]:n]
+        valid[i, :k] = 1
+    now = np.take_along_axis(lp[np.arange(b)[:, None], score_pos], labels[..., None], -1)[..., 0]
+    old = (now + rng.normal(0, 0.05, now.shape)).astype(np.float32)
+    ref = (now + rng.normal(0, 0.1, now.shape)).astype(np.float32)
+    adv = rng.normal(0, 1, b).astype(np.float32)
+    return score_pos, labels, valid, old, ref, adv
+
+
 def test_adapter_gradients_of_the_grpo_loss_match_peft(pair):
     """The training graph's gradient buffers (one per adapter matrix, nothing else) against torch's."""
     peft_model, _, lm, _ = pair
     rng = np.random.default_rng(7)
     ids, mask = padded_batch(rng, 512, [16, 11, 7], 16)
     prompt = np.array([5, 3, 2])
-    r = 12
-    score_pos, labels, valid = (np.zeros((3, r), np.int32), np.zeros((3, r), np.int32), np.zeros((3, r), np.float32))
-    for i, n in enumerate(mask.sum(1)):
-        k = n - prompt[i]
-        score_pos[i, :k] = np.arange(prompt[i] - 1, n - 1)
-        labels[i, :k] = ids[i, prompt[i]:n]
-        valid[i, :k] = 1
     import torch
 
     with torch.no_grad():
         lp = torch.log_softmax(torch.tensor(hf_logits(peft_model, ids, mask)), -1).numpy()
-    now = np.take_along_axis(lp[np.arange(3)[:, None], score_pos], labels[..., None], -1)[..., 0]
-    old = (now + rng.normal(0, 0.05, now.shape)).astype(np.float32)
-    ref = (now + rng.normal(0, 0.1, now.shape)).astype(np.float32)
-    adv = rng.normal(0, 1, 3).astype(np.float32)
+    score_pos, labels, valid, old, ref, adv = grpo_batch(rng, ids, mask, prompt, lp)
     loss_ref, grads_ref = _torch_grpo_grads(peft_model, ids, mask, score_pos, labels, valid, adv, old, ref)
 
     params = [p for p in lm.get_parameters() if p.requires_grad]

@@ -19,7 +19,7 @@ from mindgrpo.models.lora import ALL_LINEAR, LoraSpec, adapter_parameters, add_a
 from mindgrpo.models.lora_dropout import dropout_mask, host_layer_key, layer_key, projection_key, update_key
 from mindgrpo.models.scoring import causal_bias, positions
 
-from test_lora import BETA, _torch_grpo_grads, make_pair  # tests/models is on sys.path under pytest
+from test_lora import BETA, _torch_grpo_grads, grpo_batch, make_pair  # tests/models is on sys.path under pytest
 
 M32 = np.uint64(0xFFFFFFFF)
 
@@ -183,18 +183,8 @@ def test_training_forward_and_gradients_match_peft_with_the_same_masks(tmp_path)
     assert np.abs(ours - ref)[keep].max() <= 1e-4
 
     prompt = np.array([5, 3, 2])
-    r = 12
-    score_pos, labels, valid = (np.zeros((3, r), np.int32), np.zeros((3, r), np.int32), np.zeros((3, r), np.float32))
-    for i, n in enumerate(mask.sum(1)):
-        k = n - prompt[i]
-        score_pos[i, :k] = np.arange(prompt[i] - 1, n - 1)
-        labels[i, :k] = ids[i, prompt[i]:n]
-        valid[i, :k] = 1
     lp = torch.log_softmax(torch.tensor(ref), -1).numpy()
-    now = np.take_along_axis(lp[np.arange(3)[:, None], score_pos], labels[..., None], -1)[..., 0]
-    old = (now + rng.normal(0, 0.05, now.shape)).astype(np.float32)
-    refl = (now + rng.normal(0, 0.1, now.shape)).astype(np.float32)
-    adv = rng.normal(0, 1, 3).astype(np.float32)
+    score_pos, labels, valid, old, refl, adv = grpo_batch(rng, ids, mask, prompt, lp)
     loss_ref, grads_ref = _torch_grpo_grads(peft_model, ids, mask, score_pos, labels, valid, adv, old, refl)
 
     params = [q for q in lm.get_parameters() if q.requires_grad]

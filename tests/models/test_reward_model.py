@@ -10,7 +10,7 @@ import pytest
 import mindspore as ms
 
 from hf_models import hf_reward_scores, make_hf_reward_model
-from models.attention_reference import whole_row_attention
+from attention_reference import whole_row_attention
 
 from mindgrpo.config.sections import RewardModelConfig
 from mindgrpo.models.block_attention import BlockAttention, query_block
