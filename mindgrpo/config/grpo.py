@@ -302,12 +302,6 @@ class GRPOConfig:
         check(rl.batch_size >= replicas, "rl_config.batch_size",
               f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "
               f"generate_config.parallel_config.data_parallel), got {rl.batch_size}")
-        # partial rollouts on R rollout replicas: each keeps its own groups in flight (grpo/partial.py); a replica in
-        # tensor-parallel pieces does not run them yet
-        check(rollout.model_parallel == 1 or not gen.partial_rollout, "generate_config.parallel_config.model_parallel",
-              "must be 1 with generate_config.partial_rollout and generate_config.placement separate: the rollout "
-              "replicas keep groups in flight whole, not in tensor-parallel pieces (set data_parallel to the rollout "
-              f"ranks), got {rollout.model_parallel}")
         # dynamic sampling's further rollouts of step s + k come after update s's weights reached the rollout ranks:
         # fresher than the step's first rollout, where a colocated engine keeps them all k behind
         check(not rl.dynamic_sampling or rl.off_policy_steps == 0, "rl_config.dynamic_sampling",

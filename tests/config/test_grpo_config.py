@@ -551,10 +551,8 @@ SEPARATE = ["generate_config.placement=separate"]
     # training replicas split into pieces take no LoRA adapters yet (rollout replicas in pieces do)
     (["actor_config.parallel_config.model_parallel=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
     (["actor_config.parallel_config.pipeline_stage=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
-    # a rollout group of R ranks: at least a prompt each; groups in flight on whole rollout replicas only
+    # a rollout group of R ranks: at least a prompt each
     (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
-    (["generate_config.parallel_config.model_parallel=2", "rl_config.off_policy_steps=1",
-      "generate_config.partial_rollout=true"], "generate_config.parallel_config.model_parallel"),
     # the training rank scores with each reward model whole
     (["reward_config.reward_models=[{path: rm.ckpt, model_parallel: 2}]"], "reward_config.reward_models[0].model_parallel"),
     # dynamic sampling: a step's further rollouts with the weights of its first only when the ranks take turns
@@ -651,14 +649,11 @@ def test_a_separate_training_group_of_several_ranks_runs_what_one_training_rank_
                   ["actor_config.parallel_config.pipeline_stage=2"]):
         cfg = load_config(GRPOConfig, overrides=SEPARATE + PARTIAL + group)
         assert cfg.generate_config.partial_rollout and cfg.actor_config.parallel_config.world_size == 2
-    # beside rollout replicas too, each keeping its groups in flight; not beside a replica in tensor-parallel pieces
-    cfg = load_config(GRPOConfig, overrides=SEPARATE + PARTIAL + TRAIN_DP2 +
-                      ["generate_config.parallel_config.data_parallel=2"])
-    assert cfg.generate_config.partial_rollout and cfg.generate_config.parallel_config.data_parallel == 2
-    with pytest.raises(ConfigError) as info:
-        load_config(GRPOConfig, overrides=SEPARATE + PARTIAL + TRAIN_DP2 +
-                    ["generate_config.parallel_config.model_parallel=2"])
-    assert info.value.key == "generate_config.parallel_config.model_parallel" and "pieces" in info.value.message
+    # beside rollout replicas too, each keeping its groups in flight, whole or in tensor-parallel pieces
+    for replicas in (["generate_config.parallel_config.data_parallel=2"],
+                     ["generate_config.parallel_config.model_parallel=2"]):
+        cfg = load_config(GRPOConfig, overrides=SEPARATE + PARTIAL + TRAIN_DP2 + replicas)
+        assert cfg.generate_config.partial_rollout and cfg.generate_config.parallel_config.world_size == 2
 
 
 @pytest.mark.parametrize("lag", [0, 1])

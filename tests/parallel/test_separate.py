@@ -29,9 +29,10 @@ the prompts in flight, rank 0 writes them) against col1p and sepk, sep0gt (sep0t
 the conversations' values) against col0t, and sep0dt (sep0t on the rollout group of two, each rank running its half of
 the prompts' conversations on its own tool workers) against col0t, sep1pd (sep1p on the rollout group of two, each
 replica keeping its own groups in flight, stopped after step 1 and resumed) against the data's order (col0s), and
-sep0tp, sep1tp (sep0, sep1 with one training rank beside a
-rollout replica of two tensor-parallel pieces: each rollout rank keeps its piece of the whole weights the meeting
-brings, the first of the pair hands the samples over) against col0, col1; sep0tpg (sep0g's schedule on a training
+sep0tp, sep1tp, sep1ptp (sep0, sep1, sep1p with one training
+rank beside a rollout replica of two tensor-parallel pieces: each rollout rank keeps its piece of the whole weights the
+meeting brings, the first of the pair hands the samples over; with partial rollouts both keep the same groups in
+flight) against col0, col1, col1p; sep0tpg (sep0g's schedule on a training
 replica of two tensor-parallel pieces beside one rollout rank, resumed from its sharded checkpoint) against col0, and
 sep0ppg (the same on two pipeline stages, the untied micro model) against col0u.
 sep0e and its peer col0e play an
@@ -88,10 +89,10 @@ def runs(tmp_path_factory):
               args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e", *shared], timeout=2400)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), a training group of two
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
-    # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp): world 3
+    # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp, sep1ptp): world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
-              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep0tpg,sep0ppg,sep0gz,sep0tpl,"
-                    "sep1pg,sep1pd",
+              args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep1ptp,sep0tpg,sep0ppg,sep0gz,"
+                    "sep0tpl,sep1pg,sep1pd",
                     *shared],
               timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
@@ -119,16 +120,17 @@ def samples(folder, fields=("completion", "reward"), steps=STEPS):
 
 
 @pytest.mark.slow  # an msrun job of two grpo_one_stage.py runs and one process of two more: minutes of compiling
-@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d", "0g", "1g", "0tp", "1tp", "0gz"])
+@pytest.mark.parametrize("run", ["0", "1", "1p", "0d", "1d", "0g", "1g", "0tp", "1tp", "1ptp", "0gz"])
 def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
     """0d, 1d: a rollout group of two ranks; 0g, 1g: a training group of two data-parallel ranks (each trains half of
     a mini-batch, the gradients summed over the two) beside one rollout rank, 1g's reward model scored on training
-    rank 0 for both; 0tp, 1tp: one rollout replica of two tensor-parallel pieces (its layers' partial products summed
-    over the pair: the rollout log-probs, which tis_token weighs, within about 1e-7 of one process's); the same peers
-    (col0, col1) as one rollout rank's; 0gz: 0g with AdamW's moments split over the two training ranks (ZeRO-1),
+    rank 0 for both; 0tp, 1tp, 1ptp: one rollout replica of two tensor-parallel pieces (its layers' partial products
+    summed over the pair: the rollout log-probs, which tis_token weighs, within about 1e-7 of one process's; 1ptp with
+    partial rollouts, both pieces keeping the same groups in flight); the same peers (col0, col1, col1p) as one rollout
+    rank's; 0gz: 0g with AdamW's moments split over the two training ranks (ZeRO-1),
     its checkpoints each rank's pieces, read back on the resume. The losses within the tolerance of a colocated
     data-parallel update against one process (tests/parallel/test_msrun.py: abs 1e-6, grad_norm rel 1e-5)."""
-    suffix = run[1:] if run[1:] in ("tp", "gz") else run[-1] if run[-1] in "dg" else ""
+    suffix = next(end for end in ("tp", "gz", "d", "g", "") if run.endswith(end))
     group, trainers, pieces = suffix == "d", suffix in ("g", "gz"), suffix == "tp"
     run = run[:-len(suffix)] if suffix else run
     sep, col = runs / f"sep{run}{suffix}", runs / f"col{run}"

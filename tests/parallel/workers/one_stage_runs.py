@@ -28,8 +28,8 @@ back by every rank. One process, their peers: single (swap off), single_packed (
 one process share its start-up and imports (a process each cost seconds of CPU before it compiled).
 dp0t: col0t's run colocated on two data-parallel replicas (training and generating), each running the conversations
 of its half of the prompts on its own tool workers; its peer col0t.
-sep0tp, sep1tp (three ranks: sep0, sep1 with one training rank beside a rollout replica of two tensor-parallel pieces;
-peers col0, col1); sep0tpg (three ranks: sep0g's schedule on a training replica of two tensor-parallel pieces beside
+sep0tp, sep1tp, sep1ptp (three ranks: sep0, sep1, sep1p with one training rank beside a rollout replica of two
+tensor-parallel pieces; peers col0, col1, col1p); sep0tpg (three ranks: sep0g's schedule on a training replica of two tensor-parallel pieces beside
 one rollout rank, its sharded checkpoint read back; peer col0); sep0ppg (sep0tpg on a training replica of two
 pipeline stages, the untied micro model of tests/parallel/workers/micro_untied.yaml; peer col0u).
 sep0e: an environment (guess_number: ENVIRONMENT) under separate, the rollout rank playing the games, with dynamic
@@ -189,6 +189,8 @@ RUNS = {
     # start, validation) and sep1's (one step off-policy, sampled validation, a reward model); peers col0 and col1
     "sep0tp": [(MSRUN, SEPARATE + WARM + VAL + ROLLOUT_TP2)],
     "sep1tp": [(MSRUN, SEPARATE + OFF1 + VAL + SAMPLED + ROLLOUT_TP2)],
+    # sep1p beside a rollout replica of two tensor-parallel pieces (both keep the same groups in flight); peer col1p
+    "sep1ptp": [(MSRUN, SEPARATE + PARTIAL + ROLLOUT_TP2)],
     # sep0l beside a rollout replica of two tensor-parallel pieces: each piece keeps its slice of the base and of
     # the adapters each meeting brings, and merges its pieces (peer col0l)
     "sep0tpl": [(MSRUN, SEPARATE + WARM + LORA + ROLLOUT_TP2 + ["rl_config.max_steps=2"]),
