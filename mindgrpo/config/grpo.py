@@ -285,13 +285,7 @@ class GRPOConfig:
         data-parallel replicas of P pipeline stages of T tensor-parallel pieces (actor_config.parallel_config) and a
         rollout group of R replicas of T' pieces (generate_config.parallel_config data_parallel R, model_parallel T',
         no stages; msrun --worker_num D T P + R T')."""
-        rl, gen, actor = self.rl_config, self.generate_config, self.actor_config
-        training = actor.parallel_config
-        check(training.model_parallel == 1 and training.pipeline_stage == 1 or actor.lora_rank == 0,
-              "actor_config.lora_rank", "cannot combine with generate_config.placement separate and training replicas "
-              f"split into pieces (actor_config.parallel_config model_parallel {training.model_parallel}, "
-              f"pipeline_stage {training.pipeline_stage}) yet: LoRA's checkpoints and meetings take whole training "
-              "replicas; set both 1 or train without LoRA")
+        rl, gen = self.rl_config, self.generate_config
         # partial rollouts run with any training group: the samples meeting gives every training rank every group,
         # so each keeps the same prompts in flight (grpo/partial.DrawnPrompts), rank 0 writes them into a checkpoint
         rollout = gen.parallel_config

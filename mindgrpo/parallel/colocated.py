@@ -18,10 +18,10 @@ from mindgrpo.models.convert import expected_shapes
 from mindgrpo.models.lora import adapter_shapes
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.reward_model import RewardModel
-from mindgrpo.parallel.comm import CPU_CHUNK, Comm, layouts_of
+from mindgrpo.parallel.comm import Comm, layouts_of
 from mindgrpo.parallel.data_parallel import DataParallelEngine, DataParallelGrads
 from mindgrpo.parallel.layout import ParallelLayout, reward_model_layout
-from mindgrpo.parallel.model_pieces import fp32, load_pieces, model_piece, reward_model_piece
+from mindgrpo.parallel.model_pieces import load_pieces, model_piece, reward_model_piece, whole_parameters
 from mindgrpo.parallel.pipeline import Pipeline
 from mindgrpo.parallel.replica_scores import ReplicaScores, replica_of
 from mindgrpo.parallel.reshard import Reshard
@@ -170,45 +170,6 @@ class ParallelPlacement:
 
     def whole(self, params: Sequence[ms.Parameter], shapes: Optional[Dict[str, Tuple[int, ...]]] = None
               ) -> Iterator[Tuple[str, np.ndarray]]:
-        """(name, the whole fp32 values) of each of the policy's parameters, in the given order (the same on every
-        rank: each call is a collective). A tensor-parallel piece goes into its place of a buffer of -0.0 that the
-        training tp group sums (x + -0.0 is x), in pieces of CPU_CHUNK values. With pipeline stages `shapes` names the
-        parameters of the whole model to give (name -> full shape, in their order; `params` are this stage's among
-        them): the stage that holds one makes it whole, then the chain of stages sums it with -0.0 from the others."""
-        layout = self.layouts["policy"]
-        if layout.pp == 1:
-            yield from self._tp_whole(params)
-            return
-        if shapes is None:
-            raise ValueError("placement.whole: with pipeline stages the whole model's names and shapes are needed")
-        held = {p.name: p for p in params}
-        unknown = sorted(set(held) - set(shapes))
-        if unknown:
-            raise ValueError(f"placement.whole: {unknown[0]} is not among the parameters asked for")
-        chain = self.comm.group(layout.pp_group(self.rank))
-        for name, shape in shapes.items():
-            value = next(self._tp_whole([held[name]]))[1] if name in held else np.full(shape, -0.0, np.float32)
-            if value.shape != tuple(shape):
-                raise ValueError(f"placement.whole: {name} is {value.shape} whole, the shapes say {tuple(shape)}")
-            yield name, self._sum(value, chain)
-
-    def _tp_whole(self, params: Sequence[ms.Parameter]) -> Iterator[Tuple[str, np.ndarray]]:
-        """(name, whole fp32 values) of each parameter of this stage, its pieces summed over the tp group."""
-        layout = self.layouts["policy"]
-        group = self.comm.tp_group(layout)
-        for p in params:
-            piece = fp32(p)
-            if group.size == 1 or layout.param_split(p.name) is None:
-                yield p.name, piece
-                continue
-            flat = np.full((group.size, piece.size), -0.0, np.float32)
-            flat[group.index] = piece.reshape(-1)
-            flat = self._sum(flat, group)
-            yield p.name, layout.merge(p.name, [row.reshape(piece.shape) for row in flat.reshape(group.size, -1)])
-
-    def _sum(self, values: np.ndarray, group) -> np.ndarray:
-        """values summed over the group, in pieces of CPU_CHUNK values (a host sum's one buffer each)."""
-        flat = values.reshape(-1).copy()
-        for start in range(0, flat.size, CPU_CHUNK):
-            flat[start:start + CPU_CHUNK] = self.comm.host_sum(flat[start:start + CPU_CHUNK], group)
-        return flat.reshape(values.shape)
+        """(name, the whole fp32 values) of each of the policy's parameters, in the given order (a collective of the
+        policy's layout: `model_pieces.whole_parameters`; shapes: the whole model's, with pipeline stages)."""
+        return whole_parameters(self.comm, self.layouts["policy"], self.rank, params, shapes)

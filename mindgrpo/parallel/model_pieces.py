@@ -1,7 +1,8 @@
 """A model in pieces: the part of the weights one rank holds in a layout (its pipeline stage's layers, its
 tensor-parallel piece of each), built from the seed's whole draw and loaded from the whole weights (sliced by
 the layout's split rules, parallel/layout.py) or from this rank's shard folder (`DIR/rank_<k>/*.ckpt`, written
-by scripts/transform_checkpoint.py); a reward model's piece; a parameter's fp32 values. The placements' one path
+by scripts/transform_checkpoint.py); a reward model's piece; a parameter's fp32 values; the whole values of the
+pieces a layout's ranks hold (`whole_parameters`: checkpoints' PEFT folders and base files). The placements' one path
 to their pieces (parallel/colocated.py, parallel/separate_placement.py).
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Optional, Sequence
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -19,6 +20,7 @@ from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.models.reward_model import RewardModel, load_reward_model
 from mindgrpo.parallel.checkpoints import load_params
+from mindgrpo.parallel.comm import CPU_CHUNK, Comm
 from mindgrpo.parallel.layout import ParallelLayout
 from mindgrpo.parallel.pipeline import stage_spec
 from mindgrpo.parallel.tp_layers import TensorParallelLayers
@@ -86,3 +88,52 @@ def reward_model_piece(path: str, config: Optional[str], layout: ParallelLayout,
 def fp32(p: ms.Parameter) -> np.ndarray:
     """A parameter's values as an fp32 numpy array (a copy)."""
     return p.astype(ms.float32).asnumpy() if p.dtype != ms.float32 else p.asnumpy().copy()
+
+
+def whole_parameters(comm: Comm, layout: ParallelLayout, rank: int, params: Sequence[ms.Parameter],
+                     shapes: Optional[Dict[str, Tuple[int, ...]]] = None) -> Iterator[Tuple[str, np.ndarray]]:
+    """(name, the whole fp32 values) of each parameter of a model laid out by `layout` (this rank: `rank` in it), in
+    the given order (the same on every rank of the layout: each call is a collective). A tensor-parallel piece goes
+    into its place of a buffer of -0.0 that the layout's tp group sums (x + -0.0 is x), in pieces of CPU_CHUNK
+    values. With pipeline stages `shapes` names the parameters of the whole model to give (name -> full shape, in
+    their order; `params` are this stage's among them): the stage that holds one makes it whole, then the chain of
+    stages sums it with -0.0 from the others."""
+    if layout.pp == 1:
+        yield from _tp_whole(comm, layout, rank, params)
+        return
+    if shapes is None:
+        raise ValueError("placement.whole: with pipeline stages the whole model's names and shapes are needed")
+    held = {p.name: p for p in params}
+    unknown = sorted(set(held) - set(shapes))
+    if unknown:
+        raise ValueError(f"placement.whole: {unknown[0]} is not among the parameters asked for")
+    chain = comm.group(layout.pp_group(rank))
+    for name, shape in shapes.items():
+        value = next(_tp_whole(comm, layout, rank, [held[name]]))[1] if name in held else \
+            np.full(shape, -0.0, np.float32)
+        if value.shape != tuple(shape):
+            raise ValueError(f"placement.whole: {name} is {value.shape} whole, the shapes say {tuple(shape)}")
+        yield name, _sum(comm, value, chain)
+
+
+def _tp_whole(comm: Comm, layout: ParallelLayout, rank: int, params: Sequence[ms.Parameter]
+              ) -> Iterator[Tuple[str, np.ndarray]]:
+    """(name, whole fp32 values) of each parameter of this stage, its pieces summed over the tp group."""
+    group = comm.group(layout.tp_group(rank))
+    for p in params:
+        piece = fp32(p)
+        if group.size == 1 or layout.param_split(p.name) is None:
+            yield p.name, piece
+            continue
+        flat = np.full((group.size, piece.size), -0.0, np.float32)
+        flat[group.index] = piece.reshape(-1)
+        flat = _sum(comm, flat, group)
+        yield p.name, layout.merge(p.name, [row.reshape(piece.shape) for row in flat.reshape(group.size, -1)])
+
+
+def _sum(comm: Comm, values: np.ndarray, group) -> np.ndarray:
+    """values summed over the group, in pieces of CPU_CHUNK values (a host sum's one buffer each)."""
+    flat = values.reshape(-1).copy()
+    for start in range(0, flat.size, CPU_CHUNK):
+        flat[start:start + CPU_CHUNK] = comm.host_sum(flat[start:start + CPU_CHUNK], group)
+    return flat.reshape(values.shape)

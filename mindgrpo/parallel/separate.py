@@ -52,6 +52,7 @@ from mindspore import Parameter, Tensor
 from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.models.convert import expected_shapes
+from mindgrpo.models.lora import adapter_shapes
 from mindgrpo.parallel.checkpoint_folders import save_folders
 from mindgrpo.parallel.checkpoints import LocalCheckpoints
 from mindgrpo.parallel.comm import Comm, Group, host_gather
@@ -367,10 +368,13 @@ class SendWeights:
     def __init__(self, meeting: Meeting, policy, names: Optional[Sequence[str]] = None):
         self.meeting = meeting
         params = named_parameters(policy)
-        self.params = params if names is None else {n: params[n] for n in names}
-        # pipeline stages (names None: LoRA takes whole replicas): every stage's parameters meet, each its own
-        self.shapes = {n: tuple(v) for n, v in expected_shapes(policy.config).items()} \
-            if names is None and meeting.comm.train.pp > 1 else None
+        self.params = params if names is None else {n: params[n] for n in names if n in params}
+        # pipeline stages: every stage's parameters meet (`names`, LoRA's adapters or base, are the whole model's),
+        # each stage giving its own
+        self.shapes = None
+        if meeting.comm.train.pp > 1:
+            whole = {**expected_shapes(policy.config), **adapter_shapes(policy)}
+            self.shapes = {n: tuple(whole[n]) for n in (sorted(whole) if names is None else names)}
 
     def release(self) -> None:
         """No graphs of its own (the meeting's AllReduce is the comm's)."""

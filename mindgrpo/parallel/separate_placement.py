@@ -4,7 +4,10 @@ parallel/placement.py describes what a placement gives the build (grpo/builder.p
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import mindspore as ms
 
 from mindgrpo.inference.engine import RolloutEngine
 from mindgrpo.memory.swap import SwapManager
@@ -14,7 +17,7 @@ from mindgrpo.parallel.checkpoints import LocalCheckpoints
 from mindgrpo.parallel.comm import Comm
 from mindgrpo.parallel.data_parallel import DataParallelGrads
 from mindgrpo.parallel.layout import ParallelLayout
-from mindgrpo.parallel.model_pieces import model_piece
+from mindgrpo.parallel.model_pieces import load_pieces, model_piece, whole_parameters
 from mindgrpo.parallel.one_device import OneDevice
 from mindgrpo.parallel.pipeline import Pipeline
 from mindgrpo.parallel.separate import TRAIN_RANK, Meeting, RemoteRollout, SendWeights, TrainingGroupCheckpoints
@@ -130,6 +133,27 @@ class SeparatePlacement(OneDevice):
         if role != "inference" and not self.rollout_rank and (train.tp > 1 or train.pp > 1):
             return model_piece(mcfg, seed, max_positions, train, self.comm.train_tp, self.rank, path)
         return super().model(role, mcfg, path, load, seed, max_positions)
+
+    def load_weights(self, role: str, lm: Qwen2ForCausalLM, path: str, names: Optional[Sequence[str]] = None) -> None:
+        """The parameters `names` (None: every one) of this rank's model from the whole weights at `path`: its piece
+        of each where `model` built a piece (`load_pieces`, sliced as `model` slices), else whole."""
+        train, infer = self.comm.train, self.comm.infer
+        if role == "inference" and self.rollout_rank and infer.tp > 1:
+            load_pieces(lm, path, infer, self.meeting.tp_group().index, names=names)
+        elif role != "inference" and not self.rollout_rank and (train.tp > 1 or train.pp > 1):
+            load_pieces(lm, path, train, self.comm.train_tp.index, names=names)
+        else:
+            super().load_weights(role, lm, path, names)
+
+    def whole(self, params: Sequence[ms.Parameter], shapes: Optional[Dict[str, Tuple[int, ...]]] = None
+              ) -> Iterator[Tuple[str, np.ndarray]]:
+        """(name, whole fp32 values) of each of the policy's parameters on a training rank (LoRA's checkpoints: its
+        base file and PEFT folder): a collective of the training layout's tp group and stages when its replicas are
+        in pieces (`model_pieces.whole_parameters`), else this rank's own values."""
+        train = self.comm.train
+        if train.tp == 1 and train.pp == 1:
+            return super().whole(params, shapes)
+        return whole_parameters(self.comm, train, self.rank, params, shapes)
 
     def engine(self, rollout: Optional[RolloutEngine]) -> Union[RolloutEngine, RemoteRollout]:
         """The training rank: the samples meeting; the rollout rank: its own engine."""

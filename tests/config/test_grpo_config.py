@@ -548,9 +548,6 @@ SEPARATE = ["generate_config.placement=separate"]
 @pytest.mark.parametrize("extra, key", [
     # generation runs without pipeline stages (issue 46)
     (["generate_config.parallel_config.pipeline_stage=2"], "generate_config.parallel_config.pipeline_stage"),
-    # training replicas split into pieces take no LoRA adapters yet (rollout replicas in pieces do)
-    (["actor_config.parallel_config.model_parallel=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
-    (["actor_config.parallel_config.pipeline_stage=2", "actor_config.lora_rank=8"], "actor_config.lora_rank"),
     # a rollout group of R ranks: at least a prompt each
     (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
     # the training rank scores with each reward model whole
@@ -566,6 +563,11 @@ def test_separate_placement_rules(extra, key):
                                                         "sft_config.steps=3", "actor_config.lora_rank=8"])
     assert cfg.generate_config.placement == "separate" and cfg.rl_config.off_policy_steps == 1
     assert cfg.actor_config.lora_rank == 8
+    # LoRA on a training replica in tensor-parallel pieces or pipeline stages
+    for pieces in ("model_parallel", "pipeline_stage"):
+        cfg = load_config(GRPOConfig, overrides=SEPARATE + [f"actor_config.parallel_config.{pieces}=2",
+                                                            "actor_config.lora_rank=8"])
+        assert cfg.actor_config.lora_rank == 8 and cfg.actor_config.parallel_config.world_size == 2
     # a rollout group of three replicas (world 4), with LoRA, a reward model and a judge on the training rank, the
     # batch not a multiple of three (uneven shares)
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["generate_config.parallel_config.data_parallel=3",

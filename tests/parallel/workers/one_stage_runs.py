@@ -199,11 +199,18 @@ RUNS = {
     # after step 2 and resumed for step 3 (both training ranks read back the sharded checkpoint they wrote); peer col0
     "sep0tpg": [(MSRUN, SEPARATE + WARM + VAL + TRAIN_TP2 + ["rl_config.max_steps=2"]),
                 (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN_TP2)],
+    # sep0tpg's schedule with LoRA (sep0l's): the adapters and their moments in pieces, the PEFT folder made whole
+    "sep0tpgl": [(MSRUN, SEPARATE + WARM + LORA + TRAIN_TP2 + ["rl_config.max_steps=2"]),
+                 (MSRUN + ["--resume"], SEPARATE + WARM + LORA + TRAIN_TP2)],
     # sep0tpg's schedule on a training replica of two pipeline stages (its sharded checkpoint read back by both
     # stages), on the untied micro model; its one-process peer col0u
     "sep0ppg": [(MSRUN, SEPARATE + WARM + VAL + TRAIN_PP2 + UNTIED + ["rl_config.max_steps=2"]),
                 (MSRUN + ["--resume"], SEPARATE + WARM + VAL + TRAIN_PP2 + UNTIED)],
     "col0u": [([], WARM + VAL + UNTIED)],
+    # sep0ppg's schedule with LoRA (sep0l's): each stage gives its layers' adapters; its one-process peer col0lu
+    "sep0ppgl": [(MSRUN, SEPARATE + WARM + LORA + TRAIN_PP2 + UNTIED + ["rl_config.max_steps=2"]),
+                 (MSRUN + ["--resume"], SEPARATE + WARM + LORA + TRAIN_PP2 + UNTIED)],
+    "col0lu": [([], WARM + LORA + UNTIED)],
     "single": [(["--swap", "False"], [])],
     "single_packed": [(["--swap", "False"], PACKED)],
 }
