@@ -95,8 +95,9 @@ ROWS: List[Row] = [
         "python -m benchmarks.update_profile --steps 7", "update_profile",
         lambda r: (r["result"]["update_gflops_per_s"], r["result"]["matmul_gflops"]["peak"]), "GFLOP/s", 1,
         "matmul peak", "share"),
-    Row("scoring 8 completions of 100-1,000 tokens (after prompts of 32-128) with a Qwen2.5-0.5B-shaped reward "
-        "model cut to 2 layers, packed rows", "python -m benchmarks.reward_model --layers 2 --count 8 --micro 4 --max_tokens 4096",
+    Row("scoring 256 completions of 100-1,000 tokens (after prompts of 32-128) with a Qwen2.5-0.5B-shaped reward "
+        "model cut to 2 layers, packed rows",
+        "python -m benchmarks.reward_model --layers 2 --count 256 --micro 8 --max_tokens 8192",
         "reward_model", lambda r: (r["sides"]["packed"]["tokens_per_s"], r["sides"]["transformers"]["tokens_per_s"]),
         "tokens/s", 0, "transformers' Qwen2ForSequenceClassification", "rate"),
     Row("crash-safe checkpoint save (fsync, SHA-256, manifest) of a 1 GB policy with its optimizer",
