@@ -17,18 +17,18 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
               for bit) -> every rollout rank's inference copy (each keeps its piece; the other ranks give -0.0,
               the other training replicas keep their own weights, compared with the first's:
               `sync/train_weights_max_diff`);
-              with LoRA (whole replicas only) the adapters only, and at
-              the start, after the warm start and after a resume first a meeting of the base weights (both ranks
-              know when: docs/async.md)
+              with LoRA the adapters only (each training rank of the first replica its pieces, each stage its
+              layers'), and at the start, after the warm start and after a resume first a meeting of the base
+              weights (both ranks know when: docs/async.md)
     start     after a --resume, training rank 0's restored step and prompt position, and with partial rollouts the
               prompts drawn and the draw numbers of the groups in flight -> every rollout rank
-
-and, among the rollout ranks only, with partial rollouts on R > 1 replicas once a step (as each generates it): how
-many groups each replica still needs (`Meeting.needs`), so that they draw the step's fresh prompts in one order.
     values    after a samples meeting of conversations (generate_config.tools): what each rollout rank's
               conversations of its share give besides the tokens (the prompts as generated, the reward columns, the
               tool/ and turns/ metrics: `conversations.ReplicaValue`), pickled, lengths first (`comm.host_gather`)
               -> every training rank, in rollout rank order (= prompt order: `conversations.merge_replicas`)
+
+and, among the rollout ranks only, with partial rollouts on R > 1 replicas, once a step (as each generates it): how
+many groups each replica still needs (`Meeting.needs`), so that they draw the step's fresh prompts in one order.
 
 The training ranks' side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
 the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. A replica's model is its
