@@ -368,11 +368,12 @@ class SendWeights:
     def __init__(self, meeting: Meeting, policy, names: Optional[Sequence[str]] = None):
         self.meeting = meeting
         params = named_parameters(policy)
-        self.params = params if names is None else {n: params[n] for n in names if n in params}
+        stages = meeting.comm.train.pp > 1
         # pipeline stages: every stage's parameters meet (`names`, LoRA's adapters or base, are the whole model's),
-        # each stage giving its own
+        # each stage giving the ones it holds; without stages this rank holds each (a piece of it)
+        self.params = params if names is None else {n: params[n] for n in names if not stages or n in params}
         self.shapes = None
-        if meeting.comm.train.pp > 1:
+        if stages:
             whole = {**expected_shapes(policy.config), **adapter_shapes(policy)}
             self.shapes = {n: tuple(whole[n]) for n in (sorted(whole) if names is None else names)}
 

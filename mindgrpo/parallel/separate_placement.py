@@ -125,23 +125,29 @@ class SeparatePlacement(OneDevice):
         out alike): every rank draws the whole model from `seed`, then the weights at `path` sliced (`model_piece`, as
         a colocated run's; the whole weights only: a folder of per-rank shards is a colocated layout's). Otherwise the
         whole model."""
+        piece = self._piece(role)
+        if piece is not None:
+            layout, group, layout_rank = piece
+            return model_piece(mcfg, seed, max_positions, layout, group, layout_rank, path if load else None)
+        return super().model(role, mcfg, path if load else None, load, seed, max_positions)
+
+    def _piece(self, role: str):
+        """(layout, its tensor-parallel group, this rank's place in it) where this rank's `role` model is a piece: a
+        rollout rank's inference copy in a replica of T' > 1 pieces, a training rank's policy or reference with T or
+        P > 1; else None (the model whole)."""
         train, infer = self.comm.train, self.comm.infer
-        path = path if load else None
         if role == "inference" and self.rollout_rank and infer.tp > 1:
-            return model_piece(mcfg, seed, max_positions, infer, self.meeting.tp_group(), self.rank - train.world_size,
-                               path)
+            return infer, self.meeting.tp_group(), self.rank - train.world_size
         if role != "inference" and not self.rollout_rank and (train.tp > 1 or train.pp > 1):
-            return model_piece(mcfg, seed, max_positions, train, self.comm.train_tp, self.rank, path)
-        return super().model(role, mcfg, path, load, seed, max_positions)
+            return train, self.comm.train_tp, self.rank
+        return None
 
     def load_weights(self, role: str, lm: Qwen2ForCausalLM, path: str, names: Optional[Sequence[str]] = None) -> None:
         """The parameters `names` (None: every one) of this rank's model from the whole weights at `path`: its piece
         of each where `model` built a piece (`load_pieces`, sliced as `model` slices), else whole."""
-        train, infer = self.comm.train, self.comm.infer
-        if role == "inference" and self.rollout_rank and infer.tp > 1:
-            load_pieces(lm, path, infer, self.meeting.tp_group().index, names=names)
-        elif role != "inference" and not self.rollout_rank and (train.tp > 1 or train.pp > 1):
-            load_pieces(lm, path, train, self.comm.train_tp.index, names=names)
+        piece = self._piece(role)
+        if piece is not None:
+            load_pieces(lm, path, piece[0], piece[1].index, names=names)
         else:
             super().load_weights(role, lm, path, names)
 
