@@ -250,11 +250,12 @@ class GRPOConfig:
                              ("generate_config.parallel_config", one_device)):
                 check(off, key, "cannot combine with generate_config.partial_rollout yet (one inference device, one "
                       "answer a prompt, one rollout a step)")
-            for key, off in (("generate_config.tools", not gen.tools),
-                             ("generate_config.environment", gen.environment is None)):
-                check(off, key, "cannot combine with generate_config.partial_rollout yet: the engine stops a call at "
-                      "its complete groups (min_groups) only without conversations, and a parked conversation would "
-                      "have to be carried with its tool calls")
+            # conversations carry over in one process (grpo/partial_conversations.py); the rollout ranks of a
+            # separate placement do not hand their carried conversations' states over yet
+            check(not (gen.conversations and gen.placement == "separate"), "generate_config.placement",
+                  f"separate cannot combine generate_config.partial_rollout with generate_config."
+                  f"{'tools' if gen.tools else 'environment'} yet: the rollout ranks' conversations are carried in "
+                  "one process only; use placement colocated")
 
         for i, entry in enumerate(self.reward_config.reward_models):  # parallel/replica_scores.py
             key, tp = f"reward_config.reward_models[{i}].model_parallel", entry.model_parallel

@@ -54,6 +54,7 @@ class Group:
     columns: Dict[str, object]
     samples: List[Completion]
     number: int = 0  # the prompt's draw number in the run (0, 1, ...: the order the rollout drew prompts)
+    states: Optional[List[dict]] = None  # conversations: each sample's (`partial_conversations`), JSON
 
     @property
     def complete(self) -> bool:
@@ -119,10 +120,15 @@ def joined(before: Completion, after: Completion) -> Completion:
     def cat(a, b):
         return None if a is None or b is None else np.concatenate([a, b])
 
+    def mask(c):  # a plain sample's tokens (no mask) are all the model's own
+        return np.ones(len(c.token_ids), bool) if c.model_mask is None else c.model_mask
+
+    own = None if before.model_mask is None and after.model_mask is None else np.concatenate([mask(before),
+                                                                                                mask(after)])
     return replace(before, token_ids=before.token_ids + after.token_ids, finish_reason=after.finish_reason,
                    logprobs=cat(before.logprobs, after.logprobs),
                    sampling_logprobs=cat(before.sampling_logprobs, after.sampling_logprobs),
-                   versions=cat(before.versions, after.versions))
+                   versions=cat(before.versions, after.versions), model_mask=own, turns=before.turns + after.turns)
 
 
 class PartialRollouts:
@@ -133,6 +139,7 @@ class PartialRollouts:
         self.groups: List[Group] = []  # oldest first
         self.drawn = 0  # prompts drawn so far (the next group's number)
         self.taken: List[int] = []  # the draw numbers of the groups the last `take` gave, in its order
+        self.taken_states: Optional[List[dict]] = None  # with conversations: their samples' states
 
     def continuations(self) -> Tuple[List[List[int]], List[int], List[Tuple[int, int]]]:
         """The carried unfinished samples as prompts (the prompt and the sample's tokens), the tokens each has
@@ -146,19 +153,31 @@ class PartialRollouts:
                     where.append((i, j))
         return prompts, left, where
 
-    def resume(self, where: List[Tuple[int, int]], comps: List[Completion]) -> None:
-        """The continuations' completions (one a carried sample, in `continuations` order) joined to theirs."""
-        for (i, j), c in zip(where, comps):
+    def resume(self, where: List[Tuple[int, int]], comps: List[Completion],
+               states: Optional[List[dict]] = None) -> None:
+        """The continuations' completions (one a carried sample, in `continuations` order) joined to theirs; with
+        conversations (states: theirs after the call) already joined (`partial_conversations`)."""
+        for k, ((i, j), c) in enumerate(zip(where, comps)):
             g = self.groups[i]
-            g.samples[j] = joined(g.samples[j], c)
+            g.samples[j] = joined(g.samples[j], c) if states is None else c
+            if states is not None:
+                g.states[j] = states[k]
 
-    def add(self, batch: PromptBatch, comps: List[Completion], first: Optional[int] = None) -> None:
+    def carried(self, where: List[Tuple[int, int]]) -> Tuple[List[Completion], Optional[List[dict]]]:
+        """The samples at `where` (`continuations`) and, with conversations, their states."""
+        samples = [self.groups[i].samples[j] for i, j in where]
+        with_states = all(self.groups[i].states is not None for i, _ in where)
+        return samples, [self.groups[i].states[j] for i, j in where] if with_states else None
+
+    def add(self, batch: PromptBatch, comps: List[Completion], first: Optional[int] = None,
+            states: Optional[List[dict]] = None) -> None:
         """A rollout call's samples of fresh prompts (G a prompt, adjacent), finished or not; first: the first one's
-        draw number (default the next: `drawn`, which then counts them)."""
+        draw number (default the next: `drawn`, which then counts them); states: with conversations, each sample's."""
         for p, ids in enumerate(batch.ids):
             self.groups.append(Group(list(ids), {k: v[p] for k, v in batch.columns.items()},
                                      list(comps[p * self.G:(p + 1) * self.G]),
-                                     self.drawn if first is None else first + p))
+                                     self.drawn if first is None else first + p,
+                                     None if states is None else list(states[p * self.G:(p + 1) * self.G])))
             if first is None:
                 self.drawn += 1
 
@@ -172,6 +191,8 @@ class PartialRollouts:
         kept = {id(g) for g in taken}
         self.groups = [g for g in self.groups if id(g) not in kept]
         self.taken = [g.number for g in taken]
+        self.taken_states = [s for g in taken for s in g.states] if taken and all(g.states is not None
+                                                                                  for g in taken) else None
         keys = sorted({k for g in taken for k in g.columns})
         batch = PromptBatch([g.prompt for g in taken], {k: [g.columns[k] for g in taken] for k in keys})
         comps = [replace(c, prompt_index=p) for p, g in enumerate(taken) for c in g.samples]
@@ -181,13 +202,14 @@ class PartialRollouts:
         return {"drawn": self.drawn,
                 "groups": [{"prompt": [int(t) for t in g.prompt], "number": g.number,
                             "columns": {k: _plain(v) for k, v in g.columns.items()},
-                            "samples": [sample_state(c) for c in g.samples]} for g in self.groups]}
+                            "samples": [sample_state(c) for c in g.samples],
+                            **({} if g.states is None else {"states": g.states})} for g in self.groups]}
 
     def load_state(self, state: dict) -> None:
         """A group saved without samples (by the training rank of a separate placement) is generated again."""
         self.groups = [Group([int(t) for t in g["prompt"]], dict(g["columns"]),
                              [sample_of(s) for s in g["samples"]] or [unstarted() for _ in range(self.G)],
-                             int(g["number"])) for g in state["groups"]]
+                             int(g["number"]), g.get("states")) for g in state["groups"]]
         self.drawn = int(state["drawn"])
 
     def write(self, folder: str) -> List[str]:
@@ -226,7 +248,7 @@ class PartialRollouts:
                 "carried_samples": float(sum(c.finish_reason == PARTIAL for g in self.groups for c in g.samples))}
 
     def step(self, engine, prompts: PromptSource, want: int, sampling: Callable[[int, int], SamplingParams],
-             seeds: Tuple[int, int], replicas: Optional["Replicas"] = None
+             seeds: Tuple[int, int], replicas: Optional["Replicas"] = None, conversations=None
              ) -> Tuple[PromptBatch, List[Completion], Dict[str, float]]:
         """One step's partial rollout with the engine's weights: the carried unfinished samples go on (prefilled
         again; sampling(1, seeds[1])), then fresh prompts, twice the groups still needed (sampling(G, seeds[0])),
@@ -239,14 +261,23 @@ class PartialRollouts:
         of groups still needed, in replica order. The step's fresh prompts are then drawn once for all, consecutive:
         replica 0's twice its count, then replica 1's, ...; each replica draws them all (every rank's data stays in
         step) and generates its own, keyed by their places in the step's draw (the carried samples by k R + i):
-        draw numbers stay global and unique. Without: one replica (i = 0, R = 1), the same calls."""
+        draw numbers stay global and unique. Without: one replica (i = 0, R = 1), the same calls.
+
+        conversations: a `partial_conversations.PartialConversations` (generate_config.tools or environment): the
+        calls run the conversations, each sample keeps its conversation's state, and its `last` holds the reward
+        columns and metrics of the groups returned."""
         index, count = (0, 1) if replicas is None else (replicas.index, replicas.count)
         carried, left, where = self.continuations()
         tokens, drawn = 0, 0
+        if conversations is not None:
+            conversations.begin()
         if carried:  # keyed past any batch index: their own random streams (each replica its own)
-            comps = engine.generate(carried, sampling(1, seeds[1]), max_tokens=left,
-                                    prompt_index=[CONTINUED + k * count + index for k in range(len(left))])
-            self.resume(where, comps)
+            keys = [CONTINUED + k * count + index for k in range(len(left))]
+            if conversations is None:
+                self.resume(where, engine.generate(carried, sampling(1, seeds[1]), max_tokens=left, prompt_index=keys))
+            else:
+                self.resume(where, *conversations.continued(engine, carried, sampling(1, seeds[1]), left, keys,
+                                                            *self.carried(where)))
             tokens += engine.last_stats["new_tokens"]
         need = max(want - self.complete(), 0)
         needs = [need] if replicas is None else replicas.needs(need)
@@ -258,13 +289,20 @@ class PartialRollouts:
                 mine = range(first, first + 2 * need)
                 batch = PromptBatch([fresh.ids[k] for k in mine], {c: [v[k] for k in mine]
                                                                     for c, v in fresh.columns.items()})
-                comps = engine.generate(batch.ids, sampling(self.G, seeds[0]), min_groups=need,
-                                        prompt_index=list(mine))
-                self.add(batch, comps, self.drawn + first)
+                if conversations is None:
+                    comps = engine.generate(batch.ids, sampling(self.G, seeds[0]), min_groups=need,
+                                            prompt_index=list(mine))
+                    self.add(batch, comps, self.drawn + first)
+                else:  # an environment writes the prompts: the groups keep them as written
+                    ids, comps, states = conversations.fresh(engine, batch, sampling(self.G, seeds[0]), need,
+                                                             list(mine))
+                    self.add(PromptBatch(ids, batch.columns), comps, self.drawn + first, states)
                 drawn = len(batch.ids)
                 tokens += engine.last_stats["new_tokens"]
             self.drawn += total
         batch, comps = self.take(want)
+        if conversations is not None:
+            conversations.end(comps, self.taken_states)
         return batch, comps, dict(self.metrics(), new_tokens=float(tokens), drawn=float(drawn),
                                   continued_samples=float(len(carried)))
 

@@ -25,6 +25,7 @@ from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
 from mindgrpo.grpo.off_policy import LaggedSync, sample_versions, staleness
 from mindgrpo.grpo.partial import IN_FLIGHT, METRICS as PARTIAL_METRICS, DrawnPrompts, PartialRollouts
+from mindgrpo.grpo.partial_conversations import PartialConversations
 from mindgrpo.grpo.optim import AdamWSettings, lr_at
 from mindgrpo.grpo.packing import Batching
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
@@ -151,6 +152,9 @@ class GRPOTrainer:
         # placement: the rollout rank keeps them, this rank the prompts drawn for them)
         self.partial = None if not gen.partial_rollout else DrawnPrompts(self.G) if gen.placement == "separate" \
             else PartialRollouts(self.G, gen.max_tokens)
+        # with conversations: their calls, and what an unfinished one keeps between steps (grpo/partial_conversations)
+        self.partial_conversations = PartialConversations(conversations, tokenizer) \
+            if isinstance(self.partial, PartialRollouts) and conversations is not None else None
         self.val_history: List[float] = []
         self.best = Best(rl.save_best) if rl.save_best else None
         # steps with a skipped update (non-finite loss or gradient norm): in all, and the last ones in a row
@@ -252,13 +256,17 @@ class GRPOTrainer:
         placement the rollout rank does that and hands over the groups)."""
         seeds = (rollout_seed(self.sample_seed, self.step), rollout_seed(self.sample_seed, self.step, 1))
         with self.progress.phase("rollout"), self.memory.phase("rollout"):
+            conv = {} if self.partial_conversations is None else {"conversations": self.partial_conversations}
             batch, comps, figures = self.partial.step(self.engine, self.train_prompts, self.cfg.rl_config.batch_size,
-                                                      self.sampling, seeds)
+                                                      self.sampling, seeds, **conv)
         self.progress.add_tokens("rollout", int(figures["new_tokens"]))
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
-        r = Rollouts(batch, comps, texts, self.G)
+        columns, self.conversation_stats = ({}, {}) if self.partial_conversations is None \
+            else self.partial_conversations.last
+        r = Rollouts(batch, comps, texts, self.G, columns)
         metrics = self.reward(r)
         metrics.update(rollout_metrics(r, self.engine.last_stats))
+        metrics.update(self.conversation_stats)
         metrics.update({f"partial/{k}": float(figures[k]) for k in PARTIAL_METRICS})
         return r, metrics
 

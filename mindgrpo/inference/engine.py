@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -97,6 +97,15 @@ class Turns(Protocol):
     def end_turn(self, request: int, prompt: int, turn_ids: List[int]) -> bool: ...
 
     def poll(self, block: bool) -> List[Tuple[int, List[int]]]: ...
+
+
+class Carried(NamedTuple):
+    """A conversation carried over from an earlier call (partial rollouts, grpo/partial.py), given to generate as one
+    prompt (its prompt and its trajectory so far): the turns it already had appended, and the ids of the model turn
+    it was in when that call stopped (empty after a whole turn: the tool turn was its last)."""
+
+    turns: int
+    turn_ids: List[int]
 
 
 def appended_positions(turns: Optional[Turns]) -> int:
@@ -253,7 +262,7 @@ class RolloutEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  max_tokens: Optional[Sequence[int]] = None, prompt_index: Optional[Sequence[int]] = None,
                  return_logits: bool = False, turns: Optional[Turns] = None,
-                 min_groups: Optional[int] = None) -> List[Completion]:
+                 min_groups: Optional[int] = None, carried: Optional[Sequence[Carried]] = None) -> List[Completion]:
         """prompts: token ids per prompt. Returns len(prompts) * params.n completions, the n samples
         of a prompt adjacent. max_tokens: per prompt (default params.max_tokens for all).
         prompt_index: each prompt's index in the whole batch, the key of its samples' random
@@ -264,9 +273,15 @@ class RolloutEngine:
         counts its own tokens over all turns; its Completion holds the whole trajectory and its model_mask.
         min_groups: stop as soon as this many prompts have all their n samples finished (partial rollouts); the
         samples not finished then come back with finish_reason "partial" and the tokens they have (none for one
-        never started). None: every sample to its end."""
-        if min_groups is not None and turns is not None:
-            raise ValueError("min_groups (partial rollouts) cannot combine with conversations (turns)")
+        never started). None: every sample to its end. With conversations the call stops at a decode step, then
+        waits for the turns its parked samples asked for and puts each in its sample's trajectory (no cache written:
+        the call ends), so an unfinished conversation comes back in the middle of a model turn or right after an
+        appended turn, never between a turn's end and its answer.
+        carried: with turns, a `Carried` per prompt (n = 1), the conversations of earlier calls that go on here (each
+        prompt its prompt and trajectory so far): their turns count towards max_turns, and the model turn under
+        way is whole when it ends (`Turns.end_turn`). Completion.turns counts the turns this call appended."""
+        if carried is not None and (turns is None or params.n != 1 or len(carried) != len(prompts)):
+            raise ValueError("carried conversations need turns, n = 1 and one Carried per prompt")
         if turns is not None and self.layerwise:
             raise ValueError("conversations (turns) run on the whole graphs: set generate_config.layerwise false")
         lengths = np.array([len(p) for p in prompts], np.int64)
@@ -282,9 +297,13 @@ class RolloutEngine:
             raise ValueError(f"a prompt of {lengths[i]} tokens + max_tokens {limit[i]} = {lengths[i] + limit[i]} "
                              f"positions, more than the model's {self.max_positions}")
         keys = np.arange(len(prompts)) if prompt_index is None else np.asarray(prompt_index, np.int64)
-        cache = self._ensure_cache(min(int((lengths + limit - 1).max()) + appended_positions(turns),
-                                       self.max_positions - 1))
-        call = _Call(prompts, params, limit, keys, cache.slots, self.lm.config.vocab_size, return_logits, turns)
+        appended = np.full(len(prompts), appended_positions(turns), np.int64)
+        if carried is not None:  # what a carried conversation has left of its turns (the rest is in its prompt)
+            appended = np.array([max(turns.max_turns - c.turns, 0) * turns.max_turn_tokens for c in carried],
+                                np.int64)
+        cache = self._ensure_cache(min(int((lengths + limit - 1 + appended).max()), self.max_positions - 1))
+        call = _Call(prompts, params, limit, keys, cache.slots, self.lm.config.vocab_size, return_logits, turns,
+                     carried)
         # prefill and copy move this call's prompts (without their last token) in one length bucket
         prefix = int(lengths.max()) - 1
         p_len = pow2_bucket(prefix, PROMPT_STEP, cache.capacity)
@@ -316,6 +335,8 @@ class RolloutEngine:
             self._decode(cache, call, live, params)
             call.stats["decode_seconds"] += time.perf_counter() - t2
             if min_groups is not None and call.complete_groups() >= min_groups:
+                if turns is not None:
+                    self._drain(call, turns, cache.capacity)
                 break
         elapsed = time.perf_counter() - t0
 
@@ -429,6 +450,22 @@ class RolloutEngine:
         call.stats["append_seconds"] += time.perf_counter() - t0
         call.stats["append_calls"] += 1
 
+    @staticmethod
+    def _drain(call: "_Call", turns: Turns, capacity: int) -> None:
+        """A call that stops early (min_groups) with conversations: every parked sample's next turn, once its tools
+        (environment) answered, into its trajectory only (the call ends: its cache is not kept); the sample stays
+        unfinished (or ends, as in `_append`, when the turn does not fit)."""
+        waiting = {int(call.sched.request[s]) for s in np.flatnonzero(call.sched.parked)}
+        waiting = {r for r in waiting if r >= 0 and not call.finished[r]}
+        while waiting:
+            ready = turns.poll(True)
+            if not ready:
+                raise RuntimeError(f"conversations: {len(waiting)} parked sample(s) wait for a turn that never came")
+            for r, ids in ready:
+                if call.accept_turn(r, ids, capacity) is not None:
+                    call.sched.resume(np.flatnonzero(call.sched.request == r))
+                waiting.discard(r)
+
     def _copy(self, cache: KVCache, src: List[int], dst: List[int], p_len: int) -> None:
         """Cache positions [0, p_len) of each src slot to its dst slot, one graph call; padding
         repeats the last pair (the same rows written again)."""
@@ -445,8 +482,12 @@ class _Call:
     last), each request's outputs, the counters of the call."""
 
     def __init__(self, prompts, params: SamplingParams, limit: np.ndarray, keys: np.ndarray, slots: int,
-                 vocab: int, return_logits: bool, turns: Optional[Turns] = None):
+                 vocab: int, return_logits: bool, turns: Optional[Turns] = None,
+                 carried: Optional[Sequence[Carried]] = None):
         self.params, self.limit, self.keys, self.turns = params, limit, keys, turns
+        # per prompt: the turns a carried conversation had before this call, the ids of its model turn so far
+        self.turns_before = np.array([c.turns for c in carried] if carried else [0] * len(prompts), np.int64)
+        self.turn_prefix = [list(c.turn_ids) for c in carried] if carried else None
         self.group = params.n
         self.lengths = np.array([len(p) for p in prompts], np.int64)
         self.last_token = np.array([p[-1] for p in prompts], np.int64)
@@ -508,9 +549,9 @@ class _Call:
         done = hit | (self.count[live] >= self.limit[req // self.group])
         if self.turns is not None:
             parked = [k for k in np.flatnonzero(hit & (c + 1 < self.limit[req // self.group]))
-                      if self.n_turns[req[k]] < self.turns.max_turns and self.turns.end_turn(
-                          int(req[k]), int(self.keys[req[k] // self.group]),
-                          self.out_tok[req[k], self.turn_start[req[k]]:self.tpos[req[k]]].tolist())]
+                      if self.n_turns[req[k]] + self.turns_before[req[k] // self.group] < self.turns.max_turns
+                      and self.turns.end_turn(int(req[k]), int(self.keys[req[k] // self.group]),
+                                              self.turn_ids(int(req[k])))]
             done[parked] = False
             self.sched.park(live[parked])
         self.stopped[req[done]] = hit[done]
@@ -518,6 +559,13 @@ class _Call:
         self.n_out[req[done]] = self.tpos[req[done]]
         self.position[live[done]] = self.token[live[done]] = 0  # a free slot idles at position 0
         self.sched.finish(live[done])
+
+    def turn_ids(self, r: int) -> List[int]:
+        """Request r's model turn that just ended: from its start, in an earlier call too (a carried conversation)."""
+        ids = self.out_tok[r, self.turn_start[r]:self.tpos[r]].tolist()
+        if self.turn_prefix is not None and self.n_turns[r] == 0:
+            ids = self.turn_prefix[r // self.group] + ids
+        return ids
 
     def accept_turn(self, r: int, ids: List[int], capacity: int):
         """Request r's next turn `ids`: (its slot, the first position, the ids to write there) for the append

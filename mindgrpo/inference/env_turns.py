@@ -70,6 +70,7 @@ class EnvTurns:
         self._texts: Dict[int, List[str]] = defaultdict(list)  # the model turns stepped, as the environment saw them
         self._ended_by_env: set = set()  # conversations the engine ended because the environment was done
         self._messages: Dict[int, List[dict]] = {}
+        self._firsts: Dict[int, List[dict]] = {}  # request -> its first messages (a conversation `restore`d)
         self._keys: List[int] = []  # the engine's prompt_index of each prompt of the batch
         self.reset_failures: List[ToolResult] = []
 
@@ -129,7 +130,7 @@ class EnvTurns:
         self._submit(request, self.tokenizer.decode(turn_ids[:-1]))  # without its stop token
         return True
 
-    def _begin(self, request: int, prompt: int) -> bool:
+    def _begin(self, request: int, prompt: Optional[int]) -> bool:
         """The conversation's state set up from its prompt's reset; False when that reset failed."""
         if request not in self._state and request not in self._ended:
             if prompt not in self._start:
@@ -186,7 +187,9 @@ class EnvTurns:
         conversations the environment ended as stopped, and builds each one's messages."""
         for r, c in enumerate(completions):
             runs = _model_runs(c.model_mask)
-            if runs and len(self.steps[r]) < len(runs) and self._begin(r, self._keys[c.prompt_index]):
+            if c.finish_reason == "partial":  # partial rollouts: not finished, its turn goes on in a later call
+                continue
+            if runs and len(self.steps[r]) < len(runs) and self._begin(r, self._key(c)):
                 a, b = runs[-1]
                 ids = c.token_ids[a:b]
                 self._submit(r, self.tokenizer.decode(ids[:-1] if c.finish_reason == "stop" else ids))
@@ -194,6 +197,8 @@ class EnvTurns:
             for (_, request), result in self.pool.poll(None):
                 self._record(request, result)
         for r, c in enumerate(completions):
+            if c.finish_reason == "partial":
+                continue
             if r in self._ended_by_env:
                 c.finish_reason = "stop"
             turns = []
@@ -204,7 +209,39 @@ class EnvTurns:
                 turns.append({"role": "assistant", "content": text})
                 if k < c.turns:
                     turns.append({"role": "user", "content": self._observations[r][k]})
-            self._messages[r] = self._first(self._keys[c.prompt_index]) + turns
+            self._messages[r] = self._first_messages(r, self._key(c)) + turns
+
+    def _key(self, c) -> Optional[int]:
+        """The engine's prompt_index of c's prompt in the last `prompts` call (None: a restored conversation's)."""
+        return self._keys[c.prompt_index] if c.prompt_index < len(self._keys) else None
+
+    def _first_messages(self, request: int, prompt: Optional[int]) -> List[dict]:
+        return self._firsts[request] if request in self._firsts else self._first(prompt)
+
+    # ---------------------------------------------------------------- partial rollouts
+    def carry(self, request: int, prompt: int) -> dict:
+        """request's conversation so far as JSON (partial rollouts carry an unfinished one to a later call, which
+        `restore`s it): its environment (pickled and base64-encoded by the workers after each step, as they send it;
+        a sample not started: its reset's), its steps, observations and model turns as stepped, how it ended, and its
+        first messages. No step is pending (a call that stops early waits for them: engine `min_groups`)."""
+        self._begin(request, prompt)
+        return {"state": self._state.get(request), "ended": self._ended.get(request),
+                "by_env": request in self._ended_by_env, "steps": [dict(s) for s in self.steps.get(request, ())],
+                "observations": list(self._observations.get(request, ())),
+                "texts": list(self._texts.get(request, ())), "first": self._first_messages(request, prompt)}
+
+    def restore(self, request: int, state: dict) -> None:
+        """After `reset`: request of the next call goes on with the conversation `carry` gave."""
+        if state["state"] is not None:
+            self._state[request] = state["state"]
+        if state["ended"] is not None:
+            self._ended[request] = state["ended"]
+        if state["by_env"]:
+            self._ended_by_env.add(request)
+        self.steps[request] = [dict(s) for s in state["steps"]]
+        self._observations[request] = list(state["observations"])
+        self._texts[request] = list(state["texts"])
+        self._firsts[request] = [dict(m) for m in state["first"]]
 
     def columns(self, request: int) -> Dict[str, object]:
         """Extra reward columns of one sample (after finish): env_reward (its steps' rewards summed), env_done

@@ -147,6 +147,18 @@ class ToolTurns:
                 "turn_messages": [[{"role": "tool", "content": a} for a in answers]
                                   for answers in self.answers.get(request, ())]}
 
+    def carry(self, request: int, prompt: int) -> dict:
+        """request's conversation so far, as JSON (partial rollouts carry an unfinished one to a later call, which
+        `restore`s it): its calls and the answers as the model read them. Its calls have all answered (a call that
+        stops early waits for them: engine `min_groups`)."""
+        return {"calls": [dict(c) for c in self.calls.get(request, ())],
+                "answers": [list(a) for a in self.answers.get(request, ())]}
+
+    def restore(self, request: int, state: dict) -> None:
+        """After `reset`: request of the next call goes on with the conversation `carry` gave."""
+        self.calls[request] = [dict(c) for c in state["calls"]]
+        self.answers[request] = [list(a) for a in state["answers"]]
+
     def reset(self) -> None:
         """Before the next generate call."""
         self.calls.clear()

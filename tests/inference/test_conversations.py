@@ -132,3 +132,121 @@ def test_a_turn_that_does_not_fit_ends_the_sample_and_is_counted(engines, stops,
     assert len(warned) == 1 and "over max_turn_tokens 8" in warned[0] and "turns/cut" in warned[0]  # logged once
     with pytest.raises(ValueError, match="layerwise"):
         RolloutEngine(e.lm, layerwise=True).generate(PROMPTS, SamplingParams(max_tokens=2), turns=ScriptedTurns(2))
+
+
+# ------------------------------------------------------------------------------------ partial rollouts (issue 46)
+class CarriedScript(ScriptedTurns):
+    """ScriptedTurns for a continuation call: request k goes on the conversation of prompt keys[k], which had
+    done[k] turns (the answers go on from there, as in one call)."""
+
+    def __init__(self, max_turns, keys, done):
+        super().__init__(max_turns)
+        self.keys, self.turn = keys, dict(enumerate(done))
+
+    def end_turn(self, request, prompt, turn_ids):
+        return super().end_turn(request, self.keys[request], turn_ids)
+
+
+def converse_by_reforward(lm, starts, keys, used, done, limit, stops, max_turns, width=96):
+    """Greedy conversations by re-running the training graph's full forward each step (one padded shape), written
+    again: from each start (prompt + trajectory so far: `used` model tokens, `done` turns), a model token a step; a
+    stop id with turns and tokens left gets the scripted answer of its prompt key and turn. Returns each one's
+    (new ids, their model mask)."""
+    from mindspore import Tensor
+    from mindgrpo.models.scoring import SequenceLogits
+
+    seqs, used, done = [list(s) for s in starts], list(used), list(done)
+    new, own = [[] for _ in starts], [[] for _ in starts]
+    active = [u < limit for u in used]
+    logits = SequenceLogits(lm)
+    while any(active):
+        ids = np.zeros((len(seqs), width), np.int32)
+        mask = np.zeros_like(ids)
+        for i, q in enumerate(seqs):
+            ids[i, :len(q)], mask[i, :len(q)] = q, 1
+        out = logits(Tensor(ids), Tensor(mask)).asnumpy()
+        for i, q in enumerate(seqs):
+            if not active[i]:
+                continue
+            token = int(out[i, len(q) - 1].argmax())
+            q.append(token), new[i].append(token), own[i].append(True)
+            used[i] += 1
+            if token in stops and done[i] < max_turns and used[i] < limit:
+                answer = ANSWERS[(keys[i] + done[i]) % len(ANSWERS)]
+                q.extend(answer), new[i].extend(answer), own[i].extend([False] * len(answer))
+                done[i] += 1
+            elif token in stops or used[i] >= limit:
+                active[i] = False
+    return [(n, np.array(o, bool)) for n, o in zip(new, own)]
+
+
+@pytest.mark.slow  # two engine calls per park point and the training graph's forwards
+def test_a_parked_conversation_continued_with_new_weights_is_a_run_that_switches_weights_at_the_park(engines, lm):
+    """Partial rollouts with conversations, greedy: a call with min_groups stops at a decode step and waits for the
+    turns its parked samples asked for, so an unfinished conversation comes back in the middle of a model turn or
+    right after a tool turn; it goes on (prompt + trajectory as its prompt, its turns and its turn under way:
+    engine.Carried) under other weights, and the whole is what the training graph's forward gives when the weights
+    change there, the tool turns in place, each token stamped with its weights' version."""
+    from mindgrpo.grpo.partial import joined
+    from mindgrpo.grpo.partial_conversations import turn_under_way
+    from mindgrpo.inference.engine import Carried
+    from mindgrpo.models.checkpoint import load_state, model_state
+
+    e, limit, max_turns = engines[8], 14, 2
+    stops = tuple(range(1, 64, 4))  # a quarter of the ids: the turns end often, under either weights
+    params = SamplingParams(max_tokens=limit, temperature=0.0, stop_token_ids=stops)
+    saved, other = model_state(lm), model_state(Qwen2ForCausalLM(CFG, seed=2))
+    kinds = set()
+    try:
+        for first_limit in (2, 3):  # the call stops mid-turn (2 tokens), or once the first turns ended (3)
+            load_state(lm, saved)
+            e.version = 4
+            turns = ScriptedTurns(max_turns, delay=2)
+            first = e.generate(PROMPTS, params, max_tokens=[first_limit] + [limit] * 4, turns=turns, min_groups=1)
+            assert first[0].finish_reason != "partial"
+            carried = [k for k, c in enumerate(first) if c.finish_reason == "partial"]
+            assert carried
+            for k, (ids, own) in zip(range(5), converse_by_reforward(lm, PROMPTS, range(5), [0] * 5, [0] * 5,
+                                                                     limit, stops, max_turns)):
+                if k in carried:  # so far, the one-weights conversation
+                    c = first[k]
+                    assert c.token_ids == ids[:len(c.token_ids)] and (c.model_mask == own[:len(c.token_ids)]).all()
+                    kinds.add("mid-turn" if turn_under_way(c) else "after a tool turn")
+            load_state(lm, other)
+            e.version = 5
+            before = [first[k] for k in carried]
+            again = CarriedScript(max_turns, carried, [c.turns for c in before])
+            rest = e.generate([PROMPTS[k] + c.token_ids for k, c in zip(carried, before)], params,
+                              max_tokens=[limit - int(c.model_mask.sum()) for c in before], turns=again,
+                              carried=[Carried(c.turns, turn_under_way(c)) for c in before])
+            whole = [joined(b, r) for b, r in zip(before, rest)]
+            expected = converse_by_reforward(lm, [PROMPTS[k] + c.token_ids for k, c in zip(carried, before)],
+                                             carried, [int(c.model_mask.sum()) for c in before],
+                                             [c.turns for c in before], limit, stops, max_turns)
+            for b, r, w, (ids, own) in zip(before, rest, whole, expected):
+                assert r.token_ids == ids and (r.model_mask == own).all()
+                assert w.versions.tolist() == [4] * len(b.token_ids) + [5] * len(r.token_ids)
+                assert w.turns == b.turns + r.turns <= max_turns and int(w.model_mask.sum()) <= limit
+                assert len(w.model_mask) == len(w.token_ids) == len(w.logprobs)
+                assert (w.logprobs[~w.model_mask] == 0).all() and (w.logprobs[w.model_mask] < 0).all()
+            # the model turn under way at the park ended whole: the tools read it from its first token
+            firsts = {}
+            for request, ids in again.ended:
+                firsts.setdefault(request, ids)
+            for request, ids in firsts.items():
+                if turn_under_way(before[request]):
+                    kinds.add("a turn under way ended")
+                    assert ids[:len(turn_under_way(before[request]))] == turn_under_way(before[request])
+            for b, r, w in zip(before, rest, whole):  # a stop with tokens left and no turn: the carried turns count
+                if b.turns and r.token_ids[-1] in stops and w.turns == max_turns and w.model_mask.sum() < limit:
+                    kinds.add("turns capped by the carried ones")
+            assert any(not w.model_mask.all() for w in whole)  # tool turns in the trajectories
+            # the new weights changed the continuation: the check can fail
+            load_state(lm, saved)
+            e.version = 0
+            plain = e.generate([PROMPTS[k] for k in carried], params, turns=ScriptedTurns(max_turns))
+            assert any(w.token_ids != p.token_ids for w, p in zip(whole, plain))
+        assert kinds == {"mid-turn", "after a tool turn", "a turn under way ended", "turns capped by the carried ones"}
+    finally:
+        load_state(lm, saved)
+        e.version = 0

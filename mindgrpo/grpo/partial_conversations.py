@@ -1,0 +1,102 @@
+"""Partial rollouts with conversations (generate_config.partial_rollout with generate_config.tools or
+generate_config.environment; docs/async.md): the engine calls of `partial.PartialRollouts.step` made with the run's
+`conversations.Conversations`, and what an unfinished conversation keeps between steps.
+
+A step's fresh call stops at its complete groups (engine `min_groups`) after a decode step, then waits for the turns
+its parked samples asked for (the tools' answers, the environment's observations) and writes them into their
+trajectories: an unfinished conversation is parked in the middle of a model turn (as a plain sample: a long model
+turn is the tail partial rollouts cut) or right after an appended turn, never between a model turn's end and its
+answer (the answer is the tools' work, already under way; carrying it would mean carrying the pool's calls). It keeps
+what a plain sample keeps (its tokens, model turns and appended turns alike; the model mask; per-token versions and
+log-probs; its turn count: `partial.joined`) and its conversation's state (`Turns.carry`: JSON; the tool calls and
+answers so far, or an environment's state object as the tool workers pickle it after each step, its steps,
+observations and first messages), so an IN_FLIGHT checkpoint holds it whole. The next step's continuation call
+`restore`s each conversation, tells the engine its turns so far and the model turn under way (`engine.Carried`) and
+runs it to its end with that step's weights, prefilled again.
+
+The reward columns (tool_calls, messages; env_reward, env_done, messages) and the conversation metrics (tool/*, env/*,
+turns/*) of a step are those of the samples it trains, from their whole conversations, whichever steps ran their turns
+(an environment's failed reset then counts once per sample, not once per prompt); turns/cut counts the turns that did
+not fit in the step's calls.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from mindgrpo.grpo.conversations import Conversations, conversation_columns, conversation_metrics
+from mindgrpo.grpo.partial import joined
+from mindgrpo.grpo.prompts import PromptBatch
+from mindgrpo.inference.engine import Carried, Completion
+from mindgrpo.inference.sampling import SamplingParams
+
+
+def turn_under_way(c: Completion) -> List[int]:
+    """The ids of the model turn an unfinished sample was in: its trajectory's last run of the model's own tokens,
+    none when an appended turn (or nothing) ends it."""
+    mask = np.ones(len(c.token_ids), bool) if c.model_mask is None else np.asarray(c.model_mask, bool)
+    start = len(mask)
+    while start > 0 and mask[start - 1]:
+        start -= 1
+    return [int(t) for t in c.token_ids[start:]]
+
+
+class PartialConversations:
+    """The conversation calls of partial rollouts (module docstring); after each step `last` holds (the reward
+    columns, the metrics) of the groups it returned."""
+
+    def __init__(self, conv: Conversations, tokenizer):
+        self.conv, self.tokenizer = conv, tokenizer
+        self.cut = 0  # turns cut in the step's calls
+        self.last: Tuple[Dict[str, list], Dict[str, float]] = ({}, {})
+
+    def begin(self) -> None:
+        self.cut = 0
+
+    def continued(self, engine, prompts: List[List[int]], params: SamplingParams, left: List[int], keys: List[int],
+                  before: Sequence[Completion], states: Optional[Sequence[dict]]
+                  ) -> Tuple[List[Completion], List[dict]]:
+        """The carried conversations (each prompt its prompt and trajectory so far, `before` its sample and `states`
+        its state) run to their ends: the samples whole, and their states."""
+        if states is None:
+            raise RuntimeError("partial rollouts with conversations: a carried sample has no conversation state")
+        turns = self.conv.turns
+        turns.reset()
+        for k, state in enumerate(states):
+            turns.restore(k, state)
+        comps = engine.generate(prompts, params, max_tokens=left, prompt_index=keys, turns=turns,
+                                carried=[Carried(c.turns, turn_under_way(c)) for c in before])
+        self.cut += int(engine.last_stats["turns_cut"])
+        whole = [joined(b, c) for b, c in zip(before, comps)]
+        self.conv.finish(whole)  # an environment steps the last turns the engine ended
+        return whole, [turns.carry(k, keys[k]) for k in range(len(whole))]
+
+    def fresh(self, engine, batch: PromptBatch, params: SamplingParams, need: int, index: List[int]
+              ) -> Tuple[List[List[int]], List[Completion], List[dict]]:
+        """Fresh prompts (keyed by `index`) until `need` groups are complete: the prompts as generated (an
+        environment's resets), the samples (finished or "partial") and their states."""
+        turns = self.conv.turns
+        turns.reset()
+        ids = batch.ids if self.conv.prompts is None else self.conv.prompts(batch.columns["prompt"], index)
+        comps = engine.generate(ids, params, min_groups=need, prompt_index=index, turns=turns)
+        self.cut += int(engine.last_stats["turns_cut"])
+        self.conv.finish(comps)  # the finished ones' last turns (an unfinished one's goes on)
+        return ids, comps, [turns.carry(r, index[r // params.n]) for r in range(len(comps))]
+
+    def end(self, comps: List[Completion], states: Optional[List[dict]]) -> None:
+        """The step's groups: `last` = their reward columns and metrics, from their conversations' states."""
+        if not comps:
+            self.last = ({}, {})
+            return
+        turns = self.conv.turns
+        turns.reset()
+        for r, state in enumerate(states):
+            turns.restore(r, state)
+        self.conv.finish(comps)  # every turn was stepped: an environment's messages
+        self.last = (conversation_columns(turns, comps, self.tokenizer),
+                     conversation_metrics(turns, comps, {"turns_cut": self.cut}))
+
+
+__all__ = ["PartialConversations", "turn_under_way"]
