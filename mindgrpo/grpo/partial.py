@@ -142,14 +142,15 @@ class PartialRollouts:
         self.taken_states: Optional[List[dict]] = None  # with conversations: their samples' states
 
     def continuations(self) -> Tuple[List[List[int]], List[int], List[Tuple[int, int]]]:
-        """The carried unfinished samples as prompts (the prompt and the sample's tokens), the tokens each has
-        left, and where each is ((group, sample))."""
+        """The carried unfinished samples as prompts (the prompt and the sample's tokens: a conversation's appended
+        turns too), the tokens each has left of its own, and where each is ((group, sample))."""
         prompts, left, where = [], [], []
         for i, g in enumerate(self.groups):
             for j, c in enumerate(g.samples):
                 if c.finish_reason == PARTIAL:
                     prompts.append(g.prompt + c.token_ids)
-                    left.append(self.max_tokens - len(c.token_ids))
+                    own = len(c.token_ids) if c.model_mask is None else int(np.sum(c.model_mask))
+                    left.append(self.max_tokens - own)  # max_tokens counts the model's own tokens
                     where.append((i, j))
         return prompts, left, where
 
