@@ -1,8 +1,8 @@
 """Partial rollouts with conversations in one process (generate_config.partial_rollout with generate_config.tools or
-generate_config.environment; docs/async.md): runs of three steps with off_policy_steps 1 through the trainer, on
+generate_config.environment; docs/async.md): runs of four steps with off_policy_steps 1 through the trainer, on
 micro models whose samples end their turns early and often, so that a step's rollout stops with conversations part
 way (mid-turn, or after a tool / environment turn) and they go on in the next step. Each run saves a checkpoint after
-step 1, then steps 2 and 3 run again from it in a trainer with nothing in flight (a fresh process's), as
+step 1, then steps 2 to 4 run again from it in a trainer with nothing in flight (a fresh process's), as
 tests/grpo/test_off_policy.py's partial_runs does for plain samples: lr 1e-12 moves the weights by about fp32's
 resolution, so the resumed steps draw the straight run's tokens.
 
@@ -27,7 +27,7 @@ from mindgrpo.utils.progress import Progress
 from fakes import RecordingLog, one_layer_micro  # tests/grpo is on sys.path under pytest
 from tool_caller import TEMPLATE, tool_calling_micro
 
-STEPS, B, G = 3, 2, 4
+STEPS, B, G = 4, 2, 4
 BASE = [f"rl_config.batch_size={B}", f"rl_config.num_generations={G}", "actor_config.micro_batch_size=8",
         "generate_config.max_num_seqs=8", "synthetic_config.template=raw", "rl_config.val_interval=0",
         "rl_config.completions_interval=0", f"rl_config.max_steps={STEPS}", "reward_config.num_workers=0",
@@ -45,7 +45,8 @@ ENVIRONMENT = ["generate_config.environment=guess_number", "generate_config.tool
                "generate_config.environment_settings={low: 1, high: 3, invalid_reward: -1.0}",
                f"generate_config.chat_template={TEMPLATE}", "generate_config.max_turns=2",
                "generate_config.tool_response_max_tokens=32", "generate_config.max_prompt_length=160",
-               "generate_config.max_tokens=8", f"generate_config.stop_token_ids={list(range(3, 60))}",
+               "generate_config.max_tokens=8", f"generate_config.stop_token_ids={list(range(3, 200))}",
+               "generate_config.max_num_seqs=16",
                "reward_config.verifier_function=[environment]", "reward_config.verifier_weight=[1.0]"]
 COLUMNS = {"tools": "tool_calls", "environment": "env_reward"}
 
@@ -118,9 +119,10 @@ def runs(request, tmp_path_factory):
                drawn=trainer.partial.drawn)
 
 
+@pytest.mark.slow  # a build and seven steps a kind: about 30 s each
 def test_conversations_carried_over_train_every_prompt_once_across_a_stop_and_resume(runs):
     straight, resumed, kind = runs["trained"]["straight"], runs["trained"]["resumed"], runs["kind"]
-    assert sorted(straight) == [1, 2, 3] and sorted(resumed) == [2, 3]
+    assert sorted(straight) == list(range(1, STEPS + 1)) and sorted(resumed) == list(range(2, STEPS + 1))
     for step in list(straight.values()) + list(resumed.values()):  # batch_size complete groups a step
         assert len(step["prompts"]) == B and len(step["samples"]) == B * G
         assert all(reason != "partial" for _, reason, _, _, _ in step["samples"])
@@ -145,16 +147,16 @@ def test_conversations_carried_over_train_every_prompt_once_across_a_stop_and_re
         for (tokens, _, versions, _, _), (after, _, after_versions, _, _) in zip(samples, got):
             assert after[:len(tokens)] == tokens and after_versions[:len(versions)] == versions
     # the resumed steps are the straight run's: prompts, samples (tokens, finish, turns, masks), reward columns
-    for step in (2, 3):
+    for step in range(2, STEPS + 1):
         assert resumed[step]["prompts"] == straight[step]["prompts"], step
         assert [s[:2] + s[3:] for s in resumed[step]["samples"]] == [s[:2] + s[3:] for s in straight[step]["samples"]]
         assert resumed[step]["columns"] == straight[step]["columns"], step
     # no prompt lost, none trained twice
-    whole = straight[1]["prompts"] + resumed[2]["prompts"] + resumed[3]["prompts"]
-    assert whole == straight[1]["prompts"] + straight[2]["prompts"] + straight[3]["prompts"]
-    assert len(set(whole)) == len(whole)
+    whole = [p for step in [straight[1]] + [resumed[s] for s in range(2, STEPS + 1)] for p in step["prompts"]]
+    assert whole == [p for s in range(1, STEPS + 1) for p in straight[s]["prompts"]] and len(set(whole)) == len(whole)
 
 
+@pytest.mark.slow
 def test_a_carried_conversation_keeps_every_turn_in_its_reward_columns(runs):
     """The columns of a sample that was carried count its turns from before the park too: its conversation's state
     went with it (without it, the calls or the environment's steps of the earlier step would be lost)."""
@@ -170,7 +172,7 @@ def test_a_carried_conversation_keeps_every_turn_in_its_reward_columns(runs):
                 else:  # the first user turn, then one per observation appended; an assistant message a model turn
                     assert sum(m["role"] == "user" for m in messages) == 1 + turns
                     assert sum(m["role"] == "assistant" for m in messages) in (turns, turns + 1)
-                if len(set(versions)) > 1:  # carried over a weights change
+                if len(set(versions)) > 1:  # carried over a weights change (step 3 to 4; 1 to 2 after the resume)
                     first = versions.index(versions[-1])  # where the newer weights took over
                     carried += turns > 0 and not all(mask[:first])  # ... after a turn was appended
     assert carried, "no conversation was carried across a weights change after one of its turns"
