@@ -6,7 +6,9 @@ A carried sample goes on from its prompt and its own tokens as a new prompt, pre
 (its KV cache is not kept: the cache of the old weights would mix two versions in one attention context, and the
 engine's cache belongs to one call), for the tokens it has left; each token keeps the version that generated it
 (`Completion.versions`), so a sample's staleness is that of its oldest token. A group (the G samples of a prompt)
-trains once all its samples are finished, oldest groups first.
+trains once all its samples are finished, oldest groups first. With conversations (tools or an environment, one
+process) each sample also keeps its conversation's state and the calls run through
+`partial_conversations.PartialConversations` (given to `PartialRollouts.step`).
 
 Under generate_config.placement separate the rollout rank keeps the groups in flight and runs each step's partial
 rollout (`PartialRollouts.step`, the same calls as one process); each training rank keeps only the prompts the
@@ -16,7 +18,7 @@ so with several training ranks (data-parallel replicas, tensor-parallel pieces, 
 same prompts in flight: rank 0 writes them into a checkpoint and every training rank reads them back.
 
 A checkpoint holds the groups in flight (IN_FLIGHT, beside its state.json: each prompt, its dataset columns and
-its samples' tokens, log-probs and per-token versions), so that a resumed run trains them as the run it continues
+its samples' tokens, log-probs and per-token versions, and with conversations their states), so that a resumed run trains them as the run it continues
 would have: their prompts were drawn before the save and are not drawn again. Under a separate placement the
 training rank writes it with the prompts only (their samples were the rollout rank's, which writes nothing); after a
 resume the rollout rank draws those prompts again by their draw numbers (`PartialRollouts.redraw`) and generates
