@@ -250,12 +250,12 @@ class GRPOConfig:
                              ("generate_config.parallel_config", one_device)):
                 check(off, key, "cannot combine with generate_config.partial_rollout yet (one inference device, one "
                       "answer a prompt, one rollout a step)")
-            # conversations carry over in one process (grpo/partial_conversations.py); the rollout ranks of a
-            # separate placement do not hand their carried conversations' states over yet
-            check(not (gen.conversations and gen.placement == "separate"), "generate_config.placement",
-                  f"separate cannot combine generate_config.partial_rollout with generate_config."
-                  f"{'tools' if gen.tools else 'environment'} yet: the rollout ranks' conversations are carried in "
-                  "one process only; use placement colocated")
+            # conversations carry over (grpo/partial_conversations.py); under a separate placement the rollout ranks
+            # carry tool conversations, not an environment's yet: its resets rewrite the prompts (the rollout ranks'
+            # prompt check names the data's) and a resume would have to reset the games drawn again
+            check(not (gen.environment is not None and gen.placement == "separate"), "generate_config.placement",
+                  "separate cannot combine generate_config.partial_rollout with generate_config.environment yet (the "
+                  "rollout ranks carry tool conversations only); use placement colocated")
 
         for i, entry in enumerate(self.reward_config.reward_models):  # parallel/replica_scores.py
             key, tp = f"reward_config.reward_models[{i}].model_parallel", entry.model_parallel

@@ -164,13 +164,14 @@ class PartialRollouts:
             g = self.groups[i]
             g.samples[j] = joined(g.samples[j], c) if states is None else c
             if states is not None:
+                g.states = g.states or [None] * len(g.samples)
                 g.states[j] = states[k]
 
-    def carried(self, where: List[Tuple[int, int]]) -> Tuple[List[Completion], Optional[List[dict]]]:
-        """The samples at `where` (`continuations`) and, with conversations, their states."""
-        samples = [self.groups[i].samples[j] for i, j in where]
-        with_states = all(self.groups[i].states is not None for i, _ in where)
-        return samples, [self.groups[i].states[j] for i, j in where] if with_states else None
+    def carried(self, where: List[Tuple[int, int]]) -> Tuple[List[Completion], List[Optional[dict]]]:
+        """The samples at `where` (`continuations`) and their conversations' states (None: a group without, drawn
+        again unstarted after a resume under a separate placement: its conversations begin in the continuation)."""
+        return ([self.groups[i].samples[j] for i, j in where],
+                [None if self.groups[i].states is None else self.groups[i].states[j] for i, j in where])
 
     def add(self, batch: PromptBatch, comps: List[Completion], first: Optional[int] = None,
             states: Optional[List[dict]] = None) -> None:
@@ -368,13 +369,13 @@ class DrawnPrompts:
         read_in_flight(folder, self.load_state)
 
     def step(self, engine, prompts: PromptSource, want: int, sampling: Callable[[int, int], SamplingParams],
-             seeds: Tuple[int, int]) -> Tuple[PromptBatch, List[Completion], Dict[str, float]]:
+             seeds: Tuple[int, int], turns=None) -> Tuple[PromptBatch, List[Completion], Dict[str, float]]:
         """`PartialRollouts.step` as the rollout ranks ran it (with their weights and these seeds): their `want`
         complete groups (each replica its share), from the samples meeting, and their figures. The training rank
         draws as many prompts as the rollout replicas drew together, so the data order (what a checkpoint records)
-        stays the same on every rank."""
+        stays the same on every rank. turns: the run's conversations' (their size sets the rows), None without."""
         params = sampling(self.G, seeds[0])
-        comps, numbers, figures = engine.groups(want * self.G, self.G, row_width(params))
+        comps, numbers, figures = engine.groups(want * self.G, self.G, row_width(params, turns))
         self.draw(prompts, int(figures["drawn"]))  # every rollout replica's fresh prompts (summed)
         batch = self.take(numbers)  # in the meeting's rows: each replica's share of the groups, in replica order
         check_prompts(figures, batch.ids)

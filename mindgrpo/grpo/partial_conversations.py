@@ -56,16 +56,19 @@ class PartialConversations:
         self.cut = 0
 
     def continued(self, engine, prompts: List[List[int]], params: SamplingParams, left: List[int], keys: List[int],
-                  before: Sequence[Completion], states: Optional[Sequence[dict]]
+                  before: Sequence[Completion], states: Sequence[Optional[dict]]
                   ) -> Tuple[List[Completion], List[dict]]:
         """The carried conversations (each prompt its prompt and trajectory so far, `before` its sample and `states`
-        its state) run to their ends: the samples whole, and their states."""
-        if states is None:
-            raise RuntimeError("partial rollouts with conversations: a carried sample has no conversation state")
+        its state; None: a sample not started, drawn again after a resume under a separate placement, whose
+        conversation begins here: tools only, an environment's would need its reset) run to their ends: the samples
+        whole, and their states."""
         turns = self.conv.turns
         turns.reset()
-        for k, state in enumerate(states):
-            turns.restore(k, state)
+        for k, (state, c) in enumerate(zip(states, before)):
+            if state is not None:
+                turns.restore(k, state)
+            elif c.token_ids or self.conv.prompts is not None:
+                raise RuntimeError("partial rollouts with conversations: a carried sample has no conversation state")
         comps = engine.generate(prompts, params, max_tokens=left, prompt_index=keys, turns=turns,
                                 carried=[Carried(c.turns, turn_under_way(c)) for c in before])
         self.cut += int(engine.last_stats["turns_cut"])

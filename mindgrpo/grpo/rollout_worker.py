@@ -54,7 +54,9 @@ import logging
 import time
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
+from mindgrpo.grpo.conversations import ReplicaValue
 from mindgrpo.grpo.partial import PartialRollouts, Replicas
+from mindgrpo.grpo.partial_conversations import PartialConversations
 from mindgrpo.grpo.prompts import PromptSource
 from mindgrpo.grpo.trainer import rollout_seed, sampling_params, validation_request
 from mindgrpo.parallel.data_parallel import row_width
@@ -93,6 +95,9 @@ class RolloutWorker:
         self.waited = 0.0  # seconds in meetings since the last samples were handed over
         gen = cfg.generate_config
         self.partial = PartialRollouts(cfg.rl_config.num_generations, gen.max_tokens) if gen.partial_rollout else None
+        # partial rollouts with tools: the conversations carried between steps (grpo/partial_conversations.py)
+        self.partial_conversations = PartialConversations(conversations, tokenizer) \
+            if self.partial is not None and conversations is not None else None
 
     def receive(self, version: int, phase: str = "sync", whole: bool = False) -> None:
         """A weights meeting; whole: at the start, after the warm start or a resume (LoRA: the base first)."""
@@ -116,11 +121,17 @@ class RolloutWorker:
             # (several replicas: each its own groups in flight, the step's fresh prompts drawn for all of them)
             mine, meeting = self.meeting.share(rl.batch_size), self.meeting
             replicas = Replicas(meeting.index, meeting.replicas, meeting.needs) if meeting.replicas > 1 else None
+            conv = {} if self.partial_conversations is None else {"conversations": self.partial_conversations}
             batch, comps, extra = self.partial.step(
                 self.engine, self.prompts, len(mine), lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
-                (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)), replicas)
+                (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)), replicas,
+                **conv)
+        value = None
+        if self.partial_conversations is not None and comps:  # what the conversations of its groups give besides
+            columns, metrics = self.partial_conversations.last
+            value = ReplicaValue(batch.ids, columns, metrics, len(comps), sum(len(c.token_ids) for c in comps))
         return Samples(comps, self.figures(batch.ids, t0, self.engine.last_stats, extra), rl.batch_size * params.n,
-                       int(mine[0]) * params.n, self.width(params), self.partial.taken, None)
+                       int(mine[0]) * params.n, self.width(params), self.partial.taken, value)
 
     def run_call(self, batch, params, t0: float) -> Samples:
         """This rank's share of the batch's groups generated, each prompt keyed by its index in the batch (its samples'

@@ -24,6 +24,7 @@ from mindgrpo.grpo.actor import PolicyUpdater, Scorer
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
 from mindgrpo.grpo.off_policy import LaggedSync, sample_versions, staleness
+from mindgrpo.grpo.conversations import merge_replicas
 from mindgrpo.grpo.partial import IN_FLIGHT, METRICS as PARTIAL_METRICS, DrawnPrompts, PartialRollouts
 from mindgrpo.grpo.partial_conversations import PartialConversations
 from mindgrpo.grpo.optim import AdamWSettings, lr_at
@@ -256,13 +257,17 @@ class GRPOTrainer:
         placement the rollout rank does that and hands over the groups)."""
         seeds = (rollout_seed(self.sample_seed, self.step), rollout_seed(self.sample_seed, self.step, 1))
         with self.progress.phase("rollout"), self.memory.phase("rollout"):
-            conv = {} if self.partial_conversations is None else {"conversations": self.partial_conversations}
+            conv = {"conversations": self.partial_conversations} if self.partial_conversations is not None else \
+                {"turns": self.conversations.turns} if self.conversations is not None else {}  # separate: the rows
             batch, comps, figures = self.partial.step(self.engine, self.train_prompts, self.cfg.rl_config.batch_size,
                                                       self.sampling, seeds, **conv)
         self.progress.add_tokens("rollout", int(figures["new_tokens"]))
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
         columns, self.conversation_stats = ({}, {}) if self.partial_conversations is None \
             else self.partial_conversations.last
+        if self.conversations is not None and self.partial_conversations is None:  # separate: the rollout ranks'
+            values = [v for v in self.conversations.meeting.values(None) if v is not None]
+            _, columns, self.conversation_stats = merge_replicas(values, len(batch.ids))
         r = Rollouts(batch, comps, texts, self.G, columns)
         metrics = self.reward(r)
         metrics.update(rollout_metrics(r, self.engine.last_stats))

@@ -37,7 +37,8 @@ replica of two tensor-parallel pieces beside one rollout rank, resumed from its 
 sep0ppg (the same on two pipeline stages, the untied micro model) against col0u.
 sep0e and its peer col0e play an
 environment (guess_number) with dynamic sampling: the rollout rank writes the prompts (its resets) and plays the
-games, rank 0 rewards them and asks for the further rollouts. The main job also runs dp0t, col0t's config colocated
+games, rank 0 rewards them and asks for the further rollouts; sep1pt (partial rollouts with tool calls: the
+rollout rank carries the conversations) against col1pt. The main job also runs dp0t, col0t's config colocated
 (no separate placement) on two data-parallel replicas that train and generate, each running the conversations of its
 half of the prompts on its own tool workers: col0t's samples, losses and tool metrics."""
 
@@ -87,7 +88,8 @@ def runs(tmp_path_factory):
                    "checkpoints": sorted(os.listdir(out / "sepk" / "checkpoints")),
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
-              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e", *shared], timeout=2400)
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e,sep1pt", *shared],
+              timeout=2400)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), a training group of two
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
     # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp, sep1ptp): world 3
@@ -99,7 +101,7 @@ def runs(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col0u,col0lu,col0s", *shared],
+                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col0u,col0lu,col0s,col1pt", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -429,6 +431,32 @@ def test_tool_calls_with_the_separate_placement_equal_the_colocated_run(runs, ru
     if run == "sep0gt":  # training rank 1 trained its half to rank 0's weights after every update
         assert [m["sync/train_weights_max_diff"] for m in ms] == [0.0] * STEPS
     assert max(r for step in samples(sep) for _, r in step) > 1.0  # a tool answer's length and error counted
+
+
+@pytest.mark.slow  # the same msrun job
+def test_partial_rollouts_with_tool_calls_under_the_separate_placement_equal_one_process(runs):
+    """sep1pt: partial rollouts with tool calls, one step off-policy (workers/one_stage_runs.py: PARTIAL_TOOLS). The
+    rollout rank stops each step's rollout at its complete groups, carries the unfinished conversations (their tool
+    calls with them: grpo/partial_conversations.py) into the next step and hands over the groups with their
+    conversations' columns and metrics; col1pt, the same in one process: the samples, rewards, losses, staleness,
+    partial/ and tool/ figures step for step."""
+    sep, col = runs / "sep1pt", runs / "col1pt"
+    ms, mc = metrics(sep), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    got = samples(sep, ("prompt", "completion", "reward"))
+    assert got == samples(col, ("prompt", "completion", "reward")) and all(len(step) == 8 for step in got)
+    keys = ("reward_mean", "staleness/mean", "staleness/max", "staleness/dropped", "partial/carried_groups",
+            "partial/carried_samples", "partial/continued_samples", "tool/calls_mean", "tool/errors", "tool/timeouts",
+            "tool/samples_with_calls", "turns/mean", "turns/cut", "turns/masked_fraction")
+    for a, b in zip(ms, mc):
+        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
+                                                                                                   rel=1e-5)
+    # conversations were carried part way (all 16 samples of a step decode at once) and went on a step later, their
+    # tool turns in the trajectories
+    assert sum(m["partial/continued_samples"] for m in ms) > 0 and max(m["staleness/max"] for m in ms) >= 1
+    assert all(m["turns/masked_fraction"] > 0.3 and m["tool/errors"] > 0 for m in ms)
+    assert any("<tool_response>" in text for step in got for _, text, _ in step)
 
 
 @pytest.mark.slow  # the same msrun job

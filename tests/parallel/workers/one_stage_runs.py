@@ -12,8 +12,9 @@ sep0, sep1: their last step again, resumed from their step-2 checkpoints), sep2 
 steps, validating; its peer col2), sep2r and col2r (sep2, col2 again from their step-2 checkpoints for steps 3-5), sepk
 (sep1p killed with SIGKILL on rank 0 right after its step-1 checkpoint: the job fails), sepkr (sepk resumed in its
 folder, --resume), sep0t (sep0's schedule with tool calls: TOOLS, on the micro model that calls tools of
-tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), sep0l (sep0 with LoRA rank 4, without
-validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its
+tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), sep1pt (sep1p's
+partial rollouts with sep0t's tool calls: the rollout rank carries the conversations; its peer: col1pt), sep0l (sep0
+with LoRA rank 4, without validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its
 peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout group of two): sep0d (sep0, stopped
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
 peers col0 and col1; sep0dl (sep0l; its peer col0l); sep0g (sep0d's schedule with two data-parallel training ranks
@@ -79,6 +80,11 @@ TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers
          "generate_config.chat_template=model_configs/qwen_grpo/tiny_tools/tokenizer_config.json",
          f"actor_config.load_checkpoint={os.path.join(sys.argv[1], 'tool_caller', 'policy.ckpt')}",
          "reward_config.verifier_function=[test_text_length,test_tool_outcome]", "reward_config.verifier_weight=[1.0,1.0]"]
+# partial rollouts one step off-policy with TOOLS (the tool caller's turns end on its own stop token); a step's 16
+# samples decode at once, 16 tokens each, so that its rollout stops with conversations part way (mid-turn, after a
+# tool turn)
+PARTIAL_TOOLS = OFF1 + ["generate_config.partial_rollout=true", "generate_config.max_num_seqs=16",
+                          "generate_config.max_tokens=16"] + TOOLS
 # two colocated data-parallel replicas training and generating (half the 8 rows each: micro-batches of 4)
 DP_TOOLS = ["actor_config.parallel_config.data_parallel=2", "generate_config.parallel_config.data_parallel=2",
             "actor_config.micro_batch_size=4"]
@@ -134,6 +140,10 @@ RUNS = {
     "col2": [([], ["rl_config.save_interval=2"] + OFF2 + VAL + SAMPLED)],
     "sep0t": [(MSRUN, ["generate_config.placement=separate"] + TOOLS)],
     "col0t": [([], TOOLS)],
+    # partial rollouts with tool calls (grpo/partial_conversations.py): the rollout rank carries the unfinished
+    # conversations (their tool calls with them) into the next step; peer col1pt, the same in one process
+    "sep1pt": [(MSRUN, SEPARATE + PARTIAL_TOOLS)],
+    "col1pt": [([], PARTIAL_TOOLS)],
     # an environment under separate: the rollout rank runs its conversations (its resets are the prompts; peer col0e),
     # with dynamic sampling: the training rank asks the rollout rank for each further rollout of a step
     "sep0e": [(MSRUN, ["generate_config.placement=separate"] + ENVIRONMENT + DYNAMIC)],
