@@ -10,7 +10,8 @@ Checked: every step trains batch_size complete groups; a conversation really is 
 > 0, a sample in flight at the save with tokens); the carried ones keep their tokens, per-token versions and their
 conversation (its tool calls or its environment's steps: the reward columns count every turn, before and after the
 park); no prompt is lost or trained twice, over the run and over the stop + resume, and the resumed steps are the
-straight run's samples and reward columns."""
+straight run's samples and reward columns. With tools the groups in flight are also started again from their prompts
+after the resume (what a separate placement's rollout rank does): still every prompt once."""
 
 import json
 import os
@@ -82,7 +83,7 @@ def runs(request, tmp_path_factory):
     parts = builder.build(cfg, builder.Paths(output_dir=str(out), sft_path_train=cfg.actor_config.load_checkpoint))
     log = RecordingLog()
     trainer = builder.make_trainer(cfg, parts, log, Progress(STEPS), str(out))
-    trained = {"straight": {}, "resumed": {}}
+    trained = {"straight": {}, "resumed": {}, "redrawn": {}}
     name = ["straight"]
     collect = trainer.collect
 
@@ -112,6 +113,14 @@ def runs(request, tmp_path_factory):
         trainer.partial = PartialRollouts(G, cfg.generate_config.max_tokens)
         trainer.resume(saved)
         steps(STEPS - 1)
+        if kind == "tools":  # the groups in flight as a separate placement's rollout rank gets them after a resume:
+            name[0] = "redrawn"  # their prompts only (its `redraw`), the conversations started again
+            trainer.partial = PartialRollouts(G, cfg.generate_config.max_tokens)
+            trainer.resume(saved)
+            state = trainer.partial.state()
+            trainer.partial.load_state(dict(state, groups=[{k: v for k, v in g.items() if k != "states"} | {
+                "samples": []} for g in state["groups"]]))
+            steps(STEPS - 1)
     finally:
         conv.close()
         ms.set_context(mode=previous)
@@ -154,6 +163,16 @@ def test_conversations_carried_over_train_every_prompt_once_across_a_stop_and_re
     # no prompt lost, none trained twice
     whole = [p for step in [straight[1]] + [resumed[s] for s in range(2, STEPS + 1)] for p in step["prompts"]]
     assert whole == [p for s in range(1, STEPS + 1) for p in straight[s]["prompts"]] and len(set(whole)) == len(whole)
+    if kind == "tools":  # started again from their prompts: every prompt still once, in the straight run's order
+        redrawn = runs["trained"]["redrawn"]
+        assert sorted(redrawn) == list(range(2, STEPS + 1))
+        again = [p for step in [straight[1]] + [redrawn[s] for s in range(2, STEPS + 1)] for p in step["prompts"]]
+        assert again == whole
+        for step in redrawn.values():
+            assert len(step["samples"]) == B * G and all(reason != "partial" for _, reason, _, _, _ in step["samples"])
+        # the groups that were in flight: generated whole after the resume (one version), their tool turns too
+        first = redrawn[2]["samples"][:len(runs["in_flight"][:B]) * G]
+        assert all(len(set(versions)) == 1 for _, _, versions, _, _ in first) and any(t for _, _, _, t, _ in first)
 
 
 @pytest.mark.slow
