@@ -44,7 +44,7 @@ from mindgrpo.parallel.separate import check_prompts
 PARTIAL = "partial"
 CONTINUED = 1_000_000  # a continuation's random-stream key: past any batch index
 # a step's figures (`PartialRollouts.step`), logged as partial/<name>
-METRICS = ("carried_groups", "carried_samples", "continued_samples")
+METRICS = ("carried_groups", "carried_samples", "carried_turns", "continued_samples")
 IN_FLIGHT = "in_flight.json"  # a checkpoint's groups in flight (`PartialRollouts.write`, `read`)
 
 
@@ -141,7 +141,7 @@ class PartialRollouts:
         self.groups: List[Group] = []  # oldest first
         self.drawn = 0  # prompts drawn so far (the next group's number)
         self.taken: List[int] = []  # the draw numbers of the groups the last `take` gave, in its order
-        self.taken_states: Optional[List[dict]] = None  # with conversations: their samples' states
+        self.taken_states: List[Optional[dict]] = []  # with conversations: their samples' states (None: none)
 
     def continuations(self) -> Tuple[List[List[int]], List[int], List[Tuple[int, int]]]:
         """The carried unfinished samples as prompts (the prompt and the sample's tokens: a conversation's appended
@@ -195,8 +195,7 @@ class PartialRollouts:
         kept = {id(g) for g in taken}
         self.groups = [g for g in self.groups if id(g) not in kept]
         self.taken = [g.number for g in taken]
-        self.taken_states = [s for g in taken for s in g.states] if taken and all(g.states is not None
-                                                                                  for g in taken) else None
+        self.taken_states = [s for g in taken for s in (g.states or [None] * len(g.samples))]
         keys = sorted({k for g in taken for k in g.columns})
         batch = PromptBatch([g.prompt for g in taken], {k: [g.columns[k] for g in taken] for k in keys})
         comps = [replace(c, prompt_index=p) for p, g in enumerate(taken) for c in g.samples]
@@ -249,7 +248,10 @@ class PartialRollouts:
     def metrics(self) -> Dict[str, float]:
         """What stays in flight after a step took its groups."""
         return {"carried_groups": float(len(self.groups)),
-                "carried_samples": float(sum(c.finish_reason == PARTIAL for g in self.groups for c in g.samples))}
+                "carried_samples": float(sum(c.finish_reason == PARTIAL for g in self.groups for c in g.samples)),
+                # conversations: the turns (tool answers, observations) the samples in flight already had appended
+                "carried_turns": float(sum(c.turns for g in self.groups for c in g.samples
+                                           if c.finish_reason == PARTIAL))}
 
     def step(self, engine, prompts: PromptSource, want: int, sampling: Callable[[int, int], SamplingParams],
              seeds: Tuple[int, int], replicas: Optional["Replicas"] = None, conversations=None

@@ -88,7 +88,7 @@ class PartialConversations:
         self.conv.finish(comps)  # the finished ones' last turns (an unfinished one's goes on)
         return ids, comps, [turns.carry(r, index[r // params.n]) for r in range(len(comps))]
 
-    def end(self, comps: List[Completion], states: Optional[List[dict]]) -> None:
+    def end(self, comps: List[Completion], states: Sequence[Optional[dict]]) -> None:
         """The step's groups: `last` = their reward columns and metrics, from their conversations' states."""
         if not comps:
             self.last = ({}, {})
@@ -96,6 +96,8 @@ class PartialConversations:
         turns = self.conv.turns
         turns.reset()
         for r, state in enumerate(states):
+            if state is None:
+                raise RuntimeError("partial rollouts with conversations: a finished sample has no conversation state")
             turns.restore(r, state)
         self.conv.finish(comps)  # every turn was stepped: an environment's messages
         self.last = (conversation_columns(turns, comps, self.tokenizer),

@@ -21,10 +21,10 @@ import mindspore as ms
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.grpo import algos
 from mindgrpo.grpo.actor import PolicyUpdater, Scorer
+from mindgrpo.grpo.conversations import merge_replicas
 from mindgrpo.grpo.experience import Experience, pack
 from mindgrpo.grpo.lora_checkpoint import LoraCheckpoint
 from mindgrpo.grpo.off_policy import LaggedSync, sample_versions, staleness
-from mindgrpo.grpo.conversations import merge_replicas
 from mindgrpo.grpo.partial import IN_FLIGHT, METRICS as PARTIAL_METRICS, DrawnPrompts, PartialRollouts
 from mindgrpo.grpo.partial_conversations import PartialConversations
 from mindgrpo.grpo.optim import AdamWSettings, lr_at

@@ -63,14 +63,15 @@ from mindgrpo.parallel.weight_sync import named_parameters
 # a rollout rank's figures of a step, sent after its samples (one float32 row each); "prompt_check" is the sum of its
 # share's prompt token ids (mod 2**23): the training rank compares it with its own prompts' (the same data order)
 # with partial rollouts (grpo/partial.py) also the prompts drawn, the groups and samples in flight after the step and
-# the carried samples that went on in it (0 without)
+# the carried samples that went on in it (0 without), and the turns the conversations in flight had
 FIGURES = ("new_tokens", "generate_seconds", "wait_seconds", "version", "prompt_check", "useful_fraction",
            "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps", "compiled_graphs",
-           "drawn", "carried_groups", "carried_samples", "continued_samples")
+           "drawn", "carried_groups", "carried_samples", "carried_turns", "continued_samples")
 # the rollout group's figure from its ranks' (`group_figures`): tokens, decoding rows, memory and prompts summed; the
 # seconds, steps, graphs and version the largest rank's (the group waits for its slowest); the ratio averaged;
 # prompt_check kept per rank (`prompt_checks`)
-SUMMED = ("new_tokens", "slots_in_use", "kv_bytes", "drawn", "carried_groups", "carried_samples", "continued_samples")
+SUMMED = ("new_tokens", "slots_in_use", "kv_bytes", "drawn", "carried_groups", "carried_samples", "carried_turns",
+          "continued_samples")
 AVERAGED = ("useful_fraction",)
 TRAIN_RANK = 0
 

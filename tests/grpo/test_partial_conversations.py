@@ -139,8 +139,9 @@ def test_conversations_carried_over_train_every_prompt_once_across_a_stop_and_re
     assert any(m["metrics"]["partial/continued_samples"] > 0 for m in straight.values())
     carried = [s for _, samples, _ in runs["in_flight"] for s in samples if s[1] == "partial" and s[0]]
     assert carried, runs["in_flight"]
-    if kind == "tools":  # some carried conversation had its tool turn before the park
+    if kind == "tools":  # some carried conversation had its tool turn before the park (partial/carried_turns)
         assert any(not all(mask) for _, _, _, _, mask in carried)
+        assert any(m["metrics"]["partial/carried_turns"] > 0 for m in straight.values())
     # the checkpoint holds each sample's conversation (JSON: the tool calls, or the environment's pickled state)
     with open(os.path.join(runs["saved"], IN_FLIGHT)) as f:
         saved = json.load(f)

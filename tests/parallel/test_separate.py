@@ -446,8 +446,8 @@ def test_partial_rollouts_with_tool_calls_under_the_separate_placement_equal_one
     got = samples(sep, ("prompt", "completion", "reward"))
     assert got == samples(col, ("prompt", "completion", "reward")) and all(len(step) == 8 for step in got)
     keys = ("reward_mean", "staleness/mean", "staleness/max", "staleness/dropped", "partial/carried_groups",
-            "partial/carried_samples", "partial/continued_samples", "tool/calls_mean", "tool/errors", "tool/timeouts",
-            "tool/samples_with_calls", "turns/mean", "turns/cut", "turns/masked_fraction")
+            "partial/carried_samples", "partial/carried_turns", "partial/continued_samples", "tool/calls_mean",
+            "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean", "turns/cut", "turns/masked_fraction")
     for a, b in zip(ms, mc):
         assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
@@ -455,6 +455,7 @@ def test_partial_rollouts_with_tool_calls_under_the_separate_placement_equal_one
     # conversations were carried part way (all 16 samples of a step decode at once) and went on a step later, their
     # tool turns in the trajectories
     assert sum(m["partial/continued_samples"] for m in ms) > 0 and max(m["staleness/max"] for m in ms) >= 1
+    assert max(m["partial/carried_turns"] for m in ms) > 0  # some carried after their tool turn
     assert all(m["turns/masked_fraction"] > 0.3 and m["tool/errors"] > 0 for m in ms)
     assert any("<tool_response>" in text for step in got for _, text, _ in step)
 
