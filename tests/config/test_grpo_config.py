@@ -554,8 +554,8 @@ SEPARATE = ["generate_config.placement=separate"]
     (["reward_config.reward_models=[{path: rm.ckpt, model_parallel: 2}]"], "reward_config.reward_models[0].model_parallel"),
     # dynamic sampling k steps ahead: the rollout ranks decide a step's rounds with the rule rewards; reward models and
     # judges score on training rank 0 only
-    (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=1", "reward_config.reward_models=[{path: rm.ckpt}]"],
-     "reward_config.reward_models"),
+    (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=1",
+      "reward_config.reward_models=[{path: rm.ckpt}]"], "reward_config.reward_models"),
     (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=2", "reward_config.judges=[{path: models/judge}]"],
      "reward_config.judges"),
 ])

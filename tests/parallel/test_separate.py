@@ -35,11 +35,10 @@ meeting brings, the first of the pair hands the samples over; with partial rollo
 flight) against col0, col1, col1p; sep0tpg (sep0g's schedule on a training
 replica of two tensor-parallel pieces beside one rollout rank, resumed from its sharded checkpoint) against col0, and
 sep0ppg (the same on two pipeline stages, the untied micro model) against col0u.
-sep0e and its peer col0e play an
-environment (guess_number) with dynamic sampling: the rollout rank writes the prompts (its resets), plays the
-games and decides each step's further rollouts, rank 0 rewards them and follows; sep1ed (in the job of three ranks:
-the same one step off-policy on a rollout group of two, deciding each step's rollouts a step ahead) against col1e. The main job also runs dp0t, col0t's config colocated
-(no separate placement) on two data-parallel replicas that train and generate, each running the conversations of its
+sep0e and its peer col0e play an environment (guess_number) with dynamic sampling: the rollout rank writes the prompts
+(its resets), plays the games and decides each step's further rollouts, rank 0 rewards them and follows; sep1ed (in
+the job of three ranks: the same one step off-policy on a rollout group of two, deciding each step's rollouts a step
+ahead) against col1e. The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel replicas that train and generate, each running the conversations of its
 half of the prompts on its own tool workers: col0t's samples, losses and tool metrics."""
 
 import json

@@ -279,6 +279,27 @@ def test_rollout_ranks_decide_a_steps_rounds_as_the_trainer_does(pattern, rl):
     assert len(engine.calls) == len(engine.told) > 1
 
 
+def test_the_training_ranks_follow_the_rollout_ranks_count_of_further_rollouts(caplog):
+    """RemoteRollout.next_round: with dynamic sampling decided by the rollout ranks the next rollout draws the count
+    their last samples meeting's figures gave ("more"), whatever the training rank's own (a warning names both when
+    they differ), and no meeting is held for it; decided by the training rank (reward models or judges), its count goes
+    to the rollout ranks (Meeting.more_prompts) and is the one drawn."""
+    from mindgrpo.parallel.separate import RemoteRollout
+
+    told = []
+    meeting = SimpleNamespace(more_prompts=told.append)
+    remote = RemoteRollout(meeting, resamples=True)
+    for theirs, mine in ((2, 2), (0, 1), (3, 1)):
+        remote.last_stats = {"more": float(theirs)}
+        caplog.clear()
+        assert remote.next_round(mine) == theirs
+        assert ("draw %d prompts again where this rank's rewards say %d" % (theirs, mine) in caplog.text) \
+            == (theirs != mine)
+    assert told == []
+    remote = RemoteRollout(meeting, resamples=False)
+    assert remote.next_round(3) == 3 and remote.next_round(0) == 0 and told == [3, 0]
+
+
 @pytest.mark.parametrize("turns", [None, SimpleNamespace(max_turns=2, max_turn_tokens=5)])
 def test_the_training_rank_checks_its_draw_against_the_rollout_ranks_with_conversations_too(turns):
     """RemoteRollout.generate: each rollout rank's prompt check names the prompts it drew (with conversations too: an
