@@ -297,11 +297,24 @@ class GRPOConfig:
         check(rl.batch_size >= replicas, "rl_config.batch_size",
               f"with generate_config.placement separate: at least one prompt a rollout rank ({replicas}: "
               f"generate_config.parallel_config.data_parallel), got {rl.batch_size}")
-        # dynamic sampling's further rollouts of step s + k come after update s's weights reached the rollout ranks:
-        # fresher than the step's first rollout, where a colocated engine keeps them all k behind
-        check(not rl.dynamic_sampling or rl.off_policy_steps == 0, "rl_config.dynamic_sampling",
-              "with generate_config.placement separate: only with rl_config.off_policy_steps 0 for now (with k >= 1 a "
-              "step's further rollouts would sample with newer weights than its first); set it 0 or leave this off")
+        # dynamic sampling: the rollout ranks decide each step's rounds when they generate it (k steps ahead), scoring
+        # them with the rule rewards; reward models and judges score on training rank 0 only, which then decides after
+        # each round (k = 0: the ranks take turns)
+        if rl.dynamic_sampling and rl.off_policy_steps > 0:
+            rc = self.reward_config
+            for key, models in (("reward_config.reward_models", rc.reward_models), ("reward_config.judges", rc.judges)):
+                check(not models, key, "cannot combine with rl_config.dynamic_sampling, generate_config.placement "
+                      f"separate and rl_config.off_policy_steps {rl.off_policy_steps}: the rollout ranks decide a "
+                      "step's further rollouts when they generate it, ahead, and score them with the rule rewards only "
+                      "(the models score on training rank 0); set off_policy_steps 0 or leave them out")
+
+    def rollout_ranks_resample(self) -> bool:
+        """generate_config.placement separate: whether the rollout ranks decide dynamic sampling's further rollouts of
+        a step themselves (rl_config.dynamic_sampling, scored with the rule rewards: no reward models or judges), as
+        the trainer's `collect` would; else (reward models or judges, off_policy_steps 0) training rank 0 decides and
+        tells them after each rollout. The one rule for both sides (docs/async.md)."""
+        rc = self.reward_config
+        return self.rl_config.dynamic_sampling and not rc.reward_models and not rc.judges
 
     def staleness_bound(self) -> int:
         """rl_config.max_staleness, or its default (sections.RLConfig): the most updates a training sample may be

@@ -506,9 +506,11 @@ def build_rollout(cfg: GRPOConfig, paths: Paths, placement):
         add_adapters(inference, lora, rl.seed)
         adapters = (sorted(expected_shapes(mcfg)), list(adapter_shapes(inference)))
     engine = build_engine(cfg, inference, tokenizer.pad_token_id, memory_policy, turn_positions)
+    # dynamic sampling: this rank decides a step's rounds, scoring them with the run's rule rewards
+    rewards = build_rewards(cfg) if cfg.rollout_ranks_resample() else None
     return RolloutWorker(cfg, placement.engine(engine), inference, train, placement.meeting,
                          stop_ids_of(tokenizer, gen), val, conversations=conversations, tokenizer=tokenizer,
-                         lora=adapters)
+                         lora=adapters, rewards=rewards)
 
 
 def make_trainer(cfg: GRPOConfig, parts: Parts, metrics_log, progress, output_dir: str):

@@ -316,7 +316,7 @@ class PartialRollouts:
 class Replicas(NamedTuple):
     """A rollout replica's place among R that each keep groups in flight (`PartialRollouts.step`): its index, R,
     and needs(n): every replica's count of groups it still needs this step, in replica order, from its own n (a
-    meeting of the rollout ranks: `separate.Meeting.needs`)."""
+    meeting of the rollout ranks: `separate.Meeting.replica_counts`)."""
     index: int
     count: int
     needs: Callable[[int], List[int]]

@@ -32,7 +32,7 @@ With generate_config.partial_rollout this rank keeps the groups in flight (`part
 complete groups with their draw numbers (the training ranks keep the prompts drawn: `partial.DrawnPrompts`). With R
 rollout replicas each keeps its own groups in flight and hands over its share of the step's groups (`Meeting.share`),
 generating until it has them; the step's fresh prompts are drawn once for all replicas, in replica order, after a
-meeting of the rollout ranks that tells each how many groups the others still need (`Meeting.needs`); after a
+meeting of the rollout ranks that tells each how many groups the others still need (`Meeting.replica_counts`); after a
 resume each redraws its share of the groups in flight.
 
 With conversations (generate_config.tools or environment) this rank runs those of its share of the prompts on its
@@ -43,9 +43,16 @@ columns (tool_calls, messages; env_reward, env_done) and tool/ or env/, and turn
 `conversations.ReplicaValue`; `grpo/conversations.RemoteConversations` on the training rank merges them). Its prompt
 check names the prompts it drew, with conversations too: the training ranks check their draw against it.
 
-With rl_config.dynamic_sampling (off_policy_steps 0) a step's hand-over is followed by the training ranks' count of
-prompts to draw again (`Meeting.more_prompts`) and, while it is not 0, a further rollout of that many prompts with
-the round's seed, handed over as the first (`hand_over`).
+With rl_config.dynamic_sampling this rank decides a step's rounds (`rounds`) when it generates the step, with the
+weights it has then (k steps ahead: every round of step s samples with version s - 1 - k, as in one process): it
+scores each rollout of its share with the run's rule rewards (reward_config.verifier_function, the conversations'
+reward columns), the rollout ranks sum their counts of groups with a spread of rewards (`Meeting.replica_counts`),
+and the next round draws as many prompts as the trainer's `collect` would (`trainer.resample_count`), with the round's
+seed, until the step is complete. The step's rounds wait in the queue together and are handed over in order, each a
+samples meeting whose figure "more" says how many prompts the next one draws (0: the last); the training ranks follow
+it and train on their own scores. With reward models or judges (scored on training rank 0 only; off_policy_steps 0)
+the training ranks decide instead: a step's first rollout is handed over, then their count of prompts to draw again
+(`Meeting.more_prompts`) and, while it is not 0, a further rollout of that many prompts (`hand_over`).
 """
 
 from __future__ import annotations
@@ -54,11 +61,13 @@ import logging
 import time
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
+import numpy as np
+
 from mindgrpo.grpo.conversations import ReplicaValue
 from mindgrpo.grpo.partial import PartialRollouts, Replicas
 from mindgrpo.grpo.partial_conversations import PartialConversations
-from mindgrpo.grpo.prompts import PromptSource
-from mindgrpo.grpo.trainer import rollout_seed, sampling_params, validation_request
+from mindgrpo.grpo.prompts import PromptBatch, PromptSource
+from mindgrpo.grpo.trainer import resample_count, rollout_seed, sampling_params, validation_request
 from mindgrpo.parallel.data_parallel import row_width
 from mindgrpo.parallel.separate import Meeting, prompt_check
 from mindgrpo.parallel.weight_sync import named_parameters
@@ -83,10 +92,12 @@ class Samples(NamedTuple):
 class RolloutWorker:
     def __init__(self, cfg, engine, model, prompts: PromptSource, meeting: Meeting, stop_ids: tuple,
                  val_prompts: Optional[PromptSource] = None, conversations=None, tokenizer=None,
-                 lora: Optional[Tuple[List[str], List[str]]] = None):
-        """lora: the names of the base weights and of the adapters (LoRA's two meetings), None without LoRA."""
+                 lora: Optional[Tuple[List[str], List[str]]] = None, rewards=None):
+        """lora: the names of the base weights and of the adapters (LoRA's two meetings), None without LoRA; rewards:
+        the run's rule rewards (a `rewards.RewardSet`) when this rank decides dynamic sampling's rounds
+        (`GRPOConfig.rollout_ranks_resample`), else None."""
         self.cfg, self.engine, self.prompts, self.meeting, self.stop_ids = cfg, engine, prompts, meeting, stop_ids
-        self.val_prompts = val_prompts
+        self.val_prompts, self.rewards = val_prompts, rewards
         self.conversations, self.tokenizer = conversations, tokenizer  # grpo/conversations.Conversations, or None
         params = named_parameters(model)  # by path: the training rank's policy has the same paths
         base, moved = ([], list(params)) if lora is None else lora
@@ -109,18 +120,20 @@ class RolloutWorker:
         self.engine.version = version
         self.waited += time.perf_counter() - t0
 
-    def generate(self, step: int) -> Samples:
-        """This rank's samples of step `step` (counted from 1) and the figures that go with them."""
+    def generate(self, step: int) -> List[Samples]:
+        """This rank's samples of step `step` (counted from 1) and the figures that go with them: one rollout, with
+        dynamic sampling decided here each round's (`rounds`)."""
         rl, gen = self.cfg.rl_config, self.cfg.generate_config
-        params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1), self.stop_ids)
-        t0 = time.perf_counter()
         with heartbeat.phase("rollout"):
             if self.partial is None:
-                return self.run_call(self.prompts.next(rl.batch_size), params, t0)
+                return self.rounds(step)
             # the trainer's collect_partial, with this rank's weights, for this replica's share of the step's groups
             # (several replicas: each its own groups in flight, the step's fresh prompts drawn for all of them)
+            t0 = time.perf_counter()
+            params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1), self.stop_ids)
             mine, meeting = self.meeting.share(rl.batch_size), self.meeting
-            replicas = Replicas(meeting.index, meeting.replicas, meeting.needs) if meeting.replicas > 1 else None
+            replicas = Replicas(meeting.index, meeting.replicas, meeting.replica_counts) if meeting.replicas > 1 \
+                else None
             conv = {} if self.partial_conversations is None else {"conversations": self.partial_conversations}
             batch, comps, extra = self.partial.step(
                 self.engine, self.prompts, len(mine), lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
@@ -130,8 +143,51 @@ class RolloutWorker:
         if self.partial_conversations is not None and comps:  # what the conversations of its groups give besides
             columns, metrics = self.partial_conversations.last
             value = ReplicaValue(batch.ids, columns, metrics, len(comps), sum(len(c.token_ids) for c in comps))
-        return Samples(comps, self.figures(batch.ids, t0, self.engine.last_stats, extra), rl.batch_size * params.n,
-                       int(mine[0]) * params.n, self.width(params), self.partial.taken, value)
+        return [Samples(comps, self.figures(batch.ids, t0, self.engine.last_stats, extra), rl.batch_size * params.n,
+                        int(mine[0]) * params.n, self.width(params), self.partial.taken, value)]
+
+    def rounds(self, step: int) -> List[Samples]:
+        """Step `step`'s rollouts with the weights this rank has: the first of rl_config.batch_size prompts, and with
+        dynamic sampling decided here further ones as the trainer's `collect` draws them (each round's seed, as many
+        prompts as `resample_count` says from the groups with a spread of rewards so far, over every rollout rank:
+        `spread`), each round's figure "more" its successor's prompts (0 on the last)."""
+        rl, gen = self.cfg.rl_config, self.cfg.generate_config
+        want = count = rl.batch_size
+        out: List[Samples] = []
+        have = 0
+        while count:
+            params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1, len(out)),
+                                     self.stop_ids)
+            t0 = time.perf_counter()
+            batch = self.prompts.next(count)
+            samples = self.run_call(batch, params, t0)
+            out.append(samples)
+            if self.rewards is None:  # one rollout a step (or the training ranks decide: `hand_over`)
+                break
+            have += self.spread(batch, samples)
+            count = resample_count(want, have, len(out), rl.max_resample_times)
+            samples.figures["more"] = float(count)
+        return out
+
+    def spread(self, batch: PromptBatch, samples: Samples) -> int:
+        """How many of a rollout's groups have a spread of rewards (the trainer's `collect` keeps them), over the
+        rollout group: each replica scores its share (its first rank; the run's rule rewards on what the trainer's
+        `Rollouts` gives them: the texts, the prompts' dataset columns, completion_length, the conversations' reward
+        columns), the counts summed over the rollout ranks (`Meeting.replica_counts`) when there are several."""
+        comps, n = samples.comps, self.cfg.rl_config.num_generations
+        count = 0
+        if self.meeting.hands_over and comps:
+            mine = self.meeting.share(len(batch.ids))
+            texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
+            columns = {k: [v[int(mine[c.prompt_index])] for c in comps] for k, v in batch.columns.items()}
+            columns["completion_length"] = [len(c.token_ids) for c in comps]
+            if samples.value is not None:  # conversations: tool_calls, messages; env_reward, env_done
+                columns.update(samples.value.columns)
+            total, _, _ = self.rewards(texts, **columns)
+            count = int((np.asarray(total).astype(np.float32).reshape(-1, n).std(-1) > 0).sum())
+        if self.meeting.comm.world - self.meeting.trainers > 1:  # several rollout ranks: the same decision on each
+            count = sum(self.meeting.replica_counts(count))
+        return count
 
     def run_call(self, batch, params, t0: float) -> Samples:
         """This rank's share of the batch's groups generated, each prompt keyed by its index in the batch (its samples'
@@ -177,27 +233,29 @@ class RolloutWorker:
                        version=float(self.engine.version), prompt_check=prompt_check(ids))
         return figures
 
-    def hand_over(self, samples: Samples, step: int) -> None:
-        """Step `step`'s samples; with rl_config.dynamic_sampling, then each further rollout of the step the training
-        ranks ask for after rewarding the last (`Meeting.more_prompts`: how many prompts to draw again, 0 when the
-        step is complete), each with the seed of its round, as the trainer's `collect` draws them."""
-        self.send(samples)
+    def hand_over(self, rounds: List[Samples], step: int) -> None:
+        """Step `step`'s rollouts, in order (with dynamic sampling decided here, each names the next one's prompts);
+        with dynamic sampling decided by the training ranks (reward models or judges), then each further rollout of
+        the step they ask for after rewarding the last (`Meeting.more_prompts`: how many prompts to draw again, 0 when
+        the step is complete), each with the seed of its round, as the trainer's `collect` draws them."""
+        for samples in rounds:
+            self.send(samples)
         rl, gen = self.cfg.rl_config, self.cfg.generate_config
-        rounds = 1
-        while rl.dynamic_sampling:
+        count = len(rounds)
+        while rl.dynamic_sampling and self.rewards is None:
             t0 = time.perf_counter()
             with heartbeat.phase("samples"):
-                count = self.meeting.more_prompts()
+                more = self.meeting.more_prompts()
             self.waited += time.perf_counter() - t0
-            if not count:
+            if not more:
                 return
-            params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1, rounds),
+            params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1, count),
                                      self.stop_ids)
             t0 = time.perf_counter()
             with heartbeat.phase("rollout"):
-                samples = self.run_call(self.prompts.next(count), params, t0)
+                samples = self.run_call(self.prompts.next(more), params, t0)
             self.send(samples)
-            rounds += 1
+            count += 1
 
     def send(self, samples: Samples, validation: bool = False) -> None:
         """A step's samples (or a validation's: its wait counts towards the next step's)."""
@@ -237,9 +295,12 @@ class RolloutWorker:
         return rl.val_before_train if step == 0 else step % rl.val_interval == 0
 
     def close(self) -> None:
-        """The conversations' tool workers stopped, their folders removed (idempotent)."""
+        """The conversations' tool workers stopped, their folders removed, the rewards' worker pool stopped
+        (idempotent)."""
         if self.conversations is not None:
             self.conversations.close()
+        if self.rewards is not None:
+            self.rewards.close()
 
     def run(self, resumed: bool = False, warm_start: bool = False) -> None:
         """Every meeting of the run, in the training rank's order (module docstring); resumed: the run continues a
@@ -289,7 +350,7 @@ class StepQueue:
 
     def __init__(self, worker: RolloutWorker, start: int, last: int):
         self.worker, self.last = worker, last
-        self.samples: Dict[int, Samples] = {}  # step -> its samples, not handed over yet
+        self.samples: Dict[int, List[Samples]] = {}  # step -> its rollouts (dynamic sampling's rounds), not handed over
         self.checks: Dict[int, Samples] = {}  # step -> the validation after its update, not handed over yet
         self.generated = self.validated = start  # the last step generated, the last validated (step 0: before)
 
@@ -306,5 +367,5 @@ class StepQueue:
             if self.worker.validates(self.validated):
                 self.checks[self.validated] = self.worker.validation()
 
-    def pop(self, step: int) -> Samples:
+    def pop(self, step: int) -> List[Samples]:
         return self.samples.pop(step)

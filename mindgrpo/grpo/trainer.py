@@ -71,6 +71,14 @@ def rollout_seed(sample_seed: int, step: int, rounds: int = 0) -> int:
     return int(np.random.SeedSequence([sample_seed, step, rounds]).generate_state(1)[0])
 
 
+def resample_count(want: int, have: int, rounds: int, max_resample_times: int) -> int:
+    """Dynamic sampling (DAPO): how many prompts the next rollout of a step draws, after `rounds` rollouts kept `have`
+    groups with a spread of rewards of the `want` a step trains; 0 when the step is complete (enough groups, or
+    max_resample_times further rollouts done). The trainer's `collect` and a separate placement's rollout ranks
+    (grpo/rollout_worker.py) decide by it."""
+    return 0 if have >= want or rounds > max_resample_times else want - have
+
+
 def stop_ids_of(tokenizer, gen) -> tuple:
     """The rollout's stop token ids: the tokenizer's and generate_config.stop_token_ids."""
     return tuple(sorted(set(tokenizer.stop_token_ids) | set(gen.stop_token_ids)))
@@ -222,10 +230,10 @@ class GRPOTrainer:
         rl = self.cfg.rl_config
         if self.partial is not None:
             return self.collect_partial()
-        want = rl.batch_size
+        want = count = rl.batch_size
         kept, dropped, metrics, rounds = [], [], {}, 0
         while True:
-            batch = self.train_prompts.next(want if rounds == 0 else want - sum(len(k.batch.ids) for k in kept))
+            batch = self.train_prompts.next(count)
             seed = rollout_seed(self.sample_seed, self.step, rounds)
             r = self.rollout(batch, seed)
             m = self.reward(r)
@@ -240,9 +248,10 @@ class GRPOTrainer:
             dropped.append(r.groups(~informative))
             have = sum(len(k.batch.ids) for k in kept)
             rounds += 1
-            done = have >= want or rounds > rl.max_resample_times
-            self.engine.more_prompts(0 if done else want - have)  # separate placement: the rollout ranks draw them too
-            if done:
+            # separate placement: the rollout ranks' count (they decided when they generated the step), or this one
+            # told to them (reward models: they score here)
+            count = self.engine.next_round(resample_count(want, have, rounds, rl.max_resample_times))
+            if not count:
                 break
         r = Rollouts.concat([k for k in kept + dropped if len(k)])
         r = r.groups(np.arange(len(r.batch.ids)) < want)

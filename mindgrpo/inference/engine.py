@@ -254,10 +254,11 @@ class RolloutEngine:
         return self._graphs[key]
 
     # ---------------------------------------------------------------- generation
-    def more_prompts(self, count: int) -> None:
-        """rl_config.dynamic_sampling: the trainer draws `count` prompts again this step (0: its rollouts are
-        complete). This engine generates the prompts it is given: nothing to prepare (a separate placement's engine,
-        `parallel/separate.RemoteRollout`, tells its rollout ranks)."""
+    def next_round(self, count: int) -> int:
+        """rl_config.dynamic_sampling: how many prompts the next rollout of this step draws, the trainer's own `count`
+        (0: the step's rollouts are complete). This engine generates the prompts it is given: the trainer decides (a
+        separate placement's engine, `parallel/separate.RemoteRollout`, answers with its rollout ranks' decision)."""
+        return count
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  max_tokens: Optional[Sequence[int]] = None, prompt_index: Optional[Sequence[int]] = None,

@@ -297,7 +297,8 @@ def init_separate(cfg) -> Comm:
     (mindgrpo/parallel/separate.py); with D > 1 the training ranks also make a group of their own (`Comm.train_dp`),
     created by its members, over which their gradients and rewards are summed as in a colocated data-parallel run,
     and with T > 1 each rollout replica's ranks make theirs (`separate.Meeting.tp_group`), over which its model's
-    tensor-parallel layers sum; with partial rollouts the rollout ranks make one (`separate.Meeting.needs`)."""
+    tensor-parallel layers sum; with partial rollouts or dynamic sampling the rollout ranks make one
+    (`separate.Meeting.replica_counts`)."""
     from mindspore.communication import get_group_size, get_rank, init
 
     train, infer, ref = layouts_of(cfg)
@@ -322,11 +323,11 @@ def init_separate(cfg) -> Comm:
     rank, world = get_rank(), get_group_size()
     check(world)
     # the training group, its layout's tensor-, data- and pipeline-parallel groups and hand-offs, and each rollout
-    # replica's tensor-parallel pieces (T consecutive ranks after the training ranks), and with partial rollouts the
-    # rollout ranks' group (their counts of groups needed: Meeting.needs)
+    # replica's tensor-parallel pieces (T consecutive ranks after the training ranks), and with partial rollouts or
+    # dynamic sampling decided by the rollout ranks the rollout ranks' group (their counts: Meeting.replica_counts)
     groups = {tuple(range(train.world_size))} | layout_groups(train)
     groups |= layout_groups(infer, first=train.world_size, kinds=("tp",))
-    if cfg.generate_config.partial_rollout:
+    if cfg.generate_config.partial_rollout or cfg.rollout_ranks_resample():
         groups.add(tuple(range(train.world_size, world)))
     create_groups(rank, groups, world)
     device = ms.get_context("device_target")

@@ -188,9 +188,10 @@ class DataParallelEngine:
         """The indices of this replica's prompts among `count` (a contiguous share, in prompt order)."""
         return share(count, self.group.size, self.group.index)
 
-    def more_prompts(self, count: int) -> None:
-        """rl_config.dynamic_sampling: the trainer draws `count` prompts again (`RolloutEngine.more_prompts`); every
-        replica generates its share of the prompts it is given: nothing to prepare."""
+    def next_round(self, count: int) -> int:
+        """rl_config.dynamic_sampling: the trainer's `count` of prompts the next rollout draws (`RolloutEngine.
+        next_round`); every replica generates its share of the prompts it is given."""
+        return count
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  return_logits: bool = False, turns=None) -> List[Completion]:

@@ -27,8 +27,13 @@ other zeros (x + 0.0 == x: the data arrives bit for bit; weights are never subno
               tool/ and turns/ metrics: `conversations.ReplicaValue`), pickled, lengths first (`comm.host_gather`)
               -> every training rank, in rollout rank order (= prompt order: `conversations.merge_replicas`)
 
-and, among the rollout ranks only, with partial rollouts on R > 1 replicas, once a step (as each generates it): how
-many groups each replica still needs (`Meeting.needs`), so that they draw the step's fresh prompts in one order.
+and, among the rollout ranks only (`Meeting.replica_counts`, as each generates a step): with partial rollouts on R > 1
+replicas how many groups each replica still needs, so that they draw the step's fresh prompts in one order; with
+dynamic sampling after each rollout of a step how many of its groups have a spread of rewards, so that they decide its
+further rollouts alike. Each rollout of a step (dynamic sampling: each round) is a samples meeting, and its figures
+say how many prompts the next round draws ("more", 0: the step's last), which the training ranks follow; with reward
+models or judges (scored on training rank 0: off_policy_steps 0 only) training rank 0 decides instead and gives the
+count after each rollout (`Meeting.more_prompts`).
 
 The training ranks' side stands in for the trainer's engine and weight sync (`RemoteRollout`, `SendWeights`), so
 the trainer's step is unchanged; each rollout rank runs `grpo/rollout_worker.RolloutWorker`. A replica's model is its
@@ -43,6 +48,7 @@ training replicas in pieces write a colocated run's sharded checkpoints (`separa
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -63,10 +69,12 @@ from mindgrpo.parallel.weight_sync import named_parameters
 # a rollout rank's figures of a step, sent after its samples (one float32 row each); "prompt_check" is the sum of its
 # share's prompt token ids (mod 2**23): the training rank compares it with its own prompts' (the same data order)
 # with partial rollouts (grpo/partial.py) also the prompts drawn, the groups and samples in flight after the step and
-# the carried samples that went on in it (0 without), and the turns the conversations in flight had
+# the carried samples that went on in it (0 without) and the turns the conversations in flight had; with dynamic
+# sampling decided by the rollout ranks "more": how many prompts the step's next rollout draws (0: this is its last;
+# every rollout rank gives the same)
 FIGURES = ("new_tokens", "generate_seconds", "wait_seconds", "version", "prompt_check", "useful_fraction",
            "slots_in_use", "kv_bytes", "prefill_seconds", "decode_seconds", "decode_steps", "compiled_graphs",
-           "drawn", "carried_groups", "carried_samples", "carried_turns", "continued_samples")
+           "drawn", "carried_groups", "carried_samples", "carried_turns", "continued_samples", "more")
 # the rollout group's figure from its ranks' (`group_figures`): tokens, decoding rows, memory and prompts summed; the
 # seconds, steps, graphs and version the largest rank's (the group waits for its slowest); the ratio averaged;
 # prompt_check kept per rank (`prompt_checks`)
@@ -74,6 +82,7 @@ SUMMED = ("new_tokens", "slots_in_use", "kv_bytes", "drawn", "carried_groups", "
           "continued_samples")
 AVERAGED = ("useful_fraction",)
 TRAIN_RANK = 0
+logger = logging.getLogger(__name__)
 
 
 def prompt_check(prompts: Sequence[Sequence[int]]) -> float:
@@ -229,22 +238,24 @@ class Meeting:
             numbers = [int(v) for v in self.comm.host_sum(data, self.group)]
         return tuple(int(v) for v in head[:4]), numbers
 
-    def needs(self, need: int) -> List[int]:
-        """Partial rollouts on R rollout replicas (grpo/partial.PartialRollouts.step): every replica's count of groups
-        it still needs this step, in replica order, on every rollout rank, from each replica's `need`. An AllReduce
-        over the rollout ranks only (a group its members create at start-up: `comm.init_separate`), to which each
-        replica's first rank gives its count at its place; the training ranks are not in it (the rollout ranks
+    def replica_counts(self, count: int) -> List[int]:
+        """Every rollout replica's `count`, in replica order, on every rollout rank: with partial rollouts on R
+        replicas (grpo/partial.PartialRollouts.step) the groups each still needs this step, with dynamic sampling
+        (grpo/rollout_worker.RolloutWorker.rounds) the groups of its share of a rollout with a spread of rewards. An
+        AllReduce over the rollout ranks only (a group its members create at start-up: `comm.init_separate`), to which
+        each replica's first rank gives its count at its place; the training ranks are not in it (the rollout ranks
         generate ahead of them)."""
         data = np.zeros(self.replicas, np.float32)
         if self.piece == 0:
-            data[self.index] = need
+            data[self.index] = count
         rollout = self.comm.group(range(self.trainers, self.comm.world))
         return [int(v) for v in self.comm.host_sum(data, rollout)]
 
     def more_prompts(self, count: Optional[int] = None) -> int:
-        """After each rollout of a step with rl_config.dynamic_sampling: how many prompts the training ranks draw
-        again (0: the step's rollouts are complete), training rank 0's `count` on every rank (the rollout ranks pass
-        None; training ranks 1 .. D - 1 decide the same from the same rewards and give zeros)."""
+        """After each rollout of a step with rl_config.dynamic_sampling and reward models or judges (off_policy_steps
+        0; without them the rollout ranks decide: `GRPOConfig.rollout_ranks_resample`): how many prompts the training
+        ranks draw again (0: the step's rollouts are complete), training rank 0's `count` on every rank (the rollout
+        ranks pass None; training ranks 1 .. D - 1 decide the same from the same rewards and give zeros)."""
         value = np.zeros(1, np.float32)
         if self.gives:
             value[0] = count
@@ -321,8 +332,10 @@ class RemoteRollout:
 
     compiled_graphs = 0
 
-    def __init__(self, meeting: Meeting):
-        self.meeting = meeting
+    def __init__(self, meeting: Meeting, resamples: bool = False):
+        """resamples: the rollout ranks decide dynamic sampling's further rollouts (`GRPOConfig.
+        rollout_ranks_resample`), which their figures say; else the trainer decides and tells them."""
+        self.meeting, self.resamples = meeting, resamples
         self.last_stats: dict = {}
         self.version = 0  # the trainer's sync sets it; the samples carry the versions that really sampled them
 
@@ -341,10 +354,21 @@ class RemoteRollout:
         check_prompts(figures, prompts, self.meeting.trainers, self.meeting.tp)
         return comps
 
-    def more_prompts(self, count: int) -> None:
-        """rl_config.dynamic_sampling: tells the rollout ranks how many prompts this step draws again (0: none, the
-        step's rollouts are complete; `Meeting.more_prompts`)."""
-        self.meeting.more_prompts(count)
+    def next_round(self, count: int) -> int:
+        """rl_config.dynamic_sampling, after each rollout of a step: how many prompts the next one draws (0: the step's
+        rollouts are complete). The rollout ranks' decision, made when they generated the step (the last samples
+        meeting's figure "more"), which the training ranks follow whatever their own `count` (a reward that scored
+        otherwise here, a timeout, must not leave the sides in different meetings); with reward models or judges
+        (off_policy_steps 0) this rank's `count`, told to the rollout ranks (`Meeting.more_prompts`)."""
+        if not self.resamples:
+            self.meeting.more_prompts(count)
+            return count
+        theirs = int(self.last_stats["more"])
+        if theirs != count:
+            logger.warning("dynamic sampling: the rollout ranks draw %d prompts again where this rank's rewards say %d "
+                           "(the rewards scored otherwise on the two sides); the step follows the rollout ranks",
+                           theirs, count)
+        return theirs
 
     def groups(self, rows: int, n: int, width: int) -> Tuple[List[Completion], List[int], Dict[str, object]]:
         """The samples meeting: the rollout group's `rows` samples (n a group), their groups' numbers and its

@@ -47,6 +47,7 @@ class SeparatePlacement(OneDevice):
     def __init__(self, cfg, comm: Comm):
         self.comm = comm
         self.meeting = Meeting(comm, cfg.rl_config.weight_sync_bucket_bytes)
+        self.resamples = cfg.rollout_ranks_resample()  # dynamic sampling: the rollout ranks decide the rounds
         self.trainers = comm.train.world_size  # D replicas of T tensor-parallel pieces
         self.optimizer_shard = cfg.actor_config.parallel_config.optimizer_shard  # ZeRO-1 over the D replicas
         # the training group, on its members (more than one training rank): rewards, barriers, checkpoints
@@ -163,7 +164,7 @@ class SeparatePlacement(OneDevice):
 
     def engine(self, rollout: Optional[RolloutEngine]) -> Union[RolloutEngine, RemoteRollout]:
         """The training rank: the samples meeting; the rollout rank: its own engine."""
-        return rollout if self.rollout_rank else RemoteRollout(self.meeting)
+        return rollout if self.rollout_rank else RemoteRollout(self.meeting, self.resamples)
 
     def weight_sync(self, src: Qwen2ForCausalLM, dst: Optional[Qwen2ForCausalLM], role: str,
                     memory: Optional[SwapManager] = None, bucket_bytes: int = 0,

@@ -552,9 +552,12 @@ SEPARATE = ["generate_config.placement=separate"]
     (["generate_config.parallel_config.data_parallel=3", "rl_config.batch_size=2"], "rl_config.batch_size"),
     # the training rank scores with each reward model whole
     (["reward_config.reward_models=[{path: rm.ckpt, model_parallel: 2}]"], "reward_config.reward_models[0].model_parallel"),
-    # dynamic sampling: a step's further rollouts with the weights of its first only when the ranks take turns
-    (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=1"], "rl_config.dynamic_sampling"),
-    (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=2"], "rl_config.dynamic_sampling"),
+    # dynamic sampling k steps ahead: the rollout ranks decide a step's rounds with the rule rewards; reward models and
+    # judges score on training rank 0 only
+    (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=1",
+      "reward_config.reward_models=[{path: rm.ckpt}]"], "reward_config.reward_models"),
+    (["rl_config.dynamic_sampling=true", "rl_config.off_policy_steps=2", "reward_config.judges=[{path: models/judge}]"],
+     "reward_config.judges"),
 ])
 def test_separate_placement_rules(extra, key):
     # validation, the warm start and LoRA run with it (the rollout rank validates, the training rank warm-starts;
@@ -602,10 +605,18 @@ def test_separate_placement_rules(extra, key):
                                                         "generate_config.parallel_config.data_parallel=2",
                                                         "actor_config.parallel_config.data_parallel=2"])
     assert cfg.generate_config.environment == "guess_number"
-    # dynamic sampling with off_policy_steps 0: the rollout ranks generate each further rollout the training ranks ask
+    # dynamic sampling with any off_policy_steps: the rollout ranks decide each step's rounds with the rule rewards
+    for lag in (0, 1, 2):
+        cfg = load_config(GRPOConfig, overrides=SEPARATE + ["rl_config.dynamic_sampling=true",
+                                                            f"rl_config.off_policy_steps={lag}",
+                                                            "generate_config.parallel_config.data_parallel=2"])
+        assert cfg.rl_config.dynamic_sampling and cfg.rl_config.off_policy_steps == lag
+        assert cfg.rollout_ranks_resample()
+    # with off_policy_steps 0 a reward model or a judge too: training rank 0 decides after each rollout
     cfg = load_config(GRPOConfig, overrides=SEPARATE + ["rl_config.dynamic_sampling=true",
-                                                        "generate_config.parallel_config.data_parallel=2"])
-    assert cfg.rl_config.dynamic_sampling and cfg.rl_config.off_policy_steps == 0
+                                                        "reward_config.reward_models=[{path: rm.ckpt}]",
+                                                        "reward_config.judges=[{path: models/judge}]"])
+    assert cfg.rl_config.dynamic_sampling and not cfg.rollout_ranks_resample()
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=SEPARATE + extra)
     assert info.value.key == key

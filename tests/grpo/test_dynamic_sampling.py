@@ -22,12 +22,15 @@ G = 4
 class ScriptedEngine:
     """Prompt k's samples answer `k` (right) or `k+1` (wrong) as `pattern(k)` says."""
 
-    def __init__(self, pattern):
+    def __init__(self, pattern, answers=None):
         self.pattern, self.calls, self.last_stats = pattern, [], {"new_tokens": 0, "tokens_per_s": 0.0}
         self.told = []  # the trainer's counts of prompts to draw again (a separate placement's rollout ranks hear them)
+        # the counts this engine answers instead (a separate placement's rollout ranks' decision); None: the trainer's
+        self.answers = answers
 
-    def more_prompts(self, count):
+    def next_round(self, count):
         self.told.append(count)
+        return count if self.answers is None else self.answers.pop(0)
 
     def generate(self, prompts, params):
         self.calls.append([p[0] for p in prompts])
@@ -62,17 +65,22 @@ class Log:
         pass
 
 
-def make_trainer(pattern, rewards=None, **rl):
-    cfg = from_dict(GRPOConfig, {"rl_config": dict(batch_size=3, num_generations=G, **rl),
-                                 "actor_config": {"micro_batch_size": 4}})
+def prompts() -> PromptSource:
+    """Prompts 10, 11, ... in order, prompt k's solution "k"."""
     data = {"prompt_ids": [np.array([k]) for k in range(10, 40)], "prompt_length": [1] * 30,
             "solution": [str(k) for k in range(10, 40)], "answer": [""] * 30, "prompt": [""] * 30}
+    return PromptSource(data, seed=0, shuffle=False)
+
+
+def make_trainer(pattern, rewards=None, answers=None, **rl):
+    cfg = from_dict(GRPOConfig, {"rl_config": dict(batch_size=3, num_generations=G, **rl),
+                                 "actor_config": {"micro_batch_size": 4}})
     lm = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
-    engine = ScriptedEngine(pattern)
+    engine = ScriptedEngine(pattern, answers)
     trainer = GRPOTrainer(cfg, policy=lm, inference=lm, reference=None, engine=engine, sync=None, ref_sync=None,
                           memory=SwapManager(enabled=False), rewards=rewards or Rewards(), tokenizer=Tok(),
-                          train_prompts=PromptSource(data, seed=0, shuffle=False), val_prompts=None,
+                          train_prompts=prompts(), val_prompts=None,
                           metrics_log=Log(), progress=Progress(1), output_dir="unused")
     return trainer, engine
 
@@ -98,6 +106,22 @@ def test_dynamic_sampling_fills_with_dropped_groups_when_rounds_run_out():
     assert len(engine.calls) == 2 and len(r) == 3 * G
     assert engine.told == [3, 0]  # nothing kept: three again, then 0 when the rounds run out
     assert metrics["dynamic_sampling/kept_groups"] == 0
+
+
+@pytest.mark.parametrize("answers, calls", [
+    ([0], [[10, 11, 12]]),  # the engine ends the step where the trainer wanted one more prompt: one rollout
+    ([2, 0], [[10, 11, 12], [13, 14]]),  # two prompts where the trainer wanted one: it draws two, trains three groups
+])
+def test_dynamic_sampling_follows_the_engines_count_of_prompts(answers, calls):
+    """A separate placement's rollout ranks decide a step's rounds (RemoteRollout.next_round answers their count): the
+    trainer draws and meets as they say, whatever its own rewards say, and trains batch_size groups on its own
+    scores."""
+    trainer, engine = make_trainer(informative, answers=answers, dynamic_sampling=True, max_resample_times=3)
+    r, metrics = trainer.collect()
+    assert engine.calls == calls and engine.told[0] == 1
+    assert len(r) == 3 * G and metrics["dynamic_sampling/rounds"] == len(calls)
+    # kept first (10, 12; 14 with a second rollout), then a dropped group fills the batch
+    assert r.batch.columns["solution"] == (["10", "12", "11"] if len(calls) == 1 else ["10", "12", "14"])
 
 
 def test_without_dynamic_sampling_one_round():

@@ -35,11 +35,12 @@ meeting brings, the first of the pair hands the samples over; with partial rollo
 flight) against col0, col1, col1p; sep0tpg (sep0g's schedule on a training
 replica of two tensor-parallel pieces beside one rollout rank, resumed from its sharded checkpoint) against col0, and
 sep0ppg (the same on two pipeline stages, the untied micro model) against col0u.
-sep0e and its peer col0e play an
-environment (guess_number) with dynamic sampling: the rollout rank writes the prompts (its resets) and plays the
-games, rank 0 rewards them and asks for the further rollouts; sep1pt (partial rollouts with tool calls: the
-rollout rank carries the conversations) against col1pt. The main job also runs dp0t, col0t's config colocated
-(no separate placement) on two data-parallel replicas that train and generate, each running the conversations of its
+sep0e and its peer col0e play an environment (guess_number) with dynamic sampling: the rollout rank writes the prompts
+(its resets), plays the games and decides each step's further rollouts, rank 0 rewards them and follows; sep1ed (in
+the job of three ranks: the same one step off-policy on a rollout group of two, deciding each step's rollouts a step
+ahead) against col1e; sep1pt (partial rollouts with tool calls: the rollout rank carries the conversations)
+against col1pt. The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel
+replicas that train and generate, each running the conversations of its
 half of the prompts on its own tool workers: col0t's samples, losses and tool metrics."""
 
 import json
@@ -95,13 +96,13 @@ def runs(tmp_path_factory):
     # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp, sep1ptp): world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
               args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep1ptp,sep0tpg,sep0ppg,sep0gz,"
-                    "sep0tpl,sep0tpgl,sep0ppgl,sep1pg,sep1pd",
+                    "sep0tpl,sep0tpgl,sep0ppgl,sep1pg,sep1pd,sep1ed",
                     *shared],
               timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col0u,col0lu,col0s,col1pt", *shared],
+                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col1e,col0u,col0lu,col0s,col1pt", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -460,23 +461,30 @@ def test_partial_rollouts_with_tool_calls_under_the_separate_placement_equal_one
     assert any("<tool_response>" in text for step in got for _, text, _ in step)
 
 
-@pytest.mark.slow  # the same msrun job
-def test_an_environment_and_dynamic_sampling_with_the_separate_placement_equal_the_colocated_run(runs):
+@pytest.mark.slow  # the same msrun jobs
+@pytest.mark.parametrize("run, peer", [("sep0e", "col0e"), ("sep1ed", "col1e")])
+def test_an_environment_and_dynamic_sampling_with_the_separate_placement_equal_the_colocated_run(runs, run, peer):
     """sep0e: an environment (guess_number, workers/one_stage_runs.py: ENVIRONMENT) under separate, with dynamic
-    sampling. The rollout rank writes the prompts (the environment's resets), plays the games and hands over their
-    columns and env/ metrics; rank 0 checks its draw, rewards the games (env_reward), asks the rollout rank for a
-    further rollout of the prompts whose games all scored the same (Meeting.more_prompts) and trains the model's own
-    tokens: col0e's samples, rewards, rollouts a step, losses and metrics step for step."""
-    sep, col = runs / "sep0e", runs / "col0e"
+    sampling. The rollout rank writes the prompts (the environment's resets), plays the games, scores them with the
+    run's rule rewards to decide each step's further rollouts of the prompts whose games all scored the same, and hands
+    over every rollout, their columns and env/ metrics; rank 0 checks its draw, rewards the games (env_reward), follows
+    the rollout rank's count of rollouts and trains the model's own tokens: col0e's samples, rewards, rollouts a step,
+    losses and metrics step for step. sep1ed: the same one step off-policy on a rollout group of two (each rank its
+    share of every rollout, their counts of groups with a spread summed), the rollout ranks deciding each step's
+    rollouts a step ahead, every rollout of step s with the weights of version s - 2 as in col1e."""
+    sep, col = runs / run, runs / peer
     ms, mc = metrics(sep), metrics(col)
     assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
     got = samples(sep, ("prompt", "completion", "reward"))
     assert got == samples(col, ("prompt", "completion", "reward")) and all(len(step) == 8 for step in got)
-    keys = ("env/reward_mean", "env/steps_mean", "env/done_fraction", "env/errors", "env/timeouts", "turns/mean",
-            "turns/cut", "turns/masked_fraction", "reward_mean", "dynamic_sampling/rounds",
-            "dynamic_sampling/kept_groups", "dynamic_sampling/no_update")
+    keys = ("env/errors", "env/timeouts", "turns/cut", "reward_mean", "dynamic_sampling/rounds",
+            "dynamic_sampling/kept_groups", "dynamic_sampling/no_update", "staleness/mean", "staleness/max")
+    # per-sample and per-token means: two rollout ranks' merged within rounding (m * w / w), one rank's its own
+    means = ("env/reward_mean", "env/steps_mean", "env/done_fraction", "turns/mean", "turns/masked_fraction")
+    lag, tol = (1, 1e-12) if run == "sep1ed" else (0, 0.0)
     for a, b in zip(ms, mc):
-        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert [a.get(k) for k in keys] == [b.get(k) for k in keys], a["step"]
+        assert [a[k] for k in means] == pytest.approx([b[k] for k in means], rel=tol, abs=0.0), a["step"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
                                                                                                    rel=1e-5)
     # the games were played: the environment's answers in the trajectories (context, not trained), its rewards
@@ -484,10 +492,12 @@ def test_an_environment_and_dynamic_sampling_with_the_separate_placement_equal_t
     assert all(m["turns/mean"] > 0 and m["turns/masked_fraction"] > 0.3 and m["env/steps_mean"] >= 1 for m in ms)
     assert any("Answer with one whole number." in text or "Higher." in text or "Lower." in text
                for step in got for _, text, _ in step)
-    assert all(m["reward_mean"] == 2 * m["env/reward_mean"] for m in ms)
+    assert all(m["reward_mean"] == pytest.approx(2 * m["env/reward_mean"], rel=tol, abs=0.0) for m in ms)
     assert max(m["dynamic_sampling/rounds"] for m in ms) > 1  # a step drew prompts again
     assert all(len({r for _, _, r in step}) > 1 for step in got)
-    assert got[1] != got[0] and got[2] != got[1]  # each update's weights reached the rollout rank
+    if lag:  # every sample of step s, of each of its rollouts, with version s - 2 (staleness 1; step 1: the first)
+        assert [m["staleness/mean"] for m in ms] == [m["staleness/max"] for m in ms] == [0.0, 1.0, 1.0]
+    assert got[1] != got[0] and got[2] != got[1]
 
 
 @pytest.mark.slow  # the same msrun job

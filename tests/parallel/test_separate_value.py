@@ -239,6 +239,67 @@ def test_dynamic_samplings_count_of_prompts_to_draw_again_is_training_rank_0s_on
         assert got == {r: count for r in range(world)}
 
 
+@pytest.mark.parametrize("pattern, rl", [
+    ("informative", {"max_resample_times": 3}),  # groups kept in rounds 0, 2: a prompt drawn again twice
+    ("none", {"max_resample_times": 1}),  # no group ever kept: the rounds run out
+])
+def test_rollout_ranks_decide_a_steps_rounds_as_the_trainer_does(pattern, rl):
+    """RolloutWorker.rounds on a rollout group of two beside one training rank (dynamic sampling decided by the rollout
+    ranks): each scores its share of every round with the run's rewards, their counts of groups with a spread meet
+    (Meeting.replica_counts), and they draw the rounds the trainer's `collect` draws on one engine (tests/grpo/
+    test_dynamic_sampling.py's scripted engine and rewards), each rank its share of each, each round's figure "more"
+    the count the trainer's next round draws."""
+    from grpo.test_dynamic_sampling import Rewards, ScriptedEngine, Tok, informative, make_trainer, prompts
+    from mindgrpo.grpo.rollout_worker import RolloutWorker
+    from mindgrpo.parallel.data_parallel import share
+
+    patterns = {"informative": informative, "none": lambda k: [False] * 4}
+    trainer, engine = make_trainer(patterns[pattern], dynamic_sampling=True, **rl)
+    trainer.collect()  # the trainer's rounds: engine.calls, and after each the count of prompts it draws next
+
+    class ShareEngine(ScriptedEngine):
+        version = 0
+
+        def generate(self, prompts, params, prompt_index=None):
+            return super().generate(prompts, params)
+
+    def call(rank, meeting):
+        if rank == 0:
+            return None
+        mine = ShareEngine(patterns[pattern])
+        worker = RolloutWorker(trainer.cfg, mine, SimpleNamespace(parameters_and_names=lambda: []), prompts(), meeting,
+                               (1,), tokenizer=Tok(), rewards=Rewards())
+        return mine.calls, [s.figures["more"] for s in worker.rounds(1)]
+
+    got = meet(ThreadWorld(3, 1), call)
+    for i in (0, 1):  # rollout rank 1 + i: its share of every round it had prompts in
+        shares = [[call[k] for k in share(len(call), 2, i)] for call in engine.calls]
+        assert got[1 + i][0] == [s for s in shares if s]
+        assert got[1 + i][1] == engine.told  # e.g. 1, 1, 0: the prompts still wanted, then 0 once the step is full
+    assert len(engine.calls) == len(engine.told) > 1
+
+
+def test_the_training_ranks_follow_the_rollout_ranks_count_of_further_rollouts(caplog):
+    """RemoteRollout.next_round: with dynamic sampling decided by the rollout ranks the next rollout draws the count
+    their last samples meeting's figures gave ("more"), whatever the training rank's own (a warning names both when
+    they differ), and no meeting is held for it; decided by the training rank (reward models or judges), its count goes
+    to the rollout ranks (Meeting.more_prompts) and is the one drawn."""
+    from mindgrpo.parallel.separate import RemoteRollout
+
+    told = []
+    meeting = SimpleNamespace(more_prompts=told.append)
+    remote = RemoteRollout(meeting, resamples=True)
+    for theirs, mine in ((2, 2), (0, 1), (3, 1)):
+        remote.last_stats = {"more": float(theirs)}
+        caplog.clear()
+        assert remote.next_round(mine) == theirs
+        assert ("draw %d prompts again where this rank's rewards say %d" % (theirs, mine) in caplog.text) \
+            == (theirs != mine)
+    assert told == []
+    remote = RemoteRollout(meeting, resamples=False)
+    assert remote.next_round(3) == 3 and remote.next_round(0) == 0 and told == [3, 0]
+
+
 @pytest.mark.parametrize("turns", [None, SimpleNamespace(max_turns=2, max_turn_tokens=5)])
 def test_the_training_rank_checks_its_draw_against_the_rollout_ranks_with_conversations_too(turns):
     """RemoteRollout.generate: each rollout rank's prompt check names the prompts it drew (with conversations too: an

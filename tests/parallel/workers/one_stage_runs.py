@@ -34,7 +34,8 @@ tensor-parallel pieces; peers col0, col1, col1p); sep0tpg (three ranks: sep0g's 
 one rollout rank, its sharded checkpoint read back; peer col0); sep0ppg (sep0tpg on a training replica of two
 pipeline stages, the untied micro model of tests/parallel/workers/micro_untied.yaml; peer col0u).
 sep0e: an environment (guess_number: ENVIRONMENT) under separate, the rollout rank playing the games, with dynamic
-sampling (DYNAMIC); its peer col0e.
+sampling (DYNAMIC); its peer col0e. sep1ed (three ranks: sep0e one step off-policy on a rollout group of two, which
+decides each step's rounds a step ahead); its peer col1e.
 """
 
 import gc
@@ -148,6 +149,11 @@ RUNS = {
     # with dynamic sampling: the training rank asks the rollout rank for each further rollout of a step
     "sep0e": [(MSRUN, ["generate_config.placement=separate"] + ENVIRONMENT + DYNAMIC)],
     "col0e": [([], ENVIRONMENT + DYNAMIC)],
+    # sep0e one step off-policy on a rollout group of two (world 3): the rollout ranks decide each step's rounds when
+    # they generate it, a step ahead (every round with the weights of its first), their counts of groups with a spread
+    # of rewards summed; its one-process peer col1e
+    "sep1ed": [(MSRUN, ["generate_config.placement=separate"] + ENVIRONMENT + DYNAMIC + OFF1 + ROLLOUT2)],
+    "col1e": [([], ENVIRONMENT + DYNAMIC + OFF1)],
     # tool calls on two colocated inference replicas, each running its share's conversations (peer: col0t)
     "dp0t": [(MSRUN, TOOLS + DP_TOOLS)],
     # LoRA under a separate placement: the base at the start, after the warm start and after the resume (sep0l stops
