@@ -2,7 +2,8 @@
 generate_config.environment; docs/async.md): the engine calls of `partial.PartialRollouts.step` made with the run's
 `conversations.Conversations`, and what an unfinished conversation keeps between steps.
 
-A step's fresh call stops at its complete groups (engine `min_groups`) after a decode step, then waits for the turns
+A step's fresh call appends each answered turn before its next decode step (so where it stops does not depend on the
+tools' timing) and stops at its complete groups (engine `min_groups`) after a decode step, then waits for the turns
 its parked samples asked for (the tools' answers, the environment's observations) and writes them into their
 trajectories: an unfinished conversation is parked in the middle of a model turn (as a plain sample: a long model
 turn is the tail partial rollouts cut) or right after an appended turn, never between a model turn's end and its

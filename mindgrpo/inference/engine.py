@@ -274,10 +274,11 @@ class RolloutEngine:
         counts its own tokens over all turns; its Completion holds the whole trajectory and its model_mask.
         min_groups: stop as soon as this many prompts have all their n samples finished (partial rollouts); the
         samples not finished then come back with finish_reason "partial" and the tokens they have (none for one
-        never started). None: every sample to its end. With conversations the call stops at a decode step, then
-        waits for the turns its parked samples asked for and puts each in its sample's trajectory (no cache written:
-        the call ends), so an unfinished conversation comes back in the middle of a model turn or right after an
-        appended turn, never between a turn's end and its answer.
+        never started). None: every sample to its end. With conversations such a call appends every parked sample's
+        turn before its next decode step (the tools do not overlap its decoding), so where it stops does not depend on
+        how long they take; it stops after a decode step, then waits for the turns its parked samples asked for and
+        puts each in its sample's trajectory (no cache written: the call ends), so an unfinished conversation comes
+        back in the middle of a model turn or right after an appended turn, never between a turn's end and its answer.
         carried: with turns, a `Carried` per prompt (n = 1), the conversations of earlier calls that go on here (each
         prompt its prompt and trajectory so far): their turns count towards max_turns, and the model turn under
         way is whole when it ends (`Turns.end_turn`). Completion.turns counts the turns this call appended."""
@@ -324,6 +325,8 @@ class RolloutEngine:
             call.start(adm)
             if turns is not None:
                 self._append(cache, call, turns.poll(False))
+                while min_groups is not None and call.waiting():  # where the call stops: not the tools' timing
+                    self._append(cache, call, self._poll(turns, call))
             t2 = time.perf_counter()
             call.stats["prefill_seconds"] += t2 - t1
             live = call.sched.live()
@@ -456,16 +459,18 @@ class RolloutEngine:
         """A call that stops early (min_groups) with conversations: every parked sample's next turn, once its tools
         (environment) answered, into its trajectory only (the call ends: its cache is not kept); the sample stays
         unfinished (or ends, as in `_append`, when the turn does not fit)."""
-        waiting = {int(call.sched.request[s]) for s in np.flatnonzero(call.sched.parked)}
-        waiting = {r for r in waiting if r >= 0 and not call.finished[r]}
-        while waiting:
-            ready = turns.poll(True)
-            if not ready:
-                raise RuntimeError(f"conversations: {len(waiting)} parked sample(s) wait for a turn that never came")
-            for r, ids in ready:
+        while call.waiting():
+            for r, ids in RolloutEngine._poll(turns, call):
                 if call.accept_turn(r, ids, capacity) is not None:
                     call.sched.resume(np.flatnonzero(call.sched.request == r))
-                waiting.discard(r)
+
+    @staticmethod
+    def _poll(turns: Turns, call: "_Call") -> List[Tuple[int, List[int]]]:
+        """The next turns ready, waiting for one (some sample is parked)."""
+        ready = turns.poll(True)
+        if not ready:
+            raise RuntimeError(f"conversations: {len(call.waiting())} parked sample(s) wait for a turn that never came")
+        return ready
 
     def _copy(self, cache: KVCache, src: List[int], dst: List[int], p_len: int) -> None:
         """Cache positions [0, p_len) of each src slot to its dst slot, one graph call; padding
@@ -608,6 +613,10 @@ class _Call:
         if n > row_room:
             return f"{row_room} positions left in its row"
         return None
+
+    def waiting(self) -> List[int]:
+        """The requests parked for their next turn (not ended)."""
+        return [int(r) for r in self.sched.request[np.flatnonzero(self.sched.parked)] if r >= 0 and not self.finished[r]]
 
     def complete_groups(self) -> int:
         """Prompts whose samples have all finished."""

@@ -41,12 +41,13 @@ TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers
          "generate_config.tool_response_max_tokens=48", "generate_config.max_prompt_length=64",
          "generate_config.max_tokens=16", "generate_config.max_num_seqs=16", "generate_config.temperature=1.0", f"generate_config.chat_template={TEMPLATE}",
          "reward_config.verifier_function=[format]", "reward_config.verifier_weight=[1.0]"]
-# guess_number from 1 to 3 (tests/grpo/test_env_run.py's): many stop ids end the micro model's turns early
+# guess_number from 1 to 3 (tests/grpo/test_env_run.py's): many stop ids end the micro model's turns early, each
+# sample after about eight tokens of its own, some much later; all 16 samples of a step decode at once
 ENVIRONMENT = ["generate_config.environment=guess_number", "generate_config.tool_num_workers=1",
                "generate_config.environment_settings={low: 1, high: 3, invalid_reward: -1.0}",
                f"generate_config.chat_template={TEMPLATE}", "generate_config.max_turns=2",
                "generate_config.tool_response_max_tokens=32", "generate_config.max_prompt_length=160",
-               "generate_config.max_tokens=8", f"generate_config.stop_token_ids={list(range(3, 200))}",
+               "generate_config.max_tokens=24", f"generate_config.stop_token_ids={list(range(3, 200))}",
                "generate_config.max_num_seqs=16",
                "reward_config.verifier_function=[environment]", "reward_config.verifier_weight=[1.0]"]
 COLUMNS = {"tools": "tool_calls", "environment": "env_reward"}
