@@ -16,7 +16,9 @@ call). A kind may also write the prompts (`prompts(questions, index=None) -> ids
 the questions' indices in the whole batch, the engine's prompt_index) and must then see
 the completions after each generate call (`finish(completions)`). Kinds: `tools` (generate_config.tools) and
 `environment` (generate_config.environment); `conversation_kind` chooses.
-`Conversations.generate` makes one call of either kind (the trainer's and scripts/evaluate.py's).
+`Conversations.generate` makes one call of either kind (the trainer's and scripts/evaluate.py's). With partial rollouts
+the turns also give a conversation's state as JSON and take it back (`carry(request, prompt) -> dict`,
+`restore(request, state)`: grpo/partial_conversations.py carries unfinished conversations between steps).
 
 Under generate_config.placement separate the rollout ranks run them (each its share of the prompts on its own workers,
 `RolloutWorker`: `Conversations.generate_share`) and hand over, after each samples meeting, what a call gives besides
