@@ -17,12 +17,12 @@ meeting by their draw numbers. The meeting gives every training rank every group
 so with several training ranks (data-parallel replicas, tensor-parallel pieces, pipeline stages) they all keep the
 same prompts in flight: rank 0 writes them into a checkpoint and every training rank reads them back.
 
-A checkpoint holds the groups in flight (IN_FLIGHT, beside its state.json: each prompt, its dataset columns and
-its samples' tokens, log-probs and per-token versions, and with conversations their states), so that a resumed run trains them as the run it continues
-would have: their prompts were drawn before the save and are not drawn again. Under a separate placement the
-training rank writes it with the prompts only (their samples were the rollout rank's, which writes nothing); after a
-resume the rollout rank draws those prompts again by their draw numbers (`PartialRollouts.redraw`) and generates
-them from scratch, with the restored weights, before any fresh prompt.
+A checkpoint holds the groups in flight (IN_FLIGHT, beside its state.json: each prompt, its dataset columns and its
+samples' tokens, log-probs and per-token versions, and with conversations their states), so that a resumed run trains
+them as the run it continues would have: their prompts were drawn before the save and are not drawn again. Under a
+separate placement the training rank writes it with the prompts only (their samples were the rollout rank's, which
+writes nothing); after a resume the rollout rank draws those prompts again by their draw numbers
+(`PartialRollouts.redraw`) and generates them from scratch, with the restored weights, before any fresh prompt.
 """
 
 from __future__ import annotations

@@ -616,7 +616,8 @@ class _Call:
 
     def waiting(self) -> List[int]:
         """The requests parked for their next turn (not ended)."""
-        return [int(r) for r in self.sched.request[np.flatnonzero(self.sched.parked)] if r >= 0 and not self.finished[r]]
+        parked = self.sched.request[np.flatnonzero(self.sched.parked)]
+        return [int(r) for r in parked if r >= 0 and not self.finished[r]]
 
     def complete_groups(self) -> int:
         """Prompts whose samples have all finished."""

@@ -39,7 +39,8 @@ BASE = [f"rl_config.batch_size={B}", f"rl_config.num_generations={G}", "actor_co
 # prompts decodes at once (16 slots), so that the rollout stops with conversations at every stage
 TOOLS = ["generate_config.tools=[calculator]", "generate_config.tool_num_workers=1", "generate_config.max_turns=1",
          "generate_config.tool_response_max_tokens=48", "generate_config.max_prompt_length=64",
-         "generate_config.max_tokens=16", "generate_config.max_num_seqs=16", "generate_config.temperature=1.0", f"generate_config.chat_template={TEMPLATE}",
+         "generate_config.max_tokens=16", "generate_config.max_num_seqs=16", "generate_config.temperature=1.0",
+         f"generate_config.chat_template={TEMPLATE}",
          "reward_config.verifier_function=[format]", "reward_config.verifier_weight=[1.0]"]
 # guess_number from 1 to 3 (tests/grpo/test_env_run.py's): many stop ids end the micro model's turns early, each
 # sample after about eight tokens of its own, some much later; all 16 samples of a step decode at once

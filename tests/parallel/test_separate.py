@@ -448,7 +448,8 @@ def test_partial_rollouts_with_tool_calls_under_the_separate_placement_equal_one
     assert got == samples(col, ("prompt", "completion", "reward")) and all(len(step) == 8 for step in got)
     keys = ("reward_mean", "staleness/mean", "staleness/max", "staleness/dropped", "partial/carried_groups",
             "partial/carried_samples", "partial/carried_turns", "partial/continued_samples", "tool/calls_mean",
-            "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean", "turns/cut", "turns/masked_fraction")
+            "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean", "turns/cut",
+            "turns/masked_fraction")
     for a, b in zip(ms, mc):
         assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],

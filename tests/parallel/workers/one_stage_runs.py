@@ -14,7 +14,8 @@ steps, validating; its peer col2), sep2r and col2r (sep2, col2 again from their 
 folder, --resume), sep0t (sep0's schedule with tool calls: TOOLS, on the micro model that calls tools of
 tests/grpo/tool_caller.py, which the caller wrote into OUT_DIR/tool_caller; its peer: col0t), sep1pt (sep1p's
 partial rollouts with sep0t's tool calls: the rollout rank carries the conversations; its peer: col1pt), sep0l (sep0
-with LoRA rank 4, without validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with off_policy_steps 1; its
+with LoRA rank 4, without validation, stopped after step 2 and resumed for step 3; its peer col0l), sep1l (LoRA with
+off_policy_steps 1; its
 peer col1l). On three ranks (msrun --worker_num=3: one training rank, a rollout group of two): sep0d (sep0, stopped
 after step 2 and resumed for step 3) and sep1d (sep1), each rollout rank generating half of every step's groups; their
 peers col0 and col1; sep0dl (sep0l; its peer col0l); sep0g (sep0d's schedule with two data-parallel training ranks
