@@ -250,3 +250,18 @@ def test_a_parked_conversation_continued_with_new_weights_is_a_run_that_switches
     finally:
         load_state(lm, saved)
         e.version = 0
+
+
+@pytest.mark.slow  # four calls of two engines
+def test_where_a_call_with_conversations_stops_does_not_depend_on_the_tools_latency(engines):
+    """min_groups with conversations: every parked sample gets its turn before the next decode step, so the samples
+    that come back unfinished, and how far each got, are the same however long the tools take (a run repeats itself;
+    a separate placement equals one process)."""
+    stops = tuple(range(1, 64, 4))
+    params = SamplingParams(max_tokens=14, temperature=1.0, n=2, seed=3, stop_token_ids=stops)
+    for slots, delays in ((8, (0, 5)), (2, (0, 3))):  # (the slots decide which samples start first: not compared)
+        runs = [[(c.token_ids, c.finish_reason, c.turns) for c in engines[slots].generate(
+            PROMPTS, params, turns=ScriptedTurns(max_turns=2, delay=d), min_groups=2)] for d in delays]
+        assert runs[0] == runs[1], slots
+        assert any(reason == "partial" and ids for ids, reason, _ in runs[0])
+        assert any(turns for _, _, turns in runs[0])
