@@ -226,23 +226,21 @@ class GRPOTrainer:
     def collect(self) -> tuple:
         """Rollout + reward, with DAPO's dynamic sampling when enabled: groups whose rewards are
         all equal teach nothing and are replaced by fresh prompts, for up to max_resample_times
-        extra rounds; if still short, dropped groups fill the batch (their advantages are 0)."""
+        extra rounds; if still short, dropped groups fill the batch (their advantages are 0). With partial rollouts
+        each round is a partial rollout of the groups still needed (`partial_round`): the dropped groups' prompts are
+        spent (drawn, not trained, not back in flight)."""
         rl = self.cfg.rl_config
-        if self.partial is not None:
-            return self.collect_partial()
         want = count = rl.batch_size
-        kept, dropped, metrics, rounds = [], [], {}, 0
+        kept, dropped, metrics, rounds, have = [], [], {}, 0, 0
+        figures: Dict[str, float] = {}  # partial rollouts: the step's (`partial_round`)
         while True:
-            batch = self.train_prompts.next(count)
-            seed = rollout_seed(self.sample_seed, self.step, rounds)
-            r = self.rollout(batch, seed)
-            m = self.reward(r)
+            r, m = self.partial_round(count, rounds, figures) if self.partial is not None \
+                else self.plain_round(count, rounds)
             if rounds == 0:
                 metrics.update(m)
-                metrics.update(rollout_metrics(r, self.engine.last_stats))
-                metrics.update(self.conversation_stats)
             if not rl.dynamic_sampling:
-                return r, metrics
+                kept.append(r)
+                break
             informative = r.rewards.reshape(-1, self.G).std(-1) > 0
             kept.append(r.groups(informative))
             dropped.append(r.groups(~informative))
@@ -253,24 +251,40 @@ class GRPOTrainer:
             count = self.engine.next_round(resample_count(want, have, rounds, rl.max_resample_times))
             if not count:
                 break
+        if self.partial is not None:  # continued samples summed over the rounds, what stays in flight the last's
+            metrics.update({f"partial/{k}": float(figures[k]) for k in PARTIAL_METRICS})
+        if not rl.dynamic_sampling:
+            return kept[0], metrics
         r = Rollouts.concat([k for k in kept + dropped if len(k)])
         r = r.groups(np.arange(len(r.batch.ids)) < want)
         metrics.update({"dynamic_sampling/rounds": rounds,
                         "dynamic_sampling/kept_groups": float(min(have, want))})
         return r, metrics
 
-    def collect_partial(self) -> tuple:
+    def plain_round(self, count: int, rounds: int) -> tuple:
+        """A rollout of `count` fresh prompts with the round's seed, rewarded: (its Rollouts, its metrics)."""
+        batch = self.train_prompts.next(count)
+        r = self.rollout(batch, rollout_seed(self.sample_seed, self.step, rounds))
+        metrics = self.reward(r)
+        metrics.update(rollout_metrics(r, self.engine.last_stats))
+        metrics.update(self.conversation_stats)
+        return r, metrics
+
+    def partial_round(self, count: int, rounds: int, figures: Dict[str, float]) -> tuple:
         """generate_config.partial_rollout: the carried unfinished samples go on with the current weights (prefilled
-        again), then fresh prompts, twice the groups still needed, until enough groups are complete; the step takes
-        the oldest batch_size complete groups, the rest stays in flight (mindgrpo/grpo/partial.py; under a separate
-        placement the rollout rank does that and hands over the groups)."""
-        seeds = (rollout_seed(self.sample_seed, self.step), rollout_seed(self.sample_seed, self.step, 1))
+        again), then fresh prompts, twice the groups still needed, until `count` groups are complete; the round takes
+        the oldest `count` complete groups, the rest stays in flight (mindgrpo/grpo/partial.py; under a separate
+        placement the rollout rank does that and hands over the groups). Round r's seeds are rollout_seed(.., 2r) (fresh
+        prompts) and (.., 2r + 1) (continuations): round 0's those of a run without dynamic sampling. figures: the
+        step's partial/ figures so far, updated (continued_samples summed, the rest this round's)."""
+        seeds = (rollout_seed(self.sample_seed, self.step, 2 * rounds),
+                 rollout_seed(self.sample_seed, self.step, 2 * rounds + 1))
         with self.progress.phase("rollout"), self.memory.phase("rollout"):
             conv = {"conversations": self.partial_conversations} if self.partial_conversations is not None else \
                 {"turns": self.conversations.turns} if self.conversations is not None else {}  # separate: the rows
-            batch, comps, figures = self.partial.step(self.engine, self.train_prompts, self.cfg.rl_config.batch_size,
-                                                      self.sampling, seeds, **conv)
-        self.progress.add_tokens("rollout", int(figures["new_tokens"]))
+            batch, comps, step_figures = self.partial.step(self.engine, self.train_prompts, count, self.sampling,
+                                                           seeds, **conv)
+        self.progress.add_tokens("rollout", int(step_figures["new_tokens"]))
         texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
         columns, self.conversation_stats = ({}, {}) if self.partial_conversations is None \
             else self.partial_conversations.last
@@ -281,7 +295,8 @@ class GRPOTrainer:
         metrics = self.reward(r)
         metrics.update(rollout_metrics(r, self.engine.last_stats))
         metrics.update(self.conversation_stats)
-        metrics.update({f"partial/{k}": float(figures[k]) for k in PARTIAL_METRICS})
+        continued = figures.get("continued_samples", 0.0) + float(step_figures["continued_samples"])
+        figures.update({k: float(step_figures[k]) for k in PARTIAL_METRICS}, continued_samples=continued)
         return r, metrics
 
     def advantages(self, r: Rollouts) -> tuple:

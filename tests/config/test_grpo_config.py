@@ -705,7 +705,7 @@ def test_partial_rollouts_with_conversations_run_in_one_process(kind):
 
 @pytest.mark.parametrize("extra, key", [
     ([], "rl_config.off_policy_steps"),
-    (["rl_config.off_policy_steps=1", "rl_config.dynamic_sampling=true"], "rl_config.dynamic_sampling"),
+    (["rl_config.off_policy_steps=1", "rl_config.dynamic_sampling=true", *SEPARATE], "generate_config.placement"),
     (["rl_config.off_policy_steps=1", "generate_config.parallel_config.data_parallel=2"],
      "generate_config.parallel_config"),
 ])
@@ -720,6 +720,10 @@ def test_partial_rollout_rules(extra, key):
     cfg = load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1",
                                              *SEPARATE])  # the rollout rank keeps the groups in flight
     assert cfg.generate_config.partial_rollout and cfg.generate_config.placement == "separate"
+    # dynamic sampling's rounds are partial rollouts of the groups still needed (one process)
+    cfg = load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1",
+                                             "rl_config.dynamic_sampling=true"])
+    assert cfg.generate_config.partial_rollout and cfg.rl_config.dynamic_sampling
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", *extra])
     assert info.value.key == key
