@@ -249,9 +249,6 @@ class GRPOConfig:
             check(one_device, "generate_config.parallel_config",
                   "cannot combine with generate_config.partial_rollout yet (one inference device, one answer a "
                   "prompt, one rollout a step)")
-            check(not (rl.dynamic_sampling and gen.placement == "separate"), "generate_config.placement",
-                  "separate cannot combine generate_config.partial_rollout with rl_config.dynamic_sampling yet; use "
-                  "placement colocated")
             # conversations carry over (grpo/partial_conversations.py); under a separate placement the rollout ranks
             # carry tool conversations, not an environment's yet: its resets rewrite the prompts (the rollout ranks'
             # prompt check names the data's) and a resume would have to reset the games drawn again

@@ -122,29 +122,46 @@ class RolloutWorker:
 
     def generate(self, step: int) -> List[Samples]:
         """This rank's samples of step `step` (counted from 1) and the figures that go with them: one rollout, with
-        dynamic sampling decided here each round's (`rounds`)."""
-        rl, gen = self.cfg.rl_config, self.cfg.generate_config
+        dynamic sampling decided here each round's (`rounds`, with partial rollouts `partial_rounds`)."""
         with heartbeat.phase("rollout"):
-            if self.partial is None:
-                return self.rounds(step)
-            # the trainer's collect_partial, with this rank's weights, for this replica's share of the step's groups
-            # (several replicas: each its own groups in flight, the step's fresh prompts drawn for all of them)
+            return self.rounds(step) if self.partial is None else self.partial_rounds(step)
+
+    def partial_rounds(self, step: int) -> List[Samples]:
+        """generate_config.partial_rollout: the trainer's `partial_round`s with this rank's weights, for this
+        replica's share of each round's groups (several replicas: each its own groups in flight, a round's fresh
+        prompts drawn for all of them). One round without dynamic sampling; with it decided here, further rounds as
+        the trainer's `collect` runs them (round r's seeds rollout_seed(.., 2r) and (.., 2r + 1); as many groups as
+        `resample_count` says from those with a spread of rewards so far over every rollout rank: `spread`), each
+        round's figure "more" its successor's groups (0 on the last)."""
+        rl, gen = self.cfg.rl_config, self.cfg.generate_config
+        meeting, n = self.meeting, rl.num_generations
+        replicas = Replicas(meeting.index, meeting.replicas, meeting.replica_counts) if meeting.replicas > 1 else None
+        conv = {} if self.partial_conversations is None else {"conversations": self.partial_conversations}
+        want = count = rl.batch_size
+        out: List[Samples] = []
+        have = 0
+        while count:
             t0 = time.perf_counter()
-            params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1), self.stop_ids)
-            mine, meeting = self.meeting.share(rl.batch_size), self.meeting
-            replicas = Replicas(meeting.index, meeting.replicas, meeting.replica_counts) if meeting.replicas > 1 \
-                else None
-            conv = {} if self.partial_conversations is None else {"conversations": self.partial_conversations}
+            seeds = (rollout_seed(self.sample_seed, step - 1, 2 * len(out)),
+                     rollout_seed(self.sample_seed, step - 1, 2 * len(out) + 1))
+            params = sampling_params(gen, n, seeds[0], self.stop_ids)
+            mine = meeting.share(count)
             batch, comps, extra = self.partial.step(
-                self.engine, self.prompts, len(mine), lambda n, seed: sampling_params(gen, n, seed, self.stop_ids),
-                (rollout_seed(self.sample_seed, step - 1), rollout_seed(self.sample_seed, step - 1, 1)), replicas,
-                **conv)
-        value = None
-        if self.partial_conversations is not None and comps:  # what the conversations of its groups give besides
-            columns, metrics = self.partial_conversations.last
-            value = ReplicaValue(batch.ids, columns, metrics, len(comps), sum(len(c.token_ids) for c in comps))
-        return [Samples(comps, self.figures(batch.ids, t0, self.engine.last_stats, extra), rl.batch_size * params.n,
-                        int(mine[0]) * params.n, self.width(params), self.partial.taken, value)]
+                self.engine, self.prompts, len(mine), lambda k, seed: sampling_params(gen, k, seed, self.stop_ids),
+                seeds, replicas, **conv)
+            value = None
+            if self.partial_conversations is not None and comps:  # what the conversations of its groups give besides
+                columns, metrics = self.partial_conversations.last
+                value = ReplicaValue(batch.ids, columns, metrics, len(comps), sum(len(c.token_ids) for c in comps))
+            samples = Samples(comps, self.figures(batch.ids, t0, self.engine.last_stats, extra), count * n,
+                              int(mine[0]) * n if len(mine) else 0, self.width(params), self.partial.taken, value)
+            out.append(samples)
+            if self.rewards is None:  # one rollout a step
+                break
+            have += self.spread(batch, samples, local=True)
+            count = resample_count(want, have, len(out), rl.max_resample_times)
+            samples.figures["more"] = float(count)
+        return out
 
     def rounds(self, step: int) -> List[Samples]:
         """Step `step`'s rollouts with the weights this rank has: the first of rl_config.batch_size prompts, and with
@@ -169,15 +186,16 @@ class RolloutWorker:
             samples.figures["more"] = float(count)
         return out
 
-    def spread(self, batch: PromptBatch, samples: Samples) -> int:
+    def spread(self, batch: PromptBatch, samples: Samples, local: bool = False) -> int:
         """How many of a rollout's groups have a spread of rewards (the trainer's `collect` keeps them), over the
         rollout group: each replica scores its share (its first rank; the run's rule rewards on what the trainer's
         `Rollouts` gives them: the texts, the prompts' dataset columns, completion_length, the conversations' reward
-        columns), the counts summed over the rollout ranks (`Meeting.replica_counts`) when there are several."""
+        columns), the counts summed over the rollout ranks (`Meeting.replica_counts`) when there are several. local:
+        the batch is this replica's groups (partial rollouts), not the whole rollout's."""
         comps, n = samples.comps, self.cfg.rl_config.num_generations
         count = 0
         if self.meeting.hands_over and comps:
-            mine = self.meeting.share(len(batch.ids))
+            mine = np.arange(len(batch.ids)) if local else self.meeting.share(len(batch.ids))
             texts = self.tokenizer.decode_batch([c.token_ids for c in comps], skip_special_tokens=True)
             columns = {k: [v[int(mine[c.prompt_index])] for c in comps] for k, v in batch.columns.items()}
             columns["completion_length"] = [len(c.token_ids) for c in comps]

@@ -705,7 +705,6 @@ def test_partial_rollouts_with_conversations_run_in_one_process(kind):
 
 @pytest.mark.parametrize("extra, key", [
     ([], "rl_config.off_policy_steps"),
-    (["rl_config.off_policy_steps=1", "rl_config.dynamic_sampling=true", *SEPARATE], "generate_config.placement"),
     (["rl_config.off_policy_steps=1", "generate_config.parallel_config.data_parallel=2"],
      "generate_config.parallel_config"),
 ])
@@ -724,6 +723,14 @@ def test_partial_rollout_rules(extra, key):
     cfg = load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1",
                                              "rl_config.dynamic_sampling=true"])
     assert cfg.generate_config.partial_rollout and cfg.rl_config.dynamic_sampling
+    cfg = load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1",
+                                             "rl_config.dynamic_sampling=true", *SEPARATE])
+    assert cfg.rollout_ranks_resample()  # the rollout ranks decide a step's rounds (rule rewards)
+    with pytest.raises(ConfigError) as info:  # they cannot score with the models of training rank 0
+        load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1",
+                                           "rl_config.dynamic_sampling=true", *SEPARATE,
+                                           "reward_config.judges=[{path: models/judge}]"])
+    assert info.value.key == "reward_config.judges"
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=["generate_config.partial_rollout=true", *extra])
     assert info.value.key == key

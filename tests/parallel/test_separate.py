@@ -89,20 +89,20 @@ def runs(tmp_path_factory):
                    "checkpoints": sorted(os.listdir(out / "sepk" / "checkpoints")),
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
-              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e,sep1pt", *shared],
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e,sep1pt,sep1pe", *shared],
               timeout=2400)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), a training group of two
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
     # training rank beside a rollout replica of two tensor-parallel pieces (sep0tp, sep1tp, sep1ptp): world 3
     run_msrun("one_stage_runs.py", 3, str(out / "replicas"),
               args=[str(out), "sep0d,sep1d,sep0g,sep0dt,sep0gl,sep1g,sep0gt,sep0tp,sep1tp,sep1ptp,sep0tpg,sep0ppg,sep0gz,"
-                    "sep0tpl,sep0tpgl,sep0ppgl,sep1pg,sep1pd,sep1ed",
+                    "sep0tpl,sep0tpgl,sep0ppgl,sep1pg,sep1pd,sep1ed,sep1pde",
                     *shared],
               timeout=2400)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col1e,col0u,col0lu,col0s,col1pt", *shared],
+                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col1e,col0u,col0lu,col0s,col1pt,col1pe", *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -392,6 +392,66 @@ def test_partial_rollouts_on_two_rollout_replicas_train_every_drawn_prompt_once(
     for m in ms:
         assert m["staleness/max"] <= 2 and m["staleness/dropped"] == 0, m["step"]
         assert min(m[f"async/rollout{i}/tokens_per_s"] for i in range(2)) > 0  # both replicas generated
+
+
+@pytest.mark.slow  # the same msrun jobs
+def test_dynamic_sampling_with_partial_rollouts_equals_the_colocated_run(runs):
+    """sep1pe: dynamic sampling with partial rollouts, one step off-policy, one training rank and one rollout rank, the
+    coarse reward test_length_mod3 (some groups' four samples score the same). The rollout rank runs each step's
+    rounds when it generates it, a step ahead: each round a partial rollout of the groups still needed, its complete
+    groups scored with the rule rewards, those without a spread dropped, and hands over every round with the count of
+    the next; rank 0 follows it and takes each round's groups by their draw numbers. The same samples, rewards,
+    rounds, kept groups, staleness and partial/ figures as col1pe in one process step for step, the losses within
+    1e-6."""
+    sep, col = runs / "sep1pe", runs / "col1pe"
+    ms, mc = metrics(sep), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    fields = ("prompt", "completion", "reward")
+    got = samples(sep, fields)
+    assert got == samples(col, fields) and all(len(step) == 8 for step in got)
+    keys = ("reward_mean", "dynamic_sampling/rounds", "dynamic_sampling/kept_groups", "staleness/mean",
+            "staleness/max", "staleness/dropped", "partial/carried_groups", "partial/carried_samples",
+            "partial/continued_samples")
+    for a, b in zip(ms, mc):
+        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
+                                                                                                   rel=1e-5)
+    # a step drew prompts again, samples were carried into a later step and went on there
+    assert max(m["dynamic_sampling/rounds"] for m in ms) > 1
+    assert sum(m["partial/continued_samples"] for m in ms) > 0
+    for m, step in zip(ms, got):  # the kept groups (first in the batch) have a spread of rewards
+        kept = int(m["dynamic_sampling/kept_groups"])
+        assert kept == 2 and all(len({r for _, _, r in step[4 * g:4 * g + 4]}) > 1 for g in range(kept)), m["step"]
+
+
+@pytest.mark.slow  # the same msrun jobs
+def test_dynamic_sampling_with_partial_rollouts_on_two_rollout_replicas_resumes_without_losing_prompts(runs):
+    """sep1pde: sep1pe's settings on one training rank beside two rollout replicas (each its share of every round's
+    groups, their counts of groups with a spread summed), stopped after step 1 and resumed for steps 2-3. From the
+    files: every step trains batch_size groups with a spread; the prompts trained over the run and those in flight at
+    its end are among the data's first prompts as drawn (col0s: the data's order), none twice, fewer than were drawn
+    (the prompts not trained nor in flight: the dropped groups', spent; which ones the files do not say); the resumed step generated the groups
+    in flight at the stop again, whole."""
+    run = runs / "sep1pde"
+    ms = metrics(run)
+    assert [m["step"] for m in ms] == list(range(1, STEPS + 1))
+    trained = samples(run, ("prompt", "completion", "reward"))
+    for m, step in zip(ms, trained):
+        assert len(step) == 8 and m["dynamic_sampling/kept_groups"] == 2, m["step"]
+        assert all(len({r[0] for r in step[4 * g:4 * g + 4]}) == 1 and len({r[2] for r in step[4 * g:4 * g + 4]}) > 1
+                   for g in range(2)), m["step"]
+    assert max(m["dynamic_sampling/rounds"] for m in ms) > 1
+    data = [row[0] for step in samples(runs / "col0s", ("prompt",), steps=6) for row in step[::4]]
+    folder = run / "checkpoints"
+    with open(folder / "step_00000001" / "in_flight.json") as f, open(folder / "step_00000003" / "in_flight.json") as g:
+        first, last = json.load(f), json.load(g)
+    assert first["groups"] and first["drawn"] < last["drawn"] <= len(data)
+    kept = [g["columns"]["prompt"] for g in last["groups"]]
+    seen = prompts(trained) + kept
+    assert len(set(seen)) == len(seen) and set(seen) <= set(data[:last["drawn"]])
+    # the step that drew prompts again spent some: drawn, neither trained nor in flight
+    assert len(seen) < last["drawn"]
+    assert ms[1]["partial/continued_samples"] == 4 * len(first["groups"])  # generated again, whole, after the resume
 
 
 def adapter_bytes(model_yaml: str, rank: int) -> int:

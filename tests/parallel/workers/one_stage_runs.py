@@ -102,6 +102,9 @@ ENVIRONMENT = ["generate_config.environment=guess_number", "generate_config.tool
                "reward_config.verifier_function=[environment]", "reward_config.verifier_weight=[2.0]"]
 # dynamic sampling (DAPO): a group whose games all scored the same is drawn again, up to two more rollouts a step
 DYNAMIC = ["rl_config.dynamic_sampling=true", "rl_config.max_resample_times=2"]
+# partial rollouts with dynamic sampling, scored by a coarse reward (separate_rewards.py) so that a step has groups
+# whose four samples all score the same: dropped, their prompts spent, further rounds of partial rollouts
+PARTIAL_DYNAMIC = PARTIAL + DYNAMIC + ["reward_config.verifier_function=[test_length_mod3]"]
 ROLLOUT2 = ["generate_config.parallel_config.data_parallel=2"]  # two rollout ranks, whole replicas of the model
 # one rollout replica of two tensor-parallel pieces (ranks 1 and 2 of a world of 3)
 ROLLOUT_TP2 = ["generate_config.parallel_config.model_parallel=2"]
@@ -155,6 +158,10 @@ RUNS = {
     # of rewards summed; its one-process peer col1e
     "sep1ed": [(MSRUN, ["generate_config.placement=separate"] + ENVIRONMENT + DYNAMIC + OFF1 + ROLLOUT2)],
     "col1e": [([], ENVIRONMENT + DYNAMIC + OFF1)],
+    # dynamic sampling with partial rollouts: the rollout rank runs a step's rounds (each a partial rollout of the
+    # groups still needed) when it generates it, a step ahead, and hands over each; its one-process peer col1pe
+    "sep1pe": [(MSRUN, SEPARATE + PARTIAL_DYNAMIC)],
+    "col1pe": [([], PARTIAL_DYNAMIC)],
     # tool calls on two colocated inference replicas, each running its share's conversations (peer: col0t)
     "dp0t": [(MSRUN, TOOLS + DP_TOOLS)],
     # LoRA under a separate placement: the base at the start, after the warm start and after the resume (sep0l stops
@@ -190,6 +197,10 @@ RUNS = {
     # flight); checked against the data's order (col0s) and its own files
     "sep1pd": [(MSRUN, SEPARATE + PARTIAL + EVERY_STEP + ROLLOUT2 + ["rl_config.max_steps=1"]),
                (MSRUN + ["--resume"], SEPARATE + PARTIAL + EVERY_STEP + ROLLOUT2)],
+    # sep1pd's stop and resume with dynamic sampling (sep1pe's): each round's groups shared between the replicas, their
+    # counts of groups with a spread summed; dropped groups' prompts spent
+    "sep1pde": [(MSRUN, SEPARATE + PARTIAL_DYNAMIC + EVERY_STEP + ROLLOUT2 + ["rl_config.max_steps=1"]),
+                (MSRUN + ["--resume"], SEPARATE + PARTIAL_DYNAMIC + EVERY_STEP + ROLLOUT2)],
     # one process, six steps of 2 prompts (completions.jsonl logs each step's 2 G samples): the data's first 12
     # prompts in the order every run draws them
     "col0s": [([], ["rl_config.max_steps=6"])],

@@ -13,6 +13,13 @@ def text_length(completions, **kwargs):
     return [len(c) / 100.0 for c in completions]
 
 
+@register_reward("test_length_mod3")
+def length_mod3(completions, **kwargs):
+    """1 when the completion's characters are a multiple of 3: a coarse reward, so that some groups of four samples
+    score all the same (dynamic sampling drops them) and others do not."""
+    return [float(len(c) % 3 == 0) for c in completions]
+
+
 @register_reward("accuracy", overwrite=True)
 def characters_as_accuracy(completions, **kwargs):
     return [(sum(map(ord, c)) % 1000) / 1000.0 for c in completions]
