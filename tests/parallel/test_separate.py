@@ -89,7 +89,8 @@ def runs(tmp_path_factory):
                    "checkpoints": sorted(os.listdir(out / "sepk" / "checkpoints")),
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
-              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e,sep1pt,sep1pe", *shared],
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e,sep1pt,sep1pe",
+                    *shared],
               timeout=2400)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), a training group of two
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
@@ -430,8 +431,8 @@ def test_dynamic_sampling_with_partial_rollouts_on_two_rollout_replicas_resumes_
     groups, their counts of groups with a spread summed), stopped after step 1 and resumed for steps 2-3. From the
     files: every step trains batch_size groups with a spread; the prompts trained over the run and those in flight at
     its end are among the data's first prompts as drawn (col0s: the data's order), none twice, fewer than were drawn
-    (the prompts not trained nor in flight: the dropped groups', spent; which ones the files do not say); the resumed step generated the groups
-    in flight at the stop again, whole."""
+    (the prompts not trained nor in flight: the dropped groups', spent; which ones the files do not say); the resumed
+    step generated the groups in flight at the stop again, whole."""
     run = runs / "sep1pde"
     ms = metrics(run)
     assert [m["step"] for m in ms] == list(range(1, STEPS + 1))
