@@ -43,7 +43,8 @@ columns (tool_calls, messages; env_reward, env_done) and tool/ or env/, and turn
 `conversations.ReplicaValue`; `grpo/conversations.RemoteConversations` on the training rank merges them). Its prompt
 check names the prompts it drew, with conversations too: the training ranks check their draw against it.
 
-With rl_config.dynamic_sampling this rank decides a step's rounds (`rounds`) when it generates the step, with the
+With rl_config.dynamic_sampling this rank decides a step's rounds (`rounds`; with partial rollouts `partial_rounds`,
+each round a partial rollout of the groups still needed) when it generates the step, with the
 weights it has then (k steps ahead: every round of step s samples with version s - 1 - k, as in one process): it
 scores each rollout of its share with the run's rule rewards (reward_config.verifier_function, the conversations'
 reward columns), the rollout ranks sum their counts of groups with a spread of rewards (`Meeting.replica_counts`),
