@@ -43,7 +43,6 @@ from mindgrpo.inference.engine import Completion
 from mindgrpo.inference.sampling import SamplingParams
 from mindgrpo.parallel.checkpoint_folders import CheckpointError
 from mindgrpo.parallel.data_parallel import row_width
-from mindgrpo.parallel.separate import check_prompts
 
 PARTIAL = "partial"
 CONTINUED = 1_000_000  # a continuation's random-stream key: past any batch index
@@ -384,5 +383,5 @@ class DrawnPrompts:
         comps, numbers, figures = engine.groups(want * self.G, self.G, row_width(params, turns))
         self.draw(prompts, int(figures["drawn"]))  # every rollout replica's fresh prompts (summed)
         batch = self.take(numbers)  # in the meeting's rows: each replica's share of the groups, in replica order
-        check_prompts(figures, batch.ids)
+        engine.check_prompts(figures, batch.ids)  # the rollout replicas generated these prompts
         return batch, comps, figures

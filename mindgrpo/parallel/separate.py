@@ -90,7 +90,7 @@ def prompt_check(prompts: Sequence[Sequence[int]]) -> float:
     return float(sum(int(np.sum(np.asarray(p, np.int64))) for p in prompts) % (1 << 23))
 
 
-def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]], first: int = 1, tp: int = 1) -> None:
+def check_prompts(figures: Dict[str, float], prompts: Sequence[Sequence[int]], first: int, tp: int) -> None:
     """The rollout group's figures (`group_figures`) name the prompts each replica generated (`prompt_checks`, its
     share of them): those this rank trains on. first: the first rollout rank (the number of training ranks); tp: a
     replica's ranks (the error names its first)."""
@@ -351,8 +351,13 @@ class RemoteRollout:
         (`conversations.RemoteConversations`). `prompts`: this rank's draw, which each rollout rank's prompt check
         names (its share of the draw, before an environment's resets write the prompts generated)."""
         comps, _, figures = self.groups(len(prompts) * params.n, params.n, row_width(params, turns))
-        check_prompts(figures, prompts, self.meeting.trainers, self.meeting.tp)
+        self.check_prompts(figures, prompts)
         return comps
+
+    def check_prompts(self, figures: Dict[str, object], prompts: Sequence[Sequence[int]]) -> None:
+        """A samples meeting's figures against the prompts this rank drew (`check_prompts`: the error names the
+        rollout replica's first rank, counted after the training ranks)."""
+        check_prompts(figures, prompts, self.meeting.trainers, self.meeting.tp)
 
     def next_round(self, count: int) -> int:
         """rl_config.dynamic_sampling, after each rollout of a step: how many prompts the next one draws (0: the step's

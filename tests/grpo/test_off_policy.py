@@ -214,6 +214,16 @@ def test_a_sample_staler_than_the_bound_is_dropped_from_the_loss(run):
 
 
 # ---------------------------------------------------------------------------------------------- partial rollouts
+class RemoteSide:
+    """The training rank's engine under a separate placement (parallel/separate.RemoteRollout) as the tests below
+    fake it: its prompt check, one training rank before the rollout ranks, replicas of one rank."""
+
+    def check_prompts(self, figures, prompts):
+        from mindgrpo.parallel.separate import check_prompts
+
+        check_prompts(figures, prompts, 1, 1)
+
+
 class PartialEngine:
     """Prompt k's samples answer `k`; with min_groups, odd prompts' last sample stops after one token ("partial");
     a continuation (n = 1) ends its sample with its answer. Tokens are stamped with `version`."""
@@ -428,7 +438,7 @@ def test_the_training_rank_takes_the_rollout_ranks_groups_by_their_draw_numbers(
     def sampling(n, seed):
         return SamplingParams(max_tokens=5, n=n, seed=seed)
 
-    class Meeting:  # what the samples meeting hands the training rank
+    class Meeting(RemoteSide):  # what the samples meeting hands the training rank
         def groups(self, rows, n, width):
             assert (rows, n, width) == (2 * G, G, 5)
             figures = dict(self.figures, prompt_checks=[prompt_check(self.batch.ids)])
@@ -473,7 +483,7 @@ def test_a_resumed_rollout_rank_draws_the_training_ranks_prompts_in_flight_again
     def sampling(n, seed):
         return SamplingParams(max_tokens=5, n=n, seed=seed)
 
-    class Meeting:  # what the samples meeting hands the training rank: the rollout rank's step
+    class Meeting(RemoteSide):  # what the samples meeting hands the training rank: the rollout rank's step
         def groups(self, rows, n, width):
             return self.comps, list(self.numbers), dict(self.figures, prompt_checks=[prompt_check(self.batch.ids)])
 
@@ -547,7 +557,7 @@ def test_rollout_replicas_keep_their_own_groups_in_flight_and_draw_each_prompt_o
                 return out
             return needs
 
-    class Meeting:  # the samples meeting: each replica's groups at its share's rows, their figures summed
+    class Meeting(RemoteSide):  # the samples meeting: each replica's groups at its share's rows, their figures summed
         def groups(self, rows, n, width):
             assert (rows, n, width) == (B * G, G, 5)
             comps = [c for out in self.outs for c in out[1]]

@@ -139,6 +139,8 @@ def test_the_samples_meeting_of_several_rollout_ranks_gives_every_share_at_its_r
     check_prompts(figures, prompts, 1, tp)  # each replica generated its share of these prompts
     with pytest.raises(RuntimeError, match=f"rollout rank {1 + (replicas - 1) * tp} generated other prompts"):
         check_prompts(figures, prompts[:-1] + [[1]], 1, tp)  # the last prompt is the last replica's (its first rank)
+    with pytest.raises(RuntimeError, match=f"rollout rank {2 + (replicas - 1) * tp} generated other prompts"):
+        check_prompts(figures, prompts[:-1] + [[1]], 2, tp)  # after two training ranks
 
 
 @pytest.mark.parametrize("apart", [0.0, 0.25])
