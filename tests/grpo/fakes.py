@@ -74,6 +74,29 @@ def keep_rollouts(trainer) -> dict:
     return kept
 
 
+class StepRecorder:
+    """A trainer's steps run by hand (`steps(n)`: train_step, then the step count), what each step's `collect`
+    returned kept as record(rollouts, metrics) in trained[name][step] (`name`: the run's, settable: "straight",
+    "resumed", ...)."""
+
+    def __init__(self, trainer, record, names=("straight", "resumed")):
+        self.trainer, self.name = trainer, names[0]
+        self.trained = {n: {} for n in names}
+        collect = trainer.collect
+
+        def recorded():
+            r, m = collect()
+            self.trained[self.name][trainer.step + 1] = record(r, m)
+            return r, m
+
+        trainer.collect = recorded
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            self.trainer.train_step()
+            self.trainer.step += 1
+
+
 def save_judge(folder, model_yaml, seed=11) -> str:
     """A random causal LM of `model_yaml`'s shape as a MindSpore .ckpt with its config beside it (a generative judge's
     model): its path."""

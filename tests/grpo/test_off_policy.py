@@ -21,7 +21,7 @@ from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.parallel.weight_sync import named_parameters
 from mindgrpo.utils.progress import Progress
 
-from fakes import RecordingLog, one_layer_micro  # tests/grpo is on sys.path under pytest
+from fakes import RecordingLog, StepRecorder, one_layer_micro  # tests/grpo is on sys.path under pytest
 from test_one_copy import assert_same_completions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -326,30 +326,16 @@ def partial_runs(run, tmp_path_factory):
         f"generate_config.stop_token_ids=[{','.join(map(str, range(384, 512)))}]"])
     trainer = builder.make_trainer(cfg, run["parts"], RecordingLog(), Progress(3), str(out))
     trainer.sync_now()  # the engine from the policy as the `run` fixture left it, version 0
-    trained = {"straight": {}, "resumed": {}}
-    run_name = ["straight"]
-    collect = trainer.collect
-
-    def recorded_collect():
-        r, m = collect()
-        trained[run_name[0]][trainer.step + 1] = (
-            [tuple(p) for p in r.batch.ids],
-            [(tuple(c.token_ids), c.finish_reason, c.logprobs.tolist(), c.versions.tolist()) for c in r.completions])
-        return r, m
-
-    trainer.collect = recorded_collect
-
-    def steps(n):
-        for _ in range(n):
-            trainer.train_step()
-            trainer.step += 1
-
+    recorder = StepRecorder(trainer, lambda r, m: (
+        [tuple(p) for p in r.batch.ids],
+        [(tuple(c.token_ids), c.finish_reason, c.logprobs.tolist(), c.versions.tolist()) for c in r.completions]))
+    trained, steps = recorder.trained, recorder.steps
     steps(1)
     in_flight = [(tuple(g.prompt), [(list(c.token_ids), c.finish_reason, c.versions.tolist()) for c in g.samples])
                  for g in trainer.partial.groups]
     saved = trainer.save()
     steps(2)
-    run_name[0] = "resumed"
+    recorder.name = "resumed"
     trainer.partial = PartialRollouts(cfg.rl_config.num_generations, cfg.generate_config.max_tokens)
     trainer.resume(saved)
     steps(2)

@@ -25,7 +25,7 @@ from mindgrpo.grpo import builder
 from mindgrpo.grpo.partial import IN_FLIGHT, PartialRollouts
 from mindgrpo.utils.progress import Progress
 
-from fakes import RecordingLog, one_layer_micro  # tests/grpo is on sys.path under pytest
+from fakes import RecordingLog, StepRecorder, one_layer_micro  # tests/grpo is on sys.path under pytest
 from tool_caller import TEMPLATE, tool_calling_micro
 
 STEPS, B, G = 4, 2, 4
@@ -85,23 +85,11 @@ def runs(request, tmp_path_factory):
     parts = builder.build(cfg, builder.Paths(output_dir=str(out), sft_path_train=cfg.actor_config.load_checkpoint))
     log = RecordingLog()
     trainer = builder.make_trainer(cfg, parts, log, Progress(STEPS), str(out))
-    trained = {"straight": {}, "resumed": {}, "redrawn": {}}
-    name = ["straight"]
-    collect = trainer.collect
-
-    def recorded_collect():
-        r, m = collect()
-        trained[name[0]][trainer.step + 1] = dict(
-            prompts=[tuple(p) for p in r.batch.ids], samples=[sample_record(c) for c in r.completions],
-            columns={k: list(r.columns[k]) for k in ("messages", COLUMNS[kind])}, metrics=dict(m))
-        return r, m
-
-    trainer.collect = recorded_collect
-
-    def steps(n):
-        for _ in range(n):
-            trainer.train_step()
-            trainer.step += 1
+    recorder = StepRecorder(trainer, lambda r, m: dict(
+        prompts=[tuple(p) for p in r.batch.ids], samples=[sample_record(c) for c in r.completions],
+        columns={k: list(r.columns[k]) for k in ("messages", COLUMNS[kind])}, metrics=dict(m)),
+        names=("straight", "resumed", "redrawn"))
+    trained, steps = recorder.trained, recorder.steps
 
     conv = parts.conversations
     conv.start()
@@ -111,12 +99,12 @@ def runs(request, tmp_path_factory):
                      for g in trainer.partial.groups]
         saved = trainer.save()
         steps(STEPS - 1)
-        name[0] = "resumed"
+        recorder.name = "resumed"
         trainer.partial = PartialRollouts(G, cfg.generate_config.max_tokens)
         trainer.resume(saved)
         steps(STEPS - 1)
         if kind == "tools":  # the groups in flight as a separate placement's rollout rank gets them after a resume:
-            name[0] = "redrawn"  # their prompts only (its `redraw`), the conversations started again
+            recorder.name = "redrawn"  # their prompts only (its `redraw`), the conversations started again
             trainer.partial = PartialRollouts(G, cfg.generate_config.max_tokens)
             trainer.resume(saved)
             state = trainer.partial.state()
