@@ -83,9 +83,9 @@ class PartialConversations:
                   before: Sequence[Completion], states: Sequence[Optional[dict]]
                   ) -> Tuple[List[Completion], List[dict]]:
         """The carried conversations (each prompt its prompt and trajectory so far, `before` its sample and `states`
-        its state; None: a sample not started, drawn again after a resume under a separate placement, whose
-        conversation begins here: tools only, an environment's games were reset by `reset_games`) run to their ends:
-        the samples whole, and their states."""
+        its state; None: a sample not started, drawn again after a resume under a separate placement, whose tool
+        conversation begins here; an environment's has its reset's state from `reset_games`) run to their ends: the
+        samples whole, and their states."""
         turns = self.conv.turns
         turns.reset()
         for k, (state, c) in enumerate(zip(states, before)):
