@@ -249,12 +249,9 @@ class GRPOConfig:
             check(one_device, "generate_config.parallel_config",
                   "cannot combine with generate_config.partial_rollout yet (one inference device, one answer a "
                   "prompt, one rollout a step)")
-            # conversations carry over (grpo/partial_conversations.py); under a separate placement the rollout ranks
-            # carry tool conversations, not an environment's yet: its resets rewrite the prompts (the rollout ranks'
-            # prompt check names the data's) and a resume would have to reset the games drawn again
-            check(not (gen.environment is not None and gen.placement == "separate"), "generate_config.placement",
-                  "separate cannot combine generate_config.partial_rollout with generate_config.environment yet (the "
-                  "rollout ranks carry tool conversations only); use placement colocated")
+            # conversations carry over (grpo/partial_conversations.py), under a separate placement on the rollout
+            # ranks too (an environment's: the groups keep the prompts as drawn for the prompt check, and after a
+            # resume the games drawn again are reset there: PartialConversations.reset_games)
 
         for i, entry in enumerate(self.reward_config.reward_models):  # parallel/replica_scores.py
             key, tp = f"reward_config.reward_models[{i}].model_parallel", entry.model_parallel

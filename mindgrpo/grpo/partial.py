@@ -6,9 +6,10 @@ A carried sample goes on from its prompt and its own tokens as a new prompt, pre
 (its KV cache is not kept: the cache of the old weights would mix two versions in one attention context, and the
 engine's cache belongs to one call), for the tokens it has left; each token keeps the version that generated it
 (`Completion.versions`), so a sample's staleness is that of its oldest token. A group (the G samples of a prompt)
-trains once all its samples are finished, oldest groups first. With conversations (tools or an environment, one
-process) each sample also keeps its conversation's state and the calls run through
-`partial_conversations.PartialConversations` (given to `PartialRollouts.step`).
+trains once all its samples are finished, oldest groups first. With conversations (tools or an environment, in one
+process or on a separate placement's rollout ranks) each sample also keeps its conversation's state and the calls run
+through `partial_conversations.PartialConversations` (given to `PartialRollouts.step`); an environment's groups keep
+their prompts as its resets wrote them and as drawn from the data (`Group.drawn`, which a prompt check names).
 
 Under generate_config.placement separate the rollout rank keeps the groups in flight and runs each step's partial
 rollout (`PartialRollouts.step`, the same calls as one process); each training rank keeps only the prompts the
@@ -60,6 +61,7 @@ class Group:
     samples: List[Completion]
     number: int = 0  # the prompt's draw number in the run (0, 1, ...: the order the rollout drew prompts)
     states: Optional[List[dict]] = None  # conversations: each sample's (`partial_conversations`), JSON
+    drawn: Optional[List[int]] = None  # an environment's: the prompt as drawn from the data (`prompt` as written)
 
     @property
     def complete(self) -> bool:
@@ -145,6 +147,7 @@ class PartialRollouts:
         self.drawn = 0  # prompts drawn so far (the next group's number)
         self.taken: List[int] = []  # the draw numbers of the groups the last `take` gave, in its order
         self.taken_states: List[Optional[dict]] = []  # with conversations: their samples' states (None: none)
+        self.taken_drawn: List[List[int]] = []  # their prompts as drawn from the data (the prompt check names them)
 
     def continuations(self) -> Tuple[List[List[int]], List[int], List[Tuple[int, int]]]:
         """The carried unfinished samples as prompts (the prompt and the sample's tokens: a conversation's appended
@@ -177,14 +180,16 @@ class PartialRollouts:
                 [None if self.groups[i].states is None else self.groups[i].states[j] for i, j in where])
 
     def add(self, batch: PromptBatch, comps: List[Completion], first: Optional[int] = None,
-            states: Optional[List[dict]] = None) -> None:
+            states: Optional[List[dict]] = None, drawn: Optional[List[List[int]]] = None) -> None:
         """A rollout call's samples of fresh prompts (G a prompt, adjacent), finished or not; first: the first one's
-        draw number (default the next: `drawn`, which then counts them); states: with conversations, each sample's."""
+        draw number (default the next: `drawn`, which then counts them); states: with conversations, each sample's;
+        drawn: with an environment, the prompts as drawn from the data (batch's are as the resets wrote them)."""
         for p, ids in enumerate(batch.ids):
             self.groups.append(Group(list(ids), {k: v[p] for k, v in batch.columns.items()},
                                      list(comps[p * self.G:(p + 1) * self.G]),
                                      self.drawn if first is None else first + p,
-                                     None if states is None else list(states[p * self.G:(p + 1) * self.G])))
+                                     None if states is None else list(states[p * self.G:(p + 1) * self.G]),
+                                     None if drawn is None else list(drawn[p])))
             if first is None:
                 self.drawn += 1
 
@@ -199,6 +204,7 @@ class PartialRollouts:
         self.groups = [g for g in self.groups if id(g) not in kept]
         self.taken = [g.number for g in taken]
         self.taken_states = [s for g in taken for s in (g.states or [None] * len(g.samples))]
+        self.taken_drawn = [g.prompt if g.drawn is None else g.drawn for g in taken]
         keys = sorted({k for g in taken for k in g.columns})
         batch = PromptBatch([g.prompt for g in taken], {k: [g.columns[k] for g in taken] for k in keys})
         comps = [replace(c, prompt_index=p) for p, g in enumerate(taken) for c in g.samples]
@@ -209,13 +215,15 @@ class PartialRollouts:
                 "groups": [{"prompt": [int(t) for t in g.prompt], "number": g.number,
                             "columns": {k: _plain(v) for k, v in g.columns.items()},
                             "samples": [sample_state(c) for c in g.samples],
-                            **({} if g.states is None else {"states": g.states})} for g in self.groups]}
+                            **({} if g.states is None else {"states": g.states}),
+                            **({} if g.drawn is None else {"drawn": [int(t) for t in g.drawn]})}
+                           for g in self.groups]}
 
     def load_state(self, state: dict) -> None:
         """A group saved without samples (by the training rank of a separate placement) is generated again."""
         self.groups = [Group([int(t) for t in g["prompt"]], dict(g["columns"]),
                              [sample_of(s) for s in g["samples"]] or [unstarted() for _ in range(self.G)],
-                             int(g["number"]), g.get("states")) for g in state["groups"]]
+                             int(g["number"]), g.get("states"), g.get("drawn")) for g in state["groups"]]
         self.drawn = int(state["drawn"])
 
     def write(self, folder: str) -> List[str]:
@@ -280,6 +288,8 @@ class PartialRollouts:
         tokens, drawn = 0, 0
         if conversations is not None:
             conversations.begin()
+            conversations.reset_games(self.groups)  # groups drawn again after a resume (separate): their resets
+            carried, left, where = self.continuations()  # their prompts as written
         if carried:  # keyed past any batch index: their own random streams (each replica its own)
             keys = [CONTINUED + k * count + index for k in range(len(left))]
             if conversations is None:
@@ -305,7 +315,8 @@ class PartialRollouts:
                 else:  # an environment writes the prompts: the groups keep them as written
                     ids, comps, states = conversations.fresh(engine, batch, sampling(self.G, seeds[0]), need,
                                                              list(mine))
-                    self.add(PromptBatch(ids, batch.columns), comps, self.drawn + first, states)
+                    self.add(PromptBatch(ids, batch.columns), comps, self.drawn + first, states,
+                             batch.ids if conversations.writes_prompts else None)
                 drawn = len(batch.ids)
                 tokens += engine.last_stats["new_tokens"]
             self.drawn += total

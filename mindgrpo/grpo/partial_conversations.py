@@ -13,7 +13,9 @@ log-probs; its turn count: `partial.joined`) and its conversation's state (`Turn
 answers so far, or an environment's state object as the tool workers pickle it after each step, its steps,
 observations and first messages), so an IN_FLIGHT checkpoint holds it whole. The next step's continuation call
 `restore`s each conversation, tells the engine its turns so far and the model turn under way (`engine.Carried`) and
-runs it to its end with that step's weights, prefilled again.
+runs it to its end with that step's weights, prefilled again. An environment's groups also keep the prompt as drawn
+from the data (`Group.drawn`: a separate placement's prompt check names it); the groups a separate placement's rollout
+rank draws again after a resume (no states) have their games reset before the step's continuation (`reset_games`).
 
 The reward columns (tool_calls, messages; env_reward, env_done, messages) and the conversation metrics (tool/*, env/*,
 turns/*) of a step are those of the samples it trains, from their whole conversations, whichever steps ran their turns
@@ -28,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindgrpo.grpo.conversations import Conversations, conversation_columns, conversation_metrics
-from mindgrpo.grpo.partial import joined
+from mindgrpo.grpo.partial import Group, joined
 from mindgrpo.grpo.prompts import PromptBatch
 from mindgrpo.inference.engine import Carried, Completion
 from mindgrpo.inference.sampling import SamplingParams
@@ -53,16 +55,37 @@ class PartialConversations:
         self.cut = 0  # turns cut in the step's calls
         self.last: Tuple[Dict[str, list], Dict[str, float]] = ({}, {})
 
+    @property
+    def writes_prompts(self) -> bool:
+        """Whether the conversations write the prompts (an environment's resets)."""
+        return self.conv.prompts is not None
+
     def begin(self) -> None:
         self.cut = 0
+
+    def reset_games(self, groups: Sequence[Group]) -> None:
+        """The groups drawn again unstarted after a --resume under a separate placement (no conversation states,
+        `PartialRollouts.redraw`): with an environment their games reset now, each group's prompt the reset wrote
+        (the data's kept in `drawn` for the prompt check) and each sample's state its reset's, so the step's
+        continuation plays them from the start; tools begin their conversations in the continuation itself."""
+        new = [g for g in groups if g.states is None and not any(c.token_ids for c in g.samples)]
+        if not new or not self.writes_prompts:
+            return
+        turns = self.conv.turns
+        turns.reset()
+        keys = list(range(len(new)))  # a reset is the dataset row's: the key only pairs it with its prompt
+        ids = self.conv.prompts([g.columns["prompt"] for g in new], keys)
+        for k, (g, written) in enumerate(zip(new, ids)):
+            g.drawn, g.prompt = g.prompt, [int(t) for t in written]
+            g.states = [turns.carry(k * len(g.samples) + j, keys[k]) for j in range(len(g.samples))]
 
     def continued(self, engine, prompts: List[List[int]], params: SamplingParams, left: List[int], keys: List[int],
                   before: Sequence[Completion], states: Sequence[Optional[dict]]
                   ) -> Tuple[List[Completion], List[dict]]:
         """The carried conversations (each prompt its prompt and trajectory so far, `before` its sample and `states`
-        its state; None: a sample not started, drawn again after a resume under a separate placement, whose
-        conversation begins here: tools only, an environment's would need its reset) run to their ends: the samples
-        whole, and their states."""
+        its state; None: a sample not started, drawn again after a resume under a separate placement, whose tool
+        conversation begins here; an environment's has its reset's state from `reset_games`) run to their ends: the
+        samples whole, and their states."""
         turns = self.conv.turns
         turns.reset()
         for k, (state, c) in enumerate(zip(states, before)):

@@ -41,7 +41,8 @@ its index in the whole batch: a sample's rows carry its model mask and turns, an
 a value meeting where every rollout rank gives its share's prompts as generated (an environment's resets), reward
 columns (tool_calls, messages; env_reward, env_done) and tool/ or env/, and turns/ metrics (a
 `conversations.ReplicaValue`; `grpo/conversations.RemoteConversations` on the training rank merges them). Its prompt
-check names the prompts it drew, with conversations too: the training ranks check their draw against it.
+check names the prompts it drew, with conversations too (with partial rollouts an environment's groups keep them beside
+the prompts its resets wrote): the training ranks check their draw against it.
 
 With rl_config.dynamic_sampling this rank decides a step's rounds (`rounds`; with partial rollouts `partial_rounds`,
 each round a partial rollout of the groups still needed) when it generates the step, with the
@@ -154,8 +155,10 @@ class RolloutWorker:
             if self.partial_conversations is not None and comps:  # what the conversations of its groups give besides
                 columns, metrics = self.partial_conversations.last
                 value = ReplicaValue(batch.ids, columns, metrics, len(comps), sum(len(c.token_ids) for c in comps))
-            samples = Samples(comps, self.figures(batch.ids, t0, self.engine.last_stats, extra), count * n,
-                              int(mine[0]) * n if len(mine) else 0, self.width(params), self.partial.taken, value)
+            # the prompt check names the prompts as drawn (an environment's groups keep those it wrote in batch.ids)
+            samples = Samples(comps, self.figures(self.partial.taken_drawn, t0, self.engine.last_stats, extra),
+                              count * n, int(mine[0]) * n if len(mine) else 0, self.width(params), self.partial.taken,
+                              value)
             out.append(samples)
             if self.rewards is None:  # one rollout a step
                 break

@@ -290,7 +290,8 @@ class GRPOTrainer:
             else self.partial_conversations.last
         if self.conversations is not None and self.partial_conversations is None:  # separate: the rollout ranks'
             values = [v for v in self.conversations.meeting.values(None) if v is not None]
-            _, columns, self.conversation_stats = merge_replicas(values, len(batch.ids))
+            ids, columns, self.conversation_stats = merge_replicas(values, len(batch.ids))
+            batch = PromptBatch(ids, batch.columns)  # as generated (an environment's resets); drawn: the check's
         r = Rollouts(batch, comps, texts, self.G, columns)
         metrics = self.reward(r)
         metrics.update(rollout_metrics(r, self.engine.last_stats))

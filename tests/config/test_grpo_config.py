@@ -684,19 +684,18 @@ def test_tools_run_with_the_separate_placement_but_not_with_partial_rollouts(lag
 
 
 @pytest.mark.parametrize("kind", [["generate_config.tools=[calculator]"], ["generate_config.environment=guess_number"]])
-def test_partial_rollouts_with_conversations_run_in_one_process(kind):
-    """Partial rollouts carry conversations in one process (grpo/partial_conversations.py) and, with tools, on the
-    rollout ranks of a separate placement; an environment's not there yet, and colocated inference replicas keep no
-    groups in flight: each refused, naming its key."""
+def test_partial_rollouts_with_conversations_run_in_one_process_and_on_the_rollout_ranks(kind):
+    """Partial rollouts carry conversations in one process (grpo/partial_conversations.py) and on the rollout ranks
+    of a separate placement (tools and an environment alike, with dynamic sampling too); colocated inference
+    replicas keep no groups in flight: refused, naming its key."""
     partial = ["generate_config.partial_rollout=true", "rl_config.off_policy_steps=1"]
     cfg = load_config(GRPOConfig, overrides=partial + kind)
     assert cfg.generate_config.partial_rollout and cfg.generate_config.conversations
-    if "tools" in kind[0]:
-        assert load_config(GRPOConfig, overrides=SEPARATE + partial + kind).generate_config.partial_rollout
-    else:
-        with pytest.raises(ConfigError) as info:
-            load_config(GRPOConfig, overrides=SEPARATE + partial + kind)
-        assert info.value.key == "generate_config.placement" and "generate_config.environment" in info.value.message
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + partial + kind)
+    assert cfg.generate_config.partial_rollout and cfg.generate_config.placement == "separate"
+    assert cfg.generate_config.conversations
+    cfg = load_config(GRPOConfig, overrides=SEPARATE + partial + kind + ["rl_config.dynamic_sampling=true"])
+    assert cfg.rollout_ranks_resample()  # the rollout ranks score their rounds with the conversations' columns
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=partial + kind + ["generate_config.parallel_config.data_parallel=2",
                                                             "actor_config.parallel_config.data_parallel=2"])

@@ -10,8 +10,9 @@ Checked: every step trains batch_size complete groups; a conversation really is 
 > 0, a sample in flight at the save with tokens); the carried ones keep their tokens, per-token versions and their
 conversation (its tool calls or its environment's steps: the reward columns count every turn, before and after the
 park); no prompt is lost or trained twice, over the run and over the stop + resume, and the resumed steps are the
-straight run's samples and reward columns. With tools the groups in flight are also started again from their prompts
-after the resume (what a separate placement's rollout rank does): still every prompt once."""
+straight run's samples and reward columns. The groups in flight are also started again from their prompts as drawn
+after the resume (what a separate placement's rollout rank does; an environment's games reset then): still every
+prompt once, an environment's prompts as its resets write them."""
 
 import json
 import os
@@ -103,14 +104,15 @@ def runs(request, tmp_path_factory):
         trainer.partial = PartialRollouts(G, cfg.generate_config.max_tokens)
         trainer.resume(saved)
         steps(STEPS - 1)
-        if kind == "tools":  # the groups in flight as a separate placement's rollout rank gets them after a resume:
-            recorder.name = "redrawn"  # their prompts only (its `redraw`), the conversations started again
-            trainer.partial = PartialRollouts(G, cfg.generate_config.max_tokens)
-            trainer.resume(saved)
-            state = trainer.partial.state()
-            trainer.partial.load_state(dict(state, groups=[{k: v for k, v in g.items() if k != "states"} | {
-                "samples": []} for g in state["groups"]]))
-            steps(STEPS - 1)
+        # the groups in flight as a separate placement's rollout rank gets them after a resume: their prompts as drawn
+        # from the data only (its `redraw`), the conversations started again (an environment's games reset)
+        recorder.name = "redrawn"
+        trainer.partial = PartialRollouts(G, cfg.generate_config.max_tokens)
+        trainer.resume(saved)
+        state = trainer.partial.state()
+        trainer.partial.load_state(dict(state, groups=[{k: v for k, v in g.items() if k not in ("states", "drawn")} | {
+            "prompt": g.get("drawn", g["prompt"]), "samples": []} for g in state["groups"]]))
+        steps(STEPS - 1)
     finally:
         conv.close()
         ms.set_context(mode=previous)
@@ -154,16 +156,19 @@ def test_conversations_carried_over_train_every_prompt_once_across_a_stop_and_re
     # no prompt lost, none trained twice
     whole = [p for step in [straight[1]] + [resumed[s] for s in range(2, STEPS + 1)] for p in step["prompts"]]
     assert whole == [p for s in range(1, STEPS + 1) for p in straight[s]["prompts"]] and len(set(whole)) == len(whole)
-    if kind == "tools":  # started again from their prompts: every prompt still once, in the straight run's order
-        redrawn = runs["trained"]["redrawn"]
-        assert sorted(redrawn) == list(range(2, STEPS + 1))
-        again = [p for step in [straight[1]] + [redrawn[s] for s in range(2, STEPS + 1)] for p in step["prompts"]]
-        assert again == whole
-        for step in redrawn.values():
-            assert len(step["samples"]) == B * G and all(reason != "partial" for _, reason, _, _, _ in step["samples"])
-        # the groups that were in flight: generated whole after the resume (one version), their tool turns too
-        first = redrawn[2]["samples"][:len(runs["in_flight"][:B]) * G]
-        assert all(len(set(versions)) == 1 for _, _, versions, _, _ in first) and any(t for _, _, _, t, _ in first)
+    # started again from their prompts as drawn: every prompt still once, in the straight run's order (an
+    # environment's as its resets wrote them: the games of the groups drawn again were reset)
+    redrawn = runs["trained"]["redrawn"]
+    assert sorted(redrawn) == list(range(2, STEPS + 1))
+    again = [p for step in [straight[1]] + [redrawn[s] for s in range(2, STEPS + 1)] for p in step["prompts"]]
+    assert again == whole
+    for step in redrawn.values():
+        assert len(step["samples"]) == B * G and all(reason != "partial" for _, reason, _, _, _ in step["samples"])
+    # the groups that were in flight: generated whole after the resume (one version), their tool / game turns too
+    first = redrawn[2]["samples"][:len(runs["in_flight"][:B]) * G]
+    assert all(len(set(versions)) == 1 for _, _, versions, _, _ in first) and any(t for _, _, _, t, _ in first)
+    if kind == "environment":  # their rewards are the games' played again from the reset
+        assert all(len(m) >= 2 for m in redrawn[2]["columns"]["messages"])
 
 
 @pytest.mark.slow

@@ -36,12 +36,13 @@ flight) against col0, col1, col1p; sep0tpg (sep0g's schedule on a training
 replica of two tensor-parallel pieces beside one rollout rank, resumed from its sharded checkpoint) against col0, and
 sep0ppg (the same on two pipeline stages, the untied micro model) against col0u.
 sep0e and its peer col0e play an environment (guess_number) with dynamic sampling: the rollout rank writes the prompts
-(its resets), plays the games and decides each step's further rollouts, rank 0 rewards them and follows; sep1ed (in
-the job of three ranks: the same one step off-policy on a rollout group of two, deciding each step's rollouts a step
-ahead) against col1e; sep1pt (partial rollouts with tool calls: the rollout rank carries the conversations)
-against col1pt. The main job also runs dp0t, col0t's config colocated (no separate placement) on two data-parallel
-replicas that train and generate, each running the conversations of its
-half of the prompts on its own tool workers: col0t's samples, losses and tool metrics."""
+(its resets), plays the games and decides each step's further rollouts, rank 0 rewards them and follows; sep1ed (in the
+job of three ranks: the same one step off-policy on a rollout group of two, deciding each step's rollouts a step ahead)
+against col1e; sep1pt (partial rollouts with tool calls: the rollout rank carries the conversations) against col1pt, and
+sep1pen (partial rollouts with sep0e's environment: the rollout rank carries the games) against col1pen, and sep1penr
+(sep1pen stopped after step 1 and resumed: the games in flight reset again). The main job also runs dp0t, col0t's config
+colocated (no separate placement) on two data-parallel replicas that train and generate, each running the conversations
+of its half of the prompts on its own tool workers: col0t's samples, losses and tool metrics."""
 
 import json
 import os
@@ -89,8 +90,8 @@ def runs(tmp_path_factory):
                    "checkpoints": sorted(os.listdir(out / "sepk" / "checkpoints")),
                    "msrun": open(out / "kill" / "msrun.out").read()[-20000:]}, f)
     run_msrun("one_stage_runs.py", 2, str(out / "log"),
-              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e,sep1pt,sep1pe",
-                    *shared],
+              args=[str(out), "sep0,sep1,sep1p,sep0r,sep1r,sep0t,dp0t,sepkr,sep0l,sep2,sep2r,sep0e,sep1pt,sep1pe,"
+                    "sep1pen,sep1penr", *shared],
               timeout=2400)
     # a rollout group of two ranks (generate_config.parallel_config.data_parallel 2), a training group of two
     # (sep0g, sep0gl, sep1g, sep0gt: actor_config.parallel_config.data_parallel 2) beside one rollout rank, and one
@@ -103,7 +104,8 @@ def runs(tmp_path_factory):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests", "parallel"),
                                                        os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, os.path.join(WORKERS, "one_stage_runs.py"), str(out),
-                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col1e,col0u,col0lu,col0s,col1pt,col1pe", *shared],
+                        "col0,col1,col1p,col0t,col0l,col2,col2r,col0e,col1e,col0u,col0lu,col0s,col1pt,col1pe,col1pen",
+                        *shared],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -521,6 +523,66 @@ def test_partial_rollouts_with_tool_calls_under_the_separate_placement_equal_one
     assert max(m["partial/carried_turns"] for m in ms) > 0  # some carried after their tool turn
     assert all(m["turns/masked_fraction"] > 0.3 and m["tool/errors"] > 0 for m in ms)
     assert any("<tool_response>" in text for step in got for _, text, _ in step)
+
+
+@pytest.mark.slow  # the same msrun job
+def test_partial_rollouts_with_an_environment_under_the_separate_placement_equal_one_process(runs):
+    """sep1pen: partial rollouts with sep0e's environment (guess_number) and dynamic sampling, one step off-policy
+    (workers/one_stage_runs.py: PARTIAL_ENVIRONMENT). The rollout rank resets the games of its fresh prompts, stops each
+    round at its complete groups, carries the unfinished games (their pickled state) into later steps and hands over the
+    groups with the prompts as its resets wrote them and their env_reward, env_done and messages; the training rank
+    checks its draw of the data's prompts against the rollout rank's every round and trains the written ones. col1pen,
+    the same in one process: the prompts as written, samples, rewards, losses, staleness, partial/, env/, turns/ and
+    dynamic_sampling/ figures step for step."""
+    sep, col = runs / "sep1pen", runs / "col1pen"
+    ms, mc = metrics(sep), metrics(col)
+    assert [m["step"] for m in ms] == [m["step"] for m in mc] == list(range(1, STEPS + 1))
+    got = samples(sep, ("prompt", "completion", "reward"))
+    assert got == samples(col, ("prompt", "completion", "reward")) and all(len(step) == 8 for step in got)
+    keys = ("reward_mean", "staleness/mean", "staleness/max", "staleness/dropped", "partial/carried_groups",
+            "partial/carried_samples", "partial/carried_turns", "partial/continued_samples", "env/errors",
+            "env/timeouts", "env/reward_mean", "env/steps_mean", "env/done_fraction", "turns/mean", "turns/cut",
+            "turns/masked_fraction", "dynamic_sampling/rounds", "dynamic_sampling/kept_groups", "prompt_length/mean")
+    for a, b in zip(ms, mc):
+        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
+                                                                                                   rel=1e-5)
+    # games were carried part way and went on a step later (some after the game's answer), and they were played: the
+    # game's answers in the trajectories, updates on groups with a spread of rewards
+    assert sum(m["partial/continued_samples"] for m in ms) > 0 and max(m["staleness/max"] for m in ms) >= 1
+    assert max(m["partial/carried_turns"] for m in ms) > 0
+    assert all(m["turns/mean"] > 0 and m["env/steps_mean"] >= 1 and m["dynamic_sampling/kept_groups"] >= 1 for m in ms)
+    # the trained prompts are the resets' (the chat template around the game's first message), not the data's as
+    # drawn (completions.jsonl's prompt: at most one token a byte)
+    for m, step in zip(ms, got):
+        assert m["prompt_length/mean"] > max(len(prompt.encode()) for prompt, _, _ in step) + 20, m["step"]
+    assert any("Higher." in text or "Lower." in text or "Answer with one whole number." in text
+               for step in got for _, text, _ in step)
+
+
+@pytest.mark.slow  # the same msrun job
+def test_partial_rollouts_with_an_environment_resume_under_the_separate_placement(runs):
+    """sep1penr: sep1pen stopped after step 1 with games in flight and resumed (--resume). Its checkpoint holds their
+    prompts as drawn from the data (the training rank's, no games); the rollout rank draws them again, resets their
+    games and plays them from the start before any fresh prompt, its prompt check naming the drawn prompts (the
+    training rank compares it every round: the run would stop otherwise). Step 1 is col1pen's; every step trains
+    batch_size complete groups on the prompts the resets wrote, no prompt twice."""
+    run = runs / "sep1penr"
+    ms = metrics(run)
+    assert [m["step"] for m in ms] == list(range(1, STEPS + 1))
+    got = samples(run, ("prompt", "completion", "reward"))
+    assert got[0] == samples(runs / "col1pen", ("prompt", "completion", "reward"))[0]
+    assert all(len(step) == 8 for step in got)
+    with open(run / "checkpoints" / "step_00000001" / "in_flight.json") as f:
+        first = json.load(f)
+    assert first["groups"] and all(g["samples"] == [] for g in first["groups"])
+    # the games in flight at the save played again from their resets, whole, in the first step after the resume
+    assert ms[1]["partial/continued_samples"] >= 4 * len(first["groups"])
+    for m, step in zip(ms, got):  # the resets' prompts trained (at most one token a byte of the data's)
+        assert m["prompt_length/mean"] > max(len(prompt.encode()) for prompt, _, _ in step) + 20, m["step"]
+        assert m["turns/mean"] > 0 and m["env/steps_mean"] >= 1, m["step"]
+    trained = prompts(got)
+    assert len(set(trained)) == len(trained)
 
 
 @pytest.mark.slow  # the same msrun jobs

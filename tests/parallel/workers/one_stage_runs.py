@@ -36,7 +36,9 @@ one rollout rank, its sharded checkpoint read back; peer col0); sep0ppg (sep0tpg
 pipeline stages, the untied micro model of tests/parallel/workers/micro_untied.yaml; peer col0u).
 sep0e: an environment (guess_number: ENVIRONMENT) under separate, the rollout rank playing the games, with dynamic
 sampling (DYNAMIC); its peer col0e. sep1ed (three ranks: sep0e one step off-policy on a rollout group of two, which
-decides each step's rounds a step ahead); its peer col1e.
+decides each step's rounds a step ahead); its peer col1e. sep1pen: partial rollouts with sep0e's environment and dynamic
+sampling, one step off-policy (PARTIAL_ENVIRONMENT: the rollout rank carries the unfinished games); its peer col1pen;
+sep1penr: sep1pen stopped after step 1 and resumed (the games in flight reset again on the rollout rank).
 """
 
 import gc
@@ -105,6 +107,11 @@ DYNAMIC = ["rl_config.dynamic_sampling=true", "rl_config.max_resample_times=2"]
 # partial rollouts with dynamic sampling, scored by a coarse reward (separate_rewards.py) so that a step has groups
 # whose four samples all score the same: dropped, their prompts spent, further rounds of partial rollouts
 PARTIAL_DYNAMIC = PARTIAL + DYNAMIC + ["reward_config.verifier_function=[test_length_mod3]"]
+# partial rollouts one step off-policy with sep0e's environment and dynamic sampling; a step's 16 samples decode at once
+# with 12 tokens of their own each, so that its rollout stops with games part way (mid-turn, after the game's answer;
+# with 8 every game ends together, with 16 or more every game has two turns without a number: no spread of rewards)
+PARTIAL_ENVIRONMENT = OFF1 + ["generate_config.partial_rollout=true", "generate_config.max_num_seqs=16",
+                              "generate_config.max_tokens=12"] + ENVIRONMENT + DYNAMIC
 ROLLOUT2 = ["generate_config.parallel_config.data_parallel=2"]  # two rollout ranks, whole replicas of the model
 # one rollout replica of two tensor-parallel pieces (ranks 1 and 2 of a world of 3)
 ROLLOUT_TP2 = ["generate_config.parallel_config.model_parallel=2"]
@@ -162,6 +169,14 @@ RUNS = {
     # groups still needed) when it generates it, a step ahead, and hands over each; its one-process peer col1pe
     "sep1pe": [(MSRUN, SEPARATE + PARTIAL_DYNAMIC)],
     "col1pe": [([], PARTIAL_DYNAMIC)],
+    # partial rollouts with an environment: the rollout rank resets the games of its fresh prompts, carries the
+    # unfinished ones (their state) into later steps and hands over the prompts as written; its peer col1pen
+    "sep1pen": [(MSRUN, SEPARATE + PARTIAL_ENVIRONMENT)],
+    "col1pen": [([], PARTIAL_ENVIRONMENT)],
+    # sep1pen stopped after step 1 (games in flight; its checkpoint holds their prompts as drawn) and resumed for steps
+    # 2-3: the rollout rank draws those prompts again and resets their games
+    "sep1penr": [(MSRUN, SEPARATE + PARTIAL_ENVIRONMENT + EVERY_STEP + ["rl_config.max_steps=1"]),
+                 (MSRUN + ["--resume"], SEPARATE + PARTIAL_ENVIRONMENT + EVERY_STEP)],
     # tool calls on two colocated inference replicas, each running its share's conversations (peer: col0t)
     "dp0t": [(MSRUN, TOOLS + DP_TOOLS)],
     # LoRA under a separate placement: the base at the start, after the warm start and after the resume (sep0l stops
