@@ -115,6 +115,15 @@ def metrics(folder):
     return [json.loads(line) for line in open(os.path.join(folder, "metrics.jsonl"))]
 
 
+def same_steps(ms, mc, keys=("reward_mean",), label=None) -> None:
+    """Two runs' metrics, step by step: `keys` equal, the loss within 1e-6, the gradient norm within rel 1e-5."""
+    for a, b in zip(ms, mc):
+        where = a["step"] if label is None else (label, a["step"])
+        assert [a[k] for k in keys] == [b[k] for k in keys], where
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), where
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5), where
+
+
 def prompts(steps):
     """Every trained prompt of the given steps (of `samples`: G = 4 rows a prompt), as a sorted multiset."""
     return sorted(row[0] for step in steps for row in step[::4])
@@ -149,9 +158,7 @@ def test_separate_placement_equals_the_colocated_run_step_for_step(runs, run):
     got, want = samples(sep), samples(col)
     assert all(len(step) == 8 for step in want)  # batch 2 x 4 samples, all logged
     assert got == want
-    for a, b in zip(ms, mc):
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
-        assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    same_steps(ms, mc)
     if run == "1":
         assert [m["staleness/mean"] for m in ms] == [m["staleness/mean"] for m in mc] == [0.0, 1.0, 1.0]
         # the reward model and the judge scored on the training rank (1g: rank 0, for both) as in one process, and
@@ -229,9 +236,8 @@ def test_a_training_replica_in_pieces_equals_the_colocated_run_and_resumes_from_
     got, want = samples(sep), samples(col)
     assert all(len(step) == 8 for step in want) and got == want
     assert got[1] != got[0] and got[2] != got[1]  # each update's whole weights reached the rollout rank
-    for a, b in zip(ms, mc):
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), a["step"]
-        assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+    same_steps(ms, mc)
+    for a in ms:
         assert a["sync/bytes"] == whole_model_bytes(runs / model)  # the whole model's, made of the pieces
         assert "sync/train_weights_max_diff" not in a  # one replica: nothing to compare
 
@@ -261,9 +267,7 @@ def test_two_steps_off_policy_under_a_separate_placement_equals_the_one_process_
         got, want = samples(runs / sep, ("prompt", "completion", "reward"), steps), \
             samples(runs / col, ("prompt", "completion", "reward"), steps)
         assert [len(step) for step in want] == [0] * (first - 1) + [8] * (steps + 1 - first) and got == want
-        for a, b in zip(ms, mc):
-            assert a["loss"] == pytest.approx(b["loss"], abs=1e-6), (sep, a["step"])
-            assert a["reward_mean"] == b["reward_mean"] and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+        same_steps(ms, mc, label=sep)
         # the staleness: steps 1-3 sample with the first weights (0, 1, 2 updates old), then two updates behind;
         # resumed, the lag restarts from the restored update 2
         keys = ("staleness/mean", "staleness/max", "staleness/dropped")
@@ -415,10 +419,7 @@ def test_dynamic_sampling_with_partial_rollouts_equals_the_colocated_run(runs):
     keys = ("reward_mean", "dynamic_sampling/rounds", "dynamic_sampling/kept_groups", "staleness/mean",
             "staleness/max", "staleness/dropped", "partial/carried_groups", "partial/carried_samples",
             "partial/continued_samples")
-    for a, b in zip(ms, mc):
-        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
-                                                                                                   rel=1e-5)
+    same_steps(ms, mc, keys)
     # a step drew prompts again, samples were carried into a later step and went on there
     assert max(m["dynamic_sampling/rounds"] for m in ms) > 1
     assert sum(m["partial/continued_samples"] for m in ms) > 0
@@ -513,10 +514,7 @@ def test_partial_rollouts_with_tool_calls_under_the_separate_placement_equal_one
             "partial/carried_samples", "partial/carried_turns", "partial/continued_samples", "tool/calls_mean",
             "tool/errors", "tool/timeouts", "tool/samples_with_calls", "turns/mean", "turns/cut",
             "turns/masked_fraction")
-    for a, b in zip(ms, mc):
-        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
-                                                                                                   rel=1e-5)
+    same_steps(ms, mc, keys)
     # conversations were carried part way (all 16 samples of a step decode at once) and went on a step later, their
     # tool turns in the trajectories
     assert sum(m["partial/continued_samples"] for m in ms) > 0 and max(m["staleness/max"] for m in ms) >= 1
@@ -543,10 +541,7 @@ def test_partial_rollouts_with_an_environment_under_the_separate_placement_equal
             "partial/carried_samples", "partial/carried_turns", "partial/continued_samples", "env/errors",
             "env/timeouts", "env/reward_mean", "env/steps_mean", "env/done_fraction", "turns/mean", "turns/cut",
             "turns/masked_fraction", "dynamic_sampling/rounds", "dynamic_sampling/kept_groups", "prompt_length/mean")
-    for a, b in zip(ms, mc):
-        assert [a[k] for k in keys] == [b[k] for k in keys], a["step"]
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"],
-                                                                                                   rel=1e-5)
+    same_steps(ms, mc, keys)
     # games were carried part way and went on a step later (some after the game's answer), and they were played: the
     # game's answers in the trajectories, updates on groups with a spread of rewards
     assert sum(m["partial/continued_samples"] for m in ms) > 0 and max(m["staleness/max"] for m in ms) >= 1
