@@ -51,7 +51,8 @@ def read_ms_checkpoint(path: str) -> Dict[str, Tuple[str, np.ndarray]]:
 
 def load_state(lm: Qwen2ForCausalLM, state: Dict[str, np.ndarray]) -> None:
     """Copy checked fp32 arrays (MindSpore names) into the model's parameters. WeightError naming the parameter on
-    a name the model does not have or a shape other than its own (set_data would take another shape silently)."""
+    a name the model does not have or a shape other than its own (set_data would take another shape silently),
+    checked for every name before any is copied: the model is left as it was."""
     params = dict(lm.parameters_and_names())
     for name, arr in state.items():
         p = params.get(name)
@@ -59,6 +60,8 @@ def load_state(lm: Qwen2ForCausalLM, state: Dict[str, np.ndarray]) -> None:
             raise WeightError(f"{name}: no such parameter in the model")
         if tuple(arr.shape) != tuple(p.shape):
             raise WeightError(f"{name}: shape {tuple(arr.shape)} where the model's parameter is {tuple(p.shape)}")
+    for name, arr in state.items():
+        p = params[name]
         p.set_data(ms.Tensor(np.ascontiguousarray(arr, np.float32)).astype(p.dtype))
 
 

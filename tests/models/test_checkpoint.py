@@ -35,6 +35,9 @@ def test_weights_of_another_shape_or_name_are_refused_naming_the_parameter():
         load_state(lm, {name: wrong})
     with pytest.raises(WeightError, match=r"^model.no_such.weight: no such parameter in the model$"):
         load_state(lm, {"model.no_such.weight": wrong})
+    first = next(iter(before))  # a good entry before a bad one is not copied either
+    with pytest.raises(WeightError, match=rf"^{name}: shape"):
+        load_state(lm, {first: before[first] + 1.0, name: wrong})
     after = model_state(lm)
     assert all(np.array_equal(before[n], after[n]) for n in before)
     load_state(lm, {name: before[name] + 1.0})  # the right shape still loads
