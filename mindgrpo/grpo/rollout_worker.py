@@ -69,7 +69,8 @@ from mindgrpo.grpo.conversations import ReplicaValue
 from mindgrpo.grpo.partial import PartialRollouts, Replicas
 from mindgrpo.grpo.partial_conversations import PartialConversations
 from mindgrpo.grpo.prompts import PromptBatch, PromptSource
-from mindgrpo.grpo.trainer import resample_count, rollout_seed, sampling_params, validation_request
+from mindgrpo.grpo.trainer import (resample_count, rollout_seed, sampling_params, spread_groups,
+                                   validation_request)
 from mindgrpo.parallel.data_parallel import row_width
 from mindgrpo.parallel.separate import Meeting, prompt_check
 from mindgrpo.parallel.weight_sync import named_parameters
@@ -206,7 +207,7 @@ class RolloutWorker:
             if samples.value is not None:  # conversations: tool_calls, messages; env_reward, env_done
                 columns.update(samples.value.columns)
             total, _, _ = self.rewards(texts, **columns)
-            count = int((np.asarray(total).astype(np.float32).reshape(-1, n).std(-1) > 0).sum())
+            count = int(spread_groups(total, n).sum())
         if self.meeting.comm.world - self.meeting.trainers > 1:  # several rollout ranks: the same decision on each
             count = sum(self.meeting.replica_counts(count))
         return count

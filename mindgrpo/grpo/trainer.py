@@ -71,6 +71,13 @@ def rollout_seed(sample_seed: int, step: int, rounds: int = 0) -> int:
     return int(np.random.SeedSequence([sample_seed, step, rounds]).generate_state(1)[0])
 
 
+def spread_groups(rewards, group: int) -> np.ndarray:
+    """(groups,) bool: the groups (`group` adjacent samples each) whose fp32 rewards are not all equal, the ones
+    dynamic sampling keeps (a group without a spread has advantages 0). The trainer's `collect` and a separate
+    placement's rollout ranks (grpo/rollout_worker.py) decide by it, so the two sides count alike."""
+    return np.asarray(rewards, np.float32).reshape(-1, group).std(-1) > 0
+
+
 def resample_count(want: int, have: int, rounds: int, max_resample_times: int) -> int:
     """Dynamic sampling (DAPO): how many prompts the next rollout of a step draws, after `rounds` rollouts kept `have`
     groups with a spread of rewards of the `want` a step trains; 0 when the step is complete (enough groups, or
@@ -241,7 +248,7 @@ class GRPOTrainer:
             if not rl.dynamic_sampling:
                 kept.append(r)
                 break
-            informative = r.rewards.reshape(-1, self.G).std(-1) > 0
+            informative = spread_groups(r.rewards, self.G)
             kept.append(r.groups(informative))
             dropped.append(r.groups(~informative))
             have = sum(len(k.batch.ids) for k in kept)
@@ -406,7 +413,7 @@ class GRPOTrainer:
         in the console; with dynamic sampling, which then kept no group, it does not update on nothing (the step
         still counts, as a no-update step: dynamic_sampling/no_update 1, weights and optimizer state unchanged)."""
         rl = self.cfg.rl_config
-        spread = r.rewards.reshape(-1, self.G).std(-1) > 0
+        spread = spread_groups(r.rewards, self.G)
         metrics["train/groups_with_reward_spread"] = float(spread.sum())
         if rl.dynamic_sampling:
             metrics["dynamic_sampling/no_update"] = float(not spread.any())
