@@ -19,7 +19,7 @@ so with several training ranks (data-parallel replicas, tensor-parallel pieces, 
 same prompts in flight: rank 0 writes them into a checkpoint and every training rank reads them back.
 
 With rl_config.dynamic_sampling a step's rollout is rounds of `PartialRollouts.step`, each asking for the groups
-still needed (the trainer's `collect`, a separate placement's `RolloutWorker.partial_rounds`); the groups it drops
+still needed (the trainer's `collect`, a separate placement's `RolloutWorker.partial_round`); the groups it drops
 (no spread of rewards) were taken, so they are not in flight: their prompts are spent.
 
 A checkpoint holds the groups in flight (IN_FLIGHT, beside its state.json: each prompt, its dataset columns and its

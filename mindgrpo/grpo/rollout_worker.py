@@ -44,8 +44,8 @@ columns (tool_calls, messages; env_reward, env_done) and tool/ or env/, and turn
 check names the prompts it drew, with conversations too (with partial rollouts an environment's groups keep them beside
 the prompts its resets wrote): the training ranks check their draw against it.
 
-With rl_config.dynamic_sampling this rank decides a step's rounds (`rounds`; with partial rollouts `partial_rounds`,
-each round a partial rollout of the groups still needed) when it generates the step, with the
+With rl_config.dynamic_sampling this rank decides a step's rounds (`rounds`; with partial rollouts each round a
+partial rollout of the groups still needed, `partial_round`) when it generates the step, with the
 weights it has then (k steps ahead: every round of step s samples with version s - 1 - k, as in one process): it
 scores each rollout of its share with the run's rule rewards (reward_config.verifier_function, the conversations'
 reward columns), the rollout ranks sum their counts of groups with a spread of rewards (`Meeting.replica_counts`),
@@ -125,71 +125,62 @@ class RolloutWorker:
 
     def generate(self, step: int) -> List[Samples]:
         """This rank's samples of step `step` (counted from 1) and the figures that go with them: one rollout, with
-        dynamic sampling decided here each round's (`rounds`, with partial rollouts `partial_rounds`)."""
+        dynamic sampling decided here each round's (`rounds`)."""
         with heartbeat.phase("rollout"):
-            return self.rounds(step) if self.partial is None else self.partial_rounds(step)
+            return self.rounds(step)
 
-    def partial_rounds(self, step: int) -> List[Samples]:
-        """generate_config.partial_rollout: the trainer's `partial_round`s with this rank's weights, for this
-        replica's share of each round's groups (several replicas: each its own groups in flight, a round's fresh
-        prompts drawn for all of them). One round without dynamic sampling; with it decided here, further rounds as
-        the trainer's `collect` runs them (round r's seeds rollout_seed(.., 2r) and (.., 2r + 1); as many groups as
-        `resample_count` says from those with a spread of rewards so far over every rollout rank: `spread`), each
-        round's figure "more" its successor's groups (0 on the last)."""
+    def rounds(self, step: int) -> List[Samples]:
+        """Step `step`'s rollouts with the weights this rank has (`plain_round`, with partial rollouts
+        `partial_round`): the first of rl_config.batch_size prompts (groups), and with dynamic sampling decided here
+        further ones as the trainer's `collect` runs them (as many as `resample_count` says from the groups with a
+        spread of rewards so far, over every rollout rank: `spread`), each round's figure "more" its successor's
+        prompts (0 on the last)."""
+        rl = self.cfg.rl_config
+        one_round = self.plain_round if self.partial is None else self.partial_round
+        want = count = rl.batch_size
+        out: List[Samples] = []
+        have = 0
+        while count:
+            batch, samples = one_round(step, count, len(out))
+            out.append(samples)
+            if self.rewards is None:  # one rollout a step (or the training ranks decide: `hand_over`)
+                break
+            have += self.spread(batch, samples, local=self.partial is not None)
+            count = resample_count(want, have, len(out), rl.max_resample_times)
+            samples.figures["more"] = float(count)
+        return out
+
+    def plain_round(self, step: int, count: int, r: int) -> Tuple[PromptBatch, Samples]:
+        """Round r of step `step`: `count` fresh prompts with the round's seed (this rank its share)."""
+        rl, gen = self.cfg.rl_config, self.cfg.generate_config
+        params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1, r), self.stop_ids)
+        t0 = time.perf_counter()
+        batch = self.prompts.next(count)
+        return batch, self.run_call(batch, params, t0)
+
+    def partial_round(self, step: int, count: int, r: int) -> Tuple[PromptBatch, Samples]:
+        """generate_config.partial_rollout: the trainer's `partial_round` r with this rank's weights, for this
+        replica's share of the round's `count` groups (several replicas: each its own groups in flight, a round's
+        fresh prompts drawn for all of them); round r's seeds rollout_seed(.., 2r) and (.., 2r + 1)."""
         rl, gen = self.cfg.rl_config, self.cfg.generate_config
         meeting, n = self.meeting, rl.num_generations
         replicas = Replicas(meeting.index, meeting.replicas, meeting.replica_counts) if meeting.replicas > 1 else None
         conv = {} if self.partial_conversations is None else {"conversations": self.partial_conversations}
-        want = count = rl.batch_size
-        out: List[Samples] = []
-        have = 0
-        while count:
-            t0 = time.perf_counter()
-            seeds = (rollout_seed(self.sample_seed, step - 1, 2 * len(out)),
-                     rollout_seed(self.sample_seed, step - 1, 2 * len(out) + 1))
-            params = sampling_params(gen, n, seeds[0], self.stop_ids)
-            mine = meeting.share(count)
-            batch, comps, extra = self.partial.step(
-                self.engine, self.prompts, len(mine), lambda k, seed: sampling_params(gen, k, seed, self.stop_ids),
-                seeds, replicas, **conv)
-            value = None
-            if self.partial_conversations is not None and comps:  # what the conversations of its groups give besides
-                columns, metrics = self.partial_conversations.last
-                value = ReplicaValue(batch.ids, columns, metrics, len(comps), sum(len(c.token_ids) for c in comps))
-            # the prompt check names the prompts as drawn (an environment's groups keep those it wrote in batch.ids)
-            samples = Samples(comps, self.figures(self.partial.taken_drawn, t0, self.engine.last_stats, extra),
+        t0 = time.perf_counter()
+        seeds = (rollout_seed(self.sample_seed, step - 1, 2 * r), rollout_seed(self.sample_seed, step - 1, 2 * r + 1))
+        params = sampling_params(gen, n, seeds[0], self.stop_ids)
+        mine = meeting.share(count)
+        batch, comps, extra = self.partial.step(
+            self.engine, self.prompts, len(mine), lambda k, seed: sampling_params(gen, k, seed, self.stop_ids),
+            seeds, replicas, **conv)
+        value = None
+        if self.partial_conversations is not None and comps:  # what the conversations of its groups give besides
+            columns, metrics = self.partial_conversations.last
+            value = ReplicaValue(batch.ids, columns, metrics, len(comps), sum(len(c.token_ids) for c in comps))
+        # the prompt check names the prompts as drawn (an environment's groups keep those it wrote in batch.ids)
+        return batch, Samples(comps, self.figures(self.partial.taken_drawn, t0, self.engine.last_stats, extra),
                               count * n, int(mine[0]) * n if len(mine) else 0, self.width(params), self.partial.taken,
                               value)
-            out.append(samples)
-            if self.rewards is None:  # one rollout a step
-                break
-            have += self.spread(batch, samples, local=True)
-            count = resample_count(want, have, len(out), rl.max_resample_times)
-            samples.figures["more"] = float(count)
-        return out
-
-    def rounds(self, step: int) -> List[Samples]:
-        """Step `step`'s rollouts with the weights this rank has: the first of rl_config.batch_size prompts, and with
-        dynamic sampling decided here further ones as the trainer's `collect` draws them (each round's seed, as many
-        prompts as `resample_count` says from the groups with a spread of rewards so far, over every rollout rank:
-        `spread`), each round's figure "more" its successor's prompts (0 on the last)."""
-        rl, gen = self.cfg.rl_config, self.cfg.generate_config
-        want = count = rl.batch_size
-        out: List[Samples] = []
-        have = 0
-        while count:
-            params = sampling_params(gen, rl.num_generations, rollout_seed(self.sample_seed, step - 1, len(out)),
-                                     self.stop_ids)
-            t0 = time.perf_counter()
-            batch = self.prompts.next(count)
-            samples = self.run_call(batch, params, t0)
-            out.append(samples)
-            if self.rewards is None:  # one rollout a step (or the training ranks decide: `hand_over`)
-                break
-            have += self.spread(batch, samples)
-            count = resample_count(want, have, len(out), rl.max_resample_times)
-            samples.figures["more"] = float(count)
-        return out
 
     def spread(self, batch: PromptBatch, samples: Samples, local: bool = False) -> int:
         """How many of a rollout's groups have a spread of rewards (the trainer's `collect` keeps them), over the
