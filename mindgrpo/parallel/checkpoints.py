@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
 import mindspore as ms
+import numpy as np
 
+from mindgrpo.models.ckpt_codec import read_ckpt
+from mindgrpo.models.convert import WeightError, bf16_to_f32
 from mindgrpo.parallel.checkpoint_folders import (MANIFEST, PUBLISHED, CheckpointError, Recorder, begin_folder,
                                                   check_model_config, crash_point, inspect, newest_complete, prune,
                                                   publish, read_manifest, read_state, remove_leftovers,
@@ -30,17 +34,41 @@ def largest_first(groups: Dict[str, Sequence[ms.Parameter]]) -> List[str]:
     return sorted(groups, key=lambda name: -sum(p.size * p.itemsize for p in groups[name]))
 
 
+# MindSpore's op-by-op executor (ops.assign outside a graph) is not safe from several threads at once: the tests'
+# ranks as threads load together
+_ASSIGN = threading.Lock()
+
+
 def load_params(file: str, params: Sequence[ms.Parameter], hint: str = "") -> None:
-    """Load a .ckpt into params, checking every name and shape first."""
-    saved = ms.load_checkpoint(file)
+    """Load a .ckpt into params, checking every name and shape first.
+
+    The file is memory-mapped and each parameter written in place from its bytes (`ops.assign`), one parameter's
+    copy at a time. `ms.load_checkpoint` + `set_data` (before) read the whole file into the heap and gave each
+    parameter a new tensor beside the memory MindSpore's runtime already held for it: at the 0.5B shape at 2 layers
+    a resumed process held 1.3 GB more than a fresh one at every step (5.48 against 4.18 GB), now none (4.16)."""
+    try:
+        saved = read_ckpt(file)
+    except WeightError as e:
+        raise CheckpointError(str(e)) from None
     for p in params:
         if p.name not in saved:
             raise CheckpointError(f"{file}: missing parameter {p.name!r}")
-        if tuple(saved[p.name].shape) != tuple(p.shape):
-            raise CheckpointError(f"{file}: parameter {p.name!r} has shape {tuple(saved[p.name].shape)}, "
+        if tuple(saved[p.name][1].shape) != tuple(p.shape):
+            raise CheckpointError(f"{file}: parameter {p.name!r} has shape {tuple(saved[p.name][1].shape)}, "
                                   f"expected {tuple(p.shape)}{hint}")
     for p in params:
-        p.set_data(saved[p.name].astype(p.dtype))
+        dtype, arr = saved.pop(p.name)
+        if dtype == "BFloat16":  # its raw bits; exact in fp32
+            value = ms.Tensor(bf16_to_f32(arr)).astype(ms.bfloat16)
+        else:
+            value = ms.Tensor(np.ascontiguousarray(arr))  # a copy: the map is read-only
+        value = value if value.dtype == p.dtype else value.astype(p.dtype)
+        if p.dtype == ms.bfloat16:  # the CPU's Assign kernel has no bf16
+            p.set_data(value)
+        else:
+            with _ASSIGN:
+                ms.ops.assign(p, value)
+        del arr, value
 
 
 # ------------------------------------------------------------------------------ one process

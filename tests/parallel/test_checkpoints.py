@@ -360,3 +360,36 @@ def test_sharded_resume_refuses_listings_that_differ_between_ranks(tmp_path):
     for e in errors:
         assert isinstance(e, folders.CheckpointError), e
         assert "rank(s) [1] see other step folders than rank 0 (steps [1, 2])" in str(e)
+
+
+def test_load_params_writes_each_parameter_in_place_in_its_dtype_and_refuses_before_writing_any(tmp_path):
+    """load_params reads the file memory-mapped and writes into the parameters themselves (ops.assign; bf16 by
+    set_data, which the CPU's Assign lacks): the values and dtypes back exactly, and a name or shape that does not
+    match leaves every parameter as it was."""
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((4, 3)).astype(np.float32), "h": rng.standard_normal(6).astype(np.float16),
+              "s": np.array([7, -3], np.int32), "b": rng.standard_normal((2, 5)).astype(np.float32)}
+    saved = [ms.Parameter(ms.Tensor(a), name=n) for n, a in arrays.items()]
+    saved[-1] = ms.Parameter(ms.Tensor(arrays["b"]).astype(ms.bfloat16), name="b")
+    path = str(tmp_path / "g.ckpt")
+    ck.save_params(saved, path)
+
+    def fresh():
+        return [ms.Parameter(ms.Tensor(np.zeros(p.shape, np.float32)).astype(p.dtype), name=p.name) for p in saved]
+
+    targets = fresh()
+    ids = [id(p) for p in targets]
+    ck.load_params(path, targets)
+    assert [id(p) for p in targets] == ids
+    for p, q in zip(targets, saved):
+        assert p.dtype == q.dtype
+        assert np.array_equal(p.float().asnumpy() if p.dtype == ms.bfloat16 else p.asnumpy(),
+                              q.float().asnumpy() if q.dtype == ms.bfloat16 else q.asnumpy())
+    assert np.array_equal(targets[0].asnumpy(), arrays["w"])  # against the arrays written, not the loader's reading
+
+    for bad, match in ((ms.Parameter(ms.Tensor(np.zeros(5, np.float32)), name="x"), "missing parameter 'x'"),
+                       (ms.Parameter(ms.Tensor(np.zeros((3, 4), np.float32)), name="w"), r"'w' has shape \(4, 3\)")):
+        targets = fresh()
+        with pytest.raises(folders.CheckpointError, match=match):
+            ck.load_params(path, targets[1:] + [bad])
+        assert all(not np.any(p.float().asnumpy()) for p in targets)
