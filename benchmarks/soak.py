@@ -11,7 +11,11 @@ Shapes (each one run of the real command line, in a child process; the memory fr
   synthetic task and its tokenizer instead of GSM8K), the four memory savers on (release_graphs and the three
   layerwise switches), cut to 2 prompts x 4 samples of up to 32 new tokens a step: at the recipe's 4 x 4 x 128 a
   step took ~50 s here (200 steps ~2.8 h); the graphs compiled and released each step, where the growth came from,
-  are the same at either size.
+  are the same at either size. A random model never answers the task, so every group's rewards would be equal and
+  the trainer would skip the reference pass and the update (nothing to learn from; most of its sampled token ids
+  are not even in the synthetic tokenizer's vocabulary and decode to nothing): the shape adds a reward drawn at
+  random for each completion (a plugin written beside the run), so that each step runs all of its phases. The
+  results count the steps that skipped their update.
 
 Each with rl_config.restart_on_memory_growth = --growth (mindgrpo/grpo/recycle.py: past it the trainer saves a
 checkpoint and continues in a fresh process, the same run). Reported per shape: the resident memory at steps 1..N,
@@ -34,6 +38,16 @@ from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, stamp_lin
 
 SCRIPT = os.path.join(REPO, "scripts", "grpo_one_stage.py")
 SHAPES = ("tiny", "tiny_release_graphs", "0_5b_2_layers")
+# a reward drawn at random: the 0.5B shape's groups always have a spread, so no step skips its update
+SPREAD_PLUGIN = """import random
+
+from mindgrpo.rewards import register_reward
+
+
+@register_reward("random_score")
+def random_score(completions, **_):
+    return [random.random() for _ in completions]
+"""
 QUIET = ["sft_config={steps: 0}", "rl_config.val_interval=0", "rl_config.completions_interval=0",
          "rl_config.save_interval=0"]
 
@@ -58,7 +72,12 @@ def command(shape: str, steps: int, growth: float, folder: str) -> list:
     if shape == "tiny_release_graphs":
         return args
     recipe = os.path.join(REPO, "model_configs", "qwen_grpo", "qwen2_5_0_5b", "grpo_config.yaml")
-    return args + ["--config", recipe, f"actor_config.model={_two_layer_model(folder)}",
+    plugin = os.path.join(folder, "spread_reward.py")
+    with open(plugin, "w", encoding="utf-8") as f:
+        f.write(SPREAD_PLUGIN)
+    return args + ["--config", recipe, f"reward_config.reward_plugin={plugin}",
+                   "reward_config.verifier_function=[accuracy, format, random_score]",
+                   "reward_config.verifier_weight=[1.0, 0.5, 1.0]", f"actor_config.model={_two_layer_model(folder)}",
                    "generate_config.max_tokens=32", "rl_config.batch_size=2", "actor_config.layerwise_update=true",
                    "ref_config.layerwise=true", "generate_config.layerwise=true"]
 
@@ -78,6 +97,7 @@ def soak(shape: str, steps: int, growth: float) -> dict:
     ref = min(20, max(1, steps // 2))
     return {"steps": steps, "rss_gb": [rss[k] for k in sorted(rss)], "reference_step": ref,
             "restarts": len(re.findall(r"continuing in a fresh process", text)),
+            "steps_without_update": len(re.findall(r"every group's rewards are equal", text)),
             "every_step_once": sorted(logged) == list(range(1, steps + 1)),
             "growth_at_end": rss[steps] / rss[ref] - 1, "within_3_percent": rss[steps] <= 1.03 * rss[ref],
             "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c for c in cmd[1:])}
@@ -88,13 +108,13 @@ def markdown(res: dict) -> str:
              f"rl_config.restart_on_memory_growth = {res['growth']}: past it the trainer saves a checkpoint and continues "
              "in a fresh process. GB = 10^9 bytes.", "",
              "| shape | steps | resident at step ref / N (GB) | change | peak of the first / last ref steps (GB) | "
-             "fresh processes | every step logged once |",
-             "|---|---|---|---|---|---|---|"]
+             "fresh processes | steps without an update | every step logged once |",
+             "|---|---|---|---|---|---|---|---|"]
     for shape, r in res["shapes"].items():
         ref, rss = r["reference_step"], r["rss_gb"]
         lines.append(f"| {shape} | {r['steps']} | {rss[ref - 1]:.3f} (step {ref}) / {rss[-1]:.3f} | "
                      f"{r['growth_at_end']:+.1%} | {max(rss[:ref]):.3f} / {max(rss[-ref:]):.3f} | {r['restarts']} | "
-                     f"{'yes' if r['every_step_once'] else 'NO'} |")
+                     f"{r.get('steps_without_update', '-')} | {'yes' if r['every_step_once'] else 'NO'} |")
     lines += ["", "With restarts the memory is a sawtooth (a fresh process starts lower than its second step, its "
               "reference): the peaks of the first and the last steps compare like with like; two single steps may fall "
               "on different points of a tooth.", ""]
