@@ -11,11 +11,11 @@ Shapes (each one run of the real command line, in a child process; the memory fr
   synthetic task and its tokenizer instead of GSM8K), the four memory savers on (release_graphs and the three
   layerwise switches), cut to 2 prompts x 4 samples of up to 32 new tokens a step: at the recipe's 4 x 4 x 128 a
   step took ~50 s here (200 steps ~2.8 h); the graphs compiled and released each step, where the growth came from,
-  are the same at either size. A random model never answers the task, so every group's rewards would be equal and
-  the trainer would skip the reference pass and the update (nothing to learn from; most of its sampled token ids
-  are not even in the synthetic tokenizer's vocabulary and decode to nothing): the shape adds a reward drawn at
-  random for each completion (a plugin written beside the run), so that each step runs all of its phases. The
-  results count the steps that skipped their update.
+  are the same at either size. A random model never answers the task: with every group's rewards equal the
+  advantages, the gradients and the KL would all be 0 and the weights would not move (the update still runs); the
+  shape adds a reward drawn at random for each completion (a plugin written beside the run), so that the updates
+  change the weights and the optimizer's moments as in a real run. The results count the steps whose groups all
+  had equal rewards anyway.
 
 Each with rl_config.restart_on_memory_growth = --growth (mindgrpo/grpo/recycle.py: past it the trainer saves a
 checkpoint and continues in a fresh process, the same run). Reported per shape: the resident memory at steps 1..N,
@@ -38,7 +38,7 @@ from benchmarks.harness import RESULTS, REPO, code_version, run_stamp, stamp_lin
 
 SCRIPT = os.path.join(REPO, "scripts", "grpo_one_stage.py")
 SHAPES = ("tiny", "tiny_release_graphs", "0_5b_2_layers")
-# a reward drawn at random: the 0.5B shape's groups always have a spread, so no step skips its update
+# a reward drawn at random: the 0.5B shape's groups always have a spread, so its updates move the weights
 SPREAD_PLUGIN = """import random
 
 from mindgrpo.rewards import register_reward
@@ -97,7 +97,7 @@ def soak(shape: str, steps: int, growth: float) -> dict:
     ref = min(20, max(1, steps // 2))
     return {"steps": steps, "rss_gb": [rss[k] for k in sorted(rss)], "reference_step": ref,
             "restarts": len(re.findall(r"continuing in a fresh process", text)),
-            "steps_without_update": len(re.findall(r"every group's rewards are equal", text)),
+            "steps_with_equal_rewards": len(re.findall(r"every group's rewards are equal", text)),
             "every_step_once": sorted(logged) == list(range(1, steps + 1)),
             "growth_at_end": rss[steps] / rss[ref] - 1, "within_3_percent": rss[steps] <= 1.03 * rss[ref],
             "command": " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c for c in cmd[1:])}
@@ -108,13 +108,13 @@ def markdown(res: dict) -> str:
              f"rl_config.restart_on_memory_growth = {res['growth']}: past it the trainer saves a checkpoint and continues "
              "in a fresh process. GB = 10^9 bytes.", "",
              "| shape | steps | resident at step ref / N (GB) | change | peak of the first / last ref steps (GB) | "
-             "fresh processes | steps without an update | every step logged once |",
+             "fresh processes | steps with all rewards equal | every step logged once |",
              "|---|---|---|---|---|---|---|---|"]
     for shape, r in res["shapes"].items():
         ref, rss = r["reference_step"], r["rss_gb"]
         lines.append(f"| {shape} | {r['steps']} | {rss[ref - 1]:.3f} (step {ref}) / {rss[-1]:.3f} | "
                      f"{r['growth_at_end']:+.1%} | {max(rss[:ref]):.3f} / {max(rss[-ref:]):.3f} | {r['restarts']} | "
-                     f"{r.get('steps_without_update', '-')} | {'yes' if r['every_step_once'] else 'NO'} |")
+                     f"{r.get('steps_with_equal_rewards', '-')} | {'yes' if r['every_step_once'] else 'NO'} |")
     lines += ["", "With restarts the memory is a sawtooth (a fresh process starts lower than its second step, its "
               "reference): the peaks of the first and the last steps compare like with like; two single steps may fall "
               "on different points of a tooth.", ""]
