@@ -42,13 +42,13 @@ shapes = expected_shapes(CFG4)
 
 policy = Qwen2ForCausalLM(CFG4, seed=SEED, max_positions=128, layers=TensorParallelLayers(comm.train_tp))
 for name, p in named_parameters(policy).items():
-    arrays[f"policy/{name}"] = p.asnumpy()
+    arrays[f"policy/{name}"] = p.asnumpy().copy()
 for key, layout in (("dp4", infer), ("tp4", tp4)):
     layers = TensorParallelLayers(comm.tp_group(layout))
     dst = Qwen2ForCausalLM(CFG4, seed=SEED + 1, max_positions=128, layers=layers)  # other values until the sync
     metrics[key] = Reshard(policy, dst, train, layout, comm, shapes)()
     for name, p in named_parameters(dst).items():
-        arrays[f"{key}/{name}"] = p.asnumpy()
+        arrays[f"{key}/{name}"] = p.asnumpy().copy()
     clock.mark(f"reshard to {key}")
 ids, mask, _, _ = token_batch()
 arrays["logits_tp4"] = SequenceLogits(dst)(Tensor(ids), Tensor(mask)).asnumpy()

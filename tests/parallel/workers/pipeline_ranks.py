@@ -64,7 +64,7 @@ def stage_model(layout, seed=SEED, cfg=CFG_PP):
 
 def weights(lm, prefix):
     for name, p in named_parameters(lm).items():
-        arrays[f"{prefix}/{name}"] = p.asnumpy()
+        arrays[f"{prefix}/{name}"] = p.asnumpy().copy()
 
 
 exp = pack(*experience_arrays())

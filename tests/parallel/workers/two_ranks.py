@@ -59,8 +59,8 @@ arrays, metrics = {}, {}
 
 
 def weights(lm, prefix):
-    for name, p in named_parameters(lm).items():
-        arrays[f"{prefix}/{name}"] = p.asnumpy()
+    for name, p in named_parameters(lm).items():  # a copy: asnumpy() is a view, and later loads write in place
+        arrays[f"{prefix}/{name}"] = p.asnumpy().copy()
 
 
 dense = Qwen2ForCausalLM(CFG, seed=SEED, max_positions=128)
