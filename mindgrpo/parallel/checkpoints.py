@@ -43,9 +43,10 @@ def load_params(file: str, params: Sequence[ms.Parameter], hint: str = "") -> No
     """Load a .ckpt into params, checking every name and shape first.
 
     The file is memory-mapped and each parameter written in place from its bytes (`ops.assign`), one parameter's
-    copy at a time. `ms.load_checkpoint` + `set_data` (before) read the whole file into the heap and gave each
-    parameter a new tensor beside the memory MindSpore's runtime already held for it: at the 0.5B shape at 2 layers
-    a resumed process held 1.3 GB more than a fresh one at every step (5.48 against 4.18 GB), now none (4.16)."""
+    copy at a time; bf16 parameters get a new tensor (`set_data`: the CPU's Assign kernel has no bf16). Loading with
+    `ms.load_checkpoint` and `set_data` left a resumed process 1.3 GB above a fresh one at the 0.5B shape at 2
+    layers (5.48 against 4.18 GB at every step after it: the policy's and the reference's embeddings held twice);
+    in place, 4.16. A caller keeping `p.asnumpy()` (a view) across a load sees the loaded values."""
     try:
         saved = read_ckpt(file)
     except WeightError as e:
@@ -57,13 +58,13 @@ def load_params(file: str, params: Sequence[ms.Parameter], hint: str = "") -> No
             raise CheckpointError(f"{file}: parameter {p.name!r} has shape {tuple(saved[p.name][1].shape)}, "
                                   f"expected {tuple(p.shape)}{hint}")
     for p in params:
-        dtype, arr = saved.pop(p.name)
+        dtype, arr = saved[p.name]
         if dtype == "BFloat16":  # its raw bits; exact in fp32
             value = ms.Tensor(bf16_to_f32(arr)).astype(ms.bfloat16)
         else:
             value = ms.Tensor(np.ascontiguousarray(arr))  # a copy: the map is read-only
         value = value if value.dtype == p.dtype else value.astype(p.dtype)
-        if p.dtype == ms.bfloat16:  # the CPU's Assign kernel has no bf16
+        if p.dtype == ms.bfloat16:
             p.set_data(value)
         else:
             with _ASSIGN:
