@@ -378,9 +378,10 @@ def test_load_params_writes_each_parameter_in_place_in_its_dtype_and_refuses_bef
         return [ms.Parameter(ms.Tensor(np.zeros(p.shape, np.float32)).astype(p.dtype), name=p.name) for p in saved]
 
     targets = fresh()
-    ids = [id(p) for p in targets]
+    ids, view = [id(p) for p in targets], targets[0].asnumpy()  # a view of the fp32 parameter's memory
     ck.load_params(path, targets)
     assert [id(p) for p in targets] == ids
+    assert np.array_equal(view, arrays["w"])  # written in place, not a new tensor
     for p, q in zip(targets, saved):
         assert p.dtype == q.dtype
         assert np.array_equal(p.float().asnumpy() if p.dtype == ms.bfloat16 else p.asnumpy(),
