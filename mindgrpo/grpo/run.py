@@ -150,12 +150,14 @@ def run(cfg, options: RunOptions) -> int:
     from mindgrpo.models.lora import base_trains
     from mindgrpo.utils.metrics_log import MetricsLogger, setup_logging
     from mindgrpo.utils.plot import plot_training
+    from mindgrpo.utils import compiles
     from mindgrpo.utils.progress import Progress, Ticker
 
     # MindSpore runs a full gc.collect() before compiling each graph: what the imports made lives for
     # the whole run, so it leaves the collector's lists (~0.1 s less per graph; DEVELOPERS.md)
     gc.collect()
     gc.freeze()
+    counting = compiles.install()  # each step's compiles: time/compile, compile/graphs (utils/progress.py)
     rl = cfg.rl_config
     out = rl.output_dir
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -196,7 +198,7 @@ def run(cfg, options: RunOptions) -> int:
         raise SetupError(e.args[0] if isinstance(e, KeyError) and e.args else str(e)) from None
 
     metrics_log = MetricsLogger(out, rank=rank, console=False)  # the progress line is the console view
-    progress = Progress(rl.max_steps)
+    progress = Progress(rl.max_steps, compiles=compiles.totals if counting else None)
     trainer = builder.make_trainer(cfg, parts, metrics_log, progress, out)
     trainer.save_data_file = options.save_data_file
     parts.rewards.start()  # the reward workers start while the first rollout compiles

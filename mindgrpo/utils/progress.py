@@ -13,6 +13,11 @@ Steps are counted from 1: `step_done(step)` means `step` of `total_steps` steps 
 A step's time runs from the end of the previous step (or, for the first step, from the
 start of its first phase) to `step_done`, so it includes work between phases. Phases
 of the same name within one step add up.
+
+With `compiles` (`utils/compiles.totals`: the process's graphs compiled and their seconds) a step also reports
+what it compiled (`time/compile`, `compile/graphs`), its line says so, and the expected step time behind `s/step`
+and the ETA leaves out the first step's compiles (once per process) but keeps those of later steps (new shapes,
+`rl_config.release_graphs`): the tiny default's first step is ~16 s, ~12 of them compiling, its next ones ~3 s.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import time
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from mindgrpo.utils import heartbeat
+from mindgrpo.utils.compiles import Totals
 
 
 def format_duration(seconds: float) -> str:
@@ -48,11 +54,15 @@ def _format_number(value: float) -> str:
 class Progress:
     """Times the phases of each step and estimates the time left from the mean step time."""
 
-    def __init__(self, total_steps: int, start_step: int = 0, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, total_steps: int, start_step: int = 0, clock: Callable[[], float] = time.perf_counter,
+                 compiles: Optional[Callable[[], Totals]] = None):
         self.total_steps = int(total_steps)
         self.last_step = int(start_step)  # the last step done
         self.clock = clock
+        self.compiles = compiles
         self.step_times: List[float] = []  # seconds of each step done by this Progress
+        self.compile_times: List[float] = []  # of each step, the seconds it spent compiling graphs
+        self._compiles_at_start: Optional[Totals] = None  # compiles' totals when the step in flight began
         self.last_metrics: Dict[str, float] = {}  # step_done's result for the last step
         self._step_start: Optional[float] = None
         self._phase_seconds: Dict[str, float] = {}
@@ -68,6 +78,7 @@ class Progress:
         start = self.clock()
         if self._step_start is None:
             self._step_start = start
+            self._compiles_at_start = self._compiled()
         self._active.append((name, start, heartbeat.tokens()))
         self._last_phase = name
         try:
@@ -95,18 +106,34 @@ class Progress:
             secs = self._phase_seconds.get(name, 0.0)
             if secs > 0:
                 metrics[f"throughput/{name}"] = tokens / secs
+        compiled = self._compiled()
+        spent = compiled - (self._compiles_at_start or compiled) if compiled is not None else Totals()
+        if compiled is not None:
+            metrics["time/compile"] = spent.seconds
+            metrics["compile/graphs"] = float(spent.graphs)
 
         self.step_times.append(step_seconds)
+        self.compile_times.append(min(spent.seconds, step_seconds))
         self.last_step = int(step)
         self.last_metrics = metrics
         self._step_start = now
+        self._compiles_at_start = compiled
         self._phase_seconds, self._phase_tokens = {}, {}
         return dict(metrics)
 
+    def _compiled(self) -> Optional[Totals]:
+        return self.compiles() if self.compiles is not None else None
+
     @property
     def mean_step_seconds(self) -> Optional[float]:
-        """Mean time of the steps done so far in this run, None before the first."""
-        return sum(self.step_times) / len(self.step_times) if self.step_times else None
+        """The expected time of a step from the steps done so far in this run, None before the first: their mean
+        without the first step's compiles (a process compiles most of its graphs once), plus the mean of the later
+        steps' compiles. Without `compiles`, the mean step time."""
+        if not self.step_times:
+            return None
+        n = len(self.step_times)
+        without = (sum(self.step_times) - sum(self.compile_times)) / n
+        return without + (sum(self.compile_times[1:]) / (n - 1) if n > 1 else 0.0)
 
     def eta_seconds(self, step: Optional[int] = None) -> Optional[float]:
         """Seconds left until `total_steps`, seen at `step` (default: the last step done).
@@ -127,7 +154,8 @@ class Progress:
         """`step 3/40 | phase update | rollout 812 tok/s | 2.1 s/step | ETA 1m15s`.
 
         The phase is the innermost one running (or the last one run); throughputs are those of
-        the last step done; `extra` ({label: value}) adds `label value` fields before the timing.
+        the last step done; `extra` ({label: value}) adds `label value` fields before the timing, and the
+        graphs the last step done compiled (with `compiles`, when it compiled any) follow them.
         """
         parts = [f"step {step}/{self.total_steps}"]
         phase = self._active[-1][0] if self._active else self._last_phase
@@ -139,6 +167,11 @@ class Progress:
         for key, value in (extra or {}).items():
             shown = _format_number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
             parts.append(f"{key} {shown}")
+        graphs = int(self.last_metrics.get("compile/graphs", 0))
+        if graphs:
+            secs = self.last_metrics["time/compile"]
+            parts.append(f"compiled {graphs} graph{'s' if graphs > 1 else ''} in "
+                         f"{f'{secs:.1f}s' if secs < 60 else format_duration(secs)}")
         return " | ".join(parts + self._timing(step))
 
     def _timing(self, step: int) -> List[str]:

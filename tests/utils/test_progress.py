@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from mindgrpo.utils.compiles import Totals
 from mindgrpo.utils.progress import Progress, format_duration
 
 
@@ -103,6 +104,53 @@ def test_resumed_eta_counts_from_start_step():
     assert progress.line(12).endswith("| 3 s/step | ETA 1m24s")
     _step(progress, clock, 40)
     assert progress.eta_seconds() == 0.0
+
+
+class FakeCompiles:
+    """What utils/compiles.totals would say: the test compiles `graphs` graphs in `seconds` when it says so."""
+
+    def __init__(self, clock):
+        self.clock, self.now = clock, Totals()
+
+    def __call__(self):
+        return self.now
+
+    def compile(self, graphs, seconds):
+        self.clock.advance(seconds)
+        self.now = Totals(self.now.graphs + graphs, self.now.seconds + seconds, self.now.cpu_seconds + seconds)
+
+
+def test_a_step_reports_what_it_compiled_and_the_eta_leaves_out_the_first_steps_compiles():
+    clock = FakeClock()
+    compiles = FakeCompiles(clock)
+    progress = Progress(total_steps=12, clock=clock, compiles=compiles)
+    compiles.compile(4, 30.0)  # start-up (the model's build, a warm start): no step's
+    with progress.phase("rollout"):
+        compiles.compile(6, 9.0)
+        clock.advance(1.0)
+    with progress.phase("update"):
+        compiles.compile(4, 3.0)
+        clock.advance(1.0)
+    assert progress.step_done(1) == {"time/rollout": 10.0, "time/update": 4.0, "time/step": 14.0,
+                                     "time/compile": 12.0, "compile/graphs": 10.0}
+    assert progress.mean_step_seconds == 2.0  # 14 s, 12 of them the first step's compiles
+    assert progress.line(1) == "step 1/12 | phase update | compiled 10 graphs in 12.0s | 2 s/step | ETA 22s"
+    _step(progress, clock, 2, rollout=1.0, update=1.0, gap=0.0)
+    assert progress.last_metrics["compile/graphs"] == 0.0 and progress.last_metrics["time/compile"] == 0.0
+    assert progress.line(2) == "step 2/12 | phase update | 2 s/step | ETA 20s"
+    with progress.phase("rollout"):  # a later step that compiles (new shapes, release_graphs): expected again
+        compiles.compile(1, 2.0)
+        clock.advance(2.0)
+    progress.step_done(3)
+    assert progress.mean_step_seconds == pytest.approx((14 + 2 + 4 - 14) / 3 + (0 + 2) / 2)
+    assert "| compiled 1 graph in 2.0s |" in progress.line(3)
+
+
+def test_without_a_compile_count_a_step_reports_none_and_the_mean_is_the_plain_mean():
+    clock = FakeClock()
+    progress = Progress(total_steps=3, clock=clock)
+    assert "time/compile" not in _step(progress, clock, 1)
+    assert progress.mean_step_seconds == 5.5
 
 
 @pytest.mark.parametrize(
