@@ -184,7 +184,9 @@ class Progress:
     def running_line(self) -> Optional[str]:
         """The step in flight, for a step that runs for minutes: `step 2/40 | phase rollout for 4m10s |
         2048 new tokens at 8.2 tok/s | 212 s/step | ETA 2h18m` (tokens: those the decode loop reported to
-        the heartbeat since the phase began, shown when there are any); None outside every phase."""
+        the heartbeat since the phase began, shown when there are any; with `compiles`, `compiled 6 graphs in
+        2m40s so far` when the step has compiled any: a first step of minutes is mostly that); None outside every
+        phase."""
         active = self._active[-1:]  # one read: the Ticker's thread calls this while phases come and go
         if not active:
             return None
@@ -195,6 +197,11 @@ class Progress:
         tokens = heartbeat.tokens() - tokens0
         if tokens > 0:
             parts.append(f"{tokens} new tokens at {_format_number(tokens / max(secs, 1e-9))} tok/s")
+        began, now = self._compiles_at_start, self._compiled()
+        if began is not None and now is not None and now.graphs > began.graphs:
+            spent = now - began
+            parts.append(f"compiled {spent.graphs} graph{'s' if spent.graphs > 1 else ''} in "
+                         f"{format_duration(spent.seconds)} so far")
         return " | ".join(parts + self._timing(step))
 
     @property

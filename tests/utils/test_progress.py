@@ -146,6 +146,17 @@ def test_a_step_reports_what_it_compiled_and_the_eta_leaves_out_the_first_steps_
     assert "| compiled 1 graph in 2.0s |" in progress.line(3)
 
 
+
+def test_a_long_first_step_in_flight_says_what_it_has_compiled_so_far():
+    clock = FakeClock()
+    compiles = FakeCompiles(clock)
+    progress = Progress(total_steps=10, clock=clock, compiles=compiles)
+    with progress.phase("rollout"):
+        clock.advance(20.0)
+        assert progress.running_line() == "step 1/10 | phase rollout for 20s"  # nothing compiled yet
+        compiles.compile(6, 160.0)
+        assert progress.running_line() == "step 1/10 | phase rollout for 3m00s | compiled 6 graphs in 2m40s so far"
+
 def test_without_a_compile_count_a_step_reports_none_and_the_mean_is_the_plain_mean():
     clock = FakeClock()
     progress = Progress(total_steps=3, clock=clock)
