@@ -5,10 +5,10 @@
     ...                                 # graph calls: a Cell's first call (per input shapes) compiles
     spent = compiles.totals() - before  # what those calls compiled
 
-On MindSpore a graph's first call compiles it, and compiling is most of a short run's time (the tiny default's
-first step compiles 11 graphs in ~14 s, and its later steps take ~1.3 s; DEVELOPERS.md, "Keeping the suite fast"). The trainer reports each step's share
-(`time/compile`, `compile/graphs`: utils/progress.py), so a slow first step, or a step that compiles again (new
-shapes, `rl_config.release_graphs`), says so.
+On MindSpore a graph's first call compiles it, and compiling is most of a short run's time (the tiny
+default's first step compiles 11 graphs in ~14 s, its later steps take ~1.3 s; DEVELOPERS.md, "Keeping the suite
+fast"). The trainer reports each step's share (`time/compile`, `compile/graphs`: utils/progress.py), so a slow
+first step, or a step that compiles again (new shapes, `rl_config.release_graphs`), says so.
 
 Counting wraps MindSpore 2.10's Cell compile (`_cell_graph_executor.compile`, which returns whether it made a new
 graph or found the phase compiled), a private name: where it is missing, `install()` returns False and the totals
