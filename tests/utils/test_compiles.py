@@ -2,7 +2,6 @@
 that finds its graph compiled counts nothing."""
 
 import numpy as np
-import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgrpo.utils import compiles
