@@ -74,7 +74,7 @@ from mindgrpo.grpo.trainer import (resample_count, rollout_seed, sampling_params
 from mindgrpo.parallel.data_parallel import row_width
 from mindgrpo.parallel.separate import Meeting, prompt_check
 from mindgrpo.parallel.weight_sync import named_parameters
-from mindgrpo.utils import heartbeat
+from mindgrpo.utils import compiles, heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -334,6 +334,7 @@ class RolloutWorker:
         validation of every step up to u - 1 + k (the validation after update v answers with version v - k)."""
         rl = self.cfg.rl_config
         lag, last = rl.off_policy_steps, rl.max_steps
+        counted = compiles.totals()  # each step's line says what the rank compiled since the last (utils/compiles.py)
         self.receive(0, whole=True)  # the builder's first sync on the training rank
         if warm_start:
             self.receive(0, "warm_start", whole=True)  # the warm-started weights (the training rank's sync_now)
@@ -354,8 +355,11 @@ class RolloutWorker:
             if checked is not None:
                 self.send(checked, validation=True)
             queue.generate(step + 1)  # k = 0: with update `step`; k >= 1: generated already
-            logger.info("rollout rank: step %d handed over; weights of update %d in; %d steps ahead; waited %.2f s",
-                        step, step, len(queue.samples), self.waited)
+            now = compiles.totals()
+            spent, counted = now - counted, now
+            logger.info("rollout rank: step %d handed over; weights of update %d in; %d steps ahead; waited %.2f s%s",
+                        step, step, len(queue.samples), self.waited,
+                        f"; compiled {spent.graphs} graphs in {spent.seconds:.1f} s" if spent.graphs else "")
 
 
 class StepQueue:

@@ -289,6 +289,16 @@ def test_two_steps_off_policy_under_a_separate_placement_equals_the_one_process_
 
 
 @pytest.mark.slow  # the same msrun job
+def test_the_rollout_ranks_first_step_line_says_what_it_compiled(runs):
+    """The rollout rank logs a line per step handed over; the first says what the rank compiled for it (its engine's
+    graphs, the weights meeting's: utils/compiles.py), as the training rank's progress line does."""
+    lines = [line for line in open(runs / "sep0" / "logs" / "rank_1.log") if "rollout rank: step " in line]
+    assert [line.split("rollout rank: step ")[1].split()[0] for line in lines] == [str(s) for s in range(1, STEPS + 1)]
+    graphs = int(lines[0].split("; compiled ")[1].split()[0])
+    assert graphs >= 2 and " s" in lines[0].split("; compiled ")[1]
+
+
+@pytest.mark.slow  # the same msrun job
 @pytest.mark.parametrize("lag", [0, 1])
 def test_a_resumed_separate_run_trains_the_prompts_of_the_straight_run(runs, lag):
     """The last step again from the checkpoint of step 2 (--resume_from): the rollout rank draws from the restored
