@@ -75,6 +75,7 @@ from mindgrpo.parallel.data_parallel import row_width
 from mindgrpo.parallel.separate import Meeting, prompt_check
 from mindgrpo.parallel.weight_sync import named_parameters
 from mindgrpo.utils import compiles, heartbeat
+from mindgrpo.utils.progress import compiled_text
 
 logger = logging.getLogger(__name__)
 
@@ -359,7 +360,7 @@ class RolloutWorker:
             spent, counted = now - counted, now
             logger.info("rollout rank: step %d handed over; weights of update %d in; %d steps ahead; waited %.2f s%s",
                         step, step, len(queue.samples), self.waited,
-                        f"; compiled {spent.graphs} graphs in {spent.seconds:.1f} s" if spent.graphs else "")
+                        f"; {compiled_text(spent)}" if spent.graphs else "")
 
 
 class StepQueue:

@@ -36,7 +36,8 @@ _totals = Totals()
 _lock = threading.Lock()
 
 
-def _cpu() -> float:
+def process_cpu_seconds() -> float:
+    """This process's CPU seconds so far, every thread's, user and system."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
@@ -55,10 +56,10 @@ def install() -> bool:
 
     def counted(obj, *args, **kwargs):
         global _totals
-        wall, cpu = time.perf_counter(), _cpu()
+        wall, cpu = time.perf_counter(), process_cpu_seconds()
         out = compile_cell(obj, *args, **kwargs)
         if isinstance(out, tuple) and len(out) == 2 and out[1] is True:  # (phase, a new graph)
-            spent = Totals(1, time.perf_counter() - wall, _cpu() - cpu)
+            spent = Totals(1, time.perf_counter() - wall, process_cpu_seconds() - cpu)
             with _lock:
                 _totals = Totals(*(a + b for a, b in zip(_totals, spent)))
         return out

@@ -47,6 +47,14 @@ def format_duration(seconds: float) -> str:
     return f"{secs}s"
 
 
+def compiled_text(spent: Totals) -> str:
+    """`compiled 8 graphs in 10.3s` / `compiled 1 graph in 2m40s`: what a step compiled, as the console lines say it
+    (the trainer's, the separate placement's rollout rank's)."""
+    secs = spent.seconds
+    return (f"compiled {spent.graphs} graph{'s' if spent.graphs != 1 else ''} in "
+            f"{f'{secs:.1f}s' if secs < 60 else format_duration(secs)}")
+
+
 def _format_number(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
@@ -169,9 +177,7 @@ class Progress:
             parts.append(f"{key} {shown}")
         graphs = int(self.last_metrics.get("compile/graphs", 0))
         if graphs:
-            secs = self.last_metrics["time/compile"]
-            parts.append(f"compiled {graphs} graph{'s' if graphs > 1 else ''} in "
-                         f"{f'{secs:.1f}s' if secs < 60 else format_duration(secs)}")
+            parts.append(compiled_text(Totals(graphs, self.last_metrics["time/compile"])))
         return " | ".join(parts + self._timing(step))
 
     def _timing(self, step: int) -> List[str]:
@@ -199,9 +205,7 @@ class Progress:
             parts.append(f"{tokens} new tokens at {_format_number(tokens / max(secs, 1e-9))} tok/s")
         began, now = self._compiles_at_start, self._compiled()
         if began is not None and now is not None and now.graphs > began.graphs:
-            spent = now - began
-            parts.append(f"compiled {spent.graphs} graph{'s' if spent.graphs > 1 else ''} in "
-                         f"{format_duration(spent.seconds)} so far")
+            parts.append(compiled_text(now - began) + " so far")
         return " | ".join(parts + self._timing(step))
 
     @property

@@ -7,15 +7,9 @@ The graphs are counted by the library's own count (`mindgrpo/utils/compiles.py`:
 wrapped once per process; several.py runs several workers in one); `ms.jit` functions are not counted.
 """
 
-import resource
 import time
 
 from mindgrpo.utils import compiles
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def graphs_compiled() -> int:
@@ -34,7 +28,7 @@ class Clock:
         self.last = self._now()
 
     def _now(self):
-        return time.perf_counter(), _cpu(), compiles.totals()
+        return time.perf_counter(), compiles.process_cpu_seconds(), compiles.totals()
 
     def mark(self, what: str) -> None:
         now = self._now()
