@@ -1,13 +1,16 @@
 """LoRA GRPO (docs/lora.md) on the issue-20 step at the Qwen2.5-0.5B shape: our full fine-tuning, our LoRA and TRL's
 GRPOTrainer with PEFT's LoraConfig, each alone in its process, one after the other, in one invocation.
 
-    python -m benchmarks.lora_step [--layers 24] [--steps 2] [--rank 16] [--sides full lora trl_lora] [--output PATH]
+    python -m benchmarks.lora_step [--layers 24] [--steps 2] [--rank 16] [--sides full lora trl_lora]
+        [--switches on|off|auto] [--output PATH]
 
 The work is `benchmarks.step_memory`'s (4 GSM8K prompts x G = 4 x 128 forced new tokens, micro-batches of 4 rows,
 beta 0.04, one update per step, random weights of the qwen2_5_0_5b preset with --layers decoder layers):
     full      our trainer, full fine-tuning, the memory switches on (step_memory's README row)
-    lora      our trainer, actor_config.lora_rank = R (lora_alpha 2 R) on all seven projections, the same memory
-              switches on (the layer graphs take the adapters as inputs beside the base weights)
+    lora      our trainer, actor_config.lora_rank = R (lora_alpha 2 R) on all seven projections, the memory switches
+              as --switches says: on (the default: the same as full's; the layer graphs take the adapters as inputs
+              beside the base weights), off, or auto (none set: rl_config.memory auto chooses them for this
+              machine's available memory, as a user's run does)
     trl_lora  TRL's GRPOTrainer with peft_config = LoraConfig(r=R, lora_alpha=2 R, the same seven target modules);
               its reference is the model with the adapters off, as ours
 Per side: seconds per phase and per step, the peak resident memory (VmHWM) of the process. On one device our engine
@@ -29,6 +32,11 @@ from benchmarks.harness import RESULTS, code_version, run_stamp, stamp_lines, wr
 from benchmarks.workers import Workers
 
 SIDES = ("full", "lora", "trl_lora")
+SWITCHES = {"on": True, "off": False, "auto": None}  # --switches -> step_memory.side's switches
+
+
+SWITCH_TITLES = {"on": "the memory switches on", "off": "the memory switches off",
+                 "auto": "the memory switches as rl_config.memory auto chose them"}
 
 
 def lora_overrides(rank: int) -> tuple:
@@ -38,7 +46,8 @@ def lora_overrides(rank: int) -> tuple:
 def _ours(res: dict, key: str, args, output: str) -> None:
     lora = key == "lora"
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
-        worker = workers.start(step_memory.side, args.layers, True, folder, False,
+        switches = SWITCHES[args.switches] if lora else True
+        worker = workers.start(step_memory.side, args.layers, switches, folder, False,
                                lora_overrides(args.rank) if lora else (), ())
         side = res["sides"][key] = {"built": worker.recv(), "steps": []}
         for _ in range(args.steps):
@@ -108,9 +117,12 @@ def markdown(res: dict) -> str:
             continue
         side = sides[key]
         title = ("full fine-tuning, the memory switches on" if key == "full" else
-                 f"LoRA rank {res['rank']} (alpha {2 * res['rank']}) on all seven projections, the memory switches on")
+                 f"LoRA rank {res['rank']} (alpha {2 * res['rank']}) on all seven projections, "
+                 + SWITCH_TITLES[res.get("switches", "on")])
         lines += [f"## Ours: {title}", "", f"Built in {side['built']['build_s']:.1f} s, peak "
-                  f"{side['built']['build_peak_gb']:.2f} GB.", "", "| step | phase | s | peak GB |", "|---|---|---|---|"]
+                  f"{side['built']['build_peak_gb']:.2f} GB."
+                  + (f" rl_config.memory: {side['built']['memory_policy']}" if side["built"].get("memory_policy") else ""),
+                  "", "| step | phase | s | peak GB |", "|---|---|---|---|"]
         for i, step in enumerate(side["steps"], 1):
             for r in step["phases"]:
                 lines.append(f"| {i} | {r['phase']} | {r['seconds']:.1f} | {r['peak_gb']:.2f} |")
@@ -152,12 +164,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    ap.add_argument("--switches", choices=sorted(SWITCHES), default="on",
+                    help="the LoRA side's memory switches: on (as the full side's), off, or auto (rl_config.memory)")
     ap.add_argument("--torch_threads", type=int, default=os.cpu_count(), help="PyTorch threads on TRL's side")
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
     output = args.output or os.path.join(RESULTS, f"lora_step_{args.layers}_layers.json")
     res = dict(run_stamp("benchmarks.lora_step", argv), code=code_version(), layers=args.layers, rank=args.rank,
-               sides={}, load_average_end=os.getloadavg()[0])
+               switches=args.switches, sides={}, load_average_end=os.getloadavg()[0])
     for key in args.sides:  # one after the other: each alone
         if key == "trl_lora":
             _trl(res, args, output)
