@@ -2,15 +2,18 @@
 GRPOTrainer with PEFT's LoraConfig, each alone in its process, one after the other, in one invocation.
 
     python -m benchmarks.lora_step [--layers 24] [--steps 2] [--rank 16] [--sides full lora trl_lora]
-        [--switches on|off|auto] [--output PATH]
+        [--switches layers|on|off|auto] [--output PATH]
 
 The work is `benchmarks.step_memory`'s (4 GSM8K prompts x G = 4 x 128 forced new tokens, micro-batches of 4 rows,
 beta 0.04, one update per step, random weights of the qwen2_5_0_5b preset with --layers decoder layers):
     full      our trainer, full fine-tuning, the memory switches on (step_memory's README row)
     lora      our trainer, actor_config.lora_rank = R (lora_alpha 2 R) on all seven projections, the memory switches
-              as --switches says: on (the default: the same as full's; the layer graphs take the adapters as inputs
-              beside the base weights), off, or auto (none set: rl_config.memory auto chooses them for this
-              machine's available memory, as a user's run does)
+              as --switches says: layers (the default: the three layerwise switches on, rl_config.release_graphs
+              off; the layer graphs take the adapters as inputs beside the base weights), on (full's four), off, or
+              auto (none set: rl_config.memory auto chooses them for this machine's available memory, as a user's
+              run does). Why layers: release_graphs compiles the step's graphs again every step, and what it saves
+              is the buffers of the other phases' graphs, which the layer graphs keep small; the whole-model update
+              graph does not fit in 24 GB at 24 layers, LoRA or not (HISTORY.md, 2026-11-30, has the runs)
     trl_lora  TRL's GRPOTrainer with peft_config = LoraConfig(r=R, lora_alpha=2 R, the same seven target modules);
               its reference is the model with the adapters off, as ours
 Per side: seconds per phase and per step, the peak resident memory (VmHWM) of the process. On one device our engine
@@ -32,10 +35,13 @@ from benchmarks.harness import RESULTS, code_version, run_stamp, stamp_lines, wr
 from benchmarks.workers import Workers
 
 SIDES = ("full", "lora", "trl_lora")
-SWITCHES = {"on": True, "off": False, "auto": None}  # --switches -> step_memory.side's switches
+# --switches -> (step_memory.side's switches, overrides after them)
+SWITCHES = {"layers": (True, ("rl_config.release_graphs=false",)), "on": (True, ()), "off": (False, ()),
+            "auto": (None, ())}
 
 
-SWITCH_TITLES = {"on": "the memory switches on", "off": "the memory switches off",
+SWITCH_TITLES = {"layers": "the three layerwise switches on, release_graphs off", "on": "the memory switches on",
+                 "off": "the memory switches off",
                  "auto": "the memory switches as rl_config.memory auto chose them"}
 
 
@@ -46,9 +52,9 @@ def lora_overrides(rank: int) -> tuple:
 def _ours(res: dict, key: str, args, output: str) -> None:
     lora = key == "lora"
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
-        switches = SWITCHES[args.switches] if lora else True
+        switches, extra = SWITCHES[args.switches] if lora else (True, ())
         worker = workers.start(step_memory.side, args.layers, switches, folder, False,
-                               lora_overrides(args.rank) if lora else (), ())
+                               (*lora_overrides(args.rank), *extra) if lora else (), ())
         side = res["sides"][key] = {"built": worker.recv(), "steps": []}
         for _ in range(args.steps):
             step = worker.ask("step")
@@ -118,7 +124,7 @@ def markdown(res: dict) -> str:
         side = sides[key]
         title = ("full fine-tuning, the memory switches on" if key == "full" else
                  f"LoRA rank {res['rank']} (alpha {2 * res['rank']}) on all seven projections, "
-                 + SWITCH_TITLES[res.get("switches", "on")])
+                 + SWITCH_TITLES[res.get("switches", "on")])  # results before --switches: on
         lines += [f"## Ours: {title}", "", f"Built in {side['built']['build_s']:.1f} s, peak "
                   f"{side['built']['build_peak_gb']:.2f} GB."
                   + (f" rl_config.memory: {side['built']['memory_policy']}" if side["built"].get("memory_policy") else ""),
@@ -164,8 +170,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    ap.add_argument("--switches", choices=sorted(SWITCHES), default="on",
-                    help="the LoRA side's memory switches: on (as the full side's), off, or auto (rl_config.memory)")
+    ap.add_argument("--switches", choices=sorted(SWITCHES), default="layers",
+                    help="the LoRA side's memory switches: layers (the three layerwise ones), on (the full side's "
+                         "four), off, or auto (rl_config.memory)")
     ap.add_argument("--torch_threads", type=int, default=os.cpu_count(), help="PyTorch threads on TRL's side")
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
