@@ -12,11 +12,12 @@ memory   The 0.5B shape (hidden 896, intermediate 4864, 14 / 2 heads, tied, voca
          (layers, side) in its own process, one after the other: the model, then the engine built and its
          first call (prefill, copy and decode graphs compiled, the fused copies refreshed), then a second
          call. Resident memory after each and its peak (VmHWM) in GB = 10^9 bytes; fixed + per layer from
-         the two layer counts, extrapolated to 24. The sides' tokens and log-probs must be equal bit for bit.
+         the smallest and largest layer counts (with two or more), extrapolated to 24. The sides' tokens and log-probs must be equal bit for bit.
 tiny     The tiny default's rollout (32 prompts of 20 to 60 random tokens x G = 8, 40 forced tokens at
          temperature 0.7, 256 slots) on tiny_qwen2 (4 layers, hidden 128, vocabulary 512) and on its 2-layer
          cut with an MLP of 256 (the tiny default's model on main since 5374cc1), each in its own process:
-         each side's first call (compiles), then --tiny-rounds rounds of one call per side, alternating.
+         each side's first call (compiles), then --tiny-rounds rounds of one call per side, alternating
+         (0: none).
 
 MindSpore 2.10's CPU runtime keeps the buffers of every compiled graph after it ran: the whole-model
 prefill and decode graphs and the fused-weight refresh keep every layer's intermediates; the layer graphs
@@ -182,10 +183,12 @@ def markdown(res: dict) -> str:
             lines.append(f"- {n} layers, {c['sides'][0]} / {c['sides'][1]}: "
                          f"{'the same tokens' if c['same_tokens'] else 'OTHER TOKENS'}; {parts[0]}; {parts[1]}")
     lines.append("")
-    for side in res["sides"]:
+    for side in res["fit"]:  # a fit needs two layer counts
         f = res["fit"][side]
         lines.append(f"- {side}: +held = {f['fixed_gb']:.3f} + {f['per_layer_gb']:.3f} GB per layer -> "
                      f"{f['at_24_gb']:.2f} GB at 24 layers")
+    if not res["tiny"]:  # --tiny-rounds 0
+        return "\n".join(lines) + "\n"
     lines += ["", "## Time: the tiny default's rollout", "",
               "32 prompts of 20-60 random tokens x G = 8, 40 forced tokens at temperature 0.7, 256 slots (vocabulary "
               "512, hidden 128); each model in its own process, both sides in it: each side's first (compiling) call, "
@@ -201,7 +204,7 @@ def markdown(res: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--tiny-rounds", type=int, default=5)
+    ap.add_argument("--tiny-rounds", type=int, default=5, help="0: no tiny timing")
     ap.add_argument("--groups", type=int, nargs="+", default=[0, 1],
                     help="0: the whole graphs (first, the reference); k > 0: layerwise, k layers per decode graph")
     ap.add_argument("--output", default=os.path.join(RESULTS, "layerwise_generate.json"))
@@ -209,10 +212,10 @@ def main(argv=None) -> int:
     groups = [0] + [g for g in args.groups if g > 0]
     res = dict(run_stamp("benchmarks.layerwise_generate", argv), code=code_version())
     res["sides"] = [side_name(g) for g in groups]
-    res["tiny"] = tiny_timing(args.tiny_rounds, groups)
+    res["tiny"] = tiny_timing(args.tiny_rounds, groups) if args.tiny_rounds > 0 else {}
     print(f"tiny: {[t['median_s'] for t in res['tiny'].values()]}", flush=True)
     res["memory"] = measure_memory(args.layers, groups)
-    res["fit"] = {side: fit(res["memory"], side) for side in res["sides"]}
+    res["fit"] = {side: fit(res["memory"], side) for side in res["sides"]} if len(set(args.layers)) > 1 else {}
     res["load_average_end"] = os.getloadavg()[0]
     write_results(args.output, res, markdown(res))
     print(markdown(res))
