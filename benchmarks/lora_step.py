@@ -126,8 +126,8 @@ def markdown(res: dict) -> str:
                  f"LoRA rank {res['rank']} (alpha {2 * res['rank']}) on all seven projections, "
                  + SWITCH_TITLES[res.get("switches", "on")])  # results before --switches: on
         lines += [f"## Ours: {title}", "", f"Built in {side['built']['build_s']:.1f} s, peak "
-                  f"{side['built']['build_peak_gb']:.2f} GB."
-                  + (f" rl_config.memory: {side['built']['memory_policy']}" if side["built"].get("memory_policy") else ""),
+                  f"{side['built']['build_peak_gb']:.2f} GB. Its start-up block:", "",
+                  *("    " + line for line in side["built"].get("memory_policy", "").splitlines()),
                   "", "| step | phase | s | peak GB |", "|---|---|---|---|"]
         for i, step in enumerate(side["steps"], 1):
             for r in step["phases"]:
