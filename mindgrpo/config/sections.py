@@ -423,10 +423,10 @@ class GenerateConfig:
     # saver (null: rl_config.memory decides)
     layerwise: Optional[bool] = None
     # with layerwise: the decoder layers in one decode graph (the last graph the rest). A decode step runs at every
-    # token and each graph call costs milliseconds; more layers a graph, fewer calls and more buffers held (the
-    # Qwen2.5-0.5B shape, 16 slots: 1 layer 35.0 s of decode, 4 layers 21.1 s, the same memory;
-    # benchmarks/results/layerwise_generate_groups.md)
-    decode_layers_per_graph: int = 4
+    # token and each graph call costs milliseconds; more layers a graph, fewer calls and more buffers held, growing
+    # with the slots (the Qwen2.5-0.5B shape at 24 layers, 16 slots: 4 layers 30.2 s of decode, 8 layers 28.7 s,
+    # 24 layers 25.1 s, the engine holding +2.31, +2.34, +2.48 GB; benchmarks/results/layerwise_generate_groups.md)
+    decode_layers_per_graph: int = 8
     # the most prompt positions (prompts x their padded length) the engine prefills in one graph call, at least one
     # prompt a call; null: every prompt admitted at once (up to max_num_seqs / num_generations of them). A prefill's
     # buffers grow with it: 64 prompts of 256 positions at the Qwen2.5-0.5B shape (4 layers, 256 slots) held 6.28 GB

@@ -167,7 +167,7 @@ class RolloutEngine:
 
     def __init__(self, lm: Qwen2ForCausalLM, pad_token_id: int = 0, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,
-                 layerwise: bool = False, decode_layers_per_graph: int = 4,
+                 layerwise: bool = False, decode_layers_per_graph: int = 8,
                  max_prefill_tokens: Optional[int] = 4096):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")

@@ -140,7 +140,7 @@ def test_one_layer_per_decode_graph_gives_the_same_bits(engines):
 
 def test_the_key_is_off_by_default_refused_with_tensor_parallelism_and_reaches_the_engine():
     assert GRPOConfig().generate_config.layerwise is None  # unset: rl_config.memory decides (docs/memory.md)
-    assert GRPOConfig().generate_config.decode_layers_per_graph == 4
+    assert GRPOConfig().generate_config.decode_layers_per_graph == 8
     with pytest.raises(ConfigError) as info:
         load_config(GRPOConfig, overrides=["generate_config.layerwise=true",
                                            "generate_config.parallel_config.model_parallel=2"])
