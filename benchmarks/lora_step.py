@@ -38,8 +38,7 @@ SIDES = ("full", "lora", "trl_lora")
 # --switches -> (step_memory.side's switches, overrides after them)
 SWITCHES = {"layers": (True, ("rl_config.release_graphs=false",)), "on": (True, ()), "off": (False, ()),
             "auto": (None, ())}
-
-
+# --switches -> the LoRA side's title in the results
 SWITCH_TITLES = {"layers": "the three layerwise switches on, release_graphs off", "on": "the memory switches on",
                  "off": "the memory switches off",
                  "auto": "the memory switches as rl_config.memory auto chose them"}
