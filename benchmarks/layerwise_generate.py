@@ -12,7 +12,8 @@ memory   The 0.5B shape (hidden 896, intermediate 4864, 14 / 2 heads, tied, voca
          (layers, side) in its own process, one after the other: the model, then the engine built and its
          first call (prefill, copy and decode graphs compiled, the fused copies refreshed), then a second
          call. Resident memory after each and its peak (VmHWM) in GB = 10^9 bytes; fixed + per layer from
-         the smallest and largest layer counts (with two or more), extrapolated to 24. The sides' tokens and log-probs must be equal bit for bit.
+         the smallest and largest layer counts (with two or more), extrapolated to 24. The sides' tokens and
+         log-probs must be equal bit for bit.
 tiny     The tiny default's rollout (32 prompts of 20 to 60 random tokens x G = 8, 40 forced tokens at
          temperature 0.7, 256 slots) on tiny_qwen2 (4 layers, hidden 128, vocabulary 512) and on its 2-layer
          cut with an MLP of 256 (the tiny default's model on main since 5374cc1), each in its own process:
