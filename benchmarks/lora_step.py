@@ -35,10 +35,7 @@ from benchmarks.harness import RESULTS, code_version, run_stamp, stamp_lines, wr
 from benchmarks.workers import Workers
 
 SIDES = ("full", "lora", "trl_lora")
-# --switches -> (step_memory.side's switches, overrides after them)
-SWITCHES = {"layers": (True, ("rl_config.release_graphs=false",)), "on": (True, ()), "off": (False, ()),
-            "auto": (None, ())}
-# --switches -> the LoRA side's title in the results
+# --switches (step_memory.SETTINGS) -> the LoRA side's title in the results
 SWITCH_TITLES = {"layers": "the three layerwise switches on, release_graphs off", "on": "the memory switches on",
                  "off": "the memory switches off",
                  "auto": "the memory switches as rl_config.memory auto chose them"}
@@ -51,7 +48,7 @@ def lora_overrides(rank: int) -> tuple:
 def _ours(res: dict, key: str, args, output: str) -> None:
     lora = key == "lora"
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
-        switches, extra = SWITCHES[args.switches] if lora else (True, ())
+        switches, extra = step_memory.SETTINGS[args.switches if lora else "on"]
         worker = workers.start(step_memory.side, args.layers, switches, folder, False,
                                (*lora_overrides(args.rank), *extra) if lora else (), ())
         side = res["sides"][key] = {"built": worker.recv(), "steps": []}
@@ -169,7 +166,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    ap.add_argument("--switches", choices=sorted(SWITCHES), default="layers",
+    ap.add_argument("--switches", choices=tuple(step_memory.SETTINGS), default="layers",
                     help="the LoRA side's memory switches: layers (the three layerwise ones), on (the full side's "
                          "four), off, or auto (rl_config.memory)")
     ap.add_argument("--torch_threads", type=int, default=os.cpu_count(), help="PyTorch threads on TRL's side")

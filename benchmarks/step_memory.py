@@ -1,8 +1,8 @@
 """The issue-20 GRPO step at the Qwen2.5-0.5B shape through the project's own trainer, alone in its process:
 resident memory and seconds per phase, with the memory switches on or off.
 
-    python -m benchmarks.step_memory [--layers 24] [--steps 2] [--switches on|off|auto] [--sides ours trl] [--output PATH]
-        [--set KEY=VALUE ...] [--malloc_trim] [--pool INIT INCREASE]
+    python -m benchmarks.step_memory [--layers 24] [--steps 2] [--switches on|layers|off|auto] [--sides ours trl]
+        [--output PATH] [--set KEY=VALUE ...] [--malloc_trim] [--pool INIT INCREASE]
 
 The model: the qwen2_5_0_5b preset (hidden 896, intermediate 4864, 14 / 2 heads, tied, vocabulary 151,936;
 random weights) with --layers decoder layers. The work: the first 4 GSM8K test questions under the qwen_r1
@@ -10,8 +10,8 @@ template, Qwen2.5's tokenizer (`../shared`), G = 4 samples of 128 forced new tok
 stop), micro-batches of 4 rows, beta 0.04 (k3), one update per step, a cheap in-process reward (the share of
 digits). One device: the engine generates with the policy itself (generate_config.inference_weights: auto).
 `--switches on` sets rl_config.release_graphs, actor_config.layerwise_update, generate_config.layerwise and
-ref_config.layerwise; `off` clears them; `auto` sets none (rl_config.memory auto chooses them for this machine's
-available memory: its start-up block says which).
+ref_config.layerwise; `layers` the three layerwise ones, release_graphs off; `off` clears them; `auto` sets none
+(rl_config.memory auto chooses them for this machine's available memory: its start-up block says which).
 
 For experiments on our side: `--set` adds config overrides (e.g. actor_config.logprob_chunk_size=256),
 `--malloc_trim` calls glibc's malloc_trim(0) after every phase, `--pool` sets MindSpore's memory pool
@@ -43,7 +43,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from benchmarks.harness import (RESULTS, SHARED, code_version, peak_since_reset_gb, reset_peak_rss, rss_gb, run_stamp,
                                 stamp_lines, write_results)
@@ -52,6 +52,9 @@ from benchmarks.workers import Workers
 PROMPTS, G, RESPONSE, MICRO_BATCH, BETA = 4, 4, 128, 4, 0.04
 SWITCHES = ("rl_config.release_graphs", "actor_config.layerwise_update", "generate_config.layerwise",
             "ref_config.layerwise")
+# --switches -> (`side`'s switches: all on, all off or none set; overrides after them)
+SETTINGS: Dict[str, Tuple[Optional[bool], tuple]] = {
+    "on": (True, ()), "layers": (True, ("rl_config.release_graphs=false",)), "off": (False, ()), "auto": (None, ())}
 
 
 def _questions(n: int):
@@ -357,8 +360,8 @@ def markdown(res: dict) -> str:
 
 def _ours(res: dict, args, output: str) -> None:
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
-        switches = {"on": True, "off": False, "auto": None}[args.switches]
-        worker = workers.start(side, args.layers, switches, folder, args.malloc_trim, tuple(args.set),
+        switches, extra = SETTINGS[args.switches]
+        worker = workers.start(side, args.layers, switches, folder, args.malloc_trim, (*extra, *args.set),
                                tuple(args.pool))
         res["built"] = worker.recv()
         print(f"built: {res['built']['build_s']:.1f} s, {res['built']['built_gb']:.2f} GB\n"
@@ -404,8 +407,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--switches", choices=("on", "off", "auto"), default="on",
-                    help="auto: none set, rl_config.memory auto chooses them for this machine")
+    ap.add_argument("--switches", choices=tuple(SETTINGS), default="on",
+                    help="layers: the three layerwise ones without release_graphs; auto: none set, rl_config.memory "
+                         "auto chooses them for this machine")
     ap.add_argument("--sides", nargs="+", choices=("ours", "trl"), default=["ours"])
     ap.add_argument("--torch_threads", type=int, default=os.cpu_count(), help="PyTorch threads on TRL's side")
     ap.add_argument("--malloc_trim", action="store_true", help="glibc's malloc_trim(0) after every phase")
