@@ -96,6 +96,8 @@ INERT_UNLESS = (
      "is the floor of a decaying lr_schedule; it has no effect with lr_schedule 'constant'"),
     ("actor_config.head_rows_per_graph", lambda c: may_be_on(c, c.actor_config.layerwise_update),
      "has no effect without actor_config.layerwise_update (false, or unset with rl_config.memory speed)"),
+    ("actor_config.recompute_num_layers", lambda c: may_be_on(c, c.actor_config.layerwise_update),
+     "has no effect without actor_config.layerwise_update (false, or unset with rl_config.memory speed)"),
     ("generate_config.decode_layers_per_graph", lambda c: may_be_on(c, c.generate_config.layerwise),
      "has no effect without generate_config.layerwise (false, or unset with rl_config.memory speed)"),
     ("reward_config.timeout_s", lambda c: c.reward_config.num_workers > 0,

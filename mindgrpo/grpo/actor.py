@@ -116,7 +116,9 @@ class PolicyUpdater:
           layer's; one device, right-padded rows. Without ZeRO-1 the gradient norm and AdamW's step run
           group by group too (`layerwise.LayerwiseAdamW`: bit for bit, no copy of every gradient kept);
           head_rows: the rows of a micro-batch the vocabulary head and loss take a graph call
-          (`layerwise.LayerwiseGradStep`); 0 all;
+          (`layerwise.LayerwiseGradStep`); 0 all; recompute_num_layers: how many of the first layers run their
+          forward again in their backward (None: all), the others keeping their activations
+          (`models/saved_layer.py`: no second forward);
         - release_graphs: the gradient accumulators start shrunk (`GradBuffer.release`): the first update
           makes them.
         seed: the run's seed, which keys LoRA dropout's masks (`models/lora_dropout.py`: with the optimizer step,
@@ -137,7 +139,8 @@ class PolicyUpdater:
         layerwise = memory.layerwise_update
         if layerwise and (self.batching.layout != "rows" or not (pipe.first and pipe.last)):
             raise ValueError("the layerwise update takes right-padded rows on one pipeline stage (no packing)")
-        self.layerwise, self.head_rows = layerwise, memory.head_rows
+        self.layerwise, self.head_rows, self.recompute_num_layers = layerwise, memory.head_rows, \
+            memory.recompute_num_layers
         self._build()
         # with optimizer_shard, the replicas of grad_reducer's data-parallel group split the moments (ZeRO-1);
         # under tensor parallelism the model's layer factory knows how to sum the pieces' norms, and
@@ -165,7 +168,7 @@ class PolicyUpdater:
         if self.layerwise:  # a host loop over one compiled decoder-layer graph
             policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, from_hidden=True)
             self.step_graph = LayerwiseGradStep(policy_loss, lm, self.params, self.buffer, self.head_rows,
-                                                self.dropout)
+                                                self.dropout, self.recompute_num_layers)
         elif pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
             policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, packed=self.batching.layout != "rows",
                                      attention=attention, dropout=self.dropout)

@@ -37,7 +37,7 @@ Shapes use the vocabulary of `mindgrpo/__init__.py`.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -48,6 +48,7 @@ from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss, fold_metrics, me
 from mindgrpo.models.lora_dropout import host_layer_key
 from mindgrpo.models.qwen2 import LayerGraph, Qwen2ForCausalLM
 from mindgrpo.models.reductions import squared_sum
+from mindgrpo.models.saved_layer import LayerBackward, SavingLayer
 from mindgrpo.models.scoring import TokenLogProbs, causal_bias, positions
 
 
@@ -171,7 +172,8 @@ class LayerwiseGradStep:
     and backward, is given its layer's key (`host_layer_key`), so both make the whole graph's masks."""
 
     def __init__(self, policy_loss: PolicyLoss, lm: Qwen2ForCausalLM, params: Sequence[Parameter],
-                 buffer: GradBuffer, head_rows: int = 0, dropout: bool = False):
+                 buffer: GradBuffer, head_rows: int = 0, dropout: bool = False,
+                 recompute_layers: Optional[int] = None):
         if not (lm.first_stage and lm.last_stage) or lm.tp != 1:
             raise ValueError("the layerwise update runs the whole model on one device (no pipeline stages or "
                              "tensor parallelism)")
@@ -197,9 +199,15 @@ class LayerwiseGradStep:
                              for w, a in zip(weights, adapters)]
         self.layer_accumulators = [ms.mutable(tuple(_Accumulators(buffer, params, t if self.lora else w).bufs))
                                    for w, t in zip(weights, tuned)]
+        # the first `recompute_layers` layers (None: all) keep their input and run again in their backward, the
+        # others keep their activations (models/saved_layer.py); the graphs of a kind that no layer takes are
+        # never called, so never compiled
+        self.recomputed = len(layers) if recompute_layers is None else min(recompute_layers, len(layers))
         self.embed = _Embed(lm)
         self.layer = _AdaptedLayer(layers[0]) if self.lora else LayerGraph(layers[0])
         self.layer_grad = _AdaptedLayerGrad(layers[0]) if self.lora else _LayerGrad(layers[0])
+        # LayerBackward takes the same accumulators: `saved_layer.accumulated`'s order is weights() or A, B per adapter
+        self.saving_layer, self.layer_backward = SavingLayer(layers[0]), LayerBackward(layers[0], self.lora)
         self.head = GRPOGradStep(policy_loss, head, _Accumulators(buffer, params, head), wrt_inputs=True)
         self.embed_grad = _EmbedGrad(lm, _Accumulators(buffer, params, [embedding])) \
             if id(embedding) in trained else None  # LoRA: the embedding is the frozen base's
@@ -214,21 +222,32 @@ class LayerwiseGradStep:
             feed = ms.mutable(tuple(feed[k] for k in range(len(feed) - 1)))
             drops = [Tensor(host_layer_key(key, i)) for i in self.layer_ids]
         x, cos, sin, bias = self.embed(ids)
-        inputs = []
-        for w, drop in zip(self.layer_inputs, drops):
-            inputs.append(x)
+        kept = []  # per layer: its input (recomputed) or its saved activations
+        for i, (w, drop) in enumerate(zip(self.layer_inputs, drops)):
+            if i >= self.recomputed:
+                x, saved = self.saving_layer(x, cos, sin, bias, w[0], self._lora(w), drop)
+                kept.append(saved)
+                continue
+            kept.append(x)
             x = self.layer(x, cos, sin, bias, *w, drop) if self.lora else self.layer(x, cos, sin, bias, *w)
         loss, metrics, dx = self._head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                                        rollout_logp)
         for i in reversed(range(len(self.layer_inputs))):
-            if self.lora:
-                dx = self.layer_grad(inputs[i], cos, sin, bias, *self.layer_inputs[i], drops[i], dx,
-                                     self.layer_accumulators[i])
+            w, acc = self.layer_inputs[i], self.layer_accumulators[i]
+            if i >= self.recomputed:
+                dx = self.layer_backward(*kept[i], cos, sin, bias, w[0], self._lora(w), drops[i], dx, acc)
+            elif self.lora:
+                dx = self.layer_grad(kept[i], cos, sin, bias, *w, drops[i], dx, acc)
             else:
-                dx = self.layer_grad(inputs[i], cos, sin, bias, *self.layer_inputs[i], dx, self.layer_accumulators[i])
+                dx = self.layer_grad(kept[i], cos, sin, bias, *w, dx, acc)
+            kept[i] = None  # its activations go as soon as its backward is done
         if self.embed_grad is not None:
             self.embed_grad(ids, dx)
         return loss, metrics
+
+    def _lora(self, w):
+        """A layer's adapters among its graph inputs, or () without LoRA."""
+        return w[1] if self.lora else ()
 
     def _head(self, x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs, rollout_logp):
         """The head graph on the micro-batch's rows, head_rows a call (class docstring) -> loss, metrics,

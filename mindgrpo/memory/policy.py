@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 SETTINGS = ("auto", "speed", "low")
 
@@ -63,21 +63,26 @@ class MemoryPolicy:
     note: str = ""  # why the choice is what it is, when it is not simply "fits"
     # the update's own memory settings, as the config sets them (no setting chooses them): activation recompute per
     # decoder layer (actor_config.recompute) and, with layerwise_update, the rows of a micro-batch the vocabulary
-    # head takes a graph call (actor_config.head_rows_per_graph; 0: all)
+    # head takes a graph call (actor_config.head_rows_per_graph; 0: all) and how many of the first decoder layers
+    # run their forward again in their backward (actor_config.recompute_num_layers; None: all; the others keep
+    # their activations)
     recompute: bool = False
     head_rows: int = 0
+    recompute_num_layers: Optional[int] = None
 
     @classmethod
     def from_switches(cls, switches: Dict[str, bool | None], setting: str = "speed", **update) -> "MemoryPolicy":
         """The policy of explicit switches (a part built without the builder): each unset one off; `update`:
-        recompute, head_rows."""
+        recompute, head_rows, recompute_num_layers."""
         return cls(setting=setting, **{k: bool(switches.get(k)) for k in SAVERS},
                    set_by=tuple((k, "user" if switches.get(k) is not None else setting) for k in SAVERS), **update)
 
     @staticmethod
     def update_settings(cfg) -> Dict[str, object]:
-        """recompute and head_rows as `cfg` (a GRPOConfig) sets them."""
-        return dict(recompute=cfg.actor_config.recompute, head_rows=cfg.actor_config.head_rows_per_graph)
+        """recompute, head_rows and recompute_num_layers as `cfg` (a GRPOConfig) sets them."""
+        actor = cfg.actor_config
+        return dict(recompute=actor.recompute, head_rows=actor.head_rows_per_graph,
+                    recompute_num_layers=actor.recompute_num_layers)
 
     @classmethod
     def of_config(cls, cfg) -> "MemoryPolicy":

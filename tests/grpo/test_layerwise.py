@@ -31,10 +31,11 @@ QWEN3 = Qwen2Config(model_type="qwen3", vocab_size=512, hidden_size=32, intermed
                     tie_word_embeddings=False)
 
 
-def updater(cfg, layerwise, loss=None, head_rows=0):
+def updater(cfg, layerwise, loss=None, head_rows=0, recompute_num_layers=None):
     lm = Qwen2ForCausalLM(cfg, seed=7)
     return lm, PolicyUpdater(lm, loss or GRPOLoss(beta=0.04, kl_kind="k3"), Batching(4), detach_old=True,
-                             use_ref=True, memory=MemoryPolicy(layerwise_update=layerwise, head_rows=head_rows))
+                             use_ref=True, memory=MemoryPolicy(layerwise_update=layerwise, head_rows=head_rows,
+                                                               recompute_num_layers=recompute_num_layers))
 
 
 def one_micro_batch(up, exp, rollout_logp=None):
@@ -76,11 +77,15 @@ def test_head_rows_give_the_loss_metrics_and_gradients_of_the_whole_micro_batch(
 
 
 @pytest.mark.slow  # issue 18: over 30 s under -n 2 at load 6 (the -m "not slow" loop of 2026-11-26)
-@pytest.mark.parametrize("cfg", [QWEN2, QWEN3], ids=["qwen2-tied", "qwen3"])
-def test_layerwise_gives_the_loss_and_gradients_of_the_whole_graph(cfg):
+@pytest.mark.parametrize("cfg, recompute", [(QWEN2, None), (QWEN2, 1), (QWEN3, 0)],
+                         ids=["qwen2-tied", "qwen2-tied-one-saved", "qwen3-saved"])
+def test_layerwise_gives_the_loss_and_gradients_of_the_whole_graph(cfg, recompute):
+    """recompute (actor_config.recompute_num_layers): None, every layer runs its forward again in its backward; 1,
+    the first does and the second keeps its activations (models/saved_layer.py); 0, every layer keeps them."""
     exp = experience()
-    (lm_a, whole), (lm_b, layerwise) = updater(cfg, False), updater(cfg, True)
+    (lm_a, whole), (lm_b, layerwise) = updater(cfg, False), updater(cfg, True, recompute_num_layers=recompute)
     assert isinstance(layerwise.step_graph, LayerwiseGradStep) and not isinstance(whole.step_graph, LayerwiseGradStep)
+    assert layerwise.step_graph.recomputed == (cfg.num_hidden_layers if recompute is None else recompute)
     a, b = one_micro_batch(whole, exp), one_micro_batch(layerwise, exp)
     assert b[0] == pytest.approx(a[0], rel=1e-6, abs=1e-7)
     np.testing.assert_allclose(b[1], a[1], rtol=1e-6, atol=1e-7)
@@ -88,7 +93,7 @@ def test_layerwise_gives_the_loss_and_gradients_of_the_whole_graph(cfg):
     for name, grad in a[2].items():
         assert np.any(grad != 0), name  # every parameter gets a gradient: the comparison covers it
         np.testing.assert_allclose(b[2][name], grad, rtol=1e-6, atol=1e-7, err_msg=name)
-    if cfg is QWEN3:
+    if cfg is QWEN3 or recompute is not None:
         return
     # one optimizer step through PolicyUpdater.update (the graphs above, compiled once): the same metrics, the
     # weights moved alike
@@ -227,8 +232,10 @@ def with_adapters(cfg, seed=7):
 @pytest.mark.slow
 def test_layerwise_with_lora_gives_the_adapters_gradients_and_log_probs_of_the_whole_graph():
     """LoRA on the layer graphs (the adapters graph inputs beside the base weights): the update's loss, metrics
-    and adapter gradients (the only ones: the base is frozen) equal the whole-model graph's; the scoring pass
-    gives its log-probs, and with the adapters off (the LoRA reference) the base model's."""
+    and adapter gradients (the only ones: the base is frozen) equal the whole-model graph's, with every layer
+    running its forward again in its backward and with every layer keeping its activations
+    (actor_config.recompute_num_layers 0); the scoring pass gives its log-probs, and with the adapters off (the
+    LoRA reference) the base model's."""
     from mindgrpo.grpo.actor import Scorer
     from mindgrpo.models.lora import adapters_off
 
@@ -236,17 +243,21 @@ def test_layerwise_with_lora_gives_the_adapters_gradients_and_log_probs_of_the_w
     loss = GRPOLoss(beta=0.04, kl_kind="k3")
     whole = PolicyUpdater(with_adapters(QWEN2), loss, Batching(4), detach_old=True, use_ref=True)
     lm = with_adapters(QWEN2)
-    layerwise = PolicyUpdater(lm, loss, Batching(4), detach_old=True, use_ref=True,
-                              memory=MemoryPolicy(layerwise_update=True))
-    assert isinstance(layerwise.step_graph, LayerwiseGradStep) and layerwise.step_graph.lora
-    a, b = one_micro_batch(whole, exp), one_micro_batch(layerwise, exp)
-    assert b[0] == pytest.approx(a[0], rel=1e-6, abs=1e-7)
-    np.testing.assert_allclose(b[1], a[1], rtol=1e-6, atol=1e-7)
-    assert sorted(b[2]) == sorted(a[2]) and len(a[2]) == 2 * 7 * QWEN2.num_hidden_layers
+    a = one_micro_batch(whole, exp)
+    assert sorted(a[2]) and len(a[2]) == 2 * 7 * QWEN2.num_hidden_layers
     assert all(".lora_" in name for name in a[2])
-    for name, grad in a[2].items():
-        assert np.any(grad != 0), name
-        np.testing.assert_allclose(b[2][name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
+    for recompute in (None, 0):
+        layerwise = PolicyUpdater(lm if recompute is None else with_adapters(QWEN2), loss, Batching(4),
+                                  detach_old=True, use_ref=True,
+                                  memory=MemoryPolicy(layerwise_update=True, recompute_num_layers=recompute))
+        assert isinstance(layerwise.step_graph, LayerwiseGradStep) and layerwise.step_graph.lora
+        b = one_micro_batch(layerwise, exp)
+        assert b[0] == pytest.approx(a[0], rel=1e-6, abs=1e-7), recompute
+        np.testing.assert_allclose(b[1], a[1], rtol=1e-6, atol=1e-7)
+        assert sorted(b[2]) == sorted(a[2])
+        for name, grad in a[2].items():
+            assert np.any(grad != 0), name
+            np.testing.assert_allclose(b[2][name], grad, rtol=1e-5, atol=1e-7, err_msg=f"{recompute} {name}")
 
     scored, by_layer = Scorer(lm, 2), Scorer(lm, 2, layerwise=True)
     np.testing.assert_allclose(by_layer(exp), scored(exp), rtol=1e-6, atol=1e-7)

@@ -68,9 +68,12 @@ def test_layerwise_and_recompute_make_the_whole_graphs_masks():
     key = update_key(5, 0, 0)
     whole, layerwise, recompute = updater(with_adapters()), updater(with_adapters(), layerwise_update=True), \
         updater(with_adapters(), recompute=True)
+    # the layerwise update with its layers' activations kept (models/saved_layer.py): the masks made again there
+    saved = updater(with_adapters(), layerwise_update=True, recompute_num_layers=0)
     assert whole.dropout and isinstance(layerwise.step_graph, LayerwiseGradStep) and layerwise.step_graph.dropout
+    assert saved.step_graph.dropout and saved.step_graph.recomputed == 0
     a = step_call(whole, exp, key)
-    for other in (layerwise, recompute):
+    for other in (layerwise, recompute, saved):
         b = step_call(other, exp, key)
         assert b[0] == pytest.approx(a[0], rel=1e-6, abs=1e-7)
         np.testing.assert_allclose(b[1], a[1], rtol=1e-6, atol=1e-7)
