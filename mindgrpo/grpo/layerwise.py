@@ -17,11 +17,16 @@ Qwen2.5-0.5B shape, micro-batches of (4, 288) (`benchmarks/results/memory.md`). 
                 against the incoming gradient; called for i = N-1 .. 0
     embed_grad  ids, dL/dx_0 -> the embedding's gradient accumulated (the head's too when tied)
 
+With actor_config.recompute_num_layers = n, only the first n layers go through layer and layer_grad; the others
+run `saved_layer.SavingLayer` forward, which also returns what their backward reads, and `saved_layer.LayerBackward`
+backward, which differentiates the layer's pieces from those tensors without running its projections again (about
+0.8x the update work of a layer, for (2 H + 2 (nh + nkv) d + 2 I) values a token kept per layer instead of H).
+
 A layer's weights and accumulators go in as graph inputs (a mutable tuple of the Parameters themselves:
 read and written in place, no copy and no compile per layer; `Parameter.value()` would copy each one).
 Between the calls the host holds the N layer inputs (B, S, H) (4 MB each at the 0.5B shape). One device,
 right-padded rows (no pipeline stages, tensor parallelism or packed rows: the config refuses them).
-The gradients equal the whole graph's to rounding (the layers' forward runs twice, as with recompute).
+The gradients equal the whole graph's to rounding (a recomputed layer's forward runs twice, as with recompute).
 
 `LayerwiseAdamW` runs the gradient norm and the optimizer step so: one compiled graph per kind of parameter
 group (the embedding, a decoder layer, the final norm) called for every group in the parameters' order, each

@@ -6,7 +6,9 @@
 
 `auto` plans the step (`mindgrpo/memory/plan.py`) for every set of the savers the user left unset that can
 act in this config, fastest first (`policy.relative_time`), and keeps the first whose planned peak is at most
-(1 - MARGIN) of the memory available; when none fits, every saver (the most it can do), said in the block.
+(1 - MARGIN) of the memory available; when none fits, every saver (the most it can do), said in the block. With
+the layerwise update on and actor_config.recompute_num_layers left null, it then takes the fewest recomputed layers
+that still fit (the others keep their activations: no second forward); `speed` recomputes none, `low` all.
 
 Where the plan has figures: one device on MindSpore's CPU runtime, whose compiled graphs' buffers the plan
 counts (measured, `plan.CPU_GRAPH_BUFFERS`), against the host's available memory (/proc/meminfo MemAvailable
@@ -111,8 +113,8 @@ def choose(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str = "CPU", one_d
     if available is None:
         available, where = device_available(device_target)
     cpu = device_target == "CPU"
-    if setting == "speed":
-        return policy(cfg, mcfg, setting, (), user, inert, available, where, cpu=cpu)
+    if setting == "speed":  # the layerwise update, if the user keeps it, recomputes no layer
+        return _kept_layers(policy(cfg, mcfg, setting, (), user, inert, available, where, cpu=cpu), 0)
     if setting == "low":
         return policy(cfg, mcfg, setting, free, user, inert, available, where, cpu=cpu)
     if device_target != "CPU" or not one_device:
@@ -129,11 +131,37 @@ def choose(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str = "CPU", one_d
     for on in subsets:
         chosen = policy(cfg, mcfg, setting, on, user, inert, available, where)
         if chosen.fits:
-            return chosen
+            return _fewest_recomputed(cfg, mcfg, chosen, policy, user, inert)
     return dataclasses.replace(
         policy(cfg, mcfg, setting, free, user, inert, available, where),
         note="no set of savers fits: every saver left to auto is on; lower max_num_seqs, micro_batch_size or the "
              "lengths, or free memory (scripts/plan_memory.py shows each phase)")
+
+
+RECOMPUTE_KEY = "actor_config.recompute_num_layers"
+
+
+def _kept_layers(chosen: MemoryPolicy, n: Optional[int]) -> MemoryPolicy:
+    """`chosen` with actor_config.recompute_num_layers n decided by its setting, where the user left it null and the
+    layerwise update is on (else as it was)."""
+    if not chosen.layerwise_update or chosen.recompute_num_layers is not None or n is None:
+        return chosen
+    return dataclasses.replace(chosen, recompute_num_layers=n, recompute_by=chosen.setting)
+
+
+def _fewest_recomputed(cfg, mcfg, chosen: MemoryPolicy, policy, user, inert) -> MemoryPolicy:
+    """auto's savers `chosen` (they fit, every layer of a layerwise update recomputing): with the layerwise update on
+    and actor_config.recompute_num_layers left null, the fewest recomputed layers whose plan still fits (each layer
+    past them keeps its activations: `plan.saved_activation_bytes`); all of them: null, as it was."""
+    if not chosen.layerwise_update or cfg.actor_config.recompute_num_layers is not None:
+        return chosen
+    on = tuple(k for k in SAVERS if getattr(chosen, k) and k not in user)
+    for n in range(mcfg.num_hidden_layers):
+        kept = policy(apply(cfg, {RECOMPUTE_KEY: n}), mcfg, chosen.setting, on, user, inert, chosen.available,
+                      chosen.where)
+        if kept.fits:
+            return dataclasses.replace(kept, recompute_by=chosen.setting)
+    return dataclasses.replace(chosen, recompute_by=chosen.setting)  # every layer recomputes: null
 
 
 def choose_for_run(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str, world_size: int,

@@ -282,7 +282,7 @@ def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int
 
 def saved_activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig) -> int:
     """What the layerwise update's layers past actor_config.recompute_num_layers keep from their forward to their
-    backward in one micro-batch (`models/saved_layer.py`: x, q, k, v, a, x2, g, u): 5 H + (nh + 2 nkv) d + 2 I
+    backward in one micro-batch (`models/saved_layer.py`: x, q, k, v, a, x2, g, u): 2 H + 2 (nh + nkv) d + 2 I
     values a token and layer, in the compute dtype; 0 when every layer recomputes (null). Counted on top of the
     update's measured buffers, whose peak may fall elsewhere (the optimizer step's): an upper bound."""
     actor = gcfg.actor_config
@@ -291,8 +291,8 @@ def saved_activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig) -> int:
     s, _ = sequence_lengths(gcfg.generate_config)
     tokens = actor.max_tokens_per_micro_batch or actor.micro_batch_size * s
     kept = max(cfg.num_hidden_layers - actor.recompute_num_layers, 0)
-    values = 5 * cfg.hidden_size + (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.d \
-        + 2 * cfg.intermediate_size
+    values = 2 * cfg.hidden_size + 2 * (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.d \
+        + 2 * cfg.intermediate_size  # x, x2; q, a; k, v; g, u
     width = 2 if cfg.compute_dtype != "float32" else 4
     return int(kept * tokens * values * width)
 

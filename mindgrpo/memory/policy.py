@@ -69,6 +69,7 @@ class MemoryPolicy:
     recompute: bool = False
     head_rows: int = 0
     recompute_num_layers: Optional[int] = None
+    recompute_by: str = "user"  # who set recompute_num_layers: "user" (the config's value) or the setting
 
     @classmethod
     def from_switches(cls, switches: Dict[str, bool | None], setting: str = "speed", **update) -> "MemoryPolicy":
@@ -104,7 +105,10 @@ class MemoryPolicy:
 
     def overrides(self) -> Dict[str, bool]:
         """config key -> value for every saver this policy decided (not the user's, not those that cannot act)."""
-        return {SAVERS[k][0]: getattr(self, k) for k, who in self.set_by if who not in ("user", "n/a")}
+        out = {SAVERS[k][0]: getattr(self, k) for k, who in self.set_by if who not in ("user", "n/a")}
+        if self.recompute_by != "user":
+            out["actor_config.recompute_num_layers"] = self.recompute_num_layers
+        return out
 
     def summary(self) -> str:
         """The start-up block: the setting, each saver and who set it, the planned peak per phase."""
@@ -116,6 +120,13 @@ class MemoryPolicy:
         for name, (key, cost) in SAVERS.items():
             lines.append(f"  {key:<32} {'on ' if getattr(self, name) else 'off'}  ({who.get(name, self.setting)}; "
                          f"~{cost:.2f}x step time when on)")
+        if self.layerwise_update:
+            n = self.recompute_num_layers
+            what = ("every layer runs its forward again in its backward" if n is None else
+                    "no layer runs its forward again: each keeps its activations" if n == 0 else
+                    f"the first {n} layers run their forward again, the later ones keep their activations")
+            lines.append(f"  {'actor_config.recompute_num_layers':<32} {'null' if n is None else n:<4} "
+                         f"({self.recompute_by}; {what})")
         if self.planned:
             lines.append("  planned peak by phase: " + ", ".join(f"{p} {b / gib:.2f} GiB" for p, b in self.planned))
         if self.peak:

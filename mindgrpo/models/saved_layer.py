@@ -20,7 +20,7 @@ from those inputs, last first, the incoming gradient of each from the one after 
 vector-Jacobian product needs its input and weight, not its output, so no projection runs again; what does run
 again is cheap (the norms, the attention's softmax and its two batched products, silu, LoRA's rank-r product).
 The gradients are the whole layer's to rounding (the same products; where two paths meet, their sum may
-round in another order). The cost: the saved tensors, (5 H + (nh + 2 nkv) d + 2 I) floats a token per
+round in another order). The cost: the saved tensors, (2 H + 2 (nh + nkv) d + 2 I) floats a token per
 layer (about 57 MB a layer at the Qwen2.5-0.5B shape and 1,064 tokens), kept from a layer's forward to its
 backward.
 

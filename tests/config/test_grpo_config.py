@@ -103,10 +103,12 @@ def test_yaml_that_sets_every_key():
     # (and only the actor's parallel_config may shard an optimizer; actor_config.recompute and layerwise_update,
     # generate_config.layerwise and ref_config.layerwise are refused with this file's tensor and pipeline
     # parallelism, tests/grpo/test_recompute.py, test_layerwise.py and tests/inference/test_engine.py set them,
-    # and with them actor_config.head_rows_per_graph and generate_config.decode_layers_per_graph, which act only
+    # and with them actor_config.head_rows_per_graph, recompute_num_layers and generate_config.decode_layers_per_graph,
+    # which act only
     # with those switches; rl_config.memory_budget_gb is refused with this file's memory: low,
     # tests/memory/test_auto.py sets it)
     exempt = {"rl_config.memory_budget_gb", "sft_config.teacher_carry_error", "actor_config.head_rows_per_graph",
+              "actor_config.recompute_num_layers",
               "generate_config.decode_layers_per_graph", "ref_config.parallel_config.optimizer_shard",
               "generate_config.parallel_config.optimizer_shard", "actor_config.recompute",
               "actor_config.layerwise_update", "generate_config.layerwise", "ref_config.layerwise",
@@ -227,6 +229,7 @@ def test_nested_unknown_key():
     (["actor_config.lr_schedule=linear"], "actor_config.lr_schedule", "expected one of 'constant', 'cosine'"),
     (["actor_config.dtype=int8"], "actor_config.dtype", "expected one of 'float32', 'bfloat16', 'float16'"),
     (["actor_config.head_rows_per_graph=-1"], "actor_config.head_rows_per_graph", "must be >= 0"),
+    (["actor_config.recompute_num_layers=-1"], "actor_config.recompute_num_layers", "must be an integer >= 0 or null"),
     (["ref_config.parallel_config.pipeline_stage=0"], "ref_config.parallel_config.pipeline_stage", "must be >= 1"),
     (["generate_config.top_p=0"], "generate_config.top_p", "must be in (0, 1]"),
     (["generate_config.stop_token_ids=[1, eos]"], "generate_config.stop_token_ids[1]", "expected int"),
@@ -309,6 +312,8 @@ def test_removed_keys_are_unknown(key):
     (["rl_config.kl_kind=k3"], "rl_config.kl_kind", "rl_config.beta = 0"),
     (["actor_config.layerwise_update=false", "actor_config.head_rows_per_graph=2"],
      "actor_config.head_rows_per_graph", "without actor_config.layerwise_update"),
+    (["actor_config.layerwise_update=false", "actor_config.recompute_num_layers=0"],
+     "actor_config.recompute_num_layers", "without actor_config.layerwise_update"),
     (["generate_config.decode_layers_per_graph=2", "rl_config.memory=speed"],
      "generate_config.decode_layers_per_graph", "without generate_config.layerwise"),
     (["sft_config.lr=1e-4"], "sft_config.lr", "sft_config.steps = 0"),
@@ -459,6 +464,7 @@ CONDITION_FALSE = {"synthetic_config": ["rl_config.dataset_path=train.mindrecord
                    "reward_config.timeout_s": ["reward_config.num_workers=0"],
                    # a memory saver left unset may be turned on by rl_config.memory: off explicitly
                    "actor_config.head_rows_per_graph": ["actor_config.layerwise_update=false"],
+                   "actor_config.recompute_num_layers": ["actor_config.layerwise_update=false"],
                    "generate_config.decode_layers_per_graph": ["generate_config.layerwise=false"],
                    "rl_config.restart_on_memory_growth": ["rl_config.release_graphs=false"],
                    "rl_config.memory_budget_gb": ["rl_config.memory=speed"]}
@@ -475,6 +481,7 @@ def _witness(key):
     default, full = dict(leaves(to_dict(GRPOConfig()))), dict(leaves(to_dict(FULL)))
     synthetic = {f"synthetic_config.{k}": v for k, v in leaves(to_dict(SYNTHETIC))}
     others = {"sft_config.teacher_carry_error": 0.5, "actor_config.head_rows_per_graph": 2, "ref_config.layerwise": True,
+              "actor_config.recompute_num_layers": 2,
               "rl_config.memory_budget_gb": 16.0, "actor_config.lora_alpha": 32.0, "actor_config.lora_dropout": 0.1,
               "actor_config.lora_target_modules": ["q_proj"],
               "generate_config.decode_layers_per_graph": 2, "rl_config.save_best": "val/accuracy",

@@ -48,6 +48,20 @@ def test_the_0_5b_recipe_fits_24_gb_with_the_fastest_savers_that_do():
     # the planned peak is the plan's of the config with these switches written in
     assert p.peak == plan(apply(cfg, p.overrides()), m).cpu_peak(False)
     assert plan(cfg, m).cpu_peak(False) > 24 * GiB  # every saver off would not fit
+    # with room to spare, no layer of the layerwise update recomputes (each keeps its activations: 2.8 GiB more
+    # planned); on 20 GiB they would not fit and every layer recomputes; with the graphs released on 16 GiB, some
+    assert p.recompute_num_layers == 0 and p.overrides()["actor_config.recompute_num_layers"] == 0
+    assert "actor_config.recompute_num_layers 0    (auto; no layer runs its forward again" in p.summary()
+    every = plan(apply(cfg, {**p.overrides(), "actor_config.recompute_num_layers": None}), m).cpu_peak(False)
+    assert p.peak > every + 2 * GiB
+    p20 = choose(cfg, m, available=20 * GiB)
+    assert p20.fits and p20.recompute_num_layers is None and p20.recompute_by == "auto"
+    assert "null (auto; every layer runs its forward again" in p20.summary()
+    p16 = choose(cfg, m, available=16 * GiB)
+    n = p16.recompute_num_layers
+    assert p16.fits and 0 < n < m.num_hidden_layers  # the fewest recomputed layers that fit: one fewer would not
+    assert plan(apply(cfg, {**p16.overrides(), "actor_config.recompute_num_layers": n - 1}), m).cpu_peak(True) \
+        > (1 - MARGIN) * 16 * GiB
     # on 16 GiB it must release the graphs too; on 4 GiB nothing fits: every saver, and the block says so
     tight = choose(cfg, m, available=16 * GiB)
     assert switches(tight) == {k: True for k in SAVERS} and tight.fits
@@ -64,9 +78,19 @@ def test_speed_and_low_and_the_users_switches_win():
     assert switches(p) == {"layerwise_update": True, "reference_layerwise": True, "generate_layerwise": True,
                            "release_graphs": False}
     assert dict(p.set_by)["release_graphs"] == "user" and "rl_config.release_graphs" not in p.overrides()
+    assert p.recompute_num_layers is None  # low: every layer of the layerwise update recomputes
     cfg, m = load("tiny", "actor_config.layerwise_update=true")  # speed on the tiny default, one saver asked for
     p = choose(cfg, m, available=24 * GiB)
     assert switches(p) == dict(OFF, layerwise_update=True) and dict(p.set_by)["layerwise_update"] == "user"
+    assert p.recompute_num_layers == 0 and p.recompute_by == "auto"  # room to spare: no layer recomputes
+    # the user's value stays whatever the setting
+    cfg, m = load("tiny", "actor_config.layerwise_update=true", "actor_config.recompute_num_layers=1")
+    p = choose(cfg, m, available=24 * GiB)
+    assert p.recompute_num_layers == 1 and p.recompute_by == "user"
+    assert "actor_config.recompute_num_layers" not in p.overrides()
+    cfg, m = load("tiny", "actor_config.layerwise_update=true", "rl_config.memory=speed")  # speed: the fastest
+    p = choose(cfg, m, available=24 * GiB)
+    assert p.recompute_num_layers == 0 and p.overrides()["actor_config.recompute_num_layers"] == 0
 
 
 def test_a_saver_that_cannot_act_is_left_unset_so_the_config_stays_valid():
