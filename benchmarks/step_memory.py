@@ -52,9 +52,13 @@ from benchmarks.workers import Workers
 PROMPTS, G, RESPONSE, MICRO_BATCH, BETA = 4, 4, 128, 4, 0.04
 SWITCHES = ("rl_config.release_graphs", "actor_config.layerwise_update", "generate_config.layerwise",
             "ref_config.layerwise")
-# --switches -> (`side`'s switches: all on, all off or none set; overrides after them)
+# --switches -> (`side`'s switches: all on, all off or none set; overrides after them). on: rl_config.memory low, so
+# that every layer of the layerwise update runs its forward again (actor_config.recompute_num_layers as low sets it:
+# the least memory, as the switches' figures were measured); layers: the layerwise update's recomputed layers as
+# auto chooses them for this machine unless --set names them
 SETTINGS: Dict[str, Tuple[Optional[bool], tuple]] = {
-    "on": (True, ()), "layers": (True, ("rl_config.release_graphs=false",)), "off": (False, ()), "auto": (None, ())}
+    "on": (True, ("rl_config.memory=low",)), "layers": (True, ("rl_config.release_graphs=false",)),
+    "off": (False, ()), "auto": (None, ())}
 
 
 def _questions(n: int):
