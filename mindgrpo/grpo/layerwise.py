@@ -17,10 +17,11 @@ Qwen2.5-0.5B shape, micro-batches of (4, 288) (`benchmarks/results/memory.md`). 
                 against the incoming gradient; called for i = N-1 .. 0
     embed_grad  ids, dL/dx_0 -> the embedding's gradient accumulated (the head's too when tied)
 
-With actor_config.recompute_num_layers = n, only the first n layers go through layer and layer_grad; the others
-run `saved_layer.SavingLayer` forward, which also returns what their backward reads, and `saved_layer.LayerBackward`
-backward, which differentiates the layer's pieces from those tensors without running its projections again (about
-0.8x the update work of a layer, for (2 H + 2 (nh + nkv) d + 2 I) values a token kept per layer instead of H).
+With actor_config.recompute_num_layers = n < N, every layer runs `saved_layer.SavingLayer` forward, which also
+returns what its backward reads, and `saved_layer.LayerBackward` backward, which differentiates the layer's pieces
+from those tensors without running its projections again; the layers past the first n keep those tensors from
+forward to backward ((2 H + 2 (nh + nkv) d + 2 I) values a token instead of H: their update work about 0.8x), the
+first n keep their input and run SavingLayer again before their backward.
 
 A layer's weights and accumulators go in as graph inputs (a mutable tuple of the Parameters themselves:
 read and written in place, no copy and no compile per layer; `Parameter.value()` would copy each one).
@@ -205,9 +206,12 @@ class LayerwiseGradStep:
         self.layer_accumulators = [ms.mutable(tuple(_Accumulators(buffer, params, t if self.lora else w).bufs))
                                    for w, t in zip(weights, tuned)]
         # the first `recompute_layers` layers (None: all) keep their input and run again in their backward, the
-        # others keep their activations (models/saved_layer.py); the graphs of a kind that no layer takes are
-        # never called, so never compiled
+        # others keep their activations (models/saved_layer.py). One pair of layer graphs per update (each compiled
+        # graph keeps buffers of its own): every layer recomputing runs layer and layer_grad (MindSpore's autodiff of
+        # the whole layer, the fastest recompute); otherwise every layer runs saving_layer and layer_backward, a
+        # recomputed one saving_layer again before its backward. The pair no layer takes is never compiled
         self.recomputed = len(layers) if recompute_layers is None else min(recompute_layers, len(layers))
+        self.saving = self.recomputed < len(layers)
         self.embed = _Embed(lm)
         self.layer = _AdaptedLayer(layers[0]) if self.lora else LayerGraph(layers[0])
         self.layer_grad = _AdaptedLayerGrad(layers[0]) if self.lora else _LayerGrad(layers[0])
@@ -229,23 +233,25 @@ class LayerwiseGradStep:
         x, cos, sin, bias = self.embed(ids)
         kept = []  # per layer: its input (recomputed) or its saved activations
         for i, (w, drop) in enumerate(zip(self.layer_inputs, drops)):
-            if i >= self.recomputed:
+            kept.append(x if i < self.recomputed else None)
+            if self.saving:
                 x, saved = self.saving_layer(x, cos, sin, bias, w[0], self._lora(w), drop)
-                kept.append(saved)
-                continue
-            kept.append(x)
-            x = self.layer(x, cos, sin, bias, *w, drop) if self.lora else self.layer(x, cos, sin, bias, *w)
+                kept[i] = saved if i >= self.recomputed else kept[i]
+            else:
+                x = self.layer(x, cos, sin, bias, *w, drop) if self.lora else self.layer(x, cos, sin, bias, *w)
         loss, metrics, dx = self._head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                                        rollout_logp)
         for i in reversed(range(len(self.layer_inputs))):
             w, acc = self.layer_inputs[i], self.layer_accumulators[i]
-            if i >= self.recomputed:
-                dx = self.layer_backward(*kept[i], cos, sin, bias, w[0], self._lora(w), drops[i], dx, acc)
+            if self.saving:
+                saved = kept[i] if i >= self.recomputed else \
+                    self.saving_layer(kept[i], cos, sin, bias, w[0], self._lora(w), drops[i])[1]
+                dx = self.layer_backward(*saved, cos, sin, bias, w[0], self._lora(w), drops[i], dx, acc)
             elif self.lora:
                 dx = self.layer_grad(kept[i], cos, sin, bias, *w, drops[i], dx, acc)
             else:
                 dx = self.layer_grad(kept[i], cos, sin, bias, *w, dx, acc)
-            kept[i] = None  # its activations go as soon as its backward is done
+            kept[i] = saved = None  # its activations go as soon as its backward is done
         if self.embed_grad is not None:
             self.embed_grad(ids, dx)
         return loss, metrics

@@ -8,7 +8,8 @@
 act in this config, fastest first (`policy.relative_time`), and keeps the first whose planned peak is at most
 (1 - MARGIN) of the memory available; when none fits, every saver (the most it can do), said in the block. With
 the layerwise update on and actor_config.recompute_num_layers left null, it then takes the fewest recomputed layers
-that still fit (the others keep their activations: no second forward); `speed` recomputes none, `low` all.
+that still fit (the others keep their activations: no second forward) where that is faster than recomputing every
+layer; `speed` recomputes none, `low` all.
 
 Where the plan has figures: one device on MindSpore's CPU runtime, whose compiled graphs' buffers the plan
 counts (measured, `plan.CPU_GRAPH_BUFFERS`), against the host's available memory (/proc/meminfo MemAvailable
@@ -33,7 +34,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from mindgrpo.config.grpo import GRPOConfig
 from mindgrpo.config.loader import ConfigError
 from mindgrpo.memory.plan import plan
-from mindgrpo.memory.policy import SAVERS, MemoryPolicy, relative_time
+from mindgrpo.memory.policy import SAVERS, MemoryPolicy, relative_time, update_layers_time
 from mindgrpo.models.config import Qwen2Config
 
 MARGIN = 0.10  # the planned peak stays below 90% of the memory available
@@ -152,11 +153,15 @@ def _kept_layers(chosen: MemoryPolicy, n: Optional[int]) -> MemoryPolicy:
 def _fewest_recomputed(cfg, mcfg, chosen: MemoryPolicy, policy, user, inert) -> MemoryPolicy:
     """auto's savers `chosen` (they fit, every layer of a layerwise update recomputing): with the layerwise update on
     and actor_config.recompute_num_layers left null, the fewest recomputed layers whose plan still fits (each layer
-    past them keeps its activations: `plan.saved_activation_bytes`); all of them: null, as it was."""
+    past them keeps its activations: `plan.saved_activation_bytes`), where that is faster than every layer
+    recomputing (`policy.update_layers_time`: a recomputed layer beside kept ones is the slower); else null."""
     if not chosen.layerwise_update or cfg.actor_config.recompute_num_layers is not None:
         return chosen
     on = tuple(k for k in SAVERS if getattr(chosen, k) and k not in user)
-    for n in range(mcfg.num_hidden_layers):
+    layers = mcfg.num_hidden_layers
+    for n in range(layers):
+        if update_layers_time(n, layers) >= 1.0:
+            break  # more recomputed layers are slower still
         kept = policy(apply(cfg, {RECOMPUTE_KEY: n}), mcfg, chosen.setting, on, user, inert, chosen.available,
                       chosen.where)
         if kept.fits:

@@ -2,7 +2,8 @@
 layer again: the layerwise update's per-layer graphs (`mindgrpo/grpo/layerwise.py`).
 
 Differentiating the whole layer from its input (`LayerGraph` under `ops.GradOperation`) runs the layer's
-forward again inside the backward, every projection included: a third of a layer's update work. Here the
+forward again inside the backward, every projection included: a third of a LoRA layer's update work (forward,
+forward again, input gradients), a quarter of a fully trained one's. Here the
 layer is cut at its projections into pieces, each a function of its own inputs and weights:
 
     qkv     x (B, S, H)  -> q (B, S, nh*d), k, v (B, S, nkv*d)   the attention norm and wq, wk, wv

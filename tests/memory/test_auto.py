@@ -8,7 +8,7 @@ import pytest
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
 from mindgrpo.memory.auto import MARGIN, apply, choose, host_available
 from mindgrpo.memory.plan import plan
-from mindgrpo.memory.policy import SAVERS, MemoryPolicy
+from mindgrpo.memory.policy import SAVERS, MemoryPolicy, update_layers_time
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.presets import resolve_model_config
 
@@ -62,6 +62,14 @@ def test_the_0_5b_recipe_fits_24_gb_with_the_fastest_savers_that_do():
     assert p16.fits and 0 < n < m.num_hidden_layers  # the fewest recomputed layers that fit: one fewer would not
     assert plan(apply(cfg, {**p16.overrides(), "actor_config.recompute_num_layers": n - 1}), m).cpu_peak(True) \
         > (1 - MARGIN) * 16 * GiB
+    # where only a few layers could keep their activations, recomputing them all is the faster update: null
+    # (on 14.65 GiB 14 recomputed layers would fit, 13 not: 10 kept layers beside 14 recomputed are the slower update)
+    room = 14.65 * GiB
+    p = choose(cfg, m, available=room)
+    assert p.fits and p.recompute_num_layers is None and update_layers_time(14, 24) > 1 > update_layers_time(13, 24)
+    peak = {n: plan(apply(cfg, {**p.overrides(), "actor_config.recompute_num_layers": n}), m).cpu_peak(True)
+            for n in (13, 14)}
+    assert peak[13] > (1 - MARGIN) * room >= peak[14]
     # on 16 GiB it must release the graphs too; on 4 GiB nothing fits: every saver, and the block says so
     tight = choose(cfg, m, available=16 * GiB)
     assert switches(tight) == {k: True for k in SAVERS} and tight.fits
