@@ -2,7 +2,7 @@
 GRPOTrainer with PEFT's LoraConfig, each alone in its process, one after the other, in one invocation.
 
     python -m benchmarks.lora_step [--layers 24] [--steps 2] [--rank 16] [--sides full lora trl_lora]
-        [--switches layers|on|off|auto] [--recompute_num_layers N] [--output PATH]
+        [--switches layers|on|off|auto] [--set KEY=VALUE ...] [--output PATH]
 
 The work is `benchmarks.step_memory`'s (4 GSM8K prompts x G = 4 x 128 forced new tokens, micro-batches of 4 rows,
 beta 0.04, one update per step, random weights of the qwen2_5_0_5b preset with --layers decoder layers):
@@ -49,10 +49,8 @@ def _ours(res: dict, key: str, args, output: str) -> None:
     lora = key == "lora"
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
         switches, extra = step_memory.SETTINGS[args.switches if lora else "on"]
-        recompute = () if args.recompute_num_layers is None else \
-            (f"actor_config.recompute_num_layers={args.recompute_num_layers}",)
         worker = workers.start(step_memory.side, args.layers, switches, folder, False,
-                               (*lora_overrides(args.rank), *extra, *recompute) if lora else (), ())
+                               (*lora_overrides(args.rank), *extra, *args.set) if lora else (), ())
         side = res["sides"][key] = {"built": worker.recv(), "steps": []}
         for _ in range(args.steps):
             step = worker.ask("step")
@@ -123,8 +121,7 @@ def markdown(res: dict) -> str:
         title = ("full fine-tuning, the memory switches on" if key == "full" else
                  f"LoRA rank {res['rank']} (alpha {2 * res['rank']}) on all seven projections, "
                  + SWITCH_TITLES[res.get("switches", "on")]  # results before --switches: on
-                 + ("" if res.get("recompute_num_layers") is None else
-                    f", actor_config.recompute_num_layers {res['recompute_num_layers']}"))
+                 + "".join(f", {kv}" for kv in res.get("set", ())))
         lines += [f"## Ours: {title}", "", f"Built in {side['built']['build_s']:.1f} s, peak "
                   f"{side['built']['build_peak_gb']:.2f} GB. Its start-up block:", "",
                   *("    " + line for line in side["built"].get("memory_policy", "").splitlines()),
@@ -173,16 +170,15 @@ def main(argv=None) -> int:
     ap.add_argument("--switches", choices=tuple(step_memory.SETTINGS), default="layers",
                     help="the LoRA side's memory switches: layers (the three layerwise ones), on (the full side's "
                          "four), off, or auto (rl_config.memory)")
-    ap.add_argument("--recompute_num_layers", type=int, default=None,
-                    help="the LoRA side's actor_config.recompute_num_layers (with the layerwise update: how many of "
-                         "the first layers run their forward again in their backward; the others keep their "
-                         "activations); unset: the config's default, every layer")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides of the LoRA side after its switches (e.g. "
+                         "actor_config.recompute_num_layers=0)")
     ap.add_argument("--torch_threads", type=int, default=os.cpu_count(), help="PyTorch threads on TRL's side")
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
     output = args.output or os.path.join(RESULTS, f"lora_step_{args.layers}_layers.json")
     res = dict(run_stamp("benchmarks.lora_step", argv), code=code_version(), layers=args.layers, rank=args.rank,
-               switches=args.switches, recompute_num_layers=args.recompute_num_layers, sides={}, load_average_end=os.getloadavg()[0])
+               switches=args.switches, set=list(args.set), sides={}, load_average_end=os.getloadavg()[0])
     for key in args.sides:  # one after the other: each alone
         if key == "trl_lora":
             _trl(res, args, output)
