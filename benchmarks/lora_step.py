@@ -50,7 +50,7 @@ def _ours(res: dict, key: str, args, output: str) -> None:
     with tempfile.TemporaryDirectory() as folder, Workers() as workers:
         switches, extra = step_memory.SETTINGS[args.switches if lora else "on"]
         worker = workers.start(step_memory.side, args.layers, switches, folder, False,
-                               (*lora_overrides(args.rank), *extra, *args.set) if lora else (), ())
+                               (*lora_overrides(args.rank), *extra, *args.set) if lora else extra, ())
         side = res["sides"][key] = {"built": worker.recv(), "steps": []}
         for _ in range(args.steps):
             step = worker.ask("step")

@@ -233,12 +233,13 @@ class LayerwiseGradStep:
         x, cos, sin, bias = self.embed(ids)
         kept = []  # per layer: its input (recomputed) or its saved activations
         for i, (w, drop) in enumerate(zip(self.layer_inputs, drops)):
-            kept.append(x if i < self.recomputed else None)
-            if self.saving:
-                x, saved = self.saving_layer(x, cos, sin, bias, w[0], self._lora(w), drop)
-                kept[i] = saved if i >= self.recomputed else kept[i]
-            else:
+            if not self.saving:
+                kept.append(x)
                 x = self.layer(x, cos, sin, bias, *w, drop) if self.lora else self.layer(x, cos, sin, bias, *w)
+                continue
+            y, saved = self.saving_layer(x, cos, sin, bias, w[0], self._lora(w), drop)
+            kept.append(x if i < self.recomputed else saved)
+            x = y
         loss, metrics, dx = self._head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs,
                                        rollout_logp)
         for i in reversed(range(len(self.layer_inputs))):

@@ -9,7 +9,8 @@ act in this config, fastest first (`policy.relative_time`), and keeps the first 
 (1 - MARGIN) of the memory available; when none fits, every saver (the most it can do), said in the block. With
 the layerwise update on and actor_config.recompute_num_layers left null, it then takes the fewest recomputed layers
 that still fit (the others keep their activations: no second forward) where that is faster than recomputing every
-layer; `speed` recomputes none, `low` all.
+layer (measured for LoRA; for full fine-tuning no gain was measured, and it stays null); `speed` recomputes none
+where that is faster, `low` all.
 
 Where the plan has figures: one device on MindSpore's CPU runtime, whose compiled graphs' buffers the plan
 counts (measured, `plan.CPU_GRAPH_BUFFERS`), against the host's available memory (/proc/meminfo MemAvailable
@@ -114,8 +115,10 @@ def choose(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str = "CPU", one_d
     if available is None:
         available, where = device_available(device_target)
     cpu = device_target == "CPU"
-    if setting == "speed":  # the layerwise update, if the user keeps it, recomputes no layer
-        return _kept_layers(policy(cfg, mcfg, setting, (), user, inert, available, where, cpu=cpu), 0)
+    if setting == "speed":  # the layerwise update, if the user keeps it, recomputes no layer where that is faster
+        faster = update_layers_time(0, mcfg.num_hidden_layers, cfg.actor_config.lora_rank > 0) < 1.0
+        return _kept_layers(policy(cfg, mcfg, setting, (), user, inert, available, where, cpu=cpu),
+                            0 if faster else None)
     if setting == "low":
         return policy(cfg, mcfg, setting, free, user, inert, available, where, cpu=cpu)
     if device_target != "CPU" or not one_device:
@@ -145,7 +148,7 @@ RECOMPUTE_KEY = "actor_config.recompute_num_layers"
 def _kept_layers(chosen: MemoryPolicy, n: Optional[int]) -> MemoryPolicy:
     """`chosen` with actor_config.recompute_num_layers n decided by its setting, where the user left it null and the
     layerwise update is on (else as it was)."""
-    if not chosen.layerwise_update or chosen.recompute_num_layers is not None or n is None:
+    if not chosen.layerwise_update or chosen.recompute_num_layers is not None:
         return chosen
     return dataclasses.replace(chosen, recompute_num_layers=n, recompute_by=chosen.setting)
 
@@ -158,9 +161,9 @@ def _fewest_recomputed(cfg, mcfg, chosen: MemoryPolicy, policy, user, inert) -> 
     if not chosen.layerwise_update or cfg.actor_config.recompute_num_layers is not None:
         return chosen
     on = tuple(k for k in SAVERS if getattr(chosen, k) and k not in user)
-    layers = mcfg.num_hidden_layers
+    layers, lora = mcfg.num_hidden_layers, cfg.actor_config.lora_rank > 0
     for n in range(layers):
-        if update_layers_time(n, layers) >= 1.0:
+        if update_layers_time(n, layers, lora) >= 1.0:
             break  # more recomputed layers are slower still
         kept = policy(apply(cfg, {RECOMPUTE_KEY: n}), mcfg, chosen.setting, on, user, inert, chosen.available,
                       chosen.where)

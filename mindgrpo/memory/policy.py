@@ -40,19 +40,24 @@ SAVERS: Dict[str, Tuple[str, float]] = {
 
 
 # actor_config.recompute_num_layers n < N layers (`models/saved_layer.py`): a layer's update time against the same
-# layer's with every layer recomputing, at the Qwen2.5-0.5B shape and 4 rows of 266 tokens (one layer's graphs:
-# LoRA 0.55 and full 0.69 s against 0.69 and 0.82 for a kept layer; a recomputed one runs the saving forward again,
-# 0.79 and 0.91 s)
-KEPT_LAYER_TIME, RECOMPUTED_LAYER_TIME = 0.80, 1.15
+# layer's with every layer recomputing, for LoRA and full fine-tuning. LoRA: one layer's graphs at the Qwen2.5-0.5B
+# shape and 4 rows of 266 tokens took 0.55 s kept and 0.79 recomputed beside kept ones (the saving forward again)
+# against 0.69, and the issue-20 LoRA update at 24 layers 61.6 s against 77.3 with none recomputing
+# (benchmarks/results/lora_step_24_layers.md). Full fine-tuning: one layer's graphs 0.69 and 0.91 s against 0.82,
+# but the issue-20 update (release_graphs on) took 106.8 s against 104.2 with none recomputing, at 3 GB more: no gain
+# measured, so 1.0 (auto keeps every layer recomputing there)
+KEPT_LAYER_TIME = {"lora": 0.80, "full": 1.0}
+RECOMPUTED_LAYER_TIME = {"lora": 1.15, "full": 1.11}
 
 
-def update_layers_time(recompute_num_layers, layers: int) -> float:
+def update_layers_time(recompute_num_layers, layers: int, lora: bool) -> float:
     """The update's decoder-layer time with recompute_num_layers (None: every layer recomputes) against every layer
-    recomputing."""
+    recomputing; lora: the adapters train (the base frozen), else every weight."""
     n = layers if recompute_num_layers is None else min(recompute_num_layers, layers)
     if n >= layers:
         return 1.0
-    return (n * RECOMPUTED_LAYER_TIME + (layers - n) * KEPT_LAYER_TIME) / layers
+    kind = "lora" if lora else "full"
+    return (n * RECOMPUTED_LAYER_TIME[kind] + (layers - n) * KEPT_LAYER_TIME[kind]) / layers
 
 
 def relative_time(on) -> float:
