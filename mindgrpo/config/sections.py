@@ -308,10 +308,11 @@ class ActorConfig:
     # with layerwise_update: how many decoder layers, the first ones, keep only their input and run their forward
     # again in their backward (Megatron's recompute_num_layers, its "block" method); the others keep what their
     # backward reads from forward to backward (mindgrpo/models/saved_layer.py), so that their forward runs once:
-    # about 0.8x the update's time for those layers (a recomputed layer beside them about 1.2x its time with every
-    # layer recomputing: it runs the saving forward again), at (2 H + 2 (nh + nkv) d + 2 I) x tokens x 4 bytes a layer
-    # (57 MB at the Qwen2.5-0.5B shape and 4 rows of 266 tokens). null: rl_config.memory decides (auto: the fewest
-    # recomputed layers whose plan fits; speed: none; low: every layer, the least memory)
+    # with LoRA about 0.8x the update's time for those layers (a recomputed layer beside them about 1.15x its time
+    # with every layer recomputing: it runs the saving forward again; for full fine-tuning no gain was measured), at
+    # (2 H + 2 (nh + nkv) d + 2 I) x tokens x 4 bytes a layer (57 MB at the Qwen2.5-0.5B shape and 4 rows of 266
+    # tokens). null: rl_config.memory decides (auto, with LoRA: the fewest recomputed layers whose plan fits where
+    # that is faster; speed, with LoRA: none; low and full fine-tuning: every layer, the least memory)
     recompute_num_layers: Optional[int] = None
     # Micro-batches by tokens (mindgrpo/grpo/packing.py), for the update and the old log-probs. > 0: a
     # mini-batch's samples, sorted by length, are cut into micro-batches of at most this many tokens,
