@@ -131,7 +131,8 @@ class _Projection(nn.Cell):
 
     def construct(self, inp, w, lora, drop):
         w = _held(w, self.frozen)
-        return self.lin.apply(inp, w[self.which], None, _adapter(lora, self.slot), projection_key(drop, self.which - _WQ))
+        key = projection_key(drop, self.which - _WQ)
+        return self.lin.apply(inp, w[self.which], None, _adapter(lora, self.slot), key)
 
 
 class _Up(nn.Cell):
@@ -194,9 +195,9 @@ def accumulated(layer: nn.Cell, lora: bool) -> List[int]:
 
 class LayerBackward(nn.Cell):
     """x, q, k, v, a, x2, g, u (`SavingLayer`'s saved tensors, each its own input: MindSpore 2.10 differentiates
-    nothing with respect to the elements of a tuple input), cos, sin, bias, w, lora, drop, dy (B, S, H), acc -> dL/dx (B, S, H), the gradients
-    added to acc (mutable tuple of Parameters, `accumulated`'s order): every weight's (lora False), or with lora
-    True the adapters' A and B only, the base weights frozen."""
+    nothing with respect to the elements of a tuple input), cos, sin, bias, w, lora, drop, dy (B, S, H), acc ->
+    dL/dx (B, S, H), the gradients added to acc (mutable tuple of Parameters, `accumulated`'s order): every weight's
+    (lora False), or with lora True the adapters' A and B only, the base weights frozen."""
 
     def __init__(self, layer: nn.Cell, lora: bool):
         super().__init__(auto_prefix=False)
