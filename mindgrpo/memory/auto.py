@@ -119,8 +119,8 @@ def choose(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str = "CPU", one_d
         faster = update_layers_time(0, mcfg.num_hidden_layers, cfg.actor_config.lora_rank > 0) < 1.0
         return _kept_layers(policy(cfg, mcfg, setting, (), user, inert, available, where, cpu=cpu),
                             0 if faster else None)
-    if setting == "low":
-        return policy(cfg, mcfg, setting, free, user, inert, available, where, cpu=cpu)
+    if setting == "low":  # the layerwise update's layers all recompute (the least memory)
+        return _kept_layers(policy(cfg, mcfg, setting, free, user, inert, available, where, cpu=cpu), None)
     if device_target != "CPU" or not one_device:
         why = ("the savers were measured on MindSpore's CPU runtime only" if device_target != "CPU"
                else "several processes share this host and the plan has no graph figures for their layouts")

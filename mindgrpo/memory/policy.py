@@ -124,8 +124,9 @@ class MemoryPolicy:
     def fits(self) -> bool:
         return not self.available or self.peak <= (1 - self.margin) * self.available
 
-    def overrides(self) -> Dict[str, bool]:
-        """config key -> value for every saver this policy decided (not the user's, not those that cannot act)."""
+    def overrides(self) -> Dict[str, object]:
+        """config key -> value for every saver this policy decided (not the user's, not those that cannot act), and
+        actor_config.recompute_num_layers where the setting decided it."""
         out = {SAVERS[k][0]: getattr(self, k) for k, who in self.set_by if who not in ("user", "n/a")}
         if self.recompute_by != "user":
             out["actor_config.recompute_num_layers"] = self.recompute_num_layers

@@ -95,7 +95,7 @@ def test_speed_and_low_and_the_users_switches_win():
     assert switches(p) == {"layerwise_update": True, "reference_layerwise": True, "generate_layerwise": True,
                            "release_graphs": False}
     assert dict(p.set_by)["release_graphs"] == "user" and "rl_config.release_graphs" not in p.overrides()
-    assert p.recompute_num_layers is None  # low: every layer of the layerwise update recomputes
+    assert p.recompute_num_layers is None and p.recompute_by == "low"  # low: every layer recomputes
     cfg, m = load("tiny", "actor_config.layerwise_update=true")  # speed on the tiny default, one saver asked for
     p = choose(cfg, m, available=24 * GiB)
     assert switches(p) == dict(OFF, layerwise_update=True) and dict(p.set_by)["layerwise_update"] == "user"
