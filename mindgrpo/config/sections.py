@@ -357,9 +357,7 @@ class ActorConfig:
         check(not (self.layerwise_update and self.recompute), "layerwise_update",
               "already runs each layer's forward again in its backward (how many layers do: recompute_num_layers): "
               "set recompute false")
-        check(self.recompute_num_layers is None or (isinstance(self.recompute_num_layers, int)
-                                                    and not isinstance(self.recompute_num_layers, bool)
-                                                    and self.recompute_num_layers >= 0),
+        check(self.recompute_num_layers is None or self.recompute_num_layers >= 0,  # the loader checks it is an int
               "recompute_num_layers", f"must be an integer >= 0 or null, got {self.recompute_num_layers!r}")
         _check_non_negative(self, "lora_rank")
         if self.lora_rank > 0:

@@ -54,7 +54,7 @@ from mindgrpo.grpo.train_graph import GRPOGradStep, PolicyLoss, fold_metrics, me
 from mindgrpo.models.lora_dropout import host_layer_key
 from mindgrpo.models.qwen2 import LayerGraph, Qwen2ForCausalLM
 from mindgrpo.models.reductions import squared_sum
-from mindgrpo.models.saved_layer import LayerBackward, SavingLayer
+from mindgrpo.models.saved_layer import LayerBackward, SavingLayer, held
 from mindgrpo.models.scoring import TokenLogProbs, causal_bias, positions
 
 
@@ -113,15 +113,10 @@ class _AdaptedLayer(nn.Cell):
 
     def __init__(self, layer: nn.Cell, frozen: bool = False):
         super().__init__(auto_prefix=False)
-        self.layer, self.frozen, self.nw = layer, frozen, len(layer.weights())
+        self.layer, self.frozen = layer, frozen
 
     def construct(self, x, cos, sin, bias, w, lora, drop):
-        if self.frozen:
-            held = ()
-            for k in range(self.nw):
-                held = held + (ops.stop_gradient(w[k]),)
-            w = held
-        return self.layer.apply(x, cos, sin, bias, w, lora, None, drop)
+        return self.layer.apply(x, cos, sin, bias, held(w, self.frozen), lora, None, drop)
 
 
 class _AdaptedLayerGrad(nn.Cell):

@@ -169,7 +169,7 @@ def _fewest_recomputed(cfg, mcfg, chosen: MemoryPolicy, policy, user, inert) -> 
                       chosen.where)
         if kept.fits:
             return dataclasses.replace(kept, recompute_by=chosen.setting)
-    return dataclasses.replace(chosen, recompute_by=chosen.setting)  # every layer recomputes: null
+    return _kept_layers(chosen, None)  # every layer recomputes: null
 
 
 def choose_for_run(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str, world_size: int,

@@ -161,10 +161,21 @@ def optimizer_bytes(cfg: Qwen2Config, layout: ParallelLayout, optimizer_shard: b
     return total
 
 
+def dtype_bytes(compute_dtype: str) -> int:
+    """Bytes of one value in a compute dtype: 4 in fp32, 2 in bf16 or fp16."""
+    return 4 if compute_dtype == "float32" else 2
+
+
+def micro_batch_tokens(gcfg: GRPOConfig) -> int:
+    """Token positions of one training micro-batch: max_tokens_per_micro_batch, or micro_batch_size longest rows."""
+    actor = gcfg.actor_config
+    return actor.max_tokens_per_micro_batch or actor.micro_batch_size * sequence_lengths(gcfg.generate_config)[0]
+
+
 def inference_copy_bytes(cfg: Qwen2Config, layout: ParallelLayout) -> int:
     """The engine's fused copies of this rank's layer weights (every layer tensor but the two
     norms), in the compute dtype."""
-    width = 2 if cfg.compute_dtype != "float32" else 4
+    width = dtype_bytes(cfg.compute_dtype)
     return sum(width * int(np.prod(layout.shard_shape(n, s))) for n, s in expected_shapes(cfg).items()
                if n.startswith("model.layers.") and "_norm." not in n)
 
@@ -203,7 +214,7 @@ def kv_cache_bytes(cfg: Qwen2Config, gen, layout: ParallelLayout) -> int:
 def cache_bytes(cfg: Qwen2Config, slots: int, capacity: int, compute_dtype: str, tp: int = 1) -> int:
     """A rollout engine's KV cache: slots + the trash slot of `capacity` positions, k and v of every layer and of
     this rank's kv heads, in the compute dtype."""
-    width = 2 if compute_dtype != "float32" else 4
+    width = dtype_bytes(compute_dtype)
     return 2 * cfg.num_hidden_layers * (slots + 1) * (cfg.num_key_value_heads // tp) * capacity * cfg.d * width
 
 
@@ -235,7 +246,7 @@ def activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, layout: ParallelLayout,
         scored = actor.max_tokens_per_micro_batch
     stage = layout.stage(rank)
     layers = len(layout.stage_layers(stage, cfg.num_hidden_layers))
-    width = 2 if cfg.compute_dtype != "float32" else 4
+    width = dtype_bytes(cfg.compute_dtype)
     per_layer = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * width / 2
     if actor.recompute:  # each layer keeps its output (the next one's input); one layer's intermediates at a time
         per_layer = s * b * h * width + per_layer / max(layers, 1)
@@ -252,7 +263,7 @@ def cpu_graph_bytes(cfg: Qwen2Config, gcfg: GRPOConfig, phases) -> Dict[str, int
     (`CPU_GRAPH_BUFFERS`, scaled to this config), for the phases in `phases`."""
     gen, actor = gcfg.generate_config, gcfg.actor_config
     s, r = sequence_lengths(gen)
-    tokens = actor.max_tokens_per_micro_batch or actor.micro_batch_size * s
+    tokens = micro_batch_tokens(gcfg)
     scored = actor.max_tokens_per_micro_batch or actor.micro_batch_size * r
     capacity = min(s, cfg.max_position_embeddings)
     slot_positions = kv_slots(capacity, gen.max_num_seqs, gen.max_num_batched_tokens) * capacity
@@ -288,13 +299,11 @@ def saved_activation_bytes(cfg: Qwen2Config, gcfg: GRPOConfig) -> int:
     actor = gcfg.actor_config
     if actor.recompute_num_layers is None:
         return 0
-    s, _ = sequence_lengths(gcfg.generate_config)
-    tokens = actor.max_tokens_per_micro_batch or actor.micro_batch_size * s
     kept = max(cfg.num_hidden_layers - actor.recompute_num_layers, 0)
     values = 2 * cfg.hidden_size + 2 * (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.d \
         + 2 * cfg.intermediate_size  # x, x2; q, a; k, v; g, u
-    width = 2 if cfg.compute_dtype != "float32" else 4
-    return int(kept * tokens * values * width)
+    width = dtype_bytes(cfg.compute_dtype)
+    return int(kept * micro_batch_tokens(gcfg) * values * width)
 
 
 @dataclass

@@ -40,7 +40,7 @@ from mindspore import nn, ops
 from mindgrpo.models.lora_dropout import projection_key
 from mindgrpo.models.qwen2 import apply_rope
 
-__all__ = ["SavingLayer", "LayerBackward", "accumulated"]
+__all__ = ["SavingLayer", "LayerBackward", "accumulated", "held"]
 
 # `DecoderLayer.weights()` positions of the two norms and the seven projections
 _NORM1, _NORM2, _WQ, _WK, _WV, _WO, _W1, _W3, _W2 = range(9)
@@ -56,20 +56,18 @@ def _layout(layer: nn.Cell) -> Tuple[tuple, tuple, int]:
 
 
 def _adapter_slots(layer: nn.Cell) -> tuple:
-    """For each projection (q, k, v, o, gate, up, down): the position of its A in lora_weights(), or -1."""
-    out, k = (), 0
-    for lin in layer._projections():
-        out += ((k,) if lin.has_lora else (-1,))
-        k += 3 if lin.has_lora else 0
-    return out
+    """For each projection (q, k, v, o, gate, up, down): the position of its A in lora_weights(), or -1
+    (`DecoderLayer._adapters` of the positions themselves)."""
+    return tuple(-1 if one is None else one[0] for one in layer._adapters(range(len(layer.lora_weights()))))
 
 
 def _adapter(lora, slot):
     return None if slot < 0 else (lora[slot], lora[slot + 1], lora[slot + 2])
 
 
-def _held(w, frozen: bool):
-    """w, or with frozen each weight behind stop_gradient (a LoRA update: no base gradient computed)."""
+def held(w, frozen: bool):
+    """w (a tuple of weights, a graph input), or with frozen each weight behind stop_gradient (a LoRA update: no
+    gradient of the base weights computed)."""
     if not frozen:
         return w
     out = ()
@@ -88,7 +86,7 @@ class _QKV(nn.Cell):
         self.slots = _adapter_slots(layer)
 
     def construct(self, x, w, lora, drop):
-        w = _held(w, self.frozen)
+        w = held(w, self.frozen)
         att = self.layer.attention
         h = self.layer.attention_norm.apply(x, w[_NORM1])
         bq, bk, bv = (w[self.bias[0]], w[self.bias[1]], w[self.bias[2]]) if self.bias else (None, None, None)
@@ -107,7 +105,7 @@ class _Core(nn.Cell):
         _, self.norms, _ = _layout(layer)
 
     def construct(self, q, k, v, cos, sin, bias, w):
-        w = _held(w, self.frozen)
+        w = held(w, self.frozen)
         att = self.layer.attention
         b, s, _ = q.shape
         q = q.reshape(b, s, att.nh, att.d)  # (B, S, nh, d)
@@ -130,7 +128,7 @@ class _Projection(nn.Cell):
         self.slot = _adapter_slots(layer)[which - _WQ]
 
     def construct(self, inp, w, lora, drop):
-        w = _held(w, self.frozen)
+        w = held(w, self.frozen)
         key = projection_key(drop, self.which - _WQ)
         return self.lin.apply(inp, w[self.which], None, _adapter(lora, self.slot), key)
 
@@ -144,7 +142,7 @@ class _Up(nn.Cell):
         self.slots = _adapter_slots(layer)
 
     def construct(self, x2, w, lora, drop):
-        w = _held(w, self.frozen)
+        w = held(w, self.frozen)
         mlp = self.layer.feed_forward
         h = self.layer.ffn_norm.apply(x2, w[_NORM2])
         g = mlp.w1.apply(h, w[_W1], None, _adapter(lora, self.slots[4]), projection_key(drop, 4))
