@@ -101,7 +101,8 @@ def _policy(cfg, mcfg, setting, on, user, inert, available, where, note="", cpu=
         planned = {phase: p.total(phase, cfg.rl_config.swap) for phase in p.phases}
     return MemoryPolicy(setting=setting, set_by=set_by, planned=tuple(planned.items()),
                         peak=max(planned.values()), available=available, margin=MARGIN, where=where, note=note,
-                        **{k: bool(v) for k, v in switches.items()}, **MemoryPolicy.update_settings(cfg))
+                        **{k: bool(v) for k, v in switches.items()}, layers=mcfg.num_hidden_layers,
+                        **MemoryPolicy.update_settings(cfg))
 
 
 def choose(cfg: GRPOConfig, mcfg: Qwen2Config, device_target: str = "CPU", one_device: bool = True,

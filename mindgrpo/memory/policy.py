@@ -48,6 +48,10 @@ SAVERS: Dict[str, Tuple[str, float]] = {
 # measured, so 1.0 (auto keeps every layer recomputing there)
 KEPT_LAYER_TIME = {"lora": 0.80, "full": 1.0}
 RECOMPUTED_LAYER_TIME = {"lora": 1.15, "full": 1.11}
+# the update's share of a step, to weigh update_layers_time into the step's time: in the issue-20 step at 24 layers
+# (benchmarks/results/lora_step_24_layers.md) LoRA's update was 63.5 of 129.8 s (0.49), full fine-tuning's 109.2 of
+# 183.8 (0.59)
+UPDATE_SHARE = 0.5
 
 
 def update_layers_time(recompute_num_layers, layers: int, lora: bool) -> float:
@@ -60,9 +64,10 @@ def update_layers_time(recompute_num_layers, layers: int, lora: bool) -> float:
     return (n * RECOMPUTED_LAYER_TIME[kind] + (layers - n) * KEPT_LAYER_TIME[kind]) / layers
 
 
-def relative_time(on) -> float:
-    """The step's planned time relative to every saver off, for the savers named in `on`."""
-    return math.prod(SAVERS[name][1] for name in on)
+def relative_time(on, update_time: float = 1.0) -> float:
+    """The step's planned time relative to every saver off, for the savers named in `on`; update_time: the layerwise
+    update's decoder-layer time against every layer recomputing (`update_layers_time`), weighed by UPDATE_SHARE."""
+    return math.prod(SAVERS[name][1] for name in on) * (1.0 - UPDATE_SHARE * (1.0 - update_time))
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ class MemoryPolicy:
     head_rows: int = 0
     recompute_num_layers: Optional[int] = None
     recompute_by: str = "user"  # who set recompute_num_layers: "user" (the config's value) or the setting
+    layers: int = 0  # the model's decoder layers (0: not known) and whether LoRA trains: what the kept layers save
+    lora: bool = False
 
     @classmethod
     def from_switches(cls, switches: Dict[str, bool | None], setting: str = "speed", **update) -> "MemoryPolicy":
@@ -101,10 +108,10 @@ class MemoryPolicy:
 
     @staticmethod
     def update_settings(cfg) -> Dict[str, object]:
-        """recompute, head_rows and recompute_num_layers as `cfg` (a GRPOConfig) sets them."""
+        """recompute, head_rows, recompute_num_layers and lora as `cfg` (a GRPOConfig) sets them."""
         actor = cfg.actor_config
         return dict(recompute=actor.recompute, head_rows=actor.head_rows_per_graph,
-                    recompute_num_layers=actor.recompute_num_layers)
+                    recompute_num_layers=actor.recompute_num_layers, lora=actor.lora_rank > 0)
 
     @classmethod
     def of_config(cls, cfg) -> "MemoryPolicy":
@@ -119,6 +126,13 @@ class MemoryPolicy:
     @property
     def on(self) -> Tuple[str, ...]:
         return tuple(k for k in SAVERS if getattr(self, k))
+
+    @property
+    def step_time(self) -> float:
+        """The planned step time against every saver off (`relative_time`), with the kept layers of a layerwise
+        update (recompute_num_layers below the model's layers) counted."""
+        update = update_layers_time(self.recompute_num_layers, self.layers, self.lora) if self.layerwise_update else 1.0
+        return relative_time(self.on, update)
 
     @property
     def fits(self) -> bool:
@@ -155,7 +169,7 @@ class MemoryPolicy:
             lines.append(f"  planned peak {self.peak / gib:.2f} GiB: "
                          + ("fits" if self.fits else "does NOT fit")
                          + (f" in {(1 - self.margin) * self.available / gib:.1f} GiB" if self.available else "")
-                         + f"; step time ~{relative_time(self.on):.2f}x the fastest")
+                         + f"; step time ~{self.step_time:.2f}x the fastest")
         if self.note:
             lines.append(f"  {self.note}")
         return "\n".join(lines)

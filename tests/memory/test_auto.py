@@ -1,6 +1,7 @@
 """rl_config.memory (mindgrpo/memory/auto.py): the memory savers chosen from the plan, the user's switches kept,
 the resolved policy handed to the engine, the updater and the scorer."""
 
+import dataclasses
 import os
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 from mindgrpo.config import ConfigError, GRPOConfig, load_config
 from mindgrpo.memory.auto import MARGIN, apply, choose, host_available
 from mindgrpo.memory.plan import plan
-from mindgrpo.memory.policy import SAVERS, MemoryPolicy, update_layers_time
+from mindgrpo.memory.policy import SAVERS, MemoryPolicy, relative_time, update_layers_time
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.presets import resolve_model_config
 
@@ -85,6 +86,14 @@ def test_auto_keeps_the_activations_of_as_many_lora_layers_as_fit_where_that_is_
     peak = {k: plan(apply(cfg, {**p13.overrides(), "actor_config.recompute_num_layers": k}), m).cpu_peak(False)
             for k in (13, 14)}
     assert peak[13] > (1 - MARGIN) * room >= peak[14]
+    # the block's step time counts the kept layers: faster than the same savers with every layer recomputing, and
+    # full fine-tuning's (no kept layer measured faster) the same either way
+    recomputing = dataclasses.replace(p, recompute_num_layers=None)
+    assert p.step_time < recomputing.step_time == relative_time(p.on)
+    assert f"step time ~{p.step_time:.2f}x" in p.summary() and p.step_time != pytest.approx(recomputing.step_time)
+    full, _ = load("qwen2_5_0_5b", "actor_config.layerwise_update=true", "actor_config.recompute_num_layers=0")
+    kept_full = choose(full, m, available=24 * GiB)
+    assert kept_full.recompute_num_layers == 0 and kept_full.step_time == relative_time(kept_full.on)
 
 
 def test_speed_and_low_and_the_users_switches_win():
