@@ -73,9 +73,10 @@ def fuse_layer(layer, w):
     qkv = ops.concat((w[2] * q_scale, w[3], w[4]), 0).transpose(1, 0) * w[0].reshape(-1, 1)  # (H, (nh+2nkv)d)
     w13 = ops.concat((w[6], w[7]), 0).transpose(1, 0) * w[1].reshape(-1, 1)  # (H, 2I)
     rest = (w[5].transpose(1, 0).astype(dt), w13.astype(dt), w[8].transpose(1, 0).astype(dt))
-    if not att.wq.has_bias:
+    bs = layer.bias_slots
+    if not bs:
         return (qkv.astype(dt),) + rest
-    b = ops.concat((w[9] * q_scale, w[10], w[11]), 0)
+    b = ops.concat((w[bs[0]] * q_scale, w[bs[1]], w[bs[2]]), 0)
     return (qkv.astype(dt), b.astype(dt)) + rest
 
 

@@ -450,6 +450,9 @@ class DecoderLayer(nn.Cell):
         self.attention = Attention(cfg, rng, layers)
         self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.feed_forward = MLP(cfg, rng, layers)
+        # where `weights()` holds the q/k/v biases (attention_bias) and the q/k norms (qk_norm): () without them
+        self.bias_slots = (9, 10, 11) if cfg.attention_bias else ()
+        self.norm_slots = (9 + len(self.bias_slots), 10 + len(self.bias_slots)) if cfg.qk_norm else ()
 
     def construct(self, x, cos, sin, bias, flash=None, drop=None):
         """drop: the layer's LoRA dropout key (`models/lora_dropout.layer_key`; the training graphs) or None."""
@@ -468,9 +471,9 @@ class DecoderLayer(nn.Cell):
         att, mlp = self.attention, self.feed_forward
         out = (self.attention_norm.weight, self.ffn_norm.weight, att.wq.weight, att.wk.weight, att.wv.weight,
                att.wo.weight, mlp.w1.weight, mlp.w3.weight, mlp.w2.weight)
-        if att.wq.has_bias:
+        if self.bias_slots:
             out += (att.wq.bias, att.wk.bias, att.wv.bias)
-        if att.qk_norm:
+        if self.norm_slots:
             out += (att.q_norm.weight, att.k_norm.weight)
         return out
 
@@ -521,11 +524,10 @@ class DecoderLayer(nn.Cell):
         the same ops, so that one compiled graph runs every layer (`mindgrpo/grpo/layerwise.py`). segments (B, S):
         `construct_blocks`'s attention instead of the bias's (forward only: the reward scorer). drop: the layer's LoRA
         dropout key (an int32 scalar input: `models/lora_dropout.layer_key` of this layer's index) or None."""
-        att = self.attention
-        qkv_bias = (w[9], w[10], w[11]) if att.wq.has_bias else (None, None, None)
+        att, bs, ns = self.attention, self.bias_slots, self.norm_slots
         # positive indices only: a negative one into a mutable tuple reads garbage on MindSpore 2.10's CPU
-        norms_at = 12 if att.wq.has_bias else 9
-        qk_norms = (w[norms_at], w[norms_at + 1]) if att.qk_norm else None
+        qkv_bias = (w[bs[0]], w[bs[1]], w[bs[2]]) if bs else (None, None, None)
+        qk_norms = (w[ns[0]], w[ns[1]]) if ns else None
         ad = self._adapters(lora)
         x = x + att.apply(self.attention_norm.apply(x, w[0]), cos, sin, bias, w[2], w[3], w[4], w[5], qkv_bias,
                           qk_norms, ad[:4], segments, drop)

@@ -32,7 +32,7 @@ One device (no tensor parallelism), additive-bias attention. Shapes use the voca
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List
 
 import mindspore as ms
 from mindspore import nn, ops
@@ -44,15 +44,6 @@ __all__ = ["SavingLayer", "LayerBackward", "accumulated", "held"]
 
 # `DecoderLayer.weights()` positions of the two norms and the seven projections
 _NORM1, _NORM2, _WQ, _WK, _WV, _WO, _W1, _W3, _W2 = range(9)
-
-
-def _layout(layer: nn.Cell) -> Tuple[tuple, tuple, int]:
-    """(positions of the q/k/v biases in weights() or (), of the q/k norms or (), number of weights)."""
-    att = layer.attention
-    bias = (9, 10, 11) if att.wq.has_bias else ()
-    at = 9 + len(bias)
-    norms = (at, at + 1) if att.qk_norm else ()
-    return bias, norms, at + len(norms)
 
 
 def _adapter_slots(layer: nn.Cell) -> tuple:
@@ -82,7 +73,7 @@ class _QKV(nn.Cell):
     def __init__(self, layer: nn.Cell, frozen: bool):
         super().__init__(auto_prefix=False)
         self.layer, self.frozen = layer, frozen
-        self.bias, _, _ = _layout(layer)
+        self.bias = layer.bias_slots
         self.slots = _adapter_slots(layer)
 
     def construct(self, x, w, lora, drop):
@@ -102,7 +93,7 @@ class _Core(nn.Cell):
     def __init__(self, layer: nn.Cell, frozen: bool):
         super().__init__(auto_prefix=False)
         self.layer, self.frozen = layer, frozen
-        _, self.norms, _ = _layout(layer)
+        self.norms = layer.norm_slots
 
     def construct(self, q, k, v, cos, sin, bias, w):
         w = held(w, self.frozen)
@@ -187,7 +178,7 @@ def accumulated(layer: nn.Cell, lora: bool) -> List[int]:
     """The positions, in `weights()` (lora False) or `lora_weights()` (True), of what `LayerBackward` adds to
     its accumulators, in the accumulators' order: every weight, or every adapter's A and B."""
     if not lora:
-        return list(range(_layout(layer)[2]))
+        return list(range(len(layer.weights())))
     return [s + j for s in _adapter_slots(layer) if s >= 0 for j in (0, 1)]
 
 
@@ -202,7 +193,7 @@ class LayerBackward(nn.Cell):
         self.p = _Pieces(layer, lora)
         self.lora = lora
         self.grad = ops.GradOperation(get_all=True, sens_param=True)
-        bias, norms, n = _layout(layer)
+        bias, norms = layer.bias_slots, layer.norm_slots
         slots = _adapter_slots(layer)
         # the weights (or adapters' A, B) each piece differentiates, as positions in w (or lora)
         if lora:
