@@ -92,6 +92,8 @@ INERT_UNLESS = (
      "has no effect without rl_config.dynamic_sampling"),
     ("actor_config.packed_attention", lambda c: c.actor_config.packing,
      "applies to packed rows only; it has no effect without actor_config.packing"),
+    ("actor_config.shared_prefix", lambda c: c.actor_config.packing,
+     "applies to packed rows only; it has no effect without actor_config.packing"),
     ("actor_config.min_lr", lambda c: c.actor_config.lr_schedule != "constant",
      "is the floor of a decaying lr_schedule; it has no effect with lr_schedule 'constant'"),
     ("actor_config.head_rows_per_graph", lambda c: may_be_on(c, c.actor_config.layerwise_update),

@@ -323,6 +323,10 @@ class ActorConfig:
     # how packed rows keep samples apart: "mask" (a block-diagonal causal bias, any device) or "flash"
     # (Ascend's flash_attention_score in its TND layout; not available on CPU)
     packed_attention: Literal["mask", "flash"] = "mask"
+    # packed rows with a group's prompt once: the samples of a prompt in one run, each response after the prompt
+    # seeing it and itself (mindgrpo/grpo/packing.py "shared"): the same log-probs and update, the prompt's tokens
+    # scored once a group instead of once a sample (the update and the reference pass); needs packed_attention mask
+    shared_prefix: bool = False
     # LoRA, PEFT's method and names (docs/lora.md). > 0: adapters of this rank on lora_target_modules train and
     # the weights stay (AdamW moments and gradient buffers for the adapters alone; with rl_config.beta > 0 the
     # reference is the policy with its adapters off, no copy). 0: full fine-tuning
@@ -340,6 +344,8 @@ class ActorConfig:
                             "head_rows_per_graph")
         check(not self.packing or self.max_tokens_per_micro_batch > 0, "packing",
               "needs max_tokens_per_micro_batch > 0 (the tokens of a micro-batch's packed rows)")
+        check(not self.shared_prefix or self.packed_attention == "mask", "shared_prefix",
+              "needs packed_attention mask (the flash kernel's runs cannot share a prompt)")
         for key in ("adam_beta1", "adam_beta2"):
             check(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
         check(self.adam_eps > 0, "adam_eps", f"must be > 0, got {self.adam_eps}")

@@ -60,17 +60,17 @@ class Scorer:
 
     def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0, chunk: int = 0,
                  pipeline: Optional[Pipeline] = None, max_tokens: int = 0, packing: bool = False,
-                 attention: str = "mask", layerwise: bool = False):
+                 attention: str = "mask", layerwise: bool = False, shared_prefix: bool = False):
         self.lm = lm
         self.pipe = pipeline or Pipeline()
-        self.batching = Batching(micro_batch_size, max_tokens, packing, attention)
+        self.batching = Batching(micro_batch_size, max_tokens, packing, attention, shared_prefix=shared_prefix)
         if layerwise and (self.batching.layout != "rows" or not (self.pipe.first and self.pipe.last)):
             raise ValueError("layerwise scoring takes right-padded rows on one pipeline stage (no token budget)")
         self.temperature, self.chunk, self.layerwise = temperature, chunk, layerwise
         self._build()
 
     def _build(self) -> None:
-        lm, attention = self.lm, self.batching.attention
+        lm, attention = self.lm, self.batching.graph_attention
         self.stage = self.graph = None
         if self.layerwise:
             self.graph = LayerwiseLogProbs(lm, with_entropy=False, temperature=self.temperature, chunk=self.chunk)
@@ -163,7 +163,7 @@ class PolicyUpdater:
 
     def _build(self) -> None:
         """The training graphs (not yet compiled: each compiles at its first call)."""
-        lm, pipe, attention = self.lm, self.pipe, self.batching.attention
+        lm, pipe, attention = self.lm, self.pipe, self.batching.graph_attention
         self.step_graph = self.stage = self.stage_grad = None
         if self.layerwise:  # a host loop over one compiled decoder-layer graph
             policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, from_hidden=True)

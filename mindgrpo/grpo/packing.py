@@ -12,6 +12,13 @@ micro-batches (`Batching`; `actor_config.max_tokens_per_micro_batch` is T):
     packed   samples placed, longest first, into the first row of length L (the longest sample
              rounded up) that has room for them; the rows split evenly into micro-batches of at most
              floor(T / L) rows. Several samples per row, each attending only to itself
+    shared   packed, with the samples of a prompt (GRPO's group, consecutive samples with the same prompt
+             tokens) as one run: the prompt once, then each response at the positions after the prompt,
+             seeing the prompt and itself (actor_config.shared_prefix); a group longer than T is cut into
+             runs that each carry the prompt. The same log-probs as one sample a row, the prompt's tokens
+             run once a run instead of once a sample. runs = segment | prefix << 16 (the segment a token
+             also sees: its prompt's), for `models.scoring.prefix_bias`. Its L is any multiple of `step`
+             up to T (`shape_bound` with max_len T)
 
 Budget and packed micro-batches are fed alike (a row holding one sample is a packed row):
 
@@ -74,6 +81,7 @@ class Batching:
     packing: bool = False  # several samples per row (needs max_tokens)
     attention: str = "mask"  # how packed rows keep samples apart: mask | flash (models.scoring.PACKED_ATTENTION)
     step: int = 32  # lengths are rounded up to multiples of this
+    shared_prefix: bool = False  # packed: the samples of a prompt in one run, the prompt once (layout "shared")
 
     def __post_init__(self):
         if self.micro_batch_size < 1 or self.step < 1 or self.max_tokens < 0:
@@ -82,10 +90,17 @@ class Batching:
             raise ValueError(f"unknown packed attention {self.attention!r}; valid: mask, flash")
         if self.packing and self.max_tokens == 0:
             raise ValueError("packing needs a token budget (max_tokens_per_micro_batch > 0)")
+        if self.shared_prefix and not (self.packing and self.attention == "mask"):
+            raise ValueError("a shared prefix needs packed rows with the mask attention")
 
     @property
     def layout(self) -> str:
-        return "packed" if self.packing else "budget" if self.max_tokens else "rows"
+        return "shared" if self.shared_prefix else "packed" if self.packing else "budget" if self.max_tokens else "rows"
+
+    @property
+    def graph_attention(self) -> str:
+        """What the scoring graphs take (`models.scoring.GRAPH_ATTENTION`): the shared layout's runs are prefix runs."""
+        return "prefix" if self.shared_prefix else self.attention
 
     @property
     def by_tokens(self) -> bool:
@@ -147,7 +162,7 @@ def shape_bound(max_len: int, budget: int, max_samples: int, step: int, packing:
 
 
 # ---------------------------------------------------------------------------------------
-# the three layouts
+# the layouts
 # ---------------------------------------------------------------------------------------
 
 
@@ -212,6 +227,111 @@ def packed_micro_batches(exp: Experience, batching: Batching) -> List[MicroBatch
     return _uniform(exp, groups, width, len(groups[0]), batching, exact=False)
 
 
+def prompt_groups(exp: Experience, order) -> List[List[int]]:
+    """The samples of `order` cut into runs of consecutive samples (in the experience's order) whose prompts are the
+    same tokens: GRPO's groups, whole or as the step left them."""
+    groups: List[List[int]] = []
+    for s in sorted(int(s) for s in order):
+        if groups:
+            last = groups[-1][-1]
+            n = int(exp.prompt_lens[s])
+            if n == int(exp.prompt_lens[last]) and np.array_equal(exp.input_ids[s, :n], exp.input_ids[last, :n]):
+                groups[-1].append(s)
+                continue
+        groups.append([s])
+    return groups
+
+
+@LAYOUTS.register("shared")
+def shared_micro_batches(exp: Experience, batching: Batching) -> List[MicroBatch]:
+    """`packed`, with the samples of a prompt (`prompt_groups`) as one run: the prompt once, then each response at
+    the positions after the prompt, seeing the prompt and itself (runs of `models.scoring.prefix_bias`). Runs placed
+    longest first into the first row with room, the rows split as packed's."""
+    order, _ = _trained(exp)
+    if not len(order):
+        return []
+    groups = _within(exp, prompt_groups(exp, order), batching)
+    sizes = [int(exp.prompt_lens[g[0]] + sum(exp.response_lens[s] for s in g)) for g in groups]
+    runs = sorted(range(len(groups)), key=lambda k: -sizes[k])
+    width = round_up(sizes[runs[0]], batching.step)
+    if width > batching.max_tokens:
+        raise ValueError(f"a prompt's samples take {sizes[runs[0]]} tokens (padded to {width}), more than a micro-batch "
+                         f"of max_tokens_per_micro_batch = {batching.max_tokens}; raise it to at least {width}")
+    rows, free = [], []
+    for k in runs:
+        i = next((i for i, room in enumerate(free) if room >= sizes[k]), len(rows))
+        if i == len(rows):
+            rows.append([])
+            free.append(width)
+        rows[i].append(groups[k])
+        free[i] -= sizes[k]
+    parts = _even(rows, batching.max_tokens // width)
+    most = max(sum(len(g) for row in part for g in row) for part in parts)
+    scored = max(int(sum(exp.response_lens[s] for row in part for g in row for s in g)) for part in parts)
+    n, n_tok = pow2(most), bucket_tokens(max(scored, 1), batching.step)
+    return [_shared(exp, part, width, len(parts[0]), n, n_tok) for part in parts]
+
+
+def _within(exp: Experience, groups: List[List[int]], batching: Batching) -> List[List[int]]:
+    """Each group cut, in order, into runs that fit the budget (rounded up to the step), each run with the prompt."""
+    out = []
+    for g in groups:
+        p = int(exp.prompt_lens[g[0]])
+        run, size = [], p
+        for s in g:
+            m = int(exp.response_lens[s])
+            if run and round_up(size + m, batching.step) > batching.max_tokens:
+                out.append(run)
+                run, size = [], p
+            run.append(s)
+            size += m
+        out.append(run)
+    return out
+
+
+def _feed_arrays(exp: Experience, width: int, n_rows: int, n: int, n_tok: int) -> tuple:
+    """A packed micro-batch's arrays, empty: ids, positions, runs (rows, width); tokens, labels (n_tok,); slots (n, R)
+    all n_tok (past every sample's response)."""
+    rows = tuple(np.zeros((n_rows, width), np.int32) for _ in range(3))
+    return rows + (np.zeros(n_tok, np.int32), np.zeros(n_tok, np.int32),
+                   np.full((n, exp.labels.shape[1]), n_tok, np.int32))
+
+
+def _shared(exp: Experience, rows, width: int, n_rows: int, n: int, n_tok: int) -> MicroBatch:
+    """`_packed` for rows of prompt groups (lists of lists of samples): runs of `models.scoring.prefix_bias`."""
+    from mindgrpo.models.scoring import PREFIX_SHIFT  # here, not at the top: this module stays numpy
+
+    samples = np.array([s for row in rows for g in row for s in g], np.int64)
+    ids, positions, runs, tokens, labels, slots = _feed_arrays(exp, width, n_rows, n, n_tok)
+    k = cursor = 0
+    for r, row in enumerate(rows):
+        start, seg = 0, 0
+        for g in row:
+            p = int(exp.prompt_lens[g[0]])
+            seg += 1
+            prompt_seg, prompt_at = seg, start
+            ids[r, start:start + p] = exp.input_ids[g[0], :p]
+            positions[r, start:start + p] = np.arange(p)
+            runs[r, start:start + p] = prompt_seg | prompt_seg << PREFIX_SHIFT
+            start += p
+            for s in g:
+                m = int(exp.response_lens[s])
+                seg += 1
+                ids[r, start:start + m] = exp.input_ids[s, p:p + m]
+                positions[r, start:start + m] = np.arange(p, p + m)
+                runs[r, start:start + m] = seg | prompt_seg << PREFIX_SHIFT
+                # sequence position q of the sample: the prompt's for q < p, else this response's
+                q = exp.score_pos[s, :m]
+                tokens[cursor:cursor + m] = r * width + np.where(q < p, prompt_at + q, start + q - p)
+                labels[cursor:cursor + m] = exp.labels[s, :m]
+                slots[k, :m] = np.arange(cursor, cursor + m)
+                start += m
+                cursor += m
+                k += 1
+    part = exp.select(samples).padded(n)
+    return MicroBatch(samples, part, ids, (positions, runs, tokens, labels, slots), (positions, runs))
+
+
 def _even(rows: list, cap: int) -> list:
     """rows cut into the fewest groups of at most cap, as even as consecutive slices allow (the first
     ones the largest)."""
@@ -235,13 +355,7 @@ def _packed(exp: Experience, rows: List[List[int]], width: int, n_rows: int, n: 
     """The feed of samples laid out in `rows` (lists of sample indices) of `width` tokens, with
     n_rows rows in all (the rest empty), n sample slots and n_tok scored-token slots."""
     samples = np.array([s for row in rows for s in row], np.int64)
-    ids = np.zeros((n_rows, width), np.int32)
-    positions = np.zeros((n_rows, width), np.int32)
-    segments = np.zeros((n_rows, width), np.int32)
-    r_len = exp.labels.shape[1]
-    tokens = np.zeros(n_tok, np.int32)
-    labels = np.zeros(n_tok, np.int32)
-    slots = np.full((n, r_len), n_tok, np.int32)
+    ids, positions, segments, tokens, labels, slots = _feed_arrays(exp, width, n_rows, n, n_tok)
     ends = []  # the runs' cumulative ends in rows * width (flash attention)
     k = cursor = 0
     for r, row in enumerate(rows):

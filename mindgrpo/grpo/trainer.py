@@ -128,7 +128,7 @@ class GRPOTrainer:
         # micro-batches (mindgrpo/grpo/packing.py): the update and the old log-probs by actor_config, the reference
         # pass by its own budget
         batching = dict(max_tokens=actor.max_tokens_per_micro_batch, packing=actor.packing,
-                        attention=actor.packed_attention)
+                        attention=actor.packed_attention, shared_prefix=actor.shared_prefix)
         # old log-probs: the rollout engine's (old_logprobs_from_rollout), else a scoring pass when the
         # policy changes between the rollout and an update, else the update's own with the gradient stopped
         self.updater = PolicyUpdater(

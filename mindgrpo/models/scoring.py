@@ -37,10 +37,32 @@ def segment_bias(segments):
     return (elsewhere.astype(ms.float32) * NEG_INF).reshape(b, 1, s, s)
 
 
+# shared-prefix runs (`packing`'s "shared" layout): a token's segment in the low 16 bits, in the high ones the segment
+# it also sees (its group's prompt for a response token, its own for a prompt token)
+PREFIX_SHIFT = 16
+
+
+def prefix_bias(runs):
+    """runs (B, S) int32 = segment | prefix << PREFIX_SHIFT -> (B, 1, S, S) additive: 0 where the key is at or before
+    the query and in the query's segment or its prefix (a response sees its group's prompt and itself), NEG_INF
+    elsewhere; built as `segment_bias`."""
+    b, s = runs.shape
+    seg = ops.bitwise_and(runs, (1 << PREFIX_SHIFT) - 1)
+    pre = ops.bitwise_right_shift(runs, PREFIX_SHIFT)
+    key = seg.reshape(b, 1, s)
+    own = ops.broadcast_to(seg.reshape(b, s, 1), (b, s, s)) != key
+    other = ops.broadcast_to(pre.reshape(b, s, 1), (b, s, s)) != key
+    after = (ops.arange(s).reshape(s, 1) < ops.arange(s).reshape(1, s)).reshape(1, s, s)  # the key follows the query
+    elsewhere = ops.logical_or(ops.logical_and(own, other), after)  # (B, S, S) bool
+    return (elsewhere.astype(ms.float32) * NEG_INF).reshape(b, 1, s, s)
+
+
 # How packed rows keep samples apart (`mindgrpo/grpo/packing.py` makes the matching runs input):
 #   mask   an additive block-diagonal causal bias built from segments (B, S); every device
 #   flash  Ascend's flash_attention_score in its TND layout, given the runs' cumulative ends (K,)
 PACKED_ATTENTION = ("mask", "flash")
+# and what the graphs also take: prefix, the shared-prefix runs' bias (`prefix_bias`; not a user's option: the layout's)
+GRAPH_ATTENTION = PACKED_ATTENTION + ("prefix",)
 
 
 class StageHidden(nn.Cell):
@@ -54,11 +76,11 @@ class StageHidden(nn.Cell):
 
     def __init__(self, lm: Qwen2ForCausalLM, attention: str = "mask", dropout: bool = False):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        if attention not in PACKED_ATTENTION:
-            raise ValueError(f"unknown packed attention {attention!r}; valid: {', '.join(PACKED_ATTENTION)}")
+        if attention not in GRAPH_ATTENTION:
+            raise ValueError(f"unknown packed attention {attention!r}; valid: {', '.join(GRAPH_ATTENTION)}")
         self.lm = lm
         self.dropout = dropout
-        self.flash = attention == "flash"
+        self.flash, self.prefix = attention == "flash", attention == "prefix"
         if self.flash:  # the kernel's compressed causal mask (sparse_mode 3): 1 above the diagonal
             self.causal = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
 
@@ -74,7 +96,8 @@ class StageHidden(nn.Cell):
         ends in B*S (K,) (flash) -> (B, S, H). drop: the LoRA dropout key or None."""
         if self.flash:
             return self.lm.hidden_states(inputs, positions, None, (runs, self.causal), drop)
-        return self.lm.hidden_states(inputs, positions, segment_bias(runs), None, drop)
+        bias = prefix_bias(runs) if self.prefix else segment_bias(runs)
+        return self.lm.hidden_states(inputs, positions, bias, None, drop)
 
 
 class SequenceLogits(nn.Cell):

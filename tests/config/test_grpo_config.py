@@ -123,7 +123,9 @@ def test_yaml_that_sets_every_key():
               "sft_config.teacher_tool_call_rate",
               # the separate placement runs data-parallel training ranks and whole rollout replicas for now (this
               # file's parallelism refuses it): test_separate_placement_rules sets it
-              "generate_config.placement", "generate_config.partial_rollout"} \
+              "generate_config.placement", "generate_config.partial_rollout",
+              # needs packed_attention mask (this file's is flash): test_the_same_keys_where_they_take_effect sets it
+              "actor_config.shared_prefix"} \
         | set(VARIANT_SETTINGS)
     same = [k for k in loaded if loaded[k] == defaults[k] and k not in exempt and not k.startswith("synthetic_config.")]
     assert same == [], f"full_grpo.yaml leaves these at their defaults: {same}"
@@ -342,6 +344,7 @@ def test_keys_that_cannot_take_effect_are_refused(overrides, key, expected):
      "reward_config.cosine.max_len=100"],
     ["synthetic_config.template=qwen_chat"],
     ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true", "actor_config.packed_attention=flash"],
+    ["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true", "actor_config.shared_prefix=true"],
 ])
 def test_the_same_keys_where_they_take_effect(overrides):
     load_config(GRPOConfig, overrides=overrides)
@@ -385,6 +388,9 @@ def test_max_bad_steps_must_be_positive():
     (["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true", "rl_config.beta=0.04",
       "ref_config.max_tokens_per_micro_batch=0"], "ref_config.max_tokens_per_micro_batch': must be > 0 .* packs too"),
     (["actor_config.packed_attention=flash"], "actor_config.packed_attention': applies to packed rows only"),
+    (["actor_config.shared_prefix=true"], "actor_config.shared_prefix': applies to packed rows only"),
+    (["actor_config.max_tokens_per_micro_batch=1024", "actor_config.packing=true", "actor_config.packed_attention=flash",
+      "actor_config.shared_prefix=true"], "actor_config.shared_prefix': needs packed_attention mask"),
 ])
 def test_token_budget_and_packing_keys_are_checked(overrides, message):
     with pytest.raises(ConfigError, match=message):
