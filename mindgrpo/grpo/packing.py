@@ -317,6 +317,8 @@ def _shared(exp: Experience, rows, width: int, n_rows: int, n: int, n_tok: int) 
             for s in g:
                 m = int(exp.response_lens[s])
                 seg += 1
+                if seg >= 1 << (31 - PREFIX_SHIFT):  # prefix << PREFIX_SHIFT must stay a positive int32
+                    raise ValueError(f"a row of {seg} runs: at most {(1 << (31 - PREFIX_SHIFT)) - 1} with a shared prefix")
                 ids[r, start:start + m] = exp.input_ids[s, p:p + m]
                 positions[r, start:start + m] = np.arange(p, p + m)
                 runs[r, start:start + m] = seg | prompt_seg << PREFIX_SHIFT
