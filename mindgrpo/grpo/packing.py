@@ -255,8 +255,9 @@ def shared_micro_batches(exp: Experience, batching: Batching) -> List[MicroBatch
     runs = sorted(range(len(groups)), key=lambda k: -sizes[k])
     width = round_up(sizes[runs[0]], batching.step)
     if width > batching.max_tokens:
-        raise ValueError(f"a prompt's samples take {sizes[runs[0]]} tokens (padded to {width}), more than a micro-batch "
-                         f"of max_tokens_per_micro_batch = {batching.max_tokens}; raise it to at least {width}")
+        raise ValueError(f"a prompt's samples take {sizes[runs[0]]} tokens (padded to {width}), more than a "
+                         f"micro-batch of max_tokens_per_micro_batch = {batching.max_tokens}; raise it to at least "
+                         f"{width}")
     rows, free = [], []
     for k in runs:
         i = next((i for i, room in enumerate(free) if room >= sizes[k]), len(rows))
@@ -317,8 +318,9 @@ def _shared(exp: Experience, rows, width: int, n_rows: int, n: int, n_tok: int) 
             for s in g:
                 m = int(exp.response_lens[s])
                 seg += 1
-                if seg >= 1 << (31 - PREFIX_SHIFT):  # prefix << PREFIX_SHIFT must stay a positive int32
-                    raise ValueError(f"a row of {seg} runs: at most {(1 << (31 - PREFIX_SHIFT)) - 1} with a shared prefix")
+                most = (1 << (31 - PREFIX_SHIFT)) - 1  # prefix << PREFIX_SHIFT must stay a positive int32
+                if seg > most:
+                    raise ValueError(f"a row of {seg} runs: at most {most} with a shared prefix")
                 ids[r, start:start + m] = exp.input_ids[s, p:p + m]
                 positions[r, start:start + m] = np.arange(p, p + m)
                 runs[r, start:start + m] = seg | prompt_seg << PREFIX_SHIFT
