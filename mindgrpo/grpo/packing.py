@@ -214,17 +214,22 @@ def packed_micro_batches(exp: Experience, batching: Batching) -> List[MicroBatch
     if not len(order):
         return []
     width = _fits(lengths[order[0]], batching)
-    rows, free = [], []  # first fit, longest first
-    for s in order:
-        need = int(lengths[s])
+    rows = _first_fit([int(s) for s in order], [int(lengths[s]) for s in order], width)
+    groups = _even(rows, batching.max_tokens // width)
+    return _uniform(exp, groups, width, len(groups[0]), batching, exact=False)
+
+
+def _first_fit(items: list, sizes: List[int], width: int) -> List[list]:
+    """items (longest first) with their sizes, each into the first row of `width` with room for it."""
+    rows, free = [], []
+    for item, need in zip(items, sizes):
         k = next((k for k, room in enumerate(free) if room >= need), len(rows))
         if k == len(rows):
             rows.append([])
             free.append(width)
-        rows[k].append(int(s))
+        rows[k].append(item)
         free[k] -= need
-    groups = _even(rows, batching.max_tokens // width)
-    return _uniform(exp, groups, width, len(groups[0]), batching, exact=False)
+    return rows
 
 
 def prompt_groups(exp: Experience, order) -> List[List[int]]:
@@ -258,18 +263,9 @@ def shared_micro_batches(exp: Experience, batching: Batching) -> List[MicroBatch
         raise ValueError(f"a prompt's samples take {sizes[runs[0]]} tokens (padded to {width}), more than a "
                          f"micro-batch of max_tokens_per_micro_batch = {batching.max_tokens}; raise it to at least "
                          f"{width}")
-    rows, free = [], []
-    for k in runs:
-        i = next((i for i, room in enumerate(free) if room >= sizes[k]), len(rows))
-        if i == len(rows):
-            rows.append([])
-            free.append(width)
-        rows[i].append(groups[k])
-        free[i] -= sizes[k]
+    rows = _first_fit([groups[k] for k in runs], [sizes[k] for k in runs], width)
     parts = _even(rows, batching.max_tokens // width)
-    most = max(sum(len(g) for row in part for g in row) for part in parts)
-    scored = max(int(sum(exp.response_lens[s] for row in part for g in row for s in g)) for part in parts)
-    n, n_tok = pow2(most), bucket_tokens(max(scored, 1), batching.step)
+    n, n_tok = _slots(exp, [[[s for g in row for s in g] for row in part] for part in parts], batching, exact=False)
     return [_shared(exp, part, width, len(parts[0]), n, n_tok) for part in parts]
 
 
@@ -347,11 +343,16 @@ def _uniform(exp: Experience, groups: List[List[List[int]]], width: int, n_rows:
              exact: bool) -> List[MicroBatch]:
     """Micro-batches of one shape: each group's rows (lists of samples) in n_rows rows of `width`, n
     the most samples of a group (exact, else rounded up to a power of two), N the most scored tokens."""
-    most = max(sum(len(row) for row in rows) for rows in groups)
-    n = most if exact else pow2(most)
-    scored = max(int(sum(exp.response_lens[s] for row in rows for s in row)) for rows in groups)
-    n_tok = bucket_tokens(max(scored, 1), batching.step)
+    n, n_tok = _slots(exp, groups, batching, exact)
     return [_packed(exp, rows, width, n_rows, n, n_tok, batching) for rows in groups]
+
+
+def _slots(exp: Experience, groups: List[List[List[int]]], batching: Batching, exact: bool) -> Tuple[int, int]:
+    """(n, N) of micro-batches whose rows (lists of samples) are `groups`: n the most samples of a micro-batch
+    (exact, else rounded up to a power of two), N its most scored tokens bucketed (`bucket_tokens`)."""
+    most = max(sum(len(row) for row in rows) for rows in groups)
+    scored = max(int(sum(exp.response_lens[s] for row in rows for s in row)) for rows in groups)
+    return (most if exact else pow2(most)), bucket_tokens(max(scored, 1), batching.step)
 
 
 def _packed(exp: Experience, rows: List[List[int]], width: int, n_rows: int, n: int, n_tok: int,

@@ -22,18 +22,22 @@ def positions(b: int, s: int):
     return ops.arange(s).astype(ms.int32).reshape(1, s).broadcast_to((b, s))
 
 
-def segment_bias(segments):
+def segment_bias(segments, prefixes=None):
     """segments (B, S) int32, the sample each token of a packed row belongs to -> (B, 1, S, S)
     additive: 0 where the key is at or before the query and in the same sample, NEG_INF elsewhere.
+    prefixes (B, S) int32 or None: a segment each token also sees (`prefix_bias`).
 
     Built as (key elsewhere) cast to fp32 times NEG_INF (-0.0 where kept: adding it changes no
     score), one side's broadcast explicit. A differentiated graph over packed rows so holds 4.6 bytes
     per (B, S, S) element beyond the padded one's (the bias and its bool mask); `ops.where(keep, 0.0,
     NEG_INF)` over both sides broadcast held 27 (`tests/grpo/test_packing.py`)."""
     b, s = segments.shape
-    query = ops.broadcast_to(segments.reshape(b, s, 1), (b, s, s))
+    key = segments.reshape(b, 1, s)
+    other = ops.broadcast_to(segments.reshape(b, s, 1), (b, s, s)) != key
+    if prefixes is not None:
+        other = ops.logical_and(other, ops.broadcast_to(prefixes.reshape(b, s, 1), (b, s, s)) != key)
     after = (ops.arange(s).reshape(s, 1) < ops.arange(s).reshape(1, s)).reshape(1, s, s)  # the key follows the query
-    elsewhere = ops.logical_or(query != segments.reshape(b, 1, s), after)  # (B, S, S) bool
+    elsewhere = ops.logical_or(other, after)  # (B, S, S) bool
     return (elsewhere.astype(ms.float32) * NEG_INF).reshape(b, 1, s, s)
 
 
@@ -43,18 +47,9 @@ PREFIX_SHIFT = 16
 
 
 def prefix_bias(runs):
-    """runs (B, S) int32 = segment | prefix << PREFIX_SHIFT -> (B, 1, S, S) additive: 0 where the key is at or before
-    the query and in the query's segment or its prefix (a response sees its group's prompt and itself), NEG_INF
-    elsewhere; built as `segment_bias`."""
-    b, s = runs.shape
-    seg = ops.bitwise_and(runs, (1 << PREFIX_SHIFT) - 1)
-    pre = ops.bitwise_right_shift(runs, PREFIX_SHIFT)
-    key = seg.reshape(b, 1, s)
-    own = ops.broadcast_to(seg.reshape(b, s, 1), (b, s, s)) != key
-    other = ops.broadcast_to(pre.reshape(b, s, 1), (b, s, s)) != key
-    after = (ops.arange(s).reshape(s, 1) < ops.arange(s).reshape(1, s)).reshape(1, s, s)  # the key follows the query
-    elsewhere = ops.logical_or(ops.logical_and(own, other), after)  # (B, S, S) bool
-    return (elsewhere.astype(ms.float32) * NEG_INF).reshape(b, 1, s, s)
+    """runs (B, S) int32 = segment | prefix << PREFIX_SHIFT -> `segment_bias` of the segments with the prefixes: a
+    response sees its group's prompt and itself."""
+    return segment_bias(ops.bitwise_and(runs, (1 << PREFIX_SHIFT) - 1), ops.bitwise_right_shift(runs, PREFIX_SHIFT))
 
 
 # How packed rows keep samples apart (`mindgrpo/grpo/packing.py` makes the matching runs input):
