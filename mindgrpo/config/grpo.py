@@ -222,9 +222,9 @@ class GRPOConfig:
                   f"{longest} tokens, got {budget}")
         check(not actor.packing or self.ref_config.max_tokens(actor) > 0, "ref_config.max_tokens_per_micro_batch",
               "must be > 0 (or null) with actor_config.packing: the reference pass packs too")
-        check(not self.ref_config.layerwise or self.ref_config.max_tokens(actor) == 0, "ref_config.layerwise",
-              "takes right-padded rows of micro_batch_size samples: set it false, or "
-              f"ref_config.max_tokens_per_micro_batch to 0 (it is {self.ref_config.max_tokens(actor)})")
+        check(not (self.ref_config.layerwise and actor.packing and actor.packed_attention == "flash"),
+              "ref_config.layerwise", "attends through an additive bias, not flash attention: set it false or "
+              "actor_config.packed_attention mask")
         for section in ("ref_config", "generate_config"):
             check(not getattr(self, section).parallel_config.optimizer_shard, f"{section}.parallel_config.optimizer_shard",
                   "only the training layout has an optimizer; set actor_config.parallel_config.optimizer_shard")

@@ -296,13 +296,13 @@ class ActorConfig:
     # the training step as a host loop over one compiled decoder-layer graph (mindgrpo/grpo/layerwise.py): each
     # layer's forward, then from the last layer to the first its forward again and its backward; the same
     # gradients, and the compiled graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime
-    # keeps them all: git show 997488e:benchmarks/results/layerwise.md). One device, right-padded rows. A memory saver (null:
-    # rl_config.memory decides)
+    # keeps them all: git show 997488e:benchmarks/results/layerwise.md). One device; any micro-batches but packed rows with
+    # flash attention. A memory saver (null: rl_config.memory decides)
     layerwise_update: Optional[bool] = None
-    # with layerwise_update: the rows of a micro-batch the final norm, vocabulary head and loss take a graph call
-    # (their buffers grow with rows x response length x vocabulary); the same loss, metrics and gradients, to
-    # rounding (a loss with top_entropy_quantile < 1 takes its quantile over one call's tokens: its head takes the
-    # whole micro-batch). 0: the whole micro-batch. (The Qwen2.5-0.5B shape, micro-batches of 4 rows of 128
+    # with layerwise_update: the rows of a micro-batch (packed rows: its samples) the final norm, vocabulary head and
+    # loss take a graph call (their buffers grow with rows x response length x vocabulary); the same loss, metrics and
+    # gradients, to rounding (a loss with top_entropy_quantile < 1 takes its quantile over one call's tokens: its head
+    # takes the whole micro-batch). 0: the whole micro-batch. (The Qwen2.5-0.5B shape, micro-batches of 4 rows of 128
     # response tokens: benchmarks/results/head_rows.md)
     head_rows_per_graph: int = 1
     # with layerwise_update: how many decoder layers, the first ones, keep only their input and run their forward
@@ -358,8 +358,8 @@ class ActorConfig:
         check(not self.layerwise_update or (par.model_parallel == 1 and par.pipeline_stage == 1), "layerwise_update",
               "runs the whole model on one device (or under data parallelism): set it false with "
               f"parallel_config.model_parallel = {par.model_parallel}, pipeline_stage = {par.pipeline_stage}")
-        check(not (self.layerwise_update and self.packing), "layerwise_update",
-              "takes right-padded rows: set it or packing false")
+        check(not (self.layerwise_update and self.packing and self.packed_attention == "flash"), "layerwise_update",
+              "attends through an additive bias, not flash attention: set it false or packed_attention mask")
         check(not (self.layerwise_update and self.recompute), "layerwise_update",
               "already runs each layer's forward again in its backward (how many layers do: recompute_num_layers): "
               "set recompute false")
@@ -393,8 +393,8 @@ class RefConfig:
     max_tokens_per_micro_batch: Optional[int] = None
     # the reference's scoring as a host loop over one compiled decoder-layer graph (mindgrpo/grpo/layerwise.py,
     # LayerwiseLogProbs), as actor_config.layerwise_update runs the update: the same log-probs, and the compiled
-    # graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime keeps them all). One device,
-    # right-padded rows (max_tokens_per_micro_batch 0). A memory saver (null: rl_config.memory decides)
+    # graphs' buffers of one layer instead of every layer's (MindSpore's CPU runtime keeps them all). One device; any
+    # micro-batches but packed rows with flash attention. A memory saver (null: rl_config.memory decides)
     layerwise: Optional[bool] = None
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
 

@@ -39,6 +39,17 @@ def hidden_shape(lm: Qwen2ForCausalLM, batches: List[MicroBatch]):
     return lambda m: batches[m].ids.shape + (lm.config.hidden_size,)
 
 
+def _check_layerwise(what: str, batching: Batching, pipe: Pipeline) -> None:
+    if not (pipe.first and pipe.last) or batching.graph_attention == "flash":
+        raise ValueError(f"{what} runs on one pipeline stage, its layer graphs attending through an additive bias "
+                         "(no flash attention)")
+
+
+def _layer_attention(batching: Batching) -> Optional[str]:
+    """The layerwise graphs' attention for batching's micro-batches: None (right-padded rows), mask or prefix."""
+    return None if batching.layout == "rows" else batching.graph_attention
+
+
 def tensors(arrays) -> tuple:
     return tuple(Tensor(a) for a in arrays)
 
@@ -56,7 +67,8 @@ class Scorer:
     max_tokens, packing, attention: token-budget micro-batches, packed rows and how they keep
     samples apart (`mindgrpo.grpo.packing`).
     layerwise: a host loop over one compiled decoder-layer graph (`mindgrpo.grpo.layerwise.LayerwiseLogProbs`):
-    the same log-probs, one layer's graph buffers instead of every layer's; one device, right-padded rows."""
+    the same log-probs, one layer's graph buffers instead of every layer's; one device, any layout but flash
+    attention's."""
 
     def __init__(self, lm: Qwen2ForCausalLM, micro_batch_size: int, temperature: float = 1.0, chunk: int = 0,
                  pipeline: Optional[Pipeline] = None, max_tokens: int = 0, packing: bool = False,
@@ -64,8 +76,8 @@ class Scorer:
         self.lm = lm
         self.pipe = pipeline or Pipeline()
         self.batching = Batching(micro_batch_size, max_tokens, packing, attention, shared_prefix=shared_prefix)
-        if layerwise and (self.batching.layout != "rows" or not (self.pipe.first and self.pipe.last)):
-            raise ValueError("layerwise scoring takes right-padded rows on one pipeline stage (no token budget)")
+        if layerwise:
+            _check_layerwise("layerwise scoring", self.batching, self.pipe)
         self.temperature, self.chunk, self.layerwise = temperature, chunk, layerwise
         self._build()
 
@@ -73,7 +85,8 @@ class Scorer:
         lm, attention = self.lm, self.batching.graph_attention
         self.stage = self.graph = None
         if self.layerwise:
-            self.graph = LayerwiseLogProbs(lm, with_entropy=False, temperature=self.temperature, chunk=self.chunk)
+            self.graph = LayerwiseLogProbs(lm, with_entropy=False, temperature=self.temperature, chunk=self.chunk,
+                                           attention=_layer_attention(self.batching))
         elif not self.pipe.last:
             self.stage = StageHidden(lm, attention)
         elif self.batching.layout == "rows":
@@ -113,7 +126,7 @@ class PolicyUpdater:
           frees intermediates in time (not MindSpore 2.10's CPU runtime: `benchmarks/recompute.py`);
         - layerwise_update: the training step as a host loop over one compiled decoder-layer graph
           (`mindgrpo.grpo.layerwise`): the same gradients, one layer's graph buffers instead of every
-          layer's; one device, right-padded rows. Without ZeRO-1 the gradient norm and AdamW's step run
+          layer's; one device, any layout but flash attention's. Without ZeRO-1 the gradient norm and AdamW's step run
           group by group too (`layerwise.LayerwiseAdamW`: bit for bit, no copy of every gradient kept);
           head_rows: the rows of a micro-batch the vocabulary head and loss take a graph call
           (`layerwise.LayerwiseGradStep`); 0 all; recompute_num_layers: how many of the first layers run their
@@ -137,8 +150,8 @@ class PolicyUpdater:
         self.buffer = GradBuffer(self.params, released=memory.release_graphs)
         self._loss_args = (detach_old, use_ref, with_entropy, temperature, chunk, old_is_training)
         layerwise = memory.layerwise_update
-        if layerwise and (self.batching.layout != "rows" or not (pipe.first and pipe.last)):
-            raise ValueError("the layerwise update takes right-padded rows on one pipeline stage (no packing)")
+        if layerwise:
+            _check_layerwise("the layerwise update", self.batching, pipe)
         self.layerwise, self.head_rows, self.recompute_num_layers = layerwise, memory.head_rows, \
             memory.recompute_num_layers
         self._build()
@@ -166,9 +179,11 @@ class PolicyUpdater:
         lm, pipe, attention = self.lm, self.pipe, self.batching.graph_attention
         self.step_graph = self.stage = self.stage_grad = None
         if self.layerwise:  # a host loop over one compiled decoder-layer graph
-            policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, from_hidden=True)
+            packed = _layer_attention(self.batching)
+            policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, packed=packed is not None,
+                                     attention=attention, from_hidden=True)
             self.step_graph = LayerwiseGradStep(policy_loss, lm, self.params, self.buffer, self.head_rows,
-                                                self.dropout, self.recompute_num_layers)
+                                                self.dropout, self.recompute_num_layers, packed)
         elif pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
             policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, packed=self.batching.layout != "rows",
                                      attention=attention, dropout=self.dropout)

@@ -25,9 +25,16 @@ first n keep their input and run SavingLayer again before their backward.
 
 A layer's weights and accumulators go in as graph inputs (a mutable tuple of the Parameters themselves:
 read and written in place, no copy and no compile per layer; `Parameter.value()` would copy each one).
-Between the calls the host holds the N layer inputs (B, S, H) (4 MB each at the 0.5B shape). One device,
-right-padded rows (no pipeline stages, tensor parallelism or packed rows: the config refuses them).
+Between the calls the host holds the N layer inputs (B, S, H) (4 MB each at the 0.5B shape). One device (no
+pipeline stages or tensor parallelism: the config refuses them).
 The gradients equal the whole graph's to rounding (a recomputed layer's forward runs twice, as with recompute).
+
+Packed rows (`grpo/packing.py`: budget, packed and shared-prefix micro-batches with the mask attention) go through the
+same layer graphs: the embed graph takes the rows' positions and runs too and makes their bias (`scoring.runs_bias`,
+(B, 1, S, S): each sample, or each response with its prompt, causal within itself), which every layer graph takes
+as it takes the causal one; the head picks the scored tokens from x_N as `scoring.PackedTokenLogProbs` does, and
+with head_rows it takes that many samples a call (their scored tokens, the whole x_N in). Not Ascend's flash
+attention: the layer graphs attend through an additive bias.
 
 `LayerwiseAdamW` runs the gradient norm and the optimizer step so: one compiled graph per kind of parameter
 group (the embedding, a decoder layer, the final norm) called for every group in the parameters' order, each
@@ -36,7 +43,8 @@ buffers kept instead of a copy of every gradient (the clipped gradient) and of t
 
 `LayerwiseLogProbs` is the no-grad scoring pass so (`ref_config.layerwise`: the reference's log-probs):
 embed, layer for i = 0 .. N-1 (only the last x kept), then the final norm and the head
-(`scoring.TokenLogProbs` from the hidden states); the same log-probs as the whole-model graph.
+(`scoring.TokenLogProbs`, or on packed rows `scoring.PackedTokenLogProbs`, from the hidden states); the same log-probs
+as the whole-model graph.
 Shapes use the vocabulary of `mindgrpo/__init__.py`.
 """
 
@@ -55,7 +63,7 @@ from mindgrpo.models.lora_dropout import host_layer_key
 from mindgrpo.models.qwen2 import LayerGraph, Qwen2ForCausalLM
 from mindgrpo.models.reductions import squared_sum
 from mindgrpo.models.saved_layer import LayerBackward, SavingLayer, held
-from mindgrpo.models.scoring import TokenLogProbs, causal_bias, positions
+from mindgrpo.models.scoring import PackedTokenLogProbs, TokenLogProbs, causal_bias, positions, runs_bias
 
 
 class _Accumulators:
@@ -77,6 +85,53 @@ class _Embed(nn.Cell):
         b, s = ids.shape
         cos, sin = self.lm.rope(positions(b, s))
         return self.lm.model.tok_embeddings(ids).astype(self.lm.dtype), cos, sin, causal_bias(s)
+
+
+class _PackedEmbed(nn.Cell):
+    """ids, positions, runs (B, S) -> x_0 (B, S, H), cos, sin (B, 1, S, d), the runs' bias (B, 1, S, S): packed rows
+    (`scoring.runs_bias` of `attention`, "mask" or "prefix")."""
+
+    def __init__(self, lm: Qwen2ForCausalLM, attention: str):
+        super().__init__(auto_prefix=False)
+        self.lm, self.attention = lm, attention
+
+    def construct(self, ids, positions, runs):
+        cos, sin = self.lm.rope(positions)
+        return self.lm.model.tok_embeddings(ids).astype(self.lm.dtype), cos, sin, runs_bias(runs, self.attention)
+
+
+def _embed(lm: Qwen2ForCausalLM, attention: Optional[str]) -> nn.Cell:
+    """The embed graph of right-padded rows (attention None) or of packed rows."""
+    if attention is None:
+        return _Embed(lm)
+    if attention not in ("mask", "prefix"):
+        raise ValueError(f"the layer graphs attend through an additive bias (mask or prefix), not {attention!r}")
+    return _PackedEmbed(lm, attention)
+
+
+def _embedded(embed: nn.Cell, packed: bool, ids, feed):
+    """embed's x_0, cos, sin, bias; packed rows' positions and runs are the first two of feed."""
+    return embed(ids, feed[0], feed[1]) if packed else embed(ids)
+
+
+def _sample_parts(feed, sizes: List[int]) -> List[tuple]:
+    """A packed micro-batch's feed (positions, runs, tokens (N,), labels (N,), slots (n, R)) -> per part of `sizes`
+    samples: its own (positions, runs, tokens (k R,), labels (k R,), slots (k, R)), the part's scored tokens alone
+    (0 in the unused places, which no slot picks; k R entries: one compiled shape per part size)."""
+    positions, runs = feed[0], feed[1]
+    tokens, labels, slots = (feed[k].asnumpy() for k in (2, 3, 4))
+    parts, start = [], 0
+    for k in sizes:
+        part = slots[start:start + k]  # (k, R)
+        used = part < len(tokens)
+        flat, width = part[used], part.size
+        tok, lab = np.zeros(width, np.int32), np.zeros(width, np.int32)
+        tok[:len(flat)], lab[:len(flat)] = tokens[flat], labels[flat]
+        own = np.full(part.shape, width, np.int32)
+        own[used] = np.arange(len(flat), dtype=np.int32)
+        parts.append((positions, runs, Tensor(tok), Tensor(lab), Tensor(own)))
+        start += k
+    return parts
 
 
 class _Lookup(nn.Cell):
@@ -170,11 +225,14 @@ class LayerwiseGradStep:
     micro-batch. 0: the whole micro-batch in one call.
 
     dropout (LoRA dropout, `models/lora_dropout.py`): feed ends with the micro-batch's key; each layer graph, forward
-    and backward, is given its layer's key (`host_layer_key`), so both make the whole graph's masks."""
+    and backward, is given its layer's key (`host_layer_key`), so both make the whole graph's masks.
+
+    attention: None for right-padded rows; for packed rows (feed as `grpo/packing.py` makes it) their attention,
+    "mask" or "prefix" (policy_loss built packed with it); head_rows then counts samples (module docstring)."""
 
     def __init__(self, policy_loss: PolicyLoss, lm: Qwen2ForCausalLM, params: Sequence[Parameter],
                  buffer: GradBuffer, head_rows: int = 0, dropout: bool = False,
-                 recompute_layers: Optional[int] = None):
+                 recompute_layers: Optional[int] = None, attention: Optional[str] = None):
         if not (lm.first_stage and lm.last_stage) or lm.tp != 1:
             raise ValueError("the layerwise update runs the whole model on one device (no pipeline stages or "
                              "tensor parallelism)")
@@ -207,7 +265,8 @@ class LayerwiseGradStep:
         # recomputed one saving_layer again before its backward. The pair no layer takes is never compiled
         self.recomputed = len(layers) if recompute_layers is None else min(recompute_layers, len(layers))
         self.saving = self.recomputed < len(layers)
-        self.embed = _Embed(lm)
+        self.packed = attention is not None
+        self.embed = _embed(lm, attention)
         self.layer = _AdaptedLayer(layers[0]) if self.lora else LayerGraph(layers[0])
         self.layer_grad = _AdaptedLayerGrad(layers[0]) if self.lora else _LayerGrad(layers[0])
         # LayerBackward takes the same accumulators: `saved_layer.accumulated`'s order is weights() or A, B per adapter
@@ -225,7 +284,7 @@ class LayerwiseGradStep:
             key = int(feed[len(feed) - 1].asnumpy())
             feed = ms.mutable(tuple(feed[k] for k in range(len(feed) - 1)))
             drops = [Tensor(host_layer_key(key, i)) for i in self.layer_ids]
-        x, cos, sin, bias = self.embed(ids)
+        x, cos, sin, bias = _embedded(self.embed, self.packed, ids, feed)
         kept = []  # per layer: its input (recomputed) or its saved activations
         for i, (w, drop) in enumerate(zip(self.layer_inputs, drops)):
             if not self.saving:
@@ -257,34 +316,43 @@ class LayerwiseGradStep:
         return w[1] if self.lora else ()
 
     def _head(self, x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs, rollout_logp):
-        """The head graph on the micro-batch's rows, head_rows a call (class docstring) -> loss, metrics,
-        dL/dx (B, S, H)."""
-        b = x.shape[0]
-        if self.head_rows == 0 or self.head_rows >= b:
+        """The head graph on the micro-batch's rows (packed: its samples), head_rows a call (class docstring)
+        -> loss, metrics, dL/dx (B, S, H)."""
+        n = mask.shape[0]  # rows, or packed the sample slots
+        if self.head_rows == 0 or self.head_rows >= n:
             return self.head(x, feed, mask, advantages, old_logp, ref_logp, global_tokens, global_seqs, rollout_logp)
-        sizes = [self.head_rows] * (b // self.head_rows) + ([b % self.head_rows] if b % self.head_rows else [])
-        rows = [ops.split(t, sizes, 0) if t is not None else [None] * len(sizes)
-                for t in (x, *feed, mask, advantages, old_logp, ref_logp, rollout_logp)]
+        sizes = [self.head_rows] * (n // self.head_rows) + ([n % self.head_rows] if n % self.head_rows else [])
+        per_sample = [ops.split(t, sizes, 0) if t is not None else [None] * len(sizes)
+                      for t in (mask, advantages, old_logp, ref_logp, rollout_logp)]
+        if self.packed:  # every call takes the whole x and its samples' scored tokens; their dx add up
+            xs, feeds = [x] * len(sizes), _sample_parts(feed, sizes)
+        else:  # the rows apart; their dx side by side
+            xs = ops.split(x, sizes, 0)
+            feeds = list(zip(*(ops.split(t, sizes, 0) for t in feed)))
         keys = metric_keys(self.loss, rollout_logp is not None)
         totals = np.zeros(2 + len(keys))
         dxs = []
         for g in range(len(sizes)):
-            xg, *feed_g, mask_g, adv_g, old_g, ref_g, roll_g = (part[g] for part in rows)
-            loss, metrics, dx = self.head(xg, ms.mutable(tuple(feed_g)), mask_g, adv_g, old_g, ref_g, global_tokens,
-                                          global_seqs, roll_g)
+            mask_g, adv_g, old_g, ref_g, roll_g = (part[g] for part in per_sample)
+            loss, metrics, dx = self.head(xs[g], ms.mutable(tuple(feeds[g])), mask_g, adv_g, old_g, ref_g,
+                                          global_tokens, global_seqs, roll_g)
             fold_metrics(keys, totals, float(loss.asnumpy()), [float(m.asnumpy()) for m in metrics],
                          float(mask_g.sum().asnumpy()))
             dxs.append(dx)
         metrics = metric_means(keys, totals[2:], totals[1])
-        return (Tensor(np.float32(totals[0])), tuple(Tensor(np.float32(m)) for m in metrics), ops.cat(dxs, 0))
+        dx = sum(dxs[1:], dxs[0]) if self.packed else ops.cat(dxs, 0)
+        return Tensor(np.float32(totals[0])), tuple(Tensor(np.float32(m)) for m in metrics), dx
 
 
 class LayerwiseLogProbs:
     """Called as `scoring.TokenLogProbs` is on right-padded rows: ids (B, S), score_pos (B, R), labels (B, R)
-    -> logp (B, R), entropy (B, R); through the embed graph, one layer graph run for every decoder layer
-    (the layer's weights the graph inputs) and the head graph (module docstring)."""
+    -> logp (B, R), entropy (B, R); or with attention ("mask" or "prefix") as `scoring.PackedTokenLogProbs` is on packed
+    rows: ids, positions, runs, tokens, labels, slots -> logp (n, R), entropy (n, R). Through the embed graph, one
+    layer graph run for every decoder layer (the layer's weights the graph inputs) and the head graph (module
+    docstring)."""
 
-    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = False, temperature: float = 1.0, chunk: int = 0):
+    def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = False, temperature: float = 1.0, chunk: int = 0,
+                 attention: Optional[str] = None):
         if not (lm.first_stage and lm.last_stage) or lm.tp != 1:
             raise ValueError("layerwise scoring runs the whole model on one device (no pipeline stages or tensor "
                              "parallelism)")
@@ -294,15 +362,17 @@ class LayerwiseLogProbs:
         self.lora = bool(layers[0].lora_weights())
         self.layer_inputs = [(ms.mutable(tuple(layer.weights())),) + ((ms.mutable(tuple(layer.lora_weights())),)
                                                                       if self.lora else ()) for layer in layers]
-        self.embed = _Embed(lm)
+        self.packed = attention is not None
+        self.embed = _embed(lm, attention)
         self.layer = _AdaptedLayer(layers[0]) if self.lora else LayerGraph(layers[0])
-        self.head = TokenLogProbs(lm, with_entropy, temperature, chunk, from_hidden=True)
+        self.head = PackedTokenLogProbs(lm, with_entropy, temperature, chunk, attention, from_hidden=True) \
+            if self.packed else TokenLogProbs(lm, with_entropy, temperature, chunk, from_hidden=True)
 
-    def __call__(self, ids, score_pos, labels):
-        x, cos, sin, bias = self.embed(ids)  # (B, S, H)
+    def __call__(self, ids, *feed):
+        x, cos, sin, bias = _embedded(self.embed, self.packed, ids, feed)  # (B, S, H)
         for w in self.layer_inputs:
             x = self.layer(x, cos, sin, bias, *w, None) if self.lora else self.layer(x, cos, sin, bias, *w)
-        return self.head(x, score_pos, labels)
+        return self.head(x, *feed)
 
 
 class _SqSum(nn.Cell):

@@ -75,7 +75,8 @@ class PolicyLoss(nn.Cell):
     packed rows and (positions, segments, tokens, labels, slots). Either way the log-probs come out
     in the samples' (B, R) layout, so the loss below is the same.
 
-    from_hidden: inputs are the hidden states after every decoder layer (`mindgrpo/grpo/layerwise.py`).
+    from_hidden: inputs are the hidden states after every decoder layer (`mindgrpo/grpo/layerwise.py`), of right-padded
+    rows or packed ones (feed as packed's: its positions and runs are not read).
     detach_old: the TRL shortcut when each rollout is used for exactly one update: old log-probs
     are the current ones with the gradient stopped (ratio 1), and old_logp is ignored.
     use_ref: False when beta == 0 (the reference model is not run; ref_logp is ignored).
@@ -92,13 +93,13 @@ class PolicyLoss(nn.Cell):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         if loss.needs_entropy and not with_entropy:
             raise ValueError("top_entropy_quantile < 1 needs the entropy: build PolicyLoss with_entropy")
-        if packed and from_hidden:
-            raise ValueError("the layerwise update (from_hidden) takes right-padded rows, not packed ones")
+        if packed and from_hidden and attention == "flash":
+            raise ValueError("the layerwise update (from_hidden) takes packed rows with an additive bias, not flash")
         if dropout and from_hidden:
             raise ValueError("the layerwise update's head (from_hidden) runs after the layers: its dropout is theirs")
         packed_cls = DroppedPackedTokenLogProbs if dropout else PackedTokenLogProbs
         rows_cls = DroppedTokenLogProbs if dropout else TokenLogProbs
-        self.scorer = packed_cls(lm, with_entropy, temperature, chunk, attention) if packed \
+        self.scorer = packed_cls(lm, with_entropy, temperature, chunk, attention, from_hidden) if packed \
             else rows_cls(lm, with_entropy, temperature, chunk, from_hidden)
         self.loss = loss
         self.detach_old, self.use_ref, self.old_is_training = detach_old, use_ref, old_is_training

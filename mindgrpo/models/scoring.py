@@ -60,6 +60,11 @@ PACKED_ATTENTION = ("mask", "flash")
 GRAPH_ATTENTION = PACKED_ATTENTION + ("prefix",)
 
 
+def runs_bias(runs, attention: str):
+    """runs (B, S) int32 -> (B, 1, S, S) additive: `prefix_bias` (attention "prefix") or `segment_bias` ("mask")."""
+    return prefix_bias(runs) if attention == "prefix" else segment_bias(runs)
+
+
 class StageHidden(nn.Cell):
     """A pipeline stage before the last: inputs (token ids (B, S) on the first stage, else the
     previous stage's (B, S, H)) -> hidden states (B, S, H) for the next stage. Right-padded rows,
@@ -75,7 +80,7 @@ class StageHidden(nn.Cell):
             raise ValueError(f"unknown packed attention {attention!r}; valid: {', '.join(GRAPH_ATTENTION)}")
         self.lm = lm
         self.dropout = dropout
-        self.flash, self.prefix = attention == "flash", attention == "prefix"
+        self.attention, self.flash = attention, attention == "flash"
         if self.flash:  # the kernel's compressed causal mask (sparse_mode 3): 1 above the diagonal
             self.causal = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
 
@@ -91,8 +96,7 @@ class StageHidden(nn.Cell):
         ends in B*S (K,) (flash) -> (B, S, H). drop: the LoRA dropout key or None."""
         if self.flash:
             return self.lm.hidden_states(inputs, positions, None, (runs, self.causal), drop)
-        bias = prefix_bias(runs) if self.prefix else segment_bias(runs)
-        return self.lm.hidden_states(inputs, positions, bias, None, drop)
+        return self.lm.hidden_states(inputs, positions, runs_bias(runs, self.attention), None, drop)
 
 
 class SequenceLogits(nn.Cell):
@@ -185,13 +189,17 @@ class PackedTokenLogProbs(nn.Cell):
     the samples' layout (0 where a slot is N).
 
     Attention is causal within each sample; the vocabulary projection runs on the N scored tokens
-    (flat indices into B*S), then each sample's entries are picked from them by its slots."""
+    (flat indices into B*S), then each sample's entries are picked from them by its slots.
+
+    from_hidden: inputs are the hidden states (B, S, H) after every decoder layer (the layerwise update and
+    scoring, `mindgrpo/grpo/layerwise.py`): positions and runs are not read, only the final norm and the head run."""
 
     def __init__(self, lm: Qwen2ForCausalLM, with_entropy: bool = True, temperature: float = 1.0, chunk: int = 0,
-                 attention: str = "mask"):
+                 attention: str = "mask", from_hidden: bool = False):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
         self.scorer = TokenLogProbs(lm, with_entropy, temperature, chunk)
         self.rows = StageHidden(lm, attention)
+        self.from_hidden = from_hidden
 
     def construct(self, inputs, positions, runs, tokens, labels, slots):
         return self.scored(inputs, positions, runs, tokens, labels, slots, None)
@@ -199,7 +207,7 @@ class PackedTokenLogProbs(nn.Cell):
     def scored(self, inputs, positions, runs, tokens, labels, slots, drop):
         """`construct`, drop: the LoRA dropout key (`DroppedPackedTokenLogProbs`) or None."""
         b, s = positions.shape
-        h = self.rows.packed(inputs, positions, runs, drop)  # (B, S, H)
+        h = inputs if self.from_hidden else self.rows.packed(inputs, positions, runs, drop)  # (B, S, H)
         h = ops.gather(h.reshape(b * s, -1), tokens, 0)  # (N, H)
         logp, ent = self.scorer.project(h, labels)  # (N,) each
         zero = ops.zeros((1,), logp.dtype)

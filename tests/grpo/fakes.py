@@ -34,6 +34,26 @@ def ragged_experience():
     return exp
 
 
+def with_adapters(cfg, p=0.0, stage=None, seed=7):
+    """A Qwen2ForCausalLM of cfg (seed `seed`) with rank-4 adapters of dropout p on all seven projections, B random
+    (a zero B gives A no gradient), each B from its own name's stream: a pipeline stage's are the whole model's."""
+    import zlib
+
+    import numpy as np
+    from mindspore import Tensor
+
+    from mindgrpo.models.lora import LoraSpec, adapter_parameters, add_adapters
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+    lm = Qwen2ForCausalLM(cfg, seed=seed, stage=stage)
+    add_adapters(lm, LoraSpec(rank=4, alpha=8.0, dropout=p), seed=3)
+    for q in adapter_parameters(lm):
+        if q.name.endswith(".lora_b"):
+            rng = np.random.default_rng([11, zlib.crc32(q.name.encode())])
+            q.set_data(Tensor(rng.normal(0.0, 0.2, q.shape).astype(np.float32)))
+    return lm
+
+
 def one_layer_micro(folder) -> str:
     """tests/grpo/micro_qwen2.yaml with one decoder layer, written into `folder`: its path. A graph of one
     layer compiles in about 0.6x the CPU time of two."""

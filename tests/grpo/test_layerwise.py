@@ -20,6 +20,7 @@ from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
 from fakes import ragged_experience as experience  # tests/grpo is on sys.path under pytest
+from fakes import with_adapters
 
 pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/grpo/conftest.py
 
@@ -118,16 +119,19 @@ def test_layerwise_is_off_by_default_and_refused_where_it_does_not_apply():
         with pytest.raises(ConfigError) as info:
             load_config(GRPOConfig, overrides=["actor_config.layerwise_update=true", other])
         assert info.value.key == "actor_config.layerwise_update", str(info.value)
-    with pytest.raises(ConfigError) as info:
-        load_config(GRPOConfig, overrides=["actor_config.layerwise_update=true", "actor_config.packing=true",
-                                           "actor_config.max_tokens_per_micro_batch=64"])
+    packed = ["actor_config.layerwise_update=true", "actor_config.packing=true",
+              "actor_config.max_tokens_per_micro_batch=1024"]
+    assert load_config(GRPOConfig, overrides=packed).actor_config.layerwise_update  # packed rows: a bias like any
+    with pytest.raises(ConfigError) as info:  # Ascend's flash kernel is no additive bias the layer graphs take
+        load_config(GRPOConfig, overrides=packed + ["actor_config.packed_attention=flash"])
     assert info.value.key == "actor_config.layerwise_update", str(info.value)
 
 
 @pytest.mark.parametrize("cfg, temperature", [(QWEN2, 1.0), (QWEN3, 0.7)], ids=["qwen2-tied", "qwen3-T0.7"])
 def test_layerwise_scoring_gives_the_log_probs_of_the_whole_graph(cfg, temperature):
     """ref_config.layerwise: the Scorer's log-probs through one layer graph run per layer equal the whole-model
-    graph's (the path the reference took before), micro-batch by micro-batch over ragged rows."""
+    graph's (the path the reference took before), micro-batch by micro-batch over ragged rows, over token-budget
+    micro-batches and over packed rows (each sample apart in its row: the bias the embed graph makes)."""
     from mindgrpo.grpo.actor import Scorer
     from mindgrpo.grpo.layerwise import LayerwiseLogProbs
 
@@ -138,6 +142,10 @@ def test_layerwise_scoring_gives_the_log_probs_of_the_whole_graph(cfg, temperatu
     a, b = whole(exp), layerwise(exp)
     assert a.shape == exp.labels.shape and np.all(a[exp.mask > 0] < 0) and np.all(a[exp.mask == 0] == 0)
     np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    for tokens in (dict(max_tokens=32), dict(max_tokens=64, packing=True)):
+        by_tokens = Scorer(lm, 2, temperature, layerwise=True, **tokens)
+        assert by_tokens.batching.layout != "rows" and isinstance(by_tokens.graph, LayerwiseLogProbs)
+        np.testing.assert_allclose(by_tokens(exp), a, rtol=1e-6, atol=1e-6, err_msg=str(tokens))
     layerwise.release()  # compiled again on the next call: the same numbers
     np.testing.assert_allclose(layerwise(exp), b, rtol=0, atol=0)
 
@@ -152,14 +160,16 @@ def test_layerwise_scoring_is_off_by_default_and_refused_where_it_does_not_apply
         with pytest.raises(ConfigError) as info:
             load_config(GRPOConfig, overrides=on + [other])
         assert info.value.key == "ref_config.layerwise", str(info.value)
-    with pytest.raises(ConfigError) as info:  # token budgets (and so packed rows) are not right-padded rows
-        load_config(GRPOConfig, overrides=on + ["ref_config.max_tokens_per_micro_batch=1024"])
+    packed = ["actor_config.packing=true", "actor_config.max_tokens_per_micro_batch=1024"]
+    assert load_config(GRPOConfig, overrides=on + packed).ref_config.layerwise  # token budgets and packed rows too
+    with pytest.raises(ConfigError) as info:  # not Ascend's flash kernel: the layer graphs take an additive bias
+        load_config(GRPOConfig, overrides=on + packed + ["actor_config.packed_attention=flash"])
     assert info.value.key == "ref_config.layerwise", str(info.value)
     with pytest.raises(ConfigError) as info:  # no reference model: the key cannot act
         load_config(GRPOConfig, overrides=["ref_config.layerwise=true"])
     assert info.value.key == "ref_config.layerwise", str(info.value)
-    with pytest.raises(ValueError, match="right-padded rows"):
-        Scorer(Qwen2ForCausalLM(QWEN2, seed=7), 2, max_tokens=64, layerwise=True)
+    with pytest.raises(ValueError, match="no flash attention"):
+        Scorer(Qwen2ForCausalLM(QWEN2, seed=7), 2, max_tokens=64, packing=True, attention="flash", layerwise=True)
 
 
 @pytest.mark.parametrize("clip", [1e-3, 0.0], ids=["clipped", "no-clip"])
@@ -214,19 +224,6 @@ def test_an_update_that_releases_drops_its_graphs_before_the_optimizer_step_and_
         assert dropped.step_graph is None and not dropped.adamw.norm_graphs and dropped.adamw.adam_graphs
         for a, b in zip(lm_a.get_parameters(), lm_b.get_parameters()):
             np.testing.assert_array_equal(b.asnumpy(), a.asnumpy(), err_msg=a.name)
-
-
-def with_adapters(cfg, seed=7):
-    """A model of cfg with rank-4 adapters on all seven projections, B random (zero B gives A no gradient)."""
-    from mindgrpo.models.lora import LoraSpec, add_adapters, adapter_parameters
-
-    lm = Qwen2ForCausalLM(cfg, seed=seed)
-    add_adapters(lm, LoraSpec(rank=4, alpha=8.0), seed=3)
-    rng = np.random.default_rng(11)
-    for p in adapter_parameters(lm):
-        if p.name.endswith(".lora_b"):
-            p.set_data(Tensor(rng.normal(0.0, 0.2, p.shape).astype(np.float32)))
-    return lm
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ pass, the reference with it, has none; lora_dropout 0 leaves the update as it wa
 after step 1 gives step 2 as the run that went on."""
 
 import dataclasses
-import zlib
 
 import numpy as np
 import pytest
@@ -18,12 +17,13 @@ from mindgrpo.grpo.layerwise import LayerwiseGradStep
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.packing import Batching
 from mindgrpo.memory.policy import MemoryPolicy
-from mindgrpo.models.lora import LoraSpec, adapter_parameters, adapter_state, add_adapters
+from mindgrpo.models.lora import adapter_state
 from mindgrpo.models.lora_dropout import update_key
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM, StageSpec
 from mindgrpo.models.scoring import DroppedTokenLogProbs, StageHidden
 
 from fakes import ragged_experience as experience  # tests/grpo is on sys.path under pytest
+from fakes import with_adapters as adapted
 from test_layerwise import QWEN2
 
 pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/grpo/conftest.py
@@ -34,13 +34,7 @@ LOSS = dict(beta=0.04, kl_kind="k3")
 
 def with_adapters(p=P, stage=None, cfg=QWEN2):
     """The micro Qwen2 (2 layers) with rank-4 adapters of dropout p on all seven projections, B random."""
-    lm = Qwen2ForCausalLM(cfg, seed=7, stage=stage)
-    add_adapters(lm, LoraSpec(rank=4, alpha=8.0, dropout=p), seed=3)
-    for q in adapter_parameters(lm):  # each B from its own name's stream: a pipeline stage's are the whole model's
-        if q.name.endswith(".lora_b"):
-            rng = np.random.default_rng([11, zlib.crc32(q.name.encode())])
-            q.set_data(Tensor(rng.normal(0.0, 0.2, q.shape).astype(np.float32)))
-    return lm
+    return adapted(cfg, p, stage)
 
 
 def step_call(up, exp, key):

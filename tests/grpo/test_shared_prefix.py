@@ -1,6 +1,7 @@
 """The shared-prefix layout (grpo/packing.py "shared", models/scoring.prefix_bias): the samples of a prompt in one
 run, the prompt once, each response after it seeing the prompt and itself. The same log-probs as the padded rows
-(one sample a row, the prompt in each), and the same update."""
+(one sample a row, the prompt in each), and the same update, through the whole-model graphs and through the layerwise
+ones (grpo/layerwise.py: the embed graph makes the runs' bias, the head picks the scored tokens)."""
 
 import os
 
@@ -14,11 +15,12 @@ from mindgrpo.grpo.experience import pack
 from mindgrpo.grpo.ms_objective import GRPOLoss
 from mindgrpo.grpo.optim import AdamWSettings
 from mindgrpo.grpo.packing import Batching, plan, prompt_groups
+from mindgrpo.memory.policy import MemoryPolicy
 from mindgrpo.models.config import Qwen2Config
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils.progress import Progress
 
-from fakes import RecordingLog, one_layer_micro  # tests/grpo is on sys.path under pytest
+from fakes import RecordingLog, one_layer_micro, with_adapters  # tests/grpo is on sys.path under pytest
 
 CFG = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                   num_key_value_heads=1, max_position_embeddings=128)
@@ -60,18 +62,19 @@ def padded_logp():
     return Scorer(Qwen2ForCausalLM(CFG, seed=1), 4)(experience())
 
 
-@pytest.mark.parametrize("budget", [32, 64, 128])
-def test_shared_prefix_log_probs_equal_the_padded_rows(padded_logp, budget):
+@pytest.mark.parametrize("budget, layerwise", [(32, False), (64, False), (128, False), (32, True), (64, True)])
+def test_shared_prefix_log_probs_equal_the_padded_rows(padded_logp, budget, layerwise):
     exp = experience()
-    got = Scorer(Qwen2ForCausalLM(CFG, seed=1), 4, max_tokens=budget, packing=True, shared_prefix=True)(exp)
+    got = Scorer(Qwen2ForCausalLM(CFG, seed=1), 4, max_tokens=budget, packing=True, shared_prefix=True,
+                 layerwise=layerwise)(exp)
     assert np.abs(padded_logp).max() > 1.0
     np.testing.assert_allclose(got, padded_logp, rtol=0, atol=1e-5)
 
 
-def updated(**kw):
-    lm = Qwen2ForCausalLM(CFG, seed=1)
+def updated(lm=None, memory=MemoryPolicy(), **kw):
+    lm = lm or Qwen2ForCausalLM(CFG, seed=1)
     up = PolicyUpdater(lm, GRPOLoss(beta=0.0, agg_mode="token-mean"), Batching(4, **kw), detach_old=True,
-                       use_ref=False, optimizer=AdamWSettings(beta2=0.99, weight_decay=0.01))
+                       use_ref=False, optimizer=AdamWSettings(beta2=0.99, weight_decay=0.01), memory=memory)
     metrics = up.update(experience(), lr=1e-2)
     return metrics, {n: p.asnumpy() for n, p in lm.parameters_and_names()}
 
@@ -88,6 +91,29 @@ def test_an_update_on_shared_prefix_runs_equals_the_padded_rows():
         np.testing.assert_allclose(w_shared[name], w, rtol=0, atol=1e-5, err_msg=name)
     initial = {n: p.asnumpy() for n, p in Qwen2ForCausalLM(CFG, seed=1).parameters_and_names()}
     assert max(np.abs(w_rows[n] - initial[n]).max() for n in w_rows) > 1e-3  # the update moved the weights
+
+
+@pytest.mark.slow  # four update graphs compile
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_layerwise_update_on_shared_prefix_runs_equals_the_padded_rows(lora):
+    """actor_config.layerwise_update on shared-prefix runs: the head whole, or 3 samples a call (a part of 3 and one of
+    1: each takes its samples' scored tokens from the whole x); every layer running its forward again in its backward,
+    or with LoRA every layer keeping its activations (recompute_num_layers 0: saved_layer's pieces take the bias)."""
+    model = (lambda: with_adapters(CFG, seed=1)) if lora else (lambda: Qwen2ForCausalLM(CFG, seed=1))
+    m_rows, w_rows = updated(model())
+    shared = dict(max_tokens=64, packing=True, shared_prefix=True)
+    for head_rows in (0, 3):
+        memory = MemoryPolicy(layerwise_update=True, head_rows=head_rows, recompute_num_layers=0 if lora else None)
+        m, w = updated(model(), memory, **shared)
+        assert m_rows["loss"] == pytest.approx(m["loss"], abs=1e-6), head_rows
+        assert m_rows["grad_norm"] == pytest.approx(m["grad_norm"], rel=1e-5), head_rows
+        for key in ("entropy", "nll"):
+            assert m_rows[key] == pytest.approx(m[key], rel=1e-5), (head_rows, key)
+        for name, v in w_rows.items():  # atol as the whole-graph test's
+            np.testing.assert_allclose(w[name], v, rtol=0, atol=1e-5, err_msg=f"{head_rows} {name}")
+    start = {n: p.asnumpy() for n, p in model().parameters_and_names()}
+    moved = [n for n in w_rows if np.abs(w_rows[n] - start[n]).max() > 1e-3]
+    assert moved and (not lora or all(".lora_" in n for n in moved))  # with LoRA the adapters alone train
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,12 +140,16 @@ def trained(out, *extra):
     return steps
 
 
-@pytest.mark.slow  # two trainers' graphs compile: ~35 s alone
+@pytest.mark.slow  # three trainers' graphs compile: ~50 s alone
 def test_a_run_with_a_shared_prefix_trains_as_the_packed_run(tmp_path, graph_mode):
+    """Through the trainer, the reference and the update with their whole-model graphs and with their layerwise ones
+    (actor_config.layerwise_update, ref_config.layerwise)."""
     packed = trained(tmp_path / "packed")
     shared = trained(tmp_path / "shared", "actor_config.shared_prefix=true")
+    layerwise = trained(tmp_path / "layerwise", "actor_config.shared_prefix=true", "actor_config.layerwise_update=true",
+                        "ref_config.layerwise=true")
     assert packed[0]["kl"] == 0 and packed[1]["kl"] > 0  # the reference pass ran (the policy moved after step 1)
-    for a, b in zip(packed, shared):
+    for a, b in [*zip(packed, shared), *zip(packed, layerwise)]:
         assert a["reward_mean"] == b["reward_mean"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["kl"] == pytest.approx(b["kl"], rel=1e-4, abs=1e-7)
