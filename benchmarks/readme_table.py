@@ -45,9 +45,10 @@ ROWS: List[Row] = [
     Row("peak resident memory of that step", "(the same run)", "step_memory_24_layers",
         lambda r: (r["process_peak_gb"], r["trl"]["process_peak_gb"]), "GB", 2, "TRL's GRPOTrainer", "share"),
     Row("one GRPO step with LoRA rank 16 on all seven projections, the same work, the three layerwise switches on, "
-        "no layer of the update recomputing",
+        "no layer of the update recomputing, each prompt's samples scored as one run (`actor_config.shared_prefix`)",
         "python -m benchmarks.lora_step --layers 24 --steps 2 --sides lora trl_lora full "
-        "--set actor_config.recompute_num_layers=0", "lora_step_24_layers",
+        "--set actor_config.recompute_num_layers=0 actor_config.packing=true "
+        "actor_config.max_tokens_per_micro_batch=672 actor_config.shared_prefix=true", "lora_step_24_layers",
         lambda r: (r["sides"]["lora"]["steps"][-1]["step_s"], r["sides"]["trl_lora"]["steps"][-1]["phases"]["step"]),
         "s per step", 1, "TRL's GRPOTrainer + PEFT", "time"),
     Row("peak resident memory of that LoRA step", "(the same run)", "lora_step_24_layers",

@@ -49,8 +49,8 @@ SAVERS: Dict[str, Tuple[str, float]] = {
 KEPT_LAYER_TIME = {"lora": 0.80, "full": 1.0}
 RECOMPUTED_LAYER_TIME = {"lora": 1.15, "full": 1.11}
 # the update's share of a step, to weigh update_layers_time into the step's time: in the issue-20 step at 24 layers
-# (benchmarks/results/lora_step_24_layers.md) LoRA's update was 64.8 of 127.5 s (0.51), full fine-tuning's 103.9 of
-# 171.0 (0.61)
+# (benchmarks/results/HISTORY.md, 2026-12-01) LoRA's update was 64.8 of 127.5 s on padded rows (0.51) and 42.4 of 94.5
+# with a shared prefix (0.45), full fine-tuning's 103.9 of 171.0 (0.61)
 UPDATE_SHARE = 0.5
 
 
