@@ -179,11 +179,11 @@ class PolicyUpdater:
         lm, pipe, attention = self.lm, self.pipe, self.batching.graph_attention
         self.step_graph = self.stage = self.stage_grad = None
         if self.layerwise:  # a host loop over one compiled decoder-layer graph
-            packed = _layer_attention(self.batching)
-            policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, packed=packed is not None,
+            rows_attention = _layer_attention(self.batching)  # None: right-padded rows
+            policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, packed=rows_attention is not None,
                                      attention=attention, from_hidden=True)
             self.step_graph = LayerwiseGradStep(policy_loss, lm, self.params, self.buffer, self.head_rows,
-                                                self.dropout, self.recompute_num_layers, packed)
+                                                self.dropout, self.recompute_num_layers, rows_attention)
         elif pipe.last:  # forward, loss and backward in one graph (the whole model with one stage)
             policy_loss = PolicyLoss(lm, self.loss, *self._loss_args, packed=self.batching.layout != "rows",
                                      attention=attention, dropout=self.dropout)
