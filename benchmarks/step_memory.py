@@ -8,7 +8,8 @@ The model: the qwen2_5_0_5b preset (hidden 896, intermediate 4864, 14 / 2 heads,
 random weights) with --layers decoder layers. The work: the first 4 GSM8K test questions under the qwen_r1
 template, Qwen2.5's tokenizer (`../shared`), G = 4 samples of 128 forced new tokens each (temperature 1, no
 stop), micro-batches of 4 rows, beta 0.04 (k3), one update per step, a cheap in-process reward (the share of
-digits). One device: the engine generates with the policy itself (generate_config.inference_weights: auto).
+ASCII letters: `grpo_step.workload.letter_share`, TRL's too).
+One device: the engine generates with the policy itself (generate_config.inference_weights: auto).
 `--switches on` sets rl_config.release_graphs, actor_config.layerwise_update, generate_config.layerwise and
 ref_config.layerwise; `layers` the three layerwise ones, release_graphs off; `off` clears them; `auto` sets none
 (rl_config.memory auto chooses them for this machine's available memory: its start-up block says which).
@@ -125,10 +126,6 @@ class _PhaseMemory:
         progress.phase = phase
 
 
-def _digit_share(completions, **_):
-    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
-
-
 def setup(folder: str, layers: int, switches: Optional[bool], extra: tuple = ()):
     """The workload's config, paths, overrides and prompt lengths (the reward registered, the files written);
     switches None: none set, rl_config.memory (auto) chooses them."""
@@ -136,7 +133,9 @@ def setup(folder: str, layers: int, switches: Optional[bool], extra: tuple = ())
     from mindgrpo.grpo import builder
     from mindgrpo.rewards import register_reward
 
-    register_reward("benchmark_digit_share", overwrite=True)(_digit_share)
+    from benchmarks.grpo_step.workload import REWARD, letter_share
+
+    register_reward(REWARD, overwrite=True)(letter_share)
     tokenizer_dir = os.path.join(SHARED, "tokenizers", "qwen2_5")
     dataset, lengths = _dataset(folder, tokenizer_dir)
     overrides = [f"actor_config.model={_model_file(folder, layers)}", "rl_config.seed=0", "rl_config.max_steps=1000",
@@ -145,7 +144,7 @@ def setup(folder: str, layers: int, switches: Optional[bool], extra: tuple = ())
                  f"actor_config.micro_batch_size={MICRO_BATCH}", "actor_config.lr=1e-6", "actor_config.grad_clip=1.0",
                  f"generate_config.max_prompt_length={max(lengths)}", f"generate_config.max_tokens={RESPONSE}",
                  "generate_config.temperature=1.0", f"generate_config.max_num_seqs={PROMPTS * G}",
-                 "reward_config.verifier_function=[benchmark_digit_share]", "reward_config.verifier_weight=[1.0]",
+                 f"reward_config.verifier_function=[{REWARD}]", "reward_config.verifier_weight=[1.0]",
                  "reward_config.num_workers=0"] \
         + ([] if switches is None else [f"{k}={'true' if switches else 'false'}" for k in SWITCHES]) \
         + list(extra)

@@ -15,8 +15,8 @@ config always uses; both sides must produce the same prompt ids), G = 4, exactly
 per completion (no stop ids on our side, min_new_tokens on TRL's), temperature 1, top-k off, top-p 1,
 fp32, beta > 0 (both score a reference model), k3 KL, token-mean loss, one optimizer step per rollout
 batch, micro-batches of --micro_batch rows (our trainer's default, 4; TRL: per_device_train_batch_size
-with gradient accumulation), grad clip 1, the same cheap reward (share of digits; not constant, so the
-gradients are not all zero). TRL runs with its own defaults otherwise (gradient checkpointing on).
+with gradient accumulation), grad clip 1, the same cheap reward (the share of ASCII letters; not constant, so
+the advantages are not all zero). TRL runs with its own defaults otherwise (gradient checkpointing on).
 
 Our step (`ours.py`) is the project's trainer (`mindgrpo.grpo.builder.build`,
 `GRPOTrainer.train_step`) with the phases its Progress times. TRL's phases (`trl_side.py`) come from

@@ -7,7 +7,7 @@ import time
 from typing import Dict
 
 from benchmarks.grpo_step.flops import peak_shapes
-from benchmarks.grpo_step.workload import BETA, LR, REWARD, Workload, digit_share
+from benchmarks.grpo_step.workload import BETA, LR, REWARD, Workload, letter_share
 from benchmarks.matmul_peak import matmul_gflops
 
 
@@ -22,7 +22,7 @@ class OurSide:
         from mindgrpo.utils.metrics_log import MetricsLogger
         from mindgrpo.utils.progress import Progress
 
-        register_reward(REWARD, overwrite=True)(digit_share)
+        register_reward(REWARD, overwrite=True)(letter_share)
         rows = len(work.texts) * group
         cfg = GRPOConfig(
             rl_config=RLConfig(seed=0, max_steps=1000, batch_size=len(work.texts), num_generations=group, beta=BETA,

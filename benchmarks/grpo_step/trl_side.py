@@ -8,7 +8,7 @@ from typing import Callable
 
 from benchmarks.grpo_step.flops import peak_shapes
 from benchmarks.grpo_step.report import PHASES
-from benchmarks.grpo_step.workload import BETA, LR, Workload, digit_share
+from benchmarks.grpo_step.workload import BETA, LR, Workload, letter_share
 from benchmarks.matmul_peak import matmul_gflops
 
 
@@ -32,7 +32,7 @@ def run_trl(work: Workload, folder: str, group: int, new_tokens: int, micro_batc
         use_cpu=True, gradient_checkpointing=gradient_checkpointing, model_init_kwargs={"dtype": "float32"},
         logging_steps=10 ** 6, save_strategy="no", report_to="none", disable_tqdm=True, log_completions=False,
         seed=0, dataloader_num_workers=0)
-    trainer = GRPOTrainer(model=work.hf_dir, reward_funcs=digit_share, args=args,
+    trainer = GRPOTrainer(model=work.hf_dir, reward_funcs=letter_share, args=args,
                           train_dataset=Dataset.from_dict({"prompt": work.texts}),
                           processing_class=AutoTokenizer.from_pretrained(work.tokenizer_dir), peft_config=peft_config)
 
