@@ -23,7 +23,9 @@ and its mmapped blocks after it (mallinfo2, GB) beside the resident memory.
 The trainer is built by `grpo.builder.build` and stepped by `train_step`, as `scripts/grpo_one_stage.py`
 does. Per step and phase (the trainer's own: rollout, reward, ref, update, sync): seconds, resident
 memory after it and its peak while it ran (VmHWM, reset when the phase starts), in GB = 10^9 bytes; the
-process peak. The first step compiles its graphs (and, with release_graphs, every step does).
+process peak. The first step compiles its graphs (and, with release_graphs, every step does). After the steps,
+the fp32 matmul rates in our process (MindSpore's MatMul and our CPU kernel's) and, after each of TRL's steps,
+PyTorch's in its process: a ratio of step times measures these kernels too.
 
 `--sides ours trl`: then TRL's GRPOTrainer (`benchmarks.grpo_step.trl_side.run_trl`, its default gradient
 checkpointing, fp32, every core's thread) on the same work in a process of its own, started after ours has
@@ -210,6 +212,9 @@ def side(conn, layers: int, switches: Optional[bool], folder: str, trim: bool = 
         if message == "sync":  # after the steps (their peaks are sent): the syncs and the matmul rate
             conn.send(sync_seconds(parts.policy))
             continue
+        if message == "matmul":  # after the steps: this process's fp32 matmul rates, MindSpore's and our kernel's
+            conn.send(matmul_rates())
+            continue
         if message != "step":
             break
         memory.records.clear()
@@ -256,6 +261,14 @@ def sync_seconds(policy, repeats: int = 3) -> dict:
         del sync
     out["matmul_gflops"] = matmul_gflops("mindspore", SQUARES)
     return out
+
+
+def matmul_rates() -> dict:
+    """fp32 matmul GFLOP/s in this process on `benchmarks.matmul_peak.SQUARES`: MindSpore's MatMul and our CPU
+    kernel's (`mindgrpo.kernels`; MindSpore's where switched off or not built)."""
+    from benchmarks.matmul_peak import SQUARES, matmul_gflops
+
+    return {side: matmul_gflops(side, SQUARES) for side in ("mindspore", "ours")}
 
 
 def trl_side(conn, layers: int, folder: str, steps: int, threads: int, lora_rank: int = 0) -> None:
@@ -320,12 +333,13 @@ def _trl_markdown(res: dict) -> list:
              f"Random HF weights written in {trl['setup']['weights_s']:.1f} s (resident {trl['setup']['rss_gb']:.2f} "
              f"GB); prompts {trl['setup']['prompt_tokens']} tokens; gradient checkpointing on, fp32, "
              f"{trl['setup']['torch_threads']} torch threads.", "",
-             "| step | generation s | reference s | update s | other s | step s | step peak GB |",
-             "|---|---|---|---|---|---|---|"]
+             "| step | generation s | reference s | update s | other s | step s | step peak GB | torch matmul "
+             "GFLOP/s after it |", "|---|---|---|---|---|---|---|---|"]
     for i, s in enumerate(trl["steps"], 1):
         p = s["phases"]
+        rate = f"{s['matmul_gflops']['peak']:.0f}" if "matmul_gflops" in s else ""
         lines.append(f"| {i} | {p['generation']:.1f} | {p['reference']:.1f} | {p['update']:.1f} | {p['other']:.1f} | "
-                     f"**{p['step']:.1f}** | {s['step_peak_gb']:.2f} |")
+                     f"**{p['step']:.1f}** | {s['step_peak_gb']:.2f} | {rate} |")
     lines += ["", f"TRL's process peak: {trl['process_peak_gb']:.2f} GB."]
     if res.get("steps") and trl["steps"]:
         ours, theirs = res["steps"][-1]["step_s"], trl["steps"][-1]["phases"]["step"]
@@ -356,6 +370,10 @@ def markdown(res: dict) -> str:
         if "process_peak_gb" in res:
             lines += ["", f"Process peak: {res['process_peak_gb']:.2f} GB. Tokens generated per step: "
                       f"{[s['new_tokens'] for s in res['steps']]}; losses {[s['loss'] for s in res['steps']]}."]
+        if "matmul_gflops" in res:
+            lines += ["", "fp32 matmul GFLOP/s in this process after the steps (squares of 1024 and 2048, the better): "
+                      + ", ".join(f"{side} {rates['peak']:.0f}" for side, rates in res["matmul_gflops"].items())
+                      + " (MindSpore's MatMul, and our CPU kernel's)."]
     if "trl" in res:
         lines += _trl_markdown(res)
     return "\n".join(lines) + "\n"
@@ -380,6 +398,9 @@ def _ours(res: dict, args, output: str) -> None:
             res["process_peak_gb"] = max([res["built"]["build_peak_gb"]] + [s["step_peak_gb"] for s in res["steps"]])
             res["load_average_end"] = os.getloadavg()[0]
             write_results(output, res, markdown(res))  # each step as it comes: a run stopped later keeps it
+        if args.steps:
+            res["matmul_gflops"] = worker.ask("matmul")
+            write_results(output, res, markdown(res))
         worker.ask("stop")
 
 
