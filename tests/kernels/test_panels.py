@@ -94,3 +94,40 @@ def test_panels_of_a_linear_weight_are_those_of_its_transpose(avx512):
     direct, via = (x.asnumpy() for x in Both()(ms.Tensor(w_t)))
     np.testing.assert_array_equal(direct, via)
     np.testing.assert_array_equal(direct[1], w_t.T[:, 32:64])
+
+
+@pytest.mark.slow  # four engines of a 2-layer width-256 model, ~1 min
+def test_engines_on_panels_match_row_major_ones_with_lora_adapters(avx512, monkeypatch):
+    """An engine on panels (the switch on) against one on (in, out) copies with MindSpore's MatMul (off), on a model
+    wide enough for panels with LoRA adapters merged in (B random: the merge moves every weight), whole-model refresh
+    and layerwise: greedy tokens equal and logits within 1e-5 of their largest magnitude (test_engine_kernels.py's
+    tolerance: the sums' order differs, nothing else)."""
+    from mindgrpo.inference.engine import RolloutEngine
+    from mindgrpo.inference.sampling import SamplingParams
+    from mindgrpo.models.config import Qwen2Config
+    from mindgrpo.models.lora import LoraSpec, add_adapters, adapter_parameters
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    cfg = Qwen2Config(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=True, param_init_std=0.05)
+    lm = Qwen2ForCausalLM(cfg, seed=7)
+    add_adapters(lm, LoraSpec(rank=8, alpha=16.0), seed=3)
+    rng = np.random.default_rng(5)
+    for p in adapter_parameters(lm):
+        if p.name.endswith(".lora_b"):
+            p.set_data(ms.Tensor(rng.normal(0.0, 0.05, p.shape).astype(np.float32)))
+    prompts = [rng.integers(1, 512, n).tolist() for n in (40, 29, 33)]
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    for layerwise in (False, True):
+        out = {}
+        for switch in ("1", "0"):
+            monkeypatch.setenv(kmatmul.ENV, switch)
+            engine = RolloutEngine(lm, max_num_seqs=4, layerwise=layerwise)
+            assert (engine.model.panel_matmul is not None) == (switch == "1")
+            got = engine.generate(prompts, params, return_logits=True)
+            out[switch] = ([c.token_ids for c in got], np.stack(engine.last_logits))
+        (tokens, logits), (tokens0, logits0) = out["1"], out["0"]
+        assert tokens == tokens0, layerwise
+        assert np.max(np.abs(logits - logits0)) <= 1e-5 * np.max(np.abs(logits0)), layerwise
