@@ -71,31 +71,25 @@ def fuse_layer(layer, w, panels: bool = False):
     """The inference copies of the weights w (`DecoderLayer.weights()` order: the two norms, wq, wk,
     wv, wo, w1, w3, w2, then the q/k/v biases) of any layer of `layer`'s architecture, in its compute
     dtype: the same ops whichever layer's weights they are, so one compiled graph serves every layer.
-    panels: each copy of W (in, out) made as its panels instead (`kernels/panels.py`), the bias as it is."""
+    panels: each (in, out) copy cut into panels (`kernels/panels.py`), the bias as it is."""
+    fused = _fuse(layer, w)
+    if not panels:
+        return fused
+    return tuple(kpanels.to_panels(x) if len(x.shape) == 2 else x for x in fused)
+
+
+def _fuse(layer, w):
     att = layer.attention
     dt = att.dtype
-    lay = _panels if panels else _in_out
     q_scale = 1.0 if att.qk_norm else att.scale  # with QK-norm the scale is applied after the norm
-    qkv = lay(ops.concat((w[2] * q_scale, w[3], w[4]), 0), w[0])  # (H, (nh+2nkv)d)
-    w13 = lay(ops.concat((w[6], w[7]), 0), w[1])  # (H, 2I)
-    rest = (lay(w[5]).astype(dt), w13.astype(dt), lay(w[8]).astype(dt))
+    qkv = ops.concat((w[2] * q_scale, w[3], w[4]), 0).transpose(1, 0) * w[0].reshape(-1, 1)  # (H, (nh+2nkv)d)
+    w13 = ops.concat((w[6], w[7]), 0).transpose(1, 0) * w[1].reshape(-1, 1)  # (H, 2I)
+    rest = (w[5].transpose(1, 0).astype(dt), w13.astype(dt), w[8].transpose(1, 0).astype(dt))
     bs = layer.bias_slots
     if not bs:
         return (qkv.astype(dt),) + rest
     b = ops.concat((w[bs[0]] * q_scale, w[bs[1]], w[bs[2]]), 0)
     return (qkv.astype(dt), b.astype(dt)) + rest
-
-
-def _in_out(w, norm=None):
-    """w (out, in) -> (in, out), each row scaled by norm (in,) (a norm's weight folded in) when given."""
-    t = w.transpose(1, 0)
-    return t if norm is None else t * norm.reshape(-1, 1)
-
-
-def _panels(w, norm=None):
-    """w (out, in) -> its panels (out/32, in, 32), in one transpose, scaled as `_in_out` scales."""
-    t = kpanels.panels_of_rows(w)
-    return t if norm is None else t * norm.reshape(1, -1, 1)
 
 
 class _Refresh(nn.Cell):

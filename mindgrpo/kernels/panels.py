@@ -1,7 +1,6 @@
 """Weights stored as panels for the rollout engine's products on the CPU (`panels.cc`), and the matmul that reads them.
 
     to_panels(w (K, N)) -> (N/32, K, 32), panel p holding W's columns 32p .. 32p+31, row by row
-    panels_of_rows(w_t (N, K)) -> the same panels of W = w_t^T (a Linear's weight as it is stored)
     op(x (M, K), panels) -> x @ W (M, N)
 
 At a decode step's few rows a product reads the whole of W for little arithmetic; a row-major W is read 128 bytes
@@ -70,12 +69,6 @@ def to_panels(w):
     """Graph code: w (K, N) -> (N/32, K, 32), a copy in panel order."""
     k, n = w.shape
     return w.reshape(k, n // WIDTH, WIDTH).transpose(1, 0, 2)
-
-
-def panels_of_rows(w_t):
-    """Graph code: the panels of W = w_t^T from w_t (N, K) (a Linear's weight (out, in)): (N/32, K, 32), one copy."""
-    n, k = w_t.shape
-    return w_t.reshape(n // WIDTH, WIDTH, k).transpose(0, 2, 1)
 
 
 def out_features(w) -> int:

@@ -82,15 +82,3 @@ def test_which_models_fit_and_when_the_op_is_given(avx512, monkeypatch):
     assert kpanels.panel_matmul(ms.float16) is None
     monkeypatch.setenv(kmatmul.ENV, "0")
     assert kpanels.panel_matmul() is None
-
-
-def test_panels_of_a_linear_weight_are_those_of_its_transpose(avx512):
-    w_t = np.random.default_rng(3).standard_normal((96, 40), np.float32)  # (out, in)
-
-    class Both(nn.Cell):
-        def construct(self, w_t):
-            return kpanels.panels_of_rows(w_t), kpanels.to_panels(w_t.transpose(1, 0))
-
-    direct, via = (x.asnumpy() for x in Both()(ms.Tensor(w_t)))
-    np.testing.assert_array_equal(direct, via)
-    np.testing.assert_array_equal(direct[1], w_t.T[:, 32:64])
