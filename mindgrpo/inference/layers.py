@@ -18,11 +18,8 @@ One matmul for q, k and v and one for gate and up, (in, out) layout (MindSpore's
 x @ W 2-5x faster than x @ W^T at 16 rows), the norm weights and 1/sqrt(d) folded in. They cost
 one more copy of the layer weights (not of the embedding) in the compute dtype, counted with the
 inference model's memory. The model's parameters, their names and the weight sync are untouched.
-On a CPU with AVX-512 (fp32, MINDGRPO_CPU_KERNELS on) the 2-D copies are kept as panels instead,
-(out/32, in, 32) (`kernels/panels.py`), and every product on them, a decode step's few rows as a prefill's many, is
-our PanelMatMul, which streams them from memory as they lie. Elsewhere the products on the (in, out) copies go
-through `kernels.matmul.rows_matmul`: our CPU matmul where a graph has many rows (a prefill's prompt positions),
-MindSpore's MatMul at a decode step's few rows. The head goes through rows_matmul either way.
+The products on those copies and the head go through `kernels.matmul.rows_matmul`: our CPU matmul where a
+graph has many rows (a prefill's prompt positions), MindSpore's MatMul at a decode step's few rows.
 
 `InferenceModel` holds the model and those copies and gives the graphs in
 `mindgrpo/inference/graphs.py` their pieces, rows flattened to (N, H): embed, rope, the fused
@@ -38,7 +35,6 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindgrpo.kernels import panels as kpanels
 from mindgrpo.kernels.matmul import RowsMatMul, rows_matmul
 from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 from mindgrpo.utils.shrink import shrink, zeros_again
@@ -61,24 +57,16 @@ def rotate_half_matrix(d: int) -> np.ndarray:
     return r
 
 
-def fused_layer_weights(layer, panels: bool = False):
+def fused_layer_weights(layer):
     """A DecoderLayer's inference copies (see the module docstring), in its compute dtype, LoRA adapters
     merged in (W + s B A, `DecoderLayer.merged_weights`)."""
-    return fuse_layer(layer, layer.merged_weights(), panels)
+    return fuse_layer(layer, layer.merged_weights())
 
 
-def fuse_layer(layer, w, panels: bool = False):
+def fuse_layer(layer, w):
     """The inference copies of the weights w (`DecoderLayer.weights()` order: the two norms, wq, wk,
     wv, wo, w1, w3, w2, then the q/k/v biases) of any layer of `layer`'s architecture, in its compute
-    dtype: the same ops whichever layer's weights they are, so one compiled graph serves every layer.
-    panels: each (in, out) copy cut into panels (`kernels/panels.py`), the bias as it is."""
-    fused = _fuse(layer, w)
-    if not panels:
-        return fused
-    return tuple(kpanels.to_panels(x) if len(x.shape) == 2 else x for x in fused)
-
-
-def _fuse(layer, w):
+    dtype: the same ops whichever layer's weights they are, so one compiled graph serves every layer."""
     att = layer.attention
     dt = att.dtype
     q_scale = 1.0 if att.qk_norm else att.scale  # with QK-norm the scale is applied after the norm
@@ -95,15 +83,15 @@ def _fuse(layer, w):
 class _Refresh(nn.Cell):
     """Assigns every layer's current fused weights to the buffers, in one graph."""
 
-    def __init__(self, lm: Qwen2ForCausalLM, buffers: ms.ParameterTuple, panels: bool):
+    def __init__(self, lm: Qwen2ForCausalLM, buffers: ms.ParameterTuple):
         super().__init__(auto_prefix=False)  # keep the model's parameter names
-        self.lm, self.buffers, self.panels = lm, buffers, panels
+        self.lm, self.buffers = lm, buffers
 
     def construct(self):
         out = ()
         i = 0
         for layer in self.lm.model.layers:
-            for w in fused_layer_weights(layer, self.panels):
+            for w in fused_layer_weights(layer):
                 out = out + (ops.assign(self.buffers[i], w),)
                 i += 1
         return out
@@ -114,12 +102,12 @@ class _RefreshLayer(nn.Cell):
     them: one graph called for every layer, which keeps one layer's intermediates (`layerwise`).
     `layer` lends its code only."""
 
-    def __init__(self, layer, n: int, panels: bool):
+    def __init__(self, layer, n: int):
         super().__init__(auto_prefix=False)
-        self.layer, self.n, self.panels = layer, n, panels
+        self.layer, self.n = layer, n
 
     def construct(self, w, out):
-        return self.assign(fuse_layer(self.layer, w, self.panels), out)
+        return self.assign(fuse_layer(self.layer, w), out)
 
     def assign(self, fused, out):
         done = ()
@@ -133,7 +121,7 @@ class _RefreshAdaptedLayer(_RefreshLayer):
     merged into w first, as `fused_layer_weights` merges them."""
 
     def construct(self, w, lora, out):
-        return self.assign(fuse_layer(self.layer, self.layer.merge(w, lora), self.panels), out)
+        return self.assign(fuse_layer(self.layer, self.layer.merge(w, lora)), out)
 
 
 class InferenceWeights(nn.Cell):
@@ -144,12 +132,10 @@ class InferenceWeights(nn.Cell):
     compiled layer graph run for every layer (its buffers: one layer's transposed and concatenated
     weights instead of every layer's)."""
 
-    def __init__(self, lm: Qwen2ForCausalLM, layerwise: bool = False, panels: bool = False):
+    def __init__(self, lm: Qwen2ForCausalLM, layerwise: bool = False):
         super().__init__(auto_prefix=False)
         self.fields = layer_fields(lm.model.layers[0].attention)
-        self.panels = panels
-        self.shapes = [kpanels.panel_shape(shape) if panels else shape
-                       for layer in lm.model.layers for shape in _fused_shapes(layer, self.fields)]
+        self.shapes = [shape for layer in lm.model.layers for shape in _fused_shapes(layer, self.fields)]
         n = len(self.fields)
         self.buffers = ms.ParameterTuple(
             Parameter(Tensor(np.zeros(shape, np.float32), lm.dtype),
@@ -167,11 +153,11 @@ class InferenceWeights(nn.Cell):
     def _make_refresh(self):
         layer = self.lm.model.layers[0]
         if not self.layerwise:
-            return _Refresh(self.lm, self.buffers, self.panels)
+            return _Refresh(self.lm, self.buffers)
         # adapters added after the engine was built (a --lora folder loaded) are seen here, at the next refresh
         self.adapters = [ms.mutable(tuple(layer.lora_weights())) for layer in self.lm.model.layers] \
             if layer.lora_weights() else []
-        return (_RefreshAdaptedLayer if self.adapters else _RefreshLayer)(layer, len(self.fields), self.panels)
+        return (_RefreshAdaptedLayer if self.adapters else _RefreshLayer)(layer, len(self.fields))
 
     def get(self, i: int, field: str):
         """Layer i's copy named `field` (a Python constant in a graph: resolved at compile time)."""
@@ -221,13 +207,7 @@ class InferenceModel(nn.Cell):
         if not (lm.first_stage and lm.last_stage):
             raise ValueError("generation needs the whole model on one stage (inference has no pipeline stages)")
         self.lm = lm
-        # the fused copies as panels where `kernels/panels.py` runs (CPU fp32 with AVX-512, every copy wide enough):
-        # every product on them, a decode step's few rows and a prefill's many, is then its PanelMatMul
-        layer0 = lm.model.layers[0]
-        self.panel_matmul = kpanels.panel_matmul(lm.dtype)
-        if self.panel_matmul is not None and not kpanels.fits(_fused_shapes(layer0, layer_fields(layer0.attention))):
-            self.panel_matmul = None
-        self.weights = InferenceWeights(lm, layerwise, panels=self.panel_matmul is not None)
+        self.weights = InferenceWeights(lm, layerwise)
         att = lm.model.layers[0].attention
         self.nh, self.nkv, self.g, self.d = att.nh, att.nkv, att.g, att.d  # heads on this rank
         self.qk_norm, self.has_bias, self.scale = att.qk_norm, att.wq.has_bias, att.scale
@@ -291,7 +271,7 @@ class InferenceModel(nn.Cell):
         -> q (N, nh, d) scaled by 1/sqrt(d), k (N, nkv, d), both rotated, v (N, nkv, d)."""
         n, nh, nkv, d = x.shape[0], self.nh, self.nkv, self.d
         h = layer.attention_norm.normalize(x).astype(x.dtype)  # the norm's weight is in qkv
-        y = self.product(layer.attention.enter(h), w[0])  # (N, (nh+2nkv)d)
+        y = self.matmul(layer.attention.enter(h), w[0])  # (N, (nh+2nkv)d)
         if self.has_bias:
             y = y + w[1]
         qk, v = ops.split(y, ((nh + nkv) * d, nkv * d), 1)
@@ -314,20 +294,14 @@ class InferenceModel(nn.Cell):
     def layer_attention_out(self, layer, w, x, attended):
         """x (N, H) + wo(attended (N, nh*d)): the residual after the attention of the layer whose
         weights are w."""
-        return x + layer.attention.wo.finish(self.product(attended, w[self.at("wo")]))
+        return x + layer.attention.wo.finish(self.matmul(attended, w[self.at("wo")]))
 
     def layer_mlp(self, layer, w, x):
         """x (N, H) -> x + the MLP of the layer whose weights are w."""
         w13, w2 = w[self.at("w13")], w[self.at("w2")]
         h = layer.ffn_norm.normalize(x).astype(x.dtype)  # the norm's weight is in w13
-        gate, up = ops.split(self.product(layer.feed_forward.enter(h), w13), kpanels.out_features(w13) // 2, 1)  # (N, I)
-        return x + layer.feed_forward.w2.finish(self.product(ops.silu(gate) * up, w2))
-
-    def product(self, x, w):
-        """x (N, in) @ a fused copy: PanelMatMul on its panels, else rows_matmul on its (in, out) layout."""
-        if self.panel_matmul is not None:
-            return self.panel_matmul(x, w)
-        return self.matmul(x, w)
+        gate, up = ops.split(self.matmul(layer.feed_forward.enter(h), w13), w13.shape[1] // 2, 1)  # (N, I) each
+        return x + layer.feed_forward.w2.finish(self.matmul(ops.silu(gate) * up, w2))
 
     def logits(self, x):
         """x (N, H) the last residual -> logits (N, V) fp32 after the final norm, gathered over the

@@ -17,7 +17,7 @@ import tempfile
 from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = tuple(os.path.join(HERE, name) for name in ("sgemm.cc", "panels.cc", "attention.cc"))
+SOURCES = tuple(os.path.join(HERE, name) for name in ("sgemm.cc", "attention.cc"))
 
 
 def _openblas():

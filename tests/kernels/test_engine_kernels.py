@@ -3,15 +3,13 @@ everywhere (MINDGRPO_CPU_KERNELS=0), in two processes (the switch is read when t
 
 A two-layer model of width 256 (4 heads of 64, 2 KV heads, MLP 512, vocabulary 512: every fused product at least
 MIN_WIDTH wide but RoPE's d = 64) in three cases:
-- prefill: 4 prompts of 150-230 tokens in the 256-position bucket, 4 x 256 = 1,024 prefill rows (qkv / o / gate-up /
-  down, the last layer's qkv only), then greedy decode steps at 4 rows that read the prefilled KV cache; the same with
-  `layerwise` (a prefill layer graph called for each layer, the layer's weights its inputs);
-- a decode step of 512 rows (4 prompts x 128 greedy samples, 512 slots): every layer product and the head.
-With AVX-512 every fused product is ours at any row count (PanelMatMul on the engine's panels, kernels/panels.py);
-without it, ours from 512 rows (rows_matmul: the prefills and the 512-row step) and MindSpore's at 4. The head is
-ours at 512 rows either way.
+- prefill: 4 prompts of 150-230 tokens in the 256-position bucket, 4 x 256 = 1,024 prefill rows (at least MIN_ROWS:
+  ours for every fused product, qkv / o / gate-up / down, the last layer's qkv only), then greedy decode steps at 4
+  rows (MindSpore's) that read the prefilled KV cache; the same with `layerwise` (a prefill layer graph called for
+  each layer, the layer's weights its inputs: 4 products of ours in the one, 1 in the last layer's);
+- a decode step of 512 rows (4 prompts x 128 greedy samples, 512 slots): ours for every layer product and the head.
 The two sides differ only in the order of the matmuls' fp32 sums (each product within K u sum|a b| of the exact one,
-K <= 512: tests/kernels/test_matmul.py, test_panels.py), carried through two layers, the KV cache and the head: the logits agree within
+K <= 512: tests/kernels/test_matmul.py), carried through two layers, the KV cache and the head: the logits agree within
 1e-5 of their largest magnitude (as the training model's gradients in test_model_kernels.py; measured: 4.7e-7 and
 6.4e-7 of it, 1.8e-6 and 2.1e-6 on logits up to 3.8), the log-probs within twice that (a log-softmax moves at most
 twice its inputs' largest change; measured 1.2e-6). A wrong transpose, block or layout in ours would be off by the
@@ -22,13 +20,10 @@ The tiny recipe's shape (width 128: no product wide enough) keeps MindSpore's Ma
 prefill of 1,024 rows: its engine, the first in each process, gives the same tokens, log-probs and logits bit for bit
 on both sides, and its graphs hold no kernel of ours (`run` says why the first, on one thread)."""
 
-import ctypes
 import os
 
 import numpy as np
 import pytest
-
-from mindgrpo.kernels import matmul as kmatmul
 
 from both_switches import nodes, run_both  # this folder (on the path under pytest and in run_both's processes)
 
@@ -103,25 +98,16 @@ def top_two_gap(logits):
 def test_the_engine_with_our_matmul_matches_mindspores_within_fp32_rounding(tmp_path):
     ours, theirs = run_both(tmp_path, "test_engine_kernels")
 
-    # the switch reaches the compiled graphs; no Switch node for the choice, none of ours with the switch off. With
-    # AVX-512 the engine keeps its fused copies as panels and every product on them is PanelMatMul: the prefill's
-    # five (layer 0's four fused products and the last layer's qkv: its attention and MLP are not run) and the 4-row
-    # decode steps' eight (two layers' four), whole or layerwise; the 512-row decode step's too, and the head (many
-    # rows: ours, MatMulNT). Without AVX-512 (row-major copies, rows_matmul): the prefill of 1,024 rows takes ours for
-    # its five, the 4-row decode steps none, the 512-row decode step every layer's four and the head.
+    # the switch reaches the compiled graphs: the prefill of 1,024 rows (whole or layerwise) takes ours for layer 0's
+    # four fused products and the last layer's qkv (its attention and MLP are not run); the 4-row decode steps none;
+    # the 512-row decode step every layer's four and the head; with the switch off none; no Switch node for the choice
     ir1, ir0 = tmp_path / "ir1", tmp_path / "ir0"
-    if ctypes.CDLL(kmatmul.library()).MindgrpoPanels():
-        for case in ("prefill", "layerwise"):
-            assert nodes(ir1 / case, "Custom") == nodes(ir1 / case, "Custom", "PanelMatMul") == 13, case
-        assert nodes(ir1 / "decode512", "Custom", "PanelMatMul") == 13
-        assert nodes(ir1 / "decode512", "Custom") == nodes(ir1 / "decode512", "Custom", "MatMulNT") + 13 == 14
-    else:
-        assert nodes(ir1 / "prefill", "Custom") == nodes(ir1 / "layerwise", "Custom") == 5
-        assert nodes(ir1 / "decode512", "Custom") == 9
+    assert nodes(ir1 / "prefill", "Custom") == nodes(ir1 / "layerwise", "Custom") == 5
+    assert nodes(ir1 / "decode512", "Custom") == 9
     for case in ("prefill", "layerwise", "decode512"):
         assert nodes(ir0 / case, "Custom") == 0
         assert nodes(ir1 / case, "Switch") == nodes(ir0 / case, "Switch") == 0
-        assert nodes(ir1 / case, "MatMul") > 0  # RoPE's rotation (d = 64) at least: MindSpore's
+        assert nodes(ir1 / case, "MatMul") > 0  # RoPE's rotation (d = 64) and the decode steps: MindSpore's
         key = f"{case}: "
         logits, reference = ours[key + "logits"], theirs[key + "logits"]
         bound = SCALE_TOL * np.max(np.abs(reference))
