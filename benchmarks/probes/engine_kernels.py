@@ -1,15 +1,18 @@
-"""The rollout engine with our CPU kernels (the default: on an AVX-512 CPU its fused weights as panels, every product
-PanelMatMul) against the same engine with MindSpore's MatMul (MINDGRPO_CPU_KERNELS=0), side by side in one process,
-at the Qwen2.5-0.5B shape (random weights, its 151,936-token vocabulary) cut to --layers layers.
+"""Probe (not a benchmark): the rollout engine with our CPU kernels (the default: OpenBLAS's sgemm from 512 rows, so a
+prefill's products) against the same engine with MindSpore's MatMul (MINDGRPO_CPU_KERNELS=0), whole generate calls
+side by side in one process, at the Qwen2.5-0.5B shape (random weights, its 151,936-token vocabulary) cut to
+--layers layers.
 
-    python -m benchmarks.engine_kernels [--layers 24] [--prompts 4] [--samples 4] [--prompt_len 140] [--tokens 128]
-        [--rounds 3] [--output benchmarks/results/engine_kernels.json]
+    python -m benchmarks.probes.engine_kernels [--layers 24] [--prompts 4] [--samples 4] [--prompt_len 140]
+        [--tokens 128] [--rounds 3] [--whole] [--output engine_kernels.json]
 
 The issue-20 rollout's work: --prompts prompts of --prompt_len random tokens, --samples samples each of exactly
---tokens new tokens (temperature 1, no stop token), so a decode step runs prompts x samples slots. Two engines on one
-model, one built with the switch on and one with it off (the switch is read when an engine is built); each runs one
-untimed call (it compiles its graphs), then --rounds rounds of a call on one engine, then on the other, in turns (a
-change of the machine's load falls on both sides). Per side: the median seconds of a whole generate call (its
+--tokens new tokens (temperature 1, no stop token), so a decode step runs prompts x samples slots; layer graphs
+(`generate_config.layerwise`, as the issue-20 step runs: two engines of whole-model graphs at 24 layers do not fit
+in 23 GB), or whole-model graphs with --whole. Two engines on one model, one built with the switch on and one with
+it off (the switch is read when an engine is built); each runs one untimed call (it compiles its graphs), then
+--rounds rounds of a call on one engine, then on the other, in turns (a change of the machine's load falls on both
+sides). Per side: the median seconds of a whole generate call (its
 prefill, decode steps and sampling), new tokens per second, and the ratio. The same seed on both sides: the two
 engines' tokens may part where fp32 rounding moves a sample (their sums run in another order), so the table also says
 how many of the tokens agree. Then the fp32 matmul rates of both kernels in this process (squares of 1024 and 2048).
@@ -33,7 +36,8 @@ def markdown(res: dict) -> str:
     lines = [f"# The rollout engine with our CPU kernels and with MindSpore's MatMul, Qwen2.5-0.5B shape, "
              f"{a['layers']} layers", "", *stamp_lines(res),
              f"Work: {a['prompts']} prompts of {a['prompt_len']} random tokens x {a['samples']} samples of "
-             f"{a['tokens']} new tokens (temperature 1, no stop), one process, the two engines in turns; "
+             f"{a['tokens']} new tokens (temperature 1, no stop), {'whole-model' if a['whole'] else 'layer'} "
+             "graphs, one process, the two engines in turns; "
              f"{a['rounds']} timed rounds after one untimed call each. Ours: {res['ours_kind']}.", "",
              "| side | median s a call | calls s | new tokens/s |", "|---|---|---|---|"]
     for side in SIDES:
@@ -55,7 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt_len", type=int, default=140)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--output", default=os.path.join("benchmarks", "results", "engine_kernels.json"))
+    ap.add_argument("--whole", action="store_true", help="whole-model graphs instead of layer graphs")
+    ap.add_argument("--output", default="engine_kernels.json")
     args = ap.parse_args(argv)
     import mindspore as ms
 
@@ -67,7 +72,7 @@ def main(argv=None) -> int:
     from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    res = dict(run_stamp("benchmarks.engine_kernels", argv), code=code_version())
+    res = dict(run_stamp("benchmarks.probes.engine_kernels", argv), code=code_version())
     res["args"] = vars(args)
     cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=args.layers)
     longest = args.prompt_len + args.tokens + 1
@@ -76,10 +81,9 @@ def main(argv=None) -> int:
     engines = {}
     for side, switch in zip(SIDES, ("1", "0")):
         os.environ[ENV] = switch
-        engines[side] = RolloutEngine(lm, max_num_seqs=slots, max_model_len=longest)
+        engines[side] = RolloutEngine(lm, max_num_seqs=slots, max_model_len=longest, layerwise=not args.whole)
     os.environ.pop(ENV)
-    res["ours_kind"] = ("PanelMatMul on panels at every row count" if engines["ours"].model.panel_matmul is not None
-                        else "rows_matmul: OpenBLAS from 512 rows, MindSpore's below")
+    res["ours_kind"] = "rows_matmul: OpenBLAS from 512 rows, MindSpore's below"
     rng = np.random.default_rng(0)
     work = [rng.integers(1, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.prompts)]
     params = SamplingParams(max_tokens=args.tokens, temperature=1.0, n=args.samples, ignore_stop=True, seed=1)
