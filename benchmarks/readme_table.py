@@ -36,21 +36,24 @@ class Row:
     ratio: str  # "time": the peer's / ours, as fast; "rate": ours / the peer's, as fast; "share": ours / the peer's
 
 
+def _step_rows(what: str, command: str, results: str, peak_what: str) -> List[Row]:
+    """The two rows of a `benchmarks.step_memory` run against TRL: the last step's seconds, the process peaks."""
+    return [Row(what, command, results, lambda r: (r["steps"][-1]["step_s"], r["trl"]["steps"][-1]["phases"]["step"]),
+                "s per step", 1, "TRL's GRPOTrainer", "time"),
+            Row(peak_what, "(the same run)", results, lambda r: (r["process_peak_gb"], r["trl"]["process_peak_gb"]),
+                "GB", 2, "TRL's GRPOTrainer", "share")]
+
+
 ROWS: List[Row] = [
-    Row("one GRPO step at the Qwen2.5-0.5B shape (24 layers, random weights; 4 GSM8K prompts x 4 samples x 128 "
-        "tokens, beta 0.04), the memory switches on, 2 cores of an AMD EPYC with AVX-512", "python -m benchmarks.step_memory --layers 24 --steps 2 "
-        "--sides ours trl", "step_memory_24_layers",
-        lambda r: (r["steps"][-1]["step_s"], r["trl"]["steps"][-1]["phases"]["step"]), "s per step", 1,
-        "TRL's GRPOTrainer", "time"),
-    Row("peak resident memory of that step", "(the same run)", "step_memory_24_layers",
-        lambda r: (r["process_peak_gb"], r["trl"]["process_peak_gb"]), "GB", 2, "TRL's GRPOTrainer", "share"),
-    Row("the same step on 2 cores of an Intel Xeon with AVX-512 and AMX, where PyTorch's fp32 matmul outruns "
-        "MindSpore's (docs/cpu_kernels.md, \"Intel Xeon\")", "python -m benchmarks.step_memory --layers 24 --steps 2 "
-        "--sides ours trl --output benchmarks/results/step_memory_24_layers_intel.json", "step_memory_24_layers_intel",
-        lambda r: (r["steps"][-1]["step_s"], r["trl"]["steps"][-1]["phases"]["step"]), "s per step", 1,
-        "TRL's GRPOTrainer", "time"),
-    Row("peak resident memory of that step on the Intel Xeon", "(the same run)", "step_memory_24_layers_intel",
-        lambda r: (r["process_peak_gb"], r["trl"]["process_peak_gb"]), "GB", 2, "TRL's GRPOTrainer", "share"),
+    *_step_rows("one GRPO step at the Qwen2.5-0.5B shape (24 layers, random weights; 4 GSM8K prompts x 4 samples x "
+                "128 tokens, beta 0.04), the memory switches on, 2 cores of an AMD EPYC with AVX-512",
+                "python -m benchmarks.step_memory --layers 24 --steps 2 --sides ours trl", "step_memory_24_layers",
+                "peak resident memory of that step"),
+    *_step_rows("the same step on 2 cores of an Intel Xeon with AVX-512 and AMX, where PyTorch's fp32 matmul outruns "
+                "MindSpore's (docs/cpu_kernels.md, \"Intel Xeon\")",
+                "python -m benchmarks.step_memory --layers 24 --steps 2 --sides ours trl "
+                "--output benchmarks/results/step_memory_24_layers_intel.json", "step_memory_24_layers_intel",
+                "peak resident memory of that step on the Intel Xeon"),
     Row("one GRPO step with LoRA rank 16 on all seven projections, the same work, the three layerwise switches on, "
         "no layer of the update recomputing, each prompt's samples scored as one run (`actor_config.shared_prefix`)",
         "python -m benchmarks.lora_step --layers 24 --steps 2 --sides lora trl_lora full "
