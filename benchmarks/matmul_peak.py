@@ -114,6 +114,12 @@ def matmul_gflops(framework: str, shapes: Dict[str, tuple], repeats: int = 3) ->
     return out
 
 
+def square_rates(sides=("mindspore", "ours")) -> Dict[str, Dict[str, float]]:
+    """side -> `matmul_gflops` on SQUARES ("peak": the better): the rates a benchmark records beside its times,
+    taken in its own process after its measurement."""
+    return {side: matmul_gflops(side, SQUARES) for side in sides}
+
+
 def side_by_side(sides=SIDES, classes=SHAPE_CLASSES, repeats: int = 5) -> Dict[str, Dict[str, Dict[str, float]]]:
     """label -> "wall" / "cpu" -> side -> GFLOP/s per second of wall / of process CPU time (medians of `repeats`
     calls taken in turns, after one untimed call each)."""

@@ -213,7 +213,9 @@ def side(conn, layers: int, switches: Optional[bool], folder: str, trim: bool = 
             conn.send(sync_seconds(parts.policy))
             continue
         if message == "matmul":  # after the steps: this process's fp32 matmul rates, MindSpore's and our kernel's
-            conn.send(matmul_rates())
+            from benchmarks.matmul_peak import square_rates
+
+            conn.send(square_rates())
             continue
         if message != "step":
             break
@@ -261,14 +263,6 @@ def sync_seconds(policy, repeats: int = 3) -> dict:
         del sync
     out["matmul_gflops"] = matmul_gflops("mindspore", SQUARES)
     return out
-
-
-def matmul_rates() -> dict:
-    """fp32 matmul GFLOP/s in this process on `benchmarks.matmul_peak.SQUARES`: MindSpore's MatMul and our CPU
-    kernel's (`mindgrpo.kernels`; MindSpore's where switched off or not built)."""
-    from benchmarks.matmul_peak import SQUARES, matmul_gflops
-
-    return {side: matmul_gflops(side, SQUARES) for side in ("mindspore", "ours")}
 
 
 def trl_side(conn, layers: int, folder: str, steps: int, threads: int, lora_rank: int = 0) -> None:
