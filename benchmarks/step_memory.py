@@ -101,6 +101,8 @@ class _PhaseMemory:
     phase's start; a phase inside another folds its peak into the outer one's)."""
 
     def __init__(self, progress, trim=None):
+        from mindgrpo.utils import compiles
+
         self.records, self._stack, self.max_peak = [], [], 0.0
         inner = progress.phase
 
@@ -110,7 +112,7 @@ class _PhaseMemory:
                 self._stack[-1] = max(self._stack[-1], peak_since_reset_gb())
             reset_peak_rss()
             self._stack.append(0.0)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), compiles.totals()
             try:
                 with inner(name):
                     yield
@@ -118,8 +120,10 @@ class _PhaseMemory:
                 if trim is not None:
                     trim()
                 peak = max(self._stack.pop(), peak_since_reset_gb())
+                spent = compiles.totals() - c0  # what the phase compiled (release_graphs: every step again)
                 self.records.append({"phase": name, "seconds": time.perf_counter() - t0, "after_gb": rss_gb(),
-                                     "peak_gb": peak, **_mallinfo()})
+                                     "peak_gb": peak, "compile_s": spent.seconds, "graphs": spent.graphs,
+                                     **_mallinfo()})
                 if self._stack:
                     self._stack[-1] = max(self._stack[-1], peak)
                 self.max_peak = max(self.max_peak, peak)
@@ -188,10 +192,12 @@ def side(conn, layers: int, switches: Optional[bool], folder: str, trim: bool = 
     import mindspore as ms
 
     from mindgrpo.grpo import builder
+    from mindgrpo.utils import compiles
     from mindgrpo.utils.metrics_log import MetricsLogger
     from mindgrpo.utils.progress import Progress
 
     ms.set_context(mode=ms.GRAPH_MODE)
+    compiles.install()  # each phase's compile seconds and graphs (_PhaseMemory)
     if pool:
         ms.runtime.set_memory(*pool)  # the runtime's memory pool: its first block, then each block it adds
     cfg, paths, overrides, lengths = setup(folder, layers, switches, extra)
@@ -356,11 +362,14 @@ def markdown(res: dict) -> str:
                   f"engine generates with the policy); prompts {res['built']['prompt_tokens']} tokens", "",
                   f"Built in {res['built']['build_s']:.1f} s: resident {res['built']['built_gb']:.2f} GB, peak "
                   f"{res['built']['build_peak_gb']:.2f} GB.", "",
-                  "| step | phase | s | after | peak |", "|---|---|---|---|---|"]
+                  "| step | phase | s | of it compiling, s | after | peak |", "|---|---|---|---|---|---|"]
         for i, step in enumerate(res["steps"], 1):
             for r in step["phases"]:
-                lines.append(f"| {i} | {r['phase']} | {r['seconds']:.1f} | {r['after_gb']:.2f} | {r['peak_gb']:.2f} |")
-            lines.append(f"| {i} | **step** | **{step['step_s']:.1f}** | | **{step['step_peak_gb']:.2f}** |")
+                lines.append(f"| {i} | {r['phase']} | {r['seconds']:.1f} | {r.get('compile_s', float('nan')):.1f} | "
+                             f"{r['after_gb']:.2f} | {r['peak_gb']:.2f} |")
+            lines.append(f"| {i} | **step** | **{step['step_s']:.1f}** | "
+                         f"{sum(r.get('compile_s', float('nan')) for r in step['phases']):.1f} | | "
+                         f"**{step['step_peak_gb']:.2f}** |")
         if "process_peak_gb" in res:
             lines += ["", f"Process peak: {res['process_peak_gb']:.2f} GB. Tokens generated per step: "
                       f"{[s['new_tokens'] for s in res['steps']]}; losses {[s['loss'] for s in res['steps']]}."]
@@ -385,7 +394,7 @@ def _ours(res: dict, args, output: str) -> None:
             step = worker.ask("step")
             res["steps"].append(step)
             print(f"step: {step['step_s']:.1f} s, peak {step['step_peak_gb']:.2f} GB; "
-                  + ", ".join(f"{r['phase']} {r['seconds']:.1f} s {r['peak_gb']:.2f} GB (after {r['after_gb']:.2f}: heap "
+                  + ", ".join(f"{r['phase']} {r['seconds']:.1f} s (compiling {r['compile_s']:.1f}) {r['peak_gb']:.2f} GB (after {r['after_gb']:.2f}: heap "
                             f"{r['heap_gb']:.2f}, free {r['heap_free_gb']:.2f}, mmapped {r['mmapped_gb']:.2f})"
                             for r in step["phases"]),
                   flush=True)
