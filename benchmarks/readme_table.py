@@ -46,8 +46,9 @@ def _step_rows(what: str, command: str, results: str, peak_what: str) -> List[Ro
 
 ROWS: List[Row] = [
     *_step_rows("one GRPO step at the Qwen2.5-0.5B shape (24 layers, random weights; 4 GSM8K prompts x 4 samples x "
-                "128 tokens, beta 0.04), the memory switches on, 2 cores of an AMD EPYC with AVX-512",
-                "python -m benchmarks.step_memory --layers 24 --steps 2 --sides ours trl", "step_memory_24_layers",
+                "128 tokens, beta 0.04), the memory switches on, 2 cores of an AMD EPYC (Zen 4) with AVX-512",
+                "python -m benchmarks.step_memory --layers 24 --steps 2 --sides ours trl "
+                "--output benchmarks/results/step_memory_24_layers_amd.json", "step_memory_24_layers_amd",
                 "peak resident memory of that step"),
     *_step_rows("the same step on 2 cores of an Intel Xeon with AVX-512 and AMX, where PyTorch's fp32 matmul outruns "
                 "MindSpore's (docs/cpu_kernels.md, \"Intel Xeon\")",

@@ -207,18 +207,21 @@ STEP_MEMORY = ["rl_config.batch_size=4", "rl_config.num_generations=4", "rl_conf
                "actor_config.layerwise_update=true", "generate_config.layerwise=true", "ref_config.layerwise=true"]
 
 
-def _measured(layers):
+def _measured(layers, machine=""):
     """The run's figures as the benchmark wrote them (GB = 10^9 bytes): the built trainer and the process peak."""
-    with open(os.path.join(REPO, "benchmarks", "results", f"step_memory_{layers}_layers.json"), encoding="utf-8") as f:
+    name = f"step_memory_{layers}_layers{machine}.json"
+    with open(os.path.join(REPO, "benchmarks", "results", name), encoding="utf-8") as f:
         run = json.load(f)
     assert run["layers"] == layers and run["switches"] == "on"
     return run["built"]["built_gb"] * 1e9, run["process_peak_gb"] * 1e9
 
 
 # The update's constant (CPU_GRAPH_BUFFERS["update_layerwise_rows"]) is the line through the 2- and 24-layer runs;
-# the 6-layer run is held out, so its peak is a prediction (planned 3.9% under it when the line was fitted)
-@pytest.mark.parametrize("layers, peak_tolerance", [(2, 0.01), (24, 0.01), (6, 0.05)])
-def test_the_issue_20_step_with_the_four_switches_is_planned_as_measured(layers, peak_tolerance):
+# the 6-layer run is held out, so its peak is a prediction (planned 3.9% under it when the line was fitted), and so
+# are the later 24-layer runs on other machines and code (_amd, _intel: the README's rows; planned 1.7% under them)
+@pytest.mark.parametrize("layers, peak_tolerance, machine", [(2, 0.01, ""), (24, 0.01, ""), (6, 0.05, ""),
+                                                             (24, 0.05, "_amd"), (24, 0.05, "_intel")])
+def test_the_issue_20_step_with_the_four_switches_is_planned_as_measured(layers, peak_tolerance, machine):
     """benchmarks/results/step_memory_{2,6,24}_layers.json (python -m benchmarks.step_memory --layers N; measured,
     not by the plan): the 0.5B shape with N layers, through the trainer, the four switches, one copy of the
     weights, the head a row at a time. The built trainer is the process's own memory and the groups (every copy
@@ -228,7 +231,7 @@ def test_the_issue_20_step_with_the_four_switches_is_planned_as_measured(layers,
     peak over two steps is the update's: that less the engine's KV cache and fused copies (released with its
     graphs), plus the accumulators and the update's graphs (with the layerwise optimizer step). The reference's
     layerwise scoring keeps a few MB per layer."""
-    built, peak = _measured(layers)
+    built, peak = _measured(layers, machine)
     m = Qwen2Config.load(resolve_model_config("qwen2_5_0_5b"))
     p = plan(load_config(GRPOConfig, overrides=STEP_MEMORY), Qwen2Config(**{**m.__dict__, "num_hidden_layers": layers}))
     assert p.shared and p.cpu_graphs["reference"] < p.cpu_graphs["update"]

@@ -1,0 +1,130 @@
+"""Probe (not a benchmark): where a rollout's time goes, by kind of op, under MindSpore's CPU profiler, at the
+Qwen2.5-0.5B shape (random weights, its 151,936-token vocabulary) cut to --layers layers.
+
+    python -m benchmarks.probes.decode_profile [--layers 4] [--prompts 4] [--samples 4] [--prompt_len 140]
+        [--tokens 64] [--whole] [--output decode_profile.json]
+
+The issue-20 rollout's work, as benchmarks.probes.engine_kernels runs it (--prompts prompts of --prompt_len random
+tokens, --samples samples each of exactly --tokens new tokens, temperature 1; layer graphs, or whole-model graphs
+with --whole). One untimed generate call (it compiles), one timed call, then one call under `ms.Profiler`. The
+profiler's per-op times (`cpu_op_detail_info_*.csv`) are summed by op type and by where the op's inputs put it:
+
+    head        an input with a vocabulary-sized dimension (the vocabulary projection, the sampler's softmax,
+                top-k / top-p, the log-probs of the chosen tokens)
+    layers      every other op (the decoder layers' products, norms, RoPE, attention over the KV cache)
+
+Per decode step (the call's seconds over --tokens steps, the prefill included) and per layer a step. "between ops"
+is the profiled call's wall less the sum of its op times: the runtime's own work and the host between the graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import os
+import re
+import tempfile
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from benchmarks.harness import code_version, run_stamp, stamp_lines, write_results
+
+
+def read_ops(folder: str, vocab_size: int) -> dict:
+    """MindSpore's CPU profile under `folder` -> {(part, op type): [total ms, calls]}, part "head" or "layers"."""
+    framework = glob.glob(os.path.join(folder, "**", "cpu_framework_*.txt"), recursive=True)
+    details = glob.glob(os.path.join(folder, "**", "cpu_op_detail_info_*.csv"), recursive=True)
+    if not framework or not details:
+        raise RuntimeError(f"no CPU profile under {folder}")
+    vocab = {}  # op name -> whether an input has a vocabulary-sized dimension
+    with open(framework[0]) as f:
+        for line in f:
+            fields = line.strip().split(";")
+            if len(fields) >= 2:
+                dims = [int(x) for m in re.findall(r"input_\d+:\[([^\]]*)\]", line) for x in re.findall(r"\d+", m)]
+                vocab[fields[1]] = vocab_size in dims
+    out = defaultdict(lambda: [0.0, 0])
+    with open(details[0]) as f:
+        for row in csv.DictReader(f):
+            key = ("head" if vocab.get(row["op_name"], False) else "layers", row["op_type"])
+            out[key][0] += float(row["op_total_time(ms)"])
+            out[key][1] += int(float(row.get("op_occurrences", 1) or 1))
+    return dict(out)
+
+
+def markdown(res: dict) -> str:
+    a = res["args"]
+    steps = a["tokens"]
+    lines = [f"# Where a rollout's time goes, by op, Qwen2.5-0.5B shape, {a['layers']} layers", "", *stamp_lines(res),
+             f"Work: {a['prompts']} prompts of {a['prompt_len']} random tokens x {a['samples']} samples of "
+             f"{a['tokens']} new tokens (temperature 1, no stop), {'whole-model' if a['whole'] else 'layer'} graphs. "
+             f"A call: {res['call_s']:.2f} s timed, {res['profiled_s']:.2f} s under the profiler; ops "
+             f"{res['ops_ms'] / 1000:.2f} s, between ops {res['profiled_s'] - res['ops_ms'] / 1000:.2f} s.", "",
+             "| part | op type | ms a decode step | ms a layer a step | calls | share of the ops |",
+             "|---|---|---|---|---|---|"]
+    for (part, op), (ms, calls) in sorted(res["ops"].items(), key=lambda kv: -kv[1][0])[:a["top"]]:
+        per_layer = f"{ms / steps / a['layers']:.2f}" if part == "layers" else ""
+        lines.append(f"| {part} | {op} | {ms / steps:.2f} | {per_layer} | {calls} | "
+                     f"{100 * ms / res['ops_ms']:.1f}% |")
+    for part in ("layers", "head"):
+        total = sum(ms for (p, _), (ms, _) in res["ops"].items() if p == part)
+        lines.append(f"| {part} | **all** | {total / steps:.2f} | "
+                     f"{total / steps / a['layers'] if part == 'layers' else float('nan'):.2f} | | "
+                     f"{100 * total / res['ops_ms']:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--prompt_len", type=int, default=140)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--whole", action="store_true", help="whole-model graphs instead of layer graphs")
+    ap.add_argument("--top", type=int, default=20, help="op types in the table")
+    ap.add_argument("--output", default="decode_profile.json")
+    args = ap.parse_args(argv)
+    import mindspore as ms
+
+    from mindgrpo.inference.engine import RolloutEngine
+    from mindgrpo.inference.sampling import SamplingParams
+    from mindgrpo.models.presets import preset_config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    res = dict(run_stamp("benchmarks.probes.decode_profile", argv), code=code_version())
+    res["args"] = vars(args)
+    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=args.layers)
+    longest = args.prompt_len + args.tokens + 1
+    lm = Qwen2ForCausalLM(cfg, seed=0, max_positions=longest)
+    engine = RolloutEngine(lm, max_num_seqs=args.prompts * args.samples, max_model_len=longest,
+                           layerwise=not args.whole)
+    rng = np.random.default_rng(0)
+    work = [rng.integers(1, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.prompts)]
+    params = SamplingParams(max_tokens=args.tokens, temperature=1.0, n=args.samples, ignore_stop=True, seed=1)
+    engine.generate(work, params)  # compiles
+    t0 = time.perf_counter()
+    engine.generate(work, params)
+    res["call_s"] = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as folder:
+        prof = ms.Profiler(output_path=folder)
+        t0 = time.perf_counter()
+        engine.generate(work, params)
+        res["profiled_s"] = time.perf_counter() - t0
+        prof.stop()
+        prof.analyse()
+        ops = read_ops(folder, cfg.vocab_size)
+    res["ops"] = {f"{part}|{op}": v for (part, op), v in ops.items()}
+    res["ops_ms"] = sum(v[0] for v in ops.values())
+    res["load_average_end"] = os.getloadavg()[0]
+    write_results(args.output, res, markdown({**res, "ops": ops}))
+    print(markdown({**res, "ops": ops}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
