@@ -57,8 +57,8 @@ def op_kind(op_type: str, shapes: List[tuple], vocab_size: int) -> str:
     return "other"
 
 
-def read_profile(folder: str, vocab_size: int) -> Dict[str, float]:
-    """MindSpore's CPU profile under `folder` -> total ms per kind of op."""
+def profile_rows(folder: str):
+    """MindSpore's CPU profile under `folder` -> (op type, its input shapes, total ms, calls) for each op."""
     framework = glob.glob(os.path.join(folder, "**", "cpu_framework_*.txt"), recursive=True)
     details = glob.glob(os.path.join(folder, "**", "cpu_op_detail_info_*.csv"), recursive=True)
     if not framework or not details:
@@ -70,11 +70,17 @@ def read_profile(folder: str, vocab_size: int) -> Dict[str, float]:
             if len(fields) >= 2:
                 shapes[fields[1]] = [tuple(int(x) for x in re.findall(r"\d+", m))
                                      for m in re.findall(r"input_\d+:\[([^\]]*)\]", line)]
-    totals = defaultdict(float)
     with open(details[0]) as f:
         for row in csv.DictReader(f):
-            kind = op_kind(row["op_type"], shapes.get(row["op_name"], []), vocab_size)
-            totals[kind] += float(row["op_total_time(ms)"])
+            yield (row["op_type"], shapes.get(row["op_name"], []), float(row["op_total_time(ms)"]),
+                   int(float(row.get("op_occurrences") or 1)))
+
+
+def read_profile(folder: str, vocab_size: int) -> Dict[str, float]:
+    """MindSpore's CPU profile under `folder` -> total ms per kind of op."""
+    totals = defaultdict(float)
+    for op_type, shapes, ms, _ in profile_rows(folder):
+        totals[op_kind(op_type, shapes, vocab_size)] += ms
     return {k: totals.get(k, 0.0) for k in KINDS}
 
 

@@ -20,38 +20,23 @@ is the profiled call's wall less the sum of its op times: the runtime's own work
 from __future__ import annotations
 
 import argparse
-import csv
-import glob
 import os
-import re
 import tempfile
 import time
 from collections import defaultdict
 
-import numpy as np
-
 from benchmarks.harness import code_version, run_stamp, stamp_lines, write_results
+from benchmarks.probes.engine_kernels import rollout_work
+from benchmarks.update_profile import profile_rows
 
 
 def read_ops(folder: str, vocab_size: int) -> dict:
     """MindSpore's CPU profile under `folder` -> {(part, op type): [total ms, calls]}, part "head" or "layers"."""
-    framework = glob.glob(os.path.join(folder, "**", "cpu_framework_*.txt"), recursive=True)
-    details = glob.glob(os.path.join(folder, "**", "cpu_op_detail_info_*.csv"), recursive=True)
-    if not framework or not details:
-        raise RuntimeError(f"no CPU profile under {folder}")
-    vocab = {}  # op name -> whether an input has a vocabulary-sized dimension
-    with open(framework[0]) as f:
-        for line in f:
-            fields = line.strip().split(";")
-            if len(fields) >= 2:
-                dims = [int(x) for m in re.findall(r"input_\d+:\[([^\]]*)\]", line) for x in re.findall(r"\d+", m)]
-                vocab[fields[1]] = vocab_size in dims
     out = defaultdict(lambda: [0.0, 0])
-    with open(details[0]) as f:
-        for row in csv.DictReader(f):
-            key = ("head" if vocab.get(row["op_name"], False) else "layers", row["op_type"])
-            out[key][0] += float(row["op_total_time(ms)"])
-            out[key][1] += int(float(row.get("op_occurrences", 1) or 1))
+    for op_type, shapes, ms, calls in profile_rows(folder):
+        key = ("head" if any(vocab_size in shape for shape in shapes) else "layers", op_type)
+        out[key][0] += ms
+        out[key][1] += calls
     return dict(out)
 
 
@@ -91,21 +76,13 @@ def main(argv=None) -> int:
     import mindspore as ms
 
     from mindgrpo.inference.engine import RolloutEngine
-    from mindgrpo.inference.sampling import SamplingParams
-    from mindgrpo.models.presets import preset_config
-    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     ms.set_context(mode=ms.GRAPH_MODE)
     res = dict(run_stamp("benchmarks.probes.decode_profile", argv), code=code_version())
     res["args"] = vars(args)
-    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=args.layers)
-    longest = args.prompt_len + args.tokens + 1
-    lm = Qwen2ForCausalLM(cfg, seed=0, max_positions=longest)
+    cfg, lm, longest, work, params = rollout_work(args)
     engine = RolloutEngine(lm, max_num_seqs=args.prompts * args.samples, max_model_len=longest,
                            layerwise=not args.whole)
-    rng = np.random.default_rng(0)
-    work = [rng.integers(1, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.prompts)]
-    params = SamplingParams(max_tokens=args.tokens, temperature=1.0, n=args.samples, ignore_stop=True, seed=1)
     engine.generate(work, params)  # compiles
     t0 = time.perf_counter()
     engine.generate(work, params)

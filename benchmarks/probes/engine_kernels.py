@@ -51,6 +51,23 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rollout_work(args):
+    """The model and the rollout of args (layers, prompts, samples, prompt_len, tokens): the Qwen2.5-0.5B shape's
+    model with random weights, the longest sequence, the prompts (random tokens) and the sampling parameters
+    (temperature 1, exactly `tokens` new tokens a sample)."""
+    from mindgrpo.inference.sampling import SamplingParams
+    from mindgrpo.models.presets import preset_config
+    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
+
+    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=args.layers)
+    longest = args.prompt_len + args.tokens + 1
+    lm = Qwen2ForCausalLM(cfg, seed=0, max_positions=longest)
+    rng = np.random.default_rng(0)
+    work = [rng.integers(1, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.prompts)]
+    params = SamplingParams(max_tokens=args.tokens, temperature=1.0, n=args.samples, ignore_stop=True, seed=1)
+    return cfg, lm, longest, work, params
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=24)
@@ -66,17 +83,12 @@ def main(argv=None) -> int:
 
     from benchmarks.matmul_peak import square_rates
     from mindgrpo.inference.engine import RolloutEngine
-    from mindgrpo.inference.sampling import SamplingParams
     from mindgrpo.kernels.matmul import ENV
-    from mindgrpo.models.presets import preset_config
-    from mindgrpo.models.qwen2 import Qwen2ForCausalLM
 
     ms.set_context(mode=ms.GRAPH_MODE)
     res = dict(run_stamp("benchmarks.probes.engine_kernels", argv), code=code_version())
     res["args"] = vars(args)
-    cfg = preset_config("qwen2_5_0_5b", num_hidden_layers=args.layers)
-    longest = args.prompt_len + args.tokens + 1
-    lm = Qwen2ForCausalLM(cfg, seed=0, max_positions=longest)
+    cfg, lm, longest, work, params = rollout_work(args)
     slots = args.prompts * args.samples
     engines = {}
     for side, switch in zip(SIDES, ("1", "0")):
@@ -84,9 +96,6 @@ def main(argv=None) -> int:
         engines[side] = RolloutEngine(lm, max_num_seqs=slots, max_model_len=longest, layerwise=not args.whole)
     os.environ.pop(ENV)
     res["ours_kind"] = "rows_matmul: OpenBLAS from 512 rows, MindSpore's below"
-    rng = np.random.default_rng(0)
-    work = [rng.integers(1, cfg.vocab_size, args.prompt_len).tolist() for _ in range(args.prompts)]
-    params = SamplingParams(max_tokens=args.tokens, temperature=1.0, n=args.samples, ignore_stop=True, seed=1)
     seconds = {side: [] for side in SIDES}
     tokens = {}
     for side, engine in engines.items():
