@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 
 from benchmarks.harness import code_version, run_stamp, stamp_lines, write_results
-from benchmarks.probes.engine_kernels import rollout_work
+from benchmarks.probes.engine_kernels import add_rollout_args, rollout_work
 from benchmarks.update_profile import profile_rows
 
 
@@ -64,12 +64,7 @@ def markdown(res: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--prompt_len", type=int, default=140)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--whole", action="store_true", help="whole-model graphs instead of layer graphs")
+    add_rollout_args(ap, layers=4, tokens=64)
     ap.add_argument("--top", type=int, default=20, help="op types in the table")
     ap.add_argument("--output", default="decode_profile.json")
     args = ap.parse_args(argv)

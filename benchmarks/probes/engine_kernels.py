@@ -51,6 +51,16 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def add_rollout_args(ap, layers: int, tokens: int) -> None:
+    """The options of the issue-20 rollout's work (`rollout_work`) and its graphs (--whole)."""
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--prompt_len", type=int, default=140)
+    ap.add_argument("--tokens", type=int, default=tokens)
+    ap.add_argument("--whole", action="store_true", help="whole-model graphs instead of layer graphs")
+
+
 def rollout_work(args):
     """The model and the rollout of args (layers, prompts, samples, prompt_len, tokens): the Qwen2.5-0.5B shape's
     model with random weights, the longest sequence, the prompts (random tokens) and the sampling parameters
@@ -70,13 +80,8 @@ def rollout_work(args):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--prompt_len", type=int, default=140)
-    ap.add_argument("--tokens", type=int, default=128)
+    add_rollout_args(ap, layers=24, tokens=128)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--whole", action="store_true", help="whole-model graphs instead of layer graphs")
     ap.add_argument("--output", default="engine_kernels.json")
     args = ap.parse_args(argv)
     import mindspore as ms
