@@ -394,8 +394,9 @@ def _ours(res: dict, args, output: str) -> None:
             step = worker.ask("step")
             res["steps"].append(step)
             print(f"step: {step['step_s']:.1f} s, peak {step['step_peak_gb']:.2f} GB; "
-                  + ", ".join(f"{r['phase']} {r['seconds']:.1f} s (compiling {r['compile_s']:.1f}) {r['peak_gb']:.2f} GB (after {r['after_gb']:.2f}: heap "
-                            f"{r['heap_gb']:.2f}, free {r['heap_free_gb']:.2f}, mmapped {r['mmapped_gb']:.2f})"
+                  + ", ".join(f"{r['phase']} {r['seconds']:.1f} s (compiling {r['compile_s']:.1f}) {r['peak_gb']:.2f} GB "
+                            f"(after {r['after_gb']:.2f}: heap {r['heap_gb']:.2f}, free {r['heap_free_gb']:.2f}, "
+                            f"mmapped {r['mmapped_gb']:.2f})"
                             for r in step["phases"]),
                   flush=True)
             res["process_peak_gb"] = max([res["built"]["build_peak_gb"]] + [s["step_peak_gb"] for s in res["steps"]])
