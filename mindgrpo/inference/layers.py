@@ -5,21 +5,22 @@ Generation runs a few rows at a time, where MindSpore's CPU kernels are bound by
 layout more than by FLOPs, so the engine keeps its own copies of the layer weights
 (`InferenceWeights`), remade from the parameters at the start of every `generate` call:
 
-    qkv       (H, (nh+2nkv)d)  [wq / sqrt(d); wk; wv]^T, the attention norm's weight folded into its rows
+    qkv       ((nh+2nkv)d, H)  [wq / sqrt(d); wk; wv], the attention norm's weight folded into its columns
     qkv_bias  ((nh+2nkv)d,)    with attention_bias (Qwen2) only
-    wo        (nh*d, H)
-    w13       (H, 2I)          [w1; w3]^T, the MLP norm's weight folded into its rows
-    w2        (I, H)
+    wo        (H, nh*d)
+    w13       (2I, H)          [w1; w3], the MLP norm's weight folded into its columns
+    w2        (H, I)
 
 With QK-norm (Qwen3) the norm undoes any scale of wq, so 1/sqrt(d) moves into q_norm's weight
 instead, applied per head after the projection with k_norm's (the model's own (d,) parameters).
 
-One matmul for q, k and v and one for gate and up, (in, out) layout (MindSpore's CPU MatMul runs
-x @ W 2-5x faster than x @ W^T at 16 rows), the norm weights and 1/sqrt(d) folded in. They cost
-one more copy of the layer weights (not of the embedding) in the compute dtype, counted with the
-inference model's memory. The model's parameters, their names and the weight sync are untouched.
-The products on those copies and the head go through `kernels.matmul.rows_matmul`: our CPU matmul where a
-graph has many rows (a prefill's prompt positions), MindSpore's MatMul at a decode step's few rows.
+One matmul for q, k and v and one for gate and up, the norm weights and 1/sqrt(d) folded in, in the model's
+own (out, in) layout: each product is x @ W^T. They cost one more copy of the layer weights (not of the
+embedding) in the compute dtype, counted with the inference model's memory. The model's parameters, their names
+and the weight sync are untouched. The products on those copies and the head go through
+`kernels.matmul.rows_matmul`: our CPU matmul where a graph has many rows (a prefill's prompt positions),
+MindSpore's MatMul at a decode step's few rows, which at 16 rows runs x @ W^T on (out, in) weights faster than
+x @ W on (in, out) ones (docs/cpu_kernels.md, "Few rows").
 
 `InferenceModel` holds the model and those copies and gives the graphs in
 `mindgrpo/inference/graphs.py` their pieces, rows flattened to (N, H): embed, rope, the fused
@@ -70,9 +71,9 @@ def fuse_layer(layer, w):
     att = layer.attention
     dt = att.dtype
     q_scale = 1.0 if att.qk_norm else att.scale  # with QK-norm the scale is applied after the norm
-    qkv = ops.concat((w[2] * q_scale, w[3], w[4]), 0).transpose(1, 0) * w[0].reshape(-1, 1)  # (H, (nh+2nkv)d)
-    w13 = ops.concat((w[6], w[7]), 0).transpose(1, 0) * w[1].reshape(-1, 1)  # (H, 2I)
-    rest = (w[5].transpose(1, 0).astype(dt), w13.astype(dt), w[8].transpose(1, 0).astype(dt))
+    qkv = ops.concat((w[2] * q_scale, w[3], w[4]), 0) * w[0].reshape(1, -1)  # ((nh+2nkv)d, H)
+    w13 = ops.concat((w[6], w[7]), 0) * w[1].reshape(1, -1)  # (2I, H)
+    rest = (w[5].astype(dt), w13.astype(dt), w[8].astype(dt))
     bs = layer.bias_slots
     if not bs:
         return (qkv.astype(dt),) + rest
@@ -129,7 +130,7 @@ class InferenceWeights(nn.Cell):
     layer); `refresh()` remakes them from the model's parameters (`release()` empties them until then).
     They hold zeros until the first `refresh()`: every generate starts with one (a refresh here as well compiled the graph twice, since
     the first call after building the engine compiles it again). layerwise: the refresh is one
-    compiled layer graph run for every layer (its buffers: one layer's transposed and concatenated
+    compiled layer graph run for every layer (its buffers: one layer's concatenated
     weights instead of every layer's)."""
 
     def __init__(self, lm: Qwen2ForCausalLM, layerwise: bool = False):
@@ -177,7 +178,7 @@ class InferenceWeights(nn.Cell):
             self._refresh(w, *lora, out)
 
     def release(self) -> None:
-        """Drop the compiled refresh graph and the buffers the runtime keeps for it (its transposed and
+        """Drop the compiled refresh graph and the buffers the runtime keeps for it (its
         concatenated weights), and the copies themselves (each Parameter shrunk to one element: the same
         Parameters stay in the graphs' inputs and the memory ledger); the next `refresh` makes them again at
         full size and compiles its graph again. Exact: every generate call rewrites every element of the
@@ -194,8 +195,8 @@ def _fused_shapes(layer, fields):
     h = att.wq.weight.shape[1]
     qkv = att.wq.weight.shape[0] + 2 * att.wk.weight.shape[0]
     inter = mlp.w1.weight.shape[0]
-    shapes = {"qkv": (h, qkv), "qkv_bias": (qkv,), "wo": (att.wo.weight.shape[1], h), "w13": (h, 2 * inter),
-              "w2": (inter, h)}
+    shapes = {"qkv": (qkv, h), "qkv_bias": (qkv,), "wo": tuple(att.wo.weight.shape), "w13": (2 * inter, h),
+              "w2": tuple(mlp.w2.weight.shape)}
     return tuple(shapes[f] for f in fields)
 
 
@@ -213,9 +214,9 @@ class InferenceModel(nn.Cell):
         self.qk_norm, self.has_bias, self.scale = att.qk_norm, att.wq.has_bias, att.scale
         self.n_layers = lm.config.num_hidden_layers
         self.dtype = lm.dtype
-        # x (N, in) @ W (in, out) of the fused copies: ours (mindgrpo/kernels) on CPU fp32 at many rows (a prefill's
-        # prompt positions), MindSpore's MatMul at a decode step's few rows; chosen when a graph is compiled
-        self.matmul = rows_matmul(dtype=self.dtype)
+        # x (N, in) @ W (out, in)^T of the fused copies: ours (mindgrpo/kernels) on CPU fp32 at many rows (a
+        # prefill's prompt positions), MindSpore's MatMul at a decode step's few rows; chosen when a graph is compiled
+        self.matmul = rows_matmul(transpose_b=True, dtype=self.dtype)
         self.rotate_matmul = ops.MatMul()  # RoPE's +-1 permutation (d wide): exact whichever kernel, MindSpore's
         self.head_matmul = ops.MatMul(transpose_b=True)  # never `.T` on the head in a graph: it copies V*H
         rows_head = rows_matmul(transpose_b=True, dtype=self.dtype)  # h W^T where ours takes it (many rows)
@@ -300,7 +301,7 @@ class InferenceModel(nn.Cell):
         """x (N, H) -> x + the MLP of the layer whose weights are w."""
         w13, w2 = w[self.at("w13")], w[self.at("w2")]
         h = layer.ffn_norm.normalize(x).astype(x.dtype)  # the norm's weight is in w13
-        gate, up = ops.split(self.matmul(layer.feed_forward.enter(h), w13), w13.shape[1] // 2, 1)  # (N, I) each
+        gate, up = ops.split(self.matmul(layer.feed_forward.enter(h), w13), w13.shape[0] // 2, 1)  # (N, I) each
         return x + layer.feed_forward.w2.finish(self.matmul(ops.silu(gate) * up, w2))
 
     def logits(self, x):
