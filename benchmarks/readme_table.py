@@ -55,6 +55,12 @@ ROWS: List[Row] = [
                 "python -m benchmarks.step_memory --layers 24 --steps 2 --sides ours trl "
                 "--output benchmarks/results/step_memory_24_layers_intel.json", "step_memory_24_layers_intel",
                 "peak resident memory of that step on the Intel Xeon"),
+    *_step_rows("that step on the Intel Xeon with each prompt's samples scored as one run (`actor_config.shared_prefix`)",
+                "python -m benchmarks.step_memory --layers 24 --steps 2 --sides ours trl "
+                "--output benchmarks/results/step_memory_24_layers_intel_shared_prefix.json "
+                "--set actor_config.packing=true actor_config.max_tokens_per_micro_batch=672 "
+                "actor_config.shared_prefix=true", "step_memory_24_layers_intel_shared_prefix",
+                "peak resident memory of that shared-prefix step"),
     Row("one GRPO step with LoRA rank 16 on all seven projections, the same work, the three layerwise switches on, "
         "no layer of the update recomputing, each prompt's samples scored as one run (`actor_config.shared_prefix`)",
         "python -m benchmarks.lora_step --layers 24 --steps 2 --sides lora trl_lora full "
