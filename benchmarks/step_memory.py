@@ -186,15 +186,25 @@ def _malloc_trim():
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def build_trainer(cfg, paths, folder: str):
+    """The workload's parts and trainer (`setup`'s config and paths), metrics to `folder` only, no early stop."""
+    from mindgrpo.grpo import builder
+    from mindgrpo.utils.metrics_log import MetricsLogger
+    from mindgrpo.utils.progress import Progress
+
+    parts = builder.build(cfg, paths)
+    trainer = builder.make_trainer(cfg, parts, MetricsLogger(folder, tensorboard=False, console=False),
+                                   Progress(cfg.rl_config.max_steps), folder)
+    trainer.stop_ids = ()  # no early stop: every completion has exactly RESPONSE tokens
+    return parts, trainer
+
+
 def side(conn, layers: int, switches: Optional[bool], folder: str, trim: bool = False, extra: tuple = (),
          pool: tuple = ()) -> None:
     """A `benchmarks.workers` side: builds the trainer, then one step per "step" message."""
     import mindspore as ms
 
-    from mindgrpo.grpo import builder
     from mindgrpo.utils import compiles
-    from mindgrpo.utils.metrics_log import MetricsLogger
-    from mindgrpo.utils.progress import Progress
 
     ms.set_context(mode=ms.GRAPH_MODE)
     compiles.install()  # each phase's compile seconds and graphs (_PhaseMemory)
@@ -203,10 +213,7 @@ def side(conn, layers: int, switches: Optional[bool], folder: str, trim: bool = 
     cfg, paths, overrides, lengths = setup(folder, layers, switches, extra)
     t0 = time.perf_counter()
     reset_peak_rss()
-    parts = builder.build(cfg, paths)
-    trainer = builder.make_trainer(cfg, parts, MetricsLogger(folder, tensorboard=False, console=False),
-                                   Progress(cfg.rl_config.max_steps), folder)
-    trainer.stop_ids = ()  # no early stop: every completion has exactly RESPONSE tokens
+    parts, trainer = build_trainer(cfg, paths, folder)
     memory = _PhaseMemory(trainer.progress, _malloc_trim if trim else None)
     build_peak = peak_since_reset_gb()
     memory.max_peak = build_peak

@@ -14,7 +14,6 @@ reference and update together). The step's wall less its ops' total is compiling
 from __future__ import annotations
 
 import argparse
-import contextlib
 import tempfile
 import time
 
@@ -29,35 +28,19 @@ def main(argv=None) -> int:
 
     from benchmarks import step_memory
     from benchmarks.probes.decode_profile import read_ops
-    from mindgrpo.grpo import builder
     from mindgrpo.utils import compiles
-    from mindgrpo.utils.metrics_log import MetricsLogger
-    from mindgrpo.utils.progress import Progress
 
     ms.set_context(mode=ms.GRAPH_MODE)
     compiles.install()
     folder = tempfile.mkdtemp(prefix="step_profile_")
     switches, extra = step_memory.SETTINGS["on"]
     cfg, paths, _, _ = step_memory.setup(folder, args.layers, switches, (*extra, *args.set))
-    parts = builder.build(cfg, paths)
-    trainer = builder.make_trainer(cfg, parts, MetricsLogger(folder, tensorboard=False, console=False),
-                                   Progress(cfg.rl_config.max_steps), folder)
-    trainer.stop_ids = ()  # every completion has exactly the workload's length, as in step_memory
-    phases = {}
-    inner = trainer.progress.phase
-
-    @contextlib.contextmanager
-    def timed(name):
-        t0, c0 = time.perf_counter(), compiles.totals()
-        with inner(name):
-            yield
-        phases[name] = (time.perf_counter() - t0, (compiles.totals() - c0).seconds)
-
-    trainer.progress.phase = timed
+    parts, trainer = step_memory.build_trainer(cfg, paths, folder)
+    memory = step_memory._PhaseMemory(trainer.progress)  # each phase's seconds and compile seconds
     for _ in range(2):
         trainer.train_step()
         trainer.step += 1
-    phases.clear()
+    memory.records.clear()
     with tempfile.TemporaryDirectory() as profile:
         prof = ms.Profiler(output_path=profile)
         t0 = time.perf_counter()
@@ -69,7 +52,8 @@ def main(argv=None) -> int:
     total = sum(ms_ for ms_, _ in ops.values())
     print(f"step 3 under the profiler: {wall:.1f} s, ops {total / 1000:.1f} s; layers {args.layers}, --set "
           f"{' '.join(args.set) or '(none)'}")
-    print("phases (s, of it compiling): " + ", ".join(f"{k} {s:.1f} ({c:.1f})" for k, (s, c) in phases.items() if s >= 0.05))
+    print("phases (s, of it compiling): " + ", ".join(f"{r['phase']} {r['seconds']:.1f} ({r['compile_s']:.1f})"
+                                                      for r in memory.records if r["seconds"] >= 0.05))
     print(f"{'part':6s} {'op type':28s} {'s':>8s} {'calls':>8s} {'share':>7s}")
     for (part, op), (ms_, calls) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:args.top]:
         print(f"{part:6s} {op:28s} {ms_ / 1000:8.2f} {calls:8d} {100 * ms_ / total:6.1f}%")

@@ -219,8 +219,8 @@ class InferenceModel(nn.Cell):
         self.matmul = rows_matmul(transpose_b=True, dtype=self.dtype)
         self.rotate_matmul = ops.MatMul()  # RoPE's +-1 permutation (d wide): exact whichever kernel, MindSpore's
         self.head_matmul = ops.MatMul(transpose_b=True)  # never `.T` on the head in a graph: it copies V*H
-        rows_head = rows_matmul(transpose_b=True, dtype=self.dtype)  # h W^T where ours takes it (many rows)
-        self.rows_head = rows_head if isinstance(rows_head, RowsMatMul) else None
+        # h W^T where ours takes it (many rows): the same rule as the layers' products
+        self.rows_head = self.matmul if isinstance(self.matmul, RowsMatMul) else None
         self.rotate = Tensor(rotate_half_matrix(self.d), self.dtype)
         # the layer graphs' inputs (`layerwise`): each layer's `layer_weights`, the Parameters themselves
         self.layer_inputs = [ms.mutable(self.layer_weights(i)) for i in range(self.n_layers)]
