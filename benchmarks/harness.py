@@ -85,11 +85,27 @@ def stamp_lines(res: dict, note: str = "") -> List[str]:
 
 
 def cpu_model() -> str:
+    """The CPU's name with its family, model and widest vector extension (a VM may name only the maker's line:
+    "AMD EPYC" is a Zen 2 with AVX2 at family 23 and a Zen 4 with AVX-512 at family 25, and kernels run apart)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    flags = set(fields.get("flags", "").split())
+    simd = next((label for flag, label in (("amx_tile", "AVX-512 + AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+                 if flag in flags), None)
+    detail = []
+    if {"cpu family", "model"} <= set(fields):
+        detail.append(f"family {fields['cpu family']}, model {fields['model']}")
+    detail += [simd] if simd else []
+    return f"{name} ({'; '.join(detail)})" if detail else name
 
 
 def machine() -> str:
