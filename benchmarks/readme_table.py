@@ -50,6 +50,10 @@ ROWS: List[Row] = [
                 "python -m benchmarks.step_memory --layers 24 --steps 2 --sides ours trl "
                 "--output benchmarks/results/step_memory_24_layers_amd.json", "step_memory_24_layers_amd",
                 "peak resident memory of that step"),
+    *_step_rows("the same step on 2 cores of an AMD EPYC (Zen 2) with AVX2 and no AVX-512",
+                "python -m benchmarks.step_memory --layers 24 --steps 2 --sides ours trl "
+                "--output benchmarks/results/step_memory_24_layers_amd_zen2.json", "step_memory_24_layers_amd_zen2",
+                "peak resident memory of that step on the Zen 2"),
     *_step_rows("the same step on 2 cores of an Intel Xeon with AVX-512 and AMX, where PyTorch's fp32 matmul outruns "
                 "MindSpore's (docs/cpu_kernels.md, \"Intel Xeon\")",
                 "python -m benchmarks.step_memory --layers 24 --steps 2 --sides ours trl "
