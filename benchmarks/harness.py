@@ -84,12 +84,12 @@ def stamp_lines(res: dict, note: str = "") -> List[str]:
             f"Command (from the repo root): `{res['command']}`; library code: {res['code']}.", ""]
 
 
-def cpu_model() -> str:
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's name with its family, model and widest vector extension (a VM may name only the maker's line:
     "AMD EPYC" is a Zen 2 with AVX2 at family 23 and a Zen 4 with AVX-512 at family 25, and kernels run apart)."""
     fields = {}
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(cpuinfo) as f:
             for line in f:
                 if not line.strip():
                     break  # the first processor's block is enough
