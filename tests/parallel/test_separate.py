@@ -691,9 +691,11 @@ def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_
     if run.endswith("g"):
         assert os.listdir(sep / "checkpoints" / "step_00000002" / "adapter")  # PEFT's files, as one process's
     if run in ("0tpg", "0ppg"):  # each training rank wrote its pieces; the PEFT folder: the whole adapters, one process's
-        # to the rounding of the pieces' sums over three updates (measured 1.6e-6, the largest entry 0.18)
+        # to the rounding of the pieces' sums over three updates and AdamW's steps: measured 1.6e-6 on AVX-512
+        # machines, 1.34e-5 for the two pipeline stages on an AVX2-only AMD EPYC Zen 2 (tp: 8.4e-7), the largest entry
+        # 0.18; a piece missing or summed twice moves entries by 1e-2 and more
         assert sorted(os.listdir(sep / "checkpoints" / "step_00000002" / "lora")) == ["rank_0", "rank_1"]
         got, want = (safetensors.numpy.load_file(str(folder / "checkpoints" / f"step_{STEPS:08d}" / "adapter" /
                                                      "adapter_model.safetensors")) for folder in (sep, col))
         assert sorted(got) == sorted(want) and all(got[k].shape == want[k].shape for k in want)
-        assert max(float(np.abs(got[k] - want[k]).max()) for k in want) <= 1e-5
+        assert max(float(np.abs(got[k] - want[k]).max()) for k in want) <= 5e-5
