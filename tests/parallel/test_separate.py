@@ -693,7 +693,7 @@ def test_lora_under_a_separate_placement_equals_the_colocated_run_and_syncs_the_
     if run in ("0tpg", "0ppg"):  # each training rank wrote its pieces; the PEFT folder: the whole adapters, one process's
         # to the rounding of the pieces' sums over three updates and AdamW's steps: measured 1.6e-6 on AVX-512
         # machines, 1.34e-5 for the two pipeline stages on an AVX2-only AMD EPYC Zen 2 (tp: 8.4e-7), the largest entry
-        # 0.18; a piece missing or summed twice moves entries by 1e-2 and more
+        # 0.18 (not measured: a piece missing or summed twice would move entries by about their own size)
         assert sorted(os.listdir(sep / "checkpoints" / "step_00000002" / "lora")) == ["rank_0", "rank_1"]
         got, want = (safetensors.numpy.load_file(str(folder / "checkpoints" / f"step_{STEPS:08d}" / "adapter" /
                                                      "adapter_model.safetensors")) for folder in (sep, col))
